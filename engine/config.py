@@ -1,0 +1,46 @@
+"""Engine-lifetime configuration: which model, where it runs, how much KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import InvalidParameterError
+
+DEFAULT_TARGET = "smollm2-135m"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Fixed for the life of an engine. Values are checked here, once.
+
+    max_model_len None: the model's own limit. kv_cache_tokens None: room for two full contexts.
+    threads None: torch's default for this machine.
+    """
+
+    target: str = DEFAULT_TARGET
+    device: str = "cpu"
+    dtype: str = "auto"
+    threads: int | None = None
+    max_model_len: int | None = None
+    block_size: int = 16
+    kv_cache_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.threads is not None and self.threads < 1:
+            raise InvalidParameterError(f"threads must be >= 1, got {self.threads}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidParameterError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise InvalidParameterError(f"block_size must be a power of two, got {self.block_size}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
+            raise InvalidParameterError(f"kv_cache_tokens must be >= block_size, got {self.kv_cache_tokens}")
+        if self.max_num_seqs < 1:
+            raise InvalidParameterError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise InvalidParameterError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

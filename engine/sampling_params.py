@@ -1,0 +1,53 @@
+"""Per-request sampling parameters, validated once on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.errors import InvalidParameterError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    temperature 0 means greedy. ``top_k=0`` and ``top_p=1.0`` disable those filters. ``seed`` makes a
+    sampled request reproducible (None: drawn from the engine's generator). ``stop`` strings end the
+    reply before the string (the string itself is not returned); ``stop_token_ids`` and EOS end it after
+    that token (kept in ``token_ids``, not in the text). ``ignore_eos`` runs to ``max_tokens`` (for
+    fixed-length benchmarks).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers but store tuples (the dataclass is frozen and hashable).
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not (0.0 <= self.temperature <= 100.0):
+            raise InvalidParameterError(
+                f"temperature must be between 0 and 100 (0 = greedy), got {self.temperature}"
+            )
+        if self.top_k < 0:
+            raise InvalidParameterError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidParameterError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and self.seed < 0:
+            raise InvalidParameterError(f"seed must be >= 0, got {self.seed}")
+        if any(s == "" for s in self.stop):
+            raise InvalidParameterError("stop strings must not be empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise InvalidParameterError("stop_token_ids must be non-negative token ids")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
