@@ -1,0 +1,89 @@
+"""Build a model from a Hugging Face directory and load its safetensors, sliced for this TP rank."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from engine.errors import ModelFilesError
+from engine.layers.parallel import SINGLE, TensorParallel
+from engine.models.args import ModelArgs
+from engine.models.llama import PACKED, CausalLM
+
+log = logging.getLogger(__name__)
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _target_name(name: str) -> tuple[str, object]:
+    for fragment, (fused, shard_id) in PACKED.items():
+        if f".{fragment}." in name:
+            return name.replace(f".{fragment}.", f".{fused}."), shard_id
+    return name, None
+
+
+def _copy_whole(param: torch.nn.Parameter, full: torch.Tensor, shard_id: object = None) -> None:
+    if param.shape != full.shape:
+        raise ModelFilesError(f"a checkpoint tensor has shape {tuple(full.shape)}, expected {tuple(param.shape)}")
+    param.data.copy_(full)
+
+
+def load_weights(model: CausalLM, weight_files: Iterable[Path]) -> None:
+    """Copy every checkpoint tensor into its (possibly fused, possibly sharded) parameter."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    for path in weight_files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    if name.endswith(_IGNORED_SUFFIXES):
+                        continue
+                    target, shard_id = _target_name(name)
+                    param = params.get(target)
+                    if param is None:
+                        if name == "lm_head.weight" and model.args.tie_word_embeddings:
+                            continue
+                        log.debug("ignoring checkpoint tensor %s", name)
+                        continue
+                    tensor = f.get_tensor(name).to(param.dtype)
+                    getattr(param, "weight_loader", _copy_whole)(param, tensor, shard_id)
+                    loaded.add(f"{target}:{shard_id}")
+        except SafetensorError as exc:
+            raise ModelFilesError(f"cannot read {path}: {exc}; delete it and download the model again") from exc
+    missing = _missing(model, loaded)
+    if missing:
+        raise ModelFilesError(
+            f"the weights in {Path(next(iter(weight_files))).parent} lack {len(missing)} tensors"
+            f" (e.g. {missing[0]}): the download is incomplete or the model is not a plain Llama/Qwen3"
+        )
+
+
+def _missing(model: CausalLM, loaded: set[str]) -> list[str]:
+    expected = []
+    for name, _ in model.named_parameters():
+        if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+            expected += [f"{name}:{s}" for s in ("q", "k", "v")]
+        elif "gate_up_proj" in name:
+            expected += [f"{name}:{s}" for s in (0, 1)]
+        else:
+            expected.append(f"{name}:None")
+    if model.args.tie_word_embeddings:
+        expected = [e for e in expected if not e.startswith("lm_head.")]
+    return [e.split(":")[0] for e in expected if e not in loaded]
+
+
+def build_model(
+    config: dict, weight_files: Iterable[Path], *, max_positions: int, dtype: torch.dtype,
+    device: torch.device, tp: TensorParallel = SINGLE,
+) -> CausalLM:
+    args = ModelArgs.from_hf_config(config)
+    with torch.device(device):
+        model = CausalLM(args, max_positions=max_positions, tp=tp)
+    model.to(dtype=dtype)
+    model.rotary.to(torch.float32)  # keep cos/sin tables in fp32; they are cast per forward if needed
+    load_weights(model, list(weight_files))
+    return model.eval()

@@ -1,0 +1,140 @@
+"""Llama-3.x and Qwen3 decoder-only models (Qwen3 = Llama + RMSNorm on q and k per head).
+
+Parameter names mirror Hugging Face checkpoints, except that q/k/v and gate/up are fused;
+``PACKED`` maps checkpoint names onto the fused parameters. Every layer takes a tensor-parallel
+rank and size. Per layer the decode step runs: rms_norm, qkv matmul, rope, attention, o matmul,
+add+rms_norm, gate_up matmul, silu*up, down matmul.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.layers.norm import RMSNorm
+from engine.layers.parallel import SINGLE, TensorParallel
+from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.models.args import ModelArgs
+
+# checkpoint name fragment -> (our fused parameter fragment, shard id)
+PACKED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+@dataclass(frozen=True)
+class ForwardContext:
+    """What every layer of one forward pass needs besides its input."""
+
+    attn: AttentionMetadata
+    backend: AttentionBackend
+    cos: torch.Tensor  # [N, 1, D]
+    sin: torch.Tensor  # [N, 1, D]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int, tp: TensorParallel):
+        super().__init__()
+        self.layer = layer
+        self.head_dim = args.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            args.hidden_size, args.head_dim, args.num_heads, args.num_kv_heads, bias=args.attention_bias, tp=tp
+        )
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            args.num_heads * args.head_dim, args.hidden_size, bias=args.attention_bias, tp=tp
+        )
+        self.scale = args.head_dim**-0.5
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:  # [N, hidden]
+        n, d = x.shape[0], self.head_dim
+        qkv = self.qkv_proj(x)  # [N, (H + 2 KVH) D]
+        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
+        q, k, v = q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
+        o = ctx.backend.forward(self.layer, q, k, v, ctx.attn, self.scale)  # [N, H D]
+        return self.o_proj(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs, tp: TensorParallel):
+        super().__init__()
+        size = args.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(args.hidden_size, [size, size], bias=args.mlp_bias, tp=tp)
+        self.down_proj = RowParallelLinear(size, args.hidden_size, bias=args.mlp_bias, tp=tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # 2 x [N, I]
+        return self.down_proj(F.silu(gate).mul_(up))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int, tp: TensorParallel):
+        super().__init__()
+        self.self_attn = SelfAttention(args, layer, tp)
+        self.mlp = MLP(args, tp)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, ctx)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
+
+
+class Backbone(nn.Module):
+    def __init__(self, args: ModelArgs, tp: TensorParallel):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, tp=tp)
+        self.layers = nn.ModuleList(DecoderLayer(args, i, tp) for i in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, args: ModelArgs, *, max_positions: int, tp: TensorParallel = SINGLE):
+        super().__init__()
+        self.args = args
+        self.tp = tp
+        self.model = Backbone(args, tp)
+        self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, tp=tp)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(args.head_dim, max_positions, args.rope)
+
+    @property
+    def num_kv_heads_local(self) -> int:
+        return self.model.layers[0].self_attn.num_kv_heads
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata, backend: AttentionBackend
+    ) -> torch.Tensor:  # [N] -> [N, hidden]
+        cos, sin = self.rotary.lookup(positions)
+        ctx = ForwardContext(attn, backend, cos, sin)
+        h, residual = self.model.embed_tokens(input_ids), None
+        for layer in self.model.layers:
+            h, residual = layer(h, residual, ctx)
+        h, _ = self.model.norm.add_forward(h, residual)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [M, hidden] -> [M, V]
+        return self.lm_head(hidden)

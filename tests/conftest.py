@@ -1,0 +1,110 @@
+"""Shared fixtures: tiny random Llama-3 / Qwen3 model directories with a real byte-level BPE tokenizer.
+
+Nothing here touches the network: HF_HUB_OFFLINE is forced on for the whole test session.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "Speculative decoding drafts tokens with a small model and verifies them with a large one.",
+    "Paris is the capital of France; Berlin is the capital of Germany. Ünïcödé: 東京, 😀 emoji!",
+    "def add(a, b):\n    return a + b\n",
+] * 8
+
+
+def build_tokenizer(vocab_size: int = 384):
+    """A real byte-level BPE tokenizer (trained in about a second) with ChatML special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def make_tiny_model_dir(
+    root: Path,
+    *,
+    family: str = "llama",
+    tied: bool = False,
+    rope_scaling: bool = False,
+    num_layers: int = 2,
+    seed: int = 0,
+    max_position_embeddings: int = 512,
+) -> Path:
+    """Save a tiny random model of `family` ("llama" | "qwen3") in Hugging Face layout under `root`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_tokenizer()
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tied,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if rope_scaling:
+        rope = {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+        }
+    torch.manual_seed(seed)
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_parameters=rope))
+    elif family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=32, rope_parameters=rope))
+    else:
+        raise ValueError(family)
+    # Random init uses std 0.02: logits would be nearly flat. Scale up so greedy choices are decisive.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
+    out = root / f"tiny-{family}{'-tied' if tied else ''}{'-rope' if rope_scaling else ''}-{seed}"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp("models"), family="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp("models"), family="qwen3", tied=True)
