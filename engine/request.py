@@ -1,0 +1,76 @@
+"""Per-request state above the token level: text deltas, stop strings, timing and the final output."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, RequestStats, TokenDelta
+from engine.sequence import Sequence
+
+
+class RequestState:
+    def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer, *, mode: str, stop_ids: frozenset[int]):
+        self.seq = seq
+        self.detokenizer = detokenizer
+        self.mode = mode
+        self.stop_ids = stop_ids  # EOS (unless ignore_eos) and stop_token_ids: kept as ids, not as text
+        self.events: deque[Event] = deque()
+        self.t_start = time.perf_counter()
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.output: RequestOutput | None = None
+
+    @property
+    def request_id(self) -> int:
+        return self.seq.seq_id
+
+    def on_tokens(self, token_ids: list[int]) -> None:
+        """Record tokens the engine appended; queues a TokenDelta (text may be "")."""
+        now = time.perf_counter()
+        self.t_first = self.t_first or now
+        self.t_last = now
+        text_ids = token_ids
+        if self.seq.finish_reason is FinishReason.STOP and token_ids and token_ids[-1] in self.stop_ids:
+            text_ids = token_ids[:-1]
+        text = self.detokenizer.push(text_ids) if text_ids else ""
+        self.events.append(TokenDelta(self.request_id, tuple(token_ids), text))
+
+    @property
+    def hit_stop_string(self) -> bool:
+        return self.detokenizer.stopped
+
+    def finalize(self) -> None:
+        """Queue the remaining text and the RequestFinished event (once the sequence has finished)."""
+        assert self.seq.finish_reason is not None
+        rest = self.detokenizer.flush()
+        if rest:
+            self.events.append(TokenDelta(self.request_id, (), rest))
+        seq = self.seq
+        t_first = self.t_first or time.perf_counter()
+        t_last = self.t_last or t_first
+        stats = RequestStats(
+            mode=self.mode,
+            prompt_tokens=seq.num_prompt_tokens,
+            reused_prefix_tokens=seq.num_cached_tokens,
+            prefill_tokens=seq.num_prompt_tokens - seq.num_cached_tokens if seq.num_generated else 0,
+            generated_tokens=seq.num_generated,
+            ttft_s=t_first - self.t_start,
+            decode_time_s=t_last - t_first,
+            total_time_s=t_last - self.t_start,
+        )
+        self.output = RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=seq.generated_ids,
+            text=self.detokenizer.text,
+            finish_reason=seq.finish_reason,
+            stats=stats,
+        )
+        self.events.append(RequestFinished(self.request_id, self.output))
+
+    def drain(self) -> list[Event]:
+        out = list(self.events)
+        self.events.clear()
+        return out

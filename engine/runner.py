@@ -1,0 +1,78 @@
+"""Owns one model and its KV cache on one device; turns scheduled token chunks into logits."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import AttentionBackend, Index, SeqSpan, build_metadata
+from engine.models.llama import CausalLM
+from engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Run seq.token_ids[start:end] at positions start..end-1; keys are the seq's tokens 0..end-1."""
+
+    seq: Sequence
+    start: int
+    end: int
+
+
+def slot_index(block_table: list[int], start: int, end: int, block_size: int) -> Index:
+    """KV slots of positions start..end-1: a slice when the blocks are consecutive (no gather)."""
+    first, last = start // block_size, (end - 1) // block_size
+    blocks = block_table[first : last + 1]
+    if all(b - a == 1 for a, b in itertools.pairwise(blocks)):
+        base = blocks[0] * block_size - first * block_size
+        return slice(base + start, base + end)
+    table = torch.tensor(blocks, dtype=torch.long)
+    slots = (table[:, None] * block_size + torch.arange(block_size)).flatten()  # [blocks * bs]
+    offset = first * block_size
+    return slots[start - offset : end - offset]
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, backend: AttentionBackend, *, num_blocks: int, block_size: int,
+                 device: torch.device, dtype: torch.dtype):
+        self.model = model
+        self.backend = backend
+        self.block_size = block_size
+        self.device = device
+        args = model.args
+        backend.allocate(
+            num_layers=args.num_layers, num_slots=num_blocks * block_size, num_kv_heads=model.num_kv_heads_local,
+            head_dim=args.head_dim, dtype=dtype, device=device,
+        )
+        self.num_forward_tokens = 0  # every token that went through the model (tests count compute)
+
+    @torch.inference_mode()
+    def run(self, chunks: list[Chunk], *, all_logits: bool = False) -> torch.Tensor:
+        """Logits [len(chunks), V] of each chunk's last token, or [sum of chunk lengths, V] if all_logits."""
+        ids, positions, spans, write = [], [], [], []
+        bs, row = self.block_size, 0
+        for c in chunks:
+            n = c.end - c.start
+            ids += c.seq.token_ids[c.start : c.end]
+            positions.append(torch.arange(c.start, c.end))
+            write.append(slot_index(c.seq.block_table, c.start, c.end, bs))
+            spans.append(SeqSpan(row, n, slot_index(c.seq.block_table, 0, c.end, bs), c.end))
+            row += n
+        meta = build_metadata(_concat_slots(write), spans, device=self.device)
+        hidden = self.model(
+            torch.tensor(ids, device=self.device), torch.cat(positions).to(self.device), meta, self.backend
+        )  # [N, hidden]
+        self.num_forward_tokens += row
+        if not all_logits:
+            last_rows = torch.tensor([s.q_start + s.q_len - 1 for s in spans], device=self.device)
+            hidden = hidden.index_select(0, last_rows) if row > len(spans) else hidden
+        return self.model.compute_logits(hidden).float()
+
+
+def _concat_slots(parts: list[Index]) -> list[int]:
+    out: list[int] = []
+    for p in parts:
+        out += list(range(p.start, p.stop)) if isinstance(p, slice) else p.tolist()
+    return out

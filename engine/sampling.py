@@ -1,0 +1,45 @@
+"""Token sampling as pure tensor functions with an explicit generator."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) tokens outside the top-k and outside the smallest top-p nucleus. logits: [V]."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens ranked before it already reach top_p (the top token always stays)
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a request samples from: temperature, then top-k/top-p. [V] -> [V] (fp32)."""
+    scaled = logits.float() / params.temperature
+    return torch.softmax(filter_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from logits [V]: argmax when greedy, else a draw from `probabilities`."""
+    if params.is_greedy:
+        return int(torch.argmax(logits))
+    probs = probabilities(logits, params)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_batch(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
+    """logits: [B, V] -> B tokens. Greedy rows share one argmax."""
+    if all(p.is_greedy for p in params):
+        return torch.argmax(logits, dim=-1).tolist()
+    return [sample_token(row, p, g) for row, p, g in zip(logits, params, generators, strict=True)]

@@ -1,0 +1,53 @@
+"""One request's mutable decoding state: its tokens, KV blocks and progress counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+import torch
+
+from engine.outputs import FinishReason
+from engine.sampling_params import SamplingParams
+
+
+class SeqStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None = None  # set when sampling (temperature > 0)
+    status: SeqStatus = SeqStatus.WAITING
+    num_prompt_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0     # prompt tokens whose KV came from the prefix cache
+    num_computed_tokens: int = 0   # tokens (from the start) whose KV is in the cache
+    num_committed_blocks: int = 0  # leading blocks already hashed for prefix sharing
+    finish_reason: FinishReason | None = None
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def slot(self, position: int, block_size: int) -> int:
+        return self.block_table[position // block_size] * block_size + position % block_size
+
+    def slots(self, start: int, end: int, block_size: int) -> list[int]:
+        return [self.slot(p, block_size) for p in range(start, end)]
