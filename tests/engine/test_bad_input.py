@@ -1,0 +1,90 @@
+"""Every user mistake the engine can see becomes one EngineError line that says what to do."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from engine import LLM, EngineError, SamplingParams
+from engine.errors import (
+    InvalidParameterError,
+    ModelFilesError,
+    PromptTooLongError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir) -> LLM:
+    return LLM(str(tiny_llama_dir), max_model_len=32, block_size=4)
+
+
+def one_line(err: pytest.ExceptionInfo) -> str:
+    text = str(err.value)
+    assert text and "\n" not in text
+    return text
+
+
+def test_prompt_longer_than_context(llm):
+    with pytest.raises(PromptTooLongError) as err:
+        llm.generate([list(range(1, 40))], SamplingParams(temperature=0.0))
+    assert "32" in one_line(err) and "max-model-len" in one_line(err)
+    # the engine still works afterwards
+    assert llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2))[0].token_ids
+
+
+def test_empty_prompt_and_bad_token_ids(llm):
+    with pytest.raises(InvalidParameterError) as err:
+        llm.generate([""], SamplingParams())
+    one_line(err)
+    with pytest.raises(InvalidParameterError) as err:
+        llm.generate([[1, 10**6]], SamplingParams())
+    assert "token ids" in one_line(err)
+
+
+def test_bad_chat_messages(llm):
+    with pytest.raises(InvalidParameterError):
+        llm.encode_chat([])
+    with pytest.raises(InvalidParameterError):
+        llm.encode_chat([{"role": "robot", "content": "hi"}])
+
+
+def test_unknown_alias_lists_the_aliases():
+    with pytest.raises(UnknownModelError) as err:
+        LLM("llama-9")
+    assert "smollm2-135m" in one_line(err) and "qwen3-8b" in one_line(err)
+
+
+def test_max_model_len_above_the_models_limit(tiny_llama_dir):
+    with pytest.raises(InvalidParameterError) as err:
+        LLM(str(tiny_llama_dir), max_model_len=10**6)
+    one_line(err)
+
+
+def test_unsupported_architecture(tiny_llama_dir, tmp_path):
+    bad = tmp_path / "gpt2"
+    shutil.copytree(tiny_llama_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        LLM(str(bad))
+    assert "GPT2LMHeadModel" in one_line(err)
+
+
+def test_corrupt_and_incomplete_weights(tiny_llama_dir, tmp_path):
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_llama_dir, corrupt)
+    weights = corrupt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelFilesError) as err:
+        LLM(str(corrupt))
+    assert "model.safetensors" in one_line(err)
+
+
+def test_all_errors_are_engine_errors():
+    for cls in (InvalidParameterError, ModelFilesError, PromptTooLongError, UnknownModelError):
+        assert issubclass(cls, EngineError)

@@ -1,0 +1,107 @@
+"""Block manager invariants: ref counts balance, prefixes are shared only when equal, nothing leaks."""
+
+from __future__ import annotations
+
+import random
+
+from engine.kv.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+
+def seq(i: int, tokens: list[int]) -> Sequence:
+    return Sequence(i, list(tokens), SamplingParams(temperature=0.0))
+
+
+def compute_all(bm: BlockManager, s: Sequence) -> None:
+    """Pretend the model ran every token of `s` (as the runner does after a forward)."""
+    bm.ensure_capacity(s, len(s.token_ids))
+    s.num_computed_tokens = len(s.token_ids)
+    bm.commit(s)
+
+
+def test_prefix_blocks_are_shared_and_refcounted():
+    bm = BlockManager(16, 4)
+    a = seq(0, list(range(10)))
+    bm.allocate(a)
+    assert a.num_cached_tokens == 0 and len(a.block_table) == 3
+    compute_all(bm, a)
+    b = seq(1, [*range(8), 99, 98, 97])
+    bm.allocate(b)
+    assert b.num_cached_tokens == 8 and b.block_table[:2] == a.block_table[:2]
+    assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
+    bm.free_blocks(a)
+    bm.free_blocks(b)
+    assert bm.num_free_blocks == 16 and all(blk.ref_count == 0 for blk in bm.blocks)
+
+
+def test_freed_prefix_is_found_again_and_at_least_one_token_is_left_to_compute():
+    bm = BlockManager(8, 4)
+    a = seq(0, list(range(8)))
+    bm.allocate(a)
+    compute_all(bm, a)
+    bm.free_blocks(a)
+    again = seq(1, list(range(8)))  # the same 8 tokens: only the first block may be reused
+    bm.allocate(again)
+    assert again.num_cached_tokens == 4
+    longer = seq(2, list(range(9)))
+    bm.allocate(longer)
+    assert longer.num_cached_tokens == 8
+
+
+def test_different_prefix_or_disabled_cache_shares_nothing():
+    bm = BlockManager(8, 4)
+    a = seq(0, list(range(8)))
+    bm.allocate(a)
+    compute_all(bm, a)
+    b = seq(1, [1, 0, 2, 3, 4, 5, 6, 7, 8])
+    bm.allocate(b)
+    assert b.num_cached_tokens == 0
+    off = BlockManager(8, 4, enable_prefix_caching=False)
+    c = seq(2, list(range(9)))
+    off.allocate(c)
+    compute_all(off, c)
+    d = seq(3, list(range(9)))
+    off.allocate(d)
+    assert d.num_cached_tokens == 0
+
+
+def test_reused_free_block_loses_its_hash():
+    bm = BlockManager(2, 4)
+    a = seq(0, list(range(5)))
+    bm.allocate(a)
+    compute_all(bm, a)
+    bm.free_blocks(a)
+    b = seq(1, [50, 51, 52, 53, 54, 55, 56])  # needs both blocks: overwrites a's cached prefix
+    bm.allocate(b)
+    compute_all(bm, b)
+    bm.free_blocks(b)
+    c = seq(2, list(range(5)))
+    bm.allocate(c)
+    assert c.num_cached_tokens == 0
+
+
+def test_random_workload_keeps_refcounts_balanced():
+    rng = random.Random(0)
+    bm = BlockManager(64, 4)
+    live: list[Sequence] = []
+    prefixes = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
+    for i in range(300):
+        if live and (rng.random() < 0.4 or bm.num_free_blocks < 12):
+            s = live.pop(rng.randrange(len(live)))
+            bm.free_blocks(s)
+        else:
+            tokens = rng.choice(prefixes)[: rng.randrange(1, 13)] + [rng.randrange(50) for _ in range(rng.randrange(8))]
+            s = seq(i, tokens or [1])
+            bm.allocate(s)
+            compute_all(bm, s)
+            live.append(s)
+        held: dict[int, int] = {}
+        for s in live:
+            for b in s.block_table:
+                held[b] = held.get(b, 0) + 1
+        assert all(bm.blocks[b].ref_count == n for b, n in held.items())
+        assert bm.num_free_blocks == 64 - len(held)
+    for s in live:
+        bm.free_blocks(s)
+    assert bm.num_free_blocks == 64

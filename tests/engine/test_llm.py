@@ -1,0 +1,160 @@
+"""End-to-end engine behaviour on tiny random models: exactness, prefix reuse, streaming, stops, cancel."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine import LLM, FinishReason, RequestFinished, SamplingParams, TokenDelta
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir) -> LLM:
+    return LLM(str(tiny_llama_dir), max_model_len=256, block_size=4)
+
+
+def hf_greedy(path, prompt_ids: list[int], n: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n)
+    return out[0, len(prompt_ids) :].tolist()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen3_dir"])
+def test_greedy_matches_transformers_generate(request, fixture):
+    path = request.getfixturevalue(fixture)
+    llm = LLM(str(path), max_model_len=256, block_size=8)
+    prompts = [[5, 17, 42, 99, 7], list(range(30, 70))]
+    outs = llm.generate(prompts, GREEDY)  # batched decode
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == hf_greedy(path, prompt, GREEDY.max_tokens)
+        assert out.finish_reason is FinishReason.LENGTH
+
+
+def test_batched_equals_one_by_one(llm):
+    prompts = ["The quick brown fox", "Paris is", [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    together = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    alone = [llm.generate([p], GREEDY)[0].token_ids for p in prompts]
+    assert together == alone
+
+
+def test_second_chat_turn_reuses_prefix_and_changes_nothing(tiny_llama_dir):
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    cached = LLM(str(tiny_llama_dir), max_model_len=256, block_size=4)
+    uncached = LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, enable_prefix_caching=False)
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox"}]
+    first = _final(cached.chat(history, params))
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Paris is"}]
+    before = cached.num_forward_tokens
+    second = _final(cached.chat(history, params))
+    computed = cached.num_forward_tokens - before
+    reference = _final(uncached.chat(history, params))
+    assert second.token_ids == reference.token_ids
+    assert second.stats.reused_prefix_tokens > 0
+    assert reference.stats.reused_prefix_tokens == 0
+    # only the new prompt tokens and the decode steps went through the model
+    assert computed == second.stats.prompt_tokens - second.stats.reused_prefix_tokens + params.max_tokens - 1
+    assert second.stats.prefill_tokens == second.stats.prompt_tokens - second.stats.reused_prefix_tokens
+
+
+def test_streamed_deltas_concatenate_to_the_full_text(llm):
+    for seed in range(6):  # hot sampling emits random byte tokens: split multi-byte characters
+        params = SamplingParams(temperature=3.0, max_tokens=40, seed=seed, ignore_eos=True)
+        events = list(llm.stream("Ünïcödé 東京", params))
+        assert isinstance(events[-1], RequestFinished)
+        out = events[-1].output
+        deltas = [e for e in events if isinstance(e, TokenDelta)]
+        assert "".join(d.text for d in deltas) == out.text
+        assert [t for d in deltas for t in d.token_ids] == out.token_ids
+        assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_multibyte_character_is_held_until_complete(llm):
+    from engine.detokenizer import IncrementalDetokenizer, make_decoder
+
+    ids = llm.tokenizer.convert_tokens_to_ids(list("ðŁĺĢ"))  # the four byte tokens of 😀
+    detok = IncrementalDetokenizer(make_decoder(llm.tokenizer))
+    pieces = [detok.push([i]) for i in ids]
+    assert pieces == ["", "", "", "😀"]
+
+
+def test_seeded_sampling_is_reproducible(llm):
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=20, seed=123, ignore_eos=True)
+    a = llm.generate(["Paris is"], params)[0].token_ids
+    b = llm.generate(["Paris is"], params)[0].token_ids
+    c = llm.generate(["Paris is"], SamplingParams(temperature=1.0, max_tokens=20, seed=7, ignore_eos=True))[0]
+    assert a == b
+    assert a != c.token_ids
+
+
+def test_stop_string_stop_token_and_max_tokens(llm):
+    free = llm.generate(["The quick"], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0]
+    assert len(free.token_ids) == 30 and free.finish_reason is FinishReason.LENGTH
+    stop = free.text[5:8]
+    cut = llm.generate(["The quick"], SamplingParams(temperature=0.0, max_tokens=30, stop=[stop], ignore_eos=True))[0]
+    assert cut.finish_reason is FinishReason.STOP
+    assert cut.text == free.text[: free.text.index(stop)]
+    stop_id = free.token_ids[6]
+    by_id = llm.generate(["The quick"], SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop_id]))[0]
+    assert by_id.token_ids == free.token_ids[: free.token_ids.index(stop_id) + 1]
+    assert by_id.finish_reason is FinishReason.STOP
+
+
+def test_eos_ends_the_reply_unless_ignored(llm):
+    eos = llm.tokenizer.eos_token_id
+    with torch.no_grad():  # make the model always predict EOS by biasing the head
+        head = llm.core.runner.model.lm_head.weight
+        saved = head[eos].clone()
+        head[eos] = head.abs().max() * 50 * torch.sign(llm.core.runner.model.model.norm.weight)
+    try:
+        out = llm.generate(["Paris"], SamplingParams(temperature=0.0, max_tokens=10))[0]
+        assert out.token_ids[-1] == eos and out.finish_reason is FinishReason.STOP
+        assert len(out.token_ids) < 10 and out.text.count("<|im_end|>") == 0
+        ignored = llm.generate(["Paris"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
+        assert len(ignored.token_ids) == 10
+    finally:
+        with torch.no_grad():
+            head[eos] = saved
+
+
+def test_context_limit_ends_generation(tiny_llama_dir):
+    small = LLM(str(tiny_llama_dir), max_model_len=20, block_size=4)
+    out = small.generate([list(range(1, 16))], SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))[0]
+    assert out.finish_reason is FinishReason.CONTEXT
+    assert len(out.prompt_token_ids) + len(out.token_ids) == 20
+
+
+def test_closing_a_stream_frees_its_blocks(llm):
+    total = llm.core.blocks.num_free_blocks
+    stream = llm.stream("The quick brown fox", SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    first = next(stream)
+    assert isinstance(first, TokenDelta)
+    assert llm.core.blocks.num_free_blocks < total
+    stream.close()
+    assert llm.core.blocks.num_free_blocks == total
+    assert not llm.core.has_work
+
+
+def test_cancel_event_ends_the_stream_with_partial_output(llm):
+    cancel = threading.Event()
+    events = []
+    for event in llm.stream("Paris is", SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), cancel=cancel):
+        events.append(event)
+        if len(events) == 3:
+            cancel.set()
+    out = events[-1].output
+    assert out.finish_reason is FinishReason.CANCELLED
+    assert len(out.token_ids) == 3
+    assert llm.core.blocks.num_free_blocks == len(llm.core.blocks.blocks)
+
+
+def _final(events):
+    last = None
+    for last in events:
+        pass
+    assert isinstance(last, RequestFinished)
+    return last.output

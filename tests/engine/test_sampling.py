@@ -1,0 +1,63 @@
+"""Sampling functions: filters keep the right tokens, draws follow the distribution, seeds reproduce."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import InvalidParameterError
+from engine.sampling import filter_top_k_top_p, probabilities, sample_batch, sample_token
+from engine.sampling_params import SamplingParams
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+
+
+def test_top_k_keeps_exactly_k():
+    kept = torch.isfinite(filter_top_k_top_p(LOGITS, 2, 1.0))
+    assert kept.tolist() == [True, True, False, False, False]
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    probs = torch.softmax(LOGITS, -1)
+    p = float(probs[0] + probs[1]) - 1e-3  # needs the top two tokens
+    kept = torch.isfinite(filter_top_k_top_p(LOGITS, 0, p))
+    assert kept.tolist() == [True, True, False, False, False]
+    assert torch.isfinite(filter_top_k_top_p(LOGITS, 0, 1e-6)).sum() == 1
+
+
+def test_greedy_and_degenerate_filters_agree():
+    gen = torch.Generator().manual_seed(0)
+    assert sample_token(LOGITS, SamplingParams(temperature=0.0), None) == 0
+    assert sample_token(LOGITS, SamplingParams(temperature=1.0, top_k=1), gen) == 0
+
+
+def test_draws_follow_the_tempered_distribution():
+    params = SamplingParams(temperature=0.7)
+    gen = torch.Generator().manual_seed(1)
+    n = 20000
+    counts = torch.bincount(torch.tensor([sample_token(LOGITS, params, gen) for _ in range(n)]), minlength=5)
+    expected = probabilities(LOGITS, params) * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.0  # 4 degrees of freedom: p ~ 5e-4
+    wrong = torch.softmax(LOGITS, -1) * n  # the untempered distribution is clearly rejected
+    assert float(((counts - wrong) ** 2 / wrong).sum()) > 100.0
+
+
+def test_same_seed_same_draws():
+    params = [SamplingParams(temperature=1.0)] * 2
+    a = sample_batch(torch.stack([LOGITS, LOGITS]), params, [torch.Generator().manual_seed(5) for _ in range(2)])
+    b = sample_batch(torch.stack([LOGITS, LOGITS]), params, [torch.Generator().manual_seed(5) for _ in range(2)])
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"max_tokens": 0},
+        {"seed": -3}, {"stop": [""]}, {"stop_token_ids": [-1]},
+    ],
+)
+def test_invalid_values_are_refused_with_one_line(kwargs):
+    with pytest.raises(InvalidParameterError) as err:
+        SamplingParams(**kwargs)
+    assert "\n" not in str(err.value) and str(err.value)
