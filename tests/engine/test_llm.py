@@ -20,7 +20,8 @@ def llm(tiny_llama_dir) -> LLM:
 
 def hf_greedy(path, prompt_ids: list[int], n: int) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n)
+    x = torch.tensor([prompt_ids])
+    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, eos_token_id=None)
     return out[0, len(prompt_ids) :].tolist()
 
 

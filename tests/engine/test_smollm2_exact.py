@@ -23,7 +23,11 @@ def test_greedy_matches_transformers_on_smollm2():
     for prompt in PROMPTS:
         ids = llm.encode_chat([{"role": "user", "content": prompt}])
         ours = llm.generate([ids], params)[0]
-        theirs = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
+        # An explicit attention mask: pad == eos == <|im_end|> here, and generate() would otherwise mask
+        # every <|im_end|> of the chat prompt as padding.
+        x = torch.tensor([ids])
+        theirs = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=32,
+                              eos_token_id=None)
         assert ours.token_ids == theirs[0, len(ids) :].tolist(), prompt
     answer = llm.generate([llm.encode_chat([{"role": "user", "content": PROMPTS[0]}])],
                           SamplingParams(temperature=0.0, max_tokens=20))[0]
