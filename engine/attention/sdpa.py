@@ -31,22 +31,23 @@ class SdpaBackend(AttentionBackend):
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        cache = self.kv[layer]                                  # [2, KVH, S, D]
+        k_cache, v_cache = self.kv[layer].unbind(0)            # 2 x [KVH, S, D]
         slots = meta.slot_mapping
-        if isinstance(slots, slice):
-            cache[0, :, slots] = k.transpose(0, 1)
-            cache[1, :, slots] = v.transpose(0, 1)
+        if isinstance(slots, slice):  # narrow() instead of tuple indexing: this runs 30x per token
+            k_cache.narrow(1, slots.start, slots.stop - slots.start).copy_(k.transpose(0, 1))
+            v_cache.narrow(1, slots.start, slots.stop - slots.start).copy_(v.transpose(0, 1))
         else:
-            cache[0].index_copy_(1, slots, k.transpose(0, 1))
-            cache[1].index_copy_(1, slots, v.transpose(0, 1))
+            k_cache.index_copy_(1, slots, k.transpose(0, 1))
+            v_cache.index_copy_(1, slots, v.transpose(0, 1))
         outs = []
         for span, mask in zip(meta.spans, meta.masks, strict=True):
-            q_s = q[span.q_start : span.q_start + span.q_len].transpose(0, 1)  # [H, q, D]
-            if isinstance(span.key_slots, slice):
-                keys, values = cache[0, :, span.key_slots], cache[1, :, span.key_slots]  # [KVH, T, D]
+            q_s = q.narrow(0, span.q_start, span.q_len).transpose(0, 1)  # [H, q, D]
+            key_slots = span.key_slots
+            if isinstance(key_slots, slice):
+                keys = k_cache.narrow(1, key_slots.start, key_slots.stop - key_slots.start)  # [KVH, T, D]
+                values = v_cache.narrow(1, key_slots.start, key_slots.stop - key_slots.start)
             else:
-                keys = cache[0].index_select(1, span.key_slots)
-                values = cache[1].index_select(1, span.key_slots)
+                keys, values = k_cache.index_select(1, key_slots), v_cache.index_select(1, key_slots)
             o = F.scaled_dot_product_attention(
                 q_s.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
                 is_causal=span.is_square_causal and span.q_len > 1, scale=scale, enable_gqa=True,

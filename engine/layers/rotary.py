@@ -45,15 +45,16 @@ class RotaryEmbedding(torch.nn.Module):
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)               # [P, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)        # [P, D]
+        sin = emb.sin()
+        sin[:, : head_dim // 2] *= -1  # rotate_half(x) * sin == roll(x, D/2) * (sin with its first half negated)
         self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [N] -> 2 x [N, 1, D]
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, H, D]; cos/sin: [N, 1, D]. Returns x rotated (x * cos + rotate_half(x) * sin)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return torch.addcmul(x * cos, rotated, sin)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, H, D]; cos/signed_sin: [N, 1, D] from `lookup`. Returns x * cos + rotate_half(x) * sin,
+    in three kernels (rotate_half(x) * sin == roll(x, D/2) * signed_sin)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)

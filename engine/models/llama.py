@@ -59,15 +59,18 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:  # [N, hidden]
-        n, d = x.shape[0], self.head_dim
-        qkv = self.qkv_proj(x)  # [N, (H + 2 KVH) D]
-        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
-        q, k, v = q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
+        n, d, h = x.shape[0], self.head_dim, self.num_heads
+        qkv = self.qkv_proj.forward(x)  # [N, (H + 2 KVH) D]  (.forward: skip nn.Module hooks in the hot loop)
+        qk, v = qkv.split([(h + self.num_kv_heads) * d, self.num_kv_heads * d], dim=-1)
+        qk, v = qk.view(n, -1, d), v.view(n, -1, d)  # [N, H + KVH, D], [N, KVH, D]
+        if self.q_norm is None:  # rotate q and k in one go
+            qk = apply_rotary(qk, ctx.cos, ctx.sin)
+            q, k = qk[:, :h], qk[:, h:]
+        else:
+            q = apply_rotary(self.q_norm.forward(qk[:, :h]), ctx.cos, ctx.sin)
+            k = apply_rotary(self.k_norm.forward(qk[:, h:]), ctx.cos, ctx.sin)
         o = ctx.backend.forward(self.layer, q, k, v, ctx.attn, self.scale)  # [N, H D]
-        return self.o_proj(o)
+        return self.o_proj.forward(o)
 
 
 class MLP(nn.Module):
@@ -78,8 +81,8 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(size, args.hidden_size, bias=args.mlp_bias, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # 2 x [N, I]
-        return self.down_proj(F.silu(gate).mul_(up))
+        gate, up = self.gate_up_proj.forward(x).chunk(2, dim=-1)  # 2 x [N, I]
+        return self.down_proj.forward(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -94,12 +97,12 @@ class DecoderLayer(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, ctx: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            h, residual = self.input_layernorm(x), x
+            h, residual = self.input_layernorm.forward(x), x
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
-        h = self.self_attn(h, ctx)
+        h = self.self_attn.forward(h, ctx)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
+        return self.mlp.forward(h), residual
 
 
 class Backbone(nn.Module):
@@ -130,9 +133,9 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:  # [N] -> [N, hidden]
         cos, sin = self.rotary.lookup(positions)
         ctx = ForwardContext(attn, backend, cos, sin)
-        h, residual = self.model.embed_tokens(input_ids), None
+        h, residual = self.model.embed_tokens.forward(input_ids), None
         for layer in self.model.layers:
-            h, residual = layer(h, residual, ctx)
+            h, residual = layer.forward(h, residual, ctx)
         h, _ = self.model.norm.add_forward(h, residual)
         return h
 

@@ -154,8 +154,6 @@ def test_cancel_event_ends_the_stream_with_partial_output(llm):
 
 
 def _final(events):
-    last = None
-    for last in events:
-        pass
+    *_, last = events
     assert isinstance(last, RequestFinished)
     return last.output

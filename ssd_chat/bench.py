@@ -1,0 +1,277 @@
+"""`ssd-chat bench`: fixed-length greedy decoding over a prompt set, our engine against transformers.
+
+Every mode decodes every prompt for exactly `max_tokens` tokens (EOS ignored), one request at a
+time, after one uncounted warm-up request, from the same prompt token ids. Per mode:
+  decode tok/s = sum over prompts of (tokens - 1) / sum of decode times (first token -> last token);
+                 a time-weighted mean, so one odd prompt cannot skew it;
+  TTFT ms      = mean over prompts of (request start -> first generated token).
+The engine runs with prefix caching off so that every prompt pays its full prefill, as in transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+import transformers
+from rich.table import Table
+from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers.generation.streamers import BaseStreamer
+
+from engine import LLM, SamplingParams
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "chat.jsonl"
+WARMUP_TOKENS = 8
+
+Messages = list[dict[str, str]]
+Progress = Callable[[str], None]
+
+
+class BenchInputError(ValueError):
+    """A prompt file or option the bench cannot use; ``str(err)`` is one line with the fix."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    target: str
+    prompts_file: Path = DEFAULT_PROMPTS
+    modes: tuple[str, ...] = ("ar",)
+    hf: bool = False
+    max_tokens: int = 128
+    threads: int | None = None
+    raw: bool = False
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.modes if m not in ENGINE_MODES]
+        if unknown or not self.modes:
+            raise BenchInputError(
+                f"unknown mode(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(ENGINE_MODES)}"
+            )
+        if self.max_tokens < 2:
+            raise BenchInputError(f"--max-tokens must be >= 2 to measure decode speed, got {self.max_tokens}")
+        if self.limit is not None and self.limit < 1:
+            raise BenchInputError(f"--limit must be >= 1, got {self.limit}")
+
+
+@dataclass(frozen=True)
+class PromptRun:
+    """One prompt decoded in one mode."""
+
+    token_ids: list[int]
+    ttft_s: float
+    decode_time_s: float
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    mode: str
+    runs: list[PromptRun]
+    identical_to_ar: bool | None = None  # None for "ar" itself, or when "ar" was not run
+
+    @property
+    def outputs(self) -> list[list[int]]:
+        return [r.token_ids for r in self.runs]
+
+    @property
+    def decode_tok_s(self) -> float:
+        tokens = sum(len(r.token_ids) - 1 for r in self.runs)
+        seconds = sum(r.decode_time_s for r in self.runs)
+        return tokens / seconds if seconds > 0 else 0.0
+
+    @property
+    def ttft_ms(self) -> float:
+        return 1000.0 * sum(r.ttft_s for r in self.runs) / len(self.runs)
+
+    def to_dict(self) -> dict:
+        return {
+            "mode": self.mode,
+            "decode_tok_s": self.decode_tok_s,
+            "ttft_ms": self.ttft_ms,
+            "outputs": self.outputs,
+            "identical_to_ar": self.identical_to_ar,
+        }
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    machine: dict
+    config: dict
+    results: list[ModeResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "config": self.config, "results": [r.to_dict() for r in self.results]}
+
+
+def load_prompts(path: Path, *, limit: int | None = None) -> list[Messages]:
+    """Read a prompt file: one plain-text prompt per line, or JSON objects with "prompt" or "messages"."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise BenchInputError(f"cannot read prompt file {path}: {err.strerror or err}") from err
+    prompts = [_parse_line(line, f"{path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
+    if not prompts:
+        raise BenchInputError(f"prompt file {path} holds no prompts")
+    return prompts[:limit]
+
+
+def _parse_line(line: str, where: str) -> Messages:
+    if not line.lstrip().startswith("{"):
+        return [{"role": "user", "content": line.strip()}]
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise BenchInputError(f"{where}: invalid JSON ({err.msg})") from err
+    if isinstance(obj.get("prompt"), str):
+        return [{"role": "user", "content": obj["prompt"]}]
+    messages = obj.get("messages")
+    is_valid = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    )
+    if not is_valid:
+        raise BenchInputError(f'{where}: needs a "prompt" string or a "messages" list of {{role, content}}')
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def encode_prompts(llm: LLM, prompts: list[Messages], *, raw: bool) -> list[list[int]]:
+    """Token ids per prompt: chat template applied, or (raw) the message contents joined by blank lines."""
+    if not raw:
+        return [llm.encode_chat(messages) for messages in prompts]
+    return [llm.tokenizer.encode("\n\n".join(m["content"] for m in messages)) for messages in prompts]
+
+
+def run_ar(llm: LLM, prompt_ids: list[list[int]], max_tokens: int, progress: Progress) -> ModeResult:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate([prompt_ids[0]], replace(params, max_tokens=min(max_tokens, WARMUP_TOKENS)))
+    runs = []
+    for i, ids in enumerate(prompt_ids, 1):
+        progress(f"ar: prompt {i}/{len(prompt_ids)}")
+        out = llm.generate([ids], params)[0]
+        runs.append(PromptRun(list(out.token_ids), out.stats.ttft_s, out.stats.decode_time_s))
+    return ModeResult("ar", runs)
+
+
+ENGINE_MODES: dict[str, Callable[[LLM, list[list[int]], int, Progress], ModeResult]] = {"ar": run_ar}
+
+
+def run_hf(model_path: Path, prompt_ids: list[list[int]], max_tokens: int, progress: Progress) -> ModeResult:
+    """transformers' own generate() on the same weights, prompts and thread count (set by the engine)."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    # Like ignore_eos in the engine: EOS neither ends the reply nor is masked out (min_new_tokens would mask
+    # it, and greedy outputs would then differ after the first EOS). A None in the GenerationConfig passed
+    # to generate() is filled in from the model's own, so the model's own must forget EOS.
+    pad_id = model.generation_config.pad_token_id
+    if pad_id is None:
+        pad_id = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+
+    def generate(ids: list[int], num_tokens: int) -> PromptRun:
+        config = GenerationConfig(do_sample=False, max_new_tokens=num_tokens, pad_token_id=pad_id)
+        streamer = _TimingStreamer()
+        input_ids = torch.tensor([ids])
+        start = time.perf_counter()
+        out = model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, streamer=streamer
+        )
+        token_ids = out[0, len(ids):].tolist()
+        assert len(streamer.times) == len(token_ids) + 1, "one put() for the prompt, then one per token"
+        first, last = streamer.times[1], streamer.times[-1]
+        return PromptRun(token_ids, ttft_s=first - start, decode_time_s=last - first)
+
+    generate(prompt_ids[0], min(max_tokens, WARMUP_TOKENS))
+    runs = []
+    for i, ids in enumerate(prompt_ids, 1):
+        progress(f"hf: prompt {i}/{len(prompt_ids)}")
+        runs.append(generate(ids, max_tokens))
+    return ModeResult("hf", runs)
+
+
+class _TimingStreamer(BaseStreamer):
+    """Timestamps generate()'s put() calls: the first one carries the prompt, then one per new token."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> BenchReport:
+    prompts = load_prompts(config.prompts_file, limit=config.limit)
+    model_path, prompt_ids, results = _run_engine_modes(config, prompts, progress)
+    if config.hf:
+        progress("loading the transformers baseline")
+        hf = run_hf(model_path, prompt_ids, config.max_tokens, progress)
+        ar = next((r for r in results if r.mode == "ar"), None)
+        results.append(replace(hf, identical_to_ar=None if ar is None else hf.outputs == ar.outputs))
+    run_config = {
+        "target": config.target, "model_path": str(model_path), "max_tokens": config.max_tokens,
+        "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
+        "num_prompts": len(prompts), "prefix_caching": False,
+    }
+    return BenchReport(machine_info(), run_config, results)
+
+
+def _run_engine_modes(
+    config: BenchConfig, prompts: list[Messages], progress: Progress
+) -> tuple[Path, list[list[int]], list[ModeResult]]:
+    """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
+    progress(f"loading {config.target}")
+    llm = LLM(target=config.target, threads=config.threads, enable_prefix_caching=False)
+    try:
+        prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
+        results = [ENGINE_MODES[mode](llm, prompt_ids, config.max_tokens, progress) for mode in config.modes]
+        return llm.model_path, prompt_ids, results
+    finally:
+        llm.close()
+
+
+def machine_info() -> dict:
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def render_table(report: BenchReport) -> Table:
+    by_mode = {r.mode: r for r in report.results}
+    hf = by_mode.get("hf")
+    table = Table(title=f"{report.config['target']}: {report.config['num_prompts']} prompts x "
+                        f"{report.config['max_tokens']} tokens, greedy")
+    table.add_column("mode")
+    table.add_column("decode tok/s", justify="right")
+    table.add_column("TTFT ms", justify="right")
+    if hf is not None:
+        table.add_column("speedup vs hf", justify="right")
+    table.add_column("greedy output = ar", justify="center")
+    for r in report.results:
+        row = [r.mode, f"{r.decode_tok_s:.1f}", f"{r.ttft_ms:.0f}"]
+        if hf is not None:
+            row.append(f"{r.decode_tok_s / hf.decode_tok_s:.2f}x" if hf.decode_tok_s else "-")
+        row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
+        table.add_row(*row)
+    return table

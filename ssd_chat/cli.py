@@ -1,0 +1,265 @@
+"""The `ssd-chat` command line: `ask`, `models`, `bench`, and a plain streaming REPL when no command is given.
+
+A user error (any EngineError, a bad option value, an unusable prompt file) ends as ONE line
+`error: <message>` on stderr with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Generator, Iterator
+from contextlib import closing, contextmanager, suppress
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engine import LLM, EngineError, SamplingParams
+from engine.config import DEFAULT_TARGET
+from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput
+from engine.registry import list_models
+from ssd_chat import __version__
+from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, render_table, run_bench
+
+EXIT_USER_ERROR = 2
+REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads")
+
+Target = Annotated[
+    str, typer.Option("--target", "-t", help="Model alias (see `ssd-chat models`) or a local model directory.")
+]
+System = Annotated[str | None, typer.Option(help="System prompt.")]
+Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")]
+MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.")]
+Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
+
+app = typer.Typer(
+    add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
+    help="Chat with a local LLM on the ssd-chat engine. With no command: a streaming REPL.",
+)
+
+
+def main() -> None:
+    """Console-script entry: typer's own usage errors become one `error:` line too."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as err:  # typer's usage errors: bad value, missing argument, unknown option
+        code = _report(err.format_message())
+    except typer.Abort:
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _report(message: str) -> int:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return EXIT_USER_ERROR
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    try:
+        yield
+    except (EngineError, BenchInputError) as err:
+        raise typer.Exit(_report(str(err))) from None
+
+
+@contextmanager
+def _open_llm(target: str, **engine_kwargs) -> Iterator[LLM]:
+    llm = LLM(target=target, **engine_kwargs)
+    try:
+        yield llm
+    finally:
+        llm.close()
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ssd-chat {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    target: Target = DEFAULT_TARGET,
+    system: System = None,
+    temperature: Temperature = 0.7,
+    max_tokens: MaxTokens = 512,
+    threads: Threads = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log engine diagnostics.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """Chat with a local LLM. With no command: a REPL (/clear resets, /exit or Ctrl-D quits, Ctrl-C stops a reply)."""
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if ctx.invoked_subcommand is not None:
+        given = [n for n in REPL_OPTIONS if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise typer.Exit(_report(f"{flag} before a command is a REPL option; put it after the command name"))
+        return
+    with _user_errors():
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        with _open_llm(target, threads=threads) as llm:
+            run_repl(llm, params, system)
+
+
+@app.command()
+def ask(
+    prompt: Annotated[str, typer.Argument(help='The prompt; "-" reads it from stdin.')],
+    target: Target = DEFAULT_TARGET,
+    system: System = None,
+    temperature: Temperature = 0.7,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass; 1 = off.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample among the k likeliest tokens; 0 = off.")] = 0,
+    seed: Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply.")] = None,
+    max_tokens: MaxTokens = 512,
+    threads: Threads = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Context limit (default: the model's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+) -> None:
+    """Answer one prompt (chat template applied), streaming the reply to stdout."""
+    with _user_errors():
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+        text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        messages.append({"role": "user", "content": text})
+        with _open_llm(target, threads=threads, max_model_len=max_model_len) as llm:
+            output = _print_stream(llm.chat(messages, params), echo=not as_json)
+    if as_json:
+        typer.echo(json.dumps(output.to_dict()))
+
+
+@app.command()
+def models() -> None:
+    """List the model aliases and whether their weights are on this machine."""
+    table = Table(title="models")
+    table.add_column("alias", no_wrap=True)
+    table.add_column("repo id")
+    table.add_column("params", justify="right")
+    table.add_column("family")
+    table.add_column("local", justify="center")
+    for spec, is_local in list_models():
+        table.add_row(spec.alias, spec.repo_id, spec.num_params, spec.family, "yes" if is_local else "no")
+    Console().print(table)
+
+
+@app.command()
+def bench(
+    target: Target = DEFAULT_TARGET,
+    modes: Annotated[str, typer.Option(help="Comma-separated engine modes to measure (now: ar).")] = "ar",
+    hf: Annotated[bool, typer.Option("--hf", help="Also measure transformers' generate() as a baseline.")] = False,
+    prompts: Annotated[
+        Path,
+        typer.Option(help="Prompt file: plain lines or JSONL with prompt/messages.",
+                     show_default="assets/prompts/chat.jsonl"),
+    ] = DEFAULT_PROMPTS,
+    max_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt (EOS ignored).")] = 128,
+    threads: Threads = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results to this JSON file.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
+    limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.")] = None,
+) -> None:
+    """Greedy fixed-length decode speed and TTFT per mode over a prompt set."""
+    err_console = Console(stderr=True, highlight=False)
+    with _user_errors():
+        config = BenchConfig(
+            target=target, prompts_file=prompts, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+            hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit,
+        )
+        report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
+    Console().print(render_table(report))
+    if json_out is not None:
+        json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) -> RequestOutput:
+    """Write each delta to stdout as it arrives; return the final output. Leaving early (an error, a
+    second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks."""
+    output = None
+    with closing(events):
+        for event in events:
+            if isinstance(event, RequestFinished):
+                output = event.output
+            elif echo:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+    if echo:
+        sys.stdout.write("\n")
+    assert output is not None, "a stream ends with RequestFinished"
+    return output
+
+
+# ---- REPL ------------------------------------------------------------------------------------------
+
+
+def run_repl(llm: LLM, params: SamplingParams, system: str | None) -> None:
+    with suppress(ImportError):
+        import readline  # noqa: F401  (line editing and history for input())
+    console = Console(highlight=False)
+    start = [{"role": "system", "content": system}] if system is not None else []
+    history = list(start)
+    console.print(
+        f"{llm.config.target}: /clear resets the conversation, /exit or Ctrl-D quits, Ctrl-C stops a reply.",
+        style="dim", markup=False,
+    )
+    while True:
+        try:
+            line = input(">>> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            console.print()
+            return
+        if line in ("/exit", "/quit"):
+            return
+        if line == "/clear":
+            history = list(start)
+            console.print("conversation cleared", style="dim")
+            continue
+        if not line:
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
+            with _sigint_flag() as cancel:
+                output = _print_stream(llm.chat(history, params, cancel=cancel))
+        except EngineError as err:
+            history.pop()
+            _report(f"{err} (/clear starts a new conversation)")
+            continue
+        history.append({"role": "assistant", "content": output.text})
+        console.print(stats_line(output), style="dim", markup=False)
+
+
+@contextmanager
+def _sigint_flag() -> Iterator[threading.Event]:
+    """Turn the first Ctrl-C into a flag; a second one raises KeyboardInterrupt as usual."""
+    flag = threading.Event()
+
+    def on_sigint(signum, frame) -> None:
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stats_line(output: RequestOutput) -> str:
+    s = output.stats
+    line = (
+        f"{s.decode_tok_s:.1f} tok/s · TTFT {1000 * s.ttft_s:.0f} ms · "
+        f"{s.generated_tokens} tokens · prefix reused {s.reused_prefix_tokens}/{s.prompt_tokens}"
+    )
+    if output.finish_reason is not FinishReason.STOP:
+        line += f" · stopped: {output.finish_reason}"
+    return line

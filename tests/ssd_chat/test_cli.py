@@ -1,0 +1,201 @@
+"""The `ssd-chat` CLI on a tiny random model: output matches the engine, user errors are one line + exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine import LLM, SamplingParams
+from engine.outputs import RequestFinished, TokenDelta
+from engine.registry import ALIASES
+from ssd_chat import cli
+from ssd_chat.bench import BenchInputError, load_prompts
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def _greedy_chat(model_dir: Path, prompt: str, max_tokens: int):
+    llm = LLM(target=str(model_dir))
+    try:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens)
+        events = list(llm.chat([{"role": "user", "content": prompt}], params))
+    finally:
+        llm.close()
+    assert isinstance(events[-1], RequestFinished)
+    return events[-1].output
+
+
+def _ssd_chat(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """The real entry point in a fresh process: the exit code and stderr the user sees."""
+    return subprocess.run(
+        [sys.executable, "-m", "ssd_chat", *args], cwd=REPO_ROOT, input=stdin, capture_output=True, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+    )
+
+
+def test_models_lists_every_alias():
+    result = runner.invoke(cli.app, ["models"])
+    assert result.exit_code == 0, result.output
+    for alias, spec in ALIASES.items():
+        assert alias in result.stdout
+        assert spec.family in result.stdout
+
+
+def test_ask_streams_the_greedy_reply(tiny_llama_dir):
+    expected = _greedy_chat(tiny_llama_dir, "Paris is", 8)
+    args = ["ask", "Paris is", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "8"]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected.text + "\n"
+
+    result = runner.invoke(cli.app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert set(payload) == {"text", "token_ids", "finish_reason", "stats"}
+    assert payload["token_ids"] == list(expected.token_ids)
+    assert payload["text"] == expected.text
+    assert payload["finish_reason"] == str(expected.finish_reason)
+    assert payload["stats"]["generated_tokens"] == len(expected.token_ids)
+
+
+def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
+    expected = _greedy_chat(tiny_llama_dir, "Paris is", 5)
+    args = ["ask", "-", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "5", "--json"]
+    result = runner.invoke(cli.app, args, input="Paris is\n")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["token_ids"] == list(expected.token_ids)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["unknown alias", "missing directory", "negative temperature", "prompt too long", "bad option value",
+     "REPL option before a command"],
+)
+def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
+    tiny = str(tiny_llama_dir)
+    args = {
+        "unknown alias": ["ask", "hi", "--target", "no-such-model"],
+        "missing directory": ["ask", "hi", "--target", str(tmp_path / "missing")],
+        "negative temperature": ["ask", "hi", "--target", tiny, "--temperature", "-1"],
+        "prompt too long": ["ask", "the quick brown fox " * 20, "--target", tiny, "--max-model-len", "16"],
+        "bad option value": ["ask", "hi", "--max-tokens", "many"],
+        "REPL option before a command": ["--target", tiny, "models"],
+    }[case]
+    result = _ssd_chat(*args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+
+
+def test_bench_writes_results_and_matches_transformers(tiny_llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--target", str(tiny_llama_dir), "--modes", "ar", "--hf", "--max-tokens", "8", "--limit", "2",
+            "--json", str(out)]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert set(report["machine"]) == {"cpu", "cores", "threads", "torch", "transformers", "python"}
+    assert report["config"]["num_prompts"] == 2
+    assert report["config"]["max_tokens"] == 8
+    assert Path(report["config"]["model_path"]) == Path(tiny_llama_dir).resolve()
+    ar, hf = report["results"]
+    assert (ar["mode"], hf["mode"]) == ("ar", "hf")
+    for row in (ar, hf):
+        assert row["decode_tok_s"] > 0 and row["ttft_ms"] > 0
+        assert [len(ids) for ids in row["outputs"]] == [8, 8]
+    assert ar["identical_to_ar"] is None
+    assert hf["identical_to_ar"] is True
+    assert hf["outputs"] == ar["outputs"]
+    assert "hf" in result.stdout
+
+
+def test_load_prompts_reads_plain_lines_and_jsonl(tmp_path):
+    path = tmp_path / "prompts.txt"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    path.write_text(f'plain question\n\n{{"prompt": "json question"}}\n{json.dumps({"messages": messages})}\n')
+    assert load_prompts(path) == [
+        [{"role": "user", "content": "plain question"}],
+        [{"role": "user", "content": "json question"}],
+        messages,
+    ]
+    assert len(load_prompts(path, limit=2)) == 2
+    path.write_text('{"prompt": 3}\n')
+    with pytest.raises(BenchInputError, match=r"prompts.txt:1"):
+        load_prompts(path)
+
+
+def test_shipped_prompt_set_loads():
+    prompts = load_prompts(REPO_ROOT / "assets" / "prompts" / "chat.jsonl")
+    assert len(prompts) >= 16
+    assert any(len(p) > 1 for p in prompts)
+
+
+def test_repl_keeps_the_conversation_and_clears_it(tiny_llama_dir):
+    turn = "Tell me about the quick brown fox that jumps over the lazy dog, please."
+    result = runner.invoke(
+        cli.app, ["--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "6"],
+        input=f"{turn}\nAnd then?\n/clear\n{turn}\n/exit\n",
+    )
+    assert result.exit_code == 0, result.output
+    stats = [tuple(map(int, m)) for m in re.findall(r"prefix reused (\d+)/(\d+)", result.stdout)]
+    assert len(stats) == 3, result.stdout
+    (_, first), (reused_second, second), (_, after_clear) = stats
+    assert second > first + 6           # the history (question + reply) is resent
+    assert reused_second > 0            # ... and its prefix comes from the cache
+    assert after_clear == first         # /clear starts over
+
+
+class _CtrlCAfterTwoDeltas:
+    """The real engine, with Ctrl-C (SIGINT) pressed after the first reply's second token delta."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self.config = llm.config
+        self.calls: list[list[dict[str, str]]] = []
+
+    def chat(self, messages, params, *, cancel=None):
+        self.calls.append([dict(m) for m in messages])
+        num_deltas = 0
+        for event in self.llm.chat(messages, params, cancel=cancel):
+            yield event
+            num_deltas += isinstance(event, TokenDelta)
+            if len(self.calls) == 1 and num_deltas == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_cancels_the_reply_and_keeps_the_partial_text(tiny_llama_dir, monkeypatch, capsys):
+    llm = LLM(target=str(tiny_llama_dir))
+    proxy = _CtrlCAfterTwoDeltas(llm)
+    lines = iter(["hi", "again"])
+
+    def fake_input(prompt: str) -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    try:
+        cli.run_repl(proxy, SamplingParams(temperature=0, max_tokens=8), system=None)
+    finally:
+        llm.close()
+    out = capsys.readouterr().out
+    assert re.search(r"· 2 tokens · .* stopped: cancelled", out), out
+    assert re.search(r"· 8 tokens · ", out), out  # the next turn runs to completion
+    partial = _greedy_chat(tiny_llama_dir, "hi", 2).text
+    assert proxy.calls[1] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": partial},
+        {"role": "user", "content": "again"},
+    ]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
