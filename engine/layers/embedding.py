@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.linear import matmul
 from engine.layers.parallel import SINGLE, TensorParallel
 
 
@@ -40,5 +39,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Logits over the vocabulary: each rank scores its slice, then slices are gathered."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, D] -> [N, V]
-        logits = self.tp.all_gather_last_dim(matmul(hidden, self.weight))
+        logits = self.tp.all_gather_last_dim(F.linear(hidden, self.weight))
         return logits[..., : self.vocab_size] if self.tp.size > 1 else logits
