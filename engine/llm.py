@@ -110,6 +110,12 @@ class LLM:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @property
+    def weight_bytes(self) -> int:
+        """Bytes of model weights one decode step reads (shared tensors counted once)."""
+        params = self.core.runner.model.parameters()  # parameters() yields a tied tensor once
+        return sum(p.numel() * p.element_size() for p in params)
+
+    @property
     def num_forward_tokens(self) -> int:
         """Tokens that went through the model so far (prefix-cache hits do not count)."""
         return self.core.runner.num_forward_tokens

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 from engine import LLM, SamplingParams
+from ssd_chat.bandwidth import matvec_bandwidth_gb_s
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "chat.jsonl"
 WARMUP_TOKENS = 8
@@ -208,7 +209,7 @@ class _TimingStreamer(BaseStreamer):
 
 def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> BenchReport:
     prompts = load_prompts(config.prompts_file, limit=config.limit)
-    model_path, prompt_ids, results = _run_engine_modes(config, prompts, progress)
+    model_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
     if config.hf:
         progress("loading the transformers baseline")
         hf = run_hf(model_path, prompt_ids, config.max_tokens, progress)
@@ -217,21 +218,25 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
     run_config = {
         "target": config.target, "model_path": str(model_path), "max_tokens": config.max_tokens,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
-        "num_prompts": len(prompts), "prefix_caching": False,
+        "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
     return BenchReport(machine_info(), run_config, results)
 
 
 def _run_engine_modes(
     config: BenchConfig, prompts: list[Messages], progress: Progress
-) -> tuple[Path, list[list[int]], list[ModeResult]]:
+) -> tuple[Path, list[list[int]], list[ModeResult], dict]:
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
     progress(f"loading {config.target}")
     llm = LLM(target=config.target, threads=config.threads, enable_prefix_caching=False)
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
         results = [ENGINE_MODES[mode](llm, prompt_ids, config.max_tokens, progress) for mode in config.modes]
-        return llm.model_path, prompt_ids, results
+        progress("measuring memory bandwidth")
+        bandwidth = matvec_bandwidth_gb_s(str(llm.device))
+        bound = {"weight_bytes": llm.weight_bytes, "matvec_gb_s": round(bandwidth, 1),
+                 "bandwidth_bound_tok_s": round(bandwidth * 1e9 / llm.weight_bytes, 1)}
+        return llm.model_path, prompt_ids, results, bound
     finally:
         llm.close()
 
@@ -267,11 +272,16 @@ def render_table(report: BenchReport) -> Table:
     table.add_column("TTFT ms", justify="right")
     if hf is not None:
         table.add_column("speedup vs hf", justify="right")
+    bound = report.config.get("bandwidth_bound_tok_s")
+    if bound:
+        table.add_column(f"of bw bound ({bound:.0f} tok/s)", justify="right")
     table.add_column("greedy output = ar", justify="center")
     for r in report.results:
         row = [r.mode, f"{r.decode_tok_s:.1f}", f"{r.ttft_ms:.0f}"]
         if hf is not None:
             row.append(f"{r.decode_tok_s / hf.decode_tok_s:.2f}x" if hf.decode_tok_s else "-")
+        if bound:
+            row.append(f"{100 * r.decode_tok_s / bound:.0f}%")
         row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
         table.add_row(*row)
     return table
