@@ -157,3 +157,18 @@ def _final(events):
     *_, last = events
     assert isinstance(last, RequestFinished)
     return last.output
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(tiny_llama_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    sharded = tmp_path / "sharded"
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    model.save_pretrained(sharded, max_shard_size="50KB")
+    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(sharded)
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    one = LLM(str(tiny_llama_dir), max_model_len=64).generate([[3, 4, 5]], params)[0].token_ids
+    many = LLM(str(sharded), max_model_len=64).generate([[3, 4, 5]], params)[0].token_ids
+    assert one == many

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,11 +35,11 @@ def _greedy_chat(model_dir: Path, prompt: str, max_tokens: int):
     return events[-1].output
 
 
-def _ssd_chat(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+def _ssd_chat(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The real entry point in a fresh process: the exit code and stderr the user sees."""
     return subprocess.run(
         [sys.executable, "-m", "ssd_chat", *args], cwd=REPO_ROOT, input=stdin, capture_output=True, text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=120,
     )
 
 
@@ -78,10 +79,22 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
 @pytest.mark.parametrize(
     "case",
     ["unknown alias", "missing directory", "negative temperature", "prompt too long", "bad option value",
-     "REPL option before a command"],
+     "REPL option before a command", "weights missing offline", "unsupported architecture", "corrupt weights",
+     "missing tokenizer"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, broken)
+    if case == "unsupported architecture":
+        config = json.loads((broken / "config.json").read_text())
+        (broken / "config.json").write_text(json.dumps({**config, "architectures": ["MambaForCausalLM"]}))
+    elif case == "corrupt weights":
+        weights = broken / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif case == "missing tokenizer":
+        (broken / "tokenizer.json").unlink()
+        (broken / "tokenizer_config.json").unlink()
     args = {
         "unknown alias": ["ask", "hi", "--target", "no-such-model"],
         "missing directory": ["ask", "hi", "--target", str(tmp_path / "missing")],
@@ -89,12 +102,18 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "prompt too long": ["ask", "the quick brown fox " * 20, "--target", tiny, "--max-model-len", "16"],
         "bad option value": ["ask", "hi", "--max-tokens", "many"],
         "REPL option before a command": ["--target", tiny, "models"],
+        "weights missing offline": ["ask", "hi", "--target", "qwen3-0.6b"],
+        "unsupported architecture": ["ask", "hi", "--target", str(broken)],
+        "corrupt weights": ["ask", "hi", "--target", str(broken)],
+        "missing tokenizer": ["ask", "hi", "--target", str(broken)],
     }[case]
-    result = _ssd_chat(*args)
+    result = _ssd_chat(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")})
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    if case == "weights missing offline":
+        assert "hf download Qwen/Qwen3-0.6B" in lines[0]
 
 
 def test_bench_writes_results_and_matches_transformers(tiny_llama_dir, tmp_path):
