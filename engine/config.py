@@ -19,6 +19,7 @@ class EngineConfig:
     """
 
     target: str = DEFAULT_TARGET
+    draft: str | None = None  # a draft model enables speculative modes
     device: str = "cpu"
     dtype: str = "auto"
     threads: int | None = None
@@ -44,3 +45,27 @@ class EngineConfig:
             raise InvalidParameterError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise InvalidParameterError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+
+MODES = ("ar", "sd")
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """How the engine decodes; may change between requests (the TUI switches modes live).
+
+    ar: plain autoregressive decoding. sd: the draft proposes `k` tokens, the target verifies them in
+    one pass. draft_temperature None: the draft samples at the request's temperature.
+    """
+
+    mode: str = "ar"
+    k: int = 4
+    draft_temperature: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not (1 <= self.k <= 32):
+            raise InvalidParameterError(f"k (draft tokens per step) must be between 1 and 32, got {self.k}")
+        if self.draft_temperature is not None and not (0.0 <= self.draft_temperature <= 100.0):
+            raise InvalidParameterError(f"draft_temperature must be between 0 and 100, got {self.draft_temperature}")

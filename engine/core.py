@@ -1,50 +1,62 @@
-"""The decode loop: admit waiting sequences, run one forward, sample, commit, check for the end.
+"""The decode loop: admit waiting sequences, run one step, commit, check for the end.
 
-``EngineCore.step()`` reads like the engine: schedule -> run -> sample -> postprocess. It knows token
-ids only; text, stop strings and timing live in the request layer above (llm.py).
+``EngineCore.step()`` reads like the engine: schedule -> run (prefill, AR decode, or a speculative
+step) -> commit tokens with stop checks. It knows token ids only; text, stop strings and timing live
+in the request layer above (llm.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from engine.config import SpeculationConfig
+from engine.drafter import Drafter
 from engine.kv.block_manager import BlockManager
-from engine.outputs import FinishReason
+from engine.outputs import FinishReason, TokenSource
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
-from engine.sequence import SeqStatus, Sequence
+from engine.sequence import SeqStatus, Sequence, StepOutput
+from engine.spec_decode import sd_step
 
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, blocks: BlockManager, *, max_model_len: int, max_num_seqs: int,
-                 eos_token_ids: tuple[int, ...]):
+                 eos_token_ids: frozenset[int], drafter: Drafter | None = None):
         self.runner = runner
         self.blocks = blocks
+        self.drafter = drafter
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.spec: dict[int, SpeculationConfig] = {}  # request id -> how it decodes
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, spec: SpeculationConfig) -> None:
         assert len(seq.token_ids) < self.max_model_len, "the request layer checks prompt length"
+        assert spec.mode == "ar" or self.drafter is not None, "the request layer checks for a draft"
+        self.spec[seq.seq_id] = spec
         self.waiting.append(seq)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        """End `seq` (also used to cancel it) and release its KV blocks at once."""
+        """End `seq` (also used to cancel it) and release its KV blocks at once, on both models."""
         if seq.is_finished:
             return
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self.blocks.free_blocks(seq)
+            if self.drafter is not None:
+                self.drafter.finish(seq)
         else:
             self.waiting.remove(seq)
+        self.spec.pop(seq.seq_id, None)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
+    # -- scheduling ------------------------------------------------------------------------------
     def _reserve_tokens(self, seq: Sequence) -> int:
         return min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
 
@@ -69,31 +81,60 @@ class EngineCore:
         assert admitted or self.running or not self.waiting, "the KV cache cannot hold a single request"
         return admitted
 
-    def step(self) -> dict[Sequence, list[int]]:
-        """One forward pass: prefill newly admitted sequences, or else decode one token for each running one."""
+    # -- one step ----------------------------------------------------------------------------------
+    def step(self) -> dict[Sequence, StepOutput]:
+        """Prefill newly admitted sequences, or else advance every running one by one AR or SD step."""
         admitted = self._admit()
         if admitted:
-            chunks = [Chunk(s, s.num_computed_tokens, len(s.token_ids)) for s in admitted]
+            outputs = self._prefill(admitted)
         else:
-            for s in self.running:
-                self.blocks.ensure_capacity(s, len(s.token_ids))
-            chunks = [Chunk(s, len(s.token_ids) - 1, len(s.token_ids)) for s in self.running]
-        if not chunks:
-            return {}
+            ar = [s for s in self.running if self.spec[s.seq_id].mode == "ar"]
+            sd = [s for s in self.running if self.spec[s.seq_id].mode == "sd"]
+            outputs = self._decode(ar) if ar else {}
+            for spec in {self.spec[s.seq_id] for s in sd}:  # normally one: the mode set for the chat
+                outputs |= sd_step(
+                    [s for s in sd if self.spec[s.seq_id] == spec], self.runner, self.drafter, k=spec.k,
+                    draft_temperature=spec.draft_temperature, max_model_len=self.max_model_len,
+                    ensure_capacity=self.blocks.ensure_capacity,
+                )
+        return self._commit(outputs)
+
+    def _prefill(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
+        outputs = self._run_and_sample([Chunk(s, s.num_computed_tokens, len(s.token_ids)) for s in seqs])
+        speculative = [s for s in seqs if self.spec[s.seq_id].mode != "ar"]
+        if speculative:
+            for seq, reused in self.drafter.start(speculative).items():
+                outputs[seq].draft_reused_tokens = reused
+        return outputs
+
+    def _decode(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
+        for s in seqs:
+            self.blocks.ensure_capacity(s, len(s.token_ids))
+        return self._run_and_sample([Chunk(s, len(s.token_ids) - 1, len(s.token_ids)) for s in seqs])
+
+    def _run_and_sample(self, chunks: list[Chunk]) -> dict[Sequence, StepOutput]:
         logits = self.runner.run(chunks)  # [B, V]
         seqs = [c.seq for c in chunks]
         tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        new: dict[Sequence, list[int]] = {}
-        for chunk, token in zip(chunks, tokens, strict=True):
-            seq = chunk.seq
-            seq.num_computed_tokens = chunk.end
+        return {c.seq: StepOutput([t], [TokenSource.TARGET], c.end) for c, t in zip(chunks, tokens, strict=True)}
+
+    def _commit(self, outputs: dict[Sequence, StepOutput]) -> dict[Sequence, StepOutput]:
+        """Append each step's tokens up to the first stop, record the KV they cover, end what stopped."""
+        for seq, out in outputs.items():
+            reason = None
+            for i, token in enumerate(out.tokens):
+                seq.token_ids.append(token)
+                reason = self._stop_reason(seq, token)
+                if reason is not None:
+                    del out.tokens[i + 1 :], out.sources[i + 1 :]
+                    break
+            seq.num_computed_tokens = min(out.num_computed, len(seq.token_ids) - 1)
             self.blocks.commit(seq)
-            seq.token_ids.append(token)
-            new[seq] = [token]
-            reason = self._stop_reason(seq, token)
+            if self.drafter is not None and seq.seq_id in self.drafter.seqs:
+                self.drafter.commit(seq, out.num_drafted, out.num_accepted)
             if reason is not None:
                 self.finish(seq, reason)
-        return new
+        return outputs
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.params

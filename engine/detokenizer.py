@@ -58,3 +58,13 @@ class IncrementalDetokenizer:
             return ""
         delta, self.emitted = self.text[self.emitted : end], end
         return delta
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, target: str, draft: str) -> None:
+    """Speculation compares token ids, so the draft must tokenize exactly like the target."""
+    from engine.errors import EngineError
+
+    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise EngineError(
+            f"draft {draft} and target {target} use different tokenizers: pick a draft of the same model family"
+        )

@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 
 from engine.attention import make_backend
-from engine.config import DEFAULT_TARGET, EngineConfig
+from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.core import EngineCore
-from engine.detokenizer import IncrementalDetokenizer, make_decoder
+from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
+from engine.drafter import Drafter
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.kv.block_manager import BlockManager
 from engine.loader import build_model
@@ -37,8 +38,13 @@ Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, target: str = DEFAULT_TARGET, *, config: EngineConfig | None = None, **overrides):
-        """`overrides` are EngineConfig fields (threads=, max_model_len=, dtype=, ...)."""
+    def __init__(
+        self, target: str = DEFAULT_TARGET, *, config: EngineConfig | None = None,
+        speculation: SpeculationConfig | None = None, mode: str | None = None, k: int | None = None,
+        **overrides,
+    ):
+        """`overrides` are EngineConfig fields (draft=, threads=, max_model_len=, dtype=, ...); `mode` and
+        `k` set the SpeculationConfig (default: "sd" when a draft is given, else "ar")."""
         config = replace(config, **overrides) if config else EngineConfig(target=target, **overrides)
         self.config = config
         if config.threads is not None:
@@ -68,14 +74,50 @@ class LLM:
         runner = ModelRunner(model, make_backend("sdpa"), num_blocks=num_blocks, block_size=config.block_size,
                              device=self.device, dtype=dtype)
         self.eos_token_ids = _eos_ids(self.model_path, model.args.eos_token_ids, self.tokenizer)
+        drafter = None
+        if config.draft is not None:
+            drafter = self._load_draft(config.draft, num_blocks=num_blocks, dtype=dtype)
         self.core = EngineCore(
-            runner, BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching),
-            max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs, eos_token_ids=self.eos_token_ids,
+            runner, self._block_manager(num_blocks), max_model_len=self.max_model_len,
+            max_num_seqs=config.max_num_seqs, eos_token_ids=self.eos_token_ids, drafter=drafter,
         )
+        spec = speculation or SpeculationConfig(mode="sd" if drafter else "ar")
+        self.speculation = replace(spec, **{n: v for n, v in (("mode", mode), ("k", k)) if v is not None})
         self._decode = make_decoder(self.tokenizer)
         self._ids = itertools.count()
         self._requests: dict[int, RequestState] = {}
         self._rng = torch.Generator().manual_seed(config.seed)
+
+    def _block_manager(self, num_blocks: int) -> BlockManager:
+        return BlockManager(num_blocks, self.config.block_size, enable_prefix_caching=self.config.enable_prefix_caching)
+
+    def _load_draft(self, name: str, *, num_blocks: int, dtype: torch.dtype) -> Drafter:
+        self.draft_path = resolve_model(name)
+        files = inspect_model_dir(self.draft_path)
+        check_same_tokenizer(self.tokenizer, _load_tokenizer(self.draft_path), target=self.config.target, draft=name)
+        log.info("loading draft %s (%s)", name, self.draft_path)
+        model = build_model(
+            files.config, files.weight_files, max_positions=self.max_model_len, dtype=dtype, device=self.device
+        )
+        if model.args.vocab_size != self.model_args.vocab_size:
+            raise EngineError(
+                f"draft {name} has a vocabulary of {model.args.vocab_size}, the target {self.model_args.vocab_size}:"
+                " pick a draft of the same model family"
+            )
+        runner = ModelRunner(model, make_backend("sdpa"), num_blocks=num_blocks, block_size=self.config.block_size,
+                             device=self.device, dtype=dtype)
+        return Drafter(runner, self._block_manager(num_blocks))
+
+    @property
+    def speculation(self) -> SpeculationConfig:
+        """How new requests decode; set it between requests to switch modes (AR / SD)."""
+        return self._speculation
+
+    @speculation.setter
+    def speculation(self, spec: SpeculationConfig) -> None:
+        if spec.mode != "ar" and self.core.drafter is None:
+            raise InvalidParameterError(f"mode {spec.mode!r} needs a draft model: pass --draft")
+        self._speculation = spec
 
     # -- public API --------------------------------------------------------------------------------
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -162,15 +204,17 @@ class LLM:
             generator = torch.Generator().manual_seed(seed)
         seq = Sequence(next(self._ids), list(token_ids), params, generator)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        state = RequestState(seq, IncrementalDetokenizer(self._decode, params.stop), mode="ar", stop_ids=stop_ids)
+        spec = self.speculation
+        state = RequestState(seq, IncrementalDetokenizer(self._decode, params.stop), mode=spec.mode,
+                             stop_ids=stop_ids, k=spec.k)
         self._requests[seq.seq_id] = state
-        self.core.add(seq)
+        self.core.add(seq, spec)
         return state
 
     def _step(self) -> None:
-        for seq, tokens in self.core.step().items():
+        for seq, out in self.core.step().items():
             state = self._requests[seq.seq_id]
-            state.on_tokens(tokens)
+            state.on_step(out)
             if state.hit_stop_string:
                 self.core.finish(seq, FinishReason.STOP)
             if seq.is_finished:

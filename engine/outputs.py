@@ -13,6 +13,57 @@ class FinishReason(StrEnum):
     CANCELLED = "cancelled"  # the caller closed the stream
 
 
+class TokenSource(StrEnum):
+    """Where a generated token came from."""
+
+    TARGET = "target"                # plain decoding (AR, or the prefill's first token)
+    ACCEPTED = "accepted"            # a draft token the target accepted (sync SD)
+    ACCEPTED_HIT = "accepted_hit"    # ... drafted ahead of time, answered from the speculation cache (SSD)
+    ACCEPTED_MISS = "accepted_miss"  # ... drafted just in time after a speculation-cache miss (SSD)
+    RECOVERY = "recovery"            # the target's token after a rejected draft token
+    BONUS = "bonus"                  # the target's extra token after all drafts were accepted
+
+
+@dataclass(frozen=True)
+class SpecStats:
+    """Speculation figures of one request (absent in AR mode)."""
+
+    num_steps: int                   # target verify steps
+    num_drafted: int                 # draft tokens proposed
+    num_accepted: int                # draft tokens accepted
+    num_emitted: int                 # tokens those steps produced (accepted + recovery/bonus, before stops)
+    accepted_per_position: tuple[int, ...]  # [K]: rounds whose i-th draft token was accepted
+    drafted_per_position: tuple[int, ...]   # [K]: rounds that proposed an i-th draft token
+    num_cache_hits: int | None = None       # SSD only
+    verify_time_s: float = 0.0       # time the target spent verifying
+    draft_time_s: float = 0.0        # time the target waited for drafts
+    draft_reused_prefix_tokens: int = 0  # prompt tokens whose draft KV came from the draft's prefix cache
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target step (accepted + the recovery/bonus token)."""
+        return self.num_emitted / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+    @property
+    def per_position_acceptance(self) -> tuple[float, ...]:
+        return tuple(a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position,
+                                                          strict=True))
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        return None if self.num_cache_hits is None or not self.num_steps else self.num_cache_hits / self.num_steps
+
+    def to_dict(self) -> dict:
+        return {
+            **asdict(self), "tau": self.tau, "acceptance_rate": self.acceptance_rate,
+            "per_position_acceptance": list(self.per_position_acceptance), "cache_hit_rate": self.cache_hit_rate,
+        }
+
+
 @dataclass(frozen=True)
 class RequestStats:
     """Timing and cache figures of one request (seconds, tokens)."""
@@ -25,6 +76,7 @@ class RequestStats:
     ttft_s: float              # request start -> first generated token
     decode_time_s: float       # first generated token -> last one
     total_time_s: float
+    spec: SpecStats | None = None
 
     @property
     def decode_tok_s(self) -> float:
@@ -34,7 +86,9 @@ class RequestStats:
         return (self.generated_tokens - 1) / self.decode_time_s
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "decode_tok_s": self.decode_tok_s}
+        out = {**asdict(self), "decode_tok_s": self.decode_tok_s}
+        out["spec"] = None if self.spec is None else self.spec.to_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -63,6 +117,19 @@ class TokenDelta:
     request_id: int
     token_ids: tuple[int, ...]
     text: str
+    sources: tuple[TokenSource, ...] = ()  # one per token id
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One target verify step of one request (SD / SSD)."""
+
+    request_id: int
+    num_drafted: int
+    num_accepted: int
+    verify_time_s: float          # the target's verify forward (shared by the batch)
+    draft_time_s: float           # the target's wait for the draft tokens (0 on an SSD cache hit)
+    cache_hit: bool | None = None  # SSD only
 
 
 @dataclass(frozen=True)
@@ -73,4 +140,4 @@ class RequestFinished:
     output: RequestOutput
 
 
-Event = TokenDelta | RequestFinished
+Event = TokenDelta | StepStats | RequestFinished

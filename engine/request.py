@@ -6,12 +6,23 @@ import time
 from collections import deque
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, RequestStats, TokenDelta
-from engine.sequence import Sequence
+from engine.outputs import (
+    Event,
+    FinishReason,
+    RequestFinished,
+    RequestOutput,
+    RequestStats,
+    SpecStats,
+    TokenDelta,
+    TokenSource,
+)
+from engine.sequence import Sequence, StepOutput
 
 
 class RequestState:
-    def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer, *, mode: str, stop_ids: frozenset[int]):
+    def __init__(
+        self, seq: Sequence, detokenizer: IncrementalDetokenizer, *, mode: str, stop_ids: frozenset[int], k: int = 0
+    ):
         self.seq = seq
         self.detokenizer = detokenizer
         self.mode = mode
@@ -21,12 +32,23 @@ class RequestState:
         self.t_first: float | None = None
         self.t_last: float | None = None
         self.output: RequestOutput | None = None
+        self.spec = _SpecCounters(k) if mode != "ar" else None
 
     @property
     def request_id(self) -> int:
         return self.seq.seq_id
 
-    def on_tokens(self, token_ids: list[int]) -> None:
+    def on_step(self, out: StepOutput) -> None:
+        """Record one engine step: its tokens (a TokenDelta) and, for a verify step, a StepStats event."""
+        if out.stats is not None:
+            self.events.append(out.stats)
+            if self.spec is not None:
+                self.spec.add(out)
+        if out.draft_reused_tokens is not None and self.spec is not None:
+            self.spec.draft_reused = out.draft_reused_tokens
+        self.on_tokens(out.tokens, out.sources)
+
+    def on_tokens(self, token_ids: list[int], sources: list[TokenSource]) -> None:
         """Record tokens the engine appended; queues a TokenDelta (text may be "")."""
         now = time.perf_counter()
         self.t_first = self.t_first or now
@@ -35,7 +57,7 @@ class RequestState:
         if self.seq.finish_reason is FinishReason.STOP and token_ids and token_ids[-1] in self.stop_ids:
             text_ids = token_ids[:-1]
         text = self.detokenizer.push(text_ids) if text_ids else ""
-        self.events.append(TokenDelta(self.request_id, tuple(token_ids), text))
+        self.events.append(TokenDelta(self.request_id, tuple(token_ids), text, tuple(sources)))
 
     @property
     def hit_stop_string(self) -> bool:
@@ -59,6 +81,7 @@ class RequestState:
             ttft_s=t_first - self.t_start,
             decode_time_s=t_last - t_first,
             total_time_s=t_last - self.t_start,
+            spec=None if self.spec is None else self.spec.summary(),
         )
         self.output = RequestOutput(
             request_id=self.request_id,
@@ -74,3 +97,33 @@ class RequestState:
         out = list(self.events)
         self.events.clear()
         return out
+
+
+class _SpecCounters:
+    """Running totals behind SpecStats."""
+
+    def __init__(self, k: int):
+        self.steps = self.drafted = self.accepted = self.emitted = 0
+        self.accepted_at = [0] * k
+        self.drafted_at = [0] * k
+        self.verify_s = self.draft_s = 0.0
+        self.draft_reused = 0
+
+    def add(self, out: StepOutput) -> None:
+        stats = out.stats
+        self.steps += 1
+        self.drafted += stats.num_drafted
+        self.accepted += stats.num_accepted
+        self.emitted += stats.num_accepted + 1
+        for i in range(stats.num_drafted):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < stats.num_accepted
+        self.verify_s += stats.verify_time_s
+        self.draft_s += stats.draft_time_s
+
+    def summary(self) -> SpecStats:
+        return SpecStats(
+            num_steps=self.steps, num_drafted=self.drafted, num_accepted=self.accepted, num_emitted=self.emitted,
+            accepted_per_position=tuple(self.accepted_at), drafted_per_position=tuple(self.drafted_at),
+            verify_time_s=self.verify_s, draft_time_s=self.draft_s, draft_reused_prefix_tokens=self.draft_reused,
+        )

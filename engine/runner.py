@@ -14,11 +14,22 @@ from engine.sequence import Sequence
 
 @dataclass(frozen=True)
 class Chunk:
-    """Run seq.token_ids[start:end] at positions start..end-1; keys are the seq's tokens 0..end-1."""
+    """Run tokens at positions start..end-1 of `seq`; keys are the seq's positions 0..end-1.
+
+    The tokens are seq.token_ids[start:end] unless `tokens` gives them: speculative tokens (drafts,
+    verification) run without being written into the sequence, whose committed state stays untouched.
+    """
 
     seq: Sequence
     start: int
     end: int
+    tokens: tuple[int, ...] | None = None
+
+    def token_ids(self) -> list[int]:
+        if self.tokens is None:
+            return self.seq.token_ids[self.start : self.end]
+        assert len(self.tokens) == self.end - self.start
+        return list(self.tokens)
 
 
 def slot_index(block_table: list[int], start: int, end: int, block_size: int) -> Index:
@@ -55,7 +66,7 @@ class ModelRunner:
         bs, row = self.block_size, 0
         for c in chunks:
             n = c.end - c.start
-            ids += c.seq.token_ids[c.start : c.end]
+            ids += c.token_ids()
             positions.append(torch.arange(c.start, c.end))
             write.append(slot_index(c.seq.block_table, c.start, c.end, bs))
             spans.append(SeqSpan(row, n, slot_index(c.seq.block_table, 0, c.end, bs), c.end))

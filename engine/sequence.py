@@ -7,7 +7,7 @@ from enum import Enum, auto
 
 import torch
 
-from engine.outputs import FinishReason
+from engine.outputs import FinishReason, StepStats, TokenSource
 from engine.sampling_params import SamplingParams
 
 
@@ -51,3 +51,16 @@ class Sequence:
 
     def slots(self, start: int, end: int, block_size: int) -> list[int]:
         return [self.slot(p, block_size) for p in range(start, end)]
+
+
+@dataclass
+class StepOutput:
+    """What one engine step produced for one request, before stop conditions are applied."""
+
+    tokens: list[int]
+    sources: list[TokenSource]
+    num_computed: int               # target KV now covers positions < num_computed
+    num_drafted: int = 0
+    num_accepted: int = 0
+    stats: StepStats | None = field(default=None)
+    draft_reused_tokens: int | None = None  # at prefill: prompt tokens whose draft KV came from its prefix cache

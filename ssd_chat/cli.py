@@ -22,7 +22,7 @@ from rich.table import Table
 
 from engine import LLM, EngineError, SamplingParams
 from engine.config import DEFAULT_TARGET
-from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput
+from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
 from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, render_table, run_bench
@@ -188,7 +188,7 @@ def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) ->
         for event in events:
             if isinstance(event, RequestFinished):
                 output = event.output
-            elif echo:
+            elif echo and isinstance(event, TokenDelta):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
     if echo:

@@ -1,0 +1,95 @@
+"""The draft model's side of speculation: its own runner, KV blocks and per-request sequences.
+
+Invariant: a draft sequence holds the request's committed tokens, and its KV covers a prefix of them
+(all but the last one or two). Proposals are run as speculative chunks and never written into the
+sequence; after verification `commit` appends what the target accepted and keeps the KV of the
+draft tokens that turned out right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from engine.kv.block_manager import BlockManager
+from engine.runner import Chunk, ModelRunner
+from engine.sampling import probabilities
+from engine.sequence import Sequence
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]               # [k] draft tokens x1..xk
+    probs: list[torch.Tensor] | None  # k x [V] distributions they were drawn from (None when greedy)
+
+
+class Drafter:
+    def __init__(self, runner: ModelRunner, blocks: BlockManager):
+        self.runner = runner
+        self.blocks = blocks
+        self.seqs: dict[int, Sequence] = {}  # request id -> the draft's sequence
+
+    def start(self, seqs: list[Sequence]) -> dict[Sequence, int]:
+        """Prefill the draft's KV for new requests (sharing cached prefixes, as the target does).
+        Returns the prompt tokens each one reused from the draft's prefix cache."""
+        chunks = []
+        for seq in seqs:
+            draft_seq = Sequence(seq.seq_id, list(seq.token_ids), seq.params)
+            self.blocks.allocate(draft_seq)
+            self.seqs[seq.seq_id] = draft_seq
+            chunks.append(Chunk(draft_seq, draft_seq.num_computed_tokens, len(draft_seq.token_ids)))
+        self.runner.run(chunks)
+        for c in chunks:
+            c.seq.num_computed_tokens = c.end
+            self.blocks.commit(c.seq)
+        return {seq: self.seqs[seq.seq_id].num_cached_tokens for seq in seqs}
+
+    def propose(self, wanted: dict[Sequence, int], draft_temperature: float | None) -> dict[Sequence, Proposal]:
+        """Draft `wanted[seq]` tokens after each request's committed tokens, all requests batched."""
+        for seq in wanted:  # mirror tokens committed since the last round (e.g. the prefill's token)
+            draft_seq = self.seqs[seq.seq_id]
+            draft_seq.token_ids.extend(seq.token_ids[len(draft_seq.token_ids) :])
+        active = {seq: self.seqs[seq.seq_id] for seq, k in wanted.items() if k > 0}
+        out = {seq: Proposal([], None if seq.params.is_greedy else []) for seq in wanted}
+        for seq, draft_seq in active.items():
+            self.blocks.ensure_capacity(draft_seq, len(seq.token_ids) + wanted[seq])
+        step = 0
+        while active:
+            chunks = []
+            for seq, draft_seq in active.items():
+                n = len(draft_seq.token_ids)
+                if step == 0:  # catch up on committed tokens without KV (usually just the last one)
+                    chunks.append(Chunk(draft_seq, draft_seq.num_computed_tokens, n))
+                else:
+                    chunks.append(Chunk(draft_seq, n + step - 1, n + step, (out[seq].tokens[-1],)))
+            logits = self.runner.run(chunks)  # [B, V]
+            for (seq, _), row in zip(active.items(), logits, strict=True):
+                self._sample(seq, row, out[seq], draft_temperature)
+            step += 1
+            active = {s: d for s, d in active.items() if wanted[s] > step}
+        return out
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal, temperature: float | None) -> None:
+        if seq.params.is_greedy:
+            proposal.tokens.append(int(torch.argmax(logits)))
+            return
+        params = seq.params if temperature is None else replace(seq.params, temperature=max(temperature, 1e-5))
+        q = probabilities(logits, params)
+        proposal.tokens.append(int(torch.multinomial(q, 1, generator=seq.generator)))
+        proposal.probs.append(q)
+
+    def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """After verification: mirror the committed tokens and keep the KV of accepted draft tokens."""
+        draft_seq = self.seqs[seq.seq_id]
+        before = len(draft_seq.token_ids)  # the committed length the proposal started from
+        draft_seq.token_ids.extend(seq.token_ids[before:])
+        if num_drafted > 0:  # the draft computed positions < before + num_drafted - 1 for its proposal
+            draft_seq.num_computed_tokens = before + min(num_accepted, num_drafted - 1)
+        draft_seq.num_computed_tokens = min(draft_seq.num_computed_tokens, len(draft_seq.token_ids) - 1)
+        self.blocks.commit(draft_seq)
+
+    def finish(self, seq: Sequence) -> None:
+        draft_seq = self.seqs.pop(seq.seq_id, None)
+        if draft_seq is not None:
+            self.blocks.free_blocks(draft_seq)

@@ -1,0 +1,69 @@
+"""One synchronous speculative-decoding step (SD): speculate -> verify -> (the core) commits.
+
+The draft proposes up to k tokens per request; the target scores [last committed token, x1..xk] in one
+forward pass (k+1 positions) and `engine.speculative` decides how many drafts it accepts and which
+token it emits after them. Nothing here touches committed state: the proposal and the verification
+run as speculative chunks, and the returned StepOutput tells the core what to commit.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.drafter import Drafter
+from engine.outputs import StepStats, TokenSource
+from engine.runner import Chunk, ModelRunner
+from engine.sampling import probabilities
+from engine.sequence import Sequence, StepOutput
+from engine.speculative import verify_greedy, verify_sampled
+
+
+def lookahead(seq: Sequence, k: int, max_model_len: int) -> int:
+    """Draft tokens worth proposing: k, less near the context limit or the end of max_tokens."""
+    room_in_context = max_model_len - len(seq.token_ids)  # verify runs positions up to len + k - 1
+    room_in_reply = seq.params.max_tokens - seq.num_generated - 1  # the step emits up to k + 1 tokens
+    return max(0, min(k, room_in_context, room_in_reply))
+
+
+def sd_step(
+    seqs: list[Sequence], runner: ModelRunner, drafter: Drafter, *, k: int, draft_temperature: float | None,
+    max_model_len: int, ensure_capacity,
+) -> dict[Sequence, StepOutput]:
+    wanted = {s: lookahead(s, k, max_model_len) for s in seqs}
+    t0 = time.perf_counter()
+    proposals = drafter.propose(wanted, draft_temperature)
+    t1 = time.perf_counter()
+    chunks = []
+    for seq in seqs:
+        n = len(seq.token_ids)
+        ensure_capacity(seq, n + wanted[seq])
+        chunks.append(Chunk(seq, n - 1, n + wanted[seq], (seq.token_ids[-1], *proposals[seq].tokens)))
+    logits = runner.run(chunks, all_logits=True)  # [sum(k_i + 1), V]
+    t2 = time.perf_counter()
+    outputs, row = {}, 0
+    for seq in seqs:
+        proposal, n_draft = proposals[seq], wanted[seq]
+        rows = logits[row : row + n_draft + 1]  # [k_i + 1, V]
+        row += n_draft + 1
+        drafts = torch.tensor(proposal.tokens, dtype=torch.long)
+        if seq.params.is_greedy:
+            verdict = verify_greedy(drafts, rows)
+        else:
+            q = torch.stack(proposal.probs) if proposal.probs else rows.new_zeros(0, rows.shape[-1])
+            p = torch.stack([probabilities(r, seq.params) for r in rows])
+            verdict = verify_sampled(drafts, q, p, seq.generator)
+        n_ok = verdict.num_accepted
+        last = TokenSource.BONUS if n_ok == n_draft and n_draft > 0 else TokenSource.RECOVERY
+        if n_draft == 0:
+            last = TokenSource.TARGET
+        outputs[seq] = StepOutput(
+            tokens=[*proposal.tokens[:n_ok], verdict.next_token],
+            sources=[TokenSource.ACCEPTED] * n_ok + [last],
+            num_computed=len(seq.token_ids) + n_ok,
+            num_drafted=n_draft,
+            num_accepted=n_ok,
+            stats=StepStats(seq.seq_id, n_draft, n_ok, verify_time_s=t2 - t1, draft_time_s=t1 - t0),
+        )
+    return outputs
