@@ -68,9 +68,10 @@ class EngineCore:
 
     def _admit(self) -> list[Sequence]:
         admitted = []
+        outstanding = self._outstanding_blocks()
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            spare = self.blocks.num_free_blocks - self._outstanding_blocks()
+            spare = self.blocks.num_free_blocks - outstanding
             if not self.blocks.can_allocate(seq.token_ids, self._reserve_tokens(seq), spare=spare):
                 break
             self.waiting.popleft()
@@ -78,6 +79,7 @@ class EngineCore:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
+            outstanding += max(0, self.blocks.blocks_needed(self._reserve_tokens(seq)) - len(seq.block_table))
         assert admitted or self.running or not self.waiting, "the KV cache cannot hold a single request"
         return admitted
 

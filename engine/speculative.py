@@ -14,9 +14,11 @@ target's own token t* follows them, so every verify step emits k + 1 tokens.
 Random draws: exactly K+1 float64 uniforms from the caller's generator, in one call: u_1..u_K decide
 acceptance position by position, u_{K+1} picks t* by inverse CDF. All K+1 are drawn whatever the
 outcome, so the generator always advances by the same amount; same generator state and inputs ->
-same verdict. ``p`` and ``q`` here are the distributions
-the request really samples from (after temperature / top-k / top-p, see ``engine.sampling.probabilities``);
-exactness holds for that filtered target distribution, as long as q is what the draft sampled from.
+same verdict.
+
+``p`` and ``q`` are the distributions the requests really sample from (after temperature / top-k /
+top-p, see ``engine.sampling.probabilities``): the output is exact for that filtered target
+distribution, provided q is exactly what the draft sampled its tokens from.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     Acceptance already produced min(p, q) of the mass; the residual supplies exactly the missing
     p - min(p, q), which is why the emitted token ends up distributed as p.
     """
-    residual = p.clone()  # [V]
+    residual = torch.clamp(p - q, min=0.0)  # [V]
     mass = float(residual.sum())
     if mass < RESIDUAL_EPS:
         return p

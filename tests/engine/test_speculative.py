@@ -119,17 +119,32 @@ def test_first_emitted_token_follows_p(p_rows, q_row, q_is_p):
     n = 20000
     gen = torch.Generator().manual_seed(20)
     drafts = torch.multinomial(q_row.expand(n, VOCAB), 1, replacement=True, generator=gen)  # [n, 1]
-    first, num_accepted = [], 0
+    first, bonus = [], []
     for x in drafts:
         verdict = verify_sampled(x, q_row.view(1, VOCAB), p_rows, gen)
-        num_accepted += verdict.num_accepted
         first.append(int(x) if verdict.num_accepted else verdict.next_token)
+        if verdict.num_accepted:
+            bonus.append(verdict.next_token)
     counts = torch.bincount(torch.tensor(first), minlength=VOCAB)
     assert chi_square_p_value(counts, p_rows[0]) > P_PASS
     if q_is_p:
-        assert num_accepted == n  # q == p: u * q < p always holds
+        assert len(bonus) == n  # q == p: u * q < p always holds
+        # ...so every verdict carries a bonus token, which must come from the NEXT row, p_1.
+        assert chi_square_p_value(torch.bincount(torch.tensor(bonus), minlength=VOCAB), p_rows[1]) > P_PASS
     else:  # sanity of the test itself: the draft's own distribution is clearly rejected
         assert chi_square_p_value(counts, q_row) < P_BROKEN
+
+
+def test_zero_mass_edge_cases_are_decided_without_randomness():
+    # q(x) == 0 < p(x): min(1, p/q) = 1, always kept. p(x) == 0: never kept, whatever q says
+    # (a fast backup draft may propose tokens its q gives no mass, and the target may forbid them).
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        assert verify_sampled(torch.tensor([0]), torch.tensor([[0.0, 1.0, 0.0]]), p, gen) == Verdict(1, 2)
+        for q in ([0.0, 0.0, 1.0], [0.0, 1.0, 0.0]):
+            verdict = verify_sampled(torch.tensor([2]), torch.tensor([q]), p, gen)
+            assert verdict.num_accepted == 0 and verdict.next_token in (0, 1)
 
 
 def test_k_zero_samples_row_zero():
@@ -154,9 +169,9 @@ def exact_ar_probs(table: torch.Tensor) -> torch.Tensor:
 
 
 def speculative_outcomes(
-    target: torch.Tensor, draft: torch.Tensor, verify: Verifier, n: int, seed: int
+    target: torch.Tensor, draft: torch.Tensor, verify: Verifier, n: int, seed: int, num_draft: int = NUM_DRAFT
 ) -> torch.Tensor:
-    """Counts [64] of the first NUM_EMIT tokens of `n` SD runs (draft K=NUM_DRAFT, then verify).
+    """Counts [64] of the first NUM_EMIT tokens of `n` SD runs (draft K=num_draft tokens, then verify).
 
     Rounds are batched over the runs that still need tokens: drafting uses one tensor draw per step;
     verification goes run by run through `verify` (the function under test).
@@ -167,7 +182,7 @@ def speculative_outcomes(
     while active:
         last = torch.tensor([emitted[run][-1] if emitted[run] else START for run in active])  # [A]
         context = [last]  # K+1 tensors [A]: last, x1..xK
-        for _ in range(NUM_DRAFT):
+        for _ in range(num_draft):
             context.append(torch.multinomial(draft[context[-1]], 1, generator=gen).squeeze(-1))
         context = torch.stack(context, dim=1)  # [A, K+1]
         draft_probs, target_probs = draft[context[:, :-1]], target[context]  # [A, K, V], [A, K+1, V]
@@ -190,13 +205,15 @@ def test_sequences_follow_the_target_exactly():
 def test_sequences_follow_the_filtered_target():
     # Target at temperature 0.8 with top-k 3 (one token per row forbidden), draft with top-k 2: q is
     # zero where p is not and vice versa. What comes out must be the *filtered* target distribution.
-    gen = torch.Generator().manual_seed(50)
+    # K = 2 here so that a bonus token (3rd when both drafts are kept) is among the compared tokens;
+    # with K = 3 the bonus is always the 4th token and is truncated away.
+    gen = torch.Generator().manual_seed(51)
     target_logits = torch.randn(TOY_VOCAB, TOY_VOCAB, generator=gen) * 1.5
     draft_logits = target_logits + torch.randn(TOY_VOCAB, TOY_VOCAB, generator=gen)  # a noisy copy
     target = torch.stack([probabilities(row, SamplingParams(temperature=0.8, top_k=3)) for row in target_logits])
     draft = torch.stack([probabilities(row, SamplingParams(temperature=1.0, top_k=2)) for row in draft_logits])
     assert bool(((draft == 0) & (target > 0)).any()) and bool(((draft > 0) & (target == 0)).any())
-    counts = speculative_outcomes(target, draft, verify_sampled, n=20000, seed=51)
+    counts = speculative_outcomes(target, draft, verify_sampled, n=20000, seed=52, num_draft=2)
     assert chi_square_p_value(counts, exact_ar_probs(target)) > P_PASS
     unfiltered = torch.softmax(target_logits / 0.8, dim=-1)
     assert chi_square_p_value(counts, exact_ar_probs(unfiltered)) < P_BROKEN
@@ -216,9 +233,19 @@ def _recovery_from_p(tokens, draft_probs, target_probs, gen) -> Verdict:
     return Verdict(verdict.num_accepted, recovery)
 
 
-@pytest.mark.parametrize("broken", [_always_accept, _recovery_from_p])
-def test_a_broken_rule_fails_the_same_check(broken):
-    counts = speculative_outcomes(TARGET_TABLE, DRAFT_TABLE, broken, n=5000, seed=60)
+def _bonus_from_previous_row(tokens, draft_probs, target_probs, gen) -> Verdict:
+    # Off by one: the bonus drawn from p_{K-1} instead of p_K (visible only when K < NUM_EMIT).
+    verdict = verify_sampled(tokens, draft_probs, target_probs, gen)
+    if verdict.num_accepted < tokens.shape[0]:
+        return verdict
+    return Verdict(verdict.num_accepted, int(torch.multinomial(target_probs[-2], 1, generator=gen)))
+
+
+@pytest.mark.parametrize(
+    ("broken", "num_draft"), [(_always_accept, 3), (_recovery_from_p, 3), (_bonus_from_previous_row, 2)]
+)
+def test_a_broken_rule_fails_the_same_check(broken, num_draft):
+    counts = speculative_outcomes(TARGET_TABLE, DRAFT_TABLE, broken, n=5000, seed=60, num_draft=num_draft)
     assert chi_square_p_value(counts, exact_ar_probs(TARGET_TABLE)) < P_BROKEN
 
 

@@ -1,0 +1,116 @@
+"""Sampling through speculative decoding keeps the target's distribution (a chi-square test on a
+small-vocabulary model), and a deliberately broken acceptance rule is caught by the same test."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import engine.spec_decode
+from engine import LLM, SamplingParams
+from engine.speculative import Verdict
+
+VOCAB = ["<eos>", "a", "b", "c", "d", "e", "f", "g"]
+PROMPT = [1, 2, 3]
+TEMPERATURE = 0.9
+NUM_TOKENS = 3  # compared: the first three tokens
+MAX_TOKENS = 6  # generated: room for k = 3 drafts in the first verify step
+
+
+def small_vocab_pair(root):
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
+    cfg = LlamaConfig(vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, eos_token_id=0,
+                      bos_token_id=0, pad_token_id=0)
+    dirs = []
+    for name, seed in (("target", 3), ("draft", 4)):  # two unrelated models: q is far from p
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.5)
+        model.save_pretrained(root / name)
+        fast.save_pretrained(root / name)
+        dirs.append(root / name)
+    return tuple(dirs)
+
+
+def exact_distribution(target_dir) -> dict[tuple[int, ...], float]:
+    """P(first NUM_TOKENS tokens) under the target at TEMPERATURE, by enumeration."""
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    seqs = list(itertools.product(range(len(VOCAB)), repeat=NUM_TOKENS))
+    ids = torch.tensor([PROMPT + list(s) for s in seqs])  # [B, P + N]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits / TEMPERATURE, dim=-1)  # [B, P + N, V]
+    rows = torch.arange(len(PROMPT) - 1, len(PROMPT) - 1 + NUM_TOKENS)
+    picked = logp[:, rows].gather(-1, ids[:, len(PROMPT) :, None])[..., 0]  # [B, N]
+    return {s: float(p) for s, p in zip(seqs, picked.sum(-1).exp(), strict=True)}
+
+
+def chi_square(counts: dict, expected_p: dict, n: int) -> tuple[float, int]:
+    """Chi-square statistic and degrees of freedom, pooling cells expected below 5 into one."""
+    stat, dof, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
+    for cell, p in expected_p.items():
+        e, o = p * n, counts.get(cell, 0)
+        if e < 5:
+            pooled_obs, pooled_exp = pooled_obs + o, pooled_exp + e
+            continue
+        stat, dof = stat + (o - e) ** 2 / e, dof + 1
+    if pooled_exp > 0:
+        stat, dof = stat + (pooled_obs - pooled_exp) ** 2 / max(pooled_exp, 1e-9), dof + 1
+    return stat, dof
+
+
+def critical_value(dof: int) -> float:
+    """Chi-square quantile for p = 1e-4 (Wilson-Hilferty approximation): false failures ~1 in 10,000 runs."""
+    z = 3.719
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    target, draft = small_vocab_pair(tmp_path_factory.mktemp("smallvocab"))
+    return target, draft, exact_distribution(target)
+
+
+def sample_counts(target, draft, mode: str, n: int, *, check_both_paths: bool = True) -> dict:
+    llm = LLM(str(target), draft=str(draft), mode=mode, k=3, max_model_len=32, block_size=4, max_num_seqs=1024,
+              kv_cache_tokens=1024 * 8, seed=11)
+    params = SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, ignore_eos=True)
+    counts: dict[tuple[int, ...], int] = {}
+    outs = llm.generate([PROMPT] * n, params)
+    for out in outs:
+        key = tuple(out.token_ids[:NUM_TOKENS])
+        counts[key] = counts.get(key, 0) + 1
+    if mode == "sd" and check_both_paths:  # the test means something only if drafts were accepted and rejected
+        accepted = sum(o.stats.spec.num_accepted for o in outs)
+        assert 0 < accepted < sum(o.stats.spec.num_drafted for o in outs)
+    return counts
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd"])
+def test_sampled_tokens_follow_the_target_distribution(pair, mode):
+    target, draft, exact = pair
+    n = 4000
+    stat, dof = chi_square(sample_counts(target, draft, mode, n), exact, n)
+    assert stat < critical_value(dof), (stat, dof)
+
+
+def test_a_broken_acceptance_rule_is_caught(pair, monkeypatch):
+    target, draft, exact = pair
+
+    def accept_everything(draft_tokens, draft_probs, target_probs, generator):
+        k = len(draft_tokens)
+        return Verdict(k, int(torch.multinomial(target_probs[k], 1, generator=generator)))
+
+    monkeypatch.setattr(engine.spec_decode, "verify_sampled", accept_everything)
+    n = 4000
+    stat, dof = chi_square(sample_counts(target, draft, "sd", n, check_both_paths=False), exact, n)
+    assert stat > critical_value(dof), (stat, dof)
