@@ -25,6 +25,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 from engine import LLM, SamplingParams
+from engine.config import SpeculationConfig
+from engine.outputs import SpecStats
 from ssd_chat.bandwidth import matvec_bandwidth_gb_s
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "chat.jsonl"
@@ -48,8 +50,12 @@ class BenchConfig:
     threads: int | None = None
     raw: bool = False
     limit: int | None = None
+    draft: str | None = None
+    k: int = 4
 
     def __post_init__(self) -> None:
+        if any(m != "ar" for m in self.modes) and self.draft is None:
+            raise BenchInputError("modes sd needs a draft model: pass --draft (e.g. --draft synthetic-draft)")
         unknown = [m for m in self.modes if m not in ENGINE_MODES]
         if unknown or not self.modes:
             raise BenchInputError(
@@ -68,6 +74,7 @@ class PromptRun:
     token_ids: list[int]
     ttft_s: float
     decode_time_s: float
+    spec: SpecStats | None = None
 
 
 @dataclass(frozen=True)
@@ -90,11 +97,29 @@ class ModeResult:
     def ttft_ms(self) -> float:
         return 1000.0 * sum(r.ttft_s for r in self.runs) / len(self.runs)
 
+    def _spec_sum(self, name: str) -> int | None:
+        specs = [r.spec for r in self.runs if r.spec is not None]
+        return sum(getattr(s, name) for s in specs) if specs else None
+
+    @property
+    def tau(self) -> float | None:
+        """Tokens per target verify step over all prompts (None without speculation)."""
+        steps = self._spec_sum("num_steps")
+        return self._spec_sum("num_emitted") / steps if steps else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        drafted = self._spec_sum("num_drafted")
+        return self._spec_sum("num_accepted") / drafted if drafted else None
+
     def to_dict(self) -> dict:
         return {
             "mode": self.mode,
             "decode_tok_s": self.decode_tok_s,
             "ttft_ms": self.ttft_ms,
+            "tau": self.tau,
+            "acceptance_rate": self.acceptance_rate,
+            "cache_hit_rate": None,
             "outputs": self.outputs,
             "identical_to_ar": self.identical_to_ar,
         }
@@ -148,23 +173,38 @@ def encode_prompts(llm: LLM, prompts: list[Messages], *, raw: bool) -> list[list
     return [llm.tokenizer.encode("\n\n".join(m["content"] for m in messages)) for messages in prompts]
 
 
-def run_ar(llm: LLM, prompt_ids: list[list[int]], max_tokens: int, progress: Progress) -> ModeResult:
+def run_engine_mode(
+    llm: LLM, spec: SpeculationConfig, prompt_ids: list[list[int]], max_tokens: int, progress: Progress
+) -> ModeResult:
+    llm.speculation = spec
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate([prompt_ids[0]], replace(params, max_tokens=min(max_tokens, WARMUP_TOKENS)))
     runs = []
     for i, ids in enumerate(prompt_ids, 1):
-        progress(f"ar: prompt {i}/{len(prompt_ids)}")
+        progress(f"{spec.mode}: prompt {i}/{len(prompt_ids)}")
         out = llm.generate([ids], params)[0]
-        runs.append(PromptRun(list(out.token_ids), out.stats.ttft_s, out.stats.decode_time_s))
-    return ModeResult("ar", runs)
+        runs.append(PromptRun(list(out.token_ids), out.stats.ttft_s, out.stats.decode_time_s, out.stats.spec))
+    return ModeResult(spec.mode, runs)
 
 
-ENGINE_MODES: dict[str, Callable[[LLM, list[list[int]], int, Progress], ModeResult]] = {"ar": run_ar}
+ENGINE_MODES = ("ar", "sd")
 
 
-def run_hf(model_path: Path, prompt_ids: list[list[int]], max_tokens: int, progress: Progress) -> ModeResult:
-    """transformers' own generate() on the same weights, prompts and thread count (set by the engine)."""
+def run_hf(
+    model_path: Path, prompt_ids: list[list[int]], max_tokens: int, progress: Progress, *,
+    draft_path: Path | None = None, k: int = 4,
+) -> ModeResult:
+    """transformers' own generate() on the same weights, prompts and thread count (set by the engine);
+    with `draft_path`, its assisted generation (assistant_model) drafting a constant k tokens."""
+    mode = "hf" if draft_path is None else "hf-assisted"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    assistant = None
+    if draft_path is not None:
+        assistant = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float32).eval()
+        assistant.generation_config.num_assistant_tokens = k
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        assistant.generation_config.assistant_confidence_threshold = 0.0
+        assistant.generation_config.eos_token_id = None
     # Like ignore_eos in the engine: EOS neither ends the reply nor is masked out (min_new_tokens would mask
     # it, and greedy outputs would then differ after the first EOS). A None in the GenerationConfig passed
     # to generate() is filled in from the model's own, so the model's own must forget EOS.
@@ -179,23 +219,24 @@ def run_hf(model_path: Path, prompt_ids: list[list[int]], max_tokens: int, progr
         input_ids = torch.tensor([ids])
         start = time.perf_counter()
         out = model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, streamer=streamer
+            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, streamer=streamer,
+            assistant_model=assistant,
         )
         token_ids = out[0, len(ids):].tolist()
-        assert len(streamer.times) == len(token_ids) + 1, "one put() for the prompt, then one per token"
-        first, last = streamer.times[1], streamer.times[-1]
+        first, last = streamer.first_token_time(), streamer.times[-1]
         return PromptRun(token_ids, ttft_s=first - start, decode_time_s=last - first)
 
     generate(prompt_ids[0], min(max_tokens, WARMUP_TOKENS))
     runs = []
     for i, ids in enumerate(prompt_ids, 1):
-        progress(f"hf: prompt {i}/{len(prompt_ids)}")
+        progress(f"{mode}: prompt {i}/{len(prompt_ids)}")
         runs.append(generate(ids, max_tokens))
-    return ModeResult("hf", runs)
+    return ModeResult(mode, runs)
 
 
 class _TimingStreamer(BaseStreamer):
-    """Timestamps generate()'s put() calls: the first one carries the prompt, then one per new token."""
+    """Timestamps generate()'s put() calls: the first one carries the prompt, then new tokens (one per
+    call, or several at once in assisted generation)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
@@ -203,20 +244,29 @@ class _TimingStreamer(BaseStreamer):
     def put(self, value) -> None:
         self.times.append(time.perf_counter())
 
+    def first_token_time(self) -> float:
+        assert len(self.times) >= 2, "generate() streamed no new token"
+        return self.times[1]
+
     def end(self) -> None:
         pass
 
 
 def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> BenchReport:
     prompts = load_prompts(config.prompts_file, limit=config.limit)
-    model_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
+    model_path, draft_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
+    ar = next((r for r in results if r.mode == "ar"), None)
+    results = [replace(r, identical_to_ar=r.outputs == ar.outputs) if ar and r is not ar else r for r in results]
     if config.hf:
         progress("loading the transformers baseline")
-        hf = run_hf(model_path, prompt_ids, config.max_tokens, progress)
-        ar = next((r for r in results if r.mode == "ar"), None)
-        results.append(replace(hf, identical_to_ar=None if ar is None else hf.outputs == ar.outputs))
+        baselines = [run_hf(model_path, prompt_ids, config.max_tokens, progress)]
+        if draft_path is not None:
+            baselines.append(run_hf(model_path, prompt_ids, config.max_tokens, progress, draft_path=draft_path,
+                                    k=config.k))
+        results += [replace(b, identical_to_ar=None if ar is None else b.outputs == ar.outputs) for b in baselines]
     run_config = {
-        "target": config.target, "model_path": str(model_path), "max_tokens": config.max_tokens,
+        "target": config.target, "draft": config.draft, "k": config.k, "model_path": str(model_path),
+        "max_tokens": config.max_tokens,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
@@ -225,18 +275,21 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
 
 def _run_engine_modes(
     config: BenchConfig, prompts: list[Messages], progress: Progress
-) -> tuple[Path, list[list[int]], list[ModeResult], dict]:
+) -> tuple[Path, Path | None, list[list[int]], list[ModeResult], dict]:
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
     progress(f"loading {config.target}")
-    llm = LLM(target=config.target, threads=config.threads, enable_prefix_caching=False)
+    llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False)
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
-        results = [ENGINE_MODES[mode](llm, prompt_ids, config.max_tokens, progress) for mode in config.modes]
+        results = [
+            run_engine_mode(llm, SpeculationConfig(mode=mode, k=config.k), prompt_ids, config.max_tokens, progress)
+            for mode in config.modes
+        ]
         progress("measuring memory bandwidth")
         bandwidth = matvec_bandwidth_gb_s(str(llm.device))
         bound = {"weight_bytes": llm.weight_bytes, "matvec_gb_s": round(bandwidth, 1),
                  "bandwidth_bound_tok_s": round(bandwidth * 1e9 / llm.weight_bytes, 1)}
-        return llm.model_path, prompt_ids, results, bound
+        return llm.model_path, getattr(llm, "draft_path", None), prompt_ids, results, bound
     finally:
         llm.close()
 
@@ -264,22 +317,32 @@ def _cpu_model() -> str:
 
 def render_table(report: BenchReport) -> Table:
     by_mode = {r.mode: r for r in report.results}
-    hf = by_mode.get("hf")
-    table = Table(title=f"{report.config['target']}: {report.config['num_prompts']} prompts x "
+    ar, hf = by_mode.get("ar"), by_mode.get("hf")
+    speculative = any(r.tau is not None for r in report.results)
+    draft = f" / {report.config['draft']} (k={report.config['k']})" if report.config.get("draft") else ""
+    table = Table(title=f"{report.config['target']}{draft}: {report.config['num_prompts']} prompts x "
                         f"{report.config['max_tokens']} tokens, greedy")
     table.add_column("mode")
     table.add_column("decode tok/s", justify="right")
     table.add_column("TTFT ms", justify="right")
-    if hf is not None:
-        table.add_column("speedup vs hf", justify="right")
+    if speculative:
+        table.add_column("tau", justify="right")
+        table.add_column("accept", justify="right")
+    for base in (ar, hf):
+        if base is not None:
+            table.add_column(f"vs {base.mode}", justify="right")
     bound = report.config.get("bandwidth_bound_tok_s")
     if bound:
         table.add_column(f"of bw bound ({bound:.0f} tok/s)", justify="right")
     table.add_column("greedy output = ar", justify="center")
     for r in report.results:
         row = [r.mode, f"{r.decode_tok_s:.1f}", f"{r.ttft_ms:.0f}"]
-        if hf is not None:
-            row.append(f"{r.decode_tok_s / hf.decode_tok_s:.2f}x" if hf.decode_tok_s else "-")
+        if speculative:
+            row += ["-" if r.tau is None else f"{r.tau:.2f}",
+                    "-" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}"]
+        for base in (ar, hf):
+            if base is not None:
+                row.append(f"{r.decode_tok_s / base.decode_tok_s:.2f}x" if base.decode_tok_s else "-")
         if bound:
             row.append(f"{100 * r.decode_tok_s / bound:.0f}%")
         row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
