@@ -47,7 +47,7 @@ class EngineConfig:
             raise InvalidParameterError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
 
 
-MODES = ("ar", "sd")
+MODES = ("ar", "sd", "ssd")
 
 
 @dataclass(frozen=True)
@@ -55,17 +55,25 @@ class SpeculationConfig:
     """How the engine decodes; may change between requests (the TUI switches modes live).
 
     ar: plain autoregressive decoding. sd: the draft proposes `k` tokens, the target verifies them in
-    one pass. draft_temperature None: the draft samples at the request's temperature.
+    one pass. ssd: as sd, with proposals pre-drafted for the likely outcomes of each verification.
+    draft_temperature None: the draft samples at the request's temperature.
     """
 
     mode: str = "ar"
     k: int = 4
     draft_temperature: float | None = None
+    fanout: tuple[int, ...] | None = None  # SSD: candidates per accepted count 0..k (None: geometric default)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not (1 <= self.k <= 32):
             raise InvalidParameterError(f"k (draft tokens per step) must be between 1 and 32, got {self.k}")
+        if self.fanout is not None:
+            object.__setattr__(self, "fanout", tuple(int(f) for f in self.fanout))
+            if not self.fanout or any(f < 0 for f in self.fanout) or len(self.fanout) not in (1, self.k + 1):
+                raise InvalidParameterError(
+                    f"fanout must be one non-negative number or k+1 = {self.k + 1} of them, got {list(self.fanout)}"
+                )
         if self.draft_temperature is not None and not (0.0 <= self.draft_temperature <= 100.0):
             raise InvalidParameterError(f"draft_temperature must be between 0 and 100, got {self.draft_temperature}")

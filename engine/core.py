@@ -16,7 +16,8 @@ from engine.outputs import FinishReason, TokenSource
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
 from engine.sequence import SeqStatus, Sequence, StepOutput
-from engine.spec_decode import sd_step
+from engine.spec_decode import sd_step, ssd_step
+from engine.ssd import default_fanout
 
 
 class EngineCore:
@@ -91,15 +92,18 @@ class EngineCore:
             outputs = self._prefill(admitted)
         else:
             ar = [s for s in self.running if self.spec[s.seq_id].mode == "ar"]
-            sd = [s for s in self.running if self.spec[s.seq_id].mode == "sd"]
             outputs = self._decode(ar) if ar else {}
-            for spec in {self.spec[s.seq_id] for s in sd}:  # normally one: the mode set for the chat
-                outputs |= sd_step(
-                    [s for s in sd if self.spec[s.seq_id] == spec], self.runner, self.drafter, k=spec.k,
-                    draft_temperature=spec.draft_temperature, max_model_len=self.max_model_len,
-                    ensure_capacity=self.blocks.ensure_capacity,
-                )
+            for spec in {self.spec[s.seq_id] for s in self.running if self.spec[s.seq_id].mode != "ar"}:
+                outputs |= self._speculate([s for s in self.running if self.spec[s.seq_id] == spec], spec)
         return self._commit(outputs)
+
+    def _speculate(self, seqs: list[Sequence], spec: SpeculationConfig) -> dict[Sequence, StepOutput]:
+        common = dict(draft_temperature=spec.draft_temperature, max_model_len=self.max_model_len,
+                      ensure_capacity=self.blocks.ensure_capacity)
+        if spec.mode == "sd":
+            return sd_step(seqs, self.runner, self.drafter, k=spec.k, **common)
+        fanout = spec.fanout or default_fanout(spec.k)
+        return ssd_step(seqs, self.runner, self.drafter, k=spec.k, fanout=fanout, **common)
 
     def _prefill(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
         outputs = self._run_and_sample([Chunk(s, s.num_computed_tokens, len(s.token_ids)) for s in seqs])

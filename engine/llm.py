@@ -20,7 +20,6 @@ from engine.attention import make_backend
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.core import EngineCore
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
-from engine.drafter import Drafter
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.kv.block_manager import BlockManager
 from engine.loader import build_model
@@ -31,6 +30,7 @@ from engine.request import RequestState
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from engine.ssd import SCRATCH_SLOTS, SsdDrafter
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class LLM:
     def _block_manager(self, num_blocks: int) -> BlockManager:
         return BlockManager(num_blocks, self.config.block_size, enable_prefix_caching=self.config.enable_prefix_caching)
 
-    def _load_draft(self, name: str, *, num_blocks: int, dtype: torch.dtype) -> Drafter:
+    def _load_draft(self, name: str, *, num_blocks: int, dtype: torch.dtype) -> SsdDrafter:
         self.draft_path = resolve_model(name)
         files = inspect_model_dir(self.draft_path)
         check_same_tokenizer(self.tokenizer, _load_tokenizer(self.draft_path), target=self.config.target, draft=name)
@@ -105,12 +105,13 @@ class LLM:
                 " pick a draft of the same model family"
             )
         runner = ModelRunner(model, make_backend("sdpa"), num_blocks=num_blocks, block_size=self.config.block_size,
-                             device=self.device, dtype=dtype)
-        return Drafter(runner, self._block_manager(num_blocks))
+                             device=self.device, dtype=dtype, extra_slots=self.config.max_num_seqs * SCRATCH_SLOTS)
+        return SsdDrafter(runner, self._block_manager(num_blocks), max_model_len=self.max_model_len,
+                          max_num_seqs=self.config.max_num_seqs)
 
     @property
     def speculation(self) -> SpeculationConfig:
-        """How new requests decode; set it between requests to switch modes (AR / SD)."""
+        """How new requests decode; set it between requests to switch modes (AR / SD / SSD)."""
         return self._speculation
 
     @speculation.setter

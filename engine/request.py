@@ -108,6 +108,7 @@ class _SpecCounters:
         self.drafted_at = [0] * k
         self.verify_s = self.draft_s = 0.0
         self.draft_reused = 0
+        self.hits: int | None = None
 
     def add(self, out: StepOutput) -> None:
         stats = out.stats
@@ -120,10 +121,13 @@ class _SpecCounters:
             self.accepted_at[i] += i < stats.num_accepted
         self.verify_s += stats.verify_time_s
         self.draft_s += stats.draft_time_s
+        if stats.cache_hit is not None:
+            self.hits = (self.hits or 0) + stats.cache_hit
 
     def summary(self) -> SpecStats:
         return SpecStats(
             num_steps=self.steps, num_drafted=self.drafted, num_accepted=self.accepted, num_emitted=self.emitted,
             accepted_per_position=tuple(self.accepted_at), drafted_per_position=tuple(self.drafted_at),
             verify_time_s=self.verify_s, draft_time_s=self.draft_s, draft_reused_prefix_tokens=self.draft_reused,
+            num_cache_hits=self.hits,
         )

@@ -47,16 +47,19 @@ def slot_index(block_table: list[int], start: int, end: int, block_size: int) ->
 
 class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, *, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, extra_slots: int = 0):
+        """KV slots: num_blocks * block_size managed by a BlockManager, then `extra_slots` (SSD scratch)."""
         self.model = model
         self.backend = backend
         self.block_size = block_size
         self.device = device
         args = model.args
         backend.allocate(
-            num_layers=args.num_layers, num_slots=num_blocks * block_size, num_kv_heads=model.num_kv_heads_local,
+            num_layers=args.num_layers, num_slots=num_blocks * block_size + extra_slots,
+            num_kv_heads=model.num_kv_heads_local,
             head_dim=args.head_dim, dtype=dtype, device=device,
         )
+        self.first_extra_slot = num_blocks * block_size
         self.num_forward_tokens = 0  # every token that went through the model (tests count compute)
 
     @torch.inference_mode()
@@ -71,14 +74,23 @@ class ModelRunner:
             write.append(slot_index(c.seq.block_table, c.start, c.end, bs))
             spans.append(SeqSpan(row, n, slot_index(c.seq.block_table, 0, c.end, bs), c.end))
             row += n
-        meta = build_metadata(_concat_slots(write), spans, device=self.device)
+        return self.run_spans(ids, torch.cat(positions), _concat_slots(write), spans, all_logits=all_logits)
+
+    @torch.inference_mode()
+    def run_spans(
+        self, ids: list[int], positions: torch.Tensor, write_slots: list[int], spans: list[SeqSpan], *,
+        all_logits: bool,
+    ) -> torch.Tensor:
+        """The general forward: N query tokens at `positions`, their K/V written to `write_slots`, each span
+        attending to its own key slots (custom masks allowed: SSD branches). Logits as in `run`."""
+        meta = build_metadata(write_slots, spans, device=self.device)
         hidden = self.model(
-            torch.tensor(ids, device=self.device), torch.cat(positions).to(self.device), meta, self.backend
+            torch.tensor(ids, device=self.device), positions.to(self.device), meta, self.backend
         )  # [N, hidden]
-        self.num_forward_tokens += row
+        self.num_forward_tokens += len(ids)
         if not all_logits:
             last_rows = torch.tensor([s.q_start + s.q_len - 1 for s in spans], device=self.device)
-            hidden = hidden.index_select(0, last_rows) if row > len(spans) else hidden
+            hidden = hidden.index_select(0, last_rows) if len(ids) > len(spans) else hidden
         return self.model.compute_logits(hidden).float()
 
 

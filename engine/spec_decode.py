@@ -1,4 +1,4 @@
-"""One synchronous speculative-decoding step (SD): speculate -> verify -> (the core) commits.
+"""One speculative-decoding step (SD or SSD): speculate -> verify -> (the core) commits.
 
 The draft proposes up to k tokens per request; the target scores [last committed token, x1..xk] in one
 forward pass (k+1 positions) and `engine.speculative` decides how many drafts it accepts and which
@@ -12,12 +12,13 @@ import time
 
 import torch
 
-from engine.drafter import Drafter
+from engine.drafter import Drafter, Proposal
 from engine.outputs import StepStats, TokenSource
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import probabilities
 from engine.sequence import Sequence, StepOutput
 from engine.speculative import verify_greedy, verify_sampled
+from engine.ssd import SsdDrafter
 
 
 def lookahead(seq: Sequence, k: int, max_model_len: int) -> int:
@@ -31,20 +32,45 @@ def sd_step(
     seqs: list[Sequence], runner: ModelRunner, drafter: Drafter, *, k: int, draft_temperature: float | None,
     max_model_len: int, ensure_capacity,
 ) -> dict[Sequence, StepOutput]:
+    """Sync SD: draft k tokens, then verify them."""
     wanted = {s: lookahead(s, k, max_model_len) for s in seqs}
     t0 = time.perf_counter()
     proposals = drafter.propose(wanted, draft_temperature)
+    draft_time = time.perf_counter() - t0
+    return verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits={})
+
+
+def ssd_step(
+    seqs: list[Sequence], runner: ModelRunner, drafter: SsdDrafter, *, k: int, fanout: tuple[int, ...],
+    draft_temperature: float | None, max_model_len: int, ensure_capacity,
+) -> dict[Sequence, StepOutput]:
+    """SSD: take the proposal from the speculation cache (or draft it on a miss), let the draft build the
+    cache for this round's possible outcomes, then verify."""
+    wanted = {s: lookahead(s, k, max_model_len) for s in seqs}
+    t0 = time.perf_counter()
+    proposals, hits = drafter.answer(wanted, draft_temperature)
+    drafter.build_cache(proposals, fanout, draft_temperature)  # in-process: not overlapped with verify
+    draft_time = time.perf_counter() - t0
+    return verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits=hits)
+
+
+def verify(
+    seqs: list[Sequence], proposals: dict[Sequence, Proposal], runner: ModelRunner, ensure_capacity, *,
+    draft_time: float, hits: dict[Sequence, bool | None],
+) -> dict[Sequence, StepOutput]:
+    """The target scores [last token, x1..xk] of every request in one forward; the rule decides."""
     t1 = time.perf_counter()
     chunks = []
     for seq in seqs:
-        n = len(seq.token_ids)
-        ensure_capacity(seq, n + wanted[seq])
-        chunks.append(Chunk(seq, n - 1, n + wanted[seq], (seq.token_ids[-1], *proposals[seq].tokens)))
+        n, drafts = len(seq.token_ids), proposals[seq].tokens
+        ensure_capacity(seq, n + len(drafts))
+        chunks.append(Chunk(seq, n - 1, n + len(drafts), (seq.token_ids[-1], *drafts)))
     logits = runner.run(chunks, all_logits=True)  # [sum(k_i + 1), V]
-    t2 = time.perf_counter()
+    verify_time = time.perf_counter() - t1
     outputs, row = {}, 0
     for seq in seqs:
-        proposal, n_draft = proposals[seq], wanted[seq]
+        proposal = proposals[seq]
+        n_draft = len(proposal.tokens)
         rows = logits[row : row + n_draft + 1]  # [k_i + 1, V]
         row += n_draft + 1
         drafts = torch.tensor(proposal.tokens, dtype=torch.long)
@@ -55,15 +81,16 @@ def sd_step(
             p = torch.stack([probabilities(r, seq.params) for r in rows])
             verdict = verify_sampled(drafts, q, p, seq.generator)
         n_ok = verdict.num_accepted
-        last = TokenSource.BONUS if n_ok == n_draft and n_draft > 0 else TokenSource.RECOVERY
-        if n_draft == 0:
-            last = TokenSource.TARGET
+        hit = hits.get(seq)
+        accepted = {None: TokenSource.ACCEPTED, True: TokenSource.ACCEPTED_HIT, False: TokenSource.ACCEPTED_MISS}
+        last = TokenSource.BONUS if n_ok == n_draft else TokenSource.RECOVERY
         outputs[seq] = StepOutput(
             tokens=[*proposal.tokens[:n_ok], verdict.next_token],
-            sources=[TokenSource.ACCEPTED] * n_ok + [last],
+            sources=[accepted[hit]] * n_ok + [last if n_draft else TokenSource.TARGET],
             num_computed=len(seq.token_ids) + n_ok,
             num_drafted=n_draft,
             num_accepted=n_ok,
-            stats=StepStats(seq.seq_id, n_draft, n_ok, verify_time_s=t2 - t1, draft_time_s=t1 - t0),
+            stats=StepStats(seq.seq_id, n_draft, n_ok, verify_time_s=verify_time, draft_time_s=draft_time,
+                            cache_hit=hit),
         )
     return outputs

@@ -1,4 +1,5 @@
-"""The `ssd-chat` command line: `ask`, `models`, `bench`, and a plain streaming REPL when no command is given.
+"""The `ssd-chat` command line: `ask`, `models`, `bench`, `make-pair`, and a plain streaming REPL when no
+command is given.
 
 A user error (any EngineError, a bad option value, an unusable prompt file) ends as ONE line
 `error: <message>` on stderr with exit code 2, never a traceback.
@@ -11,6 +12,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Generator, Iterator
 from contextlib import closing, contextmanager, suppress
 from pathlib import Path
@@ -20,14 +22,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine import LLM, EngineError, SamplingParams
+from engine import LLM, EngineError, SamplingParams, synthetic
 from engine.config import DEFAULT_TARGET
 from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
-from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, render_table, run_bench
+from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, load_prompts, render_table, run_bench
 
 EXIT_USER_ERROR = 2
+AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads")
 
 Target = Annotated[
@@ -178,6 +181,37 @@ def bench(
     Console().print(render_table(report))
     if json_out is not None:
         json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+@app.command("make-pair")
+def make_pair(
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Directory for target/ and draft/.", show_default="the synthetic-* aliases' cache"),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+    draft_layers: Annotated[int, typer.Option(help="Target layers the draft keeps.")] = synthetic.DEFAULT_DRAFT_LAYERS,
+    damping: Annotated[float, typer.Option(help="Scale of the deeper layers' output projections.")] = (
+        synthetic.DEFAULT_DAMPING),
+    agreement: Annotated[bool, typer.Option(help="Measure the greedy draft/target agreement.")] = True,
+) -> None:
+    """Build a random, correlated draft/target pair for speculative-decoding speed tests (no download)."""
+    out_dir = out if out is not None else synthetic.default_pair_dir()
+    with _user_errors():
+        started = time.perf_counter()
+        try:
+            paths = synthetic.build_pair(out_dir, seed=seed, draft_layers=draft_layers, damping=damping)
+        except OSError as err:
+            raise typer.Exit(_report(f"cannot write the pair to {out_dir}: {err.strerror or err}")) from None
+        typer.echo(f"ready in {time.perf_counter() - started:.1f} s (seed {seed}, draft layers {draft_layers}, "
+                   f"damping {damping:g})")
+        for role, path in zip(("target", "draft"), paths, strict=True):
+            typer.echo(f"{role}: {path} ({synthetic.num_params(path) / 1e6:.1f}M params)")
+        if agreement:
+            messages = load_prompts(DEFAULT_PROMPTS, limit=AGREEMENT_PROMPTS)
+            prompts = [turns[-1]["content"] for turns in messages]
+            rate = synthetic.greedy_agreement(*paths, prompts, AGREEMENT_TOKENS)
+            typer.echo(f"greedy agreement: {rate:.3f} ({len(prompts)} prompts x {AGREEMENT_TOKENS} tokens)")
 
 
 def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) -> RequestOutput:

@@ -72,6 +72,8 @@ def test_aliases_are_exactly_the_nine_models() -> None:
         "qwen3-1.7b",
         "qwen3-0.6b",
         "smollm2-135m",
+        "synthetic-target",
+        "synthetic-draft",
     ]
     assert ALIASES["llama-3.1-70b"] == ModelSpec("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", "70.6B", "llama")
     assert ALIASES["qwen3-0.6b"].repo_id == "Qwen/Qwen3-0.6B"

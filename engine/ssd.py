@@ -1,0 +1,203 @@
+"""SSD's draft side: answer from the speculation cache, then pre-draft every likely outcome.
+
+While the target verifies round r ([t, x1..xK]), the draft predicts the outcome (k accepted, then the
+target's token t*) and drafts the next K tokens for each likely one:
+1. glue pass: one forward over [t, x1..xK] at their true positions (writes the verified path's KV and
+   gives K+1 next-token distributions);
+2. fan-out: for each k, the top F_k tokens of distribution k as candidates for t* (for k < K excluding
+   x_{k+1}, which the target would have accepted);
+3. branch drafting: K batched steps over all branches; each branch attends to the prefix and the path
+   up to k (real KV slots) plus its own tokens, kept in scratch slots at their logical positions.
+The cache maps (k, t*) -> the branch's K tokens (and their draft distributions when sampling). The
+target's verification rule is unchanged, so exactness never depends on the cache.
+
+In this module the cache is built in the caller's thread, between answering and verifying: correct,
+but without the overlap that makes SSD fast (that needs the draft in its own process).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from engine.attention.base import SeqSpan
+from engine.drafter import Drafter, Proposal
+from engine.runner import Chunk, slot_index
+from engine.sampling import probabilities
+from engine.sequence import Sequence
+
+
+def default_fanout(k: int, budget: int | None = None, acceptance: float = 0.8, r: float = 1.0) -> tuple[int, ...]:
+    """F_0..F_K for a fan-out budget, geometric as SSD.md derives: F_j ~ P(outcome k=j)^(1/(1+r)), with
+    P(j) = a^j (1-a) for j < K and a^K for j = K (all accepted)."""
+    budget = budget or 3 * (k + 1)
+    outcome_p = [acceptance**j * (1 - acceptance) for j in range(k)] + [acceptance**k]
+    weights = [p ** (1 / (1 + r)) for p in outcome_p]
+    return tuple(max(1, round(budget * w / sum(weights))) for w in weights)
+
+
+@dataclass
+class Branch:
+    tokens: list[int]                  # [K] drafted after the branch's t*
+    probs: list[torch.Tensor] | None   # K x [V] when sampling
+
+
+SCRATCH_SLOTS = 256  # branch tokens one request may hold: branches * k (more branches are dropped)
+
+
+class SsdDrafter(Drafter):
+    """A Drafter that also serves SSD. Its runner must have `max_num_seqs * SCRATCH_SLOTS` extra slots:
+    each running request owns one scratch region there for its branch tokens."""
+
+    def __init__(self, runner, blocks, *, max_model_len: int, max_num_seqs: int):
+        super().__init__(runner, blocks)
+        self.max_model_len = max_model_len
+        self.cache: dict[int, dict[tuple[int, int], Branch]] = {}
+        self.outcome: dict[int, tuple[int, int]] = {}  # request id -> (k, t*) of its last verification
+        self.glued: set[int] = set()                   # requests whose last proposal got a glue pass
+        self.free_regions = list(range(max_num_seqs))
+        self.region: dict[int, int] = {}               # request id -> its scratch region
+
+    def start(self, seqs: list[Sequence]) -> dict[Sequence, int]:
+        for seq in seqs:
+            self.region[seq.seq_id] = self.free_regions.pop()
+        return super().start(seqs)
+
+    # -- answering ---------------------------------------------------------------------------------
+    def answer(
+        self, wanted: dict[Sequence, int], draft_temperature: float | None
+    ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
+        """Proposals for this round: from the cache on a hit, drafted just in time on a miss.
+        hit is None for a request's first round (nothing could be cached yet)."""
+        proposals, hits, misses = {}, {}, {}
+        for seq, k in wanted.items():
+            outcome = self.outcome.pop(seq.seq_id, None)
+            branch = self.cache.pop(seq.seq_id, {}).get(outcome) if outcome else None
+            hits[seq] = None if outcome is None else branch is not None
+            if branch is not None and k > 0:
+                draft_seq = self.seqs[seq.seq_id]
+                draft_seq.token_ids.extend(seq.token_ids[len(draft_seq.token_ids) :])
+                proposals[seq] = Proposal(branch.tokens[:k], None if branch.probs is None else branch.probs[:k])
+            else:
+                misses[seq] = k
+        proposals |= self.propose(misses, draft_temperature)
+        return proposals, hits
+
+    # -- building the cache ------------------------------------------------------------------------
+    def build_cache(
+        self, proposals: dict[Sequence, Proposal], fanout: tuple[int, ...], draft_temperature: float | None
+    ) -> None:
+        seqs = [s for s, p in proposals.items() if p.tokens and self._has_room(s, len(p.tokens))]
+        if not seqs:
+            return
+        glue = self._glue(seqs, proposals)  # per seq [K+1, V]
+        branches = []  # (seq, j, t*)
+        for seq in seqs:
+            drafts = proposals[seq].tokens
+            for j, row in enumerate(glue[seq]):
+                width = fanout[min(j, len(fanout) - 1)]
+                top = torch.topk(row, min(width + 1, row.shape[-1])).indices.tolist()
+                skip = drafts[j] if j < len(drafts) else None  # the target would have accepted it
+                branches += [(seq, j, t) for t in [t for t in top if t != skip][:width]]
+        branches = _cap_per_request(branches, {s: SCRATCH_SLOTS // len(proposals[s].tokens) for s in seqs})
+        drafted = self._draft_branches(branches, proposals, draft_temperature) if branches else []
+        for seq in seqs:
+            self.cache[seq.seq_id] = {}
+            self.glued.add(seq.seq_id)
+        for (seq, j, t), branch in zip(branches, drafted, strict=True):
+            self.cache[seq.seq_id][(j, t)] = branch
+
+    def _has_room(self, seq: Sequence, k: int) -> bool:
+        # the deepest branch token sits at position len + 2k - 1 (all accepted, then k more)
+        return len(seq.token_ids) + 2 * k <= self.max_model_len
+
+    def _glue(self, seqs: list[Sequence], proposals: dict[Sequence, Proposal]) -> dict[Sequence, torch.Tensor]:
+        """One forward over each request's [t, x1..xK] at their true positions (real KV slots)."""
+        chunks = []
+        for seq in seqs:
+            draft_seq, n, drafts = self.seqs[seq.seq_id], len(seq.token_ids), proposals[seq].tokens
+            self.blocks.ensure_capacity(draft_seq, n + len(drafts))
+            chunks.append(Chunk(draft_seq, n - 1, n + len(drafts), (seq.token_ids[-1], *drafts)))
+        logits = self.runner.run(chunks, all_logits=True)  # [sum(K_i + 1), V]
+        out, row = {}, 0
+        for seq in seqs:
+            k = len(proposals[seq].tokens)
+            out[seq], row = logits[row : row + k + 1], row + k + 1
+        return out
+
+    def _draft_branches(
+        self, branches: list[tuple[Sequence, int, int]], proposals: dict[Sequence, Proposal],
+        draft_temperature: float | None,
+    ) -> list[Branch]:
+        """K batched decode steps over every branch, branch tokens in per-request scratch slots."""
+        bs = self.runner.block_size
+        per_seq: dict[Sequence, int] = {}
+        scratch_base = []  # first scratch slot of each branch: branch i of a request owns [i*K, (i+1)*K)
+        for seq, _, _ in branches:
+            index = per_seq.get(seq, 0)
+            per_seq[seq] = index + 1
+            region = self.runner.first_extra_slot + self.region[seq.seq_id] * SCRATCH_SLOTS
+            scratch_base.append(region + index * len(proposals[seq].tokens))
+        out = [Branch([], None if seq.params.is_greedy else []) for seq, _, _ in branches]
+        num_steps = max(len(proposals[seq].tokens) for seq, _, _ in branches)
+        for step in range(num_steps):
+            ids, positions, write, spans = [], [], [], []
+            live = [i for i, (seq, _, _) in enumerate(branches) if step < len(proposals[seq].tokens)]
+            for row, i in enumerate(live):
+                seq, j, t_star = branches[i]
+                n = len(seq.token_ids)  # t* sits at position n + j
+                scratch = torch.arange(scratch_base[i], scratch_base[i] + step + 1)
+                path = slot_index(self.seqs[seq.seq_id].block_table, 0, n + j, bs)
+                path = torch.arange(path.start, path.stop) if isinstance(path, slice) else path
+                ids.append(t_star if step == 0 else out[i].tokens[-1])
+                positions.append(n + j + step)
+                write.append(int(scratch[-1]))
+                spans.append(SeqSpan(row, 1, torch.cat([path, scratch]), n + j + step + 1))
+            logits = self.runner.run_spans(ids, torch.tensor(positions), write, spans, all_logits=True)
+            for row, i in enumerate(live):
+                self._sample_into(branches[i][0], logits[row], out[i], draft_temperature)
+        return out
+
+    def _sample_into(self, seq: Sequence, logits: torch.Tensor, branch: Branch, temperature: float | None) -> None:
+        if seq.params.is_greedy:
+            branch.tokens.append(int(torch.argmax(logits)))
+            return
+        params = seq.params if temperature is None else replace(seq.params, temperature=max(temperature, 1e-5))
+        q = probabilities(logits, params)
+        branch.tokens.append(int(torch.multinomial(q, 1, generator=seq.generator)))
+        branch.probs.append(q)
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        draft_seq = self.seqs[seq.seq_id]
+        if seq.seq_id in self.glued:  # the glue pass wrote [t, x1..xK]: its KV is right up to x_k
+            self.glued.discard(seq.seq_id)
+            before = len(draft_seq.token_ids)
+            draft_seq.token_ids.extend(seq.token_ids[before:])
+            draft_seq.num_computed_tokens = min(before + num_accepted, len(draft_seq.token_ids) - 1)
+            self.blocks.commit(draft_seq)
+        else:
+            super().commit(seq, num_drafted, num_accepted)
+        if num_drafted > 0:
+            self.outcome[seq.seq_id] = (num_accepted, seq.token_ids[-1])
+
+    def finish(self, seq: Sequence) -> None:
+        for table in (self.cache, self.outcome):
+            table.pop(seq.seq_id, None)
+        self.glued.discard(seq.seq_id)
+        region = self.region.pop(seq.seq_id, None)
+        if region is not None:
+            self.free_regions.append(region)
+        super().finish(seq)
+
+
+def _cap_per_request(branches: list, limit: dict) -> list:
+    """Keep at most limit[seq] branches per request, in order (the order ranks them by fan-out)."""
+    kept, count = [], {}
+    for branch in branches:
+        seq = branch[0]
+        if count.get(seq, 0) < limit[seq]:
+            kept.append(branch)
+            count[seq] = count.get(seq, 0) + 1
+    return kept

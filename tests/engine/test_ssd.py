@@ -1,0 +1,94 @@
+"""SSD: the speculation cache really hits, misses fall back just in time, and greedy output equals AR."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from engine import LLM, FinishReason, SamplingParams, TokenDelta
+from engine.config import SpeculationConfig
+from engine.errors import InvalidParameterError
+from engine.outputs import TokenSource
+from engine.ssd import default_fanout
+from tests.engine.test_spec_decode import PROMPTS, noisy_copy
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def mild_draft_dir(tiny_llama_dir, tmp_path_factory):
+    return noisy_copy(tiny_llama_dir, tmp_path_factory.mktemp("ssd") / "mild", scale=0.1, seed=3)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir, mild_draft_dir) -> LLM:
+    return LLM(str(tiny_llama_dir), draft=str(mild_draft_dir), max_model_len=256, block_size=4)
+
+
+def ar_outputs(llm: LLM, params=GREEDY) -> list[list[int]]:
+    llm.speculation = SpeculationConfig(mode="ar")
+    return [o.token_ids for o in llm.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize(("k", "fanout"), [(1, None), (2, (1,)), (4, None), (4, (3, 2, 2, 1, 4)), (6, (2,))])
+def test_greedy_ssd_equals_ar(llm, k, fanout):
+    want = ar_outputs(llm)
+    llm.speculation = SpeculationConfig(mode="ssd", k=k, fanout=fanout)
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == want
+    hits = sum(o.stats.spec.num_cache_hits for o in outs)
+    steps = sum(o.stats.spec.num_steps for o in outs)
+    assert 0 < hits < steps  # both hits and misses happened
+
+
+def test_correlated_pair_hits_every_round_after_the_first(tiny_llama_dir):
+    same = LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=256, block_size=4, mode="ssd", k=3)
+    events = list(same.stream("Paris is", SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)))
+    out = events[-1].output
+    spec = out.stats.spec
+    assert spec.num_cache_hits == spec.num_steps - 1  # the first round has no cache yet
+    sources = [s for e in events if isinstance(e, TokenDelta) for s in e.sources]
+    assert TokenSource.ACCEPTED_HIT in sources and TokenSource.ACCEPTED_MISS not in sources
+
+
+def test_forced_misses_still_exact(llm):
+    want = ar_outputs(llm)
+    llm.speculation = SpeculationConfig(mode="ssd", k=3, fanout=(0,))  # an empty cache: every round misses
+    events = [list(llm.stream(p, GREEDY)) for p in PROMPTS]
+    outs = [e[-1].output for e in events]
+    assert [o.token_ids for o in outs] == want
+    assert all(o.stats.spec.num_cache_hits == 0 for o in outs)
+    sources = {s for e in events for d in e if isinstance(d, TokenDelta) for s in d.sources}
+    assert TokenSource.ACCEPTED_MISS in sources and TokenSource.ACCEPTED_HIT not in sources
+
+
+def test_near_the_context_limit(tiny_llama_dir, mild_draft_dir):
+    small = LLM(str(tiny_llama_dir), draft=str(mild_draft_dir), max_model_len=30, block_size=4, k=4)
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    prompt = list(range(1, 12))
+    small.speculation = SpeculationConfig(mode="ssd", k=4)
+    got = small.generate([prompt], params)[0]
+    small.speculation = SpeculationConfig(mode="ar")
+    want = small.generate([prompt], params)[0]
+    assert got.token_ids == want.token_ids and got.finish_reason is FinishReason.CONTEXT
+
+
+def test_cancel_frees_scratch_and_cache(llm):
+    llm.speculation = SpeculationConfig(mode="ssd", k=4)
+    drafter = llm.core.drafter
+    stream = llm.stream("Paris is", SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+    for _ in range(4):
+        next(stream)
+    assert drafter.region and drafter.blocks.num_free_blocks < len(drafter.blocks.blocks)
+    stream.close()
+    assert not drafter.region and not drafter.cache and not drafter.seqs
+    assert len(drafter.free_regions) == llm.config.max_num_seqs
+    assert drafter.blocks.num_free_blocks == len(drafter.blocks.blocks)
+
+
+def test_default_fanout_is_geometric_with_a_large_all_accepted_share():
+    f = default_fanout(4, budget=15)
+    assert len(f) == 5 and all(a >= b for a, b in itertools.pairwise(f[:4])) and f[4] >= f[0]
+    with pytest.raises(InvalidParameterError):
+        SpeculationConfig(mode="ssd", k=4, fanout=(1, 2))
