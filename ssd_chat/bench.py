@@ -52,10 +52,11 @@ class BenchConfig:
     limit: int | None = None
     draft: str | None = None
     k: int = 4
+    fanout: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if any(m != "ar" for m in self.modes) and self.draft is None:
-            raise BenchInputError("modes sd needs a draft model: pass --draft (e.g. --draft synthetic-draft)")
+            raise BenchInputError("modes sd and ssd need a draft model: pass --draft (e.g. --draft synthetic-draft)")
         unknown = [m for m in self.modes if m not in ENGINE_MODES]
         if unknown or not self.modes:
             raise BenchInputError(
@@ -99,7 +100,7 @@ class ModeResult:
 
     def _spec_sum(self, name: str) -> int | None:
         specs = [r.spec for r in self.runs if r.spec is not None]
-        return sum(getattr(s, name) for s in specs) if specs else None
+        return sum(getattr(s, name) or 0 for s in specs) if specs else None
 
     @property
     def tau(self) -> float | None:
@@ -112,6 +113,12 @@ class ModeResult:
         drafted = self._spec_sum("num_drafted")
         return self._spec_sum("num_accepted") / drafted if drafted else None
 
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """SSD: verify steps whose proposal came from the speculation cache."""
+        hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
+        return hits / self._spec_sum("num_steps") if hits is not None and self._spec_sum("num_steps") else None
+
     def to_dict(self) -> dict:
         return {
             "mode": self.mode,
@@ -119,7 +126,7 @@ class ModeResult:
             "ttft_ms": self.ttft_ms,
             "tau": self.tau,
             "acceptance_rate": self.acceptance_rate,
-            "cache_hit_rate": None,
+            "cache_hit_rate": self.cache_hit_rate,
             "outputs": self.outputs,
             "identical_to_ar": self.identical_to_ar,
         }
@@ -187,7 +194,7 @@ def run_engine_mode(
     return ModeResult(spec.mode, runs)
 
 
-ENGINE_MODES = ("ar", "sd")
+ENGINE_MODES = ("ar", "sd", "ssd")
 
 
 def run_hf(
@@ -265,7 +272,8 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
                                     k=config.k))
         results += [replace(b, identical_to_ar=None if ar is None else b.outputs == ar.outputs) for b in baselines]
     run_config = {
-        "target": config.target, "draft": config.draft, "k": config.k, "model_path": str(model_path),
+        "target": config.target, "draft": config.draft, "k": config.k, "fanout": config.fanout,
+        "model_path": str(model_path),
         "max_tokens": config.max_tokens,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "num_prompts": len(prompts), "prefix_caching": False, **bound,
@@ -282,7 +290,8 @@ def _run_engine_modes(
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
         results = [
-            run_engine_mode(llm, SpeculationConfig(mode=mode, k=config.k), prompt_ids, config.max_tokens, progress)
+            run_engine_mode(llm, SpeculationConfig(mode=mode, k=config.k, fanout=config.fanout), prompt_ids,
+                            config.max_tokens, progress)
             for mode in config.modes
         ]
         progress("measuring memory bandwidth")
@@ -328,6 +337,7 @@ def render_table(report: BenchReport) -> Table:
     if speculative:
         table.add_column("tau", justify="right")
         table.add_column("accept", justify="right")
+        table.add_column("hit", justify="right")
     for base in (ar, hf):
         if base is not None:
             table.add_column(f"vs {base.mode}", justify="right")
@@ -339,7 +349,8 @@ def render_table(report: BenchReport) -> Table:
         row = [r.mode, f"{r.decode_tok_s:.1f}", f"{r.ttft_ms:.0f}"]
         if speculative:
             row += ["-" if r.tau is None else f"{r.tau:.2f}",
-                    "-" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}"]
+                    "-" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}",
+                    "-" if r.cache_hit_rate is None else f"{r.cache_hit_rate:.0%}"]
         for base in (ar, hf):
             if base is not None:
                 row.append(f"{r.decode_tok_s / base.decode_tok_s:.2f}x" if base.decode_tok_s else "-")

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import LLM, EngineError, SamplingParams, synthetic
-from engine.config import DEFAULT_TARGET
+from engine.config import DEFAULT_TARGET, SpeculationConfig
+from engine.errors import InvalidParameterError
 from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
@@ -31,7 +32,7 @@ from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, load_p
 
 EXIT_USER_ERROR = 2
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
-REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads")
+REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout")
 
 Target = Annotated[
     str, typer.Option("--target", "-t", help="Model alias (see `ssd-chat models`) or a local model directory.")
@@ -40,6 +41,16 @@ System = Annotated[str | None, typer.Option(help="System prompt.")]
 Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")]
 MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.")]
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
+Draft = Annotated[
+    str | None, typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd.")
+]
+Mode = Annotated[
+    str | None, typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd runs in-process for now.")
+]
+K = Annotated[int, typer.Option("--k", help="Draft tokens per verify step.")]
+Fanout = Annotated[
+    str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated.")
+]
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -71,6 +82,15 @@ def _user_errors() -> Iterator[None]:
         raise typer.Exit(_report(str(err))) from None
 
 
+def _speculation(draft: str | None, mode: str | None, k: int, fanout: str | None) -> SpeculationConfig:
+    """The decoding mode the options ask for (EngineError on bad values)."""
+    try:
+        fanout_values = None if fanout is None else tuple(int(f) for f in fanout.split(","))
+    except ValueError:
+        raise InvalidParameterError(f"--fanout takes numbers separated by commas, got {fanout!r}") from None
+    return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values)
+
+
 @contextmanager
 def _open_llm(target: str, **engine_kwargs) -> Iterator[LLM]:
     llm = LLM(target=target, **engine_kwargs)
@@ -94,6 +114,10 @@ def root(
     temperature: Temperature = 0.7,
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
+    draft: Draft = None,
+    mode: Mode = None,
+    k: K = 4,
+    fanout: Fanout = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log engine diagnostics.")] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
@@ -110,7 +134,8 @@ def root(
         return
     with _user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-        with _open_llm(target, threads=threads) as llm:
+        spec = _speculation(draft, mode, k, fanout)
+        with _open_llm(target, threads=threads, draft=draft, speculation=spec) as llm:
             run_repl(llm, params, system)
 
 
@@ -126,15 +151,20 @@ def ask(
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context limit (default: the model's).")] = None,
+    draft: Draft = None,
+    mode: Mode = None,
+    k: K = 4,
+    fanout: Fanout = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with _user_errors():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+        spec = _speculation(draft, mode, k, fanout)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
-        with _open_llm(target, threads=threads, max_model_len=max_model_len) as llm:
+        with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=draft, speculation=spec) as llm:
             output = _print_stream(llm.chat(messages, params), echo=not as_json)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))
@@ -157,7 +187,10 @@ def models() -> None:
 @app.command()
 def bench(
     target: Target = DEFAULT_TARGET,
-    modes: Annotated[str, typer.Option(help="Comma-separated engine modes to measure (now: ar).")] = "ar",
+    modes: Annotated[str, typer.Option(help="Comma-separated engine modes to measure: ar, sd, ssd.")] = "ar",
+    draft: Draft = None,
+    k: K = 4,
+    fanout: Fanout = None,
     hf: Annotated[bool, typer.Option("--hf", help="Also measure transformers' generate() as a baseline.")] = False,
     prompts: Annotated[
         Path,
@@ -175,7 +208,8 @@ def bench(
     with _user_errors():
         config = BenchConfig(
             target=target, prompts_file=prompts, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
-            hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit,
+            hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
+            fanout=_speculation(draft, None, k, fanout).fanout,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     Console().print(render_table(report))
