@@ -61,26 +61,39 @@ class EngineCore:
     def _reserve_tokens(self, seq: Sequence) -> int:
         return min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
 
-    def _outstanding_blocks(self) -> int:
-        """Blocks that running sequences may still claim (admission keeps them available)."""
+    def _outstanding(self, blocks: BlockManager, tables: list[list[int]], seqs: list[Sequence]) -> int:
+        """Blocks that running sequences may still claim from `blocks` (admission keeps them available)."""
         return sum(
-            max(0, self.blocks.blocks_needed(self._reserve_tokens(s)) - len(s.block_table)) for s in self.running
+            max(0, blocks.blocks_needed(self._reserve_tokens(s)) - len(t)) for s, t in zip(seqs, tables, strict=True)
         )
 
     def _admit(self) -> list[Sequence]:
+        """Start waiting sequences while every running one can still grow to its reserve, on the target and,
+        for speculative requests, on the draft (whose pool shares prefixes differently)."""
         admitted = []
-        outstanding = self._outstanding_blocks()
+        outstanding = self._outstanding(self.blocks, [s.block_table for s in self.running], self.running)
+        draft_spare = 0
+        if self.drafter is not None:
+            drafted = [s for s in self.running if s.seq_id in self.drafter.seqs]
+            tables = [self.drafter.seqs[s.seq_id].block_table for s in drafted]
+            draft_spare = self.drafter.blocks.num_free_blocks - self._outstanding(self.drafter.blocks, tables, drafted)
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            reserve = self._reserve_tokens(seq)
             spare = self.blocks.num_free_blocks - outstanding
-            if not self.blocks.can_allocate(seq.token_ids, self._reserve_tokens(seq), spare=spare):
+            if not self.blocks.can_allocate(seq.token_ids, reserve, spare=spare):
+                break
+            speculative = self.spec[seq.seq_id].mode != "ar"
+            if speculative and not self.drafter.blocks.can_allocate(seq.token_ids, reserve, spare=draft_spare):
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
-            outstanding += max(0, self.blocks.blocks_needed(self._reserve_tokens(seq)) - len(seq.block_table))
+            outstanding += max(0, self.blocks.blocks_needed(reserve) - len(seq.block_table))
+            if speculative:  # its draft blocks are taken at prefill: count them all now (no sharing assumed)
+                draft_spare -= self.blocks.blocks_needed(reserve)
         assert admitted or self.running or not self.waiting, "the KV cache cannot hold a single request"
         return admitted
 

@@ -24,6 +24,18 @@ class Proposal:
     probs: list[torch.Tensor] | None  # k x [V] distributions they were drawn from (None when greedy)
 
 
+def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None) -> None:
+    """Append the draft's next token (argmax when the request is greedy; else a draw from q, kept for
+    the verification's rejection rule). `temperature` overrides the request's for the draft."""
+    if seq.params.is_greedy:
+        proposal.tokens.append(int(torch.argmax(logits)))
+        return
+    params = seq.params if temperature is None else replace(seq.params, temperature=max(temperature, 1e-5))
+    q = probabilities(logits, params)  # [V]
+    proposal.tokens.append(int(torch.multinomial(q, 1, generator=seq.generator)))
+    proposal.probs.append(q)
+
+
 class Drafter:
     def __init__(self, runner: ModelRunner, blocks: BlockManager):
         self.runner = runner
@@ -65,19 +77,10 @@ class Drafter:
                     chunks.append(Chunk(draft_seq, n + step - 1, n + step, (out[seq].tokens[-1],)))
             logits = self.runner.run(chunks)  # [B, V]
             for (seq, _), row in zip(active.items(), logits, strict=True):
-                self._sample(seq, row, out[seq], draft_temperature)
+                draw_next(out[seq], seq, row, draft_temperature)
             step += 1
             active = {s: d for s, d in active.items() if wanted[s] > step}
         return out
-
-    def _sample(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal, temperature: float | None) -> None:
-        if seq.params.is_greedy:
-            proposal.tokens.append(int(torch.argmax(logits)))
-            return
-        params = seq.params if temperature is None else replace(seq.params, temperature=max(temperature, 1e-5))
-        q = probabilities(logits, params)
-        proposal.tokens.append(int(torch.multinomial(q, 1, generator=seq.generator)))
-        proposal.probs.append(q)
 
     def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """After verification: mirror the committed tokens and keep the KV of accepted draft tokens."""

@@ -215,9 +215,11 @@ class LLM:
     def _step(self) -> None:
         for seq, out in self.core.step().items():
             state = self._requests[seq.seq_id]
-            state.on_step(out)
+            keep = state.on_step(out)
             if state.hit_stop_string:
+                del seq.token_ids[len(seq.token_ids) - len(out.tokens) + keep :]  # drop tokens after the stop
                 self.core.finish(seq, FinishReason.STOP)
+                seq.finish_reason = FinishReason.STOP  # also when the same step reached max_tokens
             if seq.is_finished:
                 self._requests.pop(seq.seq_id)
                 state.finalize()

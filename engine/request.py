@@ -14,7 +14,6 @@ from engine.outputs import (
     RequestStats,
     SpecStats,
     TokenDelta,
-    TokenSource,
 )
 from engine.sequence import Sequence, StepOutput
 
@@ -38,26 +37,33 @@ class RequestState:
     def request_id(self) -> int:
         return self.seq.seq_id
 
-    def on_step(self, out: StepOutput) -> None:
-        """Record one engine step: its tokens (a TokenDelta) and, for a verify step, a StepStats event."""
+    def on_step(self, out: StepOutput) -> int:
+        """Record one engine step: its tokens (a TokenDelta) and, for a verify step, a StepStats event.
+        Returns how many of the step's tokens to keep: fewer when a stop string ended the reply mid-step."""
+        if out.draft_reused_tokens is not None and self.spec is not None:
+            self.spec.draft_reused = out.draft_reused_tokens
+        keep, text = self._detokenize(out.tokens)
         if out.stats is not None:
             self.events.append(out.stats)
             if self.spec is not None:
-                self.spec.add(out)
-        if out.draft_reused_tokens is not None and self.spec is not None:
-            self.spec.draft_reused = out.draft_reused_tokens
-        self.on_tokens(out.tokens, out.sources)
-
-    def on_tokens(self, token_ids: list[int], sources: list[TokenSource]) -> None:
-        """Record tokens the engine appended; queues a TokenDelta (text may be "")."""
+                self.spec.add(out, num_kept=keep)
         now = time.perf_counter()
         self.t_first = self.t_first or now
         self.t_last = now
-        text_ids = token_ids
-        if self.seq.finish_reason is FinishReason.STOP and token_ids and token_ids[-1] in self.stop_ids:
-            text_ids = token_ids[:-1]
-        text = self.detokenizer.push(text_ids) if text_ids else ""
-        self.events.append(TokenDelta(self.request_id, tuple(token_ids), text, tuple(sources)))
+        self.events.append(TokenDelta(self.request_id, tuple(out.tokens[:keep]), text, tuple(out.sources[:keep])))
+        return keep
+
+    def _detokenize(self, token_ids: list[int]) -> tuple[int, str]:
+        """Feed tokens one at a time so that a stop string cuts the step right where it completes."""
+        text = ""
+        for i, token in enumerate(token_ids):
+            is_last = i == len(token_ids) - 1
+            if is_last and self.seq.finish_reason is FinishReason.STOP and token in self.stop_ids:
+                break  # EOS / a stop token id: kept as an id, never as text
+            text += self.detokenizer.push([token])
+            if self.detokenizer.stopped:
+                return i + 1, text
+        return len(token_ids), text
 
     @property
     def hit_stop_string(self) -> bool:
@@ -110,12 +116,12 @@ class _SpecCounters:
         self.draft_reused = 0
         self.hits: int | None = None
 
-    def add(self, out: StepOutput) -> None:
+    def add(self, out: StepOutput, *, num_kept: int) -> None:
         stats = out.stats
         self.steps += 1
         self.drafted += stats.num_drafted
         self.accepted += stats.num_accepted
-        self.emitted += stats.num_accepted + 1
+        self.emitted += num_kept  # what the step actually added to the reply (a stop may cut it short)
         for i in range(stats.num_drafted):
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < stats.num_accepted

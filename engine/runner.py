@@ -91,7 +91,8 @@ class ModelRunner:
         if not all_logits:
             last_rows = torch.tensor([s.q_start + s.q_len - 1 for s in spans], device=self.device)
             hidden = hidden.index_select(0, last_rows) if len(ids) > len(spans) else hidden
-        return self.model.compute_logits(hidden).float()
+        # Sampling and verification run on the CPU (small [rows, V] tensors, CPU generators); a no-op here.
+        return self.model.compute_logits(hidden).float().cpu()
 
 
 def _concat_slots(parts: list[Index]) -> list[int]:

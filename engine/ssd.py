@@ -17,14 +17,11 @@ but without the overlap that makes SSD fast (that needs the draft in its own pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 
 from engine.attention.base import SeqSpan
-from engine.drafter import Drafter, Proposal
+from engine.drafter import Drafter, Proposal, draw_next
 from engine.runner import Chunk, slot_index
-from engine.sampling import probabilities
 from engine.sequence import Sequence
 
 
@@ -37,12 +34,6 @@ def default_fanout(k: int, budget: int | None = None, acceptance: float = 0.8, r
     return tuple(max(1, round(budget * w / sum(weights))) for w in weights)
 
 
-@dataclass
-class Branch:
-    tokens: list[int]                  # [K] drafted after the branch's t*
-    probs: list[torch.Tensor] | None   # K x [V] when sampling
-
-
 SCRATCH_SLOTS = 256  # branch tokens one request may hold: branches * k (more branches are dropped)
 
 
@@ -53,7 +44,7 @@ class SsdDrafter(Drafter):
     def __init__(self, runner, blocks, *, max_model_len: int, max_num_seqs: int):
         super().__init__(runner, blocks)
         self.max_model_len = max_model_len
-        self.cache: dict[int, dict[tuple[int, int], Branch]] = {}
+        self.cache: dict[int, dict[tuple[int, int], Proposal]] = {}
         self.outcome: dict[int, tuple[int, int]] = {}  # request id -> (k, t*) of its last verification
         self.glued: set[int] = set()                   # requests whose last proposal got a glue pass
         self.free_regions = list(range(max_num_seqs))
@@ -88,10 +79,16 @@ class SsdDrafter(Drafter):
     def build_cache(
         self, proposals: dict[Sequence, Proposal], fanout: tuple[int, ...], draft_temperature: float | None
     ) -> None:
-        seqs = [s for s, p in proposals.items() if p.tokens and self._has_room(s, len(p.tokens))]
+        # The glue pass always runs on a proposal (the verify positions fit: see spec_decode.lookahead), so
+        # the draft's KV along the verified path is right whether the proposal came from the cache or not.
+        seqs = [s for s, p in proposals.items() if p.tokens]
         if not seqs:
             return
         glue = self._glue(seqs, proposals)  # per seq [K+1, V]
+        for seq in seqs:
+            self.cache[seq.seq_id] = {}
+            self.glued.add(seq.seq_id)
+        seqs = [s for s in seqs if self._has_room(s, len(proposals[s].tokens))]  # branches need K more positions
         branches = []  # (seq, j, t*)
         for seq in seqs:
             drafts = proposals[seq].tokens
@@ -102,9 +99,6 @@ class SsdDrafter(Drafter):
                 branches += [(seq, j, t) for t in [t for t in top if t != skip][:width]]
         branches = _cap_per_request(branches, {s: SCRATCH_SLOTS // len(proposals[s].tokens) for s in seqs})
         drafted = self._draft_branches(branches, proposals, draft_temperature) if branches else []
-        for seq in seqs:
-            self.cache[seq.seq_id] = {}
-            self.glued.add(seq.seq_id)
         for (seq, j, t), branch in zip(branches, drafted, strict=True):
             self.cache[seq.seq_id][(j, t)] = branch
 
@@ -129,7 +123,7 @@ class SsdDrafter(Drafter):
     def _draft_branches(
         self, branches: list[tuple[Sequence, int, int]], proposals: dict[Sequence, Proposal],
         draft_temperature: float | None,
-    ) -> list[Branch]:
+    ) -> list[Proposal]:
         """K batched decode steps over every branch, branch tokens in per-request scratch slots."""
         bs = self.runner.block_size
         per_seq: dict[Sequence, int] = {}
@@ -139,7 +133,7 @@ class SsdDrafter(Drafter):
             per_seq[seq] = index + 1
             region = self.runner.first_extra_slot + self.region[seq.seq_id] * SCRATCH_SLOTS
             scratch_base.append(region + index * len(proposals[seq].tokens))
-        out = [Branch([], None if seq.params.is_greedy else []) for seq, _, _ in branches]
+        out = [Proposal([], None if seq.params.is_greedy else []) for seq, _, _ in branches]
         num_steps = max(len(proposals[seq].tokens) for seq, _, _ in branches)
         for step in range(num_steps):
             ids, positions, write, spans = [], [], [], []
@@ -156,17 +150,8 @@ class SsdDrafter(Drafter):
                 spans.append(SeqSpan(row, 1, torch.cat([path, scratch]), n + j + step + 1))
             logits = self.runner.run_spans(ids, torch.tensor(positions), write, spans, all_logits=True)
             for row, i in enumerate(live):
-                self._sample_into(branches[i][0], logits[row], out[i], draft_temperature)
+                draw_next(out[i], branches[i][0], logits[row], draft_temperature)
         return out
-
-    def _sample_into(self, seq: Sequence, logits: torch.Tensor, branch: Branch, temperature: float | None) -> None:
-        if seq.params.is_greedy:
-            branch.tokens.append(int(torch.argmax(logits)))
-            return
-        params = seq.params if temperature is None else replace(seq.params, temperature=max(temperature, 1e-5))
-        q = probabilities(logits, params)
-        branch.tokens.append(int(torch.multinomial(q, 1, generator=seq.generator)))
-        branch.probs.append(q)
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:

@@ -67,7 +67,11 @@ def build_metadata(
     masks = tuple(
         None if (m := s.bool_mask()) is None else m.to(device) for s in spans
     )
-    return AttentionMetadata(as_index(write_slots, device), tuple(spans), masks)
+    spans = tuple(
+        s if isinstance(s.key_slots, slice) else SeqSpan(s.q_start, s.q_len, s.key_slots.to(device), s.num_keys, s.mask)
+        for s in spans
+    )
+    return AttentionMetadata(as_index(write_slots, device), spans, masks)
 
 
 class AttentionBackend(ABC):

@@ -2,10 +2,11 @@
 
 A block holds the KV of `block_size` consecutive tokens of one sequence. Once all of a block's tokens
 have their KV computed, the block is *committed*: it gets a hash chained from its predecessor's hash
-and its own token ids, so equal hashes mean equal prefixes (token ids are stored and compared too,
-so a hash collision can never hand out wrong KV). A new sequence whose prompt starts with committed
-blocks shares them (ref count + 1) and skips their compute. Freed blocks keep their contents and hash
-until the space is needed again (least recently freed first), so a chat's next turn still finds them.
+and its own token ids, so equal hashes mean equal prefixes (the token ids and the parent's hash are
+stored and compared too, so a hash collision can never hand out wrong KV). A new sequence whose prompt
+starts with committed blocks shares them (ref count + 1) and skips their compute. Freed blocks keep
+their contents and hash until the space is needed again (least recently freed first), so a chat's
+next turn still finds them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: int | None = None
+    parent_hash: int | None = None  # the previous block's hash: with token_ids, what `hash` stands for
     token_ids: tuple[int, ...] = field(default_factory=tuple)
 
 
@@ -51,10 +53,12 @@ class BlockManager:
         hits, prev, bs = [], None, self.block_size
         for start in range(0, len(token_ids) - 1 - (len(token_ids) - 1) % bs, bs):
             chunk = tuple(token_ids[start : start + bs])
-            prev = chain_hash(prev, chunk)
+            parent, prev = prev, chain_hash(prev, chunk)
             block_id = self.by_hash.get(prev)
-            if block_id is None or self.blocks[block_id].token_ids != chunk:
-                break
+            if block_id is None or (self.blocks[block_id].token_ids, self.blocks[block_id].parent_hash) != (
+                chunk, parent
+            ):
+                break  # a miss, or a hash collision: never share KV whose context differs
             hits.append(block_id)
         return hits
 
@@ -72,7 +76,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None and self.by_hash.get(block.hash) == block_id:
             del self.by_hash[block.hash]  # its old contents are about to be overwritten
-        block.hash, block.token_ids, block.ref_count = None, (), 1
+        block.hash, block.parent_hash, block.token_ids, block.ref_count = None, None, (), 1
         return block_id
 
     def allocate(self, seq: Sequence) -> None:
@@ -103,7 +107,7 @@ class BlockManager:
             prev = self.blocks[seq.block_table[i - 1]].hash if i else None
             chunk = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             if block.hash is None:
-                block.hash, block.token_ids = chain_hash(prev, chunk), chunk
+                block.hash, block.parent_hash, block.token_ids = chain_hash(prev, chunk), prev, chunk
                 if self.enable_prefix_caching:
                     self.by_hash.setdefault(block.hash, block.block_id)
             seq.num_committed_blocks += 1

@@ -105,3 +105,21 @@ def test_random_workload_keeps_refcounts_balanced():
     for s in live:
         bm.free_blocks(s)
     assert bm.num_free_blocks == 64
+
+
+def test_a_hash_collision_never_shares_a_block(monkeypatch):
+    import engine.kv.block_manager as bm_module
+
+    monkeypatch.setattr(bm_module, "chain_hash", lambda prev, tokens: hash(tokens))  # ignores the prefix
+    bm = BlockManager(16, 4)
+    for i, tokens in enumerate(([1, 2, 3, 4, 9, 9, 9, 9, 5], [7, 7, 7, 7, 8, 8, 8, 8, 5])):
+        cached = seq(i, tokens)
+        bm.allocate(cached)
+        compute_all(bm, cached)
+    # b's first block is d's; its second has the hash of a's second block, whose context differs
+    b = seq(2, [7, 7, 7, 7, 9, 9, 9, 9, 5])
+    bm.allocate(b)
+    assert b.num_cached_tokens == 4
+    c = seq(3, [1, 2, 3, 4, 9, 9, 9, 9, 6])  # a true prefix still hits in full
+    bm.allocate(c)
+    assert c.num_cached_tokens == 8

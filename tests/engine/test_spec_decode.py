@@ -102,8 +102,12 @@ def test_stop_inside_accepted_tokens(llm):
     sd = run(llm, ["The quick brown fox"], p, mode="sd", k=7)[0]
     assert sd.token_ids == ar.token_ids[: ar.token_ids.index(stop_id) + 1]
     stop = ar.text[12:15]
-    sd = run(llm, ["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=40, stop=[stop]), mode="sd")[0]
-    assert sd.text == ar.text[: ar.text.index(stop)]
+    stop_params = SamplingParams(temperature=0.0, max_tokens=40, stop=[stop])
+    want = run(llm, ["The quick brown fox"], stop_params, mode="ar")[0]
+    sd = run(llm, ["The quick brown fox"], stop_params, mode="sd", k=7)[0]
+    assert sd.text == want.text == ar.text[: ar.text.index(stop)]
+    assert sd.token_ids == want.token_ids  # tokens drafted past the stop string are dropped too
+    assert sd.finish_reason is FinishReason.STOP
 
 
 def test_stream_events_carry_provenance_and_step_stats(llm):
