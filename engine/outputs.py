@@ -35,6 +35,7 @@ class SpecStats:
     accepted_per_position: tuple[int, ...]  # [K]: rounds whose i-th draft token was accepted
     drafted_per_position: tuple[int, ...]   # [K]: rounds that proposed an i-th draft token
     num_cache_hits: int | None = None       # SSD only
+    emitted_on_hit: int = 0                 # SSD: tokens from rounds answered by the cache
     verify_time_s: float = 0.0       # time the target spent verifying
     draft_time_s: float = 0.0        # time the target waited for drafts
     draft_reused_prefix_tokens: int = 0  # prompt tokens whose draft KV came from the draft's prefix cache
@@ -57,10 +58,29 @@ class SpecStats:
     def cache_hit_rate(self) -> float | None:
         return None if self.num_cache_hits is None or not self.num_steps else self.num_cache_hits / self.num_steps
 
+    @property
+    def tau_on_hit(self) -> float | None:
+        """SSD: tokens per round answered from the speculation cache."""
+        return self.emitted_on_hit / self.num_cache_hits if self.num_cache_hits else None
+
+    @property
+    def tau_on_miss(self) -> float | None:
+        """SSD: tokens per round drafted just in time (the first round counts as a miss)."""
+        misses = self.num_steps - (self.num_cache_hits or 0)
+        return (self.num_emitted - self.emitted_on_hit) / misses if self.num_cache_hits is not None and misses else None
+
+    @property
+    def ideal_tok_s(self) -> float | None:
+        """SSD's ceiling: every round a hit, the target never waiting: tau on hit per verify time."""
+        if self.tau_on_hit is None or not self.verify_time_s:
+            return None
+        return self.tau_on_hit / (self.verify_time_s / self.num_steps)
+
     def to_dict(self) -> dict:
         return {
             **asdict(self), "tau": self.tau, "acceptance_rate": self.acceptance_rate,
             "per_position_acceptance": list(self.per_position_acceptance), "cache_hit_rate": self.cache_hit_rate,
+            "tau_on_hit": self.tau_on_hit, "tau_on_miss": self.tau_on_miss, "ideal_tok_s": self.ideal_tok_s,
         }
 
 

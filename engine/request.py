@@ -115,6 +115,7 @@ class _SpecCounters:
         self.verify_s = self.draft_s = 0.0
         self.draft_reused = 0
         self.hits: int | None = None
+        self.emitted_on_hit = 0
 
     def add(self, out: StepOutput, *, num_kept: int) -> None:
         stats = out.stats
@@ -129,11 +130,12 @@ class _SpecCounters:
         self.draft_s += stats.draft_time_s
         if stats.cache_hit is not None:
             self.hits = (self.hits or 0) + stats.cache_hit
+            self.emitted_on_hit += num_kept if stats.cache_hit else 0
 
     def summary(self) -> SpecStats:
         return SpecStats(
             num_steps=self.steps, num_drafted=self.drafted, num_accepted=self.accepted, num_emitted=self.emitted,
             accepted_per_position=tuple(self.accepted_at), drafted_per_position=tuple(self.drafted_at),
             verify_time_s=self.verify_s, draft_time_s=self.draft_s, draft_reused_prefix_tokens=self.draft_reused,
-            num_cache_hits=self.hits,
+            num_cache_hits=self.hits, emitted_on_hit=self.emitted_on_hit,
         )

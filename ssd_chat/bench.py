@@ -119,9 +119,19 @@ class ModeResult:
         hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
         return hits / self._spec_sum("num_steps") if hits is not None and self._spec_sum("num_steps") else None
 
+    @property
+    def ideal_tok_s(self) -> float | None:
+        """SSD's ceiling on these prompts: tau on hit over the mean verify time (the target never waits)."""
+        hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
+        if not hits:
+            return None
+        verify_s = sum(r.spec.verify_time_s for r in self.runs if r.spec is not None)
+        return self._spec_sum("emitted_on_hit") / hits / (verify_s / self._spec_sum("num_steps"))
+
     def to_dict(self) -> dict:
         return {
             "mode": self.mode,
+            "ideal_tok_s": self.ideal_tok_s,
             "decode_tok_s": self.decode_tok_s,
             "ttft_ms": self.ttft_ms,
             "tau": self.tau,
@@ -338,6 +348,7 @@ def render_table(report: BenchReport) -> Table:
         table.add_column("tau", justify="right")
         table.add_column("accept", justify="right")
         table.add_column("hit", justify="right")
+        table.add_column("ideal tok/s (eff.)", justify="right")
     for base in (ar, hf):
         if base is not None:
             table.add_column(f"vs {base.mode}", justify="right")
@@ -350,7 +361,8 @@ def render_table(report: BenchReport) -> Table:
         if speculative:
             row += ["-" if r.tau is None else f"{r.tau:.2f}",
                     "-" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}",
-                    "-" if r.cache_hit_rate is None else f"{r.cache_hit_rate:.0%}"]
+                    "-" if r.cache_hit_rate is None else f"{r.cache_hit_rate:.0%}",
+                    "-" if r.ideal_tok_s is None else f"{r.ideal_tok_s:.1f} ({r.decode_tok_s / r.ideal_tok_s:.0%})"]
         for base in (ar, hf):
             if base is not None:
                 row.append(f"{r.decode_tok_s / base.decode_tok_s:.2f}x" if base.decode_tok_s else "-")

@@ -101,3 +101,14 @@ def test_draft_kv_stays_right_where_branches_no_longer_fit(tiny_llama_dir):
     out = same.generate([list(range(1, 16))], SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))[0]
     assert out.finish_reason is FinishReason.CONTEXT
     assert out.stats.spec.acceptance_rate == 1.0
+
+
+def test_hit_and_miss_figures_add_up(llm):
+    llm.speculation = SpeculationConfig(mode="ssd", k=4)
+    out = llm.generate(["The quick brown fox"], GREEDY)[0]
+    spec = out.stats.spec
+    hits, misses = spec.num_cache_hits, spec.num_steps - spec.num_cache_hits
+    assert hits > 0 and misses > 0
+    assert spec.tau_on_hit * hits + spec.tau_on_miss * misses == pytest.approx(spec.num_emitted)
+    assert spec.ideal_tok_s > 0
+    assert set(spec.to_dict()) >= {"tau", "acceptance_rate", "cache_hit_rate", "tau_on_hit", "tau_on_miss"}
