@@ -328,6 +328,10 @@ def stats_line(output: RequestOutput) -> str:
         f"{s.decode_tok_s:.1f} tok/s · TTFT {1000 * s.ttft_s:.0f} ms · "
         f"{s.generated_tokens} tokens · prefix reused {s.reused_prefix_tokens}/{s.prompt_tokens}"
     )
+    if s.spec is not None:
+        line += f" · {s.mode} tau {s.spec.tau:.2f} · accepted {s.spec.acceptance_rate:.0%}"
+        if s.spec.cache_hit_rate is not None:
+            line += f" · cache hits {s.spec.cache_hit_rate:.0%}"
     if output.finish_reason is not FinishReason.STOP:
         line += f" · stopped: {output.finish_reason}"
     return line
