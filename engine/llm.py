@@ -24,7 +24,7 @@ from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.kv.block_manager import BlockManager
 from engine.loader import build_model
 from engine.model_dir import inspect_model_dir
-from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput
+from engine.outputs import Event, FinishReason, RequestOutput
 from engine.registry import resolve_model
 from engine.request import RequestState
 from engine.runner import ModelRunner
@@ -267,4 +267,4 @@ def _eos_ids(path: Path, from_config: tuple[int, ...], tokenizer) -> frozenset[i
     return frozenset(ids)
 
 
-__all__ = ["LLM", "RequestFinished"]
+__all__ = ["LLM"]

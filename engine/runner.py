@@ -74,11 +74,12 @@ class ModelRunner:
             write.append(slot_index(c.seq.block_table, c.start, c.end, bs))
             spans.append(SeqSpan(row, n, slot_index(c.seq.block_table, 0, c.end, bs), c.end))
             row += n
-        return self.run_spans(ids, torch.cat(positions), _concat_slots(write), spans, all_logits=all_logits)
+        write_slots = write[0] if len(write) == 1 else _concat_slots(write)  # one chunk: keep the slice
+        return self.run_spans(ids, torch.cat(positions), write_slots, spans, all_logits=all_logits)
 
     @torch.inference_mode()
     def run_spans(
-        self, ids: list[int], positions: torch.Tensor, write_slots: list[int], spans: list[SeqSpan], *,
+        self, ids: list[int], positions: torch.Tensor, write_slots: list[int] | Index, spans: list[SeqSpan], *,
         all_logits: bool,
     ) -> torch.Tensor:
         """The general forward: N query tokens at `positions`, their K/V written to `write_slots`, each span

@@ -46,12 +46,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 
-    def slot(self, position: int, block_size: int) -> int:
-        return self.block_table[position // block_size] * block_size + position % block_size
-
-    def slots(self, start: int, end: int, block_size: int) -> list[int]:
-        return [self.slot(p, block_size) for p in range(start, end)]
-
 
 @dataclass
 class StepOutput:

@@ -62,7 +62,7 @@ class AttentionMetadata:
 
 
 def build_metadata(
-    write_slots: Sequence[int], spans: Sequence[SeqSpan], *, device: torch.device | str = "cpu"
+    write_slots: Sequence[int] | Index, spans: Sequence[SeqSpan], *, device: torch.device | str = "cpu"
 ) -> AttentionMetadata:
     masks = tuple(
         None if (m := s.bool_mask()) is None else m.to(device) for s in spans
@@ -71,7 +71,11 @@ def build_metadata(
         s if isinstance(s.key_slots, slice) else SeqSpan(s.q_start, s.q_len, s.key_slots.to(device), s.num_keys, s.mask)
         for s in spans
     )
-    return AttentionMetadata(as_index(write_slots, device), spans, masks)
+    if isinstance(write_slots, torch.Tensor):
+        write = write_slots.to(device)
+    else:
+        write = write_slots if isinstance(write_slots, slice) else as_index(write_slots, device)
+    return AttentionMetadata(write, spans, masks)
 
 
 class AttentionBackend(ABC):
