@@ -138,6 +138,34 @@ def test_bench_writes_results_and_matches_transformers(tiny_llama_dir, tmp_path)
     assert "hf" in result.stdout
 
 
+def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    draft = str(tiny_llama_dir)  # the target as its own draft: everything is accepted, the cache always hits
+    args = ["bench", "--target", str(tiny_llama_dir), "--draft", draft, "--modes", "ar,sd,ssd", "--hf", "--k", "3",
+            "--max-tokens", "12", "--limit", "2", "--json", str(out)]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(rows) == ["ar", "sd", "ssd", "hf", "hf-assisted"]
+    assert all(rows[m]["identical_to_ar"] for m in ("sd", "ssd", "hf", "hf-assisted"))
+    assert rows["ar"]["tau"] is None and rows["ar"]["cache_hit_rate"] is None
+    assert rows["sd"]["acceptance_rate"] == 1.0 and rows["sd"]["tau"] > 3.0
+    assert rows["sd"]["cache_hit_rate"] is None
+    assert rows["ssd"]["cache_hit_rate"] > 0.5 and rows["ssd"]["ideal_tok_s"] > 0
+
+
+def test_ask_with_a_draft_reports_speculation_stats(tiny_llama_dir):
+    args = ["ask", "Paris is", "--target", str(tiny_llama_dir), "--draft", str(tiny_llama_dir), "--mode", "ssd",
+            "--temperature", "0", "--max-tokens", "10", "--json"]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)["stats"]
+    assert stats["mode"] == "ssd" and stats["spec"]["acceptance_rate"] == 1.0
+    assert stats["spec"]["cache_hit_rate"] is not None
+    bad = _ssd_chat("ask", "hi", "--target", str(tiny_llama_dir), "--mode", "sd")  # no draft
+    assert bad.returncode == 2 and "draft" in bad.stderr
+
+
 def test_load_prompts_reads_plain_lines_and_jsonl(tmp_path):
     path = tmp_path / "prompts.txt"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
