@@ -165,3 +165,13 @@ def _final(events):
     *_, last = events
     assert isinstance(last, RequestFinished)
     return last.output
+
+
+def test_a_draft_with_another_tokenizer_is_refused(tiny_llama_dir, tmp_path):
+    from engine import EngineError
+    from tests.engine.test_spec_sampling import small_vocab_pair
+
+    _, other_family = small_vocab_pair(tmp_path)
+    with pytest.raises(EngineError) as err:
+        LLM(str(tiny_llama_dir), draft=str(other_family))
+    assert "tokenizer" in str(err.value) and "\n" not in str(err.value)
