@@ -57,6 +57,14 @@ class EngineCore:
         self.spec.pop(seq.seq_id, None)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
+    def stop_string_hit(self, seq: Sequence, num_dropped: int) -> None:
+        """A stop string ended the reply inside the last step: drop that step's last `num_dropped` tokens
+        and finish as STOP (even if the same step had also reached max_tokens or the context limit)."""
+        if num_dropped:
+            del seq.token_ids[-num_dropped:]
+        self.finish(seq, FinishReason.STOP)
+        seq.finish_reason = FinishReason.STOP
+
     # -- scheduling ------------------------------------------------------------------------------
     def _reserve_tokens(self, seq: Sequence) -> int:
         return min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
@@ -93,7 +101,7 @@ class EngineCore:
             admitted.append(seq)
             outstanding += max(0, self.blocks.blocks_needed(reserve) - len(seq.block_table))
             if speculative:  # its draft blocks are taken at prefill: count them all now (no sharing assumed)
-                draft_spare -= self.blocks.blocks_needed(reserve)
+                draft_spare -= self.drafter.blocks.blocks_needed(reserve)
         assert admitted or self.running or not self.waiting, "the KV cache cannot hold a single request"
         return admitted
 

@@ -30,6 +30,10 @@ class IncrementalDetokenizer:
         self.emitted = 0      # characters of `text` already handed out
         self.stopped = False  # a stop string matched
 
+    @property
+    def has_stop_strings(self) -> bool:
+        return bool(self._stop)
+
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; return the newly final text (possibly "")."""
         assert not self.stopped

@@ -59,9 +59,8 @@ class Drafter:
 
     def propose(self, wanted: dict[Sequence, int], draft_temperature: float | None) -> dict[Sequence, Proposal]:
         """Draft `wanted[seq]` tokens after each request's committed tokens, all requests batched."""
-        for seq in wanted:  # mirror tokens committed since the last round (e.g. the prefill's token)
-            draft_seq = self.seqs[seq.seq_id]
-            draft_seq.token_ids.extend(seq.token_ids[len(draft_seq.token_ids) :])
+        for seq in wanted:
+            self.mirror(seq)
         active = {seq: self.seqs[seq.seq_id] for seq, k in wanted.items() if k > 0}
         out = {seq: Proposal([], None if seq.params.is_greedy else []) for seq in wanted}
         for seq, draft_seq in active.items():
@@ -82,11 +81,17 @@ class Drafter:
             active = {s: d for s, d in active.items() if wanted[s] > step}
         return out
 
+    def mirror(self, seq: Sequence) -> int:
+        """Copy the tokens the target committed since the draft last looked; returns the length before."""
+        draft_seq = self.seqs[seq.seq_id]
+        before = len(draft_seq.token_ids)
+        draft_seq.token_ids.extend(seq.token_ids[before:])
+        return before
+
     def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """After verification: mirror the committed tokens and keep the KV of accepted draft tokens."""
         draft_seq = self.seqs[seq.seq_id]
-        before = len(draft_seq.token_ids)  # the committed length the proposal started from
-        draft_seq.token_ids.extend(seq.token_ids[before:])
+        before = self.mirror(seq)  # the committed length the proposal started from
         if num_drafted > 0:  # the draft computed positions < before + num_drafted - 1 for its proposal
             draft_seq.num_computed_tokens = before + min(num_accepted, num_drafted - 1)
         draft_seq.num_computed_tokens = min(draft_seq.num_computed_tokens, len(draft_seq.token_ids) - 1)

@@ -217,9 +217,7 @@ class LLM:
             state = self._requests[seq.seq_id]
             keep = state.on_step(out)
             if state.hit_stop_string:
-                del seq.token_ids[len(seq.token_ids) - len(out.tokens) + keep :]  # drop tokens after the stop
-                self.core.finish(seq, FinishReason.STOP)
-                seq.finish_reason = FinishReason.STOP  # also when the same step reached max_tokens
+                self.core.stop_string_hit(seq, num_dropped=len(out.tokens) - keep)
             if seq.is_finished:
                 self._requests.pop(seq.seq_id)
                 state.finalize()

@@ -54,12 +54,15 @@ class RequestState:
         return keep
 
     def _detokenize(self, token_ids: list[int]) -> tuple[int, str]:
-        """Feed tokens one at a time so that a stop string cuts the step right where it completes."""
+        """Text of a step's tokens and how many of them to keep. With stop strings, tokens go in one at a
+        time so that a stop string cuts the step right where it completes; otherwise in one decode."""
+        text_ids = token_ids
+        if token_ids and self.seq.finish_reason is FinishReason.STOP and token_ids[-1] in self.stop_ids:
+            text_ids = token_ids[:-1]  # EOS / a stop token id: kept as an id, never as text
+        if not self.detokenizer.has_stop_strings:
+            return len(token_ids), self.detokenizer.push(text_ids) if text_ids else ""
         text = ""
-        for i, token in enumerate(token_ids):
-            is_last = i == len(token_ids) - 1
-            if is_last and self.seq.finish_reason is FinishReason.STOP and token in self.stop_ids:
-                break  # EOS / a stop token id: kept as an id, never as text
+        for i, token in enumerate(text_ids):
             text += self.detokenizer.push([token])
             if self.detokenizer.stopped:
                 return i + 1, text

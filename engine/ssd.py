@@ -67,8 +67,7 @@ class SsdDrafter(Drafter):
             branch = self.cache.pop(seq.seq_id, {}).get(outcome) if outcome else None
             hits[seq] = None if outcome is None else branch is not None
             if branch is not None and k > 0:
-                draft_seq = self.seqs[seq.seq_id]
-                draft_seq.token_ids.extend(seq.token_ids[len(draft_seq.token_ids) :])
+                self.mirror(seq)
                 proposals[seq] = Proposal(branch.tokens[:k], None if branch.probs is None else branch.probs[:k])
             else:
                 misses[seq] = k
@@ -134,6 +133,10 @@ class SsdDrafter(Drafter):
             region = self.runner.first_extra_slot + self.region[seq.seq_id] * SCRATCH_SLOTS
             scratch_base.append(region + index * len(proposals[seq].tokens))
         out = [Proposal([], None if seq.params.is_greedy else []) for seq, _, _ in branches]
+        paths = []  # real KV slots each branch sees: the prefix and the verified path up to its j
+        for seq, j, _ in branches:
+            path = slot_index(self.seqs[seq.seq_id].block_table, 0, len(seq.token_ids) + j, bs)
+            paths.append(torch.arange(path.start, path.stop) if isinstance(path, slice) else path)
         num_steps = max(len(proposals[seq].tokens) for seq, _, _ in branches)
         for step in range(num_steps):
             ids, positions, write, spans = [], [], [], []
@@ -142,8 +145,7 @@ class SsdDrafter(Drafter):
                 seq, j, t_star = branches[i]
                 n = len(seq.token_ids)  # t* sits at position n + j
                 scratch = torch.arange(scratch_base[i], scratch_base[i] + step + 1)
-                path = slot_index(self.seqs[seq.seq_id].block_table, 0, n + j, bs)
-                path = torch.arange(path.start, path.stop) if isinstance(path, slice) else path
+                path = paths[i]
                 ids.append(t_star if step == 0 else out[i].tokens[-1])
                 positions.append(n + j + step)
                 write.append(int(scratch[-1]))
@@ -158,8 +160,7 @@ class SsdDrafter(Drafter):
         draft_seq = self.seqs[seq.seq_id]
         if seq.seq_id in self.glued:  # the glue pass wrote [t, x1..xK]: its KV is right up to x_k
             self.glued.discard(seq.seq_id)
-            before = len(draft_seq.token_ids)
-            draft_seq.token_ids.extend(seq.token_ids[before:])
+            before = self.mirror(seq)
             draft_seq.num_computed_tokens = min(before + num_accepted, len(draft_seq.token_ids) - 1)
             self.blocks.commit(draft_seq)
         else:
