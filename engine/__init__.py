@@ -8,10 +8,10 @@
 from engine.config import DEFAULT_TARGET, EngineConfig
 from engine.errors import EngineError
 from engine.llm import LLM
-from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, RequestStats, TokenDelta
+from engine.outputs import EngineWarning, Event, FinishReason, RequestFinished, RequestOutput, RequestStats, TokenDelta
 from engine.sampling_params import SamplingParams
 
 __all__ = [
-    "DEFAULT_TARGET", "LLM", "EngineConfig", "EngineError", "Event", "FinishReason", "RequestFinished",
+    "DEFAULT_TARGET", "LLM", "EngineConfig", "EngineError", "EngineWarning", "Event", "FinishReason", "RequestFinished",
     "RequestOutput", "RequestStats", "SamplingParams", "TokenDelta",
 ]

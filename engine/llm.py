@@ -159,6 +159,15 @@ class LLM:
         return sum(p.numel() * p.element_size() for p in params)
 
     @property
+    def layout(self) -> dict[str, str]:
+        """Where the models run, for display: {"target": ..., "draft": ...} ("draft" only with a draft)."""
+        threads = torch.get_num_threads()
+        out = {"target": f"{self.config.target} on {self.config.device} (TP=1, {threads} threads)"}
+        if self.config.draft is not None:
+            out["draft"] = f"{self.config.draft} on {self.config.device} (in the target's process)"
+        return out
+
+    @property
     def num_forward_tokens(self) -> int:
         """Tokens that went through the model so far (prefix-cache hits do not count)."""
         return self.core.runner.num_forward_tokens

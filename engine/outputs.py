@@ -160,4 +160,13 @@ class RequestFinished:
     output: RequestOutput
 
 
-Event = TokenDelta | StepStats | RequestFinished
+@dataclass(frozen=True)
+class EngineWarning:
+    """Something the user should know that did not end the request (e.g. the draft process died and
+    the request continues in AR mode)."""
+
+    request_id: int
+    message: str
+
+
+Event = TokenDelta | StepStats | EngineWarning | RequestFinished
