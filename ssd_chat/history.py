@@ -1,0 +1,215 @@
+"""Chat history: conversations, their settings and per-turn stats in one SQLite file.
+
+The file lives in the user's data directory (platformdirs' ``user_data_dir("ssd-chat")``), or in
+``$SSD_CHAT_DATA`` when that is set (tests point it at a temporary directory). Every write commits at
+once, so a crash never loses more than the turn in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from platformdirs import user_data_dir
+
+from engine.outputs import RequestOutput
+
+DATA_ENV = "SSD_CHAT_DATA"
+DB_NAME = "history.sqlite3"
+UNTITLED = "New chat"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    settings TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    stats TEXT,
+    PRIMARY KEY (conversation_id, position)
+);
+"""
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """What a conversation decodes with; saved with it and restored on reopen."""
+
+    mode: str = "ar"
+    k: int = 4
+    fanout: tuple[int, ...] | None = None
+    temperature: float = 0.7
+    max_tokens: int = 512
+    system: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ChatSettings:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if values.get("fanout") is not None:
+            values["fanout"] = tuple(values["fanout"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """The figures of one assistant reply, as shown in the panel and the exported stats table."""
+
+    mode: str
+    decode_tok_s: float
+    ttft_s: float
+    generated_tokens: int
+    prompt_tokens: int
+    reused_prefix_tokens: int
+    finish_reason: str
+    tau: float | None = None
+    acceptance_rate: float | None = None
+    cache_hit_rate: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TurnStats:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_output(cls, output: RequestOutput) -> TurnStats:
+        s = output.stats
+        return cls(
+            mode=s.mode, decode_tok_s=s.decode_tok_s, ttft_s=s.ttft_s, generated_tokens=s.generated_tokens,
+            prompt_tokens=s.prompt_tokens, reused_prefix_tokens=s.reused_prefix_tokens,
+            finish_reason=str(output.finish_reason),
+            tau=None if s.spec is None else s.spec.tau,
+            acceptance_rate=None if s.spec is None else s.spec.acceptance_rate,
+            cache_hit_rate=None if s.spec is None else s.spec.cache_hit_rate,
+        )
+
+
+    def line(self) -> str:
+        """One dim line under a reply (and after it in plain mode)."""
+        text = (f"{self.decode_tok_s:.1f} tok/s · TTFT {1000 * self.ttft_s:.0f} ms · {self.generated_tokens} tokens"
+                f" · prefix reused {self.reused_prefix_tokens}/{self.prompt_tokens}")
+        if self.tau is not None:
+            text += f" · {self.mode} tau {self.tau:.2f} · accepted {self.acceptance_rate or 0.0:.0%}"
+            if self.cache_hit_rate is not None:
+                text += f" · cache hits {self.cache_hit_rate:.0%}"
+        if self.finish_reason != "stop":
+            text += f" · stopped: {self.finish_reason}"
+        return text
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str                       # system | user | assistant
+    content: str
+    stats: TurnStats | None = None  # assistant replies only
+
+
+@dataclass
+class Conversation:
+    id: int | None
+    title: str = UNTITLED
+    settings: ChatSettings = field(default_factory=ChatSettings)
+    messages: list[ChatMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    id: int
+    title: str
+    updated: float
+    num_messages: int
+
+
+def default_db_path() -> Path:
+    root = os.environ.get(DATA_ENV) or user_data_dir("ssd-chat", appauthor=False)
+    return Path(root) / DB_NAME
+
+
+class HistoryStore:
+    """Conversations in SQLite. One store per thread: the TUI uses it from the UI thread only."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or default_db_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path)
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def save(self, conversation: Conversation) -> int:
+        """Insert or update `conversation` with all its messages; returns (and sets) its id."""
+        now = time.time()
+        settings = json.dumps(asdict(conversation.settings))
+        with self._db:
+            if conversation.id is None:
+                cur = self._db.execute(
+                    "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
+                    (conversation.title, now, now, settings),
+                )
+                conversation.id = int(cur.lastrowid)
+            else:
+                self._db.execute(
+                    "UPDATE conversations SET title = ?, updated = ?, settings = ? WHERE id = ?",
+                    (conversation.title, now, settings, conversation.id),
+                )
+                self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation.id,))
+            self._db.executemany(
+                "INSERT INTO messages (conversation_id, position, role, content, stats) VALUES (?, ?, ?, ?, ?)",
+                [(conversation.id, i, m.role, m.content, None if m.stats is None else json.dumps(asdict(m.stats)))
+                 for i, m in enumerate(conversation.messages)],
+            )
+        return conversation.id
+
+    def load(self, conversation_id: int) -> Conversation | None:
+        row = self._db.execute(
+            "SELECT title, settings FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        rows = self._db.execute(
+            "SELECT role, content, stats FROM messages WHERE conversation_id = ? ORDER BY position",
+            (conversation_id,),
+        ).fetchall()
+        messages = [ChatMessage(role, content, None if stats is None else TurnStats.from_dict(json.loads(stats)))
+                    for role, content, stats in rows]
+        return Conversation(conversation_id, row[0], ChatSettings.from_dict(json.loads(row[1])), messages)
+
+    def list(self) -> list[ConversationSummary]:
+        """Every conversation, the most recently updated first."""
+        rows = self._db.execute(
+            "SELECT c.id, c.title, c.updated, COUNT(m.position) FROM conversations c"
+            " LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
+        ).fetchall()
+        return [ConversationSummary(*row) for row in rows]
+
+    def latest(self) -> Conversation | None:
+        summaries = self.list()
+        return self.load(summaries[0].id) if summaries else None
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        with self._db:
+            self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def delete(self, conversation_id: int) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+
+def title_from(prompt: str, limit: int = 48) -> str:
+    """A conversation title from its first prompt: the first line, cut at a word."""
+    line = " ".join(prompt.strip().split("\n", 1)[0].split())
+    if len(line) <= limit:
+        return line or UNTITLED
+    return line[:limit].rsplit(" ", 1)[0] + "…"

@@ -1,0 +1,30 @@
+"""The Textual chat app. `run_tui` opens it; the models load inside it, behind a loading screen."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+
+from ssd_chat.history import ChatSettings, HistoryStore
+from ssd_chat.tui.engine_worker import ChatEngine
+
+log = logging.getLogger(__name__)
+
+
+def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, target: str, draft: str | None,
+            resume: bool = False) -> int:
+    """Run the app until the user quits; returns the exit code (2 when the models failed to load)."""
+    from ssd_chat.tui.app import ChatApp  # textual loads only when the TUI is used
+
+    try:
+        store = HistoryStore()
+    except (OSError, sqlite3.Error) as err:
+        log.warning("chat history disabled: %s", err)
+        store = None
+    app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume)
+    app.run()
+    return app.return_code or 0
+
+
+__all__ = ["run_tui"]

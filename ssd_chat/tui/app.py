@@ -1,0 +1,307 @@
+"""The chat app: transcript and prompt on the left, the live speculation panel on the right.
+
+The engine loads in a worker thread behind a loading screen; every request runs in one exclusive
+worker thread (`group="engine"`), so the UI thread never runs torch. Replies stream into a
+ReplyBuffer that a timer drains every FLUSH_S seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Header, Static
+
+from engine.errors import EngineError
+from engine.outputs import FinishReason
+from engine.sampling_params import SamplingParams
+from ssd_chat.history import ChatSettings, HistoryStore, TurnStats
+from ssd_chat.tui.chat_actions import ChatActions
+from ssd_chat.tui.compare import run_compare
+from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes, stream_reply
+from ssd_chat.tui.live_stats import LiveStats
+from ssd_chat.tui.messages import CompareDone, CompareProgress, EngineLoadFailed, EngineReady, ReplyDone, ReplyFailed
+from ssd_chat.tui.provenance import legend
+from ssd_chat.tui.screens.compare import CompareScreen
+from ssd_chat.tui.screens.loading import ENGINE_LOGGER, EngineLogLine, ForwardToApp, LoadingScreen
+from ssd_chat.tui.session import ChatSession
+from ssd_chat.tui.widgets.prompt_input import PromptArea, PromptInput
+from ssd_chat.tui.widgets.stats_panel import StatsPanel
+from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript
+
+log = logging.getLogger(__name__)
+FLUSH_S = 0.08
+
+KEYS = [
+    Binding("escape", "stop", "Stop"),
+    Binding("ctrl+g", "cycle_mode", "Mode"),
+    Binding("ctrl+t", "toggle_colours", "Colours"),
+    Binding("ctrl+r", "compare", "Compare"),
+    Binding("ctrl+n", "new_chat", "New"),
+    Binding("ctrl+o", "chats", "Chats"),
+    Binding("f5", "regenerate", "Regen"),
+    Binding("f4", "edit_last", "Edit"),
+    Binding("f1", "help", "Help"),
+]
+
+
+class ChatApp(ChatActions, App[None]):
+    CSS_PATH = "chat.tcss"
+    TITLE = "ssd-chat"
+    BINDINGS = KEYS
+
+    def __init__(
+        self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
+        target: str = "", draft: str | None = None, resume: bool = False, export_dir: Path | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        super().__init__()
+        self.load_engine = load_engine
+        self.session = ChatSession(store, settings)
+        self.target, self.draft, self.resume = target, draft, resume
+        self.export_dir = export_dir or Path.cwd()
+        self.clock = clock
+        self.engine: ChatEngine | None = None
+        self.buffer: ReplyBuffer | None = None
+        self.reply_view: AssistantMessage | None = None
+        self.compare_cancel: threading.Event | None = None
+        self.colours = False
+        self._flush_timer: Timer | None = None
+        self._log_handler = ForwardToApp(self)
+
+    # -- layout and start-up -----------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Vertical(id="chat"):
+                yield Transcript(id="transcript")
+                yield Static(id="legend")
+                yield PromptInput(id="prompt-box")
+                yield Static(id="status")
+            yield StatsPanel(id="panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        engine_log = logging.getLogger(ENGINE_LOGGER)
+        engine_log.addHandler(self._log_handler)
+        self._saved_log_state = (engine_log.level, engine_log.propagate)
+        engine_log.setLevel(logging.INFO)
+        engine_log.propagate = False  # a stderr handler would scribble over the screen
+        self.query_one("#legend", Static).display = False
+        if self.resume and self.session.store is not None:
+            latest = self.session.store.latest()
+            if latest is not None:
+                self.session.open(latest)
+        self.push_screen(LoadingScreen(self.target, self.draft))
+        self._load()
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _load(self) -> None:
+        try:
+            engine = self.load_engine()
+        except (EngineError, OSError) as err:
+            self.post_message(EngineLoadFailed(str(err)))
+            return
+        except Exception as err:  # a bug or a broken install: still one line, never a traceback on the screen
+            log.exception("loading the engine failed")
+            self.post_message(EngineLoadFailed(f"loading the engine failed: {err!r}"))
+            return
+        self.post_message(EngineReady(engine))
+
+    def on_engine_log_line(self, message: EngineLogLine) -> None:
+        if isinstance(self.screen, LoadingScreen):
+            self.screen.add_line(message.line)
+        elif message.line:
+            self.notify(message.line, severity="warning", timeout=6)
+
+    def on_engine_load_failed(self, message: EngineLoadFailed) -> None:
+        self.exit(return_code=2, message=f"error: {message.error}")
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        self.engine = message.engine
+        if isinstance(self.screen, LoadingScreen):
+            self.pop_screen()
+        settings = self.session.settings
+        if settings.mode not in available_modes(self.engine):
+            self.notify(f"mode {settings.mode.upper()} needs a draft model: using AR", severity="warning")
+            self.session.update_settings(mode="ar")
+        self.show_conversation()
+        self.query_one(PromptArea).focus()
+
+    def on_unmount(self) -> None:
+        engine_log = logging.getLogger(ENGINE_LOGGER)
+        engine_log.removeHandler(self._log_handler)
+        engine_log.setLevel(self._saved_log_state[0])
+        engine_log.propagate = self._saved_log_state[1]
+
+    async def action_quit(self) -> None:
+        self.action_stop()
+        await self.workers.wait_for_complete()
+        if self.engine is not None:
+            self.engine.close()
+        if self.session.store is not None:
+            self.session.store.close()
+        self.exit()
+
+    def get_system_commands(self, screen: Screen):
+        yield from super().get_system_commands(screen)
+        if self.engine is None:
+            return
+        for mode in available_modes(self.engine):
+            yield SystemCommand(f"Mode: {mode.upper()}", f"decode with {mode.upper()}", lambda m=mode: self.set_mode(m))
+        yield SystemCommand("Compare modes", "replay the last prompt in AR, SD, SSD (greedy)", self.action_compare)
+        yield SystemCommand("Toggle token colours", "colour reply tokens by provenance", self.action_toggle_colours)
+        yield SystemCommand("New chat", "start a new conversation", self.action_new_chat)
+        yield SystemCommand("Chats", "open, rename or delete saved conversations", self.action_chats)
+        yield SystemCommand("Export to Markdown", "write this conversation to a .md file", lambda: self.export(""))
+        yield SystemCommand("Keys and commands", "the help screen", self.action_help)
+
+    # -- the status line and the panel ---------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self.buffer is not None or self.compare_cancel is not None
+
+    def refresh_status(self) -> None:
+        s = self.session.settings
+        state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
+        colours = " · colours on" if self.colours else ""
+        self.query_one("#status", Static).update(
+            f"[b]{s.mode.upper()}[/b] · k {s.k} · temp {s.temperature:g}{colours} · {self.session.conversation.title}"
+            f" · {state}"
+        )
+        if self.engine is not None:
+            self.query_one(StatsPanel).show_layout(self.engine.layout, s)
+
+    # -- replies -----------------------------------------------------------------------------------
+    @on(PromptArea.Submitted)
+    def _submitted(self, event: PromptArea.Submitted) -> None:
+        self.submit(event.text)
+
+    def send_prompt(self, text: str) -> None:
+        """Add `text` as the next turn and stream the reply (the caller checked we are idle)."""
+        params = SamplingParams(temperature=self.session.settings.temperature,
+                                max_tokens=self.session.settings.max_tokens)
+        self.session.add_prompt(text)
+        transcript = self.query_one(Transcript)
+        transcript.add_user(text)
+        self.reply_view = transcript.add_assistant(colours=self.colours)
+        s = self.session.settings
+        self.buffer = ReplyBuffer(LiveStats(s.mode, s.k, started=self.clock()), self.clock)
+        self._flush_timer = self.set_interval(FLUSH_S, self._flush)
+        self.refresh_status()
+        self._reply(self.session.engine_messages(), params, self.buffer, self.speculation())
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _reply(self, messages, params: SamplingParams, buffer: ReplyBuffer, spec) -> None:
+        assert self.engine is not None
+        try:
+            self.engine.speculation = spec  # between requests, on the engine's own thread
+            output = stream_reply(self.engine, messages, params, buffer)
+        except EngineError as err:
+            self.post_message(ReplyFailed(str(err)))
+        except Exception as err:  # the engine died (a killed process, a bug): keep the conversation
+            log.exception("the engine failed")
+            self.post_message(ReplyFailed(f"the engine failed: {err}"))
+        else:
+            self.post_message(ReplyDone(output))
+
+    async def _flush(self) -> None:
+        if self.buffer is None or self.reply_view is None:
+            return
+        drained = self.buffer.drain()
+        await self.reply_view.append(drained.text, drained.pieces)
+        self.query_one(StatsPanel).show(drained.panel)
+        for warning in drained.warnings:
+            self.notify(warning, severity="warning", timeout=8)
+
+    def _end_reply(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.stop()
+            self._flush_timer = None
+        self.buffer = None
+        self.reply_view = None
+        self.refresh_status()
+
+    async def on_reply_done(self, message: ReplyDone) -> None:
+        await self._flush()
+        assert self.buffer is not None and self.reply_view is not None
+        output = message.output
+        stats = TurnStats.from_output(output)
+        self.reply_view.finish(output.text, stats.line())
+        self.query_one(StatsPanel).show(self.buffer.stats.final(output))
+        self.session.add_reply(output.text, stats)
+        if output.finish_reason is FinishReason.CANCELLED:
+            self.notify("reply stopped; the partial text is kept", timeout=3)
+        self._end_reply()
+
+    def on_reply_failed(self, message: ReplyFailed) -> None:
+        self.query_one(Transcript).remove_last(2)
+        self.query_one(PromptInput).set_text(self.session.drop_prompt())
+        self.notify(message.error, title="not sent", severity="error", timeout=10)
+        self._end_reply()
+
+    def action_stop(self) -> None:
+        if self.buffer is not None:
+            self.buffer.cancel.set()
+        if self.compare_cancel is not None:
+            self.compare_cancel.set()
+
+    # -- compare -----------------------------------------------------------------------------------
+    def action_compare(self) -> None:
+        if not self.ready_and_idle():
+            return
+        messages = self.session.engine_messages()
+        while messages and messages[-1]["role"] != "user":
+            messages.pop()
+        if not messages:
+            self.notify("nothing to compare yet: send a prompt first", severity="warning")
+            return
+        assert self.engine is not None
+        self.compare_cancel = threading.Event()
+        self.push_screen(CompareScreen(messages[-1]["content"], available_modes(self.engine)))
+        self.refresh_status()
+        self._compare(messages, self.speculation(), self.compare_cancel)
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _compare(self, messages, spec, cancel: threading.Event) -> None:
+        assert self.engine is not None
+        try:
+            self.engine.speculation = spec
+            report = run_compare(self.engine, messages, max_tokens=self.session.settings.max_tokens, cancel=cancel,
+                                 on_mode=lambda mode: self.post_message(CompareProgress(mode)))
+        except Exception as err:  # EngineError or a dead engine: report, keep the chat
+            self.post_message(CompareDone(None, str(err)))
+        else:
+            self.post_message(CompareDone(report))
+
+    def on_compare_progress(self, message: CompareProgress) -> None:
+        if isinstance(self.screen, CompareScreen):
+            self.screen.running(message.mode)
+
+    def on_compare_done(self, message: CompareDone) -> None:
+        self.compare_cancel = None
+        self.refresh_status()
+        if message.report is None:
+            if isinstance(self.screen, CompareScreen):
+                self.screen.dismiss(None)
+            self.notify(message.error or "compare failed", title="compare", severity="error", timeout=10)
+        elif isinstance(self.screen, CompareScreen):
+            self.screen.show_report(message.report)
+
+    # -- colours -----------------------------------------------------------------------------------
+    def action_toggle_colours(self) -> None:
+        self.colours = not self.colours
+        self.query_one(Transcript).show_colours(self.colours)
+        legend_line = self.query_one("#legend", Static)
+        legend_line.update(legend(self.current_theme))
+        legend_line.display = self.colours
+        self.refresh_status()

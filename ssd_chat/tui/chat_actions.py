@@ -1,0 +1,211 @@
+"""What the user can ask for besides sending a prompt: slash commands, modes, new / open / edit /
+regenerate, export and help. A mixin of ChatApp, kept apart so the app file stays about streaming."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.config import SpeculationConfig
+from engine.errors import EngineError
+from engine.sampling_params import SamplingParams
+from ssd_chat.tui.commands import SlashError, is_slash, parse_fanout, parse_number, parse_slash
+from ssd_chat.tui.engine_worker import available_modes
+from ssd_chat.tui.export import export_path, to_markdown
+from ssd_chat.tui.screens.chats import ChatsScreen
+from ssd_chat.tui.screens.help import HelpScreen
+from ssd_chat.tui.widgets.prompt_input import PromptInput
+from ssd_chat.tui.widgets.stats_panel import StatsPanel
+from ssd_chat.tui.widgets.transcript import Transcript
+
+if TYPE_CHECKING:
+    from ssd_chat.tui.app import ChatApp
+
+    _Base = ChatApp
+else:
+    _Base = object
+
+
+def key_label(key: str) -> str:
+    """"ctrl+g" -> "Ctrl+G", "escape" -> "Esc", "f5" -> "F5"."""
+    return "+".join({"escape": "Esc", "ctrl": "Ctrl"}.get(p, p.upper() if len(p) <= 2 else p) for p in key.split("+"))
+
+
+class ChatActions(_Base):
+    def ready_and_idle(self) -> bool:
+        if self.engine is None:
+            self.notify("the model is still loading", severity="warning")
+            return False
+        if self.busy:
+            self.notify("a reply is running: Esc stops it", severity="warning")
+            return False
+        return True
+
+    def submit(self, text: str) -> None:
+        text = text.strip()
+        if not text:
+            return
+        if is_slash(text):
+            self.query_one(PromptInput).set_text("")
+            try:
+                command = parse_slash(text)
+                getattr(self, f"slash_{command.name}")(command.arg)
+            except (SlashError, EngineError) as err:
+                self.notify(str(err), severity="error")
+                self.query_one(PromptInput).set_text(text)
+            return
+        if not self.ready_and_idle():
+            return
+        self.query_one(PromptInput).set_text("")
+        self.send_prompt(text[1:] if text.startswith("//") else text)
+
+    def speculation(self) -> SpeculationConfig:
+        s = self.session.settings
+        return SpeculationConfig(mode=s.mode, k=s.k, fanout=s.fanout)
+
+    def change_settings(self, **changes) -> None:
+        """Validate first (SpeculationConfig / SamplingParams raise one-line EngineErrors), then apply."""
+        new = replace(self.session.settings, **changes)
+        SpeculationConfig(mode=new.mode, k=new.k, fanout=new.fanout)
+        SamplingParams(temperature=new.temperature, max_tokens=new.max_tokens)
+        self.session.update_settings(**changes)
+        self.refresh_status()
+
+    def set_mode(self, mode: str) -> None:
+        if self.engine is None:
+            return
+        if mode not in available_modes(self.engine):
+            raise SlashError(f"mode {mode.upper()} needs a draft model: start with --draft" if mode in ("sd", "ssd")
+                             else f"unknown mode {mode!r}: ar, sd or ssd")
+        self.change_settings(mode=mode)
+        self.notify(f"mode {mode.upper()}" + (" (from the next reply)" if self.busy else ""), timeout=2)
+
+    def show_conversation(self) -> None:
+        """Rebuild the transcript from the session (after open / new / clear)."""
+        transcript = self.query_one(Transcript)
+        transcript.remove_children()
+        for message in self.session.messages:
+            if message.role == "user":
+                transcript.add_user(message.content)
+            elif message.role == "assistant":
+                view = transcript.add_assistant(message.content, colours=self.colours)
+                if message.stats is not None:
+                    view.call_after_refresh(view.set_stats, message.stats.line())
+        self.query_one(StatsPanel).show(None)
+        self.refresh_status()
+
+    # -- key actions -------------------------------------------------------------------------------
+    def action_cycle_mode(self) -> None:
+        if self.engine is None:
+            return
+        modes = available_modes(self.engine)
+        if len(modes) == 1:
+            self.notify("only AR: start with --draft to use SD and SSD", severity="warning")
+            return
+        current = self.session.settings.mode
+        self.set_mode(modes[(modes.index(current) + 1) % len(modes)] if current in modes else "ar")
+
+    def action_new_chat(self) -> None:
+        if self.ready_and_idle():
+            self.session.new()
+            self.show_conversation()
+
+    def action_chats(self) -> None:
+        if not self.ready_and_idle() or self.session.store is None:
+            return
+        self.session.save()
+
+        def opened(conversation_id: int | None) -> None:
+            store = self.session.store
+            if conversation_id is not None and store is not None and (found := store.load(conversation_id)):
+                self.session.open(found)
+                self.show_conversation()
+            elif self.session.conversation.id is not None and store is not None \
+                    and store.load(self.session.conversation.id) is None:
+                self.session.new()  # the open conversation was deleted
+                self.show_conversation()
+
+        self.push_screen(ChatsScreen(self.session.store, self.session.conversation.id), opened)
+
+    def action_regenerate(self) -> None:
+        if self.ready_and_idle():
+            prompt = self.session.pop_turn()
+            if prompt is None:
+                self.notify("nothing to regenerate yet", severity="warning")
+                return
+            self.query_one(Transcript).remove_last(2)
+            self.send_prompt(prompt)
+
+    def action_edit_last(self) -> None:
+        if self.ready_and_idle():
+            prompt = self.session.pop_turn()
+            if prompt is None:
+                self.notify("no prompt to edit yet", severity="warning")
+                return
+            self.query_one(Transcript).remove_last(2)
+            self.query_one(PromptInput).set_text(prompt)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen([(key_label(b.key), b.description) for b in self.BINDINGS]))
+
+    def export(self, arg: str) -> Path:
+        path = Path(arg).expanduser() if arg else export_path(self.session.conversation, self.export_dir)
+        try:
+            path.write_text(to_markdown(self.session.conversation), encoding="utf-8")
+        except OSError as err:
+            raise SlashError(f"cannot write {path}: {err.strerror or err}") from None
+        self.notify(f"exported to {path}")
+        return path
+
+    # -- slash commands (one method per command in commands.SLASH_COMMANDS) -------------------------
+    def slash_mode(self, arg: str) -> None:
+        self.set_mode(arg.lower())
+
+    def slash_k(self, arg: str) -> None:
+        self.change_settings(k=int(parse_number(arg, int, "k")), fanout=None)
+
+    def slash_fanout(self, arg: str) -> None:
+        self.change_settings(fanout=parse_fanout(arg))
+
+    def slash_temp(self, arg: str) -> None:
+        self.change_settings(temperature=float(parse_number(arg, float, "temp")))
+
+    def slash_system(self, arg: str) -> None:
+        self.change_settings(system=arg or None)
+        self.notify("system prompt set" if arg else "system prompt removed", timeout=2)
+
+    def slash_clear(self, arg: str) -> None:
+        if self.ready_and_idle():
+            self.session.clear()
+            self.show_conversation()
+
+    def slash_new(self, arg: str) -> None:
+        self.action_new_chat()
+
+    def slash_chats(self, arg: str) -> None:
+        self.action_chats()
+
+    def slash_rename(self, arg: str) -> None:
+        if not arg:
+            raise SlashError("/rename needs a title")
+        self.session.rename(arg)
+        self.refresh_status()
+
+    def slash_regen(self, arg: str) -> None:
+        self.action_regenerate()
+
+    def slash_edit(self, arg: str) -> None:
+        self.action_edit_last()
+
+    def slash_compare(self, arg: str) -> None:
+        self.action_compare()
+
+    def slash_colors(self, arg: str) -> None:
+        self.action_toggle_colours()
+
+    def slash_export(self, arg: str) -> None:
+        self.export(arg)
+
+    def slash_help(self, arg: str) -> None:
+        self.action_help()

@@ -1,0 +1,94 @@
+"""Slash commands: the table the help screen and completion read, and parsing of a typed line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SlashSpec:
+    name: str
+    usage: str
+    help: str
+
+
+SLASH_COMMANDS: tuple[SlashSpec, ...] = (
+    SlashSpec("mode", "/mode ar|sd|ssd", "switch the decoding mode (sd and ssd need a draft model)"),
+    SlashSpec("k", "/k N", "draft tokens per verify step (1-32)"),
+    SlashSpec("fanout", "/fanout N | N,N,...", "SSD candidates per accepted count (one number or k+1); none: default"),
+    SlashSpec("temp", "/temp T", "sampling temperature (0 = greedy)"),
+    SlashSpec("system", "/system TEXT", "set the system prompt (no text: remove it)"),
+    SlashSpec("clear", "/clear", "clear this conversation's turns"),
+    SlashSpec("new", "/new", "start a new conversation (the current one stays in history)"),
+    SlashSpec("chats", "/chats", "open, rename or delete saved conversations"),
+    SlashSpec("rename", "/rename TITLE", "rename this conversation"),
+    SlashSpec("regen", "/regen", "regenerate the last reply"),
+    SlashSpec("edit", "/edit", "put the last prompt back in the input to edit and resend"),
+    SlashSpec("compare", "/compare", "replay the last prompt greedily in AR, SD and SSD and compare"),
+    SlashSpec("colors", "/colors", "toggle token provenance colours"),
+    SlashSpec("export", "/export [FILE]", "write this conversation as Markdown with a stats table"),
+    SlashSpec("help", "/help", "keys and commands"),
+)
+_BY_NAME = {c.name: c for c in SLASH_COMMANDS}
+
+
+@dataclass(frozen=True)
+class SlashCommand:
+    name: str
+    arg: str  # the rest of the line, stripped ("" when none)
+
+
+class SlashError(ValueError):
+    """A line that starts with / but names no command; the message is one line for a notification."""
+
+
+def is_slash(text: str) -> bool:
+    return text.startswith("/") and not text.startswith("//")
+
+
+def parse_slash(text: str) -> SlashCommand:
+    head, _, rest = text.strip()[1:].partition(" ")
+    name = head.lower()
+    if name not in _BY_NAME:
+        matches = completions("/" + name)
+        hint = f" (did you mean {matches[0].usage}?)" if len(matches) == 1 else " (/help lists them)"
+        raise SlashError(f"unknown command /{name}{hint}")
+    return SlashCommand(name, rest.strip())
+
+
+def completions(text: str) -> list[SlashSpec]:
+    """Commands whose name starts with what follows the slash (nothing once a space is typed)."""
+    if not is_slash(text) or " " in text:
+        return []
+    prefix = text[1:].lower()
+    return [c for c in SLASH_COMMANDS if c.name.startswith(prefix)]
+
+
+def complete(text: str) -> str | None:
+    """Tab completion: the full command when the prefix picks one (or the list's common prefix grows)."""
+    matches = completions(text)
+    if not matches:
+        return None
+    if len(matches) == 1:
+        return f"/{matches[0].name} "
+    common = matches[0].name
+    for m in matches[1:]:
+        while not m.name.startswith(common):
+            common = common[:-1]
+    return f"/{common}" if len(common) > len(text) - 1 else None
+
+
+def parse_fanout(arg: str) -> tuple[int, ...] | None:
+    if not arg or arg == "default":
+        return None
+    try:
+        return tuple(int(f) for f in arg.replace(" ", "").split(","))
+    except ValueError:
+        raise SlashError(f"/fanout takes numbers separated by commas, got {arg!r}") from None
+
+
+def parse_number(arg: str, kind: type[int] | type[float], command: str) -> int | float:
+    try:
+        return kind(arg)
+    except ValueError:
+        raise SlashError(f"/{command} needs a number, got {arg!r}") from None

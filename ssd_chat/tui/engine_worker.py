@@ -1,0 +1,121 @@
+"""The bridge between the engine's blocking event stream and the UI thread.
+
+A worker thread runs `stream_reply`, which feeds every event into a `ReplyBuffer` (under a lock);
+the UI drains the buffer on a timer (every ~80 ms), so a reply at hundreds of tokens per second
+costs a dozen Markdown appends per second, not one per token. The UI thread never calls the engine
+while a worker runs, and the worker never touches a widget.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.config import SpeculationConfig
+from engine.outputs import EngineWarning, Event, RequestFinished, RequestOutput, StepStats, TokenDelta, TokenSource
+from engine.sampling_params import SamplingParams
+from ssd_chat.tui.live_stats import LiveStats, PanelData
+
+log = logging.getLogger(__name__)
+
+Piece = tuple[str, TokenSource]  # a span of reply text and where its tokens came from
+
+
+class ChatEngine(Protocol):
+    """What the TUI needs from `engine.LLM` (the tests drive a scripted fake with the same shape)."""
+
+    config: Any  # .target, .draft (None without a draft model)
+    speculation: SpeculationConfig
+    layout: dict[str, str]
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
+             cancel: threading.Event | None = None) -> Iterator[Event]: ...
+
+    def close(self) -> None: ...
+
+
+def available_modes(engine: ChatEngine) -> tuple[str, ...]:
+    return ("ar",) if engine.config.draft is None else ("ar", "sd", "ssd")
+
+
+def token_texts(engine: ChatEngine) -> Callable[[tuple[int, ...]], list[str]] | None:
+    """Per-token text for provenance colours, from the engine's tokenizer when it has one."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    return lambda ids: [tokenizer.decode([i]) for i in ids]
+
+
+def split_pieces(delta: TokenDelta, texts: Callable[[tuple[int, ...]], list[str]] | None) -> list[Piece]:
+    """The delta's text cut per token when the single-token texts add up to it (they do not while a
+    multi-byte character or a stop string is pending); else one piece with the delta's most telling source."""
+    if not delta.text:
+        return []
+    if delta.sources and texts is not None and len(delta.sources) == len(delta.token_ids):
+        parts = texts(delta.token_ids)
+        if "".join(parts) == delta.text:
+            return [(p, s) for p, s in zip(parts, delta.sources, strict=True) if p]
+    drafted = [s for s in delta.sources if s not in (TokenSource.TARGET, TokenSource.RECOVERY, TokenSource.BONUS)]
+    source = drafted[0] if drafted else (delta.sources[-1] if delta.sources else TokenSource.TARGET)
+    return [(delta.text, source)]
+
+
+@dataclass
+class Drained:
+    """What arrived since the last drain."""
+
+    text: str
+    pieces: list[Piece]
+    warnings: list[str]
+    panel: PanelData
+
+
+@dataclass
+class ReplyBuffer:
+    """Events of one reply, written by the worker thread and drained by the UI thread."""
+
+    stats: LiveStats
+    clock: Callable[[], float]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _text: list[str] = field(default_factory=list)
+    _pieces: list[Piece] = field(default_factory=list)
+    _warnings: list[str] = field(default_factory=list)
+
+    def push(self, event: Event, pieces: list[Piece] | None = None) -> None:
+        now = self.clock()
+        with self._lock:
+            if isinstance(event, TokenDelta):
+                self._text.append(event.text)
+                self._pieces.extend(pieces or [])
+                self.stats.on_tokens(len(event.token_ids), now)
+            elif isinstance(event, StepStats):
+                self.stats.on_step(event)
+            elif isinstance(event, EngineWarning):
+                self._warnings.append(event.message)
+
+    def drain(self) -> Drained:
+        now = self.clock()
+        with self._lock:
+            out = Drained("".join(self._text), self._pieces, self._warnings, self.stats.snapshot(now))
+            self._text, self._pieces, self._warnings = [], [], []
+        return out
+
+
+def stream_reply(engine: ChatEngine, messages: list[dict[str, str]], params: SamplingParams,
+                 buffer: ReplyBuffer) -> RequestOutput:
+    """Run one chat request to its end, feeding `buffer`. Raises EngineError for a request the
+    engine refuses (the prompt is too long, ...), anything else when the engine itself fails."""
+    texts = token_texts(engine)
+    output = None
+    for event in engine.chat(messages, params, cancel=buffer.cancel):
+        if isinstance(event, RequestFinished):
+            output = event.output
+        else:
+            buffer.push(event, split_pieces(event, texts) if isinstance(event, TokenDelta) else None)
+    if output is None:
+        raise RuntimeError("the engine stream ended without a result")
+    return output

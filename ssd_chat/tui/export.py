@@ -1,0 +1,56 @@
+"""A conversation as a Markdown document: the turns, then a table of every reply's stats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ssd_chat.history import ChatMessage, Conversation, TurnStats
+
+_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
+
+
+def to_markdown(conversation: Conversation) -> str:
+    s = conversation.settings
+    lines = [f"# {conversation.title}", ""]
+    lines.append(f"Mode `{s.mode}`, k {s.k}, temperature {s.temperature:g}, max tokens {s.max_tokens}.")
+    lines.append("")
+    if s.system:
+        lines += ["## System", "", s.system, ""]
+    for message in conversation.messages:
+        if message.role == "system":
+            continue
+        lines += [f"## {_HEADINGS.get(message.role, message.role)}", "", message.content, ""]
+    replies = [m for m in conversation.messages if m.role == "assistant" and m.stats is not None]
+    if replies:
+        lines += ["## Stats", "", *_stats_table(replies), ""]
+    return "\n".join(lines)
+
+
+def _stats_table(replies: list[ChatMessage]) -> list[str]:
+    rows = [
+        "| turn | mode | tokens | decode tok/s | TTFT ms | tau | acceptance | cache hits | prefix reused | finish |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, message in enumerate(replies, start=1):
+        st: TurnStats = message.stats  # type: ignore[assignment]
+        rows.append(
+            f"| {i} | {st.mode} | {st.generated_tokens} | {st.decode_tok_s:.1f} | {1000 * st.ttft_s:.0f} | "
+            f"{_opt(st.tau, '{:.2f}')} | {_opt(st.acceptance_rate, '{:.0%}')} | {_opt(st.cache_hit_rate, '{:.0%}')} | "
+            f"{st.reused_prefix_tokens}/{st.prompt_tokens} | {st.finish_reason} |"
+        )
+    return rows
+
+
+def _opt(value: float | None, fmt: str) -> str:
+    return "" if value is None else fmt.format(value)
+
+
+def export_path(conversation: Conversation, directory: Path) -> Path:
+    """A file name from the title that does not overwrite an earlier export."""
+    stem = "".join(c if c.isalnum() else "-" for c in conversation.title.lower()).strip("-")[:40] or "chat"
+    path = directory / f"{stem}.md"
+    n = 2
+    while path.exists():
+        path = directory / f"{stem}-{n}.md"
+        n += 1
+    return path

@@ -1,0 +1,139 @@
+"""Per-reply figures for the side panel, updated event by event while a reply streams.
+
+Pure Python (no Textual, no torch): the engine worker feeds it, the panel renders `PanelData`
+snapshots of it. When the reply finishes, the engine's own RequestStats replace the live estimates.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.outputs import RequestOutput, StepStats
+
+RATE_WINDOW = 6      # deltas per tok/s sample (smooths the sparkline)
+RATE_SAMPLES = 60    # samples the sparkline keeps
+
+
+@dataclass(frozen=True)
+class PanelData:
+    """What the panel shows for one reply."""
+
+    mode: str
+    k: int
+    tok_s: float
+    ttft_s: float | None
+    generated_tokens: int
+    rates: tuple[float, ...]
+    tau: float | None = None
+    acceptance_rate: float | None = None
+    histogram: tuple[int, ...] = ()            # [k+1]: verify steps that accepted 0..k draft tokens
+    per_position: tuple[float, ...] = ()       # [k]: acceptance rate of the i-th draft token
+    cache_hit_rate: float | None = None
+    tau_on_hit: float | None = None
+    tau_on_miss: float | None = None
+    reused_prefix_tokens: int | None = None
+    prompt_tokens: int | None = None
+    is_final: bool = False
+
+
+@dataclass
+class LiveStats:
+    mode: str
+    k: int
+    started: float
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    num_tokens: int = 0
+    num_steps: int = 0
+    num_drafted: int = 0
+    num_accepted: int = 0
+    hit_steps: int = 0
+    hit_emitted: int = 0
+    miss_emitted: int = 0
+    saw_cache: bool = False
+    histogram: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    rates: deque[float] = field(default_factory=lambda: deque(maxlen=RATE_SAMPLES))
+    _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
+
+    def __post_init__(self) -> None:
+        self.histogram = [0] * (self.k + 1)
+        self.drafted_per_position = [0] * self.k
+        self.accepted_per_position = [0] * self.k
+
+    def on_tokens(self, num_tokens: int, now: float) -> None:
+        if num_tokens <= 0:
+            return
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.num_tokens += num_tokens
+        self.last_token_at = now
+        self._recent.append((now, num_tokens))
+        if len(self._recent) > 1:
+            span = self._recent[-1][0] - self._recent[0][0]
+            tokens = sum(n for _, n in list(self._recent)[1:])
+            if span > 0:
+                self.rates.append(tokens / span)
+
+    def on_step(self, step: StepStats) -> None:
+        self.num_steps += 1
+        self.num_drafted += step.num_drafted
+        self.num_accepted += step.num_accepted
+        if step.num_accepted >= len(self.histogram):  # k changed under us: grow, never drop a count
+            self._grow(step.num_accepted)
+        self.histogram[step.num_accepted] += 1
+        for i in range(min(step.num_drafted, len(self.drafted_per_position))):
+            self.drafted_per_position[i] += 1
+            self.accepted_per_position[i] += i < step.num_accepted
+        if step.cache_hit is not None:
+            self.saw_cache = True
+            emitted = step.num_accepted + 1  # the accepted drafts plus the target's recovery / bonus token
+            if step.cache_hit:
+                self.hit_steps += 1
+                self.hit_emitted += emitted
+            else:
+                self.miss_emitted += emitted
+
+    def _grow(self, k: int) -> None:
+        extra = k - self.k
+        self.k = k
+        self.histogram += [0] * extra
+        self.drafted_per_position += [0] * extra
+        self.accepted_per_position += [0] * extra
+
+    def snapshot(self, now: float) -> PanelData:
+        decode_span = (self.last_token_at or 0.0) - (self.first_token_at or 0.0)
+        tok_s = (self.num_tokens - 1) / decode_span if self.num_tokens > 1 and decode_span > 0 else 0.0
+        spec = self.mode != "ar" and self.num_steps > 0
+        misses = self.num_steps - self.hit_steps
+        return PanelData(
+            mode=self.mode, k=self.k, tok_s=tok_s, generated_tokens=self.num_tokens, rates=tuple(self.rates),
+            ttft_s=None if self.first_token_at is None else self.first_token_at - self.started,
+            tau=(self.num_accepted + self.num_steps) / self.num_steps if spec else None,
+            acceptance_rate=self.num_accepted / self.num_drafted if spec and self.num_drafted else None,
+            histogram=tuple(self.histogram) if spec else (),
+            per_position=tuple(a / d if d else 0.0 for a, d in zip(
+                self.accepted_per_position, self.drafted_per_position, strict=True)) if spec else (),
+            cache_hit_rate=self.hit_steps / self.num_steps if spec and self.saw_cache else None,
+            tau_on_hit=self.hit_emitted / self.hit_steps if self.saw_cache and self.hit_steps else None,
+            tau_on_miss=self.miss_emitted / misses if self.saw_cache and misses else None,
+        )
+
+    def final(self, output: RequestOutput) -> PanelData:
+        """The engine's exact figures for the finished reply, with the live histogram and sparkline."""
+        s = output.stats
+        spec = s.spec
+        return PanelData(
+            mode=s.mode, k=self.k, tok_s=s.decode_tok_s, ttft_s=s.ttft_s, generated_tokens=s.generated_tokens,
+            rates=tuple(self.rates),
+            tau=None if spec is None else spec.tau,
+            acceptance_rate=None if spec is None else spec.acceptance_rate,
+            histogram=tuple(self.histogram) if spec is not None else (),
+            per_position=() if spec is None else spec.per_position_acceptance,
+            cache_hit_rate=None if spec is None else spec.cache_hit_rate,
+            tau_on_hit=None if spec is None else spec.tau_on_hit,
+            tau_on_miss=None if spec is None else spec.tau_on_miss,
+            reused_prefix_tokens=s.reused_prefix_tokens, prompt_tokens=s.prompt_tokens, is_final=True,
+        )

@@ -1,0 +1,42 @@
+"""Messages the engine worker threads post to the app (post_message is thread-safe)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from engine.outputs import RequestOutput
+from ssd_chat.tui.compare import CompareReport
+from ssd_chat.tui.engine_worker import ChatEngine
+
+
+@dataclass
+class EngineReady(Message):
+    engine: ChatEngine
+
+
+@dataclass
+class EngineLoadFailed(Message):
+    error: str
+
+
+@dataclass
+class ReplyDone(Message):
+    output: RequestOutput
+
+
+@dataclass
+class ReplyFailed(Message):
+    error: str
+
+
+@dataclass
+class CompareProgress(Message):
+    mode: str
+
+
+@dataclass
+class CompareDone(Message):
+    report: CompareReport | None
+    error: str | None = None

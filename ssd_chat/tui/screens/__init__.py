@@ -1,0 +1,1 @@
+"""Screens pushed over the chat: loading, help, chats (history), compare, a one-line text prompt."""

@@ -1,0 +1,63 @@
+"""The compare result: one row per mode (tok/s, TTFT, tau, cache hits, speed-up vs AR) and whether
+their greedy outputs are token-identical. Shown while it runs; Esc stops it or closes it."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+from ssd_chat.tui.compare import CompareReport
+
+COLUMNS = ("mode", "decode tok/s", "TTFT ms", "tokens", "tau", "cache hits", "speed-up vs AR")
+
+
+class CompareScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "close", "Stop / close")]
+
+    def __init__(self, prompt: str, modes: tuple[str, ...]) -> None:
+        super().__init__(classes="modal", id="compare")
+        self.prompt, self.modes = prompt, modes
+        self.report: CompareReport | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="modal-box wide"):
+            yield Static(f"[b]Compare[/b] (greedy) the last prompt in {', '.join(m.upper() for m in self.modes)}")
+            yield Static(self.prompt[:200], id="compare-prompt", markup=False)
+            yield DataTable(id="compare-table", show_cursor=False)
+            yield Static("starting…", id="compare-status")
+
+    def on_mount(self) -> None:
+        self.query_one(DataTable).add_columns(*COLUMNS)
+
+    def running(self, mode: str) -> None:
+        self.query_one("#compare-status", Static).update(f"running {mode.upper()}… (Esc stops)")
+
+    def show_report(self, report: CompareReport) -> None:
+        self.report = report
+        table = self.query_one(DataTable)
+        table.clear()
+        for row in report.rows:
+            speedup = report.speedup(row)
+            table.add_row(
+                row.mode.upper() + (" (stopped)" if row.cancelled else ""), f"{row.decode_tok_s:.1f}",
+                f"{1000 * row.ttft_s:.0f}", str(row.generated_tokens),
+                "–" if row.tau is None else f"{row.tau:.2f}",
+                "–" if row.cache_hit_rate is None else f"{row.cache_hit_rate:.0%}",
+                "–" if speedup is None else f"{speedup:.2f}x",
+            )
+        identical = report.identical
+        verdict = {True: "[b $success]outputs token-identical: yes[/]",
+                   False: "[b $error]outputs token-identical: NO[/]",
+                   None: "outputs token-identical: – (needs two complete runs)"}[identical]
+        self.query_one("#compare-status", Static).update(f"{verdict}   Esc closes")
+
+    def action_close(self) -> None:
+        if self.report is None:
+            self.app.action_stop()  # type: ignore[attr-defined]
+        else:
+            self.dismiss(None)

@@ -1,0 +1,44 @@
+"""Keys and slash commands in one scrollable box."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+from ssd_chat.tui.commands import SLASH_COMMANDS
+
+PROMPT_KEYS = (
+    ("Enter", "send the prompt"),
+    ("Shift+Enter / Ctrl+J", "new line in the prompt"),
+    ("Tab", "complete a slash command"),
+    ("Ctrl+P", "command palette (modes, compare, chats, export, theme)"),
+)
+
+
+def help_markdown(keys: list[tuple[str, str]]) -> str:
+    lines = ["# ssd-chat help", "", "## Keys", "", "| key | action |", "|---|---|"]
+    lines += [f"| {key} | {action} |" for key, action in (*PROMPT_KEYS, *keys)]
+    lines += ["", "## Slash commands", "", "| command | what it does |", "|---|---|"]
+    lines += [f"| `{c.usage}` | {c.help} |" for c in SLASH_COMMANDS]
+    lines += ["", "## Token colours", "",
+              "With colours on (Ctrl+T), each reply token shows where it came from: a draft token accepted on a "
+              "speculation-cache hit, one accepted after a miss (drafted just in time), a sync-SD draft, or the "
+              "target's own recovery / bonus token.", "", "Esc or q closes this screen."]
+    return "\n".join(lines)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,f1", "dismiss", "Close")]
+
+    def __init__(self, keys: list[tuple[str, str]]) -> None:
+        super().__init__(classes="modal", id="help")
+        self.keys = keys
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="modal-box wide"):
+            yield Markdown(help_markdown(self.keys))

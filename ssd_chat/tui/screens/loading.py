@@ -1,0 +1,62 @@
+"""Shown while the models load (seconds to minutes): the engine's log lines, a step count and the
+elapsed time, so the terminal never looks frozen."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from textual.app import App, ComposeResult
+from textual.containers import Center, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Log, ProgressBar, Static
+
+ENGINE_LOGGER = "engine"
+
+
+class EngineLogLine(Message):
+    def __init__(self, line: str) -> None:
+        super().__init__()
+        self.line = line
+
+
+class ForwardToApp(logging.Handler):
+    """Posts engine log records to the app (post_message is safe from the loading thread)."""
+
+    def __init__(self, app: App) -> None:
+        super().__init__(logging.INFO)
+        self.app = app
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.app.post_message(EngineLogLine(self.format(record)))
+
+
+class LoadingScreen(Screen):
+    """One progress step per model ("loading ..." log line), then ready."""
+
+    def __init__(self, target: str, draft: str | None) -> None:
+        super().__init__(id="loading")
+        self.target, self.draft = target, draft
+        self.started = time.monotonic()
+
+    def compose(self) -> ComposeResult:
+        with Center(), Vertical(id="loading-box"):
+            pair = self.target if self.draft is None else f"{self.target} + draft {self.draft}"
+            yield Static(f"[b]ssd-chat[/b]  loading {pair}", id="loading-title")
+            yield ProgressBar(total=2 if self.draft is None else 3, show_eta=False, id="loading-progress")
+            yield Static("", id="loading-elapsed")
+            yield Log(id="loading-log", max_lines=200)
+
+    def on_mount(self) -> None:
+        self.set_interval(0.25, self._tick)
+        self.add_line("starting the engine")
+
+    def _tick(self) -> None:
+        self.query_one("#loading-elapsed", Static).update(f"{time.monotonic() - self.started:.1f} s")
+
+    def add_line(self, line: str) -> None:
+        self.query_one(Log).write_line(line)
+        if line.startswith("loading"):
+            self.query_one(ProgressBar).advance(1)

@@ -1,0 +1,91 @@
+"""The open conversation: its turns and settings, kept in step with the history store.
+
+Plain Python so the turn bookkeeping (send, reply, regenerate, edit, clear) is testable without a UI.
+A conversation is written to the store on its first reply, then after every change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ssd_chat.history import (
+    UNTITLED,
+    ChatMessage,
+    ChatSettings,
+    Conversation,
+    HistoryStore,
+    TurnStats,
+    title_from,
+)
+
+
+class ChatSession:
+    def __init__(self, store: HistoryStore | None, settings: ChatSettings) -> None:
+        self.store = store
+        self.conversation = Conversation(None, settings=settings)
+
+    # -- reading -----------------------------------------------------------------------------------
+    @property
+    def settings(self) -> ChatSettings:
+        return self.conversation.settings
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        return self.conversation.messages
+
+    def engine_messages(self) -> list[dict[str, str]]:
+        """The conversation as the engine's chat messages (system prompt first)."""
+        out = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
+        return out + [{"role": m.role, "content": m.content} for m in self.messages]
+
+    def last_prompt(self) -> str | None:
+        return next((m.content for m in reversed(self.messages) if m.role == "user"), None)
+
+    # -- changing ----------------------------------------------------------------------------------
+    def add_prompt(self, text: str) -> None:
+        self.messages.append(ChatMessage("user", text))
+        if self.conversation.title == UNTITLED:
+            self.conversation.title = title_from(text)
+
+    def add_reply(self, text: str, stats: TurnStats | None) -> None:
+        self.messages.append(ChatMessage("assistant", text, stats))
+        self.save()
+
+    def drop_prompt(self) -> str:
+        """Undo `add_prompt` (the request failed): returns the prompt to put back in the input."""
+        assert self.messages and self.messages[-1].role == "user", "no pending prompt"
+        return self.messages.pop().content
+
+    def pop_turn(self) -> str | None:
+        """Remove the last prompt and its reply; returns the prompt (None when there is no turn)."""
+        while self.messages and self.messages[-1].role != "user":
+            self.messages.pop()
+        if not self.messages:
+            return None
+        prompt = self.messages.pop().content
+        self.save()
+        return prompt
+
+    def clear(self) -> None:
+        self.messages.clear()
+        self.save()
+
+    def update_settings(self, **changes) -> ChatSettings:
+        self.conversation.settings = replace(self.settings, **changes)
+        self.save()
+        return self.settings
+
+    def rename(self, title: str) -> None:
+        self.conversation.title = title
+        self.save()
+
+    def new(self) -> None:
+        self.conversation = Conversation(None, settings=self.settings)
+
+    def open(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+
+    def save(self) -> None:
+        """Persist once the conversation has a turn (an empty new chat is not worth a history entry)."""
+        if self.store is not None and (self.conversation.id is not None or self.messages):
+            self.store.save(self.conversation)

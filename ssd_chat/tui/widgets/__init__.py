@@ -1,0 +1,1 @@
+"""The chat screen's widgets, one per file."""

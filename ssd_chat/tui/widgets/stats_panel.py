@@ -1,0 +1,99 @@
+"""The side panel: live decode speed and speculation figures of the current reply, and where the
+models run. Every section renders from one `PanelData` snapshot (see live_stats.py)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Digits, Sparkline, Static
+
+from ssd_chat.history import ChatSettings
+from ssd_chat.tui.live_stats import PanelData
+
+BAR_WIDTH = 18
+
+
+def _bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return "█" * filled + "·" * (width - filled)
+
+
+def _opt(value: float | None, fmt: str, missing: str = "–") -> str:
+    return missing if value is None else fmt.format(value)
+
+
+class StatsPanel(VerticalScroll):
+    can_focus = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("decode tok/s", classes="section-title")
+        yield Digits("0.0", id="tok-s")
+        yield Sparkline([], id="rate-spark", summary_function=max)
+        yield Static(id="speed")
+        yield Static("speculation", classes="section-title")
+        yield Static(id="spec")
+        yield Static("accepted length per step", classes="section-title")
+        yield Static(id="histogram")
+        yield Static("acceptance per draft position", classes="section-title")
+        yield Static(id="positions")
+        yield Static("prefix cache", classes="section-title")
+        yield Static(id="prefix")
+        yield Static("device layout", classes="section-title")
+        yield Static(id="layout")
+
+    def on_mount(self) -> None:
+        self.show(None)
+
+    def show(self, data: PanelData | None) -> None:
+        """Render one reply's figures (None: before the first reply)."""
+        if data is None:
+            data = PanelData(mode="ar", k=0, tok_s=0.0, ttft_s=None, generated_tokens=0, rates=())
+        self.query_one("#tok-s", Digits).update(f"{data.tok_s:.1f}")
+        self.query_one("#rate-spark", Sparkline).data = list(data.rates)
+        self.query_one("#speed", Static).update(Text(
+            f"TTFT {_opt(data.ttft_s and 1000 * data.ttft_s, '{:.0f} ms')} · {data.generated_tokens} tokens"
+        ))
+        self.query_one("#spec", Static).update(self._spec_text(data))
+        self.query_one("#histogram", Static).update(self._histogram(data))
+        self.query_one("#positions", Static).update(self._positions(data))
+        reused = ("–" if data.reused_prefix_tokens is None
+                  else f"{data.reused_prefix_tokens}/{data.prompt_tokens} prompt tokens reused")
+        self.query_one("#prefix", Static).update(Text(reused))
+
+    def show_layout(self, layout: dict[str, str], settings: ChatSettings) -> None:
+        table = Table.grid(padding=(0, 1))
+        table.add_column(style="bold")
+        table.add_column()
+        for role in ("target", "draft"):
+            table.add_row(role, layout.get(role, "none (AR only)"))
+        fanout = "default" if settings.fanout is None else ",".join(map(str, settings.fanout))
+        table.add_row("mode", f"{settings.mode.upper()} · k {settings.k} · fan-out {fanout}")
+        table.add_row("temp", f"{settings.temperature:g}")
+        self.query_one("#layout", Static).update(table)
+
+    @staticmethod
+    def _spec_text(data: PanelData) -> Text:
+        if data.tau is None:
+            return Text(f"{data.mode.upper()}: no drafts" if data.mode == "ar" else f"{data.mode.upper()}: waiting")
+        lines = [f"{data.mode.upper()}  tau {data.tau:.2f}  accepted {_opt(data.acceptance_rate, '{:.0%}')}"]
+        if data.cache_hit_rate is not None:
+            lines.append(f"cache hits {data.cache_hit_rate:.0%}")
+            lines.append(f"tau on hit {_opt(data.tau_on_hit, '{:.2f}')} · on miss {_opt(data.tau_on_miss, '{:.2f}')}")
+        return Text("\n".join(lines))
+
+    @staticmethod
+    def _histogram(data: PanelData) -> Text:
+        if not data.histogram:
+            return Text("–")
+        total = sum(data.histogram) or 1
+        rows = [f"{n:>2} {_bar(count / total)} {count}" for n, count in enumerate(data.histogram)]
+        return Text("\n".join(rows))
+
+    @staticmethod
+    def _positions(data: PanelData) -> Text:
+        if not data.per_position:
+            return Text("–")
+        rows = [f"{i + 1:>2} {_bar(rate)} {rate:.0%}" for i, rate in enumerate(data.per_position)]
+        return Text("\n".join(rows))

@@ -1,0 +1,107 @@
+"""The transcript: the conversation's messages, the last reply streaming in as Markdown.
+
+A reply keeps both its Markdown (the default view, code blocks highlighted) and its text cut into
+provenance pieces, so the colour toggle can switch views at any time without re-running anything.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Markdown, Static
+
+from engine.outputs import TokenSource
+from ssd_chat.tui.provenance import colour_text
+
+Piece = tuple[str, TokenSource]
+
+
+class UserMessage(Static):
+    def __init__(self, text: str) -> None:
+        super().__init__(Text(text), classes="message user")
+        self.border_title = "you"
+
+
+class AssistantMessage(Vertical):
+    """One reply: Markdown and a coloured-token view (one shown at a time), then a dim stats line."""
+
+    def __init__(self, text: str = "", pieces: list[Piece] | None = None, *, colours: bool = False) -> None:
+        super().__init__(classes="message assistant")
+        self.border_title = "assistant"
+        self.text = text
+        self.pieces: list[Piece] = list(pieces) if pieces is not None else [(text, TokenSource.TARGET)]
+        self.colours = colours
+
+    def compose(self) -> ComposeResult:
+        yield Markdown(self.text, classes="reply-markdown")
+        yield Static("", classes="reply-tokens")
+        yield Static("", classes="reply-stats")
+
+    def on_mount(self) -> None:
+        self._apply_view()
+
+    async def append(self, text: str, pieces: list[Piece]) -> None:
+        if not text:
+            return
+        self.text += text
+        self.pieces += pieces
+        if self.colours:
+            self._render_tokens()
+        else:
+            await self.query_one(Markdown).append(text)
+
+    def finish(self, text: str, line: str) -> None:
+        """The reply is complete: one full render of its final text (appends may have split a Markdown
+        span), then the stats line."""
+        self.text = text
+        self._apply_view()
+        self.set_stats(line)
+
+    def set_stats(self, line: str) -> None:
+        self.query_one(".reply-stats", Static).update(Text(line))
+
+    def show_colours(self, colours: bool) -> None:
+        self.colours = colours
+        self._apply_view()
+
+    def _apply_view(self) -> None:
+        markdown = self.query_one(Markdown)
+        tokens = self.query_one(".reply-tokens", Static)
+        markdown.display, tokens.display = not self.colours, self.colours
+        if self.colours:
+            self._render_tokens()
+        else:
+            markdown.update(self.text)
+
+    def _render_tokens(self) -> None:
+        self.query_one(".reply-tokens", Static).update(colour_text(self.pieces, self.app.current_theme))
+
+
+class Transcript(VerticalScroll):
+    """Messages top to bottom; anchored to the bottom while a reply streams, unless scrolled up."""
+
+    can_focus = False
+
+    def add_user(self, text: str) -> UserMessage:
+        message = UserMessage(text)
+        self.mount(message)
+        return message
+
+    def add_assistant(self, text: str = "", *, colours: bool = False) -> AssistantMessage:
+        message = AssistantMessage(text, colours=colours)
+        self.mount(message)
+        self.anchor()
+        return message
+
+    def show_colours(self, colours: bool) -> None:
+        for message in self.query(AssistantMessage):
+            message.show_colours(colours)
+
+    def last_assistant(self) -> AssistantMessage | None:
+        found = self.query(AssistantMessage)
+        return found.last() if found else None
+
+    def remove_last(self, count: int) -> None:
+        for child in list(self.children)[-count:]:
+            child.remove()

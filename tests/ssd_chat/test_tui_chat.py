@@ -1,0 +1,211 @@
+"""The chat flow against the scripted fake engine: type, send, stream, cancel, errors, regenerate, edit."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from textual import events
+
+from engine.errors import PromptTooLongError
+from ssd_chat.tui.widgets.prompt_input import PromptArea
+from ssd_chat.tui.widgets.stats_panel import StatsPanel
+from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript, UserMessage
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
+
+pytestmark = pytest.mark.asyncio
+SIZE = (120, 40)
+REPLY = "Hello from the **fake** engine."
+
+
+def _stats_line(app) -> str:
+    return str(app.query(AssistantMessage).last().query_one(".reply-stats").render())
+
+
+async def test_send_streams_the_reply_and_fills_the_panel(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.focused is app.query_one(PromptArea)
+        await type_text(pilot, "Hi there")
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["Hi there"]
+        assert app.query(AssistantMessage).last().text == REPLY
+        assert engine.calls[0][0] == [{"role": "user", "content": "Hi there"}]
+        assert app.query_one(PromptArea).text == ""
+        assert "6 tokens" in _stats_line(app) and "sd tau" in _stats_line(app)
+        panel = app.query_one(StatsPanel)
+        assert str(panel.query_one("#spec").render()).startswith("SD  tau 2.50")
+        assert str(panel.query_one("#prefix").render()) == "0/10 prompt tokens reused"
+        assert "fake-target on cpu (TP=1, 2 threads)" in rendered(panel.query_one("#layout"))
+
+        await send(app, pilot, "And then?")  # the whole conversation is resent
+        assert engine.calls[1][0] == [
+            {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": REPLY},
+            {"role": "user", "content": "And then?"},
+        ]
+        assert str(panel.query_one("#prefix").render()) == "8/30 prompt tokens reused"
+
+
+async def test_shift_enter_and_ctrl_j_insert_newlines(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await type_text(pilot, "one")
+        await pilot.press("shift+enter")
+        await type_text(pilot, "two")
+        await pilot.press("ctrl+j")
+        await type_text(pilot, "three")
+        assert app.query_one(PromptArea).text == "one\ntwo\nthree"
+        assert not engine.calls
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert engine.calls[0][0][-1]["content"] == "one\ntwo\nthree"
+
+
+async def test_escape_stops_the_reply_and_keeps_the_partial_text(tmp_path):
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.query_one(PromptArea).text = "Hi"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        assert "replying" in str(app.query_one("#status").render())
+        await pilot.press("escape")
+        assert app.buffer is not None and app.buffer.cancel.is_set()  # the engine sees it before its next step
+        gate.set()
+        await settle(app, pilot)
+        assert app.query(AssistantMessage).last().text == "Hello"
+        assert "stopped: cancelled" in _stats_line(app)
+        assert app.session.messages[-1].content == "Hello"
+
+        engine.gate = None  # the next prompt runs normally, with the partial reply in the history
+        await send(app, pilot, "again")
+        assert engine.calls[1][0][-2:] == [{"role": "assistant", "content": "Hello"},
+                                            {"role": "user", "content": "again"}]
+        assert app.query(AssistantMessage).last().text == REPLY
+
+
+async def test_a_refused_prompt_is_restored_and_the_transcript_stays(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        engine.error = PromptTooLongError("the prompt has 900 tokens but the context limit is 512: shorten it")
+        await send(app, pilot, "a very long prompt")
+        assert app.query_one(PromptArea).text == "a very long prompt"
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["first"]
+        assert len(app.query(AssistantMessage)) == 1
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert any("context limit is 512" in n.message for n in app._notifications)
+
+        engine.error = None
+        await pilot.press("enter")  # the restored prompt goes out as it was
+        await settle(app, pilot)
+        assert engine.calls[-1][0][-1] == {"role": "user", "content": "a very long prompt"}
+
+
+async def test_an_engine_crash_mid_reply_keeps_the_conversation(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        engine.crash_after = 2
+        await send(app, pilot, "second")
+        assert app.query_one(PromptArea).text == "second"
+        assert len(app.query(UserMessage)) == 1 and len(app.query(AssistantMessage)) == 1
+        assert any("the engine failed: the draft process was killed" in n.message for n in app._notifications)
+        assert app.session.conversation.id is not None  # the first turn is saved
+        saved = app.session.store.load(app.session.conversation.id)
+        assert [m.content for m in saved.messages] == ["first", REPLY]
+
+
+async def test_an_engine_warning_is_a_notification_and_the_reply_goes_on(tmp_path):
+    engine = FakeEngine(warning="the draft process died: continuing in AR")
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        assert any("continuing in AR" in n.message for n in app._notifications)
+        assert app.query(AssistantMessage).last().text == REPLY
+
+
+async def test_regenerate_and_edit_the_last_turn(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await send(app, pilot, "second")
+        engine.words = ["Another", " answer"]
+        await pilot.press("f5")
+        await settle(app, pilot)
+        assert engine.calls[-1][0][-1] == {"role": "user", "content": "second"}
+        assert len(engine.calls[-1][0]) == 3
+        assert [m.content for m in app.session.messages] == ["first", REPLY, "second", "Another answer"]
+        assert len(app.query(AssistantMessage)) == 2
+
+        await pilot.press("f4")
+        await pilot.pause()
+        assert app.query_one(PromptArea).text == "second"
+        assert [m.content for m in app.session.messages] == ["first", REPLY]
+        assert len(app.query(UserMessage)) == 1
+        await type_text(pilot, " edited")
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages][-2:] == ["second edited", "Another answer"]
+
+
+async def test_token_colours_toggle_shows_provenance_and_a_legend(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path, settings=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.change_settings(mode="ssd")
+        await send(app, pilot, "hi")
+        reply = app.query(AssistantMessage).last()
+        assert "".join(p for p, _ in reply.pieces) == REPLY
+        sources = {str(s) for _, s in reply.pieces}
+        assert {"target", "accepted_hit", "accepted_miss", "recovery"} <= sources
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        tokens = reply.query_one(".reply-tokens")
+        assert tokens.display and not reply.query_one(".reply-markdown").display
+        spans = tokens.render().spans
+        assert len({span.style for span in spans}) >= 3  # hit, miss, recovery in different colours
+        legend = app.query_one("#legend")
+        assert legend.display and "accepted, cache hit" in str(legend.render())
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert reply.query_one(".reply-markdown").display and not legend.display
+
+
+async def test_the_transcript_follows_the_reply_unless_scrolled_up(tmp_path):
+    engine = FakeEngine(words=[f"line {i}\n\n" for i in range(40)])
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "long")
+        transcript = app.query_one(Transcript)
+        await pilot.pause()
+        assert transcript.max_scroll_y > 0 and transcript.scroll_y == transcript.max_scroll_y  # followed
+
+        engine.gate = gate = threading.Event()
+        app.query_one(PromptArea).text = "more"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text, what="1st delta")
+        for _ in range(3):  # the user scrolls up with the mouse wheel while the reply streams
+            transcript.post_message(events.MouseScrollUp(transcript, 2, 2, 0, -1, 0, False, False, False))
+        await pilot.pause()
+        scrolled = transcript.scroll_y
+        assert scrolled < transcript.max_scroll_y
+        gate.set()
+        await settle(app, pilot)
+        assert transcript.scroll_y == scrolled < transcript.max_scroll_y

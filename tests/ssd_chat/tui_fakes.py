@@ -1,0 +1,206 @@
+"""A scripted stand-in for engine.LLM: the TUI tests drive the app against it, with no model."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from engine.config import SpeculationConfig
+from engine.errors import InvalidParameterError, PromptTooLongError
+from engine.outputs import (
+    EngineWarning,
+    FinishReason,
+    RequestFinished,
+    RequestOutput,
+    RequestStats,
+    SpecStats,
+    StepStats,
+    TokenDelta,
+    TokenSource,
+)
+
+S = TokenSource
+
+
+@dataclass
+class FakeConfig:
+    target: str = "fake-target"
+    draft: str | None = "fake-draft"
+
+
+class FakeClock:
+    """Every call moves time by `step` seconds: live rates come out the same on every run."""
+
+    def __init__(self, step: float = 0.01) -> None:
+        self.now, self.step = 0.0, step
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.now += self.step
+            return self.now
+
+
+@dataclass
+class FakeEngine:
+    """Replies with `words` (one token per word). In sd/ssd each step drafts k tokens and accepts
+    `accept` of them; ssd alternates cache hits and misses. Hooks make a test pause, fail or warn."""
+
+    words: list[str] = field(default_factory=lambda: ["Hello", " from", " the", " **fake**", " engine", "."])
+    draft: str | None = "fake-draft"
+    accept: int = 2
+    error: Exception | None = None         # raised by chat() (the request is refused)
+    crash_after: int | None = None          # RuntimeError after this many deltas (the engine died)
+    warning: str | None = None              # one EngineWarning after the first delta
+    gate: threading.Event | None = None     # each delta after the first waits for this event
+    layout: dict[str, str] = field(default_factory=lambda: {"target": "fake-target on cpu (TP=1, 2 threads)",
+                                                            "draft": "fake-draft on cpu"})
+    calls: list[tuple[list[dict[str, str]], object, str]] = field(default_factory=list)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.config = FakeConfig(draft=self.draft)
+        self.tokenizer = self  # token id i is the i-th word: decode() gives per-token text for the colours
+        self._spec = SpeculationConfig(mode="sd" if self.draft else "ar")
+
+    @property
+    def speculation(self) -> SpeculationConfig:
+        return self._spec
+
+    @speculation.setter
+    def speculation(self, spec: SpeculationConfig) -> None:
+        if spec.mode != "ar" and self.draft is None:
+            raise InvalidParameterError(f"mode {spec.mode!r} needs a draft model: pass --draft")
+        self._spec = spec
+
+    def chat(self, messages, params=None, *, cancel: threading.Event | None = None):
+        self.calls.append(([dict(m) for m in messages], params, self._spec.mode))
+        if self.error is not None:
+            raise self.error
+        if sum(len(m["content"]) for m in messages) > 10_000:
+            raise PromptTooLongError("the prompt has 9999 tokens but the context limit is 512: shorten it")
+        return self._events(len(self.calls), len(messages), self._spec, params, cancel)
+
+    def _events(self, request_id, num_messages, spec, params, cancel):
+        words = self.words[: params.max_tokens] if params is not None else self.words
+        mode, k = spec.mode, spec.k
+        emitted: list[str] = []
+        steps = hits = accepted_total = drafted_total = emitted_on_hit = 0
+        i = 0
+        cut = params is not None and params.max_tokens < len(self.words)
+        reason = FinishReason.LENGTH if cut else FinishReason.STOP
+        while i < len(words):
+            if cancel is not None and cancel.is_set():
+                reason = FinishReason.CANCELLED
+                break
+            if i and self.gate is not None:
+                self.gate.wait(5)
+                if cancel is not None and cancel.is_set():
+                    reason = FinishReason.CANCELLED
+                    break
+            if self.crash_after is not None and len(emitted) >= self.crash_after:
+                raise RuntimeError("the draft process was killed")
+            if mode == "ar" or i == 0:
+                n, sources = 1, (S.TARGET,)
+            else:
+                acc = min(self.accept, k, len(words) - i - 1)
+                hit = mode == "ssd" and steps % 2 == 0
+                kind = S.ACCEPTED if mode == "sd" else (S.ACCEPTED_HIT if hit else S.ACCEPTED_MISS)
+                n, sources = acc + 1, (kind,) * acc + (S.RECOVERY,)
+                steps += 1
+                hits += hit
+                emitted_on_hit += n if hit else 0
+                accepted_total += acc
+                drafted_total += k
+                yield StepStats(request_id, k, acc, 0.004, 0.0 if hit else 0.002, hit if mode == "ssd" else None)
+            chunk = words[i:i + n]
+            yield TokenDelta(request_id, tuple(range(i, i + n)), "".join(chunk), sources)
+            emitted += chunk
+            i += n
+            if self.warning and i == n:
+                yield EngineWarning(request_id, self.warning)
+        spec_stats = None
+        if mode != "ar":
+            spec_stats = SpecStats(
+                num_steps=steps, num_drafted=drafted_total, num_accepted=accepted_total,
+                num_emitted=len(emitted) - 1, accepted_per_position=tuple(steps if j < self.accept else 0
+                                                                          for j in range(k)),
+                drafted_per_position=(steps,) * k, num_cache_hits=hits if mode == "ssd" else None,
+                emitted_on_hit=emitted_on_hit,
+            )
+        stats = RequestStats(mode=mode, prompt_tokens=10 * num_messages, reused_prefix_tokens=4 * (num_messages - 1),
+                             prefill_tokens=10, generated_tokens=len(emitted), ttft_s=0.05,
+                             decode_time_s=0.01 * max(1, len(emitted) - 1), total_time_s=0.1, spec=spec_stats)
+        ids = list(range(len(emitted)))
+        yield RequestFinished(request_id, RequestOutput(request_id, [1, 2, 3], ids, "".join(emitted), reason, stats))
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.words[i] for i in ids)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def make_app(engine: FakeEngine, tmp_path, *, settings=None, resume: bool = False):
+    """A ChatApp on `engine`, its history in `tmp_path`, its clock scripted."""
+    from ssd_chat.history import ChatSettings, HistoryStore
+    from ssd_chat.tui.app import ChatApp
+
+    settings = settings or ChatSettings(mode=engine.speculation.mode, temperature=0.0, max_tokens=64)
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    return ChatApp(lambda: engine, settings=settings, store=store, target="fake-target", draft=engine.draft,
+                   resume=resume, export_dir=tmp_path, clock=FakeClock())
+
+
+async def settle(app, pilot, timeout: float = 10.0) -> None:
+    """Wait until the engine is loaded and no reply or compare is running, and the UI caught up."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while app.engine is None or app.busy:
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.02)
+        assert loop.time() < deadline, "the app did not settle"
+    await pilot.pause()
+
+
+async def type_text(pilot, text: str) -> None:
+    """Type `text` into the focused prompt (space and punctuation as keys)."""
+    names = {" ": "space", "/": "slash", ".": "full_stop", ",": "comma", "?": "question_mark", "-": "minus"}
+    await pilot.press(*[names.get(c, c) for c in text])
+
+
+async def wait_for(pilot, predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+
+
+async def send(app, pilot, text: str) -> None:
+    """Put `text` in the prompt, press Enter and wait for the reply (or the command) to finish."""
+    from ssd_chat.tui.widgets.prompt_input import PromptArea
+
+    area = app.query_one(PromptArea)
+    area.text = text
+    area.focus()
+    await pilot.press("enter")
+    await settle(app, pilot)
+
+
+def rendered(widget) -> str:
+    """A widget's content as plain text (tables included)."""
+    from rich.console import Console
+
+    content = getattr(widget, "content", None) or widget.render()
+    if isinstance(content, str):
+        return content
+    if hasattr(content, "plain"):
+        return content.plain
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(content)
+    return console.export_text()
