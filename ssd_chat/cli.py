@@ -1,5 +1,5 @@
-"""The `ssd-chat` command line: `ask`, `models`, `bench`, `make-pair`, and a plain streaming REPL when no
-command is given.
+"""The `ssd-chat` command line: `ask`, `models`, `bench`, `make-pair`, and the chat when no command is given:
+the Textual TUI in a terminal, the plain streaming mode with `--plain` or when piped.
 
 A user error (any EngineError, a bad option value, an unusable prompt file) ends as ONE line
 `error: <message>` on stderr with exit code 2, never a traceback.
@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
-import threading
 import time
 from collections.abc import Generator, Iterator
-from contextlib import closing, contextmanager, suppress
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -25,14 +23,16 @@ from rich.table import Table
 from engine import LLM, EngineError, SamplingParams, synthetic
 from engine.config import DEFAULT_TARGET, SpeculationConfig
 from engine.errors import InvalidParameterError
-from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, TokenDelta
+from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
 from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, load_prompts, render_table, run_bench
+from ssd_chat.plain import run_plain
 
 EXIT_USER_ERROR = 2
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
-REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout")
+REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
+                "resume")
 
 Target = Annotated[
     str, typer.Option("--target", "-t", help="Model alias (see `ssd-chat models`) or a local model directory.")
@@ -54,7 +54,7 @@ Fanout = Annotated[
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
-    help="Chat with a local LLM on the ssd-chat engine. With no command: a streaming REPL.",
+    help="Chat with a local LLM on the ssd-chat engine. With no command: the chat app (TUI), or --plain.",
 )
 
 
@@ -118,12 +118,16 @@ def root(
     mode: Mode = None,
     k: K = 4,
     fanout: Fanout = None,
+    plain: Annotated[
+        bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
+    ] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="TUI: reopen the most recent conversation.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log engine diagnostics.")] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
-    """Chat with a local LLM. With no command: a REPL (/clear resets, /exit or Ctrl-D quits, Ctrl-C stops a reply)."""
+    """Chat with a local LLM. With no command: the chat app (F1 lists keys), or with --plain a streaming REPL."""
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if ctx.invoked_subcommand is not None:
@@ -135,8 +139,19 @@ def root(
     with _user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         spec = _speculation(draft, mode, k, fanout)
-        with _open_llm(target, threads=threads, draft=draft, speculation=spec) as llm:
-            run_repl(llm, params, system)
+        engine_kwargs = dict(threads=threads, draft=draft, speculation=spec)
+        if plain or not (sys.stdout.isatty() and sys.stdin.isatty()):
+            with _open_llm(target, **engine_kwargs) as llm:
+                run_repl(llm, params, system)
+            return
+        from ssd_chat.history import ChatSettings
+        from ssd_chat.tui import run_tui
+
+        settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
+                                max_tokens=max_tokens, system=system)
+        code = run_tui(lambda: LLM(target=target, **engine_kwargs), settings=settings, target=target, draft=draft,
+                       resume=resume)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -265,73 +280,4 @@ def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) ->
     return output
 
 
-# ---- REPL ------------------------------------------------------------------------------------------
-
-
-def run_repl(llm: LLM, params: SamplingParams, system: str | None) -> None:
-    with suppress(ImportError):
-        import readline  # noqa: F401  (line editing and history for input())
-    console = Console(highlight=False)
-    start = [{"role": "system", "content": system}] if system is not None else []
-    history = list(start)
-    console.print(
-        f"{llm.config.target}: /clear resets the conversation, /exit or Ctrl-D quits, Ctrl-C stops a reply.",
-        style="dim", markup=False,
-    )
-    while True:
-        try:
-            line = input(">>> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            console.print()
-            return
-        if line in ("/exit", "/quit"):
-            return
-        if line == "/clear":
-            history = list(start)
-            console.print("conversation cleared", style="dim")
-            continue
-        if not line:
-            continue
-        history.append({"role": "user", "content": line})
-        try:
-            # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
-            with _sigint_flag() as cancel:
-                output = _print_stream(llm.chat(history, params, cancel=cancel))
-        except EngineError as err:
-            history.pop()
-            _report(f"{err} (/clear starts a new conversation)")
-            continue
-        history.append({"role": "assistant", "content": output.text})
-        console.print(stats_line(output), style="dim", markup=False)
-
-
-@contextmanager
-def _sigint_flag() -> Iterator[threading.Event]:
-    """Turn the first Ctrl-C into a flag; a second one raises KeyboardInterrupt as usual."""
-    flag = threading.Event()
-
-    def on_sigint(signum, frame) -> None:
-        if flag.is_set():
-            raise KeyboardInterrupt
-        flag.set()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def stats_line(output: RequestOutput) -> str:
-    s = output.stats
-    line = (
-        f"{s.decode_tok_s:.1f} tok/s · TTFT {1000 * s.ttft_s:.0f} ms · "
-        f"{s.generated_tokens} tokens · prefix reused {s.reused_prefix_tokens}/{s.prompt_tokens}"
-    )
-    if s.spec is not None:
-        line += f" · {s.mode} tau {s.spec.tau:.2f} · accepted {s.spec.acceptance_rate:.0%}"
-        if s.spec.cache_hit_rate is not None:
-            line += f" · cache hits {s.spec.cache_hit_rate:.0%}"
-    if output.finish_reason is not FinishReason.STOP:
-        line += f" · stopped: {output.finish_reason}"
-    return line
+run_repl = run_plain  # the plain mode's read-reply loop (ssd_chat/plain.py)

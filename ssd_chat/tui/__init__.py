@@ -6,6 +6,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
+from engine.errors import EngineError
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.engine_worker import ChatEngine
 
@@ -14,7 +15,8 @@ log = logging.getLogger(__name__)
 
 def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, target: str, draft: str | None,
             resume: bool = False) -> int:
-    """Run the app until the user quits; returns the exit code (2 when the models failed to load)."""
+    """Run the app until the user quits; returns its exit code. Raises EngineError when the models did not
+    load (the caller prints the one-line message)."""
     from ssd_chat.tui.app import ChatApp  # textual loads only when the TUI is used
 
     try:
@@ -24,6 +26,8 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
         store = None
     app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume)
     app.run()
+    if app.load_error is not None:
+        raise EngineError(app.load_error)
     return app.return_code or 0
 
 

@@ -77,6 +77,7 @@ class ChatApp(ChatActions, App[None]):
         self.colours = False
         self._flush_timer: Timer | None = None
         self._log_handler = ForwardToApp(self)
+        self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
 
     # -- layout and start-up -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -124,7 +125,8 @@ class ChatApp(ChatActions, App[None]):
             self.notify(message.line, severity="warning", timeout=6)
 
     def on_engine_load_failed(self, message: EngineLoadFailed) -> None:
-        self.exit(return_code=2, message=f"error: {message.error}")
+        self.load_error = message.error
+        self.exit(return_code=2)
 
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine = message.engine

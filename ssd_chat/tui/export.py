@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ssd_chat.history import ChatMessage, Conversation, TurnStats
@@ -47,7 +48,7 @@ def _opt(value: float | None, fmt: str) -> str:
 
 def export_path(conversation: Conversation, directory: Path) -> Path:
     """A file name from the title that does not overwrite an earlier export."""
-    stem = "".join(c if c.isalnum() else "-" for c in conversation.title.lower()).strip("-")[:40] or "chat"
+    stem = re.sub(r"[^a-z0-9]+", "-", conversation.title.lower()).strip("-")[:40] or "chat"
     path = directory / f"{stem}.md"
     n = 2
     while path.exists():

@@ -53,6 +53,7 @@ class FakeEngine:
     crash_after: int | None = None          # RuntimeError after this many deltas (the engine died)
     warning: str | None = None              # one EngineWarning after the first delta
     gate: threading.Event | None = None     # each delta after the first waits for this event
+    diverge_in: str | None = None           # a mode whose last token differs (a broken speculative path)
     layout: dict[str, str] = field(default_factory=lambda: {"target": "fake-target on cpu (TP=1, 2 threads)",
                                                             "draft": "fake-draft on cpu"})
     calls: list[tuple[list[dict[str, str]], object, str]] = field(default_factory=list)
@@ -82,7 +83,9 @@ class FakeEngine:
         return self._events(len(self.calls), len(messages), self._spec, params, cancel)
 
     def _events(self, request_id, num_messages, spec, params, cancel):
-        words = self.words[: params.max_tokens] if params is not None else self.words
+        words = self.words[: params.max_tokens] if params is not None else list(self.words)
+        if spec.mode == self.diverge_in:
+            words = [*words[:-1], "!"]
         mode, k = spec.mode, spec.k
         emitted: list[str] = []
         steps = hits = accepted_total = drafted_total = emitted_on_hit = 0
@@ -131,7 +134,7 @@ class FakeEngine:
         stats = RequestStats(mode=mode, prompt_tokens=10 * num_messages, reused_prefix_tokens=4 * (num_messages - 1),
                              prefill_tokens=10, generated_tokens=len(emitted), ttft_s=0.05,
                              decode_time_s=0.01 * max(1, len(emitted) - 1), total_time_s=0.1, spec=spec_stats)
-        ids = list(range(len(emitted)))
+        ids = [i if w == self.words[i] else -1 for i, w in enumerate(emitted)]
         yield RequestFinished(request_id, RequestOutput(request_id, [1, 2, 3], ids, "".join(emitted), reason, stats))
 
     def decode(self, ids: list[int]) -> str:

@@ -42,11 +42,13 @@ class ChatsScreen(ModalScreen[int | None]):
 
     def refresh_rows(self) -> None:
         table = self.query_one(DataTable)
+        keep = min(table.cursor_row, max(0, len(self.store.list()) - 1))
         table.clear()
         for summary in self.store.list():
             mark = "● " if summary.id == self.current_id else ""
             updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.updated))
             table.add_row(mark + summary.title, str(summary.num_messages), updated, key=str(summary.id))
+        table.move_cursor(row=keep)
 
     def _selected(self) -> int | None:
         table = self.query_one(DataTable)

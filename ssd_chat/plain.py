@@ -1,0 +1,106 @@
+"""The plain mode, for pipes and scripts (`ssd-chat --plain`, or stdout / stdin not a terminal).
+
+Reads one prompt per line, streams each reply as it arrives, then prints a dim stats line (decode
+tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and SSD). The whole
+conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
+over, `/exit` or end of input quits; the first Ctrl-C stops a reply and keeps its partial text.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import closing, contextmanager, suppress
+from typing import Protocol
+
+from rich.console import Console
+
+from engine.errors import EngineError
+from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
+from engine.sampling_params import SamplingParams
+from ssd_chat.history import TurnStats
+
+
+class PlainEngine(Protocol):
+    config: object  # .target
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
+             cancel: threading.Event | None = None) -> Iterator[Event]: ...
+
+
+def stats_line(output: RequestOutput) -> str:
+    return TurnStats.from_output(output).line()
+
+
+def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, console: Console | None = None) -> None:
+    """The read-reply loop until /exit, end of input, or Ctrl-C at the prompt."""
+    with suppress(ImportError):
+        import readline  # noqa: F401  (line editing and history for input())
+    console = console or Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    interactive = sys.stdin.isatty()
+    start = [{"role": "system", "content": system}] if system is not None else []
+    history = list(start)
+    if interactive:
+        console.print(f"{llm.config.target}: /clear resets the conversation, /exit or Ctrl-D quits, Ctrl-C stops "
+                      "a reply.", style="dim", markup=False)
+    while True:
+        try:
+            line = input(">>> " if interactive else "").strip()
+        except (EOFError, KeyboardInterrupt):
+            if interactive:
+                console.print()
+            return
+        if line in ("/exit", "/quit"):
+            return
+        if line == "/clear":
+            history = list(start)
+            console.print("conversation cleared", style="dim")
+            continue
+        if not line:
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
+            with sigint_flag() as cancel:
+                output = _stream(console, llm.chat(history, params, cancel=cancel))
+        except EngineError as error:
+            history.pop()
+            err.print(f"error: {error} (/clear starts a new conversation)", markup=False, soft_wrap=True)
+            continue
+        history.append({"role": "assistant", "content": output.text})
+        console.print(stats_line(output), style="dim", markup=False, soft_wrap=True)
+
+
+def _stream(console: Console, events: Iterator[Event]) -> RequestOutput:
+    """Write each delta as it arrives (no wrapping, no markup: the text stays byte-exact for pipes)."""
+    output = None
+    with closing(events):  # type: ignore[type-var]
+        for event in events:
+            if isinstance(event, RequestFinished):
+                output = event.output
+            elif isinstance(event, TokenDelta) and event.text:
+                console.out(event.text, end="", highlight=False)
+                console.file.flush()
+    console.out("")
+    assert output is not None, "a stream ends with RequestFinished"
+    return output
+
+
+@contextmanager
+def sigint_flag() -> Iterator[threading.Event]:
+    """Turn the first Ctrl-C into a flag; a second one raises KeyboardInterrupt as usual."""
+    flag = threading.Event()
+
+    def on_sigint(signum, frame) -> None:
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,74 @@
+"""The SQLite history store and the Markdown export, without a UI."""
+
+from __future__ import annotations
+
+from ssd_chat.history import (
+    DATA_ENV, ChatMessage, ChatSettings, Conversation, HistoryStore, TurnStats, default_db_path, title_from,
+)
+from ssd_chat.tui.export import export_path, to_markdown
+
+STATS = TurnStats(mode="ssd", decode_tok_s=41.25, ttft_s=0.081, generated_tokens=12, prompt_tokens=30,
+                  reused_prefix_tokens=16, finish_reason="stop", tau=2.75, acceptance_rate=0.5, cache_hit_rate=0.8)
+
+
+def _conversation() -> Conversation:
+    settings = ChatSettings(mode="ssd", k=3, fanout=(1, 2, 2, 1), temperature=0.0, max_tokens=64, system="Be brief.")
+    return Conversation(None, "Tea", settings, [
+        ChatMessage("user", "Write a haiku about tea."),
+        ChatMessage("assistant", "Steam over the cup\n\n```python\nprint('tea')\n```", STATS),
+    ])
+
+
+def test_save_load_list_rename_delete(tmp_path):
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    first = _conversation()
+    first_id = store.save(first)
+    assert first.id == first_id
+    second = Conversation(None, "Other", ChatSettings(), [ChatMessage("user", "hi")])
+    store.save(second)
+    loaded = store.load(first_id)
+    assert loaded == first  # settings (tuple fan-out), messages and per-turn stats round-trip
+    assert [s.title for s in store.list()] == ["Other", "Tea"]  # most recent first
+
+    first.messages.append(ChatMessage("user", "again"))
+    store.save(first)  # an update rewrites the turns, keeps the id
+    assert [s.num_messages for s in store.list() if s.id == first_id] == [3]
+    assert store.latest().id == first_id
+
+    store.rename(first_id, "Tea time")
+    assert store.load(first_id).title == "Tea time"
+    store.delete(first_id)
+    assert store.load(first_id) is None
+    assert [s.title for s in store.list()] == ["Other"]
+    store.close()
+    reopened = HistoryStore(tmp_path / "h.sqlite3")  # persisted on disk
+    assert [s.title for s in reopened.list()] == ["Other"]
+
+
+def test_the_data_directory_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(DATA_ENV, str(tmp_path / "data"))
+    assert default_db_path() == tmp_path / "data" / "history.sqlite3"
+    store = HistoryStore()
+    assert store.path.is_file()
+
+
+def test_markdown_export_has_the_turns_and_a_stats_table(tmp_path):
+    text = to_markdown(_conversation())
+    assert text.startswith("# Tea\n\nMode `ssd`, k 3, temperature 0, max tokens 64.")
+    assert "## System\n\nBe brief." in text
+    assert "## You\n\nWrite a haiku about tea." in text
+    assert "```python\nprint('tea')\n```" in text
+    assert "| 1 | ssd | 12 | 41.2 | 81 | 2.75 | 50% | 80% | 16/30 | stop |" in text
+    assert export_path(_conversation(), tmp_path) == tmp_path / "tea.md"
+    (tmp_path / "tea.md").write_text("x")
+    assert export_path(_conversation(), tmp_path) == tmp_path / "tea-2.md"
+
+
+def test_titles_and_stats_lines():
+    assert title_from("  Write a haiku\nabout tea") == "Write a haiku"
+    assert title_from("word " * 30).endswith("…") and len(title_from("word " * 30)) <= 49
+    assert title_from("   ") == "New chat"
+    line = STATS.line()
+    assert line == ("41.2 tok/s · TTFT 81 ms · 12 tokens · prefix reused 16/30 · ssd tau 2.75 · accepted 50%"
+                    " · cache hits 80%")
+    assert TurnStats("ar", 10, 0.1, 2, 5, 0, "cancelled").line().endswith("· stopped: cancelled")

@@ -1,0 +1,166 @@
+"""Modes and slash commands against the fake engine: key, palette and /mode; /k /fanout /temp /system
+/clear /export /help; completion; bad input is one notification and the line stays in the prompt."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssd_chat.tui.commands import SlashError, complete, completions, parse_fanout, parse_slash
+from ssd_chat.tui.screens.help import HelpScreen
+from ssd_chat.tui.widgets.prompt_input import PromptArea
+from ssd_chat.tui.widgets.transcript import AssistantMessage
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
+
+SIZE = (120, 40)
+
+
+def _first_command(app) -> str:
+    found = app.screen.query("CommandList")
+    if not found or not found.first().option_count:
+        return ""
+    prompt = found.first().get_option_at_index(0).prompt
+    return getattr(prompt, "plain", str(prompt))
+
+
+def _errors(app) -> list[str]:
+    return [n.message for n in app._notifications if n.severity == "error"]
+
+
+@pytest.mark.asyncio
+async def test_modes_switch_by_key_palette_and_slash(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.session.settings.mode == "sd"
+        await pilot.press("ctrl+g")
+        assert app.session.settings.mode == "ssd"
+        assert "SSD" in rendered(app.query_one("#status"))
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][2] == "ssd"  # the engine decoded in the new mode
+        await pilot.press("ctrl+g")
+        assert app.session.settings.mode == "ar"
+
+        await send(app, pilot, "/mode sd")
+        assert app.session.settings.mode == "sd"
+        await send(app, pilot, "/mode turbo")
+        assert app.session.settings.mode == "sd" and "unknown mode 'turbo'" in _errors(app)[-1]
+        assert app.query_one(PromptArea).text == "/mode turbo"  # kept for fixing
+
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await type_text(pilot, "Mode SSD")
+        await wait_for(pilot, lambda: "Mode: SSD" in _first_command(app),
+                       what="palette match")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.session.settings.mode == "ssd", what="palette mode switch")
+        await send(app, pilot, "again")
+        assert engine.calls[-1][2] == "ssd"
+
+
+@pytest.mark.asyncio
+async def test_without_a_draft_only_ar_is_available(tmp_path):
+    engine = FakeEngine(draft=None)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.session.settings.mode == "ar"
+        await pilot.press("ctrl+g")
+        assert app.session.settings.mode == "ar"
+        await send(app, pilot, "/mode ssd")
+        assert "needs a draft model" in _errors(app)[-1]
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][2] == "ar"
+        assert "AR: no drafts" in rendered(app.query_one("#spec"))
+
+
+@pytest.mark.asyncio
+async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "/k 3")
+        await send(app, pilot, "/fanout 1,2,2,1")
+        await send(app, pilot, "/temp 0.5")
+        await send(app, pilot, "/system You are terse.")
+        await send(app, pilot, "hi")
+        messages, params, mode = engine.calls[-1]
+        assert messages[0] == {"role": "system", "content": "You are terse."}
+        assert params.temperature == 0.5
+        assert engine.speculation.k == 3 and engine.speculation.fanout == (1, 2, 2, 1) and mode == "ssd"
+        assert "k 3 · fan-out 1,2,2,1" in rendered(app.query_one("#layout"))
+
+        for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a number"),
+                             ("/fanout 1,2", "k+1 = 4"), ("/temp -1", "temperature must be"),
+                             ("/frobnicate", "unknown command /frobnicate")]:
+            await send(app, pilot, bad)
+            assert message in _errors(app)[-1], bad
+        assert app.session.settings.k == 3 and app.session.settings.temperature == 0.5
+
+        await send(app, pilot, "/system")
+        await send(app, pilot, "again")
+        assert engine.calls[-1][0][0]["role"] == "user"
+
+
+@pytest.mark.asyncio
+async def test_clear_export_and_help(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "What is **SSD**?")
+        await send(app, pilot, "/export")
+        exported = tmp_path / "what-is-ssd.md"
+        text = exported.read_text()
+        assert "## You\n\nWhat is **SSD**?" in text
+        assert "## Assistant\n\nHello from the **fake** engine." in text
+        assert "| turn | mode | tokens | decode tok/s |" in text
+        assert "| 1 | sd | 6 | 100.0 | 50 | 2.50 | 38% |" in text
+        await send(app, pilot, f"/export {tmp_path / 'mine.md'}")
+        assert (tmp_path / "mine.md").read_text() == text
+
+        await send(app, pilot, "/clear")
+        assert not app.query(AssistantMessage) and app.session.messages == []
+        await send(app, pilot, "after")
+        assert engine.calls[-1][0] == [{"role": "user", "content": "after"}]
+
+        await send(app, pilot, "/help")
+        assert isinstance(app.screen, HelpScreen)
+        help_text = app.screen.query_one("Markdown").source
+        for needle in ("/mode ar|sd|ssd", "/k N", "/fanout", "/temp T", "/system TEXT", "/clear", "/export",
+                       "Esc", "Ctrl+G", "Ctrl+R", "F5"):
+            assert needle in help_text, needle
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.asyncio
+async def test_slash_completion_with_tab_and_hints(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await type_text(pilot, "/fa")
+        hints = app.query_one("#completions")
+        assert hints.display and "/fanout" in rendered(hints)
+        await pilot.press("tab")
+        assert app.query_one(PromptArea).text == "/fanout "
+        await type_text(pilot, "2")
+        assert not hints.display
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.session.settings.fanout == (2,)
+
+
+def test_slash_parsing():
+    assert parse_slash("/mode  ssd ").arg == "ssd"
+    assert parse_slash("/TEMP 0").name == "temp"
+    with pytest.raises(SlashError, match=r"did you mean /mode"):
+        parse_slash("/mod ssd")
+    assert [c.name for c in completions("/c")] == ["clear", "chats", "compare", "colors"]
+    assert complete("/co") is None and complete("/com") == "/compare " and complete("/ch") == "/chats "
+    assert complete("/r") == "/re" and complete("/re") is None and complete("hello") is None
+    assert parse_fanout("") is None and parse_fanout("1, 2") == (1, 2)

@@ -1,0 +1,101 @@
+"""Compare: the last prompt replayed greedily in every mode, a table of speeds, and the exactness verdict."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from textual.widgets import DataTable
+
+from engine.config import SpeculationConfig
+from ssd_chat.tui.compare import run_compare
+from ssd_chat.tui.screens.compare import CompareScreen
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, wait_for
+
+SIZE = (120, 40)
+
+
+def _rows(screen: CompareScreen) -> list[list[str]]:
+    table = screen.query_one(DataTable)
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+@pytest.mark.asyncio
+async def test_compare_replays_the_last_prompt_in_every_mode(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/temp 0.8")
+        await send(app, pilot, "first")
+        await send(app, pilot, "second")
+        before = len(engine.calls)
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        replays = engine.calls[before:]
+        assert [mode for _, _, mode in replays] == ["ar", "sd", "ssd"]
+        assert all(messages[-1] == {"role": "user", "content": "second"} and len(messages) == 3
+                   for messages, _, _ in replays)
+        assert all(params.temperature == 0.0 for _, params, _ in replays)  # greedy, whatever /temp says
+        rows = _rows(screen)
+        assert [r[0] for r in rows] == ["AR", "SD", "SSD"]
+        assert rows[0][4] == "–" and rows[1][4] == "2.50" and rows[2][5] == "50%"
+        assert rows[1][6] == "1.00x"
+        assert "token-identical: yes" in rendered(screen.query_one("#compare-status"))
+        assert engine.speculation.mode == "sd"  # restored
+        assert len(app.session.messages) == 4  # the conversation is untouched
+        await pilot.press("escape")
+        assert not isinstance(app.screen, CompareScreen)
+
+
+@pytest.mark.asyncio
+async def test_compare_flags_a_mode_that_changes_the_output(tmp_path):
+    engine = FakeEngine(diverge_in="ssd")
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        await send(app, pilot, "/compare")
+        assert "token-identical: NO" in rendered(app.screen.query_one("#compare-status"))
+
+
+@pytest.mark.asyncio
+async def test_compare_needs_a_prompt_and_can_be_stopped(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+r")
+        assert any("send a prompt first" in n.message for n in app._notifications)
+        await send(app, pilot, "hi")
+        engine.gate = gate = threading.Event()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(engine.calls) == 2, what="the AR replay")
+        await pilot.press("escape")  # stops the compare
+        gate.set()
+        await settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        assert [r[0] for r in _rows(screen)] == ["AR (stopped)"]
+        assert engine.speculation.mode == "sd"
+
+
+def test_run_compare_restores_the_mode_even_when_a_mode_fails():
+    engine = FakeEngine()
+    engine.speculation = SpeculationConfig(mode="ssd", k=3)
+    original_chat = engine.chat
+
+    def chat(messages, params=None, *, cancel=None):
+        if engine.speculation.mode == "sd":
+            raise RuntimeError("the draft process was killed")
+        return original_chat(messages, params, cancel=cancel)
+
+    engine.chat = chat
+    with pytest.raises(RuntimeError):
+        run_compare(engine, [{"role": "user", "content": "hi"}], max_tokens=8, cancel=threading.Event())
+    assert engine.speculation == SpeculationConfig(mode="ssd", k=3)
+    report = run_compare(FakeEngine(draft=None), [{"role": "user", "content": "hi"}], max_tokens=8,
+                         cancel=threading.Event())
+    assert [r.mode for r in report.rows] == ["ar"] and report.identical is None

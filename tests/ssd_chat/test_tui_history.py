@@ -1,0 +1,86 @@
+"""History in the app: every reply is saved with its settings and stats; the chats screen reopens,
+renames and deletes; --resume opens the latest conversation; new chat starts an empty one."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import DataTable
+
+from ssd_chat.history import ChatSettings, HistoryStore
+from ssd_chat.tui.screens.chats import ChatsScreen
+from ssd_chat.tui.widgets.transcript import AssistantMessage, UserMessage
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
+
+SIZE = (120, 40)
+
+
+@pytest.mark.asyncio
+async def test_replies_are_saved_and_chats_reopen_rename_and_delete(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "First chat")
+        first_id = app.session.conversation.id
+        assert first_id is not None
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert not app.query(UserMessage) and app.session.conversation.id is None
+        await send(app, pilot, "Second chat")
+
+        store = HistoryStore(tmp_path / "history.sqlite3")
+        saved = store.load(first_id)
+        assert saved.title == "First chat" and saved.settings.mode == "ssd"
+        assert saved.messages[1].stats.mode == "ssd" and saved.messages[1].stats.cache_hit_rate == 0.5
+        assert [s.title for s in store.list()] == ["Second chat", "First chat"]
+
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatsScreen)
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 2
+        await pilot.press("down", "r")  # rename "First chat"
+        await pilot.pause()
+        app.screen.query_one("Input").value = ""
+        await type_text(pilot, "Renamed")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert store.load(first_id).title == "Renamed"
+        await pilot.press("enter")  # open it
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="chat opened")
+        assert app.session.conversation.id == first_id
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["First chat"]
+        assert "ssd tau" in rendered(app.query(AssistantMessage).last().query_one(".reply-stats"))
+
+        await send(app, pilot, "more")  # continue the reopened chat: history goes to the engine
+        assert [m["content"] for m in engine.calls[-1][0]][:2] == ["First chat", "Hello from the **fake** engine."]
+        assert len(store.load(first_id).messages) == 4
+
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("home", "d")  # delete the open one (most recent first)
+        await pilot.pause()
+        assert store.load(first_id) is None
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.session.conversation.id is None and not app.query(UserMessage)
+
+
+@pytest.mark.asyncio
+async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/k 2")
+        await send(app, pilot, "remember me")
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path, settings=ChatSettings(mode="ar", k=4), resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["remember me"]
+        assert app.session.settings.k == 2 and app.session.settings.mode == "sd"
+        await send(app, pilot, "and now")
+        assert [m["content"] for m in engine.calls[0][0]] == ["remember me", "Hello from the **fake** engine.",
+                                                             "and now"]
