@@ -98,9 +98,8 @@ class ReplyBuffer:
                 self._warnings.append(event.message)
 
     def drain(self) -> Drained:
-        now = self.clock()
         with self._lock:
-            out = Drained("".join(self._text), self._pieces, self._warnings, self.stats.snapshot(now))
+            out = Drained("".join(self._text), self._pieces, self._warnings, self.stats.snapshot())
             self._text, self._pieces, self._warnings = [], [], []
         return out
 

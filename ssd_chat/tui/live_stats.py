@@ -103,7 +103,7 @@ class LiveStats:
         self.drafted_per_position += [0] * extra
         self.accepted_per_position += [0] * extra
 
-    def snapshot(self, now: float) -> PanelData:
+    def snapshot(self) -> PanelData:
         decode_span = (self.last_token_at or 0.0) - (self.first_token_at or 0.0)
         tok_s = (self.num_tokens - 1) / decode_span if self.num_tokens > 1 and decode_span > 0 else 0.0
         spec = self.mode != "ar" and self.num_steps > 0

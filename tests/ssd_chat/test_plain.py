@@ -1,0 +1,79 @@
+"""The plain mode: prompts from stdin, replies streamed as text, a stats line after each; errors are
+one line on stderr and the conversation goes on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine import LLM, SamplingParams
+from engine.errors import PromptTooLongError
+from engine.outputs import RequestFinished
+from ssd_chat.plain import run_plain
+from tests.ssd_chat.tui_fakes import FakeEngine
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REPLY = "Hello from the **fake** engine."
+
+
+def _feed(monkeypatch, lines: list[str]) -> None:
+    queue = iter(lines)
+
+    def fake_input(prompt: str = "") -> str:
+        try:
+            return next(queue)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+
+
+def test_plain_streams_replies_with_a_stats_line(monkeypatch, capsys):
+    engine = FakeEngine()
+    engine.speculation = engine.speculation.__class__(mode="ssd")
+    _feed(monkeypatch, ["hi", "", "again", "/clear", "fresh", "/exit", "never sent"])
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), "Be brief.")
+    out = capsys.readouterr().out
+    assert out.count(REPLY + "\n") == 3  # the text as streamed: no markup, no wrapping
+    stats = [line for line in out.splitlines() if "tok/s" in line]
+    assert len(stats) == 3 and all("ssd tau 2.50 · accepted 38% · cache hits 50%" in s for s in stats)
+    assert [len(m) for m, _, _ in engine.calls] == [2, 4, 2]  # system + turns; /clear starts over
+    assert engine.calls[1][0][2] == {"role": "assistant", "content": REPLY}
+
+
+def test_plain_reports_an_engine_error_in_one_line_and_goes_on(monkeypatch, capsys):
+    engine = FakeEngine()
+    _feed(monkeypatch, ["too long", "fine"])
+    original = engine.chat
+
+    def chat(messages, params=None, *, cancel=None):
+        if messages[-1]["content"] == "too long":
+            raise PromptTooLongError("the prompt has 900 tokens but the context limit is 512: shorten it")
+        return original(messages, params, cancel=cancel)
+
+    engine.chat = chat
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "error: the prompt has 900 tokens but the context limit is 512: shorten it (/clear starts a new conversation)"
+    ]
+    assert REPLY in captured.out
+    assert engine.calls[-1][0] == [{"role": "user", "content": "fine"}]  # the refused prompt is not kept
+
+
+def test_ssd_chat_is_plain_when_piped(tiny_llama_dir):
+    llm = LLM(target=str(tiny_llama_dir))
+    expected = list(llm.chat([{"role": "user", "content": "Paris is"}], SamplingParams(temperature=0, max_tokens=6)))
+    llm.close()
+    assert isinstance(expected[-1], RequestFinished)
+    result = subprocess.run(
+        [sys.executable, "-m", "ssd_chat", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "6"],
+        cwd=REPO_ROOT, input="Paris is\n", capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(expected[-1].output.text + "\n")
+    assert "\x1b" not in result.stdout  # no TUI, no colour codes in a pipe
+    assert "6 tokens · prefix reused 0/" in result.stdout.splitlines()[-1]

@@ -1,0 +1,66 @@
+"""While the models load, a loading screen shows the engine's log lines and progress; a failed load
+ends the app with one error line and exit code 2."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+from textual.widgets import Log, ProgressBar
+
+from engine.errors import WeightsUnavailableError
+from ssd_chat.history import ChatSettings
+from ssd_chat.tui.app import ChatApp
+from ssd_chat.tui.screens.loading import LoadingScreen
+from ssd_chat.tui.widgets.prompt_input import PromptArea
+from tests.ssd_chat.tui_fakes import FakeEngine, wait_for
+
+
+@pytest.mark.asyncio
+async def test_the_loading_screen_shows_progress_until_the_engine_is_ready():
+    release = threading.Event()
+    engine = FakeEngine()
+
+    def load() -> FakeEngine:
+        logging.getLogger("engine.llm").info("loading fake-target (/models/fake) on cpu")
+        release.wait(10)
+        logging.getLogger("engine.llm").info("loading draft fake-draft (/models/fake-draft)")
+        return engine
+
+    app = ChatApp(load, settings=ChatSettings(mode="ssd"), target="fake-target", draft="fake-draft")
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert isinstance(app.screen, LoadingScreen)
+        log = app.screen.query_one(Log)
+        await wait_for(pilot, lambda: any("loading fake-target" in line for line in log.lines), what="a log line")
+        assert app.screen.query_one(ProgressBar).progress == 1
+        assert "fake-target + draft fake-draft" in str(app.screen.query_one("#loading-title").render())
+        await pilot.press("H", "i")  # typing while loading does not crash or send anything
+        release.set()
+        await wait_for(pilot, lambda: app.engine is not None and not isinstance(app.screen, LoadingScreen),
+                       what="the chat screen")
+        assert app.focused is app.query_one(PromptArea)
+        assert app.session.settings.mode == "ssd"
+    assert not logging.getLogger("engine").handlers  # the forwarding handler is gone after the app
+
+
+@pytest.mark.asyncio
+async def test_a_failed_load_exits_with_the_error():
+    def load():
+        raise WeightsUnavailableError("qwen3-0.6b is not on this machine and HF_HUB_OFFLINE=1: hf download it")
+
+    app = ChatApp(load, settings=ChatSettings(), target="qwen3-0.6b")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.load_error is not None, what="the load error")
+    assert app.return_code == 2
+    assert app.load_error.startswith("qwen3-0.6b is not on this machine")
+
+
+@pytest.mark.asyncio
+async def test_a_conversation_in_a_mode_without_a_draft_falls_back_to_ar(tmp_path):
+    app = ChatApp(lambda: FakeEngine(draft=None), settings=ChatSettings(mode="ssd"), target="fake-target")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None, what="the engine")
+        await pilot.pause()
+        assert app.session.settings.mode == "ar"
+        assert any("needs a draft model" in n.message for n in app._notifications)
