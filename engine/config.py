@@ -20,7 +20,10 @@ class EngineConfig:
 
     target: str = DEFAULT_TARGET
     draft: str | None = None  # a draft model enables speculative modes
-    device: str = "cpu"
+    device: str = "cpu"              # where the target runs when target_devices is not given
+    tp: int = 1                      # target tensor-parallel ranks (one process each)
+    target_devices: str | None = None  # e.g. "cpu:0-3" (cores, split over the TP ranks) or "cuda:0-3"
+    draft_device: str | None = None  # e.g. "cpu:1" or "cuda:4": SSD's draft gets its own process there
     dtype: str = "auto"
     threads: int | None = None
     max_model_len: int | None = None
@@ -41,6 +44,8 @@ class EngineConfig:
             raise InvalidParameterError(f"block_size must be a power of two, got {self.block_size}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise InvalidParameterError(f"kv_cache_tokens must be >= block_size, got {self.kv_cache_tokens}")
+        if self.tp < 1:
+            raise InvalidParameterError(f"tp must be >= 1, got {self.tp}")
         if self.max_num_seqs < 1:
             raise InvalidParameterError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -48,6 +53,7 @@ class EngineConfig:
 
 
 MODES = ("ar", "sd", "ssd")
+BACKUPS = ("jit", "fast")
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class SpeculationConfig:
     k: int = 4
     draft_temperature: float | None = None
     fanout: tuple[int, ...] | None = None  # SSD: candidates per accepted count 0..k (None: geometric default)
+    backup: str = "jit"  # SSD on a cache miss: "jit" re-drafts k tokens, "fast" guesses them from the context
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -75,5 +82,7 @@ class SpeculationConfig:
                 raise InvalidParameterError(
                     f"fanout must be one non-negative number or k+1 = {self.k + 1} of them, got {list(self.fanout)}"
                 )
+        if self.backup not in BACKUPS:
+            raise InvalidParameterError(f"backup must be one of {', '.join(BACKUPS)}, got {self.backup!r}")
         if self.draft_temperature is not None and not (0.0 <= self.draft_temperature <= 100.0):
             raise InvalidParameterError(f"draft_temperature must be between 0 and 100, got {self.draft_temperature}")

@@ -13,6 +13,7 @@ from engine.config import SpeculationConfig
 from engine.drafter import Drafter
 from engine.kv.block_manager import BlockManager
 from engine.outputs import FinishReason, TokenSource
+from engine.remote_drafter import DraftLost
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
 from engine.sequence import SeqStatus, Sequence, StepOutput
@@ -22,16 +23,19 @@ from engine.ssd import default_fanout
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, blocks: BlockManager, *, max_model_len: int, max_num_seqs: int,
-                 eos_token_ids: frozenset[int], drafter: Drafter | None = None):
+                 eos_token_ids: frozenset[int], drafter: Drafter | None = None, ssd_drafter=None):
+        """`drafter` serves SD (and SSD unless `ssd_drafter`, a draft in its own process, is given)."""
         self.runner = runner
         self.blocks = blocks
         self.drafter = drafter
+        self.drafters: dict[str, Drafter] = {} if drafter is None else {"sd": drafter, "ssd": ssd_drafter or drafter}
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.spec: dict[int, SpeculationConfig] = {}  # request id -> how it decodes
+        self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report
 
     @property
     def has_work(self) -> bool:
@@ -40,6 +44,10 @@ class EngineCore:
     def add(self, seq: Sequence, spec: SpeculationConfig) -> None:
         assert len(seq.token_ids) < self.max_model_len, "the request layer checks prompt length"
         assert spec.mode == "ar" or self.drafter is not None, "the request layer checks for a draft"
+        if spec.mode != "ar" and spec.mode not in self.drafters:  # its draft process was lost earlier
+            lost = f"the draft process is gone: this reply runs in AR mode, not {spec.mode}"
+            self.warnings.append((seq.seq_id, lost))
+            spec = SpeculationConfig(mode="ar", k=spec.k)
         self.spec[seq.seq_id] = spec
         self.waiting.append(seq)
 
@@ -50,8 +58,8 @@ class EngineCore:
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self.blocks.free_blocks(seq)
-            if self.drafter is not None:
-                self.drafter.finish(seq)
+            for drafter in set(self.drafters.values()):
+                drafter.finish(seq)
         else:
             self.waiting.remove(seq)
         self.spec.pop(seq.seq_id, None)
@@ -77,22 +85,19 @@ class EngineCore:
 
     def _admit(self) -> list[Sequence]:
         """Start waiting sequences while every running one can still grow to its reserve, on the target and,
-        for speculative requests, on the draft (whose pool shares prefixes differently)."""
+        for speculative requests, on their draft (whose pool shares prefixes differently)."""
         admitted = []
         outstanding = self._outstanding(self.blocks, [s.block_table for s in self.running], self.running)
-        draft_spare = 0
-        if self.drafter is not None:
-            drafted = [s for s in self.running if s.seq_id in self.drafter.seqs]
-            tables = [self.drafter.seqs[s.seq_id].block_table for s in drafted]
-            draft_spare = self.drafter.blocks.num_free_blocks - self._outstanding(self.drafter.blocks, tables, drafted)
+        draft_spare = {d: d.admission_budget(self.running, self._reserve_tokens) for d in set(self.drafters.values())}
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             reserve = self._reserve_tokens(seq)
             spare = self.blocks.num_free_blocks - outstanding
             if not self.blocks.can_allocate(seq.token_ids, reserve, spare=spare):
                 break
-            speculative = self.spec[seq.seq_id].mode != "ar"
-            if speculative and not self.drafter.blocks.can_allocate(seq.token_ids, reserve, spare=draft_spare):
+            drafter = self.drafters.get(self.spec[seq.seq_id].mode)
+            charge = None if drafter is None else drafter.admit(seq, reserve, draft_spare[drafter])
+            if drafter is not None and charge is None:
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq)
@@ -100,8 +105,8 @@ class EngineCore:
             self.running.append(seq)
             admitted.append(seq)
             outstanding += max(0, self.blocks.blocks_needed(reserve) - len(seq.block_table))
-            if speculative:  # its draft blocks are taken at prefill: count them all now (no sharing assumed)
-                draft_spare -= self.drafter.blocks.blocks_needed(reserve)
+            if drafter is not None:
+                draft_spare[drafter] -= charge
         assert admitted or self.running or not self.waiting, "the KV cache cannot hold a single request"
         return admitted
 
@@ -121,18 +126,48 @@ class EngineCore:
     def _speculate(self, seqs: list[Sequence], spec: SpeculationConfig) -> dict[Sequence, StepOutput]:
         common = dict(draft_temperature=spec.draft_temperature, max_model_len=self.max_model_len,
                       ensure_capacity=self.blocks.ensure_capacity)
+        drafter = self.drafters[spec.mode]
         if spec.mode == "sd":
-            return sd_step(seqs, self.runner, self.drafter, k=spec.k, **common)
+            return sd_step(seqs, self.runner, drafter, k=spec.k, **common)
         fanout = spec.fanout or default_fanout(spec.k)
-        return ssd_step(seqs, self.runner, self.drafter, k=spec.k, fanout=fanout, **common)
+        try:
+            return ssd_step(seqs, self.runner, drafter, k=spec.k, fanout=fanout, backup=spec.backup, **common)
+        except DraftLost as exc:
+            self._drop_draft(drafter, seqs, exc)
+            return self._decode(seqs)
+
+    def _drop_draft(self, drafter, seqs: list[Sequence], exc: Exception) -> None:
+        """The draft process died: its requests go on in AR mode from their committed tokens (nothing is lost
+        or repeated: a failed round commits nothing), and later requests of its mode fall back to AR too."""
+        for mode in [m for m, d in self.drafters.items() if d is drafter]:
+            del self.drafters[mode]
+        for seq in seqs:
+            self.spec[seq.seq_id] = SpeculationConfig(mode="ar", k=self.spec[seq.seq_id].k)
+            self.warnings.append((seq.seq_id, f"{exc}; continuing in AR mode"))
 
     def _prefill(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
+        by_drafter: dict[object, list[Sequence]] = {}
+        for seq in seqs:
+            drafter = self.drafters.get(self.spec[seq.seq_id].mode)
+            if drafter is not None:
+                by_drafter.setdefault(drafter, []).append(seq)
+        remote = {d: own for d, own in by_drafter.items() if d is not self.drafter}
+        started = {}
+        for drafter, own in remote.items():  # a draft process prefills while the target does (start only sends)
+            started |= self._start_draft(drafter, own)
         outputs = self._run_and_sample([Chunk(s, s.num_computed_tokens, len(s.token_ids)) for s in seqs])
-        speculative = [s for s in seqs if self.spec[s.seq_id].mode != "ar"]
-        if speculative:
-            for seq, reused in self.drafter.start(speculative).items():
-                outputs[seq].draft_reused_tokens = reused
+        if self.drafter in by_drafter:
+            started |= self._start_draft(self.drafter, by_drafter[self.drafter])
+        for seq, reused in started.items():
+            outputs[seq].draft_reused_tokens = reused
         return outputs
+
+    def _start_draft(self, drafter, seqs: list[Sequence]) -> dict[Sequence, int]:
+        try:
+            return drafter.start(seqs, self._reserve_tokens)
+        except DraftLost as exc:
+            self._drop_draft(drafter, seqs, exc)
+            return {}
 
     def _decode(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
         for s in seqs:
@@ -157,8 +192,9 @@ class EngineCore:
                     break
             seq.num_computed_tokens = min(out.num_computed, len(seq.token_ids) - 1)
             self.blocks.commit(seq)
-            if self.drafter is not None and seq.seq_id in self.drafter.seqs:
-                self.drafter.commit(seq, out.num_drafted, out.num_accepted)
+            drafter = self.drafters.get(self.spec[seq.seq_id].mode)
+            if drafter is not None and seq.seq_id in drafter.seqs:
+                drafter.commit(seq, out.num_drafted, out.num_accepted)
             if reason is not None:
                 self.finish(seq, reason)
         return outputs

@@ -8,6 +8,7 @@ draft tokens that turned out right.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -42,7 +43,22 @@ class Drafter:
         self.blocks = blocks
         self.seqs: dict[int, Sequence] = {}  # request id -> the draft's sequence
 
-    def start(self, seqs: list[Sequence]) -> dict[Sequence, int]:
+    # -- admission: blocks running requests may still claim, and whether a new one fits --------------
+    def admission_budget(self, running: list[Sequence], reserve_of: Callable[[Sequence], int]) -> int:
+        mine = [(s, self.seqs[s.seq_id]) for s in running if s.seq_id in self.seqs]
+        claim = sum(max(0, self.blocks.blocks_needed(reserve_of(s)) - len(d.block_table)) for s, d in mine)
+        return self.blocks.num_free_blocks - claim
+
+    def admit(self, seq: Sequence, reserve: int, spare: int) -> int | None:
+        """Blocks to charge for `seq` (all of them: its draft blocks are taken at prefill), or None if it
+        does not fit."""
+        return self.blocks.blocks_needed(reserve) if self.blocks.can_allocate(seq.token_ids, reserve, spare=spare) \
+            else None
+
+    def pop_reused(self, seq: Sequence) -> int | None:
+        return None  # reported by start() already
+
+    def start(self, seqs: list[Sequence], reserve_of: Callable[[Sequence], int] | None = None) -> dict[Sequence, int]:
         """Prefill the draft's KV for new requests (sharing cached prefixes, as the target does).
         Returns the prompt tokens each one reused from the draft's prefix cache."""
         chunks = []

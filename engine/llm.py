@@ -6,9 +6,12 @@ interleaved: each request's events are buffered until its own consumer reads the
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import itertools
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,25 +19,34 @@ from pathlib import Path
 
 import torch
 
+from engine import tp_worker
 from engine.attention import make_backend
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.core import EngineCore
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
+from engine.distributed import RankSpec, free_port, make_group, pin, spawn_rank
+from engine.draft_server import DraftSpec
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.kv.block_manager import BlockManager
+from engine.layers.parallel import TensorParallel
 from engine.loader import build_model
 from engine.model_dir import inspect_model_dir
-from engine.outputs import Event, FinishReason, RequestOutput
+from engine.models.args import ModelArgs
+from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
+from engine.placement import plan
 from engine.registry import resolve_model
+from engine.remote_drafter import DraftLost, RemoteDrafter
 from engine.request import RequestState
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.ssd import SCRATCH_SLOTS, SsdDrafter
+from engine.tp_worker import BroadcastingRunner, TargetShardSpec
 
 log = logging.getLogger(__name__)
 
 Prompt = str | list[int]
+WORKER_TIMEOUT = datetime.timedelta(minutes=10)  # a TP rank that does not answer within this is lost
 
 
 class LLM:
@@ -47,12 +59,16 @@ class LLM:
         `k` set the SpeculationConfig (default: "sd" when a draft is given, else "ar")."""
         config = replace(config, **overrides) if config else EngineConfig(target=target, **overrides)
         self.config = config
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
+        self.placement = plan(config.tp, config.target_devices, config.draft_device, config.threads,
+                              default_device=config.device)
+        leader = self.placement.target[0]
+        self._affinity = os.sched_getaffinity(0)
+        self._workers: list = []
+        self.remote: RemoteDrafter | None = None
         self.model_path: Path = resolve_model(config.target)
         files = inspect_model_dir(self.model_path)
         self.tokenizer = _load_tokenizer(self.model_path)
-        self.device = torch.device(config.device)
+        self.device = torch.device(leader.torch_device)
         dtype = _dtype(config.dtype, self.device)
         model_max = int(files.config.get("max_position_embeddings", 4096))
         if config.max_model_len is not None and config.max_model_len > model_max:
@@ -65,49 +81,77 @@ class LLM:
             raise InvalidParameterError(
                 f"kv_cache_tokens ({kv_tokens}) must be at least max_model_len ({self.max_model_len})"
             )
-        log.info("loading %s (%s) on %s", config.target, self.model_path, self.device)
-        model = build_model(
-            files.config, files.weight_files, max_positions=self.max_model_len, dtype=dtype, device=self.device
-        )
-        self.model_args = model.args
         num_blocks = -(-kv_tokens // config.block_size)
-        runner = ModelRunner(model, make_backend("sdpa"), num_blocks=num_blocks, block_size=config.block_size,
-                             device=self.device, dtype=dtype)
-        self.eos_token_ids = _eos_ids(self.model_path, model.args.eos_token_ids, self.tokenizer)
-        drafter = None
+        _check_tp(files.config, self.placement.tp, config.target)
         if config.draft is not None:
-            drafter = self._load_draft(config.draft, num_blocks=num_blocks, dtype=dtype)
-        self.core = EngineCore(
-            runner, self._block_manager(num_blocks), max_model_len=self.max_model_len,
-            max_num_seqs=config.max_num_seqs, eos_token_ids=self.eos_token_ids, drafter=drafter,
-        )
-        spec = speculation or SpeculationConfig(mode="sd" if drafter else "ar")
+            self.draft_path = resolve_model(config.draft)
+            check_same_tokenizer(self.tokenizer, _load_tokenizer(self.draft_path), target=config.target,
+                                 draft=config.draft)
+        try:
+            pin(leader.cores, self.placement.threads_for(leader))
+            self._start(files, num_blocks, dtype)
+        except BaseException:
+            self.close()
+            raise
+        spec = speculation or SpeculationConfig(mode="sd" if config.draft else "ar")
         self.speculation = replace(spec, **{n: v for n, v in (("mode", mode), ("k", k)) if v is not None})
         self._decode = make_decoder(self.tokenizer)
         self._ids = itertools.count()
         self._requests: dict[int, RequestState] = {}
         self._rng = torch.Generator().manual_seed(config.seed)
 
-    def _block_manager(self, num_blocks: int) -> BlockManager:
-        return BlockManager(num_blocks, self.config.block_size, enable_prefix_caching=self.config.enable_prefix_caching)
-
-    def _load_draft(self, name: str, *, num_blocks: int, dtype: torch.dtype) -> SsdDrafter:
-        self.draft_path = resolve_model(name)
-        files = inspect_model_dir(self.draft_path)
-        check_same_tokenizer(self.tokenizer, _load_tokenizer(self.draft_path), target=self.config.target, draft=name)
-        log.info("loading draft %s (%s)", name, self.draft_path)
-        model = build_model(
-            files.config, files.weight_files, max_positions=self.max_model_len, dtype=dtype, device=self.device
+    def _start(self, files, num_blocks: int, dtype: torch.dtype) -> None:
+        """Load the target (rank 0 here, TP ranks 1.. in their processes), the draft, and the draft process."""
+        config, placement = self.config, self.placement
+        tp = TensorParallel()
+        if placement.tp > 1:
+            port = free_port()
+            for rank, device in enumerate(placement.target[1:], start=1):
+                shard = TargetShardSpec(str(self.model_path), rank, placement.tp, num_blocks, config.block_size,
+                                        self.max_model_len, config.dtype, device.torch_device)
+                rank_spec = RankSpec(rank, device.cores, placement.threads_for(device) or 1)
+                self._workers.append(spawn_rank(tp_worker.serve, rank_spec, port, placement.tp, shard))
+            tp = TensorParallel(0, placement.tp, make_group(port, 0, placement.tp, WORKER_TIMEOUT, self._workers))
+        log.info("loading %s (%s) on %s", config.target, self.model_path, self.device)
+        model = build_model(files.config, files.weight_files, max_positions=self.max_model_len, dtype=dtype,
+                            device=self.device, tp=tp)
+        self.model_args = model.args
+        kwargs = dict(num_blocks=num_blocks, block_size=config.block_size, device=self.device, dtype=dtype)
+        if placement.tp > 1:
+            runner = BroadcastingRunner(model, make_backend("sdpa"), group=tp.group, **kwargs)
+        else:
+            runner = ModelRunner(model, make_backend("sdpa"), **kwargs)
+        self.eos_token_ids = _eos_ids(self.model_path, model.args.eos_token_ids, self.tokenizer)
+        drafter = None
+        if config.draft is not None:
+            spec = self._draft_spec(num_blocks, self.device)
+            drafter = build_drafter(spec)
+            if drafter.runner.model.args.vocab_size != self.model_args.vocab_size:
+                raise EngineError(
+                    f"draft {config.draft} has a vocabulary of {drafter.runner.model.args.vocab_size}, the target"
+                    f" {self.model_args.vocab_size}: pick a draft of the same model family"
+                )
+            if placement.draft is not None:
+                device = placement.draft
+                log.info("starting the draft process on %s", device)
+                try:
+                    self.remote = RemoteDrafter(
+                        self._draft_spec(num_blocks, torch.device(device.torch_device)),
+                        RankSpec(1, device.cores, placement.threads_for(device) or 1),
+                        vocab_size=self.model_args.vocab_size,
+                    )
+                except DraftLost as exc:
+                    raise EngineError(f"{exc}: check --draft-device, or run without it (draft in-process)") from exc
+        self.core = EngineCore(
+            runner, BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching),
+            max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs, eos_token_ids=self.eos_token_ids,
+            drafter=drafter, ssd_drafter=self.remote,
         )
-        if model.args.vocab_size != self.model_args.vocab_size:
-            raise EngineError(
-                f"draft {name} has a vocabulary of {model.args.vocab_size}, the target {self.model_args.vocab_size}:"
-                " pick a draft of the same model family"
-            )
-        runner = ModelRunner(model, make_backend("sdpa"), num_blocks=num_blocks, block_size=self.config.block_size,
-                             device=self.device, dtype=dtype, extra_slots=self.config.max_num_seqs * SCRATCH_SLOTS)
-        return SsdDrafter(runner, self._block_manager(num_blocks), max_model_len=self.max_model_len,
-                          max_num_seqs=self.config.max_num_seqs)
+
+    def _draft_spec(self, num_blocks: int, device: torch.device) -> DraftSpec:
+        c = self.config
+        return DraftSpec(str(self.draft_path), num_blocks, c.block_size, self.max_model_len, c.max_num_seqs,
+                         c.enable_prefix_caching, c.dtype, str(device))
 
     @property
     def speculation(self) -> SpeculationConfig:
@@ -161,10 +205,13 @@ class LLM:
     @property
     def layout(self) -> dict[str, str]:
         """Where the models run, for display: {"target": ..., "draft": ...} ("draft" only with a draft)."""
-        threads = torch.get_num_threads()
-        out = {"target": f"{self.config.target} on {self.config.device} (TP=1, {threads} threads)"}
+        p = self.placement
+        threads = p.threads_for(p.target[0]) or torch.get_num_threads()
+        devices = ", ".join(str(d) for d in p.target)
+        out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {threads} threads per rank)"}
         if self.config.draft is not None:
-            out["draft"] = f"{self.config.draft} on {self.config.device} (in the target's process)"
+            where = f"on {p.draft}, own process (SSD)" if self.remote else "in the target's process"
+            out["draft"] = f"{self.config.draft} {where}"
         return out
 
     @property
@@ -173,8 +220,28 @@ class LLM:
         return self.core.runner.num_forward_tokens
 
     def close(self) -> None:
-        for state in list(self._requests.values()):
+        """Cancel open requests, stop the draft and TP processes, and unpin this process. Idempotent."""
+        for state in list(getattr(self, "_requests", {}).values()):
             self._finish(state, FinishReason.CANCELLED)
+        if self.remote is not None:
+            self.remote.close()
+        if self._workers:
+            runner = getattr(getattr(self, "core", None), "runner", None)
+            if isinstance(runner, BroadcastingRunner):
+                with contextlib.suppress(RuntimeError):
+                    runner.stop_workers()
+            for proc in self._workers:
+                proc.join(10)
+                if proc.is_alive():
+                    proc.kill()
+            self._workers = []
+        os.sched_setaffinity(0, self._affinity)
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- internals ---------------------------------------------------------------------------------
     def _stream(self, state: RequestState, cancel: threading.Event | None) -> Iterator[Event]:
@@ -219,10 +286,20 @@ class LLM:
                              stop_ids=stop_ids, k=spec.k)
         self._requests[seq.seq_id] = state
         self.core.add(seq, spec)
+        self._report_warnings()
         return state
 
+    def _report_warnings(self) -> None:
+        for request_id, message in self.core.warnings:
+            log.warning("request %d: %s", request_id, message)
+            if request_id in self._requests:
+                self._requests[request_id].events.append(EngineWarning(request_id, message))
+        self.core.warnings.clear()
+
     def _step(self) -> None:
-        for seq, out in self.core.step().items():
+        outputs = self.core.step()
+        self._report_warnings()
+        for seq, out in outputs.items():
             state = self._requests[seq.seq_id]
             keep = state.on_step(out)
             if state.hit_stop_string:
@@ -235,6 +312,42 @@ class LLM:
         self.core.finish(state.seq, reason)
         if self._requests.pop(state.request_id, None) is not None:
             state.finalize()
+
+
+def build_drafter(spec: DraftSpec) -> SsdDrafter:
+    """The draft model, its runner (with SSD scratch slots) and block manager: in the leader, or in the
+    draft process."""
+    files = inspect_model_dir(Path(spec.model_path))
+    device = torch.device(spec.device)
+    dtype = _dtype(spec.dtype, device)
+    log.info("loading draft %s on %s", spec.model_path, device)
+    model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
+                        device=device)
+    runner = ModelRunner(model, make_backend("sdpa"), num_blocks=spec.num_blocks, block_size=spec.block_size,
+                         device=device, dtype=dtype, extra_slots=spec.max_num_seqs * SCRATCH_SLOTS)
+    blocks = BlockManager(spec.num_blocks, spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
+    return SsdDrafter(runner, blocks, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs)
+
+
+def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
+    """A target TP rank's shard of the model and its KV cache."""
+    files = inspect_model_dir(Path(spec.model_path))
+    device = torch.device(spec.device)
+    dtype = _dtype(spec.dtype, device)
+    model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
+                        device=device, tp=TensorParallel(spec.rank, spec.tp, group))
+    return ModelRunner(model, make_backend("sdpa"), num_blocks=spec.num_blocks, block_size=spec.block_size,
+                       device=device, dtype=dtype)
+
+
+def _check_tp(config: dict, tp: int, name: str) -> None:
+    if tp == 1:
+        return
+    args = ModelArgs.from_hf_config(config)
+    for what, n in (("attention heads", args.num_heads), ("KV heads", args.num_kv_heads),
+                    ("MLP width", args.intermediate_size), ("vocabulary", args.vocab_size)):
+        if n % tp:
+            raise InvalidParameterError(f"--tp {tp} does not divide {name}'s {n} {what}: pick a divisor of {n}")
 
 
 def _is_token_ids(prompt: object) -> bool:

@@ -38,6 +38,7 @@ class SpecStats:
     emitted_on_hit: int = 0                 # SSD: tokens from rounds answered by the cache
     verify_time_s: float = 0.0       # time the target spent verifying
     draft_time_s: float = 0.0        # time the target waited for drafts
+    draft_idle_s: float | None = None  # SSD with a draft process: time the draft waited for the target
     draft_reused_prefix_tokens: int = 0  # prompt tokens whose draft KV came from the draft's prefix cache
 
     @property
@@ -150,6 +151,7 @@ class StepStats:
     verify_time_s: float          # the target's verify forward (shared by the batch)
     draft_time_s: float           # the target's wait for the draft tokens (0 on an SSD cache hit)
     cache_hit: bool | None = None  # SSD only
+    draft_idle_s: float | None = None  # SSD with a draft process: how long it waited for this round's request
 
 
 @dataclass(frozen=True)

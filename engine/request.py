@@ -40,7 +40,7 @@ class RequestState:
     def on_step(self, out: StepOutput) -> int:
         """Record one engine step: its tokens (a TokenDelta) and, for a verify step, a StepStats event.
         Returns how many of the step's tokens to keep: fewer when a stop string ended the reply mid-step."""
-        if out.draft_reused_tokens is not None and self.spec is not None:
+        if out.draft_reused_tokens is not None and self.spec is not None and out.draft_reused_tokens >= 0:
             self.spec.draft_reused = out.draft_reused_tokens
         keep, text = self._detokenize(out.tokens)
         if out.stats is not None:
@@ -117,6 +117,7 @@ class _SpecCounters:
         self.drafted_at = [0] * k
         self.verify_s = self.draft_s = 0.0
         self.draft_reused = 0
+        self.draft_idle: float | None = None
         self.hits: int | None = None
         self.emitted_on_hit = 0
 
@@ -131,6 +132,8 @@ class _SpecCounters:
             self.accepted_at[i] += i < stats.num_accepted
         self.verify_s += stats.verify_time_s
         self.draft_s += stats.draft_time_s
+        if stats.draft_idle_s is not None:
+            self.draft_idle = (self.draft_idle or 0.0) + stats.draft_idle_s
         if stats.cache_hit is not None:
             self.hits = (self.hits or 0) + stats.cache_hit
             self.emitted_on_hit += num_kept if stats.cache_hit else 0
@@ -140,5 +143,5 @@ class _SpecCounters:
             num_steps=self.steps, num_drafted=self.drafted, num_accepted=self.accepted, num_emitted=self.emitted,
             accepted_per_position=tuple(self.accepted_at), drafted_per_position=tuple(self.drafted_at),
             verify_time_s=self.verify_s, draft_time_s=self.draft_s, draft_reused_prefix_tokens=self.draft_reused,
-            num_cache_hits=self.hits, emitted_on_hit=self.emitted_on_hit,
+            num_cache_hits=self.hits, emitted_on_hit=self.emitted_on_hit, draft_idle_s=self.draft_idle,
         )

@@ -9,6 +9,7 @@ run as speculative chunks, and the returned StepOutput tells the core what to co
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from engine.sampling import probabilities
 from engine.sequence import Sequence, StepOutput
 from engine.speculative import verify_greedy, verify_sampled
 from engine.ssd import SsdDrafter
+
+if TYPE_CHECKING:
+    from engine.remote_drafter import RemoteDrafter
 
 
 def lookahead(seq: Sequence, k: int, max_model_len: int) -> int:
@@ -41,22 +45,27 @@ def sd_step(
 
 
 def ssd_step(
-    seqs: list[Sequence], runner: ModelRunner, drafter: SsdDrafter, *, k: int, fanout: tuple[int, ...],
-    draft_temperature: float | None, max_model_len: int, ensure_capacity,
+    seqs: list[Sequence], runner: ModelRunner, drafter: SsdDrafter | RemoteDrafter, *, k: int,
+    fanout: tuple[int, ...], draft_temperature: float | None, max_model_len: int, ensure_capacity, backup: str = "jit",
 ) -> dict[Sequence, StepOutput]:
     """SSD: take the proposal from the speculation cache (or draft it on a miss), let the draft build the
-    cache for this round's possible outcomes, then verify."""
+    cache for this round's possible outcomes, then verify. A draft in its own process builds the cache
+    while the target verifies; an in-process one builds it first (same tokens, no overlap)."""
     wanted = {s: lookahead(s, k, max_model_len) for s in seqs}
     t0 = time.perf_counter()
-    proposals, hits = drafter.answer(wanted, draft_temperature)
-    drafter.build_cache(proposals, fanout, draft_temperature)  # in-process: not overlapped with verify
+    proposals, hits = drafter.answer(wanted, draft_temperature, fanout, backup=backup)
+    drafter.build_cache(proposals, fanout, draft_temperature)  # a no-op for a draft process
     draft_time = time.perf_counter() - t0
-    return verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits=hits)
+    outputs = verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits=hits,
+                     draft_idle=getattr(drafter, "last_idle_s", None))
+    for seq, out in outputs.items():
+        out.draft_reused_tokens = drafter.pop_reused(seq)
+    return outputs
 
 
 def verify(
     seqs: list[Sequence], proposals: dict[Sequence, Proposal], runner: ModelRunner, ensure_capacity, *,
-    draft_time: float, hits: dict[Sequence, bool | None],
+    draft_time: float, hits: dict[Sequence, bool | None], draft_idle: float | None = None,
 ) -> dict[Sequence, StepOutput]:
     """The target scores [last token, x1..xk] of every request in one forward; the rule decides."""
     t1 = time.perf_counter()
@@ -91,6 +100,6 @@ def verify(
             num_drafted=n_draft,
             num_accepted=n_ok,
             stats=StepStats(seq.seq_id, n_draft, n_ok, verify_time_s=verify_time, draft_time_s=draft_time,
-                            cache_hit=hit),
+                            cache_hit=hit, draft_idle_s=draft_idle),
         )
     return outputs

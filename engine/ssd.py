@@ -50,17 +50,19 @@ class SsdDrafter(Drafter):
         self.free_regions = list(range(max_num_seqs))
         self.region: dict[int, int] = {}               # request id -> its scratch region
 
-    def start(self, seqs: list[Sequence]) -> dict[Sequence, int]:
+    def start(self, seqs: list[Sequence], reserve_of=None) -> dict[Sequence, int]:
         for seq in seqs:
             self.region[seq.seq_id] = self.free_regions.pop()
         return super().start(seqs)
 
     # -- answering ---------------------------------------------------------------------------------
     def answer(
-        self, wanted: dict[Sequence, int], draft_temperature: float | None
+        self, wanted: dict[Sequence, int], draft_temperature: float | None, fanout: tuple[int, ...] = (), *,
+        backup: str = "jit",
     ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
-        """Proposals for this round: from the cache on a hit, drafted just in time on a miss.
-        hit is None for a request's first round (nothing could be cached yet)."""
+        """Proposals for this round: from the cache on a hit; on a miss drafted just in time (backup "jit") or
+        guessed from the context at no cost (backup "fast": see `fast_guess`). hit is None for a request's
+        first round (nothing could be cached yet)."""
         proposals, hits, misses = {}, {}, {}
         for seq, k in wanted.items():
             outcome = self.outcome.pop(seq.seq_id, None)
@@ -69,6 +71,9 @@ class SsdDrafter(Drafter):
             if branch is not None and k > 0:
                 self.mirror(seq)
                 proposals[seq] = Proposal(branch.tokens[:k], None if branch.probs is None else branch.probs[:k])
+            elif backup == "fast" and k > 0:
+                self.mirror(seq)
+                proposals[seq] = fast_guess(seq, k, self.runner.model.args.vocab_size)
             else:
                 misses[seq] = k
         proposals |= self.propose(misses, draft_temperature)
@@ -176,6 +181,26 @@ class SsdDrafter(Drafter):
         if region is not None:
             self.free_regions.append(region)
         super().finish(seq)
+
+
+def fast_guess(seq: Sequence, k: int, vocab_size: int) -> Proposal:
+    """The fast backup: the k tokens that followed the latest earlier occurrence of the last two tokens
+    (prompt lookup), padded by repeating the last token. Sampled requests get one-hot q rows, which keep
+    the rejection rule exact (a token proposed with certainty is accepted with probability p(x))."""
+    ids = seq.token_ids
+    guess: list[int] = []
+    for n in (2, 1):
+        tail = ids[-n:]
+        for start in range(len(ids) - n - 1, -1, -1):
+            if ids[start : start + n] == tail:
+                guess = ids[start + n : start + n + k]
+                break
+        if guess:
+            break
+    guess = (guess + [ids[-1]] * k)[:k]
+    probs = None if seq.params.is_greedy else [torch.nn.functional.one_hot(torch.tensor(t), vocab_size).float()
+                                               for t in guess]
+    return Proposal(guess, probs)
 
 
 def _cap_per_request(branches: list, limit: dict) -> list:

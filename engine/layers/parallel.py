@@ -9,14 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 
 @dataclass(frozen=True)
 class TensorParallel:
     rank: int = 0
     size: int = 1
-    group: Any = None  # a torch.distributed ProcessGroup when size > 1
+    group: Any = None  # a torch.distributed ProcessGroup (its own methods are called) when size > 1
 
     def __post_init__(self) -> None:
         assert 0 <= self.rank < self.size, (self.rank, self.size)
@@ -29,14 +28,14 @@ class TensorParallel:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
-            dist.all_reduce(x, group=self.group)
+            self.group.allreduce([x]).wait()
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
+        self.group.allgather([parts], [x.contiguous()]).wait()
         return torch.cat(parts, dim=-1)
 
 

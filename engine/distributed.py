@@ -1,0 +1,150 @@
+"""Process launch and point-to-point messages over torch.distributed (gloo on CPU).
+
+The leader (the caller's process) is rank 0 of a small process group; every other rank is a child
+started with `spawn_rank`. Each group is its own ProcessGroupGloo object (no global default group), so
+one process can hold several engines and tear them down independently.
+
+Children are pinned to their CPU cores with their own thread count, and leave as soon as the leader
+is gone (a watchdog polls the parent pid: a killed leader takes its ranks down). A child never tears
+gloo down itself: it exits with os._exit once it is told to, which avoids gloo's destructor racing the
+peer's closing sockets.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+LEADER = 0
+WAIT_FOREVER = datetime.timedelta(days=7)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Where one child rank runs: its CPU cores (None: unpinned) and torch thread count."""
+
+    rank: int
+    cores: tuple[int, ...] | None
+    threads: int
+
+
+def pin(cores: tuple[int, ...] | None, threads: int | None) -> None:
+    """Pin this process to `cores` and set torch's intra-op threads."""
+    if cores is not None:
+        os.sched_setaffinity(0, set(cores))
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def make_group(
+    port: int, rank: int, world_size: int, timeout: datetime.timedelta, children: list[mp.Process] | None = None
+) -> dist.ProcessGroup:
+    """A gloo group over a TCP store the leader hosts on `port`. The leader waits for every rank to check in
+    and gives up at once if one of its `children` dies first (a bad device, a crash while importing)."""
+    store = dist.TCPStore("127.0.0.1", port, world_size, rank == LEADER, timeout=datetime.timedelta(seconds=1),
+                          wait_for_workers=False)
+    if rank != LEADER:
+        store.set(f"up{rank}", "1")
+    else:
+        keys = [f"up{r}" for r in range(1, world_size)]
+        while True:
+            try:
+                store.wait(keys, datetime.timedelta(seconds=1))
+                break
+            except (RuntimeError, dist.DistStoreError):  # DistStoreError: a timeout
+                dead = [p for p in children or [] if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} while starting") from None
+    store.set_timeout(datetime.timedelta(seconds=60))
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def spawn_rank(main: Callable[..., None], spec: RankSpec, port: int, world_size: int, *args) -> mp.Process:
+    """Start a child rank running `main(group, *args)`; it exits (os._exit) when `main` returns."""
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_child, args=(main, spec, port, world_size, os.getpid(), args), daemon=True,
+                       name=f"ssd-chat-rank{spec.rank}")
+    proc.start()
+    return proc
+
+
+def _child(main, spec: RankSpec, port: int, world_size: int, leader_pid: int, args) -> None:
+    code = 0
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format=f"rank {spec.rank}: %(message)s")
+    try:
+        pin(spec.cores, spec.threads)
+        threading.Thread(target=_watch_leader, args=(leader_pid,), daemon=True).start()
+        group = make_group(port, spec.rank, world_size, WAIT_FOREVER)
+        main(group, *args)
+    except BaseException as exc:  # the leader sees this rank's death; keep the message short
+        if os.getppid() == leader_pid:
+            log.error("rank %d stopped: %s", spec.rank, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _watch_leader(leader_pid: int) -> None:
+    while os.getppid() == leader_pid:
+        time.sleep(0.2)
+    os._exit(0)
+
+
+class Channel:
+    """Framed messages to one peer: a length header, then an int64 payload (and float tensors on request)."""
+
+    def __init__(self, group: dist.ProcessGroup, peer: int):
+        self.group = group
+        self.peer = peer
+        self._header = torch.zeros(1, dtype=torch.long)
+
+    def send_ints(self, values: list[int]) -> None:
+        payload = torch.tensor(values, dtype=torch.long)
+        self.group.send([torch.tensor([len(values)], dtype=torch.long)], self.peer, 0).wait()
+        if values:
+            self.group.send([payload], self.peer, 0).wait()
+
+    def recv_ints(self) -> list[int]:
+        self.group.recv([self._header], self.peer, 0).wait()
+        n = int(self._header[0])
+        if n == 0:
+            return []
+        payload = torch.empty(n, dtype=torch.long)
+        self.group.recv([payload], self.peer, 0).wait()
+        return payload.tolist()
+
+    def send_tensor(self, x: torch.Tensor) -> None:
+        self.group.send([x.contiguous()], self.peer, 0).wait()
+
+    def recv_tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(shape, dtype=dtype)
+        self.group.recv([out], self.peer, 0).wait()
+        return out
+
+
+def float_bits(x: float) -> int:
+    """A float carried in an int64 message (exact round trip)."""
+    return int(torch.tensor([x], dtype=torch.float64).view(torch.int64)[0])
+
+
+def bits_float(x: int) -> float:
+    return float(torch.tensor([x], dtype=torch.int64).view(torch.float64)[0])

@@ -1,0 +1,156 @@
+"""The draft rank (SSD): a process that owns the draft model, its KV cache and block manager.
+
+Per round the leader sends only what changed (new sequences, each request's verification outcome
+(drafted, accepted, t*), finished requests); the server answers with the next proposal (from the
+speculation cache on a hit, drafted just in time on a miss), and then, while the target verifies,
+builds the speculation cache for the outcomes of that round. Greedy rounds carry token ids only;
+sampled rounds add the q rows the target's rejection rule needs.
+
+Messages are int64 lists (engine.distributed.Channel); floats travel as their bit patterns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import BACKUPS
+from engine.distributed import LEADER, Channel, bits_float, float_bits
+from engine.drafter import Proposal
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+START, ROUND, FINISH, STATS, SHUTDOWN = range(1, 6)
+NO_TEMPERATURE = -1.0  # "the draft samples at the request's temperature"
+NO_OUTCOME = -1        # a request's first round: nothing verified yet
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """What the draft rank needs to build its side (a plain value: it is pickled to the child)."""
+
+    model_path: str
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    enable_prefix_caching: bool
+    dtype: str
+    device: str
+
+
+def encode_start(seq: Sequence, draft_seed: int) -> list[int]:
+    p = seq.params
+    return [seq.seq_id, draft_seed, float_bits(p.temperature), p.top_k, float_bits(p.top_p),
+            len(seq.token_ids), *seq.token_ids]
+
+
+def serve(group, spec: DraftSpec) -> None:
+    """The draft rank's main loop (runs in the child process until SHUTDOWN or the leader's death)."""
+    server = _Server(spec, Channel(group, LEADER))
+    server.loop()
+
+
+class _Server:
+    def __init__(self, spec: DraftSpec, channel: Channel):
+        from engine.llm import build_drafter  # the model code is imported in the child only
+
+        self.drafter = build_drafter(spec)
+        self.channel = channel
+        self.shadow: dict[int, Sequence] = {}   # request id -> the target's committed tokens, as last told
+        self.last: dict[int, list[int]] = {}    # request id -> tokens of its last proposal
+        self.reused: dict[int, int] = {}        # request id -> prompt tokens from the draft's prefix cache (unsent)
+        self.channel.send_ints([0])             # ready: the model is loaded
+
+    def loop(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            msg = self.channel.recv_ints()
+            idle = time.perf_counter() - t0
+            op = msg[0]
+            if op == START:
+                self._start(msg)
+            elif op == ROUND:
+                self._round(msg, idle)
+            elif op == FINISH:
+                for seq_id in msg[2 : 2 + msg[1]]:
+                    self._finish(seq_id)
+            elif op == STATS:
+                blocks = self.drafter.blocks
+                self.channel.send_ints([blocks.num_free_blocks, len(blocks.blocks), len(self.drafter.seqs)])
+            elif op == SHUTDOWN:
+                self.channel.send_ints([0])
+                return
+            else:
+                raise RuntimeError(f"unknown draft op {op}")
+
+    def _start(self, msg: list[int]) -> None:
+        seqs, i = [], 2
+        for _ in range(msg[1]):
+            seq_id, seed, temp, top_k, top_p, n = msg[i : i + 6]
+            tokens = msg[i + 6 : i + 6 + n]
+            i += 6 + n
+            params = SamplingParams(temperature=bits_float(temp), top_k=top_k, top_p=bits_float(top_p),
+                                    max_tokens=1 << 30)
+            generator = None if params.is_greedy else torch.Generator().manual_seed(seed)
+            seq = Sequence(seq_id, tokens, params, generator)
+            self.shadow[seq_id] = seq
+            seqs.append(seq)
+        for seq, reused in self.drafter.start(seqs).items():
+            self.reused[seq.seq_id] = reused
+
+    def _round(self, msg: list[int], idle: float) -> None:
+        # [ROUND, n, draft_temperature, backup, n_fanout, fanout..., then per request:
+        #  seq_id, wanted, drafted, accepted, t*, committed length]
+        n, temp, backup, n_fan = msg[1], bits_float(msg[2]), BACKUPS[msg[3]], msg[4]
+        draft_temperature = None if temp == NO_TEMPERATURE else temp
+        fanout = tuple(msg[5 : 5 + n_fan])
+        wanted, i = {}, 5 + n_fan
+        for _ in range(n):
+            seq_id, k, drafted, accepted, t_star, length = msg[i : i + 6]
+            i += 6
+            seq = self.shadow[seq_id]
+            if drafted != NO_OUTCOME:
+                seq.token_ids += [*self.last.get(seq_id, [])[:accepted], t_star]
+                self.drafter.commit(seq, drafted, accepted)
+            if len(seq.token_ids) != length:
+                raise RuntimeError(f"request {seq_id}: draft holds {len(seq.token_ids)} tokens, target {length}")
+            wanted[seq] = k
+        proposals, hits = self.drafter.answer(wanted, draft_temperature, fanout, backup=backup)
+        reply, rows = [n, int(idle * 1e6)], []
+        for seq, prop in proposals.items():
+            self.last[seq.seq_id] = prop.tokens
+            hit = hits.get(seq)
+            reply += [seq.seq_id, -1 if hit is None else int(hit), self.reused.pop(seq.seq_id, -1),
+                      len(prop.tokens), *prop.tokens]
+            rows += prop.probs or []
+        self.channel.send_ints(reply)
+        if rows:
+            self.channel.send_tensor(torch.stack(rows).float())  # [sampled draft tokens, V]
+        self.drafter.build_cache(proposals, fanout, draft_temperature)
+
+    def _finish(self, seq_id: int) -> None:
+        seq = self.shadow.pop(seq_id, None)
+        self.last.pop(seq_id, None)
+        self.reused.pop(seq_id, None)
+        if seq is not None:
+            self.drafter.finish(seq)
+
+
+def decode_reply(msg: list[int]) -> tuple[float, dict[int, tuple[bool | None, int | None, list[int]]]]:
+    """-> (draft idle seconds, {request id: (hit, reused prompt tokens or None, proposal tokens)})."""
+    n, idle, out, i = msg[0], msg[1] / 1e6, {}, 2
+    for _ in range(n):
+        seq_id, hit, reused, k = msg[i : i + 4]
+        out[seq_id] = (None if hit < 0 else bool(hit), None if reused < 0 else reused, msg[i + 4 : i + 4 + k])
+        i += 4 + k
+    return idle, out
+
+
+def proposal_of(tokens: list[int], rows: torch.Tensor | None) -> Proposal:
+    return Proposal(tokens, None if rows is None else list(rows))

@@ -1,0 +1,141 @@
+"""Where each rank runs: `--tp`, `--target-devices`, `--draft-device`, `--threads`, checked up front.
+
+Device sets read like `cpu:0-3`, `cpu:0,2`, `cpu` (every core), `cuda:0-3`, `cuda:4`. On the CPU, the
+target's cores are split evenly over its TP ranks and every rank is a process pinned to its share;
+the draft gets its own process on its cores. A placement that cannot work (more ranks than cores or
+devices, a core or GPU that does not exist) is refused with one line that says what to pass instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidParameterError
+
+_DEVICES = re.compile(r"^(cpu|cuda)(?::(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*))?$")
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str                       # "cpu" | "cuda"
+    cores: tuple[int, ...] | None   # CPU: the cores this rank is pinned to (None: not pinned)
+    index: int | None = None        # CUDA: the GPU
+
+    @property
+    def torch_device(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+    def __str__(self) -> str:
+        if self.kind == "cuda":
+            return f"cuda:{self.index}"
+        return "cpu" if self.cores is None else f"cpu:{_ranges(self.cores)}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    target: tuple[Device, ...]  # one per TP rank; rank 0 is the leader (the caller's process)
+    draft: Device | None        # SSD's draft process; None: the draft runs in the leader's process
+    threads: int | None         # torch threads per CPU rank (None: one per pinned core, or torch's default)
+
+    @property
+    def tp(self) -> int:
+        return len(self.target)
+
+    def threads_for(self, device: Device) -> int | None:
+        if self.threads is not None:
+            return self.threads
+        return None if device.cores is None else len(device.cores)
+
+
+def plan(tp: int = 1, target_devices: str | None = None, draft_device: str | None = None,
+         threads: int | None = None, default_device: str = "cpu") -> Placement:
+    if tp < 1:
+        raise InvalidParameterError(f"--tp must be at least 1, got {tp}")
+    kind, ids = _parse(target_devices or default_device, "--target-devices")
+    if kind == "cpu":
+        if ids is None and tp > 1:
+            ids = _cpus()
+        if ids is not None and len(ids) < tp:
+            raise InvalidParameterError(
+                f"--tp {tp} needs at least {tp} cores, --target-devices {target_devices} has {len(ids)}:"
+                f" lower --tp or give more cores (this machine has {_ranges(_cpus())})"
+            )
+        target = tuple(Device("cpu", share) for share in _split(ids, tp)) if ids else (Device("cpu", None),) * tp
+    else:
+        ids = ids if ids is not None else [0]
+        if len(ids) != tp:
+            raise InvalidParameterError(
+                f"--tp {tp} needs {tp} GPUs, --target-devices {target_devices or default_device} names {len(ids)}"
+            )
+        target = tuple(Device("cuda", None, i) for i in ids)
+    draft = None
+    if draft_device is not None:
+        dkind, dids = _parse(draft_device, "--draft-device")
+        if dkind == "cuda" and dids is not None and len(dids) != 1:
+            raise InvalidParameterError(f"--draft-device takes one GPU, got {draft_device}")
+        draft = Device("cpu", None if dids is None else tuple(dids)) if dkind == "cpu" else \
+            Device("cuda", None, (dids or [0])[0])
+    if threads is not None and threads < 1:
+        raise InvalidParameterError(f"--threads must be at least 1, got {threads}")
+    return Placement(target, draft, threads)
+
+
+def _parse(text: str, option: str) -> tuple[str, list[int] | None]:
+    m = _DEVICES.match(text.strip())
+    if not m:
+        raise InvalidParameterError(f"{option} must look like cpu:0-3, cpu:0,2 or cuda:0-3, got {text!r}")
+    kind, spec = m.group(1), m.group(2)
+    ids = None
+    if spec is not None:
+        ids = []
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            ids += range(int(lo), int(hi or lo) + 1)
+        if len(set(ids)) != len(ids):
+            raise InvalidParameterError(f"{option} names a device twice: {text}")
+    if kind == "cpu" and ids is not None:
+        missing = [i for i in ids if i not in _cpus()]
+        if missing:
+            raise InvalidParameterError(
+                f"{option}: core {missing[0]} does not exist here (usable cores: {_ranges(_cpus())})"
+            )
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InvalidParameterError(f"{option} {text}: this machine has no CUDA device; use cpu:N instead")
+        bad = [i for i in (ids or [0]) if i >= count]
+        if bad:
+            raise InvalidParameterError(f"{option}: cuda:{bad[0]} does not exist (this machine has {count} GPUs)")
+    return kind, ids
+
+
+_MACHINE_CPUS = sorted(os.sched_getaffinity(0))  # before any engine pins this process
+
+
+def _cpus() -> list[int]:
+    return _MACHINE_CPUS
+
+
+def _split(ids: list[int], parts: int) -> list[tuple[int, ...]]:
+    """[0,1,2] over 2 parts -> (0, 1), (2,): contiguous, as even as possible, bigger shares first."""
+    size, extra = divmod(len(ids), parts)
+    out, start = [], 0
+    for p in range(parts):
+        n = size + (p < extra)
+        out.append(tuple(ids[start : start + n]))
+        start += n
+    return out
+
+
+def _ranges(ids: tuple[int, ...] | list[int]) -> str:
+    ids = sorted(ids)
+    runs, start = [], ids[0]
+    for a, b in zip(ids, [*ids[1:], None], strict=True):
+        if b != a + 1:
+            runs.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(runs)

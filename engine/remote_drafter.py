@@ -1,0 +1,171 @@
+"""The leader's handle on the draft rank (SSD with the draft in its own process).
+
+It looks like an in-process drafter to the engine core (start / answer / commit / finish), but only
+sends what changed: a request's prompt once, then per round (k wanted, the last verification's
+outcome). `answer` is the only call that waits for the draft; on a cache hit the draft replies at once,
+because it built the cache while the target verified the previous round.
+
+A draft rank that dies or stops answering raises DraftLost; the core then finishes the affected
+requests in AR mode.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from engine.config import BACKUPS
+from engine.distributed import Channel, RankSpec, float_bits, free_port, make_group, spawn_rank
+from engine.draft_server import (
+    FINISH,
+    NO_OUTCOME,
+    NO_TEMPERATURE,
+    ROUND,
+    SHUTDOWN,
+    START,
+    STATS,
+    DraftSpec,
+    decode_reply,
+    encode_start,
+    proposal_of,
+    serve,
+)
+from engine.drafter import Proposal
+from engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+DRAFT_RANK = 1
+
+
+class DraftLost(RuntimeError):
+    """The draft rank died or stopped answering."""
+
+
+class RemoteDrafter:
+    def __init__(self, spec: DraftSpec, rank: RankSpec, *, vocab_size: int, timeout_s: float = 120.0):
+        self.spec = spec
+        self.vocab_size = vocab_size
+        self.block_size = spec.block_size
+        self.num_blocks = spec.num_blocks
+        port = free_port()
+        self.proc = spawn_rank(serve, rank, port, 2, spec)
+        self.alive = False
+        try:
+            self.group = make_group(port, 0, 2, datetime.timedelta(seconds=timeout_s), [self.proc])
+            self.channel = Channel(self.group, DRAFT_RANK)
+            self.channel.recv_ints()  # the draft rank has loaded its model
+        except RuntimeError as exc:
+            self.proc.kill()
+            raise DraftLost(f"the draft process did not start: {_first_line(exc)}") from exc
+        self.alive = True
+        self.seqs: dict[int, int] = {}                       # request id -> draft blocks reserved for it
+        self.outcome: dict[int, tuple[int, int, int, int]] = {}  # request id -> (drafted, accepted, t*, length)
+        self.reused: dict[int, int] = {}
+        self.last_idle_s = 0.0
+
+    # -- admission (a conservative count: the draft's prefix sharing is not known here) ---------
+    def admission_budget(self, running: list[Sequence], reserve_of: Callable[[Sequence], int]) -> int:
+        held = sum(self.seqs[s.seq_id] for s in running if s.seq_id in self.seqs)
+        return self.num_blocks - held
+
+    def admit(self, seq: Sequence, reserve: int, spare: int) -> int | None:
+        need = -(-reserve // self.block_size)
+        return need if need <= spare else None
+
+    # -- the protocol ----------------------------------------------------------------------------
+    def start(self, seqs: list[Sequence], reserve_of: Callable[[Sequence], int]) -> dict[Sequence, int]:
+        msg = [START, len(seqs)]
+        for seq in seqs:
+            seed = 0 if seq.generator is None else int(torch.randint(2**62, (1,), generator=seq.generator))
+            msg += encode_start(seq, seed)
+            self.seqs[seq.seq_id] = -(-reserve_of(seq) // self.block_size)
+        self._send(msg)
+        return {}  # the reused counts come with each request's first answer
+
+    def answer(
+        self, wanted: dict[Sequence, int], draft_temperature: float | None, fanout: tuple[int, ...], *,
+        backup: str = "jit",
+    ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
+        temp = NO_TEMPERATURE if draft_temperature is None else draft_temperature
+        msg = [ROUND, len(wanted), float_bits(temp), BACKUPS.index(backup), len(fanout), *fanout]
+        for seq, k in wanted.items():
+            drafted, accepted, t_star, length = self.outcome.pop(seq.seq_id, (NO_OUTCOME, 0, 0, len(seq.token_ids)))
+            msg += [seq.seq_id, k, drafted, accepted, t_star, length]
+        self._send(msg)
+        self.last_idle_s, replies = decode_reply(self._call(self.channel.recv_ints))
+        num_rows = sum(len(replies[s.seq_id][2]) for s in wanted if not s.params.is_greedy)
+        rows = self._call(self.channel.recv_tensor, (num_rows, self.vocab_size), torch.float32) if num_rows else None
+        proposals, hits, row = {}, {}, 0
+        for seq in wanted:
+            hit, reused, tokens = replies[seq.seq_id]
+            if reused is not None:
+                self.reused[seq.seq_id] = reused
+            q = None
+            if not seq.params.is_greedy:
+                q, row = rows[row : row + len(tokens)], row + len(tokens)
+            proposals[seq], hits[seq] = proposal_of(tokens, q), hit
+        return proposals, hits
+
+    def build_cache(self, proposals, fanout, draft_temperature) -> None:
+        """Nothing to do here: the draft rank builds its cache by itself while the target verifies."""
+
+    def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        self.outcome[seq.seq_id] = (num_drafted, num_accepted, seq.token_ids[-1], len(seq.token_ids))
+
+    def pop_reused(self, seq: Sequence) -> int | None:
+        return self.reused.pop(seq.seq_id, None)
+
+    def finish(self, seq: Sequence) -> None:
+        self.outcome.pop(seq.seq_id, None)
+        self.reused.pop(seq.seq_id, None)
+        if self.seqs.pop(seq.seq_id, None) is not None and self.alive:
+            try:
+                self._send([FINISH, 1, seq.seq_id])
+            except DraftLost:
+                log.warning("the draft process is gone; it held request %d", seq.seq_id)
+
+    def stats(self) -> tuple[int, int, int]:
+        """(free blocks, total blocks, live requests) as the draft rank sees them."""
+        self._send([STATS])
+        free, total, live = self._call(self.channel.recv_ints)
+        return free, total, live
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if self.alive:
+            try:
+                self._send([SHUTDOWN])
+                self._call(self.channel.recv_ints)
+            except DraftLost:
+                pass
+        self.alive = False
+        self.proc.join(timeout_s)
+        if self.proc.is_alive():
+            log.warning("the draft process did not stop; killing it")
+            self.proc.kill()
+            self.proc.join(timeout_s)
+
+    # -- transport with fault detection ---------------------------------------------------------
+    def _send(self, msg: list[int]) -> None:
+        self._call(self.channel.send_ints, msg)
+
+    def _call(self, fn, *args):
+        if not self.alive:
+            raise DraftLost("the draft process is gone")
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        except RuntimeError as exc:
+            self.alive = False
+            if self.proc.is_alive():  # it stopped answering: do not leave it behind
+                self.proc.kill()
+            raise DraftLost(f"the draft process stopped after {time.perf_counter() - t0:.1f} s: {_first_line(exc)}") \
+                from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]

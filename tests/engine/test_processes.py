@@ -1,0 +1,174 @@
+"""The process layout: SSD's draft in its own process, TP ranks across processes, faults and shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from engine import LLM, EngineWarning, FinishReason, SamplingParams, TokenDelta
+from engine.config import SpeculationConfig
+from engine.errors import InvalidParameterError
+from engine.outputs import RequestFinished
+from tests.engine.test_spec_decode import PROMPTS, noisy_copy
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)
+TWO_CORES = len(os.sched_getaffinity(0)) >= 2
+DRAFT_CORE = "cpu:1" if TWO_CORES else "cpu:0"
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tiny_llama_dir, tmp_path_factory):
+    return noisy_copy(tiny_llama_dir, tmp_path_factory.mktemp("proc") / "mild", scale=0.1, seed=3)
+
+
+@pytest.fixture(scope="module")
+def remote(tiny_llama_dir, draft_dir):
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
+             threads=1) as llm:
+        yield llm
+
+
+def _outputs(llm: LLM, spec: SpeculationConfig, params=GREEDY) -> list[list[int]]:
+    llm.speculation = spec
+    return [o.token_ids for o in llm.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize(("k", "fanout", "backup"), [(1, None, "jit"), (4, None, "jit"), (4, (3, 2, 2, 1, 4), "jit"),
+                                                      (3, (0,), "jit"), (4, None, "fast")])
+def test_ssd_with_a_draft_process_equals_ar(remote, k, fanout, backup):
+    want = _outputs(remote, SpeculationConfig(mode="ar"))
+    remote.speculation = SpeculationConfig(mode="ssd", k=k, fanout=fanout, backup=backup)
+    outs = remote.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == want
+    spec = [o.stats.spec for o in outs]
+    hits, steps = sum(s.num_cache_hits for s in spec), sum(s.num_steps for s in spec)
+    if fanout == (0,):
+        assert hits == 0  # an empty cache: every round was a miss, and the output is still exact
+    else:
+        assert 0 < hits < steps
+    assert all(s.draft_idle_s is not None for s in spec)  # the draft process reports its idle time
+
+
+def test_the_draft_process_keeps_its_prefix_cache_across_turns(remote):
+    remote.speculation = SpeculationConfig(mode="ssd", k=3)
+    first = remote.generate(["Paris is a city of lights and"], GREEDY)[0]
+    again = remote.generate([first.prompt_token_ids + first.token_ids + [7, 8]], GREEDY)[0]
+    assert again.stats.spec.draft_reused_prefix_tokens >= len(first.prompt_token_ids) - 4
+
+
+def test_cancel_frees_blocks_on_every_rank(remote):
+    remote.speculation = SpeculationConfig(mode="ssd", k=3)
+    cancel = threading.Event()
+    events = []
+    for event in remote.stream("The cat sat on", SamplingParams(temperature=0.0, max_tokens=200), cancel=cancel):
+        events.append(event)
+        if sum(isinstance(e, TokenDelta) for e in events) == 3:
+            cancel.set()
+    assert events[-1].output.finish_reason is FinishReason.CANCELLED
+    free, total, live = remote.remote.stats()
+    assert (free, live) == (total, 0)
+    assert remote.core.blocks.num_free_blocks == len(remote.core.blocks.blocks)
+
+
+def test_a_dying_draft_process_falls_back_to_ar(tiny_llama_dir, draft_dir):
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
+             threads=1) as llm:
+        want = _outputs(llm, SpeculationConfig(mode="ar"))
+        llm.speculation = SpeculationConfig(mode="ssd", k=3)
+        tokens, warnings = [], []
+        for event in llm.stream(PROMPTS[0], GREEDY):
+            if isinstance(event, TokenDelta):
+                tokens += event.token_ids
+                if len(tokens) >= 8 and llm.remote.proc.is_alive():
+                    os.kill(llm.remote.proc.pid, signal.SIGKILL)
+            elif isinstance(event, EngineWarning):
+                warnings.append(event.message)
+            elif isinstance(event, RequestFinished):
+                final = event.output
+        assert tokens == final.token_ids == want[0]  # nothing lost, nothing repeated
+        assert len(warnings) == 1 and "AR mode" in warnings[0]
+        later = list(llm.stream(PROMPTS[1], GREEDY))  # new SSD requests also run (in AR) and say so
+        assert later[-1].output.token_ids == want[1]
+        assert any(isinstance(e, EngineWarning) for e in later)
+
+
+def test_tp2_equals_tp1(tiny_llama_dir):
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    with LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, threads=1) as one:
+        want = [o.token_ids for o in one.generate(PROMPTS, params)]
+    with LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, tp=2, target_devices="cpu", threads=1) as two:
+        assert "TP=2" in two.layout["target"]
+        assert [o.token_ids for o in two.generate(PROMPTS, params)] == want
+        procs = list(two._workers)
+    assert procs and not any(p.is_alive() for p in procs)  # close() stopped the TP rank
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(tp=64, target_devices="cpu"), "needs at least 64 cores"),
+    (dict(target_devices="cpu:999"), "core 999 does not exist"),
+    (dict(target_devices="gpu:0"), "must look like cpu:0-3"),
+    (dict(draft_device="cuda:0"), "no CUDA device"),
+    (dict(tp=3, target_devices="cpu:0", threads=1), "needs at least 3 cores"),
+])
+def test_bad_placements_are_refused_up_front(tiny_llama_dir, kwargs, message):
+    if "cuda" in str(kwargs) and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(InvalidParameterError, match=message) as err:
+        LLM(str(tiny_llama_dir), **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_tp_must_divide_the_heads(tiny_llama_dir, tmp_path):
+    odd = tmp_path / "odd"
+    shutil.copytree(tiny_llama_dir, odd)
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 1, "num_attention_heads": 1,
+                                                 "head_dim": 64}))
+    with pytest.raises(InvalidParameterError, match="does not divide") as err:
+        LLM(str(odd), tp=2, target_devices="cpu")  # refused before any process starts
+    assert "\n" not in str(err.value)
+
+
+LEADER_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    from engine import LLM
+    if __name__ == "__main__":
+        llm = LLM(sys.argv[1], draft=sys.argv[1], draft_device="cpu:0", tp=2, target_devices="cpu", threads=1)
+        print(" ".join(str(p.pid) for p in [llm.remote.proc, *llm._workers]), flush=True)
+        time.sleep(600)
+""")
+
+
+def test_a_killed_leader_takes_its_ranks_down(tiny_llama_dir, tmp_path):
+    script = tmp_path / "leader.py"
+    script.write_text(LEADER_SCRIPT)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.getcwd()}
+    leader = subprocess.Popen([sys.executable, str(script), str(tiny_llama_dir)], stdout=subprocess.PIPE, env=env,
+                              text=True)
+    try:
+        pids = [int(p) for p in leader.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+    finally:
+        leader.kill()
+        leader.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
