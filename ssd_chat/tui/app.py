@@ -198,7 +198,7 @@ class ChatApp(ChatActions, App[None]):
         self.reply_view = transcript.add_assistant(colours=self.colours)
         s = self.session.settings
         self.buffer = ReplyBuffer(LiveStats(s.mode, s.k, started=self.clock()), self.clock)
-        self._flush_timer = self.set_interval(FLUSH_S, self._flush)
+        self._flush_timer = self.set_interval(FLUSH_S, self._flush_reply)
         self.refresh_status()
         self._reply(self.session.engine_messages(), params, self.buffer, self.speculation())
 
@@ -216,7 +216,7 @@ class ChatApp(ChatActions, App[None]):
         else:
             self.post_message(ReplyDone(output))
 
-    async def _flush(self) -> None:
+    async def _flush_reply(self) -> None:
         if self.buffer is None or self.reply_view is None:
             return
         drained = self.buffer.drain()
@@ -234,7 +234,7 @@ class ChatApp(ChatActions, App[None]):
         self.refresh_status()
 
     async def on_reply_done(self, message: ReplyDone) -> None:
-        await self._flush()
+        await self._flush_reply()
         assert self.buffer is not None and self.reply_view is not None
         output = message.output
         stats = TurnStats.from_output(output)

@@ -13,8 +13,8 @@ _LEGEND = {
     TokenSource.ACCEPTED_HIT: ("accepted, cache hit", "success"),
     TokenSource.ACCEPTED_MISS: ("accepted, cache miss", "warning"),
     TokenSource.ACCEPTED: ("accepted draft (SD)", "primary"),
-    TokenSource.RECOVERY: ("recovery / bonus", "accent"),
-    TokenSource.BONUS: ("recovery / bonus", "accent"),
+    TokenSource.RECOVERY: ("target's recovery / bonus", "error"),
+    TokenSource.BONUS: ("target's recovery / bonus", "error"),
     TokenSource.TARGET: ("target only", "foreground"),
 }
 

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from ssd_chat.history import (
-    DATA_ENV, ChatMessage, ChatSettings, Conversation, HistoryStore, TurnStats, default_db_path, title_from,
+    DATA_ENV,
+    ChatMessage,
+    ChatSettings,
+    Conversation,
+    HistoryStore,
+    TurnStats,
+    default_db_path,
+    title_from,
 )
 from ssd_chat.tui.export import export_path, to_markdown
 

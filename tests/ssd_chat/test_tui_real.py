@@ -37,7 +37,12 @@ async def test_the_app_on_the_real_engine(tiny_llama_dir, tmp_path, monkeypatch)
 
     loading_lines: list[str] = []
     add_line = LoadingScreen.add_line
-    monkeypatch.setattr(LoadingScreen, "add_line", lambda self, line: (loading_lines.append(line), add_line(self, line)))
+
+    def record(screen: LoadingScreen, line: str) -> None:
+        loading_lines.append(line)
+        add_line(screen, line)
+
+    monkeypatch.setattr(LoadingScreen, "add_line", record)
     settings = ChatSettings(mode="ssd", k=3, temperature=0.0, max_tokens=8)
     app = ChatApp(lambda: LLM(target=model, draft=model, speculation=SpeculationConfig(mode="ssd", k=3)),
                   settings=settings, store=HistoryStore(tmp_path / "h.sqlite3"), target=model, draft=model,

@@ -69,7 +69,9 @@ class StatsPanel(VerticalScroll):
         for role in ("target", "draft"):
             table.add_row(role, layout.get(role, "none (AR only)"))
         fanout = "default" if settings.fanout is None else ",".join(map(str, settings.fanout))
-        table.add_row("mode", f"{settings.mode.upper()} · k {settings.k} · fan-out {fanout}")
+        spec = "" if settings.mode == "ar" else f" · k {settings.k}"
+        spec += f" · fan-out {fanout}" if settings.mode == "ssd" else ""
+        table.add_row("mode", settings.mode.upper() + spec)
         table.add_row("temp", f"{settings.temperature:g}")
         self.query_one("#layout", Static).update(table)
 
