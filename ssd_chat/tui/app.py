@@ -26,12 +26,11 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from ssd_chat.history import ChatSettings, HistoryStore, TurnStats
 from ssd_chat.tui.chat_actions import ChatActions
-from ssd_chat.tui.compare import run_compare
+from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes, stream_reply
 from ssd_chat.tui.live_stats import LiveStats
-from ssd_chat.tui.messages import CompareDone, CompareProgress, EngineLoadFailed, EngineReady, ReplyDone, ReplyFailed
+from ssd_chat.tui.messages import EngineLoadFailed, EngineReady, ReplyDone, ReplyFailed
 from ssd_chat.tui.provenance import legend
-from ssd_chat.tui.screens.compare import CompareScreen
 from ssd_chat.tui.screens.loading import ENGINE_LOGGER, EngineLogLine, ForwardToApp, LoadingScreen
 from ssd_chat.tui.session import ChatSession
 from ssd_chat.tui.widgets.prompt_input import PromptArea, PromptInput
@@ -54,7 +53,7 @@ KEYS = [
 ]
 
 
-class ChatApp(ChatActions, App[None]):
+class ChatApp(ChatActions, CompareActions, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "ssd-chat"
     BINDINGS = KEYS
@@ -140,6 +139,7 @@ class ChatApp(ChatActions, App[None]):
         self.query_one(PromptArea).focus()
 
     def on_unmount(self) -> None:
+        self._close_engine()  # when the app ended some other way than action_quit
         engine_log = logging.getLogger(ENGINE_LOGGER)
         engine_log.removeHandler(self._log_handler)
         engine_log.setLevel(self._saved_log_state[0])
@@ -147,12 +147,18 @@ class ChatApp(ChatActions, App[None]):
 
     async def action_quit(self) -> None:
         self.action_stop()
-        await self.workers.wait_for_complete()
-        if self.engine is not None:
-            self.engine.close()
+        await self.workers.wait_for_complete()  # the engine stops at its next step
+        self._close_engine()
+        self.exit()
+
+    def _close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            self.action_stop()
+            engine.close()  # frees KV blocks and ends the engine's helper processes
         if self.session.store is not None:
             self.session.store.close()
-        self.exit()
+            self.session.store = None
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)
@@ -256,48 +262,6 @@ class ChatApp(ChatActions, App[None]):
             self.buffer.cancel.set()
         if self.compare_cancel is not None:
             self.compare_cancel.set()
-
-    # -- compare -----------------------------------------------------------------------------------
-    def action_compare(self) -> None:
-        if not self.ready_and_idle():
-            return
-        messages = self.session.engine_messages()
-        while messages and messages[-1]["role"] != "user":
-            messages.pop()
-        if not messages:
-            self.notify("nothing to compare yet: send a prompt first", severity="warning")
-            return
-        assert self.engine is not None
-        self.compare_cancel = threading.Event()
-        self.push_screen(CompareScreen(messages[-1]["content"], available_modes(self.engine)))
-        self.refresh_status()
-        self._compare(messages, self.speculation(), self.compare_cancel)
-
-    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _compare(self, messages, spec, cancel: threading.Event) -> None:
-        assert self.engine is not None
-        try:
-            self.engine.speculation = spec
-            report = run_compare(self.engine, messages, max_tokens=self.session.settings.max_tokens, cancel=cancel,
-                                 on_mode=lambda mode: self.post_message(CompareProgress(mode)))
-        except Exception as err:  # EngineError or a dead engine: report, keep the chat
-            self.post_message(CompareDone(None, str(err)))
-        else:
-            self.post_message(CompareDone(report))
-
-    def on_compare_progress(self, message: CompareProgress) -> None:
-        if isinstance(self.screen, CompareScreen):
-            self.screen.running(message.mode)
-
-    def on_compare_done(self, message: CompareDone) -> None:
-        self.compare_cancel = None
-        self.refresh_status()
-        if message.report is None:
-            if isinstance(self.screen, CompareScreen):
-                self.screen.dismiss(None)
-            self.notify(message.error or "compare failed", title="compare", severity="error", timeout=10)
-        elif isinstance(self.screen, CompareScreen):
-            self.screen.show_report(message.report)
 
     # -- colours -----------------------------------------------------------------------------------
     def action_toggle_colours(self) -> None:

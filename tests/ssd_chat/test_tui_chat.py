@@ -209,3 +209,24 @@ async def test_the_transcript_follows_the_reply_unless_scrolled_up(tmp_path):
         gate.set()
         await settle(app, pilot)
         assert transcript.scroll_y == scrolled < transcript.max_scroll_y
+
+
+async def test_a_fast_reply_is_coalesced_into_few_renders(tmp_path, monkeypatch):
+    engine = FakeEngine(words=[f"w{i} " for i in range(1500)])
+    app = make_app(engine, tmp_path)
+    appends: list[int] = []
+    original = AssistantMessage.append
+
+    async def counting_append(self, text, pieces):
+        appends.append(len(text))
+        await original(self, text, pieces)
+
+    monkeypatch.setattr(AssistantMessage, "append", counting_append)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.session.update_settings(max_tokens=2000)
+        await send(app, pilot, "go")
+        assert app.query(AssistantMessage).last().text == "".join(engine.words)
+        non_empty = [n for n in appends if n]
+        assert len(non_empty) < 150  # 1500 deltas, one Markdown append per flush tick
+    assert engine.closed  # quitting closes the engine

@@ -1,0 +1,64 @@
+"""The compare action of the app: start the replay in the engine worker, show its progress and table.
+A mixin of ChatApp (see compare.py for the replay itself)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from textual import work
+
+from ssd_chat.tui.compare import run_compare
+from ssd_chat.tui.engine_worker import available_modes
+from ssd_chat.tui.messages import CompareDone, CompareProgress
+from ssd_chat.tui.screens.compare import CompareScreen
+
+if TYPE_CHECKING:
+    from ssd_chat.tui.app import ChatApp
+
+    _Base = ChatApp
+else:
+    _Base = object
+
+
+class CompareActions(_Base):
+    def action_compare(self) -> None:
+        if not self.ready_and_idle():
+            return
+        messages = self.session.engine_messages()
+        while messages and messages[-1]["role"] != "user":
+            messages.pop()
+        if not messages:
+            self.notify("nothing to compare yet: send a prompt first", severity="warning")
+            return
+        assert self.engine is not None
+        self.compare_cancel = threading.Event()
+        self.push_screen(CompareScreen(messages[-1]["content"], available_modes(self.engine)))
+        self.refresh_status()
+        self._compare(messages, self.speculation(), self.compare_cancel)
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _compare(self, messages, spec, cancel: threading.Event) -> None:
+        assert self.engine is not None
+        try:
+            self.engine.speculation = spec
+            report = run_compare(self.engine, messages, max_tokens=self.session.settings.max_tokens, cancel=cancel,
+                                 on_mode=lambda mode: self.post_message(CompareProgress(mode)))
+        except Exception as err:  # EngineError or a dead engine: report, keep the chat
+            self.post_message(CompareDone(None, str(err)))
+        else:
+            self.post_message(CompareDone(report))
+
+    def on_compare_progress(self, message: CompareProgress) -> None:
+        if isinstance(self.screen, CompareScreen):
+            self.screen.running(message.mode)
+
+    def on_compare_done(self, message: CompareDone) -> None:
+        self.compare_cancel = None
+        self.refresh_status()
+        if message.report is None:
+            if isinstance(self.screen, CompareScreen):
+                self.screen.dismiss(None)
+            self.notify(message.error or "compare failed", title="compare", severity="error", timeout=10)
+        elif isinstance(self.screen, CompareScreen):
+            self.screen.show_report(message.report)
