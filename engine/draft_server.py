@@ -123,7 +123,8 @@ class _Server:
             wanted[seq] = k
         proposals, hits = self.drafter.answer(wanted, draft_temperature, fanout, backup=backup)
         reply, rows = [n, int(idle * 1e6)], []
-        for seq, prop in proposals.items():
+        for seq in wanted:  # the leader reads the q rows in its own order
+            prop = proposals[seq]
             self.last[seq.seq_id] = prop.tokens
             hit = hits.get(seq)
             reply += [seq.seq_id, -1 if hit is None else int(hit), self.reused.pop(seq.seq_id, -1),

@@ -106,7 +106,7 @@ class RemoteDrafter:
             if reused is not None:
                 self.reused[seq.seq_id] = reused
             q = None
-            if not seq.params.is_greedy:
+            if not seq.params.is_greedy and tokens:
                 q, row = rows[row : row + len(tokens)], row + len(tokens)
             proposals[seq], hits[seq] = proposal_of(tokens, q), hit
         return proposals, hits

@@ -185,8 +185,9 @@ class SsdDrafter(Drafter):
 
 def fast_guess(seq: Sequence, k: int, vocab_size: int) -> Proposal:
     """The fast backup: the k tokens that followed the latest earlier occurrence of the last two tokens
-    (prompt lookup), padded by repeating the last token. Sampled requests get one-hot q rows, which keep
-    the rejection rule exact (a token proposed with certainty is accepted with probability p(x))."""
+    (prompt lookup), padded by repeating the last token, at no draft cost. Sampled requests get one-hot q
+    rows, which keep the rejection rule exact (a token proposed with certainty is accepted with
+    probability p(x), and the residual then excludes it)."""
     ids = seq.token_ids
     guess: list[int] = []
     for n in (2, 1):

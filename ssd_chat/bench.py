@@ -14,7 +14,8 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,7 +27,9 @@ from transformers.generation.streamers import BaseStreamer
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
+from engine.distributed import pin
 from engine.outputs import SpecStats
+from engine.placement import plan
 from ssd_chat.bandwidth import matvec_bandwidth_gb_s
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "chat.jsonl"
@@ -53,9 +56,13 @@ class BenchConfig:
     draft: str | None = None
     k: int = 4
     fanout: tuple[int, ...] | None = None
+    backup: str = "jit"
+    tp: int = 1
+    target_devices: str | None = None  # AR, SD and SSD's target run here (the paper's convention)
+    draft_device: str | None = None    # SSD's draft process (None: SSD drafts in the target's process)
 
     def __post_init__(self) -> None:
-        if any(m != "ar" for m in self.modes) and self.draft is None:
+        if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
             raise BenchInputError("modes sd and ssd need a draft model: pass --draft (e.g. --draft synthetic-draft)")
         unknown = [m for m in self.modes if m not in ENGINE_MODES]
         if unknown or not self.modes:
@@ -204,7 +211,7 @@ def run_engine_mode(
     return ModeResult(spec.mode, runs)
 
 
-ENGINE_MODES = ("ar", "sd", "ssd")
+ENGINE_MODES = ("ar", "sd", "ssd", "ar-all")  # ar-all: AR in one process on every core of the machine
 
 
 def run_hf(
@@ -276,16 +283,19 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
     results = [replace(r, identical_to_ar=r.outputs == ar.outputs) if ar and r is not ar else r for r in results]
     if config.hf:
         progress("loading the transformers baseline")
-        baselines = [run_hf(model_path, prompt_ids, config.max_tokens, progress)]
-        if draft_path is not None:
-            baselines.append(run_hf(model_path, prompt_ids, config.max_tokens, progress, draft_path=draft_path,
-                                    k=config.k))
+        with _on_target_cores(config):  # the same cores and threads as our target
+            baselines = [run_hf(model_path, prompt_ids, config.max_tokens, progress)]
+            if draft_path is not None:
+                baselines.append(run_hf(model_path, prompt_ids, config.max_tokens, progress, draft_path=draft_path,
+                                        k=config.k))
         results += [replace(b, identical_to_ar=None if ar is None else b.outputs == ar.outputs) for b in baselines]
     run_config = {
         "target": config.target, "draft": config.draft, "k": config.k, "fanout": config.fanout,
         "model_path": str(model_path),
         "max_tokens": config.max_tokens,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
+        "tp": config.tp, "target_devices": config.target_devices, "draft_device": config.draft_device,
+        "backup": config.backup,
         "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
     return BenchReport(machine_info(), run_config, results)
@@ -296,21 +306,39 @@ def _run_engine_modes(
 ) -> tuple[Path, Path | None, list[list[int]], list[ModeResult], dict]:
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
     progress(f"loading {config.target}")
-    llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False)
+    llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False,
+              tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device)
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
         results = [
-            run_engine_mode(llm, SpeculationConfig(mode=mode, k=config.k, fanout=config.fanout), prompt_ids,
-                            config.max_tokens, progress)
-            for mode in config.modes
+            run_engine_mode(llm, SpeculationConfig(mode=mode, k=config.k, fanout=config.fanout, backup=config.backup),
+                            prompt_ids, config.max_tokens, progress)
+            for mode in config.modes if mode != "ar-all"
         ]
+        layout = llm.layout
         progress("measuring memory bandwidth")
         bandwidth = matvec_bandwidth_gb_s(str(llm.device))
         bound = {"weight_bytes": llm.weight_bytes, "matvec_gb_s": round(bandwidth, 1),
                  "bandwidth_bound_tok_s": round(bandwidth * 1e9 / llm.weight_bytes, 1)}
-        return llm.model_path, getattr(llm, "draft_path", None), prompt_ids, results, bound
     finally:
         llm.close()
+    if "ar-all" in config.modes:
+        progress(f"loading {config.target} on every core")
+        with LLM(target=config.target, threads=os.cpu_count(), enable_prefix_caching=False) as every_core:
+            result = run_engine_mode(every_core, SpeculationConfig(mode="ar"), prompt_ids, config.max_tokens, progress)
+            results.append(replace(result, mode="ar-all"))
+    return llm.model_path, getattr(llm, "draft_path", None), prompt_ids, results, {**bound, "layout": layout}
+
+
+@contextmanager
+def _on_target_cores(config: BenchConfig) -> Iterator[None]:
+    placement = plan(config.tp, config.target_devices, None, config.threads)
+    saved = os.sched_getaffinity(0)
+    pin(placement.target[0].cores, placement.threads_for(placement.target[0]))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
 
 
 def machine_info() -> dict:

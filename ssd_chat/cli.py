@@ -45,9 +45,19 @@ Draft = Annotated[
     str | None, typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd.")
 ]
 Mode = Annotated[
-    str | None, typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd runs in-process for now.")
+    str | None,
+    typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd overlaps drafting with --draft-device."),
 ]
 K = Annotated[int, typer.Option("--k", help="Draft tokens per verify step.")]
+Tp = Annotated[int, typer.Option("--tp", help="Target tensor-parallel ranks, one process each.")]
+TargetDevices = Annotated[
+    str | None, typer.Option(help="Target devices: CPU cores (cpu:0-1, split over the TP ranks) or GPUs (cuda:0-3).")
+]
+DraftDevice = Annotated[
+    str | None,
+    typer.Option(help="SSD's draft in its own process on this device (cpu:1, cuda:4); default: in-process."),
+]
+Backup = Annotated[str, typer.Option(help="SSD on a speculation-cache miss: jit (re-draft) or fast (guess from the context).")]
 Fanout = Annotated[
     str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated.")
 ]
@@ -82,13 +92,15 @@ def _user_errors() -> Iterator[None]:
         raise typer.Exit(_report(str(err))) from None
 
 
-def _speculation(draft: str | None, mode: str | None, k: int, fanout: str | None) -> SpeculationConfig:
+def _speculation(
+    draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit"
+) -> SpeculationConfig:
     """The decoding mode the options ask for (EngineError on bad values)."""
     try:
         fanout_values = None if fanout is None else tuple(int(f) for f in fanout.split(","))
     except ValueError:
         raise InvalidParameterError(f"--fanout takes numbers separated by commas, got {fanout!r}") from None
-    return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values)
+    return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values, backup=backup)
 
 
 @contextmanager
@@ -118,6 +130,10 @@ def root(
     mode: Mode = None,
     k: K = 4,
     fanout: Fanout = None,
+    tp: Tp = 1,
+    target_devices: TargetDevices = None,
+    draft_device: DraftDevice = None,
+    backup: Backup = "jit",
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
     ] = False,
@@ -138,8 +154,9 @@ def root(
         return
     with _user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-        spec = _speculation(draft, mode, k, fanout)
-        engine_kwargs = dict(threads=threads, draft=draft, speculation=spec)
+        spec = _speculation(draft, mode, k, fanout, backup)
+        engine_kwargs = dict(threads=threads, draft=draft, speculation=spec, tp=tp, target_devices=target_devices,
+                             draft_device=draft_device)
         if plain or not (sys.stdout.isatty() and sys.stdin.isatty()):
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
@@ -170,16 +187,21 @@ def ask(
     mode: Mode = None,
     k: K = 4,
     fanout: Fanout = None,
+    tp: Tp = 1,
+    target_devices: TargetDevices = None,
+    draft_device: DraftDevice = None,
+    backup: Backup = "jit",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with _user_errors():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
-        spec = _speculation(draft, mode, k, fanout)
+        spec = _speculation(draft, mode, k, fanout, backup)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
-        with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=draft, speculation=spec) as llm:
+        with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=draft, speculation=spec, tp=tp,
+                       target_devices=target_devices, draft_device=draft_device) as llm:
             output = _print_stream(llm.chat(messages, params), echo=not as_json)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))
@@ -202,10 +224,16 @@ def models() -> None:
 @app.command()
 def bench(
     target: Target = DEFAULT_TARGET,
-    modes: Annotated[str, typer.Option(help="Comma-separated engine modes to measure: ar, sd, ssd.")] = "ar",
+    modes: Annotated[
+        str, typer.Option(help="Comma-separated engine modes: ar, sd, ssd, and ar-all (AR on every core).")
+    ] = "ar",
     draft: Draft = None,
     k: K = 4,
     fanout: Fanout = None,
+    backup: Backup = "jit",
+    tp: Tp = 1,
+    target_devices: TargetDevices = None,
+    draft_device: DraftDevice = None,
     hf: Annotated[bool, typer.Option("--hf", help="Also measure transformers' generate() as a baseline.")] = False,
     prompts: Annotated[
         Path,
@@ -224,7 +252,8 @@ def bench(
         config = BenchConfig(
             target=target, prompts_file=prompts, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
-            fanout=_speculation(draft, None, k, fanout).fanout,
+            fanout=_speculation(draft, None, k, fanout).fanout, backup=backup, tp=tp, target_devices=target_devices,
+            draft_device=draft_device,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     Console().print(render_table(report))

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 
 import engine.spec_decode
 from engine import LLM, SamplingParams
+from engine.config import SpeculationConfig
 from engine.speculative import Verdict
 
 VOCAB = ["<eos>", "a", "b", "c", "d", "e", "f", "g"]
@@ -80,12 +81,21 @@ def pair(tmp_path_factory):
     return target, draft, exact_distribution(target)
 
 
-def sample_counts(target, draft, mode: str, n: int, *, check_both_paths: bool = True) -> dict:
-    llm = LLM(str(target), draft=str(draft), mode=mode, k=3, max_model_len=32, block_size=4, max_num_seqs=1024,
-              kv_cache_tokens=1024 * 8, seed=11)
+VARIANTS = {  # mode name -> (engine mode, LLM options, SpeculationConfig options)
+    "ar": ("ar", {}, {}), "sd": ("sd", {}, {}), "ssd": ("ssd", {}, {}),
+    "ssd-fast-backup": ("ssd", {}, {"backup": "fast"}),
+    "ssd-draft-process": ("ssd", {"draft_device": "cpu", "threads": 1}, {}),
+}
+
+
+def sample_counts(target, draft, variant: str, n: int, *, check_both_paths: bool = True) -> dict:
+    mode, options, spec = VARIANTS[variant]
+    llm = LLM(str(target), draft=str(draft), speculation=SpeculationConfig(mode=mode, k=3, **spec), max_model_len=32,
+              block_size=4, max_num_seqs=1024, kv_cache_tokens=1024 * 8, seed=11, **options)
     params = SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, ignore_eos=True)
     counts: dict[tuple[int, ...], int] = {}
-    outs = llm.generate([PROMPT] * n, params)
+    with llm:
+        outs = llm.generate([PROMPT] * n, params)
     for out in outs:
         key = tuple(out.token_ids[:NUM_TOKENS])
         counts[key] = counts.get(key, 0) + 1
@@ -95,7 +105,7 @@ def sample_counts(target, draft, mode: str, n: int, *, check_both_paths: bool = 
     return counts
 
 
-@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+@pytest.mark.parametrize("mode", list(VARIANTS))
 def test_sampled_tokens_follow_the_target_distribution(pair, mode):
     target, draft, exact = pair
     n = 4000

@@ -80,7 +80,7 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
     "case",
     ["unknown alias", "missing directory", "negative temperature", "prompt too long", "bad option value",
      "REPL option before a command", "weights missing offline", "unsupported architecture", "corrupt weights",
-     "missing tokenizer"],
+     "missing tokenizer", "core that does not exist", "more TP ranks than cores", "bad device syntax"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -106,6 +106,9 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "unsupported architecture": ["ask", "hi", "--target", str(broken)],
         "corrupt weights": ["ask", "hi", "--target", str(broken)],
         "missing tokenizer": ["ask", "hi", "--target", str(broken)],
+        "core that does not exist": ["ask", "hi", "--target", tiny, "--target-devices", "cpu:4096"],
+        "more TP ranks than cores": ["ask", "hi", "--target", tiny, "--tp", "4096"],
+        "bad device syntax": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-device", "gpu9"],
     }[case]
     result = _ssd_chat(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")})
     assert result.returncode == 2, result.stderr
@@ -152,6 +155,21 @@ def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
     assert rows["sd"]["acceptance_rate"] == 1.0 and rows["sd"]["tau"] > 3.0
     assert rows["sd"]["cache_hit_rate"] is None
     assert rows["ssd"]["cache_hit_rate"] > 0.5 and rows["ssd"]["ideal_tok_s"] > 0
+
+
+def test_bench_places_the_draft_in_its_own_process_and_measures_every_core(tiny_llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    tiny = str(tiny_llama_dir)
+    args = ["bench", "--target", tiny, "--draft", tiny, "--modes", "ar,ssd,ar-all", "--k", "3", "--max-tokens", "12",
+            "--limit", "2", "--target-devices", "cpu:0", "--draft-device", "cpu", "--threads", "1", "--json", str(out)]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {r["mode"]: r for r in report["results"]}
+    assert list(rows) == ["ar", "ssd", "ar-all"]
+    assert rows["ssd"]["identical_to_ar"] and rows["ar-all"]["identical_to_ar"]
+    assert rows["ssd"]["cache_hit_rate"] > 0.5
+    assert "own process" in report["config"]["layout"]["draft"]
 
 
 def test_ask_with_a_draft_reports_speculation_stats(tiny_llama_dir):
