@@ -57,7 +57,9 @@ DraftDevice = Annotated[
     str | None,
     typer.Option(help="SSD's draft in its own process on this device (cpu:1, cuda:4); default: in-process."),
 ]
-Backup = Annotated[str, typer.Option(help="SSD on a speculation-cache miss: jit (re-draft) or fast (guess from the context).")]
+Backup = Annotated[
+    str, typer.Option(help="SSD on a speculation-cache miss: jit (re-draft) or fast (guess from the context).")
+]
 Fanout = Annotated[
     str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated.")
 ]
