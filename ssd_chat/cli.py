@@ -273,6 +273,9 @@ def make_pair(
     draft_layers: Annotated[int, typer.Option(help="Target layers the draft keeps.")] = synthetic.DEFAULT_DRAFT_LAYERS,
     damping: Annotated[float, typer.Option(help="Scale of the deeper layers' output projections.")] = (
         synthetic.DEFAULT_DAMPING),
+    head_vocab: Annotated[
+        int, typer.Option(help="Tokens the target can emit (the draft's reduced head scores only these); 0: all.")
+    ] = synthetic.DEFAULT_HEAD_VOCAB,
     agreement: Annotated[bool, typer.Option(help="Measure the greedy draft/target agreement.")] = True,
 ) -> None:
     """Build a random, correlated draft/target pair for speculative-decoding speed tests (no download)."""
@@ -280,11 +283,12 @@ def make_pair(
     with _user_errors():
         started = time.perf_counter()
         try:
-            paths = synthetic.build_pair(out_dir, seed=seed, draft_layers=draft_layers, damping=damping)
+            paths = synthetic.build_pair(out_dir, seed=seed, draft_layers=draft_layers, damping=damping,
+                                         head_vocab=head_vocab)
         except OSError as err:
             raise typer.Exit(_report(f"cannot write the pair to {out_dir}: {err.strerror or err}")) from None
         typer.echo(f"ready in {time.perf_counter() - started:.1f} s (seed {seed}, draft layers {draft_layers}, "
-                   f"damping {damping:g})")
+                   f"damping {damping:g}, head vocabulary {head_vocab or 'all'})")
         for role, path in zip(("target", "draft"), paths, strict=True):
             typer.echo(f"{role}: {path} ({synthetic.num_params(path) / 1e6:.1f}M params)")
         if agreement:

@@ -41,3 +41,27 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, D] -> [N, V]
         logits = self.tp.all_gather_last_dim(F.linear(hidden, self.weight))
         return logits[..., : self.vocab_size] if self.tp.size > 1 else logits
+
+
+class ReducedLMHead(nn.Module):
+    """A draft's head over a subset of the vocabulary: the checkpoint holds a full [V, D] head whose rows
+    outside the subset are zero; only the non-zero rows are kept and scored, every other token gets -inf.
+    A draft only proposes tokens (the target verifies them), so exactness never depends on this; a
+    cheaper head is what lets a small draft build SSD's branch tree within one verify."""
+
+    def __init__(self, vocab_size: int, dim: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.weight = nn.Parameter(torch.zeros(0, dim), requires_grad=False)  # [Vr, D] once loaded
+        self.weight.weight_loader = self._load
+        self.register_buffer("vocab_ids", torch.zeros(0, dtype=torch.long), persistent=False)  # [Vr]
+
+    def _load(self, param: nn.Parameter, full: torch.Tensor, shard_id: object = None) -> None:
+        ids = torch.nonzero(full.abs().amax(dim=-1) > 0).flatten()  # [Vr]
+        param.data = full[ids].to(param.dtype).contiguous()
+        self.vocab_ids = ids.to(param.device)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, D] -> [N, V]
+        scores = F.linear(hidden, self.weight)  # [N, Vr]
+        logits = scores.new_full((hidden.shape[0], self.vocab_size), float("-inf"))
+        return logits.index_copy_(1, self.vocab_ids, scores)

@@ -28,6 +28,7 @@ class ModelArgs:
     attention_bias: bool = False
     mlp_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
+    reduced_head: bool = False  # ssd-chat drafts: the head scores only the tokens whose head rows are non-zero
 
     @property
     def qk_norm(self) -> bool:
@@ -61,6 +62,7 @@ class ModelArgs:
             attention_bias=bool(cfg.get("attention_bias", False)),
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             eos_token_ids=eos_ids,
+            reduced_head=bool(cfg.get("reduced_head", False)),
         )
 
 

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from engine.errors import UnsupportedArchitectureError
+from engine.layers.embedding import ParallelLMHead, ReducedLMHead, VocabParallelEmbedding
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.parallel import SINGLE, TensorParallel
@@ -119,8 +120,13 @@ class CausalLM(nn.Module):
         self.args = args
         self.tp = tp
         self.model = Backbone(args, tp)
-        self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, tp=tp)
-        if args.tie_word_embeddings:
+        if args.reduced_head:
+            if args.tie_word_embeddings or tp.size > 1:
+                raise UnsupportedArchitectureError("a reduced head needs an untied head and a single rank (a draft)")
+            self.lm_head = ReducedLMHead(args.vocab_size, args.hidden_size)
+        else:
+            self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, tp=tp)
+        if args.tie_word_embeddings and not args.reduced_head:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(args.head_dim, max_positions, args.rope)
 

@@ -64,8 +64,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield root
 
 
-def _build(out: Path, *, seed: int = 0, damping: float = DAMPING) -> tuple[Path, Path]:
-    return synthetic.build_pair(out, seed=seed, draft_layers=DRAFT_LAYERS, damping=damping, shape=SMALL)
+def _build(out: Path, *, seed: int = 0, damping: float = DAMPING, **settings) -> tuple[Path, Path]:
+    return synthetic.build_pair(out, seed=seed, draft_layers=DRAFT_LAYERS, damping=damping, shape=SMALL, **settings)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_both_halves_are_model_dirs_with_the_real_tokenizer(pair: tuple[Path, Pa
         assert files.architecture == "LlamaForCausalLM"
         assert files.config["num_hidden_layers"] == num_layers
         assert files.config["vocab_size"] == 49152
-        assert files.config["tie_word_embeddings"] is True
+        assert files.config["tie_word_embeddings"] is False  # an untied head that emits only head_vocab ids
         assert (files.config["bos_token_id"], files.config["eos_token_id"], files.config["pad_token_id"]) == (1, 2, 2)
         assert json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"] == 2
         assert (model_dir / "chat_template.jinja").read_text().count("<|im_start|>") >= 1
@@ -97,7 +97,9 @@ def test_both_halves_are_model_dirs_with_the_real_tokenizer(pair: tuple[Path, Pa
 
 def test_draft_holds_exactly_the_targets_first_layers_embedding_and_norm(pair: tuple[Path, Path]) -> None:
     target, draft = _tensors(pair[0]), _tensors(pair[1])
-    assert "model.embed_tokens.weight" in draft and "model.norm.weight" in draft
+    assert "model.embed_tokens.weight" in draft and "model.norm.weight" in draft and "lm_head.weight" in draft
+    assert json.loads((pair[1] / "config.json").read_text())["reduced_head"] is True
+    assert "reduced_head" not in json.loads((pair[0] / "config.json").read_text())
     assert {name.split(".")[2] for name in draft if name.startswith("model.layers.")} == {"0", "1"}
     for name, tensor in draft.items():
         assert torch.equal(tensor, target[name]), name
@@ -135,8 +137,25 @@ def test_a_built_pair_is_kept_and_a_foreign_directory_refused(cache: Path, pair:
     assert (foreign / "notes.txt").read_text() == "mine"
 
 
+def test_the_head_emits_only_the_first_head_vocab_ids_and_the_draft_scores_only_those(pair) -> None:
+    head = _tensors(pair[0])["lm_head.weight"]  # [V, D]
+    nonzero = head.abs().amax(dim=-1) > 0
+    assert nonzero[: synthetic.DEFAULT_HEAD_VOCAB].all() and not nonzero[synthetic.DEFAULT_HEAD_VOCAB :].any()
+    draft = LLM(str(pair[1]), max_model_len=64, threads=1)
+    try:
+        draft_head = draft.core.runner.model.lm_head
+        assert draft_head.weight.shape == (synthetic.DEFAULT_HEAD_VOCAB, SMALL.hidden_size)
+        logits = draft.core.runner.model.compute_logits(torch.randn(3, SMALL.hidden_size))  # [3, V]
+        assert logits.shape == (3, 49152)
+        assert torch.isinf(logits[:, synthetic.DEFAULT_HEAD_VOCAB :]).all()
+        assert torch.isfinite(logits[:, : synthetic.DEFAULT_HEAD_VOCAB]).all()
+    finally:
+        draft.close()
+
+
 @pytest.mark.parametrize(
-    "settings", [{"draft_layers": 0}, {"draft_layers": SMALL.num_layers}, {"damping": 1.5}, {"seed": -1}]
+    "settings",
+    [{"draft_layers": 0}, {"draft_layers": SMALL.num_layers}, {"damping": 1.5}, {"seed": -1}, {"head_vocab": -1}],
 )
 def test_bad_settings_are_one_line_errors(tmp_path: Path, settings: dict) -> None:
     with pytest.raises(InvalidParameterError) as excinfo:
@@ -144,9 +163,16 @@ def test_bad_settings_are_one_line_errors(tmp_path: Path, settings: dict) -> Non
     assert "\n" not in str(excinfo.value)
 
 
-def test_the_engine_loads_both_and_greedy_text_is_varied(pair: tuple[Path, Path]) -> None:
+@pytest.fixture(scope="module")
+def tied(cache: Path) -> tuple[Path, Path]:
+    return _build(cache / "tied", head_vocab=0)
+
+
+def test_the_engine_loads_both_and_greedy_text_is_varied(tied: tuple[Path, Path]) -> None:
+    # at SMALL's width (64) a head over only 8192 tokens falls into 2-token loops; the full-size pair's does not
+    assert json.loads((tied[0] / "config.json").read_text())["tie_word_embeddings"] is True
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    for model_dir in pair:
+    for model_dir in tied:
         llm = LLM(str(model_dir), max_model_len=256, threads=1)
         try:
             outputs = llm.generate([llm.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS], params)
@@ -155,7 +181,7 @@ def test_the_engine_loads_both_and_greedy_text_is_varied(pair: tuple[Path, Path]
         continuations = [tuple(out.token_ids) for out in outputs]
         assert all(len(ids) == 12 for ids in continuations)
         assert len(set(continuations)) == len(PROMPTS)  # different prompts, different text
-        assert all(len(set(ids)) >= 4 for ids in continuations)  # not one token repeated
+        assert all(len(set(ids)) >= 4 for ids in continuations), continuations  # not one token repeated
 
 
 def test_damping_makes_the_draft_agree(pair: tuple[Path, Path], undamped: tuple[Path, Path]) -> None:
