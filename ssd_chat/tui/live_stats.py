@@ -32,6 +32,9 @@ class PanelData:
     cache_hit_rate: float | None = None
     tau_on_hit: float | None = None
     tau_on_miss: float | None = None
+    verify_ms: float | None = None       # mean target verify time per step
+    wait_ms: float | None = None         # mean time the target waited for drafts per step (0 on SSD cache hits)
+    draft_idle_ms: float | None = None   # SSD with a draft process: its mean idle time per step
     reused_prefix_tokens: int | None = None
     prompt_tokens: int | None = None
     is_final: bool = False
@@ -52,6 +55,9 @@ class LiveStats:
     hit_emitted: int = 0
     miss_emitted: int = 0
     saw_cache: bool = False
+    verify_s: float = 0.0
+    wait_s: float = 0.0
+    idle_s: float | None = None
     histogram: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
@@ -84,6 +90,10 @@ class LiveStats:
         if step.num_accepted >= len(self.histogram):  # k changed under us: grow, never drop a count
             self._grow(step.num_accepted)
         self.histogram[step.num_accepted] += 1
+        self.verify_s += step.verify_time_s
+        self.wait_s += step.draft_time_s
+        if step.draft_idle_s is not None:
+            self.idle_s = (self.idle_s or 0.0) + step.draft_idle_s
         for i in range(min(step.num_drafted, len(self.drafted_per_position))):
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += i < step.num_accepted
@@ -119,6 +129,7 @@ class LiveStats:
             cache_hit_rate=self.hit_steps / self.num_steps if spec and self.saw_cache else None,
             tau_on_hit=self.hit_emitted / self.hit_steps if self.saw_cache and self.hit_steps else None,
             tau_on_miss=self.miss_emitted / misses if self.saw_cache and misses else None,
+            **_step_times(self.num_steps if spec else 0, self.verify_s, self.wait_s, self.idle_s),
         )
 
     def final(self, output: RequestOutput) -> PanelData:
@@ -136,4 +147,14 @@ class LiveStats:
             tau_on_hit=None if spec is None else spec.tau_on_hit,
             tau_on_miss=None if spec is None else spec.tau_on_miss,
             reused_prefix_tokens=s.reused_prefix_tokens, prompt_tokens=s.prompt_tokens, is_final=True,
+            **({} if spec is None else _step_times(spec.num_steps, spec.verify_time_s, spec.draft_time_s,
+                                                    spec.draft_idle_s)),
         )
+
+
+def _step_times(steps: int, verify_s: float, wait_s: float, idle_s: float | None) -> dict:
+    """Per-step means in ms: the target's verify, its wait for drafts, and the draft process's idle time."""
+    if not steps:
+        return {}
+    return {"verify_ms": 1e3 * verify_s / steps, "wait_ms": 1e3 * wait_s / steps,
+            "draft_idle_ms": None if idle_s is None else 1e3 * idle_s / steps}

@@ -37,7 +37,9 @@ async def test_send_streams_the_reply_and_fills_the_panel(tmp_path):
         assert app.query_one(PromptArea).text == ""
         assert "6 tokens" in _stats_line(app) and "sd tau" in _stats_line(app)
         panel = app.query_one(StatsPanel)
-        assert str(panel.query_one("#spec").render()).startswith("SD  tau 2.50")
+        spec = str(panel.query_one("#spec").render())
+        assert spec.startswith("SD  tau 2.50")
+        assert "per step: verify 4 ms · target waits 2 ms" in spec and "idle" not in spec  # SD has no draft process
         assert str(panel.query_one("#prefix").render()) == "0/10 prompt tokens reused"
         assert "fake-target on cpu (TP=1, 2 threads)" in rendered(panel.query_one("#layout"))
 
@@ -174,6 +176,8 @@ async def test_token_colours_toggle_shows_provenance_and_a_legend(tmp_path):
         assert "".join(p for p, _ in reply.pieces) == REPLY
         sources = {str(s) for _, s in reply.pieces}
         assert {"target", "accepted_hit", "accepted_miss", "recovery"} <= sources
+        spec = str(app.query_one(StatsPanel).query_one("#spec").render())
+        assert "draft process idle 3 ms per step" in spec  # SSD: the draft's idle time beside the verify time
         await pilot.press("ctrl+t")
         await pilot.pause()
         tokens = reply.query_one(".reply-tokens")

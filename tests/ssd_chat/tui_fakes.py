@@ -115,7 +115,8 @@ class FakeEngine:
                 emitted_on_hit += n if hit else 0
                 accepted_total += acc
                 drafted_total += k
-                yield StepStats(request_id, k, acc, 0.004, 0.0 if hit else 0.002, hit if mode == "ssd" else None)
+                yield StepStats(request_id, k, acc, 0.004, 0.0 if hit else 0.002, hit if mode == "ssd" else None,
+                                draft_idle_s=0.003 if mode == "ssd" else None)
             chunk = words[i:i + n]
             yield TokenDelta(request_id, tuple(range(i, i + n)), "".join(chunk), sources)
             emitted += chunk
@@ -129,7 +130,9 @@ class FakeEngine:
                 num_emitted=len(emitted) - 1, accepted_per_position=tuple(steps if j < self.accept else 0
                                                                           for j in range(k)),
                 drafted_per_position=(steps,) * k, num_cache_hits=hits if mode == "ssd" else None,
-                emitted_on_hit=emitted_on_hit,
+                emitted_on_hit=emitted_on_hit, verify_time_s=0.004 * steps,
+                draft_time_s=0.002 * (steps - hits) if mode == "ssd" else 0.002 * steps,
+                draft_idle_s=0.003 * steps if mode == "ssd" else None,
             )
         stats = RequestStats(mode=mode, prompt_tokens=10 * num_messages, reused_prefix_tokens=4 * (num_messages - 1),
                              prefill_tokens=10, generated_tokens=len(emitted), ttft_s=0.05,

@@ -83,6 +83,10 @@ class StatsPanel(VerticalScroll):
         if data.cache_hit_rate is not None:
             lines.append(f"cache hits {data.cache_hit_rate:.0%}")
             lines.append(f"tau on hit {_opt(data.tau_on_hit, '{:.2f}')} · on miss {_opt(data.tau_on_miss, '{:.2f}')}")
+        if data.verify_ms is not None:
+            lines.append(f"per step: verify {data.verify_ms:.0f} ms · target waits {data.wait_ms:.0f} ms")
+        if data.draft_idle_ms is not None:
+            lines.append(f"draft process idle {data.draft_idle_ms:.0f} ms per step")
         return Text("\n".join(lines))
 
     @staticmethod
