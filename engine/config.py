@@ -24,6 +24,7 @@ class EngineConfig:
     tp: int = 1                      # target tensor-parallel ranks (one process each)
     target_devices: str | None = None  # e.g. "cpu:0-3" (cores, split over the TP ranks) or "cuda:0-3"
     draft_device: str | None = None  # e.g. "cpu:1" or "cuda:4": SSD's draft gets its own process there
+    draft_timeout_s: float = 120.0   # a draft process that does not answer within this is lost (AR takes over)
     dtype: str = "auto"
     threads: int | None = None
     max_model_len: int | None = None
@@ -44,6 +45,8 @@ class EngineConfig:
             raise InvalidParameterError(f"block_size must be a power of two, got {self.block_size}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise InvalidParameterError(f"kv_cache_tokens must be >= block_size, got {self.kv_cache_tokens}")
+        if self.draft_timeout_s <= 0:
+            raise InvalidParameterError(f"draft_timeout_s must be > 0, got {self.draft_timeout_s}")
         if self.tp < 1:
             raise InvalidParameterError(f"tp must be >= 1, got {self.tp}")
         if self.max_num_seqs < 1:

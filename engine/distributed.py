@@ -77,22 +77,28 @@ def make_group(
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
 
-def spawn_rank(main: Callable[..., None], spec: RankSpec, port: int, world_size: int, *args) -> mp.Process:
-    """Start a child rank running `main(group, *args)`; it exits (os._exit) when `main` returns."""
+def spawn_rank(
+    main: Callable[..., None], spec: RankSpec, port: int, world_size: int, *args, load: Callable | None = None
+) -> mp.Process:
+    """Start a child rank running `main(group, *args)`, or with `load`, `main(group, load(*args))` where `load`
+    runs before the rank joins the group (so the leader's wait for the group covers it, with no timeout).
+    The child exits (os._exit) when `main` returns."""
     ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=_child, args=(main, spec, port, world_size, os.getpid(), args), daemon=True,
+    proc = ctx.Process(target=_child, args=(main, load, spec, port, world_size, os.getpid(), args), daemon=True,
                        name=f"ssd-chat-rank{spec.rank}")
     proc.start()
     return proc
 
 
-def _child(main, spec: RankSpec, port: int, world_size: int, leader_pid: int, args) -> None:
+def _child(main, load, spec: RankSpec, port: int, world_size: int, leader_pid: int, args) -> None:
     code = 0
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format=f"rank {spec.rank}: %(message)s")
     try:
         pin(spec.cores, spec.threads)
         threading.Thread(target=_watch_leader, args=(leader_pid,), daemon=True).start()
+        if load is not None:
+            args = (load(*args),)
         group = make_group(port, spec.rank, world_size, WAIT_FOREVER)
         main(group, *args)
     except BaseException as exc:  # the leader sees this rank's death; keep the message short

@@ -50,22 +50,25 @@ def encode_start(seq: Sequence, draft_seed: int) -> list[int]:
             len(seq.token_ids), *seq.token_ids]
 
 
-def serve(group, spec: DraftSpec) -> None:
+def load(spec: DraftSpec):
+    """Build the draft (in the child, before it joins the group)."""
+    from engine.llm import build_drafter  # the model code is imported in the child only
+
+    return build_drafter(spec)
+
+
+def serve(group, drafter) -> None:
     """The draft rank's main loop (runs in the child process until SHUTDOWN or the leader's death)."""
-    server = _Server(spec, Channel(group, LEADER))
-    server.loop()
+    _Server(drafter, Channel(group, LEADER)).loop()
 
 
 class _Server:
-    def __init__(self, spec: DraftSpec, channel: Channel):
-        from engine.llm import build_drafter  # the model code is imported in the child only
-
-        self.drafter = build_drafter(spec)
+    def __init__(self, drafter, channel: Channel):
+        self.drafter = drafter
         self.channel = channel
         self.shadow: dict[int, Sequence] = {}   # request id -> the target's committed tokens, as last told
         self.last: dict[int, list[int]] = {}    # request id -> tokens of its last proposal
         self.reused: dict[int, int] = {}        # request id -> prompt tokens from the draft's prefix cache (unsent)
-        self.channel.send_ints([0])             # ready: the model is loaded
 
     def loop(self) -> None:
         while True:

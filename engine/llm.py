@@ -138,7 +138,7 @@ class LLM:
                     self.remote = RemoteDrafter(
                         self._draft_spec(num_blocks, torch.device(device.torch_device)),
                         RankSpec(1, device.cores, placement.threads_for(device) or 1),
-                        vocab_size=self.model_args.vocab_size,
+                        vocab_size=self.model_args.vocab_size, timeout_s=config.draft_timeout_s,
                     )
                 except DraftLost as exc:
                     raise EngineError(f"{exc}: check --draft-device, or run without it (draft in-process)") from exc

@@ -31,6 +31,7 @@ from engine.draft_server import (
     DraftSpec,
     decode_reply,
     encode_start,
+    load,
     proposal_of,
     serve,
 )
@@ -48,17 +49,17 @@ class DraftLost(RuntimeError):
 
 class RemoteDrafter:
     def __init__(self, spec: DraftSpec, rank: RankSpec, *, vocab_size: int, timeout_s: float = 120.0):
+        """`timeout_s`: how long any one exchange may take before the draft counts as lost."""
         self.spec = spec
         self.vocab_size = vocab_size
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
         port = free_port()
-        self.proc = spawn_rank(serve, rank, port, 2, spec)
+        self.proc = spawn_rank(serve, rank, port, 2, spec, load=load)
         self.alive = False
         try:
             self.group = make_group(port, 0, 2, datetime.timedelta(seconds=timeout_s), [self.proc])
-            self.channel = Channel(self.group, DRAFT_RANK)
-            self.channel.recv_ints()  # the draft rank has loaded its model
+            self.channel = Channel(self.group, DRAFT_RANK)  # the draft rank joins once its model is loaded
         except RuntimeError as exc:
             self.proc.kill()
             raise DraftLost(f"the draft process did not start: {_first_line(exc)}") from exc

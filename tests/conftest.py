@@ -108,3 +108,13 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory) -> Path:
     return make_tiny_model_dir(tmp_path_factory.mktemp("models"), family="qwen3", tied=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_orphan_ranks():
+    """After the whole session, no draft or TP rank process may still be running."""
+    import multiprocessing
+
+    yield
+    left = [p.name for p in multiprocessing.active_children() if p.name.startswith("ssd-chat-rank")]
+    assert not left, f"rank processes left running: {left}"

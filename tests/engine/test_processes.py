@@ -101,6 +101,25 @@ def test_a_dying_draft_process_falls_back_to_ar(tiny_llama_dir, draft_dir):
         assert any(isinstance(e, EngineWarning) for e in later)
 
 
+def test_a_draft_process_that_stops_answering_is_dropped(tiny_llama_dir, draft_dir):
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
+             threads=1, draft_timeout_s=3.0) as llm:
+        want = _outputs(llm, SpeculationConfig(mode="ar"))
+        llm.speculation = SpeculationConfig(mode="ssd", k=3)
+        tokens, warnings = [], []
+        for event in llm.stream(PROMPTS[2], GREEDY):
+            if isinstance(event, TokenDelta):
+                tokens += event.token_ids
+                if len(tokens) >= 6 and not warnings and llm.remote.alive:
+                    os.kill(llm.remote.proc.pid, signal.SIGSTOP)  # alive but silent
+            elif isinstance(event, EngineWarning):
+                warnings.append(event.message)
+        assert tokens == want[2]
+        assert len(warnings) == 1 and "AR mode" in warnings[0]
+        llm.remote.proc.join(10)
+        assert not llm.remote.proc.is_alive()  # the silent process was killed, not left behind
+
+
 def test_tp2_equals_tp1(tiny_llama_dir):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     with LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, threads=1) as one:
