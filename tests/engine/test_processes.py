@@ -58,6 +58,17 @@ def test_ssd_with_a_draft_process_equals_ar(remote, k, fanout, backup):
     assert all(s.draft_idle_s is not None for s in spec)  # the draft process reports its idle time
 
 
+def test_ssd_with_a_draft_process_runs_exactly_into_the_context_limit(remote):
+    prompt = list(range(5, 5 + 240))  # 16 positions left before max_model_len (256)
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    remote.speculation = SpeculationConfig(mode="ar")
+    want = remote.generate([prompt], params)[0]
+    remote.speculation = SpeculationConfig(mode="ssd", k=4)
+    got = remote.generate([prompt], params)[0]
+    assert got.finish_reason is FinishReason.CONTEXT and got.token_ids == want.token_ids
+    assert len(prompt) + len(got.token_ids) == 256
+
+
 def test_the_draft_process_keeps_its_prefix_cache_across_turns(remote):
     remote.speculation = SpeculationConfig(mode="ssd", k=3)
     first = remote.generate(["Paris is a city of lights and"], GREEDY)[0]
