@@ -120,7 +120,9 @@ class EngineCore:
             ar = [s for s in self.running if self.spec[s.seq_id].mode == "ar"]
             outputs = self._decode(ar) if ar else {}
             for spec in {self.spec[s.seq_id] for s in self.running if self.spec[s.seq_id].mode != "ar"}:
-                outputs |= self._speculate([s for s in self.running if self.spec[s.seq_id] == spec], spec)
+                group = [s for s in self.running if self.spec[s.seq_id] == spec]
+                if group:  # empty when a lost draft process moved its requests to AR earlier in this step
+                    outputs |= self._speculate(group, spec)
         return self._commit(outputs)
 
     def _speculate(self, seqs: list[Sequence], spec: SpeculationConfig) -> dict[Sequence, StepOutput]:
@@ -133,17 +135,20 @@ class EngineCore:
         try:
             return ssd_step(seqs, self.runner, drafter, k=spec.k, fanout=fanout, backup=spec.backup, **common)
         except DraftLost as exc:
-            self._drop_draft(drafter, seqs, exc)
+            self._drop_draft(drafter, exc)
             return self._decode(seqs)
 
-    def _drop_draft(self, drafter, seqs: list[Sequence], exc: Exception) -> None:
-        """The draft process died: its requests go on in AR mode from their committed tokens (nothing is lost
-        or repeated: a failed round commits nothing), and later requests of its mode fall back to AR too."""
-        for mode in [m for m, d in self.drafters.items() if d is drafter]:
+    def _drop_draft(self, drafter, exc: Exception) -> None:
+        """The draft process died: every request using it (running or waiting) goes on in AR mode from its
+        committed tokens (nothing is lost or repeated: a failed round commits nothing), and later requests of
+        its modes fall back to AR too (see `add`)."""
+        lost = [m for m, d in self.drafters.items() if d is drafter]
+        for mode in lost:
             del self.drafters[mode]
-        for seq in seqs:
-            self.spec[seq.seq_id] = SpeculationConfig(mode="ar", k=self.spec[seq.seq_id].k)
-            self.warnings.append((seq.seq_id, f"{exc}; continuing in AR mode"))
+        for seq_id, spec in self.spec.items():
+            if spec.mode in lost:
+                self.spec[seq_id] = SpeculationConfig(mode="ar", k=spec.k)
+                self.warnings.append((seq_id, f"{exc}; continuing in AR mode"))
 
     def _prefill(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
         by_drafter: dict[object, list[Sequence]] = {}
@@ -166,7 +171,7 @@ class EngineCore:
         try:
             return drafter.start(seqs, self._reserve_tokens)
         except DraftLost as exc:
-            self._drop_draft(drafter, seqs, exc)
+            self._drop_draft(drafter, exc)
             return {}
 
     def _decode(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:

@@ -112,6 +112,26 @@ def test_a_dying_draft_process_falls_back_to_ar(tiny_llama_dir, draft_dir):
         assert any(isinstance(e, EngineWarning) for e in later)
 
 
+def test_a_lost_draft_moves_every_request_using_it_to_ar(tiny_llama_dir, draft_dir):
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
+             threads=1) as llm:
+        want = _outputs(llm, SpeculationConfig(mode="ar"))
+        llm.speculation = SpeculationConfig(mode="ssd", k=3)
+        first = llm.stream(PROMPTS[0], GREEDY)
+        llm.speculation = SpeculationConfig(mode="ssd", k=2)  # a second group of requests on the same draft
+        second = llm.stream(PROMPTS[1], GREEDY)
+        events, killed = {0: [], 1: []}, False
+        for event in first:  # each step advances both requests
+            events[0].append(event)
+            if not killed and sum(isinstance(e, TokenDelta) for e in events[0]) == 4:
+                os.kill(llm.remote.proc.pid, signal.SIGKILL)
+                killed = True
+        events[1] = list(second)
+        for i, evs in events.items():
+            assert evs[-1].output.token_ids == want[i]
+            assert sum(isinstance(e, EngineWarning) for e in evs) == 1
+
+
 def test_a_draft_process_that_stops_answering_is_dropped(tiny_llama_dir, draft_dir):
     with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
              threads=1, draft_timeout_s=3.0) as llm:
