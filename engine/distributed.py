@@ -12,6 +12,7 @@ peer's closing sockets.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing as mp
@@ -46,10 +47,13 @@ class RankSpec:
     threads: int
 
 
-def pin(cores: tuple[int, ...] | None, threads: int | None) -> None:
-    """Pin this process to `cores` and set torch's intra-op threads."""
+def pin(cores: tuple[int, ...] | set[int] | None, threads: int | None) -> None:
+    """Pin this whole process (every thread it has now, and so every thread they start) to `cores`, and set
+    torch's intra-op threads. Linux affinity is per thread, and the engine may run in a UI worker thread."""
     if cores is not None:
-        os.sched_setaffinity(0, set(cores))
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.sched_setaffinity(int(tid), set(cores))
     if threads is not None:
         torch.set_num_threads(threads)
 

@@ -235,7 +235,8 @@ class LLM:
                 if proc.is_alive():
                     proc.kill()
             self._workers = []
-        os.sched_setaffinity(0, self._affinity)
+        if self.placement.target[0].cores is not None:
+            pin(self._affinity, None)
 
     def __enter__(self) -> LLM:
         return self

@@ -338,7 +338,7 @@ def _on_target_cores(config: BenchConfig) -> Iterator[None]:
     try:
         yield
     finally:
-        os.sched_setaffinity(0, saved)
+        pin(saved, None)
 
 
 def machine_info() -> dict:

@@ -16,6 +16,7 @@ import pytest
 
 from engine import LLM, EngineWarning, FinishReason, SamplingParams, TokenDelta
 from engine.config import SpeculationConfig
+from engine.distributed import pin
 from engine.errors import InvalidParameterError
 from engine.outputs import RequestFinished
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
@@ -186,6 +187,19 @@ def test_tp_must_divide_the_heads(tiny_llama_dir, tmp_path):
     with pytest.raises(InvalidParameterError, match="does not divide") as err:
         LLM(str(odd), tp=2, target_devices="cpu")  # refused before any process starts
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores to see a change")
+def test_pinning_from_a_worker_thread_pins_the_whole_process():
+    before = os.sched_getaffinity(0)
+    worker = threading.Thread(target=pin, args=({1}, None))  # the TUI builds the engine in a worker thread
+    worker.start()
+    worker.join()
+    try:
+        assert os.sched_getaffinity(0) == {1}  # this (main) thread moved too
+    finally:
+        pin(before, None)
+    assert os.sched_getaffinity(0) == before
 
 
 LEADER_SCRIPT = textwrap.dedent("""
