@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-import transformers
 from rich.table import Table
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
@@ -30,7 +28,7 @@ from engine.config import SpeculationConfig
 from engine.distributed import pin
 from engine.outputs import SpecStats
 from engine.placement import plan
-from ssd_chat.bandwidth import matvec_bandwidth_gb_s
+from ssd_chat.machine import machine_info, matvec_bandwidth_gb_s
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "chat.jsonl"
 WARMUP_TOKENS = 8
@@ -339,27 +337,6 @@ def _on_target_cores(config: BenchConfig) -> Iterator[None]:
         yield
     finally:
         pin(saved, None)
-
-
-def machine_info() -> dict:
-    return {
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def render_table(report: BenchReport) -> Table:
