@@ -1,0 +1,216 @@
+"""`ssd-chat distill`: train a cheap draft for a target by self-distillation, on the CPU, resumably.
+
+Recipe: (1) the target answers a prompt set (``assets/prompts/distill.jsonl``; a few prompts held out) with
+our engine; (2) the draft starts as the target's embedding, first ``draft_layers`` layers and norm, and a head
+restricted to the ``head_vocab`` tokens most frequent in those replies; (3) it is trained with AdamW on
+KL(target || draft) over the kept tokens, teacher-forced on the replies. The output directory is a model
+directory (``--draft DIR``); ``DIR/distill/`` holds the run: settings, reply cache, checkpoint and log.
+Data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import InvalidParameterError
+from engine.registry import resolve_model
+from ssd_chat import distill_data as data
+from ssd_chat.bench import DEFAULT_PROMPTS as HELD_OUT_PROMPTS
+from ssd_chat.bench import load_prompts
+from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
+from ssd_chat.distill_train import TrainSettings, train
+
+DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "distill.jsonl"
+WORK_DIR = "distill"  # inside the output directory: the run's state, not part of the model
+
+Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "training"), done, total, detail
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    target: str
+    out: Path
+    prompts_file: Path = DISTILL_PROMPTS
+    draft_layers: int = 6
+    head_vocab: int = 8192  # 0: the whole vocabulary
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 3e-4
+    seed: int = 0
+    max_tokens: int = 256
+    temperature: float = 0.0
+    eval_prompts: int = 8
+    eval_every: int = 25
+    checkpoint_every: int = 50
+    threads: int | None = None
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("draft_layers", "batch_size", "max_tokens", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("head_vocab", "steps", "seed", "eval_prompts"):
+            if getattr(self, name) < 0:
+                raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise InvalidParameterError(f"--lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise InvalidParameterError(f"--temperature must be between 0 (greedy) and 100, got {self.temperature}")
+        if self.threads is not None and self.threads < 1:
+            raise InvalidParameterError(f"--threads must be >= 1, got {self.threads}")
+        if Path(self.prompts_file).resolve() == HELD_OUT_PROMPTS:
+            raise InvalidParameterError(f"{HELD_OUT_PROMPTS.name} is the held-out benchmark set: train on another "
+                                        f"prompt file (default {DISTILL_PROMPTS.name})")
+
+
+@dataclass(frozen=True)
+class DistillResult:
+    out: Path
+    steps: int
+    steps_run: int
+    num_examples: int            # training prompts (held-out ones excluded)
+    num_reply_tokens: int        # in the training replies
+    head_coverage: float         # of the training reply tokens by the kept vocabulary
+    agreement_before: float | None  # greedy agreement on the held-out prompts, untrained
+    agreement: float | None      # after training
+    final_loss: float | None
+    draft_params_per_token: int
+    target_params_per_token: int
+    replies_s: float
+    training_s: float
+
+
+def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
+    """Generate (or reuse) the replies, train (or resume), write the draft into ``config.out``."""
+    out = Path(config.out).expanduser().resolve()
+    target_dir = resolve_model(config.target)
+    target_config = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
+    num_layers = int(target_config["num_hidden_layers"])
+    if config.draft_layers > num_layers:
+        raise InvalidParameterError(f"--draft-layers {config.draft_layers} is more than the target's {num_layers} "
+                                    f"layers: pick 1..{num_layers}")
+    prompts = load_prompts(Path(config.prompts_file))
+    if len(prompts) < 2 and config.eval_prompts:
+        raise InvalidParameterError(f"{config.prompts_file} holds {len(prompts)} prompt: give at least 2 "
+                                    "(some are held out), or --eval-prompts 0")
+    work = _prepare_out(out)
+    data_settings = data.DataSettings(str(target_dir), data.file_sha256(Path(config.prompts_file)), config.max_tokens,
+                                 config.temperature, config.seed)
+    _check_settings(work, config, data_settings)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+
+    started = time.perf_counter()
+    examples = data.generate_examples(str(target_dir), prompts, data_settings, work / "data.jsonl",
+                                 threads=config.threads, progress=lambda d, t: progress("replies", d, t, ""))
+    replies_s = time.perf_counter() - started
+    held_out = set(data.held_out_indices(len(examples), config.eval_prompts))
+    train_examples = [e for i, e in enumerate(examples) if i not in held_out]
+    eval_examples = [examples[i] for i in sorted(held_out)]
+
+    started = time.perf_counter()
+    target = load_target(target_dir)
+    eos_ids = _eos_ids(target)
+    head_ids = data.head_vocab_ids(train_examples, target.config.vocab_size, config.head_vocab, always=eos_ids)
+    draft = init_draft(target, config.draft_layers, head_ids)
+    settings = TrainSettings(config.steps, config.batch_size, config.lr, config.seed, config.eval_every,
+                             config.checkpoint_every)
+    pad_id = eos_ids[0] if eos_ids else 0
+    result = train(draft, target, train_examples, eval_examples, settings, work, pad_id=pad_id,
+                   on_checkpoint=lambda: save_draft(draft, target_dir, out),
+                   progress=lambda d, t, detail: progress("training", d, t, detail))
+    if result.steps_run == 0:  # nothing trained now (--steps 0, or a finished run): the draft still gets written
+        save_draft(draft, target_dir, out)
+    target_per_token = sum(p.numel() for p in target.model.layers.parameters()) + target.lm_head.weight.numel()
+    return DistillResult(
+        out=out, steps=config.steps, steps_run=result.steps_run, num_examples=len(train_examples),
+        num_reply_tokens=sum(len(e.reply_ids) for e in train_examples),
+        head_coverage=data.head_coverage(train_examples, head_ids), agreement_before=_logged_agreement(work, 0),
+        agreement=result.agreement if result.agreement is not None else _logged_agreement(work, config.steps),
+        final_loss=result.final_loss, draft_params_per_token=num_params_per_token(draft),
+        target_params_per_token=target_per_token, replies_s=replies_s, training_s=time.perf_counter() - started,
+    )
+
+
+def _prepare_out(out: Path) -> Path:
+    """Create ``out/distill`` (a one-line error when that is impossible); refuse a directory holding anything
+    but an earlier distill run, rather than writing model files into it."""
+    if out.exists() and not out.is_dir():
+        raise InvalidParameterError(f"--out {out} is a file: give a new or empty directory")
+    work = out / WORK_DIR
+    if out.is_dir() and any(out.iterdir()) and not (work / "settings.json").is_file():
+        raise InvalidParameterError(f"--out {out} holds other files: give a new or empty directory")
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        probe = work / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise InvalidParameterError(f"cannot write to --out {out}: {err.strerror or err}") from None
+    return work
+
+
+def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataSettings) -> None:
+    """With --resume a run continues only with the settings it started with; --no-resume starts over (keeping
+    the reply cache, which is only reused when its own settings match)."""
+    settings = {k: v for k, v in asdict(config).items() if k not in ("out", "threads", "resume", "eval_every",
+                                                                       "checkpoint_every")}
+    settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings)}
+    path = work / "settings.json"
+    if config.resume and path.is_file() and (work / "checkpoint.pt").is_file():
+        before = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in settings if before.get(k) != settings[k])
+        if changed:
+            flags = ", ".join(f"--{k.replace('_', '-')} ({before.get(k)!r} before)" for k in changed)
+            raise InvalidParameterError(f"{work.parent} holds a run with other settings: {flags}; give the same "
+                                        "options to resume, or --no-resume to start over")
+    elif not config.resume:
+        for name in ("checkpoint.pt", "log.jsonl"):
+            (work / name).unlink(missing_ok=True)
+        for name in ("config.json", "model.safetensors"):
+            (work.parent / name).unlink(missing_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def _eos_ids(target) -> list[int]:
+    ids: list[int] = []
+    for source in (target.config.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
+        for token in source if isinstance(source, list) else [] if source is None else [source]:
+            if token not in ids:
+                ids.append(int(token))
+    return ids
+
+
+def _logged_agreement(work: Path, step: int) -> float | None:
+    path = work / "log.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        if row.get("step") == step and "agreement" in row:
+            return row["agreement"]
+    return None
+
+
+@contextmanager
+def progress_bar() -> Iterator[Progress]:
+    """A rich progress bar on stderr, one row per phase (replies, training), as a ``Progress`` callback."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as RichProgress
+
+    columns = (TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn(), TextColumn("{task.fields[detail]}"))
+    tasks: dict[str, object] = {}
+    with RichProgress(*columns, console=Console(stderr=True)) as bar:
+        def update(phase: str, done: int, total: int, detail: str) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total, detail="")
+            bar.update(tasks[phase], completed=done, total=total, detail=detail)
+
+        yield update

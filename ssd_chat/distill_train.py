@@ -1,0 +1,191 @@
+"""`ssd-chat distill`'s training loop: KL to the target's distribution over the kept vocabulary, teacher-forced
+on the target's replies, with AdamW on the CPU.
+
+Deterministic and resumable: the examples of step s are a pure function of (seed, s) (one seeded permutation
+per epoch), and a checkpoint holds the trained tensors, the optimizer and the step, so a run resumed from
+step c does exactly what an uninterrupted one does after step c. The log (JSONL) has one line per step
+(step, loss, lr) plus, every ``eval_every`` steps and at step 0, the greedy agreement on the held-out prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ssd_chat.distill_data import Example
+from ssd_chat.distill_model import DraftModel
+
+WARMUP_FRACTION, MIN_LR_FRACTION, WEIGHT_DECAY = 0.05, 0.1, 0.01
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    eval_every: int
+    checkpoint_every: int
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps_run: int             # in this call (0 when the checkpoint was already at the last step)
+    final_loss: float | None   # mean of the last logged steps' losses
+    agreement: float | None    # at the last evaluation
+
+
+def kl_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over masked positions of KL(target || draft), both softmaxed over the kept vocabulary.
+
+    draft_logits, target_logits: [B, T, Vr]; mask: [B, T] (True where position t predicts a reply token).
+    """
+    log_q = F.log_softmax(draft_logits[mask], dim=-1)   # [N, Vr]
+    log_p = F.log_softmax(target_logits[mask], dim=-1)  # [N, Vr]
+    return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+
+
+def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> list[int]:
+    """The examples of ``step``: consecutive slots of a fresh seeded permutation per epoch."""
+    out = []
+    for slot in range(step * batch_size, (step + 1) * batch_size):
+        epoch, pos = divmod(slot, num_examples)
+        perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        out.append(int(perm[pos]))
+    return out
+
+
+def pad_batch(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T] and the mask [B, T] of positions whose next token is a reply token. Causal
+    attention keeps right padding from touching real positions, so no attention mask is needed."""
+    length = max(len(e.token_ids) for e in examples)
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(examples), length, dtype=torch.bool)
+    for row, example in enumerate(examples):
+        tokens = example.token_ids
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, len(example.prompt_ids) - 1 : len(tokens) - 1] = True
+    return ids, mask
+
+
+def lr_at(step: int, settings: TrainSettings) -> float:
+    """Linear warm-up, then cosine decay to MIN_LR_FRACTION of the peak."""
+    warmup = max(1, int(WARMUP_FRACTION * settings.steps))
+    if step < warmup:
+        return settings.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, settings.steps - warmup)
+    return settings.lr * (MIN_LR_FRACTION + (1 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def target_logits(target: nn.Module, ids: torch.Tensor, head_ids: torch.Tensor | None) -> torch.Tensor:
+    """The teacher's logits [B, T, Vr] over the kept tokens (the full vocabulary when head_ids is None)."""
+    hidden = target.model(input_ids=ids).last_hidden_state  # [B, T, D]
+    head = target.lm_head.weight if head_ids is None else target.lm_head.weight[head_ids]
+    return hidden @ head.T
+
+
+@torch.no_grad()
+def greedy_agreement(draft: DraftModel, examples: Sequence[Example], target_argmax: Sequence[torch.Tensor]) -> float:
+    """Fraction of reply positions where the draft's top token (over its kept vocabulary) is the target's
+    (over the whole vocabulary), teacher-forced on the target's replies: the draft's greedy acceptance."""
+    matches = total = 0
+    for example, expected in zip(examples, target_argmax, strict=True):
+        ids, mask = pad_batch([example], pad_id=0)
+        proposed = draft.head_ids[draft(ids)[mask].argmax(-1)]  # [R]
+        matches += int((proposed == expected).sum())
+        total += expected.numel()
+    return matches / max(total, 1)
+
+
+def target_argmax(target: nn.Module, examples: Sequence[Example]) -> list[torch.Tensor]:
+    """The target's greedy token at every reply position of each example (computed once)."""
+    out = []
+    for example in examples:
+        ids, mask = pad_batch([example], pad_id=0)
+        out.append(target_logits(target, ids, None)[mask].argmax(-1))
+    return out
+
+
+def train(
+    draft: DraftModel, target: nn.Module, examples: Sequence[Example], eval_examples: Sequence[Example],
+    settings: TrainSettings, work_dir: Path, *, pad_id: int, on_checkpoint: Callable[[], None],
+    progress: Callable[[int, int, str], None],
+) -> TrainResult:
+    """Train ``draft`` up to ``settings.steps``, resuming from ``work_dir``'s checkpoint when there is one."""
+    checkpoint, log_path = work_dir / "checkpoint.pt", work_dir / "log.jsonl"
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=WEIGHT_DECAY)
+    start = _restore(checkpoint, draft, optimizer)
+    _truncate_log(log_path, start)
+    expected = target_argmax(target, eval_examples) if eval_examples else []
+    agreement = None
+    if start == 0 and expected:
+        agreement = greedy_agreement(draft, eval_examples, expected)
+        _append_log(log_path, {"step": 0, "agreement": round(agreement, 4)})
+    recent: list[float] = []
+    progress(start, settings.steps, "")
+    for step in range(start, settings.steps):
+        batch = [examples[i] for i in batch_indices(step, settings.batch_size, len(examples), settings.seed)]
+        ids, mask = pad_batch(batch, pad_id)
+        lr = lr_at(step, settings)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = kl_loss(draft(ids), target_logits(target, ids, draft.head_ids), mask)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        recent = [*recent[-9:], loss.item()]
+        row = {"step": step + 1, "loss": round(recent[-1], 5), "lr": lr, "tokens": int(mask.sum())}
+        if expected and ((step + 1) % settings.eval_every == 0 or step + 1 == settings.steps):
+            agreement = greedy_agreement(draft, eval_examples, expected)
+            row["agreement"] = round(agreement, 4)
+        _append_log(log_path, row)
+        if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
+            _save(checkpoint, draft, optimizer, step + 1)
+            on_checkpoint()
+        progress(step + 1, settings.steps, f"loss {recent[-1]:.3f}" + (
+            f"  agreement {agreement:.2f}" if agreement is not None else ""))
+    final_loss = sum(recent) / len(recent) if recent else None
+    return TrainResult(steps_run=settings.steps - start, final_loss=final_loss, agreement=agreement)
+
+
+def _save(path: Path, draft: DraftModel, optimizer: torch.optim.Optimizer, step: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"step": step, "draft": draft.trainable_state(), "optimizer": optimizer.state_dict()}, tmp)
+    tmp.replace(path)  # atomic: an interrupted save leaves the previous checkpoint
+
+
+def _restore(path: Path, draft: DraftModel, optimizer: torch.optim.Optimizer) -> int:
+    if not path.is_file():
+        return 0
+    state = torch.load(path, weights_only=True)
+    draft.load_trainable_state(state["draft"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop the lines of steps after the checkpoint: they are about to be redone."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines() if step > 0 else []:
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):  # a line cut short by an interruption
+            continue
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+
+
+def _append_log(path: Path, row: dict) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")

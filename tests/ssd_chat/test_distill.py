@@ -1,0 +1,162 @@
+"""`ssd-chat distill` on a tiny random target: a loadable, exact draft that beats the untrained one, resumable,
+one-line errors. The target's replies come from our engine; training runs a few hundred tiny steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from engine import LLM, SamplingParams
+from engine.config import SpeculationConfig
+from ssd_chat import cli
+from ssd_chat.bench import DEFAULT_PROMPTS, load_prompts
+from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, run_distill
+
+runner = CliRunner()
+NUM_PROMPTS, MAX_TOKENS = 48, 48
+TRAIN_ARGS = ["--draft-layers", "1", "--head-vocab", "200", "--batch-size", "4", "--lr", "3e-3", "--max-tokens",
+              str(MAX_TOKENS), "--eval-prompts", "4", "--eval-every", "50", "--checkpoint-every", "100"]
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    lines = DISTILL_PROMPTS.read_text(encoding="utf-8").splitlines()[:NUM_PROMPTS]
+    path = tmp_path_factory.mktemp("prompts") / "train.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _distill(target: Path, out: Path, prompts: Path, steps: int, *extra: str) -> None:
+    args = ["distill", "--target", str(target), "--out", str(out), "--prompts", str(prompts), "--steps", str(steps),
+            *TRAIN_ARGS, *extra]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_llama_dir, prompts_file, tmp_path_factory) -> tuple[Path, Path]:
+    """(untrained, trained) drafts of the tiny target: the same architecture, 0 and 200 steps."""
+    root = tmp_path_factory.mktemp("drafts")
+    _distill(tiny_llama_dir, root / "untrained", prompts_file, 0)
+    _distill(tiny_llama_dir, root / "trained", prompts_file, 200)
+    return root / "untrained", root / "trained"
+
+
+def _held_out_prompt_ids(llm: LLM, n: int) -> list[list[int]]:
+    return [llm.encode_chat(messages) for messages in load_prompts(DEFAULT_PROMPTS, limit=n)]
+
+
+def test_the_draft_loads_like_any_model_and_speculation_stays_exact(tiny_llama_dir, drafts):
+    _, draft = drafts
+    config = json.loads((draft / "config.json").read_text())
+    assert config["reduced_head"] is True and config["num_hidden_layers"] == 1
+    assert not config["tie_word_embeddings"]
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (draft / name).read_bytes() == (tiny_llama_dir / name).read_bytes()
+    head = load_file(draft / "model.safetensors")["lm_head.weight"]  # [V, D]: 200 kept rows, the rest zero
+    assert int((head.abs().amax(-1) > 0).sum()) == 200
+
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(draft)  # transformers loads it as a plain model
+
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    llm = LLM(target=str(tiny_llama_dir), draft=str(draft), mode="ar")
+    try:
+        prompts = _held_out_prompt_ids(llm, 3)
+        expected = [out.token_ids for out in llm.generate(prompts, greedy)]
+        for mode in ("sd", "ssd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=4)
+            assert [out.token_ids for out in llm.generate(prompts, greedy)] == expected, mode
+    finally:
+        llm.close()
+
+
+def _acceptance(target: Path, draft: Path) -> float:
+    llm = LLM(target=str(target), draft=str(draft), mode="sd", k=4)
+    try:
+        greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        outputs = [llm.generate(ids, greedy)[0] for ids in _held_out_prompt_ids(llm, 6)]
+    finally:
+        llm.close()
+    return sum(out.stats.spec.acceptance_rate for out in outputs) / len(outputs)
+
+
+def test_training_beats_the_untrained_draft(tiny_llama_dir, drafts):
+    untrained, trained = drafts
+    log = [json.loads(line) for line in (trained / "distill" / "log.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in log] == list(range(201))
+    assert log[0]["agreement"] < log[-1]["agreement"]  # on the held-out training prompts
+    assert sum(r["loss"] for r in log[1:11]) > 2 * sum(r["loss"] for r in log[-10:])
+    # On prompts it never saw (the benchmark set), the engine's SD acceptance: about 0.12 -> 0.23 here.
+    before, after = _acceptance(tiny_llama_dir, untrained), _acceptance(tiny_llama_dir, trained)
+    assert after > before + 0.05, (before, after)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tiny_llama_dir, prompts_file, tmp_path):
+    def config(out: Path) -> DistillConfig:
+        return DistillConfig(target=str(tiny_llama_dir), out=out, prompts_file=prompts_file, draft_layers=1,
+                             head_vocab=200, steps=8, batch_size=4, lr=3e-3, max_tokens=MAX_TOKENS, eval_prompts=4,
+                             eval_every=2, checkpoint_every=3)
+
+    def stop_at_step_5(phase: str, done: int, total: int, detail: str) -> None:
+        if phase == "training" and done == 5:
+            raise _Interrupt
+
+    run_distill(config(tmp_path / "whole"), lambda *_: None)
+    with pytest.raises(_Interrupt):
+        run_distill(config(tmp_path / "resumed"), stop_at_step_5)
+    data = tmp_path / "resumed" / "distill" / "data.jsonl"
+    cached = data.read_bytes()
+    result = run_distill(config(tmp_path / "resumed"), lambda *_: None)
+    assert result.steps_run == 5  # from the checkpoint at step 3
+    assert data.read_bytes() == cached  # the replies were not generated again
+    whole, resumed = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "resumed"))
+    assert whole.keys() == resumed.keys()
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "distill" / "log.jsonl").open()]
+    assert steps == list(range(9))  # steps 4-5 were logged, dropped, and redone once
+
+
+def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    base = ["distill", "--target", str(tiny_llama_dir), "--prompts", str(prompts_file)]
+    cases = {
+        "more layers than the target": [*base, "--out", str(tmp_path / "o1"), "--draft-layers", "3"],
+        "unwritable out": [*base, "--out", str(a_file / "sub")],
+        "out is a file": [*base, "--out", str(a_file)],
+        "out holds other files": [*base, "--out", str(tmp_path / "busy")],
+        "negative steps": [*base, "--out", str(tmp_path / "o2"), "--steps", "-1"],
+        "training on the held-out set": [*base, "--out", str(tmp_path / "o3"), "--prompts", str(DEFAULT_PROMPTS)],
+        "missing target": ["distill", "--target", str(tmp_path / "nothing"), "--out", str(tmp_path / "o4")],
+    }
+    for case, args in cases.items():
+        result = runner.invoke(cli.app, args)
+        assert result.exit_code == 2, (case, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (case, result.stderr)
+        assert result.exception is None or isinstance(result.exception, SystemExit), case
+    assert not (tmp_path / "o1").exists()  # nothing written for a refused run
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_resuming_with_other_settings_is_refused(tiny_llama_dir, prompts_file, tmp_path):
+    _distill(tiny_llama_dir, tmp_path / "run", prompts_file, 2)
+    result = runner.invoke(cli.app, ["distill", "--target", str(tiny_llama_dir), "--out", str(tmp_path / "run"),
+                                     "--prompts", str(prompts_file), "--steps", "4", *TRAIN_ARGS, "--lr", "1e-3"])
+    assert result.exit_code == 2
+    assert "--lr" in result.stderr and "--no-resume" in result.stderr
+    _distill(tiny_llama_dir, tmp_path / "run", prompts_file, 4, "--lr", "1e-3", "--no-resume")
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "distill" / "log.jsonl").open()]
+    assert steps == list(range(5))
