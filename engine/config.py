@@ -8,6 +8,20 @@ from engine.errors import InvalidParameterError
 
 DEFAULT_TARGET = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer")
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """The CUDA fast paths, each with a switch (the CPU ignores eager/compile and refuses flashinfer).
+
+    attention "auto": flashinfer on CUDA when it imports (bf16/fp16), else SDPA. eager: no CUDA graphs for the
+    decode step. compile: torch.compile the model forward.
+    """
+
+    attention: str = "auto"
+    eager: bool = False
+    compile: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,8 +47,22 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_num_seqs: int = 16
     seed: int = 0
+    attention: str = "auto"          # auto | sdpa | flashinfer (CUDA only)
+    eager: bool = False              # CUDA: no decode CUDA graphs
+    compile: bool = False            # torch.compile the model forward
+
+    @property
+    def fast_path(self) -> FastPath:
+        return FastPath(self.attention, self.eager, self.compile)
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_BACKENDS:
+            raise InvalidParameterError(
+                f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}"
+            )
+        on_cuda = (self.target_devices or self.device).startswith("cuda")
+        if self.attention == "flashinfer" and not on_cuda:
+            raise InvalidParameterError("--attention flashinfer needs a CUDA device: use --attention sdpa on the CPU")
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:

@@ -1,4 +1,4 @@
-"""Process launch and point-to-point messages over torch.distributed (gloo on CPU).
+"""Process launch and point-to-point messages over torch.distributed (gloo; NCCL for CUDA TP collectives).
 
 The leader (the caller's process) is rank 0 of a small process group; every other rank is a child
 started with `spawn_rank`. Each group is its own ProcessGroupGloo object (no global default group), so
@@ -79,6 +79,26 @@ def make_group(
                     raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} while starting") from None
     store.set_timeout(datetime.timedelta(seconds=60))
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def collective_backend(device: torch.device | str) -> str:
+    """The backend of a TP group's collectives: NCCL for CUDA tensors, gloo for CPU tensors."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def make_collective_group(
+    port: int, rank: int, world_size: int, device: torch.device | str, timeout: datetime.timedelta
+) -> dist.ProcessGroup:
+    """The group for the TP all-reduce/all-gather of tensors on `device`: NCCL on CUDA, on its own TCP store
+    (the leader hosts it on `port`). Control messages (CPU int64 lists) stay on make_group's gloo group.
+    UNVERIFIED: no GPU has run this yet (see README, GPU section)."""
+    if collective_backend(device) == "gloo":
+        return make_group(port, rank, world_size, timeout)
+    torch.cuda.set_device(torch.device(device))
+    store = dist.TCPStore("127.0.0.1", port, world_size, rank == LEADER, timeout=timeout, wait_for_workers=False)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, world_size, options)
 
 
 def spawn_rank(

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import BACKUPS
+from engine.config import BACKUPS, FastPath
 from engine.distributed import LEADER, Channel, bits_float, float_bits
 from engine.drafter import Proposal
 from engine.sampling_params import SamplingParams
@@ -42,6 +42,7 @@ class DraftSpec:
     enable_prefix_caching: bool
     dtype: str
     device: str
+    fast: FastPath = field(default_factory=FastPath)  # attention backend, CUDA graphs, torch.compile
 
 
 def encode_start(seq: Sequence, draft_seed: int) -> list[int]:

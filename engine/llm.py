@@ -21,10 +21,11 @@ import torch
 
 from engine import tp_worker
 from engine.attention import make_backend
-from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
+from engine.config import DEFAULT_TARGET, EngineConfig, FastPath, SpeculationConfig
 from engine.core import EngineCore
+from engine.cuda_graphs import DEFAULT_MAX_BATCH, use_cuda_graphs
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
-from engine.distributed import RankSpec, free_port, make_group, pin, spawn_rank
+from engine.distributed import RankSpec, free_port, make_collective_group, make_group, pin, spawn_rank
 from engine.draft_server import DraftSpec
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.kv.block_manager import BlockManager
@@ -106,21 +107,28 @@ class LLM:
         tp = TensorParallel()
         if placement.tp > 1:
             port = free_port()
+            nccl_port = free_port() if self.device.type == "cuda" else None  # TP all-reduce on NCCL (CUDA)
             for rank, device in enumerate(placement.target[1:], start=1):
                 shard = TargetShardSpec(str(self.model_path), rank, placement.tp, num_blocks, config.block_size,
-                                        self.max_model_len, config.dtype, device.torch_device)
+                                        self.max_model_len, config.dtype, device.torch_device, config.fast_path,
+                                        nccl_port)
                 rank_spec = RankSpec(rank, device.cores, placement.threads_for(device) or 1)
                 self._workers.append(spawn_rank(tp_worker.serve, rank_spec, port, placement.tp, shard))
-            tp = TensorParallel(0, placement.tp, make_group(port, 0, placement.tp, WORKER_TIMEOUT, self._workers))
+            control = make_group(port, 0, placement.tp, WORKER_TIMEOUT, self._workers)
+            collective = control if nccl_port is None else \
+                make_collective_group(nccl_port, 0, placement.tp, self.device, WORKER_TIMEOUT)
+            tp = TensorParallel(0, placement.tp, collective)
         log.info("loading %s (%s) on %s", config.target, self.model_path, self.device)
         model = build_model(files.config, files.weight_files, max_positions=self.max_model_len, dtype=dtype,
                             device=self.device, tp=tp)
         self.model_args = model.args
-        kwargs = dict(num_blocks=num_blocks, block_size=config.block_size, device=self.device, dtype=dtype)
+        kwargs = dict(num_blocks=num_blocks, block_size=config.block_size, device=self.device, dtype=dtype,
+                      **_fast_kwargs(config.fast_path, self.device, tp=placement.tp, max_keys=self.max_model_len))
+        backend = make_backend(config.attention, self.device, dtype)
         if placement.tp > 1:
-            runner = BroadcastingRunner(model, make_backend("sdpa"), group=tp.group, **kwargs)
+            runner = BroadcastingRunner(model, backend, group=control, **kwargs)
         else:
-            runner = ModelRunner(model, make_backend("sdpa"), **kwargs)
+            runner = ModelRunner(model, backend, **kwargs)
         self.eos_token_ids = _eos_ids(self.model_path, model.args.eos_token_ids, self.tokenizer)
         drafter = None
         if config.draft is not None:
@@ -151,7 +159,7 @@ class LLM:
     def _draft_spec(self, num_blocks: int, device: torch.device) -> DraftSpec:
         c = self.config
         return DraftSpec(str(self.draft_path), num_blocks, c.block_size, self.max_model_len, c.max_num_seqs,
-                         c.enable_prefix_caching, c.dtype, str(device))
+                         c.enable_prefix_caching, c.dtype, str(device), c.fast_path)
 
     @property
     def speculation(self) -> SpeculationConfig:
@@ -324,8 +332,10 @@ def build_drafter(spec: DraftSpec) -> SsdDrafter:
     log.info("loading draft %s on %s", spec.model_path, device)
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
                         device=device)
-    runner = ModelRunner(model, make_backend("sdpa"), num_blocks=spec.num_blocks, block_size=spec.block_size,
-                         device=device, dtype=dtype, extra_slots=spec.max_num_seqs * SCRATCH_SLOTS)
+    runner = ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
+                         block_size=spec.block_size, device=device, dtype=dtype,
+                         extra_slots=spec.max_num_seqs * SCRATCH_SLOTS,
+                         **_fast_kwargs(spec.fast, device, tp=1, max_keys=spec.max_model_len))
     blocks = BlockManager(spec.num_blocks, spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
     return SsdDrafter(runner, blocks, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs)
 
@@ -335,10 +345,23 @@ def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
     files = inspect_model_dir(Path(spec.model_path))
     device = torch.device(spec.device)
     dtype = _dtype(spec.dtype, device)
+    collective = group if spec.nccl_port is None else \
+        make_collective_group(spec.nccl_port, spec.rank, spec.tp, device, WORKER_TIMEOUT)
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
-                        device=device, tp=TensorParallel(spec.rank, spec.tp, group))
-    return ModelRunner(model, make_backend("sdpa"), num_blocks=spec.num_blocks, block_size=spec.block_size,
-                       device=device, dtype=dtype)
+                        device=device, tp=TensorParallel(spec.rank, spec.tp, collective))
+    return ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
+                       block_size=spec.block_size, device=device, dtype=dtype,
+                       **_fast_kwargs(spec.fast, device, tp=spec.tp, max_keys=spec.max_model_len))
+
+
+def _fast_kwargs(fast: FastPath, device: torch.device, *, tp: int, max_keys: int) -> dict:
+    """A runner's CUDA fast paths (none on the CPU): decode graphs unless --eager, torch.compile with --compile.
+    SDPA's graphs gather every row's keys up to max_keys, so they stay small; flashinfer's read pages in place."""
+    if torch.device(device).type != "cuda":
+        return {}
+    graphs = use_cuda_graphs(device, eager=fast.eager, tp=tp)
+    max_batch = DEFAULT_MAX_BATCH if fast.attention != "sdpa" else 8
+    return dict(graph_batch=max_batch if graphs else 0, graph_max_keys=max_keys, compile_model=fast.compile)
 
 
 def _check_tp(config: dict, tp: int, name: str) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionBackend, Index, SeqSpan, build_metadata
+from engine.cuda_graphs import DecodeGraphs
 from engine.models.llama import CausalLM
 from engine.sequence import Sequence
 
@@ -47,20 +48,35 @@ def slot_index(block_table: list[int], start: int, end: int, block_size: int) ->
 
 class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, *, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype, extra_slots: int = 0):
-        """KV slots: num_blocks * block_size managed by a BlockManager, then `extra_slots` (SSD scratch)."""
+                 device: torch.device, dtype: torch.dtype, extra_slots: int = 0, graph_batch: int = 0,
+                 graph_max_keys: int = 0, compile_model: bool = False):
+        """KV slots: num_blocks * block_size managed by a BlockManager, then `extra_slots` (SSD scratch).
+
+        graph_batch > 0: single-token decode steps of up to that many rows (and up to `graph_max_keys` keys
+        each) replay captured graphs (engine.cuda_graphs; CUDA graphs on CUDA, the eager twin on the CPU),
+        which take one more slot for their padding rows. compile_model: torch.compile the model forward."""
         self.model = model
         self.backend = backend
         self.block_size = block_size
         self.device = device
         args = model.args
+        num_slots = num_blocks * block_size + extra_slots
         backend.allocate(
-            num_layers=args.num_layers, num_slots=num_blocks * block_size + extra_slots,
+            num_layers=args.num_layers, num_slots=num_slots + (graph_batch > 0),
             num_kv_heads=model.num_kv_heads_local,
             head_dim=args.head_dim, dtype=dtype, device=device,
         )
         self.first_extra_slot = num_blocks * block_size
         self.num_forward_tokens = 0  # every token that went through the model (tests count compute)
+        self.forward = torch.compile(model.forward, dynamic=True) if compile_model else model.forward
+        self.graphs: DecodeGraphs | None = None
+        if graph_batch > 0:
+            attn = model.model.layers[0].self_attn
+            self.graphs = DecodeGraphs(self.forward, backend, num_heads=attn.num_heads, dtype=dtype, scale=attn.scale,
+                                       pad_slot=num_slots, max_keys=graph_max_keys or num_slots, device=device,
+                                       max_batch=graph_batch)
+            with torch.inference_mode():
+                self.graphs.capture_all()
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk], *, all_logits: bool = False) -> torch.Tensor:
@@ -84,10 +100,13 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The general forward: N query tokens at `positions`, their K/V written to `write_slots`, each span
         attending to its own key slots (custom masks allowed: SSD branches). Logits as in `run`."""
-        meta = build_metadata(write_slots, spans, device=self.device)
-        hidden = self.model(
-            torch.tensor(ids, device=self.device), positions.to(self.device), meta, self.backend
-        )  # [N, hidden]
+        if self.graphs is not None and self.graphs.handles(spans):
+            hidden = self.graphs.run(ids, positions, write_slots, spans)  # [N, hidden]
+        else:
+            meta = build_metadata(write_slots, spans, device=self.device)
+            hidden = self.forward(
+                torch.tensor(ids, device=self.device), positions.to(self.device), meta, self.backend
+            )  # [N, hidden]
         self.num_forward_tokens += len(ids)
         if not all_logits:
             last_rows = torch.tensor([s.q_start + s.q_len - 1 for s in spans], device=self.device)

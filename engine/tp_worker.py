@@ -8,11 +8,12 @@ forward and meets the leader in the same all-reduces. Only the leader samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.attention.base import Index, SeqSpan
+from engine.config import FastPath
 from engine.runner import ModelRunner
 
 STOP = -1
@@ -30,6 +31,8 @@ class TargetShardSpec:
     max_model_len: int
     dtype: str
     device: str
+    fast: FastPath = field(default_factory=FastPath)  # attention backend, CUDA graphs, torch.compile
+    nccl_port: int | None = None  # CUDA: the TP all-reduce's NCCL group meets here (control stays on gloo)
 
 
 class BroadcastingRunner(ModelRunner):

@@ -58,6 +58,10 @@ class BenchConfig:
     tp: int = 1
     target_devices: str | None = None  # AR, SD and SSD's target run here (the paper's convention)
     draft_device: str | None = None    # SSD's draft process (None: SSD drafts in the target's process)
+    dtype: str = "auto"
+    attention: str = "auto"
+    eager: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
@@ -293,7 +297,8 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
         "max_tokens": config.max_tokens,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "tp": config.tp, "target_devices": config.target_devices, "draft_device": config.draft_device,
-        "backup": config.backup,
+        "backup": config.backup, "dtype": config.dtype, "attention": config.attention, "eager": config.eager,
+        "compile": config.compile,
         "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
     return BenchReport(machine_info(), run_config, results)
@@ -305,7 +310,8 @@ def _run_engine_modes(
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
     progress(f"loading {config.target}")
     llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False,
-              tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device)
+              tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, dtype=config.dtype,
+              attention=config.attention, eager=config.eager, compile=config.compile)
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
         results = [

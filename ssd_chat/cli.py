@@ -32,7 +32,7 @@ from ssd_chat.plain import run_plain
 EXIT_USER_ERROR = 2
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
-                "resume")
+                "resume", "dtype", "attention", "eager", "compile")
 
 Target = Annotated[
     str, typer.Option("--target", "-t", help="Model alias (see `ssd-chat models`) or a local model directory.")
@@ -63,6 +63,13 @@ Backup = Annotated[
 Fanout = Annotated[
     str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated.")
 ]
+
+Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16.")]
+Attention = Annotated[
+    str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).")
+]
+Eager = Annotated[bool, typer.Option("--eager", help="CUDA: no CUDA graphs for the decode step.")]
+Compile = Annotated[bool, typer.Option("--compile", help="CUDA: torch.compile the model forward.")]
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -136,6 +143,10 @@ def root(
     target_devices: TargetDevices = None,
     draft_device: DraftDevice = None,
     backup: Backup = "jit",
+    dtype: Dtype = "auto",
+    attention: Attention = "auto",
+    eager: Eager = False,
+    compile: Compile = False,
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
     ] = False,
@@ -158,7 +169,7 @@ def root(
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         spec = _speculation(draft, mode, k, fanout, backup)
         engine_kwargs = dict(threads=threads, draft=draft, speculation=spec, tp=tp, target_devices=target_devices,
-                             draft_device=draft_device)
+                             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile)
         if plain or not (sys.stdout.isatty() and sys.stdin.isatty()):
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
@@ -193,6 +204,10 @@ def ask(
     target_devices: TargetDevices = None,
     draft_device: DraftDevice = None,
     backup: Backup = "jit",
+    dtype: Dtype = "auto",
+    attention: Attention = "auto",
+    eager: Eager = False,
+    compile: Compile = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
@@ -203,7 +218,8 @@ def ask(
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
         with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=draft, speculation=spec, tp=tp,
-                       target_devices=target_devices, draft_device=draft_device) as llm:
+                       target_devices=target_devices, draft_device=draft_device, dtype=dtype, attention=attention,
+                       eager=eager, compile=compile) as llm:
             output = _print_stream(llm.chat(messages, params), echo=not as_json)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))
@@ -236,6 +252,10 @@ def bench(
     tp: Tp = 1,
     target_devices: TargetDevices = None,
     draft_device: DraftDevice = None,
+    dtype: Dtype = "auto",
+    attention: Attention = "auto",
+    eager: Eager = False,
+    compile: Compile = False,
     hf: Annotated[bool, typer.Option("--hf", help="Also measure transformers' generate() as a baseline.")] = False,
     prompts: Annotated[
         Path,
@@ -255,7 +275,7 @@ def bench(
             target=target, prompts_file=prompts, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
             fanout=_speculation(draft, None, k, fanout).fanout, backup=backup, tp=tp, target_devices=target_devices,
-            draft_device=draft_device,
+            draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     Console().print(render_table(report))
@@ -296,55 +316,6 @@ def make_pair(
             prompts = [turns[-1]["content"] for turns in messages]
             rate = synthetic.greedy_agreement(*paths, prompts, AGREEMENT_TOKENS)
             typer.echo(f"greedy agreement: {rate:.3f} ({len(prompts)} prompts x {AGREEMENT_TOKENS} tokens)")
-
-
-@app.command()
-def distill(
-    out: Annotated[Path, typer.Option(help="Output directory: the draft model, and its run state in DIR/distill/.")],
-    target: Target = DEFAULT_TARGET,
-    prompts: Annotated[
-        Path | None,
-        typer.Option(help="Training prompts: plain lines or JSONL with prompt/messages.",
-                     show_default="assets/prompts/distill.jsonl"),
-    ] = None,
-    draft_layers: Annotated[int, typer.Option(help="Target layers the draft starts from.")] = 6,
-    head_vocab: Annotated[int, typer.Option(help="Tokens the draft's head scores (most frequent in the replies); "
-                                                 "0: all.")] = 8192,
-    steps: Annotated[int, typer.Option(help="Training steps (0: write the untrained draft).")] = 300,
-    batch_size: Annotated[int, typer.Option(help="Replies per training step.")] = 8,
-    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warm-up, then cosine decay).")] = 3e-4,
-    seed: Annotated[int, typer.Option(help="Seed of the batch order (and of sampled replies).")] = 0,
-    max_tokens: Annotated[int, typer.Option(help="Most tokens per target reply.")] = 256,
-    temperature: Annotated[float, typer.Option(help="The target's temperature for its replies; 0 = greedy.")] = 0.0,
-    eval_prompts: Annotated[int, typer.Option(help="Prompts held out to measure greedy agreement.")] = 8,
-    eval_every: Annotated[int, typer.Option(help="Steps between agreement measurements.")] = 25,
-    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (and draft writes).")] = 50,
-    threads: Threads = None,
-    resume: Annotated[bool, typer.Option(help="Continue the run found in --out (--no-resume: start over).")] = True,
-) -> None:
-    """Train a cheap draft for --target on its own replies (self-distillation, CPU); --draft DIR loads it."""
-    from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, progress_bar, run_distill
-
-    with _user_errors():
-        config = DistillConfig(
-            target=target, out=out, prompts_file=prompts or DISTILL_PROMPTS, draft_layers=draft_layers,
-            head_vocab=head_vocab, steps=steps, batch_size=batch_size, lr=lr, seed=seed, max_tokens=max_tokens,
-            temperature=temperature, eval_prompts=eval_prompts, eval_every=eval_every,
-            checkpoint_every=checkpoint_every, threads=threads, resume=resume,
-        )
-        with progress_bar() as progress:
-            result = run_distill(config, progress)
-    ratio = result.target_params_per_token / max(result.draft_params_per_token, 1)
-    before = "n/a" if result.agreement_before is None else f"{result.agreement_before:.3f}"
-    after = "n/a" if result.agreement is None else f"{result.agreement:.3f}"
-    typer.echo(f"draft: {result.out} ({result.steps} steps, {result.steps_run} run now; replies "
-               f"{result.replies_s:.0f} s, training {result.training_s:.0f} s)")
-    typer.echo(f"data: {result.num_examples} replies, {result.num_reply_tokens} tokens, {result.head_coverage:.1%} "
-               f"of them in the draft's head vocabulary")
-    typer.echo(f"per token: draft {result.draft_params_per_token / 1e6:.1f}M params, target "
-               f"{result.target_params_per_token / 1e6:.1f}M ({ratio:.1f}x)")
-    typer.echo(f"greedy agreement on held-out prompts: {before} untrained -> {after}"
-               + ("" if result.final_loss is None else f" (loss {result.final_loss:.3f})"))
 
 
 def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) -> RequestOutput:

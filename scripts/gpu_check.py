@@ -1,0 +1,314 @@
+"""One GPU check, no downloads: random-weight models of real shapes, the GPU tests, then AR / SD / SSD decode speed.
+
+    python scripts/gpu_check.py            # a CUDA machine, under 8 minutes; writes gpu_check.json
+    python scripts/gpu_check.py --smoke    # tiny shapes, CPU allowed: the script's own logic in seconds
+
+The target is Llama-3.1-8B-shaped, the draft Llama-3.2-1B-shaped (tied heads, a byte-level tokenizer or the
+SmolLM2 one when it is on this machine: the vocabulary is the tokenizer's). They agree on most greedy tokens
+without training: the target's embedding is the draft's repeated twice ([E, E]: the same directions, so tied heads
+score tokens alike), the final-norm signs likewise, and every layer's output projections are damped, so both
+residual streams stay close to the input token's embedding (the damped-deep-layers trick of engine.synthetic).
+Reported: AR decode tok/s against the memory-bandwidth bound (weight bytes per token over the measured device
+copy bandwidth; goal >= 85%), SD and SSD output identical to AR, and transformers' generate on the same weights.
+SSD runs its draft on cuda:1 when there are two GPUs or more (else in the target's process: correctness only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Speculative decoding works because"]
+MARKER = "gpu-check-pair.json"
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+TARGET_8B = Shape(4096, 14336, 32, 32, 8, 128)  # Llama-3.1-8B
+DRAFT_1B = Shape(2048, 8192, 16, 32, 8, 64)     # Llama-3.2-1B
+SMOKE_TARGET = Shape(64, 128, 4, 4, 2, 16)
+SMOKE_DRAFT = Shape(32, 64, 2, 4, 2, 8)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU allowed), for the test suite")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where the random models go (default: the ssd-chat cache; kept for reruns)")
+    p.add_argument("--json", type=Path, default=Path("gpu_check.json"), help="results file")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens decoded per prompt (default 128, smoke 12)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
+    p.add_argument("--damping", type=float, default=0.05, help="scale of every layer's output projections")
+    p.add_argument("--attention", default="auto", choices=("auto", "sdpa", "flashinfer"))
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu")
+    p.add_argument("--skip-hf", action="store_true", help="no transformers reference row")
+    return p.parse_args(argv)
+
+
+# -- the random pair ---------------------------------------------------------------------------------
+def build_pair(out_dir: Path, target: Shape, draft: Shape, *, damping: float, smoke: bool, device: str) -> Path:
+    """out_dir/target and out_dir/draft (kept: a rerun with the same settings reuses them)."""
+    settings = {"target": asdict(target), "draft": asdict(draft), "damping": damping, "smoke": smoke}
+    marker = out_dir / MARKER
+    if marker.is_file() and json.loads(marker.read_text()) == settings:
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer_dir = _write_tokenizer(out_dir / "tokenizer", smoke=smoke)
+    vocab = _vocab_size(tokenizer_dir)
+    dtype = torch.float32 if smoke else torch.bfloat16
+    gen = torch.Generator(device=device).manual_seed(0)
+    embed = torch.randn(vocab, draft.hidden_size, generator=gen, device=device)  # std 1: decisive tied logits
+    signs = (torch.randint(0, 2, (draft.hidden_size,), generator=gen, device=device) * 2 - 1).float()
+    for name, shape, emb, sign in (("draft", draft, embed, signs),
+                                   ("target", target, torch.cat([embed, embed], 1), torch.cat([signs, signs]))):
+        assert emb.shape[1] == shape.hidden_size, "the target's hidden size must be twice the draft's"
+        tensors = {"model.embed_tokens.weight": emb, "model.norm.weight": sign}
+        for layer in range(shape.num_layers):
+            tensors |= _layer(shape, layer, damping, gen, device)
+        _save(out_dir / name, shape, vocab, {k: v.to(dtype).cpu() for k, v in tensors.items()}, tokenizer_dir, dtype)
+    marker.write_text(json.dumps(settings))
+    return out_dir
+
+
+def _layer(s: Shape, layer: int, damping: float, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
+    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    shapes = {"self_attn.q_proj": (q, s.hidden_size), "self_attn.k_proj": (kv, s.hidden_size),
+              "self_attn.v_proj": (kv, s.hidden_size), "self_attn.o_proj": (s.hidden_size, q),
+              "mlp.gate_proj": (s.intermediate_size, s.hidden_size),
+              "mlp.up_proj": (s.intermediate_size, s.hidden_size),
+              "mlp.down_proj": (s.hidden_size, s.intermediate_size)}
+    out = {}
+    for name, (rows, cols) in shapes.items():
+        std = (damping if name.endswith(("o_proj", "down_proj")) else 1.0) / math.sqrt(cols)
+        out[f"model.layers.{layer}.{name}.weight"] = std * torch.randn(rows, cols, generator=gen, device=device)
+    for norm in ("input_layernorm", "post_attention_layernorm"):
+        out[f"model.layers.{layer}.{norm}.weight"] = torch.ones(s.hidden_size, device=device)
+    return out
+
+
+def _save(out: Path, s: Shape, vocab: int, tensors: dict, tokenizer_dir: Path, dtype: torch.dtype) -> None:
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    LlamaConfig(vocab_size=vocab, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+                num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
+                head_dim=s.head_dim, max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                architectures=["LlamaForCausalLM"], dtype=str(dtype).removeprefix("torch.")).save_pretrained(out)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for f in tokenizer_dir.iterdir():
+        shutil.copyfile(f, out / f.name)
+
+
+def _write_tokenizer(out: Path, *, smoke: bool) -> Path:
+    """The SmolLM2 tokenizer when it is converted on this machine (a real vocabulary), else a byte-level BPE."""
+    from engine import smollm2
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not smoke and smollm2.is_converted():
+        import shutil
+
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (smollm2.converted_dir() / name).is_file():
+                shutil.copyfile(smollm2.converted_dir() / name, out / name)
+        return out
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(PROMPTS * 4, trainer=trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>") \
+        .save_pretrained(out)
+    return out
+
+
+def _vocab_size(tokenizer_dir: Path) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(tokenizer_dir))
+
+
+# -- measurements ------------------------------------------------------------------------------------
+def copy_bandwidth_gb_s(device: str, num_bytes: int) -> float:
+    """Best of 5 device-to-device copies; a copy reads and writes every byte (2 x num_bytes moved)."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(6):
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * num_bytes / best / 1e9
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_gpu_tests() -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/engine/test_gpu.py"]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return {"passed": False, "summary": "timed out after 300 s"}
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return {"passed": proc.returncode == 0, "summary": lines[-1] if lines else "", "returncode": proc.returncode}
+
+
+def engine_rows(pair: Path, args, device: str, dtype: str, max_tokens: int, progress) -> tuple[list, dict]:
+    from engine import LLM
+    from engine.config import SpeculationConfig
+    from ssd_chat.bench import run_engine_mode
+
+    common = dict(draft=str(pair / "draft"), dtype=dtype, attention=args.attention, eager=args.eager,
+                  enable_prefix_caching=False, max_model_len=512 if args.smoke else 2048,
+                  target_devices=device if device.startswith("cuda") else None)
+    gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
+    rows, info = [], {}
+    with LLM(str(pair / "target"), **common) as llm:
+        prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+        info = {"weight_bytes": llm.weight_bytes, "layout": llm.layout,
+                "attention": llm.core.runner.backend.name, "cuda_graphs": llm.core.runner.graphs is not None}
+        for mode in ("ar", "sd") + (() if gpus >= 2 else ("ssd",)):
+            rows.append(run_engine_mode(llm, SpeculationConfig(mode=mode, k=args.k), prompt_ids, max_tokens, progress))
+    info["ssd_draft"] = "in the target's process (one device: correctness only)"
+    if gpus >= 2:
+        with LLM(str(pair / "target"), draft_device="cuda:1", **common) as llm:
+            rows.append(run_engine_mode(llm, SpeculationConfig(mode="ssd", k=args.k), prompt_ids, max_tokens,
+                                        progress))
+        info["ssd_draft"] = "cuda:1, own process"
+    return rows, {**info, "prompt_ids": prompt_ids}
+
+
+def hf_row(target_dir: Path, prompt_ids: list[list[int]], device: str, dtype: torch.dtype, max_tokens: int) -> dict:
+    """transformers' generate (greedy, EOS ignored) on the same weights: decode tok/s and its tokens."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
+    model.generation_config.eos_token_id = None
+    tokens, seconds, outputs = 0, 0.0, []
+    for ids in prompt_ids:
+        x = torch.tensor([ids], device=device)
+        times = []
+        for n in (1, max_tokens):
+            config = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+            _sync(device)
+            start = time.perf_counter()
+            out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config)
+            _sync(device)
+            times.append(time.perf_counter() - start)
+        outputs.append(out[0, len(ids):].tolist())
+        tokens, seconds = tokens + max_tokens - 1, seconds + times[1] - times[0]
+    del model
+    return {"mode": "hf", "decode_tok_s": tokens / seconds if seconds > 0 else 0.0, "outputs": outputs}
+
+
+# -- the report --------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        print("error: no CUDA device: run on a GPU machine, or pass --smoke for the CPU dry run", file=sys.stderr)
+        return 2
+    device = "cuda:0" if cuda else "cpu"
+    dtype = "float32" if args.smoke else "bfloat16"
+    max_tokens = args.max_tokens or (12 if args.smoke else 128)
+    from engine import smollm2
+
+    out_dir = args.out_dir or (smollm2.cache_root() / "gpu-check" / ("smoke" if args.smoke else "8b-1b"))
+    progress = lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    started = time.perf_counter()
+    target, draft = (SMOKE_TARGET, SMOKE_DRAFT) if args.smoke else (TARGET_8B, DRAFT_1B)
+    progress(f"building random {'smoke' if args.smoke else '8B / 1B'}-shaped models in {out_dir}")
+    pair = build_pair(out_dir, target, draft, damping=args.damping, smoke=args.smoke, device=device)
+    tests = {"passed": None, "summary": "skipped"} if args.skip_tests else run_gpu_tests()
+    progress(f"gpu tests: {tests['summary']}")
+    rows, info = engine_rows(pair, args, device, dtype, max_tokens, progress)
+    prompt_ids = info.pop("prompt_ids")
+    bandwidth = copy_bandwidth_gb_s(device, (64 << 20) if args.smoke else (4 << 30))
+    bound = bandwidth * 1e9 / info["weight_bytes"]
+    ar = next(r for r in rows if r.mode == "ar")
+    table = [{"mode": r.mode, "decode_tok_s": r.decode_tok_s, "of_bound": r.decode_tok_s / bound, "tau": r.tau,
+              "acceptance": r.acceptance_rate, "identical_to_ar": None if r is ar else r.outputs == ar.outputs}
+             for r in rows]
+    if not args.skip_hf:
+        progress("transformers reference")
+        hf = hf_row(pair / "target", prompt_ids, device, getattr(torch, dtype), max_tokens)
+        table.append({"mode": "hf", "decode_tok_s": hf["decode_tok_s"], "of_bound": hf["decode_tok_s"] / bound,
+                      "tau": None, "acceptance": None, "identical_to_ar": hf["outputs"] == ar.outputs})
+    goals = {"ar_at_85pct_of_bound": ar.decode_tok_s / bound >= 0.85,
+             "sd_identical": all(t["identical_to_ar"] for t in table if t["mode"] == "sd"),
+             "ssd_identical": all(t["identical_to_ar"] for t in table if t["mode"] == "ssd"),
+             "gpu_tests_passed": tests["passed"]}
+    report = {"machine": _machine(device), "smoke": args.smoke, "dtype": dtype, "max_tokens": max_tokens,
+              "num_prompts": len(PROMPTS), "k": args.k, "target_shape": asdict(target), "draft_shape": asdict(draft),
+              "copy_gb_s": bandwidth, "bandwidth_bound_tok_s": bound, **info, "rows": table, "tests": tests,
+              "goals": goals, "seconds": time.perf_counter() - started}
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(render(report))
+    ok = goals["sd_identical"] and goals["ssd_identical"] and tests["passed"] is not False
+    return 0 if ok else 1
+
+
+def render(report: dict) -> str:
+    lines = [f"{report['machine']['device']}: bound {report['bandwidth_bound_tok_s']:.0f} tok/s "
+             f"({report['weight_bytes'] / 1e9:.2f} GB of weights, copy {report['copy_gb_s']:.0f} GB/s), "
+             f"attention {report['attention']}, graphs {report['cuda_graphs']}, SSD draft {report['ssd_draft']}",
+             f"{'mode':6} {'tok/s':>9} {'of bound':>9} {'tau':>6} {'accept':>7} {'= ar':>6}"]
+    for r in report["rows"]:
+        same = {None: "-", True: "yes", False: "NO"}[r["identical_to_ar"]]
+        tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
+        lines.append(f"{r['mode']:6} {r['decode_tok_s']:9.1f} {r['of_bound']:9.0%} {tau:>6} {acc:>7} {same:>6}")
+    lines.append("goals: " + ", ".join(f"{k}={v}" for k, v in report["goals"].items()))
+    lines.append(f"gpu tests: {report['tests']['summary']}; {report['seconds']:.0f} s in all")
+    return "\n".join(lines)
+
+
+def _machine(device: str) -> dict:
+    info = {"device": device, "torch": torch.__version__, "python": platform.python_version()}
+    if device.startswith("cuda"):
+        info |= {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+                 "cuda": torch.version.cuda}
+        try:
+            import flashinfer
+
+            info["flashinfer"] = flashinfer.__version__
+        except ImportError:
+            info["flashinfer"] = None
+    return info
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The CUDA fast paths' CPU-testable parts: graph buckets and padding (through the eager twin of a CUDA graph),
+the backend choice, and that the switches reach the runner. The CUDA runs themselves are in test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.attention import SdpaBackend, choose_backend
+from engine.config import EngineConfig, FastPath, SpeculationConfig
+from engine.cuda_graphs import DEFAULT_MAX_BATCH, bucket_for, graph_buckets, use_cuda_graphs
+from engine.errors import InvalidParameterError
+from engine.llm import _fast_kwargs
+from engine.runner import ModelRunner
+from tests.engine.test_spec_decode import PROMPTS, noisy_copy
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def test_buckets_cover_every_batch_size_up_to_the_largest():
+    assert graph_buckets(64) == (1, 2, 4, 8, 16, 32, 48, 64)
+    assert graph_buckets(5) == (1, 2, 4, 5)
+    assert graph_buckets(1) == (1,)
+    buckets = graph_buckets(40)
+    for n in range(1, 41):
+        b = bucket_for(n, buckets)
+        assert b >= n and all(not (n <= smaller < b) for smaller in buckets)
+    assert bucket_for(41, buckets) is None  # too large: the runner runs it eagerly
+    with pytest.raises(ValueError):
+        graph_buckets(0)
+
+
+def test_graphs_only_on_cuda_and_never_with_eager_or_tp():
+    assert not use_cuda_graphs("cpu", eager=False, tp=1)
+    assert not use_cuda_graphs("cuda:0", eager=True, tp=1)
+    assert not use_cuda_graphs("cuda:0", eager=False, tp=2)
+    assert use_cuda_graphs("cuda:0", eager=False, tp=1)
+
+
+def test_fast_kwargs_plumb_eager_and_compile_on_cuda_and_nothing_on_cpu():
+    assert _fast_kwargs(FastPath(compile=True), torch.device("cpu"), tp=1, max_keys=64) == {}
+    cuda = torch.device("cuda", 0)
+    assert _fast_kwargs(FastPath(), cuda, tp=1, max_keys=64) == dict(
+        graph_batch=DEFAULT_MAX_BATCH, graph_max_keys=64, compile_model=False)
+    assert _fast_kwargs(FastPath(eager=True, compile=True), cuda, tp=1, max_keys=64)["graph_batch"] == 0
+    assert _fast_kwargs(FastPath(compile=True), cuda, tp=1, max_keys=64)["compile_model"] is True
+    assert _fast_kwargs(FastPath(attention="sdpa"), cuda, tp=1, max_keys=64)["graph_batch"] == 8
+
+
+def test_backend_choice():
+    bf16 = torch.bfloat16
+    assert choose_backend("auto", "cpu", torch.float32, has_flashinfer=True) == "sdpa"
+    assert choose_backend("auto", "cuda:0", bf16, has_flashinfer=True) == "flashinfer"
+    assert choose_backend("auto", "cuda:0", bf16, has_flashinfer=False) == "sdpa"
+    assert choose_backend("auto", "cuda:0", torch.float32, has_flashinfer=True) == "sdpa"
+    assert choose_backend("sdpa", "cuda:0", bf16, has_flashinfer=True) == "sdpa"
+    assert choose_backend("flashinfer", "cuda:0", bf16, has_flashinfer=True) == "flashinfer"
+    for device, dtype, installed in (("cpu", bf16, True), ("cuda:0", bf16, False), ("cuda:0", torch.float32, True)):
+        with pytest.raises(InvalidParameterError):
+            choose_backend("flashinfer", device, dtype, has_flashinfer=installed)
+    with pytest.raises(InvalidParameterError):
+        choose_backend("xformers", "cpu", torch.float32)
+
+
+def test_flashinfer_on_the_cpu_is_refused_up_front_in_one_line():
+    with pytest.raises(InvalidParameterError) as err:
+        EngineConfig(attention="flashinfer")
+    assert "use --attention sdpa" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(InvalidParameterError):
+        EngineConfig(attention="tensorrt")
+    assert EngineConfig(eager=True, compile=True).fast_path == FastPath("auto", True, True)
+
+
+def test_the_cpu_never_uses_graphs(tiny_llama_dir):
+    with LLM(str(tiny_llama_dir), max_model_len=128, eager=False) as llm:
+        assert llm.core.runner.graphs is None
+        assert isinstance(llm.core.runner.backend, SdpaBackend)
+
+
+def _graph_runner(runner: ModelRunner, max_batch: int) -> ModelRunner:
+    """A runner over the same model whose decode steps replay the eager twin of CUDA graphs."""
+    bs = runner.block_size
+    num_slots = runner.backend.k[0].shape[1]
+    return ModelRunner(runner.model, SdpaBackend(), num_blocks=runner.first_extra_slot // bs, block_size=bs,
+                       device=runner.device, dtype=runner.backend.k[0].dtype,
+                       extra_slots=num_slots - runner.first_extra_slot, graph_batch=max_batch, graph_max_keys=128)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_llama_dir, tmp_path_factory):
+    draft = noisy_copy(tiny_llama_dir, tmp_path_factory.mktemp("graphs") / "draft", scale=0.1, seed=3)
+    # no prefix caching: the graph runners have KV caches of their own
+    with LLM(str(tiny_llama_dir), draft=str(draft), max_model_len=128, block_size=4,
+             enable_prefix_caching=False) as llm:
+        yield llm
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_graph_twin_gives_the_eager_greedy_output(pair, mode):
+    """Padded buckets (3 prompts -> bucket 4; SSD branch rows), static buffers and replays: same tokens as eager."""
+    pair.speculation = SpeculationConfig(mode=mode, k=3)
+    want = [o.token_ids for o in pair.generate(PROMPTS[:3], GREEDY)]
+    core = pair.core
+    eager_target, eager_draft = core.runner, core.drafter.runner
+    core.runner, core.drafter.runner = _graph_runner(eager_target, 4), _graph_runner(eager_draft, 16)
+    try:
+        got = [o.token_ids for o in pair.generate(PROMPTS[:3], GREEDY)]
+        replays = core.runner.graphs.num_replays + core.drafter.runner.graphs.num_replays
+    finally:
+        core.runner, core.drafter.runner = eager_target, eager_draft
+    assert got == want
+    assert replays > 0
+
+
+def test_cli_flags_reach_the_engine(monkeypatch):
+    from typer.testing import CliRunner
+
+    from ssd_chat import cli
+
+    seen = {}
+
+    def fake_llm(**kwargs):
+        seen.update(kwargs)
+        raise InvalidParameterError("stop here")
+
+    monkeypatch.setattr(cli, "LLM", fake_llm)
+    result = CliRunner().invoke(cli.app, ["ask", "hi", "--dtype", "bfloat16", "--attention", "sdpa", "--eager",
+                                          "--compile"])
+    assert result.exit_code == 2
+    assert (seen["dtype"], seen["attention"], seen["eager"], seen["compile"]) == ("bfloat16", "sdpa", True, True)
