@@ -318,6 +318,55 @@ def make_pair(
             typer.echo(f"greedy agreement: {rate:.3f} ({len(prompts)} prompts x {AGREEMENT_TOKENS} tokens)")
 
 
+@app.command()
+def distill(
+    out: Annotated[Path, typer.Option(help="Output directory: the draft model, and its run state in DIR/distill/.")],
+    target: Target = DEFAULT_TARGET,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(help="Training prompts: plain lines or JSONL with prompt/messages.",
+                     show_default="assets/prompts/distill.jsonl"),
+    ] = None,
+    draft_layers: Annotated[int, typer.Option(help="Target layers the draft starts from.")] = 6,
+    head_vocab: Annotated[int, typer.Option(help="Tokens the draft's head scores (most frequent in the replies); "
+                                                 "0: all.")] = 8192,
+    steps: Annotated[int, typer.Option(help="Training steps (0: write the untrained draft).")] = 300,
+    batch_size: Annotated[int, typer.Option(help="Replies per training step.")] = 8,
+    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warm-up, then cosine decay).")] = 3e-4,
+    seed: Annotated[int, typer.Option(help="Seed of the batch order (and of sampled replies).")] = 0,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens per target reply.")] = 256,
+    temperature: Annotated[float, typer.Option(help="The target's temperature for its replies; 0 = greedy.")] = 0.0,
+    eval_prompts: Annotated[int, typer.Option(help="Prompts held out to measure greedy agreement.")] = 8,
+    eval_every: Annotated[int, typer.Option(help="Steps between agreement measurements.")] = 25,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (and draft writes).")] = 50,
+    threads: Threads = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run found in --out (--no-resume: start over).")] = True,
+) -> None:
+    """Train a cheap draft for --target on its own replies (self-distillation, CPU); --draft DIR loads it."""
+    from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, progress_bar, run_distill
+
+    with _user_errors():
+        config = DistillConfig(
+            target=target, out=out, prompts_file=prompts or DISTILL_PROMPTS, draft_layers=draft_layers,
+            head_vocab=head_vocab, steps=steps, batch_size=batch_size, lr=lr, seed=seed, max_tokens=max_tokens,
+            temperature=temperature, eval_prompts=eval_prompts, eval_every=eval_every,
+            checkpoint_every=checkpoint_every, threads=threads, resume=resume,
+        )
+        with progress_bar() as progress:
+            result = run_distill(config, progress)
+    ratio = result.target_params_per_token / max(result.draft_params_per_token, 1)
+    before = "n/a" if result.agreement_before is None else f"{result.agreement_before:.3f}"
+    after = "n/a" if result.agreement is None else f"{result.agreement:.3f}"
+    typer.echo(f"draft: {result.out} ({result.steps} steps, {result.steps_run} run now; replies "
+               f"{result.replies_s:.0f} s, training {result.training_s:.0f} s)")
+    typer.echo(f"data: {result.num_examples} replies, {result.num_reply_tokens} tokens, {result.head_coverage:.1%} "
+               f"of them in the draft's head vocabulary")
+    typer.echo(f"per token: draft {result.draft_params_per_token / 1e6:.1f}M params, target "
+               f"{result.target_params_per_token / 1e6:.1f}M ({ratio:.1f}x)")
+    typer.echo(f"greedy agreement on held-out prompts: {before} untrained -> {after}"
+               + ("" if result.final_loss is None else f" (loss {result.final_loss:.3f})"))
+
+
 def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) -> RequestOutput:
     """Write each delta to stdout as it arrives; return the final output. Leaving early (an error, a
     second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks."""
