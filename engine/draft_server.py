@@ -53,7 +53,7 @@ def encode_start(seq: Sequence, draft_seed: int) -> list[int]:
 
 def load(spec: DraftSpec):
     """Build the draft (in the child, before it joins the group)."""
-    from engine.llm import build_drafter  # the model code is imported in the child only
+    from engine.build import build_drafter  # the model code is imported in the child only
 
     return build_drafter(spec)
 

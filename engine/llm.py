@@ -7,7 +7,6 @@ interleaved: each request's events are buffered until its own consumer reads the
 from __future__ import annotations
 
 import contextlib
-import datetime
 import itertools
 import json
 import logging
@@ -21,9 +20,9 @@ import torch
 
 from engine import tp_worker
 from engine.attention import make_backend
-from engine.config import DEFAULT_TARGET, EngineConfig, FastPath, SpeculationConfig
+from engine.build import WORKER_TIMEOUT, build_drafter, check_tp, fast_kwargs, resolve_dtype
+from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.core import EngineCore
-from engine.cuda_graphs import DEFAULT_MAX_BATCH, use_cuda_graphs
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
 from engine.distributed import RankSpec, free_port, make_collective_group, make_group, pin, spawn_rank
 from engine.draft_server import DraftSpec
@@ -32,7 +31,6 @@ from engine.kv.block_manager import BlockManager
 from engine.layers.parallel import TensorParallel
 from engine.loader import build_model
 from engine.model_dir import inspect_model_dir
-from engine.models.args import ModelArgs
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
 from engine.placement import plan
 from engine.registry import resolve_model
@@ -41,13 +39,11 @@ from engine.request import RequestState
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.ssd import SCRATCH_SLOTS, SsdDrafter
 from engine.tp_worker import BroadcastingRunner, TargetShardSpec
 
 log = logging.getLogger(__name__)
 
 Prompt = str | list[int]
-WORKER_TIMEOUT = datetime.timedelta(minutes=10)  # a TP rank that does not answer within this is lost
 
 
 class LLM:
@@ -70,7 +66,7 @@ class LLM:
         files = inspect_model_dir(self.model_path)
         self.tokenizer = _load_tokenizer(self.model_path)
         self.device = torch.device(leader.torch_device)
-        dtype = _dtype(config.dtype, self.device)
+        dtype = resolve_dtype(config.dtype, self.device)
         model_max = int(files.config.get("max_position_embeddings", 4096))
         if config.max_model_len is not None and config.max_model_len > model_max:
             raise InvalidParameterError(
@@ -83,7 +79,7 @@ class LLM:
                 f"kv_cache_tokens ({kv_tokens}) must be at least max_model_len ({self.max_model_len})"
             )
         num_blocks = -(-kv_tokens // config.block_size)
-        _check_tp(files.config, self.placement.tp, config.target)
+        check_tp(files.config, self.placement.tp, config.target)
         if config.draft is not None:
             self.draft_path = resolve_model(config.draft)
             check_same_tokenizer(self.tokenizer, _load_tokenizer(self.draft_path), target=config.target,
@@ -123,7 +119,7 @@ class LLM:
                             device=self.device, tp=tp)
         self.model_args = model.args
         kwargs = dict(num_blocks=num_blocks, block_size=config.block_size, device=self.device, dtype=dtype,
-                      **_fast_kwargs(config.fast_path, self.device, tp=placement.tp, max_keys=self.max_model_len))
+                      **fast_kwargs(config.fast_path, self.device, tp=placement.tp, max_keys=self.max_model_len))
         backend = make_backend(config.attention, self.device, dtype)
         if placement.tp > 1:
             runner = BroadcastingRunner(model, backend, group=control, **kwargs)
@@ -323,57 +319,6 @@ class LLM:
             state.finalize()
 
 
-def build_drafter(spec: DraftSpec) -> SsdDrafter:
-    """The draft model, its runner (with SSD scratch slots) and block manager: in the leader, or in the
-    draft process."""
-    files = inspect_model_dir(Path(spec.model_path))
-    device = torch.device(spec.device)
-    dtype = _dtype(spec.dtype, device)
-    log.info("loading draft %s on %s", spec.model_path, device)
-    model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
-                        device=device)
-    runner = ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
-                         block_size=spec.block_size, device=device, dtype=dtype,
-                         extra_slots=spec.max_num_seqs * SCRATCH_SLOTS,
-                         **_fast_kwargs(spec.fast, device, tp=1, max_keys=spec.max_model_len))
-    blocks = BlockManager(spec.num_blocks, spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
-    return SsdDrafter(runner, blocks, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs)
-
-
-def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
-    """A target TP rank's shard of the model and its KV cache."""
-    files = inspect_model_dir(Path(spec.model_path))
-    device = torch.device(spec.device)
-    dtype = _dtype(spec.dtype, device)
-    collective = group if spec.nccl_port is None else \
-        make_collective_group(spec.nccl_port, spec.rank, spec.tp, device, WORKER_TIMEOUT)
-    model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
-                        device=device, tp=TensorParallel(spec.rank, spec.tp, collective))
-    return ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
-                       block_size=spec.block_size, device=device, dtype=dtype,
-                       **_fast_kwargs(spec.fast, device, tp=spec.tp, max_keys=spec.max_model_len))
-
-
-def _fast_kwargs(fast: FastPath, device: torch.device, *, tp: int, max_keys: int) -> dict:
-    """A runner's CUDA fast paths (none on the CPU): decode graphs unless --eager, torch.compile with --compile.
-    SDPA's graphs gather every row's keys up to max_keys, so they stay small; flashinfer's read pages in place."""
-    if torch.device(device).type != "cuda":
-        return {}
-    graphs = use_cuda_graphs(device, eager=fast.eager, tp=tp)
-    max_batch = DEFAULT_MAX_BATCH if fast.attention != "sdpa" else 8
-    return dict(graph_batch=max_batch if graphs else 0, graph_max_keys=max_keys, compile_model=fast.compile)
-
-
-def _check_tp(config: dict, tp: int, name: str) -> None:
-    if tp == 1:
-        return
-    args = ModelArgs.from_hf_config(config)
-    for what, n in (("attention heads", args.num_heads), ("KV heads", args.num_kv_heads),
-                    ("MLP width", args.intermediate_size), ("vocabulary", args.vocab_size)):
-        if n % tp:
-            raise InvalidParameterError(f"--tp {tp} does not divide {name}'s {n} {what}: pick a divisor of {n}")
-
-
 def _is_token_ids(prompt: object) -> bool:
     return isinstance(prompt, list | tuple) and len(prompt) > 0 and all(isinstance(t, int) for t in prompt)
 
@@ -386,12 +331,6 @@ def _check_messages(messages: list[dict[str, str]]) -> None:
             raise InvalidParameterError("each message needs a role of system, user or assistant")
         if not isinstance(m.get("content"), str):
             raise InvalidParameterError("each message needs a text content")
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 def _load_tokenizer(path: Path):

@@ -52,7 +52,7 @@ class BroadcastingRunner(ModelRunner):
 
 def serve(group, spec: TargetShardSpec) -> None:
     """A TP rank's main loop: run every forward the leader announces, until STOP."""
-    from engine.llm import build_target_shard  # the model code is imported in the child only
+    from engine.build import build_target_shard  # the model code is imported in the child only
 
     runner = build_target_shard(spec, group)
     while True:

@@ -8,10 +8,10 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.attention import SdpaBackend, choose_backend
+from engine.build import fast_kwargs
 from engine.config import EngineConfig, FastPath, SpeculationConfig
 from engine.cuda_graphs import DEFAULT_MAX_BATCH, bucket_for, graph_buckets, use_cuda_graphs
 from engine.errors import InvalidParameterError
-from engine.llm import _fast_kwargs
 from engine.runner import ModelRunner
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
 
@@ -39,13 +39,13 @@ def test_graphs_only_on_cuda_and_never_with_eager_or_tp():
 
 
 def test_fast_kwargs_plumb_eager_and_compile_on_cuda_and_nothing_on_cpu():
-    assert _fast_kwargs(FastPath(compile=True), torch.device("cpu"), tp=1, max_keys=64) == {}
+    assert fast_kwargs(FastPath(compile=True), torch.device("cpu"), tp=1, max_keys=64) == {}
     cuda = torch.device("cuda", 0)
-    assert _fast_kwargs(FastPath(), cuda, tp=1, max_keys=64) == dict(
+    assert fast_kwargs(FastPath(), cuda, tp=1, max_keys=64) == dict(
         graph_batch=DEFAULT_MAX_BATCH, graph_max_keys=64, compile_model=False)
-    assert _fast_kwargs(FastPath(eager=True, compile=True), cuda, tp=1, max_keys=64)["graph_batch"] == 0
-    assert _fast_kwargs(FastPath(compile=True), cuda, tp=1, max_keys=64)["compile_model"] is True
-    assert _fast_kwargs(FastPath(attention="sdpa"), cuda, tp=1, max_keys=64)["graph_batch"] == 8
+    assert fast_kwargs(FastPath(eager=True, compile=True), cuda, tp=1, max_keys=64)["graph_batch"] == 0
+    assert fast_kwargs(FastPath(compile=True), cuda, tp=1, max_keys=64)["compile_model"] is True
+    assert fast_kwargs(FastPath(attention="sdpa"), cuda, tp=1, max_keys=64)["graph_batch"] == 8
 
 
 def test_backend_choice():

@@ -1,0 +1,89 @@
+"""Building what each rank runs: the target (or its TP shard) and the draft, each with its runner and KV.
+
+Used by the leader (engine.llm) and by the child processes (engine.tp_worker, engine.draft_server), so the
+same settings build the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from pathlib import Path
+
+import torch
+
+from engine.attention import make_backend
+from engine.config import FastPath
+from engine.cuda_graphs import DEFAULT_MAX_BATCH, use_cuda_graphs
+from engine.distributed import make_collective_group
+from engine.draft_server import DraftSpec
+from engine.errors import InvalidParameterError
+from engine.kv.block_manager import BlockManager
+from engine.layers.parallel import TensorParallel
+from engine.loader import build_model
+from engine.model_dir import inspect_model_dir
+from engine.models.args import ModelArgs
+from engine.runner import ModelRunner
+from engine.ssd import SCRATCH_SLOTS, SsdDrafter
+from engine.tp_worker import TargetShardSpec
+
+log = logging.getLogger(__name__)
+
+WORKER_TIMEOUT = datetime.timedelta(minutes=10)  # a TP rank that does not answer within this is lost
+
+
+def build_drafter(spec: DraftSpec) -> SsdDrafter:
+    """The draft model, its runner (with SSD scratch slots) and block manager: in the leader, or in the
+    draft process."""
+    files = inspect_model_dir(Path(spec.model_path))
+    device = torch.device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    log.info("loading draft %s on %s", spec.model_path, device)
+    model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
+                        device=device)
+    runner = ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
+                         block_size=spec.block_size, device=device, dtype=dtype,
+                         extra_slots=spec.max_num_seqs * SCRATCH_SLOTS,
+                         **fast_kwargs(spec.fast, device, tp=1, max_keys=spec.max_model_len))
+    blocks = BlockManager(spec.num_blocks, spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
+    return SsdDrafter(runner, blocks, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs)
+
+
+def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
+    """A target TP rank's shard of the model and its KV cache."""
+    files = inspect_model_dir(Path(spec.model_path))
+    device = torch.device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    collective = group if spec.nccl_port is None else \
+        make_collective_group(spec.nccl_port, spec.rank, spec.tp, device, WORKER_TIMEOUT)
+    model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
+                        device=device, tp=TensorParallel(spec.rank, spec.tp, collective))
+    return ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
+                       block_size=spec.block_size, device=device, dtype=dtype,
+                       **fast_kwargs(spec.fast, device, tp=spec.tp, max_keys=spec.max_model_len))
+
+
+def fast_kwargs(fast: FastPath, device: torch.device, *, tp: int, max_keys: int) -> dict:
+    """A runner's CUDA fast paths (none on the CPU): decode graphs unless --eager, torch.compile with --compile.
+    SDPA's graphs gather every row's keys up to max_keys, so they stay small; flashinfer's read pages in place."""
+    if torch.device(device).type != "cuda":
+        return {}
+    graphs = use_cuda_graphs(device, eager=fast.eager, tp=tp)
+    max_batch = DEFAULT_MAX_BATCH if fast.attention != "sdpa" else 8
+    return dict(graph_batch=max_batch if graphs else 0, graph_max_keys=max_keys, compile_model=fast.compile)
+
+
+def check_tp(config: dict, tp: int, name: str) -> None:
+    if tp == 1:
+        return
+    args = ModelArgs.from_hf_config(config)
+    for what, n in (("attention heads", args.num_heads), ("KV heads", args.num_kv_heads),
+                    ("MLP width", args.intermediate_size), ("vocabulary", args.vocab_size)):
+        if n % tp:
+            raise InvalidParameterError(f"--tp {tp} does not divide {name}'s {n} {what}: pick a divisor of {n}")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
