@@ -247,12 +247,12 @@ def _save(out: Path, shape: PairShape, vocab_size: int, num_layers: int, tensors
     model.load_state_dict(tensors, strict=False, assign=True)
     model.tie_weights()
     model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-    with _quiet_transformers():
+    with quiet_transformers():
         model.save_pretrained(out)
 
 
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """No progress bars from save_pretrained / from_pretrained (this is tooling, its caller reports)."""
     from transformers.utils import logging as hf_logging
 
@@ -286,7 +286,7 @@ def greedy_agreement(target_dir: Path, draft_dir: Path, prompts: Sequence[str], 
     if not prompts or num_tokens < 1:
         raise InvalidParameterError("greedy_agreement needs at least one prompt and num_tokens >= 1")
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    with _quiet_transformers():
+    with quiet_transformers():
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
         draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
     matches = 0

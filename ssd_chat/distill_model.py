@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.synthetic import TOKENIZER_FILES, _quiet_transformers
+from engine.synthetic import TOKENIZER_FILES, quiet_transformers
 
 EXTRA_FILES = ("special_tokens_map.json", "generation_config.json")  # copied from the target when present
 
@@ -26,7 +26,7 @@ def load_target(target_dir: Path) -> nn.Module:
     """The target as a frozen fp32 transformers model (the teacher)."""
     from transformers import AutoModelForCausalLM
 
-    with _quiet_transformers():
+    with quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     model.requires_grad_(False)
     return model
@@ -72,7 +72,7 @@ def init_draft(target: nn.Module, num_layers: int, head_ids: torch.Tensor) -> Dr
         config.layer_types = config.layer_types[:num_layers]
     config.tie_word_embeddings = False
     config.reduced_head = True  # read by our engine (engine.models.args); transformers keeps it as an attribute
-    with _quiet_transformers():
+    with quiet_transformers():
         lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     body = {name: tensor for name, tensor in target.model.state_dict().items()
             if not name.startswith("layers.") or int(name.split(".")[1]) < num_layers}
@@ -90,7 +90,7 @@ def save_draft(draft: DraftModel, target_dir: Path, out_dir: Path) -> None:
     with torch.no_grad():
         lm.lm_head.weight = nn.Parameter(draft.full_head(), requires_grad=False)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with _quiet_transformers():
+    with quiet_transformers():
         lm.save_pretrained(out_dir)
     for name in (*TOKENIZER_FILES, *EXTRA_FILES):
         if (target_dir / name).is_file():
