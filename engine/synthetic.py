@@ -186,11 +186,10 @@ def _vocab_size(tokenizer_json: Path) -> int:
     return max(ids) + 1
 
 
-def target_state_dict(settings: PairSettings, vocab_size: int) -> dict[str, torch.Tensor]:
-    """The target's tensors, drawn in a fixed order from a generator seeded with ``settings.seed``."""
-    s = settings.shape
+def projection_shapes(s: PairShape) -> dict[str, tuple[int, int]]:
+    """A decoder layer's projections: name -> (out_features, in_features)."""
     q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-    per_layer = {  # name -> (out_features, in_features)
+    return {
         "self_attn.q_proj": (q_out, s.hidden_size),
         "self_attn.k_proj": (kv_out, s.hidden_size),
         "self_attn.v_proj": (kv_out, s.hidden_size),
@@ -199,6 +198,12 @@ def target_state_dict(settings: PairSettings, vocab_size: int) -> dict[str, torc
         "mlp.up_proj": (s.intermediate_size, s.hidden_size),
         "mlp.down_proj": (s.hidden_size, s.intermediate_size),
     }
+
+
+def target_state_dict(settings: PairSettings, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The target's tensors, drawn in a fixed order from a generator seeded with ``settings.seed``."""
+    s = settings.shape
+    per_layer = projection_shapes(s)
     generator = torch.Generator().manual_seed(settings.seed)
     tensors = {"model.embed_tokens.weight": EMBED_STD * torch.randn(vocab_size, s.hidden_size, generator=generator)}
     for layer in range(s.num_layers):

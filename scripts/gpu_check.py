@@ -22,7 +22,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -30,24 +30,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.synthetic import PairShape, projection_shapes  # noqa: E402 (after the path set-up)
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Speculative decoding works because"]
 MARKER = "gpu-check-pair.json"
 
 
-@dataclass(frozen=True)
-class Shape:
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-
-TARGET_8B = Shape(4096, 14336, 32, 32, 8, 128)  # Llama-3.1-8B
-DRAFT_1B = Shape(2048, 8192, 16, 32, 8, 64)     # Llama-3.2-1B
-SMOKE_TARGET = Shape(64, 128, 4, 4, 2, 16)
-SMOKE_DRAFT = Shape(32, 64, 2, 4, 2, 8)
+TARGET_8B = PairShape(4096, 14336, 32, 32, 8, 128, 4096, 500000.0)  # Llama-3.1-8B
+DRAFT_1B = PairShape(2048, 8192, 16, 32, 8, 64, 4096, 500000.0)     # Llama-3.2-1B
+SMOKE_TARGET = PairShape(64, 128, 4, 4, 2, 16, 4096, 500000.0)
+SMOKE_DRAFT = PairShape(32, 64, 2, 4, 2, 8, 4096, 500000.0)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- the random pair ---------------------------------------------------------------------------------
-def build_pair(out_dir: Path, target: Shape, draft: Shape, *, damping: float, smoke: bool, device: str) -> Path:
+def build_pair(out_dir: Path, target: PairShape, draft: PairShape, *, damping: float, smoke: bool, device: str) -> Path:
     """out_dir/target and out_dir/draft (kept: a rerun with the same settings reuses them)."""
     settings = {"target": asdict(target), "draft": asdict(draft), "damping": damping, "smoke": smoke}
     marker = out_dir / MARKER
@@ -91,15 +83,9 @@ def build_pair(out_dir: Path, target: Shape, draft: Shape, *, damping: float, sm
     return out_dir
 
 
-def _layer(s: Shape, layer: int, damping: float, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
-    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-    shapes = {"self_attn.q_proj": (q, s.hidden_size), "self_attn.k_proj": (kv, s.hidden_size),
-              "self_attn.v_proj": (kv, s.hidden_size), "self_attn.o_proj": (s.hidden_size, q),
-              "mlp.gate_proj": (s.intermediate_size, s.hidden_size),
-              "mlp.up_proj": (s.intermediate_size, s.hidden_size),
-              "mlp.down_proj": (s.hidden_size, s.intermediate_size)}
+def _layer(s: PairShape, layer: int, damping: float, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
     out = {}
-    for name, (rows, cols) in shapes.items():
+    for name, (rows, cols) in projection_shapes(s).items():
         std = (damping if name.endswith(("o_proj", "down_proj")) else 1.0) / math.sqrt(cols)
         out[f"model.layers.{layer}.{name}.weight"] = std * torch.randn(rows, cols, generator=gen, device=device)
     for norm in ("input_layernorm", "post_attention_layernorm"):
@@ -107,7 +93,7 @@ def _layer(s: Shape, layer: int, damping: float, gen: torch.Generator, device: s
     return out
 
 
-def _save(out: Path, s: Shape, vocab: int, tensors: dict, tokenizer_dir: Path, dtype: torch.dtype) -> None:
+def _save(out: Path, s: PairShape, vocab: int, tensors: dict, tokenizer_dir: Path, dtype: torch.dtype) -> None:
     import shutil
 
     from safetensors.torch import save_file
@@ -116,8 +102,8 @@ def _save(out: Path, s: Shape, vocab: int, tensors: dict, tokenizer_dir: Path, d
     out.mkdir(parents=True, exist_ok=True)
     LlamaConfig(vocab_size=vocab, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
                 num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
-                head_dim=s.head_dim, max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                head_dim=s.head_dim, max_position_embeddings=s.max_position_embeddings, rms_norm_eps=1e-5,
+                tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta},
                 architectures=["LlamaForCausalLM"], dtype=str(dtype).removeprefix("torch.")).save_pretrained(out)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     for f in tokenizer_dir.iterdir():
