@@ -38,6 +38,8 @@ def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperatu
 
 
 class Drafter:
+    last_idle_s: float | None = None  # an in-process draft never waits for the target (see RemoteDrafter)
+
     def __init__(self, runner: ModelRunner, blocks: BlockManager):
         self.runner = runner
         self.blocks = blocks

@@ -40,7 +40,7 @@ class RequestState:
     def on_step(self, out: StepOutput) -> int:
         """Record one engine step: its tokens (a TokenDelta) and, for a verify step, a StepStats event.
         Returns how many of the step's tokens to keep: fewer when a stop string ended the reply mid-step."""
-        if out.draft_reused_tokens is not None and self.spec is not None and out.draft_reused_tokens >= 0:
+        if out.draft_reused_tokens is not None and self.spec is not None:
             self.spec.draft_reused = out.draft_reused_tokens
         keep, text = self._detokenize(out.tokens)
         if out.stats is not None:

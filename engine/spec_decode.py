@@ -57,7 +57,7 @@ def ssd_step(
     drafter.build_cache(proposals, fanout, draft_temperature)  # a no-op for a draft process
     draft_time = time.perf_counter() - t0
     outputs = verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits=hits,
-                     draft_idle=getattr(drafter, "last_idle_s", None))
+                     draft_idle=drafter.last_idle_s)
     for seq, out in outputs.items():
         out.draft_reused_tokens = drafter.pop_reused(seq)
     return outputs

@@ -12,7 +12,8 @@ The cache maps (k, t*) -> the branch's K tokens (and their draft distributions w
 target's verification rule is unchanged, so exactness never depends on the cache.
 
 In this module the cache is built in the caller's thread, between answering and verifying: correct,
-but without the overlap that makes SSD fast (that needs the draft in its own process).
+but without the overlap that makes SSD fast; engine.draft_server runs this same class in its own process,
+where the cache is built while the target verifies.
 """
 
 from __future__ import annotations
