@@ -39,8 +39,11 @@ def build_drafter(spec: DraftSpec) -> SsdDrafter:
     device = torch.device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     log.info("loading draft %s on %s", spec.model_path, device)
+    borrowed = ()
+    if files.config.get("embedding_from_target") and spec.target_path is not None:
+        borrowed = inspect_model_dir(Path(spec.target_path)).weight_files
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
-                        device=device)
+                        device=device, embedding_files=borrowed, k_major=spec.fast.k_major)
     runner = ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
                          block_size=spec.block_size, device=device, dtype=dtype,
                          extra_slots=spec.max_num_seqs * SCRATCH_SLOTS,
@@ -57,7 +60,7 @@ def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
     collective = group if spec.nccl_port is None else \
         make_collective_group(spec.nccl_port, spec.rank, spec.tp, device, WORKER_TIMEOUT)
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
-                        device=device, tp=TensorParallel(spec.rank, spec.tp, collective))
+                        device=device, tp=TensorParallel(spec.rank, spec.tp, collective), k_major=spec.fast.k_major)
     return ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
                        block_size=spec.block_size, device=device, dtype=dtype,
                        **fast_kwargs(spec.fast, device, tp=spec.tp, max_keys=spec.max_model_len))

@@ -22,6 +22,7 @@ class FastPath:
     attention: str = "auto"
     eager: bool = False
     compile: bool = False
+    k_major: bool = True  # CPU: matmul weights stored K-major (engine.layers.linear.to_k_major); False: as loaded
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,11 @@ class EngineConfig:
     attention: str = "auto"          # auto | sdpa | flashinfer (CUDA only)
     eager: bool = False              # CUDA: no decode CUDA graphs
     compile: bool = False            # torch.compile the model forward
+    k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
 
     @property
     def fast_path(self) -> FastPath:
-        return FastPath(self.attention, self.eager, self.compile)
+        return FastPath(self.attention, self.eager, self.compile, self.k_major_weights)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:

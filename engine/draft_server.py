@@ -43,6 +43,7 @@ class DraftSpec:
     dtype: str
     device: str
     fast: FastPath = field(default_factory=FastPath)  # attention backend, CUDA graphs, torch.compile
+    target_path: str | None = None  # the target's directory, for a draft that borrows its embedding
 
 
 def encode_start(seq: Sequence, draft_seed: int) -> list[int]:

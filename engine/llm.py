@@ -116,7 +116,7 @@ class LLM:
             tp = TensorParallel(0, placement.tp, collective)
         log.info("loading %s (%s) on %s", config.target, self.model_path, self.device)
         model = build_model(files.config, files.weight_files, max_positions=self.max_model_len, dtype=dtype,
-                            device=self.device, tp=tp)
+                            device=self.device, tp=tp, k_major=config.k_major_weights)
         self.model_args = model.args
         kwargs = dict(num_blocks=num_blocks, block_size=config.block_size, device=self.device, dtype=dtype,
                       **fast_kwargs(config.fast_path, self.device, tp=placement.tp, max_keys=self.max_model_len))
@@ -155,7 +155,7 @@ class LLM:
     def _draft_spec(self, num_blocks: int, device: torch.device) -> DraftSpec:
         c = self.config
         return DraftSpec(str(self.draft_path), num_blocks, c.block_size, self.max_model_len, c.max_num_seqs,
-                         c.enable_prefix_caching, c.dtype, str(device), c.fast_path)
+                         c.enable_prefix_caching, c.dtype, str(device), c.fast_path, str(self.model_path))
 
     @property
     def speculation(self) -> SpeculationConfig:

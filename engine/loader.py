@@ -1,4 +1,8 @@
-"""Build a model from a Hugging Face directory and load its safetensors, sliced for this TP rank."""
+"""Build a model from a Hugging Face directory and load its safetensors, sliced for this TP rank.
+
+An ssd-chat draft may borrow its input embedding from its target (config ``"embedding_from_target": true``):
+its files then lack ``model.embed_tokens.weight``, which is read from the target's files instead.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.errors import ModelFilesError
+from engine.layers.linear import to_k_major
 from engine.layers.parallel import SINGLE, TensorParallel
 from engine.models.args import ModelArgs
 from engine.models.llama import PACKED, CausalLM
@@ -17,6 +22,8 @@ from engine.models.llama import PACKED, CausalLM
 log = logging.getLogger(__name__)
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+EMBEDDING = "model.embed_tokens.weight"
+VOCAB_IDS = "lm_head.vocab_ids"  # a compact reduced head's token ids (engine.layers.embedding.ReducedLMHead)
 
 
 def _target_name(name: str) -> tuple[str, object]:
@@ -32,15 +39,21 @@ def _copy_whole(param: torch.nn.Parameter, full: torch.Tensor, shard_id: object 
     param.data.copy_(full)
 
 
-def load_weights(model: CausalLM, weight_files: Iterable[Path]) -> None:
-    """Copy every checkpoint tensor into its (possibly fused, possibly sharded) parameter."""
+def load_weights(model: CausalLM, weight_files: Iterable[Path], embedding_files: Iterable[Path] = ()) -> None:
+    """Copy every checkpoint tensor into its (possibly fused, possibly sharded) parameter; from
+    ``embedding_files`` (the target's, for a draft that borrows its embedding) only the embedding."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
-    for path in weight_files:
+    weight_files = list(weight_files)
+    sources = [(path, None) for path in weight_files] + [(path, EMBEDDING) for path in embedding_files]
+    for path, only in sources:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if name.endswith(_IGNORED_SUFFIXES):
+                    if name.endswith(_IGNORED_SUFFIXES) or (only is not None and name != only):
+                        continue
+                    if name == VOCAB_IDS and hasattr(model.lm_head, "set_vocab_ids"):
+                        model.lm_head.set_vocab_ids(f.get_tensor(name))
                         continue
                     target, shard_id = _target_name(name)
                     param = params.get(target)
@@ -54,7 +67,13 @@ def load_weights(model: CausalLM, weight_files: Iterable[Path]) -> None:
                     loaded.add(f"{target}:{shard_id}")
         except SafetensorError as exc:
             raise ModelFilesError(f"cannot read {path}: {exc}; delete it and download the model again") from exc
+    finish = getattr(model.lm_head, "finish_loading", None)
+    if finish is not None:
+        finish()
     missing = _missing(model, loaded)
+    if model.args.embedding_from_target and EMBEDDING in missing:
+        raise ModelFilesError("this draft borrows its target's input embedding: load it as a draft (--draft) "
+                              "with a target of the same tokenizer and hidden size")
     if missing:
         raise ModelFilesError(
             f"the weights in {Path(next(iter(weight_files))).parent} lack {len(missing)} tensors"
@@ -78,12 +97,14 @@ def _missing(model: CausalLM, loaded: set[str]) -> list[str]:
 
 def build_model(
     config: dict, weight_files: Iterable[Path], *, max_positions: int, dtype: torch.dtype,
-    device: torch.device, tp: TensorParallel = SINGLE,
+    device: torch.device, tp: TensorParallel = SINGLE, embedding_files: Iterable[Path] = (), k_major: bool = True,
 ) -> CausalLM:
     args = ModelArgs.from_hf_config(config)
     with torch.device(device):
         model = CausalLM(args, max_positions=max_positions, tp=tp)
     model.to(dtype=dtype)
     model.rotary.to(torch.float32)  # keep cos/sin tables in fp32; they are cast per forward if needed
-    load_weights(model, list(weight_files))
+    load_weights(model, list(weight_files), embedding_files)
+    if k_major and torch.device(device).type == "cpu":
+        to_k_major(model)
     return model.eval()

@@ -32,7 +32,7 @@ class Device:
     def __str__(self) -> str:
         if self.kind == "cuda":
             return f"cuda:{self.index}"
-        return "cpu" if self.cores is None else f"cpu:{_ranges(self.cores)}"
+        return "cpu" if self.cores is None else f"cpu:{ranges(self.cores)}"
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def plan(tp: int = 1, target_devices: str | None = None, draft_device: str | Non
         if ids is not None and len(ids) < tp:
             raise InvalidParameterError(
                 f"--tp {tp} needs at least {tp} cores, --target-devices {target_devices} has {len(ids)}:"
-                f" lower --tp or give more cores (this machine has {_ranges(_cpus())})"
+                f" lower --tp or give more cores (this machine has {ranges(_cpus())})"
             )
         target = tuple(Device("cpu", share) for share in _split(ids, tp)) if ids else (Device("cpu", None),) * tp
     else:
@@ -101,7 +101,7 @@ def _parse(text: str, option: str) -> tuple[str, list[int] | None]:
         missing = [i for i in ids if i not in _cpus()]
         if missing:
             raise InvalidParameterError(
-                f"{option}: core {missing[0]} does not exist here (usable cores: {_ranges(_cpus())})"
+                f"{option}: core {missing[0]} does not exist here (usable cores: {ranges(_cpus())})"
             )
     if kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -131,7 +131,8 @@ def _split(ids: list[int], parts: int) -> list[tuple[int, ...]]:
     return out
 
 
-def _ranges(ids: tuple[int, ...] | list[int]) -> str:
+def ranges(ids: tuple[int, ...] | list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5": the syntax of --target-devices."""
     ids = sorted(ids)
     runs, start = [], ids[0]
     for a, b in zip(ids, [*ids[1:], None], strict=True):

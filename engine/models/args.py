@@ -28,7 +28,8 @@ class ModelArgs:
     attention_bias: bool = False
     mlp_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
-    reduced_head: bool = False  # ssd-chat drafts: the head scores only the tokens whose head rows are non-zero
+    reduced_head: bool = False  # ssd-chat drafts: the head scores only a subset of the vocabulary
+    embedding_from_target: bool = False  # ssd-chat drafts: the input embedding is the target's (not in the files)
 
     @property
     def qk_norm(self) -> bool:
@@ -63,6 +64,7 @@ class ModelArgs:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             eos_token_ids=eos_ids,
             reduced_head=bool(cfg.get("reduced_head", False)),
+            embedding_from_target=bool(cfg.get("embedding_from_target", False)),
         )
 
 
