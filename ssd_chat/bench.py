@@ -137,9 +137,24 @@ class ModeResult:
         verify_s = sum(r.spec.verify_time_s for r in self.runs if r.spec is not None)
         return self._spec_sum("emitted_on_hit") / hits / (verify_s / self._spec_sum("num_steps"))
 
+    @property
+    def draft_s_per_token(self) -> float | None:
+        """SD (draft in the target's process): the target's wait for drafts per drafted token, i.e. the draft's
+        per-token cost on the target's cores (its catch-up forward on the last accepted tokens included)."""
+        drafted = self._spec_sum("num_drafted") if self.mode == "sd" else None
+        if not drafted:
+            return None
+        return sum(r.spec.draft_time_s for r in self.runs if r.spec is not None) / drafted
+
+    @property
+    def s_per_token(self) -> float | None:
+        tokens = sum(len(r.token_ids) - 1 for r in self.runs)
+        return sum(r.decode_time_s for r in self.runs) / tokens if tokens else None
+
     def to_dict(self) -> dict:
         return {
             "mode": self.mode,
+            "draft_s_per_token": self.draft_s_per_token,
             "ideal_tok_s": self.ideal_tok_s,
             "decode_tok_s": self.decode_tok_s,
             "ttft_ms": self.ttft_ms,
@@ -226,7 +241,9 @@ def run_hf(
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     assistant = None
     if draft_path is not None:
-        assistant = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float32).eval()
+        from ssd_chat.distill_model import load_hf_draft  # a compact ssd-chat draft needs the target's embedding
+
+        assistant = load_hf_draft(draft_path, model_path)
         assistant.generation_config.num_assistant_tokens = k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
@@ -366,6 +383,9 @@ def render_table(report: BenchReport) -> Table:
     bound = report.config.get("bandwidth_bound_tok_s")
     if bound:
         table.add_column(f"of bw bound ({bound:.0f} tok/s)", justify="right")
+    draft_cost = ar is not None and ar.s_per_token and any(r.draft_s_per_token for r in report.results)
+    if draft_cost:
+        table.add_column("draft cost / AR token", justify="right")
     table.add_column("greedy output = ar", justify="center")
     for r in report.results:
         row = [r.mode, f"{r.decode_tok_s:.1f}", f"{r.ttft_ms:.0f}"]
@@ -379,6 +399,8 @@ def render_table(report: BenchReport) -> Table:
                 row.append(f"{r.decode_tok_s / base.decode_tok_s:.2f}x" if base.decode_tok_s else "-")
         if bound:
             row.append(f"{100 * r.decode_tok_s / bound:.0f}%")
+        if draft_cost:
+            row.append(f"1/{ar.s_per_token / r.draft_s_per_token:.1f}" if r.draft_s_per_token else "-")
         row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
         table.add_row(*row)
     return table

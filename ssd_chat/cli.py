@@ -27,6 +27,7 @@ from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
 from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, load_prompts, render_table, run_bench
+from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import run_plain
 
 EXIT_USER_ERROR = 2
@@ -42,7 +43,9 @@ Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0 = gree
 MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.")]
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
 Draft = Annotated[
-    str | None, typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd.")
+    str | None,
+    typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd. Default with the "
+                 "default target: the shipped smollm2-135m-draft (SSD, draft on the last core); none: no draft."),
 ]
 Mode = Annotated[
     str | None,
@@ -167,6 +170,9 @@ def root(
         return
     with _user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        layout = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
+        target, draft, mode = layout.target, layout.draft, layout.mode
+        target_devices, draft_device = layout.target_devices, layout.draft_device
         spec = _speculation(draft, mode, k, fanout, backup)
         engine_kwargs = dict(threads=threads, draft=draft, speculation=spec, tp=tp, target_devices=target_devices,
                              draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile)
@@ -213,6 +219,9 @@ def ask(
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with _user_errors():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+        layout = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
+        target, draft, mode = layout.target, layout.draft, layout.mode
+        target_devices, draft_device = layout.target_devices, layout.draft_device
         spec = _speculation(draft, mode, k, fanout, backup)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
         messages = [{"role": "system", "content": system}] if system is not None else []
@@ -327,18 +336,21 @@ def distill(
         typer.Option(help="Training prompts: plain lines or JSONL with prompt/messages.",
                      show_default="assets/prompts/distill.jsonl"),
     ] = None,
-    draft_layers: Annotated[int, typer.Option(help="Target layers the draft starts from.")] = 6,
+    max_prompts: Annotated[int | None, typer.Option(help="Use the file's first N prompts (default: all).")] = None,
+    draft_layers: Annotated[int, typer.Option(help="Target layers the draft starts from.")] = 4,
     head_vocab: Annotated[int, typer.Option(help="Tokens the draft's head scores (most frequent in the replies); "
                                                  "0: all.")] = 8192,
-    steps: Annotated[int, typer.Option(help="Training steps (0: write the untrained draft).")] = 300,
-    batch_size: Annotated[int, typer.Option(help="Replies per training step.")] = 8,
-    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warm-up, then cosine decay).")] = 3e-4,
+    steps: Annotated[int, typer.Option(help="Training steps (0: write the untrained draft).")] = 1800,
+    batch_size: Annotated[int, typer.Option(help="Replies per training step.")] = 16,
+    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warm-up, then cosine decay).")] = 1e-3,
+    loss: Annotated[str, typer.Option(help="ce: cross-entropy on the reply tokens (greedy acceptance, fast); "
+                                           "kl: KL to the target's distribution (runs the target per step).")] = "ce",
     seed: Annotated[int, typer.Option(help="Seed of the batch order (and of sampled replies).")] = 0,
-    max_tokens: Annotated[int, typer.Option(help="Most tokens per target reply.")] = 256,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens per target reply.")] = 192,
     temperature: Annotated[float, typer.Option(help="The target's temperature for its replies; 0 = greedy.")] = 0.0,
-    eval_prompts: Annotated[int, typer.Option(help="Prompts held out to measure greedy agreement.")] = 8,
-    eval_every: Annotated[int, typer.Option(help="Steps between agreement measurements.")] = 25,
-    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (and draft writes).")] = 50,
+    eval_prompts: Annotated[int, typer.Option(help="Prompts held out to measure greedy agreement.")] = 32,
+    eval_every: Annotated[int, typer.Option(help="Steps between agreement measurements.")] = 100,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (and draft writes).")] = 100,
     threads: Threads = None,
     resume: Annotated[bool, typer.Option(help="Continue the run found in --out (--no-resume: start over).")] = True,
 ) -> None:
@@ -347,8 +359,10 @@ def distill(
 
     with _user_errors():
         config = DistillConfig(
-            target=target, out=out, prompts_file=prompts or DISTILL_PROMPTS, draft_layers=draft_layers,
-            head_vocab=head_vocab, steps=steps, batch_size=batch_size, lr=lr, seed=seed, max_tokens=max_tokens,
+            target=target, out=out, prompts_file=prompts or DISTILL_PROMPTS, max_prompts=max_prompts,
+            draft_layers=draft_layers,
+            head_vocab=head_vocab, steps=steps, batch_size=batch_size, lr=lr, loss=loss, seed=seed,
+            max_tokens=max_tokens,
             temperature=temperature, eval_prompts=eval_prompts, eval_every=eval_every,
             checkpoint_every=checkpoint_every, threads=threads, resume=resume,
         )

@@ -2,9 +2,11 @@
 
 Recipe: (1) the target answers a prompt set (``assets/prompts/distill.jsonl``; a few prompts held out) with
 our engine; (2) the draft starts as the target's embedding, first ``draft_layers`` layers and norm, and a head
-restricted to the ``head_vocab`` tokens most frequent in those replies; (3) it is trained with AdamW on
-KL(target || draft) over the kept tokens, teacher-forced on the replies. The output directory is a model
-directory (``--draft DIR``); ``DIR/distill/`` holds the run: settings, reply cache, checkpoint and log.
+restricted to the ``head_vocab`` tokens most frequent in those replies; (3) it is trained with AdamW,
+teacher-forced on the replies, on cross-entropy with the reply tokens (``ce``) or on KL(target || draft) over
+the kept tokens (``kl``). The output directory is a compact draft directory (``--draft DIR``, see
+``distill_model``); ``DIR/distill/`` holds the run: settings, reply cache, checkpoint and log. The defaults
+are the recipe of the shipped ``smollm2-135m-draft``.
 Data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train``.
 """
 
@@ -38,17 +40,19 @@ class DistillConfig:
     target: str
     out: Path
     prompts_file: Path = DISTILL_PROMPTS
-    draft_layers: int = 6
+    max_prompts: int | None = None  # the file's first N prompts (the reply cache is shared by every N)
+    draft_layers: int = 4
     head_vocab: int = 8192  # 0: the whole vocabulary
-    steps: int = 300
-    batch_size: int = 8
-    lr: float = 3e-4
+    steps: int = 1800
+    batch_size: int = 16
+    lr: float = 1e-3
+    loss: str = "ce"  # ce: cross-entropy on the (greedy) reply tokens; kl: KL to the target's distribution
     seed: int = 0
-    max_tokens: int = 256
+    max_tokens: int = 192
     temperature: float = 0.0
-    eval_prompts: int = 8
-    eval_every: int = 25
-    checkpoint_every: int = 50
+    eval_prompts: int = 32
+    eval_every: int = 100
+    checkpoint_every: int = 100
     threads: int | None = None
     resume: bool = True
 
@@ -59,10 +63,14 @@ class DistillConfig:
         for name in ("head_vocab", "steps", "seed", "eval_prompts"):
             if getattr(self, name) < 0:
                 raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.loss not in ("ce", "kl"):
+            raise InvalidParameterError(f"--loss must be ce or kl, got {self.loss!r}")
         if not self.lr > 0:
             raise InvalidParameterError(f"--lr must be > 0, got {self.lr}")
         if not 0.0 <= self.temperature <= 100.0:
             raise InvalidParameterError(f"--temperature must be between 0 (greedy) and 100, got {self.temperature}")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise InvalidParameterError(f"--max-prompts must be >= 1, got {self.max_prompts}")
         if self.threads is not None and self.threads < 1:
             raise InvalidParameterError(f"--threads must be >= 1, got {self.threads}")
         if Path(self.prompts_file).resolve() == HELD_OUT_PROMPTS:
@@ -96,7 +104,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     if config.draft_layers > num_layers:
         raise InvalidParameterError(f"--draft-layers {config.draft_layers} is more than the target's {num_layers} "
                                     f"layers: pick 1..{num_layers}")
-    prompts = load_prompts(Path(config.prompts_file))
+    prompts = load_prompts(Path(config.prompts_file), limit=config.max_prompts)
     if len(prompts) < 2 and config.eval_prompts:
         raise InvalidParameterError(f"{config.prompts_file} holds {len(prompts)} prompt: give at least 2 "
                                     "(some are held out), or --eval-prompts 0")
@@ -121,7 +129,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     head_ids = data.head_vocab_ids(train_examples, target.config.vocab_size, config.head_vocab, always=eos_ids)
     draft = init_draft(target, config.draft_layers, head_ids)
     settings = TrainSettings(config.steps, config.batch_size, config.lr, config.seed, config.eval_every,
-                             config.checkpoint_every)
+                             config.checkpoint_every, config.loss)
     pad_id = eos_ids[0] if eos_ids else 0
     result = train(draft, target, train_examples, eval_examples, settings, work, pad_id=pad_id,
                    on_checkpoint=lambda: save_draft(draft, target_dir, out),

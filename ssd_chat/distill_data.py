@@ -22,7 +22,8 @@ import torch
 
 from ssd_chat.bench import Messages
 
-GENERATE_BATCH = 16  # prompts per LLM.generate call: the engine's default max_num_seqs, and the cache's granularity
+GENERATE_BATCH = 128  # prompts per LLM.generate call, all decoded together (batch 64 ran 1.7x batch 16 here)
+KV_CACHE_TOKENS = GENERATE_BATCH * 512  # room for the whole batch's prompts and replies (more waits its turn)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ def generate_examples(
 
     if not examples:
         cache.write_text(json.dumps(asdict(settings)) + "\n", encoding="utf-8")
-    llm = LLM(target=target, threads=threads)
+    model_limit = int(json.loads((Path(target) / "config.json").read_text()).get("max_position_embeddings", 4096))
+    max_model_len = min(model_limit, 4096)
+    llm = LLM(target=target, threads=threads, max_num_seqs=GENERATE_BATCH, max_model_len=max_model_len,
+              kv_cache_tokens=max(KV_CACHE_TOKENS, 2 * max_model_len))
     try:
         while len(examples) < len(prompts):
             start = len(examples)

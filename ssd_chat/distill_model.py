@@ -2,10 +2,14 @@
 
 The draft starts as the target's embedding (shared and frozen), its first ``num_layers`` layers and final norm
 (copies, trained), and an untied head made of the target head's rows for the kept tokens (trained). It scores
-only those tokens: ``logits`` is [B, T, Vr]. Saved, it is a plain Hugging Face directory of the target's
-architecture whose full [V, D] head has zero rows outside the kept tokens and whose config says
-``"reduced_head": true`` (our engine then scores just the non-zero rows; transformers loads it as is), with
-the target's tokenizer and chat template files.
+only those tokens: ``logits`` is [B, T, Vr].
+
+Saved, it is a Hugging Face directory of the target's architecture with the target's tokenizer and chat
+template files, made small: the weights are float16, the input embedding is left out (config
+``"embedding_from_target": true``: the engine reads the target's), and the head holds only the kept rows
+[Vr, D] plus ``lm_head.vocab_ids`` [Vr] (config ``"reduced_head": true``). For SmolLM2-135M with 4 layers and
+8192 kept tokens that is 38 MB instead of 188 MB. transformers cannot load such a directory by itself:
+``load_hf_draft`` rebuilds the full model from it and the target (for the transformers reference rows).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from torch import nn
 from engine.synthetic import TOKENIZER_FILES, quiet_transformers
 
 EXTRA_FILES = ("special_tokens_map.json", "generation_config.json")  # copied from the target when present
+SAVE_DTYPE = torch.float16  # the draft only proposes tokens: its rounding never touches exactness
+WEIGHTS = "model.safetensors"
 
 
 def load_target(target_dir: Path) -> nn.Module:
@@ -41,9 +47,11 @@ class DraftModel(nn.Module):
         self.head = nn.Parameter(head)  # [Vr, D]
         self.register_buffer("head_ids", head_ids, persistent=False)  # [Vr]
 
+    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, D]
+        return self.lm.model(input_ids=input_ids).last_hidden_state
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, Vr]
-        hidden = self.lm.model(input_ids=input_ids).last_hidden_state  # [B, T, D]
-        return hidden @ self.head.T
+        return self.hidden(input_ids) @ self.head.T
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """What training changes (the frozen embedding is the target's): checkpointed and restored."""
@@ -85,16 +93,55 @@ def init_draft(target: nn.Module, num_layers: int, head_ids: torch.Tensor) -> Dr
 
 
 def save_draft(draft: DraftModel, target_dir: Path, out_dir: Path) -> None:
-    """Write ``out_dir`` as a model directory: config.json, model.safetensors, the target's tokenizer files."""
-    lm = draft.lm
-    with torch.no_grad():
-        lm.lm_head.weight = nn.Parameter(draft.full_head(), requires_grad=False)
+    """Write ``out_dir`` as a draft directory: config.json, model.safetensors, the target's tokenizer files."""
+    from safetensors.torch import save_file
+
+    config = copy.deepcopy(draft.lm.config)
+    config.reduced_head = True
+    config.embedding_from_target = True  # read by our engine (engine.models.args); see load_hf_draft
+    tensors = {f"model.{name}": t.detach().to(SAVE_DTYPE).contiguous()
+               for name, t in draft.lm.model.state_dict().items() if name != "embed_tokens.weight"}
+    tensors["lm_head.weight"] = draft.head.detach().to(SAVE_DTYPE).contiguous()  # [Vr, D]
+    tensors["lm_head.vocab_ids"] = draft.head_ids.to(torch.int64).contiguous()  # [Vr]
     out_dir.mkdir(parents=True, exist_ok=True)
-    with quiet_transformers():
-        lm.save_pretrained(out_dir)
+    config.save_pretrained(out_dir)
+    tmp = out_dir / (WEIGHTS + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out_dir / WEIGHTS)
     for name in (*TOKENIZER_FILES, *EXTRA_FILES):
         if (target_dir / name).is_file():
             shutil.copyfile(target_dir / name, out_dir / name)
+
+
+def load_hf_draft(draft_dir: Path, target_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A draft directory as a plain transformers model: a compact draft gets the target's embedding and a full
+    [V, D] head that is zero outside its kept tokens; any other model directory loads as it is."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(draft_dir)
+    with quiet_transformers():
+        if not getattr(config, "embedding_from_target", False):
+            return AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype).eval()
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    state = load_file(str(Path(draft_dir) / WEIGHTS))
+    ids, rows = state.pop("lm_head.vocab_ids"), state.pop("lm_head.weight")
+    state["lm_head.weight"] = rows.new_zeros(config.vocab_size, rows.shape[1]).index_copy_(0, ids, rows)
+    state["model.embed_tokens.weight"] = _target_embedding(Path(target_dir))
+    model.load_state_dict({name: t.to(dtype) for name, t in state.items()}, strict=True)
+    return model
+
+
+def _target_embedding(target_dir: Path) -> torch.Tensor:
+    from safetensors import safe_open
+
+    from engine.model_dir import inspect_model_dir
+
+    for path in inspect_model_dir(target_dir).weight_files:
+        with safe_open(str(path), framework="pt") as f:
+            if "model.embed_tokens.weight" in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                return f.get_tensor("model.embed_tokens.weight")
+    raise FileNotFoundError(f"{target_dir} has no model.embed_tokens.weight")
 
 
 def num_params_per_token(draft: DraftModel) -> int:

@@ -1,5 +1,10 @@
-"""`ssd-chat distill`'s training loop: KL to the target's distribution over the kept vocabulary, teacher-forced
-on the target's replies, with AdamW on the CPU.
+"""`ssd-chat distill`'s training loop, teacher-forced on the target's replies, with AdamW on the CPU.
+
+Two losses: ``ce`` (the default) is cross-entropy on the reply tokens themselves. A greedy reply token is the
+target's top choice, the very token a greedy draft must propose to be accepted, so this trains greedy
+acceptance directly and needs no forward pass of the target (about 3x faster per step than ``kl`` with a
+4-layer draft of a 30-layer target). ``kl`` is KL(target || draft) over the kept vocabulary: the target runs
+on every batch; it also matches the target's distribution where the reply token is not its top choice.
 
 Deterministic and resumable: the examples of step s are a pure function of (seed, s) (one seeded permutation
 per epoch), and a checkpoint holds the trained tensors, the optimizer and the step, so a run resumed from
@@ -33,6 +38,7 @@ class TrainSettings:
     seed: int
     eval_every: int
     checkpoint_every: int
+    loss: str = "ce"  # "ce" | "kl"
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,22 @@ def kl_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, mask: torch
     log_q = F.log_softmax(draft_logits[mask], dim=-1)   # [N, Vr]
     log_p = F.log_softmax(target_logits[mask], dim=-1)  # [N, Vr]
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+
+
+def ce_loss(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the reply tokens the head can score. draft_logits: [N, Vr]; labels: [N], indices
+    into the kept vocabulary, -100 for tokens outside it (the draft can never propose them)."""
+    return F.cross_entropy(draft_logits, labels, ignore_index=-100)
+
+
+def head_labels(ids: torch.Tensor, mask: torch.Tensor, head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The next token at every masked position, as an index into ``head_ids`` (-100 outside it): [N].
+
+    ids, mask: [B, T]; head_ids: [Vr] sorted token ids."""
+    index = torch.full((vocab_size,), -100, dtype=torch.long)
+    index[head_ids] = torch.arange(head_ids.numel())
+    following = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)  # [B, T]; the wrapped last column is never masked
+    return index[following[mask]]
 
 
 def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> list[int]:
@@ -126,6 +148,7 @@ def train(
     start = _restore(checkpoint, draft, optimizer)
     _truncate_log(log_path, start)
     expected = target_argmax(target, eval_examples) if eval_examples else []
+    vocab_size = target.config.vocab_size
     agreement = None
     if start == 0 and expected:
         agreement = greedy_agreement(draft, eval_examples, expected)
@@ -138,7 +161,11 @@ def train(
         lr = lr_at(step, settings)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss = kl_loss(draft(ids), target_logits(target, ids, draft.head_ids), mask)
+        if settings.loss == "kl":
+            loss = kl_loss(draft(ids), target_logits(target, ids, draft.head_ids), mask)
+        else:
+            hidden = draft.hidden(ids)[mask]  # [N, D]: only the positions that predict a reply token
+            loss = ce_loss(hidden @ draft.head.T, head_labels(ids, mask, draft.head_ids, vocab_size))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

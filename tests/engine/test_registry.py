@@ -61,7 +61,7 @@ def _go_online(monkeypatch: pytest.MonkeyPatch, fake_download: object) -> None:
     monkeypatch.setattr(registry, "snapshot_download", fake_download)
 
 
-def test_aliases_are_exactly_the_nine_models() -> None:
+def test_aliases_are_exactly_the_known_models() -> None:
     assert list(ALIASES) == [
         "llama-3.1-70b",
         "llama-3.1-8b",
@@ -72,6 +72,7 @@ def test_aliases_are_exactly_the_nine_models() -> None:
         "qwen3-1.7b",
         "qwen3-0.6b",
         "smollm2-135m",
+        "smollm2-135m-draft",
         "synthetic-target",
         "synthetic-draft",
     ]
@@ -240,3 +241,10 @@ def test_smollm2_converts_from_the_wheel(tmp_path: Path) -> None:
     assert json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"] == 2
     assert inspect_model_dir(model_dir).architecture == "LlamaForCausalLM"
     assert not [p for p in model_dir.parent.iterdir() if p.name.startswith(".smollm2-135m.tmp")]
+
+
+def test_the_shipped_draft_alias_names_its_fix_when_assets_are_missing(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(registry, "SHIPPED_DRAFT_DIR", tmp_path / "gone")
+    with pytest.raises(WeightsUnavailableError, match="restore assets/"):
+        resolve_model("smollm2-135m-draft")
+    assert not is_available_locally(ALIASES["smollm2-135m-draft"])

@@ -4,18 +4,21 @@ one-line errors. The target's replies come from our engine; training runs a few 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
+from engine.errors import ModelFilesError
 from ssd_chat import cli
 from ssd_chat.bench import DEFAULT_PROMPTS, load_prompts
 from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, run_distill
+from ssd_chat.distill_model import load_hf_draft
 
 runner = CliRunner()
 NUM_PROMPTS, MAX_TOKENS = 48, 48
@@ -54,15 +57,21 @@ def _held_out_prompt_ids(llm: LLM, n: int) -> list[list[int]]:
 def test_the_draft_loads_like_any_model_and_speculation_stays_exact(tiny_llama_dir, drafts):
     _, draft = drafts
     config = json.loads((draft / "config.json").read_text())
-    assert config["reduced_head"] is True and config["num_hidden_layers"] == 1
-    assert not config["tie_word_embeddings"]
+    assert config["reduced_head"] is True and config["embedding_from_target"] is True
+    assert config["num_hidden_layers"] == 1 and not config["tie_word_embeddings"]
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (draft / name).read_bytes() == (tiny_llama_dir / name).read_bytes()
-    head = load_file(draft / "model.safetensors")["lm_head.weight"]  # [V, D]: 200 kept rows, the rest zero
-    assert int((head.abs().amax(-1) > 0).sum()) == 200
+    saved = load_file(draft / "model.safetensors")  # compact: no embedding, 200 head rows and their token ids
+    assert "model.embed_tokens.weight" not in saved
+    head, ids = saved["lm_head.weight"], saved["lm_head.vocab_ids"]
+    assert head.shape[0] == ids.shape[0] == 200 and head.dtype == torch.float16
+    assert torch.equal(ids, torch.unique(ids))  # sorted, distinct
 
-    from transformers import AutoModelForCausalLM
-    AutoModelForCausalLM.from_pretrained(draft)  # transformers loads it as a plain model
+    hf = load_hf_draft(draft, tiny_llama_dir)  # transformers' view of it: the target's embedding, a full head
+    target = load_file(tiny_llama_dir / "model.safetensors")
+    assert torch.equal(hf.model.embed_tokens.weight, target["model.embed_tokens.weight"].float())
+    assert torch.equal(hf.lm_head.weight[ids], head.float())
+    assert int((hf.lm_head.weight.abs().amax(-1) > 0).sum()) == 200
 
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     llm = LLM(target=str(tiny_llama_dir), draft=str(draft), mode="ar")
@@ -84,6 +93,19 @@ def _acceptance(target: Path, draft: Path) -> float:
     finally:
         llm.close()
     return sum(out.stats.spec.acceptance_rate for out in outputs) / len(outputs)
+
+
+def test_a_draft_without_its_target_or_with_corrupt_head_ids_is_one_line(tiny_llama_dir, drafts, tmp_path):
+    _, draft = drafts
+    result = runner.invoke(cli.app, ["ask", "hi", "--target", str(draft), "--max-tokens", "2"])
+    assert result.exit_code == 2 and "borrows its target's input embedding" in result.stderr, result.output
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(draft, corrupt, ignore=shutil.ignore_patterns("distill"))
+    tensors = load_file(corrupt / "model.safetensors")
+    tensors["lm_head.vocab_ids"] = tensors["lm_head.vocab_ids"][:-1]  # one id short of the head's rows
+    save_file(tensors, str(corrupt / "model.safetensors"))
+    with pytest.raises(ModelFilesError, match="vocab_ids"):
+        LLM(target=str(tiny_llama_dir), draft=str(corrupt))
 
 
 def test_training_beats_the_untrained_draft(tiny_llama_dir, drafts):
