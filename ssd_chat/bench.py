@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from rich.table import Table
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
@@ -360,47 +359,3 @@ def _on_target_cores(config: BenchConfig) -> Iterator[None]:
         yield
     finally:
         pin(saved, None)
-
-
-def render_table(report: BenchReport) -> Table:
-    by_mode = {r.mode: r for r in report.results}
-    ar, hf = by_mode.get("ar"), by_mode.get("hf")
-    speculative = any(r.tau is not None for r in report.results)
-    draft = f" / {report.config['draft']} (k={report.config['k']})" if report.config.get("draft") else ""
-    table = Table(title=f"{report.config['target']}{draft}: {report.config['num_prompts']} prompts x "
-                        f"{report.config['max_tokens']} tokens, greedy")
-    table.add_column("mode")
-    table.add_column("decode tok/s", justify="right")
-    table.add_column("TTFT ms", justify="right")
-    if speculative:
-        table.add_column("tau", justify="right")
-        table.add_column("accept", justify="right")
-        table.add_column("hit", justify="right")
-        table.add_column("ideal tok/s (eff.)", justify="right")
-    for base in (ar, hf):
-        if base is not None:
-            table.add_column(f"vs {base.mode}", justify="right")
-    bound = report.config.get("bandwidth_bound_tok_s")
-    if bound:
-        table.add_column(f"of bw bound ({bound:.0f} tok/s)", justify="right")
-    draft_cost = ar is not None and ar.s_per_token and any(r.draft_s_per_token for r in report.results)
-    if draft_cost:
-        table.add_column("draft cost / AR token", justify="right")
-    table.add_column("greedy output = ar", justify="center")
-    for r in report.results:
-        row = [r.mode, f"{r.decode_tok_s:.1f}", f"{r.ttft_ms:.0f}"]
-        if speculative:
-            row += ["-" if r.tau is None else f"{r.tau:.2f}",
-                    "-" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}",
-                    "-" if r.cache_hit_rate is None else f"{r.cache_hit_rate:.0%}",
-                    "-" if r.ideal_tok_s is None else f"{r.ideal_tok_s:.1f} ({r.decode_tok_s / r.ideal_tok_s:.0%})"]
-        for base in (ar, hf):
-            if base is not None:
-                row.append(f"{r.decode_tok_s / base.decode_tok_s:.2f}x" if base.decode_tok_s else "-")
-        if bound:
-            row.append(f"{100 * r.decode_tok_s / bound:.0f}%")
-        if draft_cost:
-            row.append(f"1/{ar.s_per_token / r.draft_s_per_token:.1f}" if r.draft_s_per_token else "-")
-        row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
-        table.add_row(*row)
-    return table

@@ -26,7 +26,8 @@ from engine.errors import InvalidParameterError
 from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
-from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, load_prompts, render_table, run_bench
+from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, BenchInputError, load_prompts, run_bench
+from ssd_chat.bench_table import render_table
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import run_plain
 
@@ -171,12 +172,11 @@ def root(
         return
     with _user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-        layout = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
-        target, draft, mode = layout.target, layout.draft, layout.mode
-        target_devices, draft_device = layout.target_devices, layout.draft_device
-        spec = _speculation(draft, mode, k, fanout, backup)
-        engine_kwargs = dict(threads=threads, draft=draft, speculation=spec, tp=tp, target_devices=target_devices,
-                             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile)
+        lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
+        spec = _speculation(lay.draft, lay.mode, k, fanout, backup)
+        engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
+                             target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
+                             compile=compile)
         if plain or not (sys.stdout.isatty() and sys.stdin.isatty()):
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
@@ -186,7 +186,7 @@ def root(
 
         settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
                                 max_tokens=max_tokens, system=system)
-        code = run_tui(lambda: LLM(target=target, **engine_kwargs), settings=settings, target=target, draft=draft,
+        code = run_tui(lambda: LLM(target=target, **engine_kwargs), settings=settings, target=target, draft=lay.draft,
                        resume=resume)
     raise typer.Exit(code)
 
@@ -220,16 +220,14 @@ def ask(
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with _user_errors():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
-        layout = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
-        target, draft, mode = layout.target, layout.draft, layout.mode
-        target_devices, draft_device = layout.target_devices, layout.draft_device
-        spec = _speculation(draft, mode, k, fanout, backup)
+        lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
+        spec = _speculation(lay.draft, lay.mode, k, fanout, backup)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
-        with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=draft, speculation=spec, tp=tp,
-                       target_devices=target_devices, draft_device=draft_device, dtype=dtype, attention=attention,
-                       eager=eager, compile=compile) as llm:
+        with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
+                       target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
+                       attention=attention, eager=eager, compile=compile) as llm:
             output = _print_stream(llm.chat(messages, params), echo=not as_json)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))
