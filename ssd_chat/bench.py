@@ -145,11 +145,6 @@ class ModeResult:
             return None
         return sum(r.spec.draft_time_s for r in self.runs if r.spec is not None) / drafted
 
-    @property
-    def s_per_token(self) -> float | None:
-        tokens = sum(len(r.token_ids) - 1 for r in self.runs)
-        return sum(r.decode_time_s for r in self.runs) / tokens if tokens else None
-
     def to_dict(self) -> dict:
         return {
             "mode": self.mode,

@@ -29,7 +29,7 @@ def render_table(report: BenchReport) -> Table:
     bound = report.config.get("bandwidth_bound_tok_s")
     if bound:
         table.add_column(f"of bw bound ({bound:.0f} tok/s)", justify="right")
-    draft_cost = ar is not None and ar.s_per_token and any(r.draft_s_per_token for r in report.results)
+    draft_cost = ar is not None and ar.decode_tok_s and any(r.draft_s_per_token for r in report.results)
     if draft_cost:
         table.add_column("draft cost / AR token", justify="right")
     table.add_column("greedy output = ar", justify="center")
@@ -46,7 +46,7 @@ def render_table(report: BenchReport) -> Table:
         if bound:
             row.append(f"{100 * r.decode_tok_s / bound:.0f}%")
         if draft_cost:
-            row.append(f"1/{ar.s_per_token / r.draft_s_per_token:.1f}" if r.draft_s_per_token else "-")
+            row.append(f"1/{1 / (ar.decode_tok_s * r.draft_s_per_token):.1f}" if r.draft_s_per_token else "-")
         row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
         table.add_row(*row)
     return table

@@ -64,12 +64,16 @@ def ce_loss(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(draft_logits, labels, ignore_index=-100)
 
 
-def head_labels(ids: torch.Tensor, mask: torch.Tensor, head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The next token at every masked position, as an index into ``head_ids`` (-100 outside it): [N].
-
-    ids, mask: [B, T]; head_ids: [Vr] sorted token ids."""
+def head_index(head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V]: each token's row in the kept head (``head_ids`` [Vr]), -100 for tokens outside it."""
     index = torch.full((vocab_size,), -100, dtype=torch.long)
     index[head_ids] = torch.arange(head_ids.numel())
+    return index
+
+
+def head_labels(ids: torch.Tensor, mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The next token at every masked position as a row of the kept head (``head_index``): [N].
+    ids, mask: [B, T]."""
     following = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)  # [B, T]; the wrapped last column is never masked
     return index[following[mask]]
 
@@ -148,7 +152,7 @@ def train(
     start = _restore(checkpoint, draft, optimizer)
     _truncate_log(log_path, start)
     expected = target_argmax(target, eval_examples) if eval_examples else []
-    vocab_size = target.config.vocab_size
+    index = head_index(draft.head_ids, target.config.vocab_size)
     agreement = None
     if start == 0 and expected:
         agreement = greedy_agreement(draft, eval_examples, expected)
@@ -165,7 +169,7 @@ def train(
             loss = kl_loss(draft(ids), target_logits(target, ids, draft.head_ids), mask)
         else:
             hidden = draft.hidden(ids)[mask]  # [N, D]: only the positions that predict a reply token
-            loss = ce_loss(hidden @ draft.head.T, head_labels(ids, mask, draft.head_ids, vocab_size))
+            loss = ce_loss(hidden @ draft.head.T, head_labels(ids, mask, index))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
