@@ -91,21 +91,29 @@ def test_cancel_frees_blocks_on_every_rank(remote):
     assert remote.core.blocks.num_free_blocks == len(remote.core.blocks.blocks)
 
 
+def _ssd_with_a_fault(llm: LLM, prompt, *, after: int, sig: int):
+    """Stream ``prompt`` under SSD (k=3) and send ``sig`` to the draft process once, after ``after`` tokens:
+    (the streamed token ids, the warnings, the final output)."""
+    llm.speculation = SpeculationConfig(mode="ssd", k=3)
+    tokens, warnings, final, sent = [], [], None, False
+    for event in llm.stream(prompt, GREEDY):
+        if isinstance(event, TokenDelta):
+            tokens += event.token_ids
+            if len(tokens) >= after and not sent:
+                os.kill(llm.remote.proc.pid, sig)
+                sent = True
+        elif isinstance(event, EngineWarning):
+            warnings.append(event.message)
+        elif isinstance(event, RequestFinished):
+            final = event.output
+    return tokens, warnings, final
+
+
 def test_a_dying_draft_process_falls_back_to_ar(tiny_llama_dir, draft_dir):
     with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
              threads=1) as llm:
         want = _outputs(llm, SpeculationConfig(mode="ar"))
-        llm.speculation = SpeculationConfig(mode="ssd", k=3)
-        tokens, warnings = [], []
-        for event in llm.stream(PROMPTS[0], GREEDY):
-            if isinstance(event, TokenDelta):
-                tokens += event.token_ids
-                if len(tokens) >= 8 and llm.remote.proc.is_alive():
-                    os.kill(llm.remote.proc.pid, signal.SIGKILL)
-            elif isinstance(event, EngineWarning):
-                warnings.append(event.message)
-            elif isinstance(event, RequestFinished):
-                final = event.output
+        tokens, warnings, final = _ssd_with_a_fault(llm, PROMPTS[0], after=8, sig=signal.SIGKILL)
         assert tokens == final.token_ids == want[0]  # nothing lost, nothing repeated
         assert len(warnings) == 1 and "AR mode" in warnings[0]
         later = list(llm.stream(PROMPTS[1], GREEDY))  # new SSD requests also run (in AR) and say so
@@ -137,15 +145,7 @@ def test_a_draft_process_that_stops_answering_is_dropped(tiny_llama_dir, draft_d
     with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
              threads=1, draft_timeout_s=3.0) as llm:
         want = _outputs(llm, SpeculationConfig(mode="ar"))
-        llm.speculation = SpeculationConfig(mode="ssd", k=3)
-        tokens, warnings = [], []
-        for event in llm.stream(PROMPTS[2], GREEDY):
-            if isinstance(event, TokenDelta):
-                tokens += event.token_ids
-                if len(tokens) >= 6 and not warnings and llm.remote.alive:
-                    os.kill(llm.remote.proc.pid, signal.SIGSTOP)  # alive but silent
-            elif isinstance(event, EngineWarning):
-                warnings.append(event.message)
+        tokens, warnings, _ = _ssd_with_a_fault(llm, PROMPTS[2], after=6, sig=signal.SIGSTOP)  # alive but silent
         assert tokens == want[2]
         assert len(warnings) == 1 and "AR mode" in warnings[0]
         llm.remote.proc.join(10)
