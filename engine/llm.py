@@ -169,10 +169,17 @@ class LLM:
         self._speculation = spec
 
     # -- public API --------------------------------------------------------------------------------
-    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None) -> list[RequestOutput]:
-        """Run every prompt (text is tokenized as is, no chat template) to completion, batched."""
+    def generate(
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt (text is tokenized as is, no chat template) to completion, batched. ``params`` is
+        one SamplingParams for all prompts or a list of one per prompt (e.g. a seed each)."""
         batch = [prompts] if isinstance(prompts, str) or _is_token_ids(prompts) else list(prompts)
-        states = [self._add(self._encode(p), params or SamplingParams()) for p in batch]
+        per_prompt = params if isinstance(params, list) else [params or SamplingParams()] * len(batch)
+        if len(per_prompt) != len(batch):
+            raise InvalidParameterError(f"got {len(per_prompt)} SamplingParams for {len(batch)} prompts: "
+                                        "give one, or one per prompt")
+        states = [self._add(self._encode(p), q) for p, q in zip(batch, per_prompt, strict=True)]
         while any(s.output is None for s in states):
             self._step()
         for s in states:

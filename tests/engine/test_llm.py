@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, FinishReason, RequestFinished, SamplingParams, TokenDelta
+from engine.errors import InvalidParameterError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -90,6 +91,17 @@ def test_seeded_sampling_is_reproducible(llm):
     c = llm.generate(["Paris is"], SamplingParams(temperature=1.0, max_tokens=20, seed=7, ignore_eos=True))[0]
     assert a == b
     assert a != c.token_ids
+
+
+def test_generate_takes_one_params_per_prompt(llm):
+    def sampled(seed):
+        return SamplingParams(temperature=1.0, max_tokens=12, seed=seed, ignore_eos=True)
+
+    together = [o.token_ids for o in llm.generate(["Paris is"] * 2, [sampled(1), sampled(2)])]
+    assert together == [llm.generate(["Paris is"], sampled(s))[0].token_ids for s in (1, 2)]
+    assert together[0] != together[1]
+    with pytest.raises(InvalidParameterError, match="one per prompt"):
+        llm.generate(["a", "b"], [sampled(1)])
 
 
 def test_stop_string_stop_token_and_max_tokens(llm):
