@@ -20,7 +20,7 @@ from engine import LLM, SamplingParams, smollm2, synthetic
 from engine.errors import InvalidParameterError
 from engine.model_dir import inspect_model_dir
 from engine.registry import ALIASES, is_available_locally, resolve_model
-from ssd_chat import cli
+from ssd_chat import cli, cli_options
 
 SMALL = synthetic.PairShape(
     hidden_size=64, intermediate_size=128, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -203,8 +203,8 @@ def test_aliases_resolve_to_the_pair_in_the_cache(cache: Path, pair: tuple[Path,
 
 def test_make_pair_reports_bad_values_in_one_line(cache: Path) -> None:
     result = CliRunner().invoke(cli.app, ["make-pair", "--damping", "2", "--no-agreement"])
-    assert result.exit_code == cli.EXIT_USER_ERROR
+    assert result.exit_code == cli_options.EXIT_USER_ERROR
     assert result.stderr.strip() == "error: damping must be between 0 and 1, got 2.0"
     result = CliRunner().invoke(cli.app, ["make-pair", "--out", str(cache / "models" / smollm2.ALIAS)])
-    assert result.exit_code == cli.EXIT_USER_ERROR
+    assert result.exit_code == cli_options.EXIT_USER_ERROR
     assert "holds no synthetic pair" in result.stderr

@@ -1,0 +1,74 @@
+"""The command line's shared pieces: option types (typer ``Annotated`` aliases) and the one-line user error.
+
+A user error (any EngineError, a bad option value, an unusable prompt file) ends as ONE line
+`error: <message>` on stderr with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from engine import EngineError
+from ssd_chat.bench import BenchInputError
+
+EXIT_USER_ERROR = 2
+
+
+def report(message: str) -> int:
+    """Print ``error: <message>`` on one line on stderr; return the user-error exit code."""
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return EXIT_USER_ERROR
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn an EngineError or BenchInputError into the one-line error and exit code 2."""
+    try:
+        yield
+    except (EngineError, BenchInputError) as err:
+        raise typer.Exit(report(str(err))) from None
+
+
+Target = Annotated[
+    str, typer.Option("--target", "-t", help="Model alias (see `ssd-chat models`) or a local model directory.")
+]
+System = Annotated[str | None, typer.Option(help="System prompt.")]
+Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")]
+MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.")]
+Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
+Draft = Annotated[
+    str | None,
+    typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd. With the default "
+                 "target, --mode sd/ssd alone loads the shipped smollm2-135m-draft (draft on the last core); "
+                 "none: no draft."),
+]
+Mode = Annotated[
+    str | None,
+    typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd overlaps drafting with --draft-device."),
+]
+K = Annotated[int, typer.Option("--k", help="Draft tokens per verify step.")]
+Tp = Annotated[int, typer.Option("--tp", help="Target tensor-parallel ranks, one process each.")]
+TargetDevices = Annotated[
+    str | None, typer.Option(help="Target devices: CPU cores (cpu:0-1, split over the TP ranks) or GPUs (cuda:0-3).")
+]
+DraftDevice = Annotated[
+    str | None,
+    typer.Option(help="SSD's draft in its own process on this device (cpu:1, cuda:4); default: in-process."),
+]
+Backup = Annotated[
+    str, typer.Option(help="SSD on a speculation-cache miss: jit (re-draft) or fast (guess from the context).")
+]
+Fanout = Annotated[
+    str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated.")
+]
+
+Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16.")]
+Attention = Annotated[
+    str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).")
+]
+Eager = Annotated[bool, typer.Option("--eager", help="CUDA: no CUDA graphs for the decode step.")]
+Compile = Annotated[bool, typer.Option("--compile", help="CUDA: torch.compile the model forward.")]
