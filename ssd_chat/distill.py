@@ -50,6 +50,7 @@ class DistillConfig:
     seed: int = 0
     max_tokens: int = 192
     temperature: float = 0.0
+    ignore_eos: bool = True  # replies run to max_tokens: past the end of turn the target writes a new chat turn
     eval_prompts: int = 32
     eval_every: int = 100
     checkpoint_every: int = 100
@@ -110,7 +111,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
                                     "(some are held out), or --eval-prompts 0")
     work = _prepare_out(out)
     data_settings = data.DataSettings(str(target_dir), data.file_sha256(Path(config.prompts_file)), config.max_tokens,
-                                 config.temperature, config.seed)
+                                      config.temperature, config.seed, config.ignore_eos)
     _check_settings(work, config, data_settings)
     if config.threads is not None:
         torch.set_num_threads(config.threads)

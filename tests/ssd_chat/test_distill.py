@@ -114,6 +114,9 @@ def test_training_beats_the_untrained_draft(tiny_llama_dir, drafts):
     assert [row["step"] for row in log] == list(range(201))
     assert log[0]["agreement"] < log[-1]["agreement"]  # on the held-out training prompts
     assert sum(r["loss"] for r in log[1:11]) > 2 * sum(r["loss"] for r in log[-10:])
+    header, *rows = (json.loads(line) for line in (trained / "distill" / "data.jsonl").read_text().splitlines())
+    assert header["ignore_eos"] is True  # the default: every reply runs to --max-tokens, past any end of turn
+    assert {len(row["reply_ids"]) for row in rows} == {MAX_TOKENS}
     # On prompts it never saw (the benchmark set), the engine's SD acceptance: about 0.12 -> 0.23 here.
     before, after = _acceptance(tiny_llama_dir, untrained), _acceptance(tiny_llama_dir, trained)
     assert after > before + 0.05, (before, after)
