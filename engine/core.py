@@ -18,7 +18,7 @@ from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
 from engine.sequence import SeqStatus, Sequence, StepOutput
 from engine.spec_decode import sd_step, ssd_step
-from engine.ssd import default_fanout
+from engine.ssd import AcceptanceEstimate, adaptive_fanout
 
 
 class EngineCore:
@@ -35,6 +35,7 @@ class EngineCore:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.spec: dict[int, SpeculationConfig] = {}  # request id -> how it decodes
+        self.acceptance: dict[int, AcceptanceEstimate] = {}  # request id -> its draft acceptance (SSD fan-out)
         self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report
 
     @property
@@ -63,6 +64,7 @@ class EngineCore:
         else:
             self.waiting.remove(seq)
         self.spec.pop(seq.seq_id, None)
+        self.acceptance.pop(seq.seq_id, None)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
     def stop_string_hit(self, seq: Sequence, num_dropped: int) -> None:
@@ -131,7 +133,8 @@ class EngineCore:
         drafter = self.drafters[spec.mode]
         if spec.mode == "sd":
             return sd_step(seqs, self.runner, drafter, k=spec.k, **common)
-        fanout = spec.fanout or default_fanout(spec.k)
+        fanout = spec.fanout or adaptive_fanout(spec.k, [self.acceptance[s.seq_id] for s in seqs
+                                                         if s.seq_id in self.acceptance])
         try:
             return ssd_step(seqs, self.runner, drafter, k=spec.k, fanout=fanout, backup=spec.backup, **common)
         except DraftLost as exc:
@@ -200,6 +203,8 @@ class EngineCore:
             drafter = self.drafters.get(self.spec[seq.seq_id].mode)
             if drafter is not None and seq.seq_id in drafter.seqs:
                 drafter.commit(seq, out.num_drafted, out.num_accepted)
+            if out.num_drafted:
+                self.acceptance.setdefault(seq.seq_id, AcceptanceEstimate()).update(out.num_drafted, out.num_accepted)
             if reason is not None:
                 self.finish(seq, reason)
         return outputs

@@ -63,7 +63,8 @@ Backup = Annotated[
     str, typer.Option(help="SSD on a speculation-cache miss: jit (re-draft) or fast (guess from the context).")
 ]
 Fanout = Annotated[
-    str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated.")
+    str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated "
+                             "(default: geometric for the measured acceptance).")
 ]
 
 Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16.")]

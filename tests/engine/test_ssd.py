@@ -10,7 +10,7 @@ from engine import LLM, FinishReason, SamplingParams, TokenDelta
 from engine.config import SpeculationConfig
 from engine.errors import InvalidParameterError
 from engine.outputs import TokenSource
-from engine.ssd import default_fanout
+from engine.ssd import AcceptanceEstimate, adaptive_fanout, default_fanout
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)
@@ -92,6 +92,23 @@ def test_default_fanout_is_geometric_with_a_large_all_accepted_share():
     assert len(f) == 5 and all(a >= b for a, b in itertools.pairwise(f[:4])) and f[4] >= f[0]
     with pytest.raises(InvalidParameterError):
         SpeculationConfig(mode="ssd", k=4, fanout=(1, 2))
+
+
+def test_fanout_follows_the_measured_acceptance():
+    weak, strong = AcceptanceEstimate(), AcceptanceEstimate()
+    assert weak.value == strong.value == AcceptanceEstimate.PRIOR
+    for _ in range(30):
+        weak.update(4, 0)    # rejected at the first token every round
+        strong.update(4, 4)  # all accepted every round
+        strong.update(0, 0)  # no draft (e.g. at the context limit): no evidence
+    assert weak.value < 0.05 and strong.value > 0.95
+    low, high = adaptive_fanout(4, [weak]), adaptive_fanout(4, [strong])
+    assert low == default_fanout(4, acceptance=0.1) and high == default_fanout(4, acceptance=0.9)
+    assert low[0] > high[0] and low[4] < high[4]  # rejections more likely: more candidates for t* at k = 0
+    assert adaptive_fanout(4, []) == default_fanout(4)  # nothing measured: the prior
+    mixed = AcceptanceEstimate()
+    mixed.update(4, 1)  # one accepted, then a rejection
+    assert mixed.value == pytest.approx((0.9 * 3.2 + 1) / (0.9 * 4 + 2))
 
 
 def test_draft_kv_stays_right_where_branches_no_longer_fit(tiny_llama_dir):
