@@ -1,6 +1,7 @@
 """`ssd-chat bench`: fixed-length greedy decoding over a prompt set, our engine against transformers.
 
-Every mode decodes every prompt for exactly `max_tokens` tokens (EOS ignored), one request at a
+Every mode decodes every prompt for exactly `max_tokens` tokens (EOS ignored; with ``ignore_eos=False``
+replies end at the end of turn, as in a chat), one request at a
 time, after one uncounted warm-up request, from the same prompt token ids. Per mode:
   decode tok/s = sum over prompts of (tokens - 1) / sum of decode times (first token -> last token);
                  a time-weighted mean, so one odd prompt cannot skew it;
@@ -61,6 +62,7 @@ class BenchConfig:
     attention: str = "auto"
     eager: bool = False
     compile: bool = False
+    ignore_eos: bool = True  # fixed-length replies (False: each stops at its end of turn, as in a chat)
 
     def __post_init__(self) -> None:
         if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
@@ -209,10 +211,11 @@ def encode_prompts(llm: LLM, prompts: list[Messages], *, raw: bool) -> list[list
 
 
 def run_engine_mode(
-    llm: LLM, spec: SpeculationConfig, prompt_ids: list[list[int]], max_tokens: int, progress: Progress
+    llm: LLM, spec: SpeculationConfig, prompt_ids: list[list[int]], max_tokens: int, progress: Progress, *,
+    ignore_eos: bool = True,
 ) -> ModeResult:
     llm.speculation = spec
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
     llm.generate([prompt_ids[0]], replace(params, max_tokens=min(max_tokens, WARMUP_TOKENS)))
     runs = []
     for i, ids in enumerate(prompt_ids, 1):
@@ -227,7 +230,7 @@ ENGINE_MODES = ("ar", "sd", "ssd", "ar-all")  # ar-all: AR in one process on eve
 
 def run_hf(
     model_path: Path, prompt_ids: list[list[int]], max_tokens: int, progress: Progress, *,
-    draft_path: Path | None = None, k: int = 4,
+    draft_path: Path | None = None, k: int = 4, ignore_eos: bool = True,
 ) -> ModeResult:
     """transformers' own generate() on the same weights, prompts and thread count (set by the engine);
     with `draft_path`, its assisted generation (assistant_model) drafting a constant k tokens."""
@@ -241,14 +244,16 @@ def run_hf(
         assistant.generation_config.num_assistant_tokens = k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
-        assistant.generation_config.eos_token_id = None
+        if ignore_eos:
+            assistant.generation_config.eos_token_id = None
     # Like ignore_eos in the engine: EOS neither ends the reply nor is masked out (min_new_tokens would mask
     # it, and greedy outputs would then differ after the first EOS). A None in the GenerationConfig passed
     # to generate() is filled in from the model's own, so the model's own must forget EOS.
     pad_id = model.generation_config.pad_token_id
     if pad_id is None:
         pad_id = model.generation_config.eos_token_id
-    model.generation_config.eos_token_id = None
+    if ignore_eos:
+        model.generation_config.eos_token_id = None
 
     def generate(ids: list[int], num_tokens: int) -> PromptRun:
         config = GenerationConfig(do_sample=False, max_new_tokens=num_tokens, pad_token_id=pad_id)
@@ -297,15 +302,15 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
     if config.hf:
         progress("loading the transformers baseline")
         with _on_target_cores(config):  # the same cores and threads as our target
-            baselines = [run_hf(model_path, prompt_ids, config.max_tokens, progress)]
+            baselines = [run_hf(model_path, prompt_ids, config.max_tokens, progress, ignore_eos=config.ignore_eos)]
             if draft_path is not None:
                 baselines.append(run_hf(model_path, prompt_ids, config.max_tokens, progress, draft_path=draft_path,
-                                        k=config.k))
+                                        k=config.k, ignore_eos=config.ignore_eos))
         results += [replace(b, identical_to_ar=None if ar is None else b.outputs == ar.outputs) for b in baselines]
     run_config = {
         "target": config.target, "draft": config.draft, "k": config.k, "fanout": config.fanout,
         "model_path": str(model_path),
-        "max_tokens": config.max_tokens,
+        "max_tokens": config.max_tokens, "ignore_eos": config.ignore_eos,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "tp": config.tp, "target_devices": config.target_devices, "draft_device": config.draft_device,
         "backup": config.backup, "dtype": config.dtype, "attention": config.attention, "eager": config.eager,
@@ -327,7 +332,7 @@ def _run_engine_modes(
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
         results = [
             run_engine_mode(llm, SpeculationConfig(mode=mode, k=config.k, fanout=config.fanout, backup=config.backup),
-                            prompt_ids, config.max_tokens, progress)
+                            prompt_ids, config.max_tokens, progress, ignore_eos=config.ignore_eos)
             for mode in config.modes if mode != "ar-all"
         ]
         layout = llm.layout
@@ -340,7 +345,8 @@ def _run_engine_modes(
     if "ar-all" in config.modes:
         progress(f"loading {config.target} on every core")
         with LLM(target=config.target, threads=os.cpu_count(), enable_prefix_caching=False) as every_core:
-            result = run_engine_mode(every_core, SpeculationConfig(mode="ar"), prompt_ids, config.max_tokens, progress)
+            result = run_engine_mode(every_core, SpeculationConfig(mode="ar"), prompt_ids, config.max_tokens, progress,
+                                     ignore_eos=config.ignore_eos)
             results.append(replace(result, mode="ar-all"))
     return llm.model_path, getattr(llm, "draft_path", None), prompt_ids, results, {**bound, "layout": layout}
 

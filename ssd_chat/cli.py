@@ -239,6 +239,8 @@ def bench(
                      show_default="assets/prompts/chat.jsonl"),
     ] = DEFAULT_PROMPTS,
     max_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt (EOS ignored).")] = 128,
+    ignore_eos: Annotated[bool, typer.Option(help="Fixed-length replies; --no-ignore-eos: each reply stops at its "
+                                                  "end of turn, as in a chat.")] = True,
     threads: Threads = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results to this JSON file.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
@@ -252,6 +254,7 @@ def bench(
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
             fanout=_speculation(draft, None, k, fanout).fanout, backup=backup, tp=tp, target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
+            ignore_eos=ignore_eos,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     Console().print(render_table(report))

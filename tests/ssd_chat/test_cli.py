@@ -141,6 +141,29 @@ def test_bench_writes_results_and_matches_transformers(tiny_llama_dir, tmp_path)
     assert "hf" in result.stdout
 
 
+def test_bench_no_ignore_eos_stops_each_reply_at_its_end_of_turn(tiny_llama_dir, tmp_path):
+    def bench(model: Path, out: Path, *extra: str) -> list[dict]:
+        args = ["bench", "--target", str(model), "--max-tokens", "12", "--limit", "2", "--json", str(out), *extra]
+        result = runner.invoke(cli.app, args)
+        assert result.exit_code == 0, result.output
+        return json.loads(out.read_text())["results"]
+
+    fixed = bench(tiny_llama_dir, tmp_path / "fixed.json", "--modes", "ar")[0]["outputs"]
+    end = fixed[0][3]  # a token the first greedy reply emits early: made the end of turn below
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    for name in ("config.json", "generation_config.json"):  # the engine reads both; transformers the second
+        config = json.loads((model / name).read_text())
+        config["eos_token_id"] = [end, config["eos_token_id"]]
+        (model / name).write_text(json.dumps(config))
+    rows = bench(model, tmp_path / "stopped.json", "--modes", "ar,sd", "--draft", str(model), "--hf",
+                 "--no-ignore-eos")
+    assert [r["mode"] for r in rows] == ["ar", "sd", "hf", "hf-assisted"]
+    assert rows[0]["outputs"][0] == fixed[0][: fixed[0].index(end) + 1]
+    assert all(r["outputs"] == rows[0]["outputs"] for r in rows)  # transformers stops at the same token
+    assert bench(model, tmp_path / "ignored.json", "--modes", "ar")[0]["outputs"] == fixed
+
+
 def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
     out = tmp_path / "bench.json"
     draft = str(tiny_llama_dir)  # the target as its own draft: everything is accepted, the cache always hits
