@@ -1,4 +1,5 @@
-"""Write ``assets/prompts/distill.jsonl``: the hand-written distillation prompts plus seeded template prompts.
+"""Write ``assets/prompts/distill.jsonl``: the hand-written distillation prompts, the prompts the target wrote
+itself (``distill-self.jsonl``, from ``make_self_prompts.py``) and seeded template prompts.
 
 The draft is trained on the target's replies to these prompts, so they should look like chat: questions,
 explanations, advice, lists, stories and poems, code, arithmetic, comparisons, with and without a system
@@ -15,9 +16,10 @@ from pathlib import Path
 
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 HANDWRITTEN = PROMPTS / "distill-handwritten.jsonl"
+SELF_WRITTEN = PROMPTS / "distill-self.jsonl"
 OUT = PROMPTS / "distill.jsonl"
 log = logging.getLogger("make_distill_prompts")
-NUM_TEMPLATED = 3000
+NUM_TEMPLATED = 500
 SEED = 0
 
 # Subjects of the held-out prompts: a templated prompt mentioning one of them is dropped.
@@ -128,7 +130,8 @@ def templated(rng: random.Random) -> dict:
 
 def main() -> None:
     rng = random.Random(SEED)
-    lines = [line for line in HANDWRITTEN.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [line for path in (HANDWRITTEN, SELF_WRITTEN) if path.is_file()
+             for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     seen = set(lines)
     made = 0
     while made < NUM_TEMPLATED:
