@@ -9,7 +9,8 @@ cores (AR and SD run on the target's cores, as in the paper's convention). Any e
 
 ``PLAIN_RUNS_SSD`` decides what plain ``ssd-chat`` (no options) does. It is off: the shipped draft does not
 yet beat AR on this CPU (tau about 1.9 on the held-out chat prompts: SSD on two cores only matches AR on one,
-see README's Numbers), so plain ``ssd-chat`` runs AR on every core, the fastest exact choice. Turned on, plain ``ssd-chat`` runs the pair.
+see README's Numbers), so plain ``ssd-chat`` runs AR on every core, the fastest exact choice. Turned on, plain
+``ssd-chat`` runs the pair.
 """
 
 from __future__ import annotations
