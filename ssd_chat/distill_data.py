@@ -35,7 +35,7 @@ class DataSettings:
     max_tokens: int
     temperature: float
     seed: int
-    ignore_eos: bool = False  # past the end of turn to max_tokens (the target goes on with a new chat turn)
+    ignore_eos: bool     # past the end of turn to max_tokens (the target goes on with a new chat turn)
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,10 @@ def generate_examples(
             start = len(examples)
             batch = prompts[start : start + GENERATE_BATCH]
             prompt_ids = [llm.encode_chat(messages) for messages in batch]
-            # Sampled: one seed per batch (each request seeds its own generator with it): reproducible.
-            seed = None if settings.temperature == 0 else settings.seed * 1_000_003 + start
-            params = SamplingParams(temperature=settings.temperature, max_tokens=settings.max_tokens, seed=seed,
-                                    ignore_eos=settings.ignore_eos)
+            # Sampled: one seed per prompt, from its index (each request seeds its own generator): reproducible.
+            params = [SamplingParams(temperature=settings.temperature, max_tokens=settings.max_tokens,
+                                     seed=None if settings.temperature == 0 else settings.seed * 1_000_003 + start + i,
+                                     ignore_eos=settings.ignore_eos) for i in range(len(batch))]
             outputs = llm.generate(prompt_ids, params)
             new = [Example(tuple(ids), tuple(out.token_ids)) for ids, out in zip(prompt_ids, outputs, strict=True)]
             with cache.open("a", encoding="utf-8") as handle:
