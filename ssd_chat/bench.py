@@ -11,12 +11,11 @@ The engine runs with prefix caching off so that every prompt pays its full prefi
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,19 +25,14 @@ from transformers.generation.streamers import BaseStreamer
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.distributed import pin
-from engine.outputs import SpecStats
 from engine.placement import plan
+from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun
 from ssd_chat.machine import machine_info, matvec_bandwidth_gb_s
+from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError, Messages, encode_prompts, load_prompts
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "chat.jsonl"
 WARMUP_TOKENS = 8
 
-Messages = list[dict[str, str]]
 Progress = Callable[[str], None]
-
-
-class BenchInputError(ValueError):
-    """A prompt file or option the bench cannot use; ``str(err)`` is one line with the fix."""
 
 
 @dataclass(frozen=True)
@@ -76,138 +70,6 @@ class BenchConfig:
             raise BenchInputError(f"--max-tokens must be >= 2 to measure decode speed, got {self.max_tokens}")
         if self.limit is not None and self.limit < 1:
             raise BenchInputError(f"--limit must be >= 1, got {self.limit}")
-
-
-@dataclass(frozen=True)
-class PromptRun:
-    """One prompt decoded in one mode."""
-
-    token_ids: list[int]
-    ttft_s: float
-    decode_time_s: float
-    spec: SpecStats | None = None
-
-
-@dataclass(frozen=True)
-class ModeResult:
-    mode: str
-    runs: list[PromptRun]
-    identical_to_ar: bool | None = None  # None for "ar" itself, or when "ar" was not run
-
-    @property
-    def outputs(self) -> list[list[int]]:
-        return [r.token_ids for r in self.runs]
-
-    @property
-    def decode_tok_s(self) -> float:
-        tokens = sum(len(r.token_ids) - 1 for r in self.runs)
-        seconds = sum(r.decode_time_s for r in self.runs)
-        return tokens / seconds if seconds > 0 else 0.0
-
-    @property
-    def ttft_ms(self) -> float:
-        return 1000.0 * sum(r.ttft_s for r in self.runs) / len(self.runs)
-
-    def _spec_sum(self, name: str) -> int | None:
-        specs = [r.spec for r in self.runs if r.spec is not None]
-        return sum(getattr(s, name) or 0 for s in specs) if specs else None
-
-    @property
-    def tau(self) -> float | None:
-        """Tokens per target verify step over all prompts (None without speculation)."""
-        steps = self._spec_sum("num_steps")
-        return self._spec_sum("num_emitted") / steps if steps else None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        drafted = self._spec_sum("num_drafted")
-        return self._spec_sum("num_accepted") / drafted if drafted else None
-
-    @property
-    def cache_hit_rate(self) -> float | None:
-        """SSD: verify steps whose proposal came from the speculation cache."""
-        hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
-        return hits / self._spec_sum("num_steps") if hits is not None and self._spec_sum("num_steps") else None
-
-    @property
-    def ideal_tok_s(self) -> float | None:
-        """SSD's ceiling on these prompts: tau on hit over the mean verify time (the target never waits)."""
-        hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
-        if not hits:
-            return None
-        verify_s = sum(r.spec.verify_time_s for r in self.runs if r.spec is not None)
-        return self._spec_sum("emitted_on_hit") / hits / (verify_s / self._spec_sum("num_steps"))
-
-    @property
-    def draft_s_per_token(self) -> float | None:
-        """SD (draft in the target's process): the target's wait for drafts per drafted token, i.e. the draft's
-        per-token cost on the target's cores (its catch-up forward on the last accepted tokens included)."""
-        drafted = self._spec_sum("num_drafted") if self.mode == "sd" else None
-        if not drafted:
-            return None
-        return sum(r.spec.draft_time_s for r in self.runs if r.spec is not None) / drafted
-
-    def to_dict(self) -> dict:
-        return {
-            "mode": self.mode,
-            "draft_s_per_token": self.draft_s_per_token,
-            "ideal_tok_s": self.ideal_tok_s,
-            "decode_tok_s": self.decode_tok_s,
-            "ttft_ms": self.ttft_ms,
-            "tau": self.tau,
-            "acceptance_rate": self.acceptance_rate,
-            "cache_hit_rate": self.cache_hit_rate,
-            "outputs": self.outputs,
-            "identical_to_ar": self.identical_to_ar,
-        }
-
-
-@dataclass(frozen=True)
-class BenchReport:
-    machine: dict
-    config: dict
-    results: list[ModeResult] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {"machine": self.machine, "config": self.config, "results": [r.to_dict() for r in self.results]}
-
-
-def load_prompts(path: Path, *, limit: int | None = None) -> list[Messages]:
-    """Read a prompt file: one plain-text prompt per line, or JSON objects with "prompt" or "messages"."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise BenchInputError(f"cannot read prompt file {path}: {err.strerror or err}") from err
-    prompts = [_parse_line(line, f"{path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
-    if not prompts:
-        raise BenchInputError(f"prompt file {path} holds no prompts")
-    return prompts[:limit]
-
-
-def _parse_line(line: str, where: str) -> Messages:
-    if not line.lstrip().startswith("{"):
-        return [{"role": "user", "content": line.strip()}]
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise BenchInputError(f"{where}: invalid JSON ({err.msg})") from err
-    if isinstance(obj.get("prompt"), str):
-        return [{"role": "user", "content": obj["prompt"]}]
-    messages = obj.get("messages")
-    is_valid = isinstance(messages, list) and messages and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in messages
-    )
-    if not is_valid:
-        raise BenchInputError(f'{where}: needs a "prompt" string or a "messages" list of {{role, content}}')
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
-
-
-def encode_prompts(llm: LLM, prompts: list[Messages], *, raw: bool) -> list[list[int]]:
-    """Token ids per prompt: chat template applied, or (raw) the message contents joined by blank lines."""
-    if not raw:
-        return [llm.encode_chat(messages) for messages in prompts]
-    return [llm.tokenizer.encode("\n\n".join(m["content"] for m in messages)) for messages in prompts]
 
 
 def run_engine_mode(

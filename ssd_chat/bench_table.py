@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from ssd_chat.bench import BenchReport
+from ssd_chat.bench_results import BenchReport
 
 
 def render_table(report: BenchReport) -> Table:

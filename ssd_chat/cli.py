@@ -25,7 +25,7 @@ from engine.errors import InvalidParameterError
 from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
-from ssd_chat.bench import DEFAULT_PROMPTS, BenchConfig, run_bench
+from ssd_chat.bench import BenchConfig, run_bench
 from ssd_chat.bench_table import render_table
 from ssd_chat.cli_make import distill, make_pair
 from ssd_chat.cli_options import (
@@ -51,6 +51,7 @@ from ssd_chat.cli_options import (
 )
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import run_plain
+from ssd_chat.prompts import DEFAULT_PROMPTS
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
                 "resume", "dtype", "attention", "eager", "compile")

@@ -11,8 +11,8 @@ import typer
 
 from engine import synthetic
 from engine.config import DEFAULT_TARGET
-from ssd_chat.bench import DEFAULT_PROMPTS, load_prompts
 from ssd_chat.cli_options import Target, Threads, report, user_errors
+from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
 

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from engine import EngineError
-from ssd_chat.bench import BenchInputError
+from ssd_chat.prompts import BenchInputError
 
 EXIT_USER_ERROR = 2
 

@@ -24,10 +24,10 @@ import torch
 from engine.errors import InvalidParameterError
 from engine.registry import resolve_model
 from ssd_chat import distill_data as data
-from ssd_chat.bench import DEFAULT_PROMPTS as HELD_OUT_PROMPTS
-from ssd_chat.bench import load_prompts
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
 from ssd_chat.distill_train import TrainSettings, train
+from ssd_chat.prompts import DEFAULT_PROMPTS as HELD_OUT_PROMPTS
+from ssd_chat.prompts import load_prompts
 
 DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "distill.jsonl"
 WORK_DIR = "distill"  # inside the output directory: the run's state, not part of the model

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ssd_chat.bench import Messages
+from ssd_chat.prompts import Messages
 
 GENERATE_BATCH = 128  # prompts per LLM.generate call, all decoded together (batch 64 ran 1.7x batch 16 here)
 KV_CACHE_TOKENS = GENERATE_BATCH * 512  # room for the whole batch's prompts and replies (more waits its turn)

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from engine import LLM, SamplingParams
 from engine.config import DEFAULT_TARGET, SpeculationConfig
 from engine.registry import SHIPPED_DRAFT_ALIAS, SHIPPED_DRAFT_DIR, resolve_model
-from ssd_chat.bench import DEFAULT_PROMPTS, load_prompts
+from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 MAX_BYTES = 50 * 2**20  # "a few tens of MB at most"
 

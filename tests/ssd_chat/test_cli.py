@@ -18,7 +18,7 @@ from engine import LLM, SamplingParams
 from engine.outputs import RequestFinished, TokenDelta
 from engine.registry import ALIASES
 from ssd_chat import cli
-from ssd_chat.bench import BenchInputError, load_prompts
+from ssd_chat.prompts import BenchInputError, load_prompts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

@@ -16,9 +16,9 @@ from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.errors import ModelFilesError
 from ssd_chat import cli
-from ssd_chat.bench import DEFAULT_PROMPTS, load_prompts
 from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, run_distill
 from ssd_chat.distill_model import load_hf_draft
+from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 runner = CliRunner()
 NUM_PROMPTS, MAX_TOKENS = 48, 48

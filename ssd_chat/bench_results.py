@@ -1,0 +1,101 @@
+"""`ssd-chat bench`'s records: one prompt's run, one mode's runs and the figures derived from them, the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.outputs import SpecStats
+
+
+@dataclass(frozen=True)
+class PromptRun:
+    """One prompt decoded in one mode."""
+
+    token_ids: list[int]
+    ttft_s: float
+    decode_time_s: float
+    spec: SpecStats | None = None
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    mode: str
+    runs: list[PromptRun]
+    identical_to_ar: bool | None = None  # None for "ar" itself, or when "ar" was not run
+
+    @property
+    def outputs(self) -> list[list[int]]:
+        return [r.token_ids for r in self.runs]
+
+    @property
+    def decode_tok_s(self) -> float:
+        tokens = sum(len(r.token_ids) - 1 for r in self.runs)
+        seconds = sum(r.decode_time_s for r in self.runs)
+        return tokens / seconds if seconds > 0 else 0.0
+
+    @property
+    def ttft_ms(self) -> float:
+        return 1000.0 * sum(r.ttft_s for r in self.runs) / len(self.runs)
+
+    def _spec_sum(self, name: str) -> int | None:
+        specs = [r.spec for r in self.runs if r.spec is not None]
+        return sum(getattr(s, name) or 0 for s in specs) if specs else None
+
+    @property
+    def tau(self) -> float | None:
+        """Tokens per target verify step over all prompts (None without speculation)."""
+        steps = self._spec_sum("num_steps")
+        return self._spec_sum("num_emitted") / steps if steps else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        drafted = self._spec_sum("num_drafted")
+        return self._spec_sum("num_accepted") / drafted if drafted else None
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """SSD: verify steps whose proposal came from the speculation cache."""
+        hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
+        return hits / self._spec_sum("num_steps") if hits is not None and self._spec_sum("num_steps") else None
+
+    @property
+    def ideal_tok_s(self) -> float | None:
+        """SSD's ceiling on these prompts: tau on hit over the mean verify time (the target never waits)."""
+        hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
+        if not hits:
+            return None
+        verify_s = sum(r.spec.verify_time_s for r in self.runs if r.spec is not None)
+        return self._spec_sum("emitted_on_hit") / hits / (verify_s / self._spec_sum("num_steps"))
+
+    @property
+    def draft_s_per_token(self) -> float | None:
+        """SD (draft in the target's process): the target's wait for drafts per drafted token, i.e. the draft's
+        per-token cost on the target's cores (its catch-up forward on the last accepted tokens included)."""
+        drafted = self._spec_sum("num_drafted") if self.mode == "sd" else None
+        if not drafted:
+            return None
+        return sum(r.spec.draft_time_s for r in self.runs if r.spec is not None) / drafted
+
+    def to_dict(self) -> dict:
+        return {
+            "mode": self.mode,
+            "draft_s_per_token": self.draft_s_per_token,
+            "ideal_tok_s": self.ideal_tok_s,
+            "decode_tok_s": self.decode_tok_s,
+            "ttft_ms": self.ttft_ms,
+            "tau": self.tau,
+            "acceptance_rate": self.acceptance_rate,
+            "cache_hit_rate": self.cache_hit_rate,
+            "outputs": self.outputs,
+            "identical_to_ar": self.identical_to_ar,
+        }
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    machine: dict
+    config: dict
+    results: list[ModeResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "config": self.config, "results": [r.to_dict() for r in self.results]}
