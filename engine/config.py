@@ -93,8 +93,9 @@ BACKUPS = ("jit", "fast")
 class SpeculationConfig:
     """How the engine decodes; may change between requests (the TUI switches modes live).
 
-    ar: plain autoregressive decoding. sd: the draft proposes `k` tokens, the target verifies them in
-    one pass. ssd: as sd, with proposals pre-drafted for the likely outcomes of each verification.
+    ar: plain autoregressive decoding. sd: the draft proposes up to `k` tokens (fewer when the measured
+    acceptance and round costs say so, unless adaptive_k is off), the target verifies them in one pass.
+    ssd: as sd, with proposals pre-drafted for the likely outcomes of each verification.
     draft_temperature None: the draft samples at the request's temperature.
     """
 
@@ -103,6 +104,7 @@ class SpeculationConfig:
     draft_temperature: float | None = None
     fanout: tuple[int, ...] | None = None  # SSD: candidates per accepted count 0..k (None: geometric default)
     backup: str = "jit"  # SSD on a cache miss: "jit" re-drafts k tokens, "fast" guesses them from the context
+    adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (engine.spec_length)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

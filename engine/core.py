@@ -18,6 +18,7 @@ from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
 from engine.sequence import SeqStatus, Sequence, StepOutput
 from engine.spec_decode import sd_step, ssd_step
+from engine.spec_length import ROW_COST, RoundCost, best_k
 from engine.ssd import AcceptanceEstimate, adaptive_fanout
 
 
@@ -35,7 +36,9 @@ class EngineCore:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.spec: dict[int, SpeculationConfig] = {}  # request id -> how it decodes
-        self.acceptance: dict[int, AcceptanceEstimate] = {}  # request id -> its draft acceptance (SSD fan-out)
+        self.acceptance: dict[int, AcceptanceEstimate] = {}  # request id -> its draft acceptance (fan-out, k)
+        row_cost = ROW_COST.get(runner.device.type, ROW_COST["cuda"])
+        self.round_cost = {mode: RoundCost(row_cost) for mode in ("sd", "ssd")}  # measured, for the adaptive k
         self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report
 
     @property
@@ -131,15 +134,25 @@ class EngineCore:
         common = dict(draft_temperature=spec.draft_temperature, max_model_len=self.max_model_len,
                       ensure_capacity=self.blocks.ensure_capacity)
         drafter = self.drafters[spec.mode]
+        k = {s: self._draft_length(s, spec) for s in seqs}
         if spec.mode == "sd":
-            return sd_step(seqs, self.runner, drafter, k=spec.k, **common)
-        fanout = spec.fanout or adaptive_fanout(spec.k, [self.acceptance[s.seq_id] for s in seqs
-                                                         if s.seq_id in self.acceptance])
+            return sd_step(seqs, self.runner, drafter, k=k, **common)
+        fanout = spec.fanout or adaptive_fanout(max(k.values()), [self.acceptance[s.seq_id] for s in seqs
+                                                                  if s.seq_id in self.acceptance])
         try:
-            return ssd_step(seqs, self.runner, drafter, k=spec.k, fanout=fanout, backup=spec.backup, **common)
+            return ssd_step(seqs, self.runner, drafter, k=k, fanout=fanout, backup=spec.backup, **common)
         except DraftLost as exc:
             self._drop_draft(drafter, exc)
             return self._decode(seqs)
+
+    def _draft_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
+        """spec.k, or with adaptive_k the k <= spec.k with the most expected tokens per second for this request's
+        measured acceptance (the prior until it has some) and the mode's measured round costs."""
+        if not spec.adaptive_k:
+            return spec.k
+        estimate = self.acceptance.get(seq.seq_id)
+        acceptance = AcceptanceEstimate.PRIOR if estimate is None else estimate.value
+        return best_k(spec.k, acceptance, self.round_cost[spec.mode])
 
     def _drop_draft(self, drafter, exc: Exception) -> None:
         """The draft process died: every request using it (running or waiting) goes on in AR mode from its
@@ -205,6 +218,9 @@ class EngineCore:
                 drafter.commit(seq, out.num_drafted, out.num_accepted)
             if out.num_drafted:
                 self.acceptance.setdefault(seq.seq_id, AcceptanceEstimate()).update(out.num_drafted, out.num_accepted)
+                if out.stats is not None:
+                    self.round_cost[self.spec[seq.seq_id].mode].update(
+                        out.num_drafted + 1, out.stats.verify_time_s, out.num_drafted, out.stats.draft_time_s)
             if reason is not None:
                 self.finish(seq, reason)
         return outputs

@@ -9,6 +9,7 @@ run as speculative chunks, and the returned StepOutput tells the core what to co
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,11 +34,12 @@ def lookahead(seq: Sequence, k: int, max_model_len: int) -> int:
 
 
 def sd_step(
-    seqs: list[Sequence], runner: ModelRunner, drafter: Drafter, *, k: int, draft_temperature: float | None,
+    seqs: list[Sequence], runner: ModelRunner, drafter: Drafter, *, k: Mapping[Sequence, int],
+    draft_temperature: float | None,
     max_model_len: int, ensure_capacity,
 ) -> dict[Sequence, StepOutput]:
-    """Sync SD: draft k tokens, then verify them."""
-    wanted = {s: lookahead(s, k, max_model_len) for s in seqs}
+    """Sync SD: draft k[seq] tokens per request, then verify them."""
+    wanted = {s: lookahead(s, k[s], max_model_len) for s in seqs}
     t0 = time.perf_counter()
     proposals = drafter.propose(wanted, draft_temperature)
     draft_time = time.perf_counter() - t0
@@ -45,13 +47,13 @@ def sd_step(
 
 
 def ssd_step(
-    seqs: list[Sequence], runner: ModelRunner, drafter: SsdDrafter | RemoteDrafter, *, k: int,
+    seqs: list[Sequence], runner: ModelRunner, drafter: SsdDrafter | RemoteDrafter, *, k: Mapping[Sequence, int],
     fanout: tuple[int, ...], draft_temperature: float | None, max_model_len: int, ensure_capacity, backup: str = "jit",
 ) -> dict[Sequence, StepOutput]:
     """SSD: take the proposal from the speculation cache (or draft it on a miss), let the draft build the
     cache for this round's possible outcomes, then verify. A draft in its own process builds the cache
     while the target verifies; an in-process one builds it first (same tokens, no overlap)."""
-    wanted = {s: lookahead(s, k, max_model_len) for s in seqs}
+    wanted = {s: lookahead(s, k[s], max_model_len) for s in seqs}
     t0 = time.perf_counter()
     proposals, hits = drafter.answer(wanted, draft_temperature, fanout, backup=backup)
     drafter.build_cache(proposals, fanout, draft_temperature)  # a no-op for a draft process

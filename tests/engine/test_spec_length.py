@@ -1,0 +1,59 @@
+"""The adaptive draft length: the k with the most expected tokens per second, and the engine using it."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.config import SpeculationConfig
+from engine.outputs import StepStats
+from engine.spec_length import RoundCost, best_k, expected_tokens
+from tests.conftest import make_tiny_model_dir
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_best_k_grows_with_acceptance_and_shrinks_with_cost():
+    cpu = RoundCost(row_cost=0.13)
+    ks = [best_k(8, a, cpu) for a in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    assert ks == sorted(ks) and ks[0] == 1 and ks[-1] >= 6
+    assert best_k(4, 0.8, cpu) == 4 and best_k(4, 0.5, cpu) == 2  # this CPU: 1 row 48 ms, 5 rows 73 ms
+    assert best_k(4, 0.5, RoundCost(row_cost=0.0)) == 4  # free rows: always the full k
+    drafting = RoundCost(row_cost=0.13)
+    drafting.update(num_rows=5, verify_s=0.152, num_drafted=4, draft_s=0.08)  # v1 = 0.1 s, 20 ms per draft token
+    assert drafting.verify_one_row_s == pytest.approx(0.1) and drafting.draft_per_token_s == pytest.approx(0.02)
+    assert best_k(4, 0.6, drafting) < best_k(4, 0.6, cpu)  # the target waits for drafts: fewer of them
+
+
+def test_round_cost_is_a_moving_average():
+    cost = RoundCost(row_cost=0.0)
+    cost.update(num_rows=3, verify_s=1.0, num_drafted=2, draft_s=0.0)
+    cost.update(num_rows=3, verify_s=2.0, num_drafted=2, draft_s=1.0)
+    assert cost.verify_one_row_s == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)
+    assert cost.draft_per_token_s == pytest.approx(0.2 * 0.5)
+    cost.update(num_rows=1, verify_s=9.0, num_drafted=0, draft_s=0.0)  # an AR round: nothing to learn
+    assert cost.verify_one_row_s == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_a_weak_draft_drafts_fewer_tokens_and_output_stays_exact(tiny_llama_dir, tmp_path, mode):
+    # A random draft of another seed almost never agrees with the target: its acceptance falls to about 0.
+    other = make_tiny_model_dir(tmp_path, seed=7)
+    with LLM(str(tiny_llama_dir), draft=str(other), max_model_len=256, block_size=4) as llm:
+        llm.speculation = SpeculationConfig(mode="ar")
+        ar = llm.generate(["The quick brown fox"], GREEDY)[0].token_ids
+        drafted = {}
+        for adaptive in (True, False):
+            llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=adaptive)
+            events = list(llm.stream("The quick brown fox", GREEDY))
+            assert events[-1].output.token_ids == ar
+            drafted[adaptive] = [e.num_drafted for e in events if isinstance(e, StepStats)]
+    assert drafted[False][:20] == [4] * 20  # fixed k (rounds near max_tokens are cut short)
+    assert drafted[True][0] == 4  # nothing measured yet: the prior (0.8) asks for the full k
+    assert drafted[True][-4:-1] == [1, 1, 1]  # then the measured acceptance says one token is worth drafting
