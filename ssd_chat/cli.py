@@ -37,6 +37,7 @@ from ssd_chat.cli_options import (
     Dtype,
     Eager,
     Fanout,
+    FixedK,
     K,
     MaxTokens,
     Mode,
@@ -76,14 +77,15 @@ def main() -> None:
 
 
 def _speculation(
-    draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit"
+    draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit", fixed_k: bool = False
 ) -> SpeculationConfig:
     """The decoding mode the options ask for (EngineError on bad values)."""
     try:
         fanout_values = None if fanout is None else tuple(int(f) for f in fanout.split(","))
     except ValueError:
         raise InvalidParameterError(f"--fanout takes numbers separated by commas, got {fanout!r}") from None
-    return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values, backup=backup)
+    return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values, backup=backup,
+                             adaptive_k=not fixed_k)
 
 
 @contextmanager
@@ -180,6 +182,7 @@ def ask(
     target_devices: TargetDevices = None,
     draft_device: DraftDevice = None,
     backup: Backup = "jit",
+    fixed_k: FixedK = False,
     dtype: Dtype = "auto",
     attention: Attention = "auto",
     eager: Eager = False,
@@ -190,7 +193,7 @@ def ask(
     with user_errors():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
-        spec = _speculation(lay.draft, lay.mode, k, fanout, backup)
+        spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
@@ -226,6 +229,7 @@ def bench(
     k: K = 4,
     fanout: Fanout = None,
     backup: Backup = "jit",
+    fixed_k: FixedK = False,
     tp: Tp = 1,
     target_devices: TargetDevices = None,
     draft_device: DraftDevice = None,
@@ -255,7 +259,7 @@ def bench(
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
             fanout=_speculation(draft, None, k, fanout).fanout, backup=backup, tp=tp, target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
-            ignore_eos=ignore_eos,
+            ignore_eos=ignore_eos, adaptive_k=not fixed_k,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     Console().print(render_table(report))

@@ -50,7 +50,7 @@ Mode = Annotated[
     str | None,
     typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd overlaps drafting with --draft-device."),
 ]
-K = Annotated[int, typer.Option("--k", help="Draft tokens per verify step.")]
+K = Annotated[int, typer.Option("--k", help="Most draft tokens per verify step (fewer when faster, unless --fixed-k).")]
 Tp = Annotated[int, typer.Option("--tp", help="Target tensor-parallel ranks, one process each.")]
 TargetDevices = Annotated[
     str | None, typer.Option(help="Target devices: CPU cores (cpu:0-1, split over the TP ranks) or GPUs (cuda:0-3).")
@@ -61,6 +61,10 @@ DraftDevice = Annotated[
 ]
 Backup = Annotated[
     str, typer.Option(help="SSD on a speculation-cache miss: jit (re-draft) or fast (guess from the context).")
+]
+FixedK = Annotated[
+    bool, typer.Option("--fixed-k", help="Always draft k tokens (default: the k <= --k with the most expected tokens "
+                       "per second for the measured acceptance and round costs).")
 ]
 Fanout = Annotated[
     str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated "
