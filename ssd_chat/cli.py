@@ -158,7 +158,7 @@ def root(
         settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
                                 max_tokens=max_tokens, system=system)
         code = run_tui(lambda: LLM(target=target, **engine_kwargs), settings=settings, target=target, draft=lay.draft,
-                       resume=resume)
+                       resume=resume, backup=spec.backup)
     raise typer.Exit(code)
 
 

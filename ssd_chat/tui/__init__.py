@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, target: str, draft: str | None,
-            resume: bool = False) -> int:
+            resume: bool = False, backup: str = "jit") -> int:
     """Run the app until the user quits; returns its exit code. Raises EngineError when the models did not
     load (the caller prints the one-line message)."""
     from ssd_chat.tui.app import ChatApp  # textual loads only when the TUI is used
@@ -24,7 +24,8 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
     except (OSError, sqlite3.Error) as err:
         log.warning("chat history disabled: %s", err)
         store = None
-    app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume)
+    app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume,
+                  backup=backup)
     app.run()
     if app.load_error is not None:
         raise EngineError(app.load_error)

@@ -61,12 +61,13 @@ class ChatApp(ChatActions, CompareActions, App[None]):
     def __init__(
         self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
         target: str = "", draft: str | None = None, resume: bool = False, export_dir: Path | None = None,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.perf_counter, backup: str = "jit",
     ) -> None:
         super().__init__()
         self.load_engine = load_engine
         self.session = ChatSession(store, settings)
         self.target, self.draft, self.resume = target, draft, resume
+        self.backup = backup  # SSD's cache-miss backup (--backup): a setting of the run, not of each chat
         self.export_dir = export_dir or Path.cwd()
         self.clock = clock
         self.engine: ChatEngine | None = None

@@ -62,7 +62,7 @@ class ChatActions(_Base):
 
     def speculation(self) -> SpeculationConfig:
         s = self.session.settings
-        return SpeculationConfig(mode=s.mode, k=s.k, fanout=s.fanout)
+        return SpeculationConfig(mode=s.mode, k=s.k, fanout=s.fanout, backup=self.backup)
 
     def change_settings(self, **changes) -> None:
         """Validate first (SpeculationConfig / SamplingParams raise one-line EngineErrors), then apply."""

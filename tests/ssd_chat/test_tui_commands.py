@@ -27,6 +27,20 @@ def _errors(app) -> list[str]:
 
 
 @pytest.mark.asyncio
+async def test_the_backup_option_holds_for_every_reply_and_mode(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path, backup="fast")  # ssd-chat --backup fast
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][2] == "ssd" and engine.speculation.backup == "fast"
+        await send(app, pilot, "/k 2")
+        await send(app, pilot, "again")
+        assert engine.speculation.k == 2 and engine.speculation.backup == "fast"
+
+
+@pytest.mark.asyncio
 async def test_modes_switch_by_key_palette_and_slash(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
