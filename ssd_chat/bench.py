@@ -177,8 +177,7 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "tp": config.tp, "target_devices": config.target_devices, "draft_device": config.draft_device,
         "backup": config.backup, "adaptive_k": config.adaptive_k, "dtype": config.dtype, "attention": config.attention,
-        "eager": config.eager,
-        "compile": config.compile,
+        "eager": config.eager, "compile": config.compile,
         "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
     return BenchReport(machine_info(), run_config, results)
