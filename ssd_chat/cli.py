@@ -55,7 +55,8 @@ from ssd_chat.plain import run_plain
 from ssd_chat.prompts import DEFAULT_PROMPTS
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
-                "resume", "dtype", "attention", "eager", "compile")
+                "resume", "dtype", "attention", "eager", "compile", "backup", "fixed_k", "tp", "target_devices",
+                "draft_device")
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -119,6 +120,7 @@ def root(
     target_devices: TargetDevices = None,
     draft_device: DraftDevice = None,
     backup: Backup = "jit",
+    fixed_k: FixedK = False,
     dtype: Dtype = "auto",
     attention: Attention = "auto",
     eager: Eager = False,
@@ -144,7 +146,7 @@ def root(
     with user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
-        spec = _speculation(lay.draft, lay.mode, k, fanout, backup)
+        spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
                              compile=compile)
@@ -158,7 +160,7 @@ def root(
         settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
                                 max_tokens=max_tokens, system=system)
         code = run_tui(lambda: LLM(target=target, **engine_kwargs), settings=settings, target=target, draft=lay.draft,
-                       resume=resume, backup=spec.backup)
+                       resume=resume, speculation=spec)
     raise typer.Exit(code)
 
 

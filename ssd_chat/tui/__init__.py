@@ -6,6 +6,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
+from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.engine_worker import ChatEngine
@@ -14,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, target: str, draft: str | None,
-            resume: bool = False, backup: str = "jit") -> int:
+            resume: bool = False, speculation: SpeculationConfig | None = None) -> int:
     """Run the app until the user quits; returns its exit code. Raises EngineError when the models did not
     load (the caller prints the one-line message)."""
     from ssd_chat.tui.app import ChatApp  # textual loads only when the TUI is used
@@ -25,7 +26,7 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
         log.warning("chat history disabled: %s", err)
         store = None
     app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume,
-                  backup=backup)
+                  speculation=speculation)
     app.run()
     if app.load_error is not None:
         raise EngineError(app.load_error)

@@ -21,6 +21,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 
+from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
@@ -61,13 +62,14 @@ class ChatApp(ChatActions, CompareActions, App[None]):
     def __init__(
         self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
         target: str = "", draft: str | None = None, resume: bool = False, export_dir: Path | None = None,
-        clock: Callable[[], float] = time.perf_counter, backup: str = "jit",
+        clock: Callable[[], float] = time.perf_counter, speculation: SpeculationConfig | None = None,
     ) -> None:
         super().__init__()
         self.load_engine = load_engine
         self.session = ChatSession(store, settings)
         self.target, self.draft, self.resume = target, draft, resume
-        self.backup = backup  # SSD's cache-miss backup (--backup): a setting of the run, not of each chat
+        # The run's settings besides a chat's own mode, k and fan-out (--backup, --fixed-k): every reply keeps them.
+        self.base_speculation = speculation or SpeculationConfig()
         self.export_dir = export_dir or Path.cwd()
         self.clock = clock
         self.engine: ChatEngine | None = None

@@ -61,13 +61,14 @@ class ChatActions(_Base):
         self.send_prompt(text[1:] if text.startswith("//") else text)
 
     def speculation(self) -> SpeculationConfig:
+        """The run's configuration (--backup, --fixed-k, ...) with this chat's mode, k and fan-out."""
         s = self.session.settings
-        return SpeculationConfig(mode=s.mode, k=s.k, fanout=s.fanout, backup=self.backup)
+        return replace(self.base_speculation, mode=s.mode, k=s.k, fanout=s.fanout)
 
     def change_settings(self, **changes) -> None:
         """Validate first (SpeculationConfig / SamplingParams raise one-line EngineErrors), then apply."""
         new = replace(self.session.settings, **changes)
-        SpeculationConfig(mode=new.mode, k=new.k, fanout=new.fanout)
+        replace(self.base_speculation, mode=new.mode, k=new.k, fanout=new.fanout)
         SamplingParams(temperature=new.temperature, max_tokens=new.max_tokens)
         self.session.update_settings(**changes)
         self.refresh_status()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.config import SpeculationConfig
 from ssd_chat.tui.commands import SlashError, complete, completions, parse_fanout, parse_slash
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
@@ -27,9 +28,10 @@ def _errors(app) -> list[str]:
 
 
 @pytest.mark.asyncio
-async def test_the_backup_option_holds_for_every_reply_and_mode(tmp_path):
+async def test_the_run_options_hold_for_every_reply_and_mode(tmp_path):
     engine = FakeEngine()
-    app = make_app(engine, tmp_path, backup="fast")  # ssd-chat --backup fast
+    run = SpeculationConfig(mode="sd", backup="fast", adaptive_k=False)  # ssd-chat --backup fast --fixed-k
+    app = make_app(engine, tmp_path, speculation=run)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "/mode ssd")
@@ -38,6 +40,7 @@ async def test_the_backup_option_holds_for_every_reply_and_mode(tmp_path):
         await send(app, pilot, "/k 2")
         await send(app, pilot, "again")
         assert engine.speculation.k == 2 and engine.speculation.backup == "fast"
+        assert engine.speculation.adaptive_k is False
 
 
 @pytest.mark.asyncio
