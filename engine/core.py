@@ -136,14 +136,25 @@ class EngineCore:
         drafter = self.drafters[spec.mode]
         k = {s: self._draft_length(s, spec) for s in seqs}
         if spec.mode == "sd":
-            return sd_step(seqs, self.runner, drafter, k=k, **common)
+            return self._measured(spec.mode, sd_step(seqs, self.runner, drafter, k=k, **common))
         fanout = spec.fanout or adaptive_fanout(max(k.values()), [self.acceptance[s.seq_id] for s in seqs
                                                                   if s.seq_id in self.acceptance])
         try:
-            return ssd_step(seqs, self.runner, drafter, k=k, fanout=fanout, backup=spec.backup, **common)
+            outputs = ssd_step(seqs, self.runner, drafter, k=k, fanout=fanout, backup=spec.backup, **common)
         except DraftLost as exc:
             self._drop_draft(drafter, exc)
             return self._decode(seqs)
+        return self._measured(spec.mode, outputs)
+
+    def _measured(self, mode: str, outputs: dict[Sequence, StepOutput]) -> dict[Sequence, StepOutput]:
+        """Feed one speculative step's costs to the mode's RoundCost: one verify over every request's rows and one
+        draft wait (both shared by the batch), over all the tokens drafted."""
+        stats = next((o.stats for o in outputs.values() if o.stats is not None), None)
+        if stats is not None:
+            rows = sum(o.num_drafted + 1 for o in outputs.values())
+            drafted = sum(o.num_drafted for o in outputs.values())
+            self.round_cost[mode].update(rows, stats.verify_time_s, drafted, stats.draft_time_s)
+        return outputs
 
     def _draft_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
         """spec.k, or with adaptive_k the k <= spec.k with the most expected tokens per second for this request's
@@ -218,9 +229,6 @@ class EngineCore:
                 drafter.commit(seq, out.num_drafted, out.num_accepted)
             if out.num_drafted:
                 self.acceptance.setdefault(seq.seq_id, AcceptanceEstimate()).update(out.num_drafted, out.num_accepted)
-                if out.stats is not None:
-                    self.round_cost[self.spec[seq.seq_id].mode].update(
-                        out.num_drafted + 1, out.stats.verify_time_s, out.num_drafted, out.stats.draft_time_s)
             if reason is not None:
                 self.finish(seq, reason)
         return outputs
