@@ -67,10 +67,11 @@ def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
 
 
 def fast_kwargs(fast: FastPath, device: torch.device, *, tp: int, max_keys: int) -> dict:
-    """A runner's CUDA fast paths (none on the CPU): decode graphs unless --eager, torch.compile with --compile.
-    SDPA's graphs gather every row's keys up to max_keys, so they stay small; flashinfer's read pages in place."""
+    """A runner's fast paths. CUDA: decode graphs unless --eager, torch.compile with --compile. SDPA's graphs
+    gather every row's keys up to max_keys, so they stay small; flashinfer's read pages in place.
+    CPU: --compile compiles the single-sequence decode step (engine.compiled_decode)."""
     if torch.device(device).type != "cuda":
-        return {}
+        return dict(compile_decode=fast.compile)
     graphs = use_cuda_graphs(device, eager=fast.eager, tp=tp)
     max_batch = DEFAULT_MAX_BATCH if fast.attention != "sdpa" else 8
     return dict(graph_batch=max_batch if graphs else 0, graph_max_keys=max_keys, compile_model=fast.compile)

@@ -13,10 +13,11 @@ ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer")
 
 @dataclass(frozen=True)
 class FastPath:
-    """The CUDA fast paths, each with a switch (the CPU ignores eager/compile and refuses flashinfer).
+    """The fast paths, each with a switch (the CPU ignores eager and refuses flashinfer).
 
     attention "auto": flashinfer on CUDA when it imports (bf16/fp16), else SDPA. eager: no CUDA graphs for the
-    decode step. compile: torch.compile the model forward.
+    decode step. compile: on CUDA torch.compile the model forward; on the CPU compile the one-sequence decode
+    step (engine.compiled_decode).
     """
 
     attention: str = "auto"
@@ -50,7 +51,7 @@ class EngineConfig:
     seed: int = 0
     attention: str = "auto"          # auto | sdpa | flashinfer (CUDA only)
     eager: bool = False              # CUDA: no decode CUDA graphs
-    compile: bool = False            # torch.compile the model forward
+    compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward
     k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
 
     @property

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionBackend, Index, SeqSpan, build_metadata
+from engine.compiled_decode import CompiledDecode
 from engine.cuda_graphs import DecodeGraphs
 from engine.models.llama import CausalLM
 from engine.sequence import Sequence
@@ -49,12 +50,14 @@ def slot_index(block_table: list[int], start: int, end: int, block_size: int) ->
 class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, *, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, extra_slots: int = 0, graph_batch: int = 0,
-                 graph_max_keys: int = 0, compile_model: bool = False):
+                 graph_max_keys: int = 0, compile_model: bool = False,
+                 compile_decode: bool = False):
         """KV slots: num_blocks * block_size managed by a BlockManager, then `extra_slots` (SSD scratch).
 
         graph_batch > 0: single-token decode steps of up to that many rows (and up to `graph_max_keys` keys
         each) replay captured graphs (engine.cuda_graphs; CUDA graphs on CUDA, the eager twin on the CPU),
-        which take one more slot for their padding rows. compile_model: torch.compile the model forward."""
+        which take one more slot for their padding rows. compile_model: torch.compile the model forward.
+        compile_decode: single-sequence decode steps run a compiled forward (engine.compiled_decode; the CPU)."""
         self.model = model
         self.backend = backend
         self.block_size = block_size
@@ -77,6 +80,11 @@ class ModelRunner:
                                        max_batch=graph_batch)
             with torch.inference_mode():
                 self.graphs.capture_all()
+        self.compiled: CompiledDecode | None = None
+        if compile_decode:
+            self.compiled = CompiledDecode(model.forward, backend, device=device)
+            with torch.inference_mode():
+                self.compiled.warm_up()
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk], *, all_logits: bool = False) -> torch.Tensor:
@@ -100,7 +108,9 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The general forward: N query tokens at `positions`, their K/V written to `write_slots`, each span
         attending to its own key slots (custom masks allowed: SSD branches). Logits as in `run`."""
-        if self.graphs is not None and self.graphs.handles(spans):
+        if self.compiled is not None and self.compiled.handles(write_slots, spans):
+            hidden = self.compiled.run(ids, positions, spans[0])  # [1, hidden]
+        elif self.graphs is not None and self.graphs.handles(spans):
             hidden = self.graphs.run(ids, positions, write_slots, spans)  # [N, hidden]
         else:
             meta = build_metadata(write_slots, spans, device=self.device)

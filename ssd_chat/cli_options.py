@@ -76,4 +76,6 @@ Attention = Annotated[
     str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).")
 ]
 Eager = Annotated[bool, typer.Option("--eager", help="CUDA: no CUDA graphs for the decode step.")]
-Compile = Annotated[bool, typer.Option("--compile", help="CUDA: torch.compile the model forward.")]
+Compile = Annotated[bool, typer.Option(
+    "--compile", help="CPU: compile the one-sequence decode step (first run ~1 min, then cached). "
+    "CUDA: torch.compile the model forward.")]

@@ -20,7 +20,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D]
-        if x.dim() == 2 and x.shape[0] == 1 and x.device.type == "cpu":  # float() syncs a GPU (and breaks graphs)
+        if x.dim() == 2 and x.shape[0] == 1 and x.device.type == "cpu" and not torch.compiler.is_compiling():
+            # float() syncs a GPU and breaks a traced graph: eager CPU only
             row = x[0]
             inv_rms = (float(torch.dot(row, row)) / row.shape[0] + self.eps) ** -0.5
             return x * (self.weight * inv_rms)

@@ -1,0 +1,102 @@
+"""The CPU's compiled decode step (--compile): same greedy tokens as eager, one graph for every key count,
+only the steps it can run, and an eager fallback when compiling fails."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.attention.base import SeqSpan
+from engine.build import fast_kwargs
+from engine.compiled_decode import CompiledDecode
+from engine.config import FastPath, SpeculationConfig
+from tests.engine.test_spec_decode import PROMPTS, noisy_copy
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+pytestmark = pytest.mark.slow  # compiles two tiny models with inductor (a C++ build each, ~30 s cold)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def model_dir(request, tiny_llama_dir, tiny_qwen3_dir):
+    return tiny_llama_dir if request.param == "llama" else tiny_qwen3_dir
+
+
+def test_without_the_flag_the_cpu_runner_is_eager(tiny_llama_dir):
+    assert fast_kwargs(FastPath(), torch.device("cpu"), tp=1, max_keys=64) == {"compile_decode": False}
+    with LLM(str(tiny_llama_dir), max_model_len=128) as llm:
+        assert llm.core.runner.compiled is None
+
+
+def test_compiled_decode_gives_the_eager_greedy_output(model_dir):
+    """Block size 4: keys cross block boundaries every 4 tokens; batches and prefill stay eager."""
+    with LLM(str(model_dir), max_model_len=128, block_size=4) as eager:
+        want = [eager.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
+    with LLM(str(model_dir), max_model_len=128, block_size=4, compile=True) as llm:
+        compiled = llm.core.runner.compiled
+        assert compiled is not None and compiled.available
+        got = [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
+        single = compiled.num_runs
+        assert single >= len(PROMPTS) * (GREEDY.max_tokens - 2)  # nearly every decode step ran compiled
+        batched = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]  # batches of 5 rows: eager
+        assert compiled.num_runs == single
+    from torch._dynamo.utils import counters
+
+    assert got == want and batched == want
+    assert counters["stats"]["unique_graphs"] >= 1
+
+
+def test_one_graph_serves_every_key_count(tiny_llama_dir):
+    from torch._dynamo.utils import counters
+
+    with LLM(str(tiny_llama_dir), max_model_len=128, block_size=4, compile=True) as llm:
+        before = counters["stats"]["unique_graphs"]
+        llm.generate(["The quick brown fox"], GREEDY)  # 40 steps, key counts 5..44
+        assert llm.core.runner.compiled.num_runs >= GREEDY.max_tokens - 2
+        assert counters["stats"]["unique_graphs"] == before  # no recompile after the warm-up
+
+
+def test_speculative_modes_with_compile_equal_eager_ar(tiny_llama_dir, tmp_path):
+    """SD's draft decodes single tokens through its own compiled step; verification rows stay eager."""
+    draft = noisy_copy(tiny_llama_dir, tmp_path / "draft", scale=0.1, seed=3)
+    with LLM(str(tiny_llama_dir), max_model_len=128, block_size=4) as eager:
+        want = [o.token_ids for o in eager.generate(PROMPTS[:3], GREEDY)]
+    with LLM(str(tiny_llama_dir), draft=str(draft), max_model_len=128, block_size=4, compile=True) as llm:
+        for mode in ("ar", "sd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=3)
+            assert [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS[:3]] == want, mode
+        assert llm.core.drafter.runner.compiled.num_runs > 0
+
+
+def test_only_single_token_decode_over_one_slot_run_is_handled():
+    step = CompiledDecode.__new__(CompiledDecode)
+    step.available = True
+    decode = SeqSpan(0, 1, slice(8, 20), 12)
+    assert step.handles(slice(19, 20), [decode])
+    assert not step.handles(slice(19, 20), [decode, decode])  # a batch
+    assert not step.handles(slice(12, 20), [SeqSpan(0, 8, slice(8, 20), 12)])  # several query rows
+    assert not step.handles(torch.tensor([19]), [SeqSpan(0, 1, torch.arange(8, 20), 12)])  # scattered blocks
+    assert not step.handles(slice(5, 6), [decode])  # writes elsewhere than the last key
+    assert not step.handles(slice(8, 9), [SeqSpan(0, 1, slice(8, 9), 1)])  # no key before the new one
+    step.available = False
+    assert not step.handles(slice(19, 20), [decode])
+
+
+def test_a_failed_compile_falls_back_to_eager_with_one_warning(tiny_llama_dir, monkeypatch, caplog):
+    def broken_compile(fn, **kwargs):
+        def step(*args):
+            raise RuntimeError("no C++ compiler found")
+        return step
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    with LLM(str(tiny_llama_dir), max_model_len=128) as eager:
+        want = eager.generate(["Paris is"], GREEDY)[0].token_ids
+    with (caplog.at_level(logging.WARNING, logger="engine.compiled_decode"),
+          LLM(str(tiny_llama_dir), max_model_len=128, compile=True) as llm):
+        assert not llm.core.runner.compiled.available
+        assert llm.generate(["Paris is"], GREEDY)[0].token_ids == want
+    warnings = [r.getMessage() for r in caplog.records if r.name == "engine.compiled_decode"]
+    assert len(warnings) == 1 and "running eager" in warnings[0] and "no C++ compiler" in warnings[0]
