@@ -78,6 +78,7 @@ class CompiledDecode:
         sequence owns them. The second call checks that the graph is symbolic (no recompile)."""
         if not self.available:
             return
+        log.info("compiling the decode step (the first run on a machine takes about a minute, later ones load it)")
         try:
             # both ints symbolic from the first compile (`attn` is CausalLM.forward's parameter name)
             with torch.compiler.config.patch(dynamic_sources="L['attn'].first,L['attn'].num_keys"):
