@@ -71,13 +71,28 @@ class BlockManager:
         return self.blocks_needed(reserve_tokens) - len(hits) + revived <= spare
 
     # -- allocation ----------------------------------------------------------------------------
-    def _take_free(self) -> int:
-        block_id, _ = self.free.popitem(last=False)
+    def _take_free(self, after: int | None = None) -> int:
+        """The least recently freed block, or the block right after `after` when `_continues` allows it."""
+        if after is not None and self._continues(after):
+            block_id = after + 1
+            del self.free[block_id]
+        else:
+            block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None and self.by_hash.get(block.hash) == block_id:
             del self.by_hash[block.hash]  # its old contents are about to be overwritten
         block.hash, block.parent_hash, block.token_ids, block.ref_count = None, None, (), 1
         return block_id
+
+    def _continues(self, after: int) -> bool:
+        """Whether a sequence ending in block `after` may take block after + 1: it is free and caches nothing,
+        or only the old continuation of `after` itself. Consecutive blocks are read as one view (no gather)
+        and run the compiled decode step, so a chat's next turn continues in its last turn's partial tail
+        block, and a regenerated reply (or /compare) in its previous reply's."""
+        if after + 1 not in self.free:
+            return False
+        nxt, own = self.blocks[after + 1], self.blocks[after].hash
+        return self.by_hash.get(nxt.hash) != nxt.block_id or (own is not None and nxt.parent_hash == own)
 
     def allocate(self, seq: Sequence) -> None:
         """Give `seq` blocks for its current tokens, sharing every cached prefix block."""
@@ -96,7 +111,7 @@ class BlockManager:
     def ensure_capacity(self, seq: Sequence, num_tokens: int) -> None:
         """Make `seq`'s block table hold at least `num_tokens` slots."""
         while len(seq.block_table) * self.block_size < num_tokens:
-            seq.block_table.append(self._take_free())
+            seq.block_table.append(self._take_free(seq.block_table[-1] if seq.block_table else None))
 
     def commit(self, seq: Sequence) -> None:
         """Hash every block whose tokens all have computed KV (so later sequences can share it)."""

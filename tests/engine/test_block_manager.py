@@ -40,10 +40,13 @@ def test_freed_prefix_is_found_again_and_at_least_one_token_is_left_to_compute()
     a = seq(0, list(range(8)))
     bm.allocate(a)
     compute_all(bm, a)
+    first_table = list(a.block_table)
     bm.free_blocks(a)
     again = seq(1, list(range(8)))  # the same 8 tokens: only the first block may be reused
     bm.allocate(again)
     assert again.num_cached_tokens == 4
+    assert again.block_table == first_table  # it recomputes its second block in place (no gather later)
+    compute_all(bm, again)
     longer = seq(2, list(range(9)))
     bm.allocate(longer)
     assert longer.num_cached_tokens == 8
