@@ -47,7 +47,7 @@ def build_drafter(spec: DraftSpec) -> SsdDrafter:
     runner = ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
                          block_size=spec.block_size, device=device, dtype=dtype,
                          extra_slots=spec.max_num_seqs * SCRATCH_SLOTS,
-                         **fast_kwargs(spec.fast, device, tp=1, max_keys=spec.max_model_len))
+                         **fast_kwargs(spec.fast, device, tp=1, max_keys=spec.max_model_len, rows=True))
     blocks = BlockManager(spec.num_blocks, spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
     return SsdDrafter(runner, blocks, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs)
 
@@ -66,12 +66,14 @@ def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
                        **fast_kwargs(spec.fast, device, tp=spec.tp, max_keys=spec.max_model_len))
 
 
-def fast_kwargs(fast: FastPath, device: torch.device, *, tp: int, max_keys: int) -> dict:
+def fast_kwargs(fast: FastPath, device: torch.device, *, tp: int, max_keys: int, rows: bool = False) -> dict:
     """A runner's fast paths. CUDA: decode graphs unless --eager, torch.compile with --compile. SDPA's graphs
     gather every row's keys up to max_keys, so they stay small; flashinfer's read pages in place.
-    CPU: --compile compiles the single-sequence decode step (engine.compiled_decode)."""
+    CPU: --compile compiles the one-sequence decode step (engine.compiled_decode), and with `rows` (a draft, or a
+    target with a draft: verification) its several-row step too; not with TP (the all-reduce is not traced)."""
     if torch.device(device).type != "cuda":
-        return dict(compile_decode=fast.compile)
+        compiled = fast.compile and tp == 1
+        return dict(compile_decode=compiled, compile_rows=compiled and rows)
     graphs = use_cuda_graphs(device, eager=fast.eager, tp=tp)
     max_batch = DEFAULT_MAX_BATCH if fast.attention != "sdpa" else 8
     return dict(graph_batch=max_batch if graphs else 0, graph_max_keys=max_keys, compile_model=fast.compile)

@@ -33,14 +33,15 @@ _OFFSET = 2
 @dataclass(frozen=True)
 class SliceDecode:
     """What the compiled step's attention reads: keys in slots first - _OFFSET .. + num_keys - 1, the last
-    of them the new token's (written first)."""
+    q of them the new tokens' (written first); query row i sees keys 0 .. num_keys - q + i (causal)."""
 
     first: int
     num_keys: int
 
 
 class SliceSdpa(AttentionBackend):
-    """SdpaBackend's decode over one contiguous run of slots, written for tracing (same KV tensors)."""
+    """SdpaBackend's causal attention for one sequence over one contiguous run of slots, written for tracing
+    (same KV tensors)."""
 
     name = "sdpa-slice"
 
@@ -50,40 +51,48 @@ class SliceSdpa(AttentionBackend):
     def allocate(self, **kwargs) -> None:
         raise AssertionError("SliceSdpa uses its inner backend's KV cache")
 
-    def forward(self, layer, q, k, v, meta: SliceDecode, scale: float) -> torch.Tensor:  # q [1, H, D] -> [1, H*D]
+    def forward(self, layer, q, k, v, meta: SliceDecode, scale: float) -> torch.Tensor:  # q [N, H, D] -> [N, H*D]
         k_cache, v_cache = self.inner.k[layer], self.inner.v[layer]  # [KVH, S, D]
-        start = meta.first - _OFFSET
-        k_cache.select(1, start + meta.num_keys - 1).copy_(k[0])
-        v_cache.select(1, start + meta.num_keys - 1).copy_(v[0])
-        keys = k_cache.narrow(1, start, meta.num_keys).unsqueeze(0)  # [1, KVH, T, D]
-        values = v_cache.narrow(1, start, meta.num_keys).unsqueeze(0)
-        _, h, d = q.shape
-        o = attend(q.view(1, h, 1, d), keys, values, mask=None, causal=False, scale=scale)  # [1, H, 1, D]
-        return o.view(1, h * d)
+        n, h, d = q.shape
+        start, t = meta.first - _OFFSET, meta.num_keys
+        k_cache.narrow(1, start + t - n, n).copy_(k.transpose(0, 1))
+        v_cache.narrow(1, start + t - n, n).copy_(v.transpose(0, 1))
+        keys = k_cache.narrow(1, start, t).unsqueeze(0)  # [1, KVH, T, D]
+        values = v_cache.narrow(1, start, t).unsqueeze(0)
+        if n == 1:  # decode: the one query sees every key
+            return attend(q.view(1, h, 1, d), keys, values, mask=None, causal=False, scale=scale).view(1, h * d)
+        rows = torch.arange(n, device=q.device).unsqueeze(1) + (t - n)
+        mask = torch.arange(t, device=q.device).unsqueeze(0) <= rows  # [N, T]
+        o = attend(q.transpose(0, 1).unsqueeze(0), keys, values, mask=mask, causal=False, scale=scale)  # [1, H, N, D]
+        return o[0].transpose(0, 1).reshape(n, h * d)
 
 
 class CompiledDecode:
-    """The model forward compiled for single-token decode of one sequence; `handles` says when it applies."""
+    """The model forward compiled for one sequence whose keys lie in one run of slots: single-token decode
+    (one graph) and, with `rows`, several causal query rows (verification, a draft's catch-up, prefill: a
+    second graph, the row count symbolic too). `handles` says when it applies."""
 
-    def __init__(self, forward: Callable, backend: AttentionBackend, *, device: torch.device):
-        """forward(ids [1], positions [1], meta, backend) -> hidden [1, hidden]: the model's forward."""
+    def __init__(self, forward: Callable, backend: AttentionBackend, *, device: torch.device, rows: bool = False):
+        """forward(ids [N], positions [N], meta, backend) -> hidden [N, hidden]: the model's forward."""
         self.available = isinstance(backend, SdpaBackend) and torch.device(device).type == "cpu"
+        self.rows = rows
         self.backend = SliceSdpa(backend) if self.available else None
         self.device = device
         self.step = torch.compile(forward, fullgraph=True, options={"cpp_wrapper": True})
         self.num_runs = 0  # tests check that the compiled path really ran
 
     def warm_up(self) -> None:
-        """Compile now (start-up), not on the first reply. Writes K/V into slots 0..3 only, before any
-        sequence owns them. The second call checks that the graph is symbolic (no recompile)."""
+        """Compile now (start-up), not on the first reply. Writes K/V into slots 0..5 only, before any
+        sequence owns them. The second call of each shape checks that the graph is symbolic (no recompile)."""
         if not self.available:
             return
         log.info("compiling the decode step (the first run on a machine takes about a minute, later ones load it)")
+        shapes = ((1, 0, 2), (1, 1, 3)) + (((2, 0, 4), (3, 1, 5)) if self.rows else ())
         try:
-            # both ints symbolic from the first compile (`attn` is CausalLM.forward's parameter name)
+            # the slot ints symbolic from the first compile (`attn` is CausalLM.forward's parameter name)
             with torch.compiler.config.patch(dynamic_sources="L['attn'].first,L['attn'].num_keys"):
-                for first, num_keys in ((0, 2), (1, 3)):
-                    self._run([0], torch.tensor([num_keys - 1]), first, num_keys)
+                for n, first, num_keys in shapes:
+                    self._run([0] * n, torch.arange(num_keys - n, num_keys), first, num_keys)
         except Exception as e:  # no C++ compiler, an inductor bug: the eager path is always there
             log.warning("compiled decode unavailable, running eager (%s: %s)", type(e).__name__, str(e)[:200])
             self.available = False
@@ -93,13 +102,19 @@ class CompiledDecode:
         if not self.available or len(spans) != 1:
             return False
         span = spans[0]
-        keys = span.key_slots
-        return (span.q_len == 1 and span.mask is None and isinstance(keys, slice) and span.num_keys >= 2
-                and isinstance(write_slots, slice) and write_slots.start == keys.stop - 1)
+        keys, n = span.key_slots, span.q_len
+        if span.mask is not None or not isinstance(keys, slice) or not isinstance(write_slots, slice):
+            return False
+        writes_last = (write_slots.start, write_slots.stop) == (keys.stop - n, keys.stop)
+        return writes_last and span.num_keys >= 2 and (n == 1 or self.rows)
 
-    def run(self, ids: list[int], positions: torch.Tensor, span: SeqSpan) -> torch.Tensor:  # -> [1, hidden]
+    def run(self, ids: list[int], positions: torch.Tensor, span: SeqSpan) -> torch.Tensor:  # -> [N, hidden]
         return self._run(ids, positions, span.key_slots.start, span.num_keys)
 
     def _run(self, ids: list[int], positions: torch.Tensor, first: int, num_keys: int) -> torch.Tensor:
         self.num_runs += 1
-        return self.step(torch.tensor(ids), positions, SliceDecode(first + _OFFSET, num_keys), self.backend)
+        ids_t = torch.tensor(ids)
+        if len(ids) > 1:  # several rows: their count symbolic (>= 2), one graph for all
+            torch._dynamo.mark_dynamic(ids_t, 0)
+            torch._dynamo.mark_dynamic(positions, 0)
+        return self.step(ids_t, positions, SliceDecode(first + _OFFSET, num_keys), self.backend)

@@ -119,7 +119,8 @@ class LLM:
                             device=self.device, tp=tp, k_major=config.k_major_weights)
         self.model_args = model.args
         kwargs = dict(num_blocks=num_blocks, block_size=config.block_size, device=self.device, dtype=dtype,
-                      **fast_kwargs(config.fast_path, self.device, tp=placement.tp, max_keys=self.max_model_len))
+                      **fast_kwargs(config.fast_path, self.device, tp=placement.tp, max_keys=self.max_model_len,
+                                    rows=config.draft is not None))
         backend = make_backend(config.attention, self.device, dtype)
         if placement.tp > 1:
             runner = BroadcastingRunner(model, backend, group=control, **kwargs)

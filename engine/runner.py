@@ -51,13 +51,14 @@ class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, *, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, extra_slots: int = 0, graph_batch: int = 0,
                  graph_max_keys: int = 0, compile_model: bool = False,
-                 compile_decode: bool = False):
+                 compile_decode: bool = False, compile_rows: bool = False):
         """KV slots: num_blocks * block_size managed by a BlockManager, then `extra_slots` (SSD scratch).
 
         graph_batch > 0: single-token decode steps of up to that many rows (and up to `graph_max_keys` keys
         each) replay captured graphs (engine.cuda_graphs; CUDA graphs on CUDA, the eager twin on the CPU),
         which take one more slot for their padding rows. compile_model: torch.compile the model forward.
-        compile_decode: single-sequence decode steps run a compiled forward (engine.compiled_decode; the CPU)."""
+        compile_decode: one-sequence decode steps run a compiled forward (engine.compiled_decode; the CPU), and
+        with compile_rows its several-row steps too (verification, prefill)."""
         self.model = model
         self.backend = backend
         self.block_size = block_size
@@ -82,7 +83,7 @@ class ModelRunner:
                 self.graphs.capture_all()
         self.compiled: CompiledDecode | None = None
         if compile_decode:
-            self.compiled = CompiledDecode(model.forward, backend, device=device)
+            self.compiled = CompiledDecode(model.forward, backend, device=device, rows=compile_rows)
             with torch.inference_mode():
                 self.compiled.warm_up()
 
@@ -109,7 +110,7 @@ class ModelRunner:
         """The general forward: N query tokens at `positions`, their K/V written to `write_slots`, each span
         attending to its own key slots (custom masks allowed: SSD branches). Logits as in `run`."""
         if self.compiled is not None and self.compiled.handles(write_slots, spans):
-            hidden = self.compiled.run(ids, positions, spans[0])  # [1, hidden]
+            hidden = self.compiled.run(ids, positions, spans[0])  # [N, hidden]
         elif self.graphs is not None and self.graphs.handles(spans):
             hidden = self.graphs.run(ids, positions, write_slots, spans)  # [N, hidden]
         else:

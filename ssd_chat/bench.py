@@ -188,9 +188,9 @@ def _run_engine_modes(
 ) -> tuple[Path, Path | None, list[list[int]], list[ModeResult], dict]:
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
     progress(f"loading {config.target}")
+    fast = dict(dtype=config.dtype, attention=config.attention, eager=config.eager, compile=config.compile)
     llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False,
-              tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, dtype=config.dtype,
-              attention=config.attention, eager=config.eager, compile=config.compile)
+              tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, **fast)
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
         results = [
@@ -208,7 +208,7 @@ def _run_engine_modes(
         llm.close()
     if "ar-all" in config.modes:
         progress(f"loading {config.target} on every core")
-        with LLM(target=config.target, threads=os.cpu_count(), enable_prefix_caching=False) as every_core:
+        with LLM(target=config.target, threads=os.cpu_count(), enable_prefix_caching=False, **fast) as every_core:
             result = run_engine_mode(every_core, SpeculationConfig(mode="ar"), prompt_ids, config.max_tokens, progress,
                                      ignore_eos=config.ignore_eos)
             results.append(replace(result, mode="ar-all"))

@@ -26,7 +26,11 @@ def model_dir(request, tiny_llama_dir, tiny_qwen3_dir):
 
 
 def test_without_the_flag_the_cpu_runner_is_eager(tiny_llama_dir):
-    assert fast_kwargs(FastPath(), torch.device("cpu"), tp=1, max_keys=64) == {"compile_decode": False}
+    cpu = torch.device("cpu")
+    off, on = FastPath(), FastPath(compile=True)
+    assert fast_kwargs(off, cpu, tp=1, max_keys=64, rows=True) == {"compile_decode": False, "compile_rows": False}
+    assert fast_kwargs(on, cpu, tp=1, max_keys=64) == {"compile_decode": True, "compile_rows": False}
+    assert fast_kwargs(on, cpu, tp=2, max_keys=64, rows=True)["compile_decode"] is False
     with LLM(str(tiny_llama_dir), max_model_len=128) as llm:
         assert llm.core.runner.compiled is None
 
@@ -60,24 +64,35 @@ def test_one_graph_serves_every_key_count(tiny_llama_dir):
 
 
 def test_speculative_modes_with_compile_equal_eager_ar(tiny_llama_dir, tmp_path):
-    """SD's draft decodes single tokens through its own compiled step; verification rows stay eager."""
+    """With a draft, the target's verification rows and prefill run the several-row graph; the draft's
+    single-token steps and catch-up rows run its own."""
     draft = noisy_copy(tiny_llama_dir, tmp_path / "draft", scale=0.1, seed=3)
     with LLM(str(tiny_llama_dir), max_model_len=128, block_size=4) as eager:
         want = [o.token_ids for o in eager.generate(PROMPTS[:3], GREEDY)]
     with LLM(str(tiny_llama_dir), draft=str(draft), max_model_len=128, block_size=4, compile=True) as llm:
+        target, drafter = llm.core.runner.compiled, llm.core.drafter.runner.compiled
+        assert target.rows and drafter.rows
+        llm.speculation = SpeculationConfig(mode="sd", k=3, adaptive_k=False)
+        assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids == want[0]  # a fresh engine: consecutive blocks
+        assert target.num_runs >= GREEDY.max_tokens // 4  # prefill and every verify step
+        assert drafter.num_runs >= GREEDY.max_tokens  # the draft's steps and catch-up rows
         for mode in ("ar", "sd"):
             llm.speculation = SpeculationConfig(mode=mode, k=3)
             assert [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS[:3]] == want, mode
-        assert llm.core.drafter.runner.compiled.num_runs > 0
 
 
 def test_only_single_token_decode_over_one_slot_run_is_handled():
     step = CompiledDecode.__new__(CompiledDecode)
-    step.available = True
+    step.available, step.rows = True, False
     decode = SeqSpan(0, 1, slice(8, 20), 12)
     assert step.handles(slice(19, 20), [decode])
     assert not step.handles(slice(19, 20), [decode, decode])  # a batch
-    assert not step.handles(slice(12, 20), [SeqSpan(0, 8, slice(8, 20), 12)])  # several query rows
+    rows = SeqSpan(0, 8, slice(8, 20), 12)  # several causal query rows (verification, prefill)
+    assert not step.handles(slice(12, 20), [rows])  # not without `rows`
+    step.rows = True
+    assert step.handles(slice(12, 20), [rows]) and step.handles(slice(19, 20), [decode])
+    masked = SeqSpan(0, 8, slice(8, 20), 12, torch.ones(8, 12, dtype=torch.bool))
+    assert not step.handles(slice(12, 20), [masked])  # a custom mask (SSD branches): eager
     assert not step.handles(torch.tensor([19]), [SeqSpan(0, 1, torch.arange(8, 20), 12)])  # scattered blocks
     assert not step.handles(slice(5, 6), [decode])  # writes elsewhere than the last key
     assert not step.handles(slice(8, 9), [SeqSpan(0, 1, slice(8, 9), 1)])  # no key before the new one

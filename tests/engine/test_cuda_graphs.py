@@ -40,7 +40,7 @@ def test_graphs_only_on_cuda_and_never_with_eager_or_tp():
 
 def test_fast_kwargs_plumb_eager_and_compile_on_cuda_and_only_compile_on_cpu():
     assert fast_kwargs(FastPath(eager=True, compile=True), torch.device("cpu"), tp=1, max_keys=64) == {
-        "compile_decode": True}  # test_compiled_decode.py
+        "compile_decode": True, "compile_rows": False}  # test_compiled_decode.py
     cuda = torch.device("cuda", 0)
     assert fast_kwargs(FastPath(), cuda, tp=1, max_keys=64) == dict(
         graph_batch=DEFAULT_MAX_BATCH, graph_max_keys=64, compile_model=False)

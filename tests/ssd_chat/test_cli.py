@@ -197,6 +197,23 @@ def test_bench_places_the_draft_in_its_own_process_and_measures_every_core(tiny_
     assert "own process" in report["config"]["layout"]["draft"]
 
 
+def test_bench_every_core_row_keeps_the_fast_path_options(tiny_llama_dir, tmp_path, monkeypatch):
+    from ssd_chat import bench
+
+    seen = []
+
+    def recording_llm(**kwargs):
+        seen.append(kwargs)
+        return LLM(**{**kwargs, "compile": False})  # the options arrive; no compile in this test
+
+    monkeypatch.setattr(bench, "LLM", recording_llm)
+    args = ["bench", "--target", str(tiny_llama_dir), "--modes", "ar,ar-all", "--max-tokens", "4", "--limit", "1",
+            "--compile", "--dtype", "float32", "--json", str(tmp_path / "b.json")]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert len(seen) == 2 and all(k["compile"] and k["dtype"] == "float32" for k in seen)
+
+
 def test_ask_with_a_draft_reports_speculation_stats(tiny_llama_dir):
     args = ["ask", "Paris is", "--target", str(tiny_llama_dir), "--draft", str(tiny_llama_dir), "--mode", "ssd",
             "--temperature", "0", "--max-tokens", "10", "--json"]
