@@ -43,6 +43,15 @@ def _ssd_chat(*args: str, stdin: str = "", env: dict[str, str] | None = None) ->
     )
 
 
+def test_a_draft_process_start_prints_nothing_but_the_reply(tiny_llama_dir):
+    """torch's C++ rendezvous warnings (c10d socket timeouts while the draft process starts) stay hidden."""
+    tiny = str(tiny_llama_dir)
+    result = _ssd_chat("ask", "Paris is", "--target", tiny, "--draft", tiny, "--mode", "ssd", "--draft-device", "cpu",
+                       "--temperature", "0", "--max-tokens", "4")
+    assert result.returncode == 0, result.stderr
+    assert "c10d" not in result.stderr and "socket" not in result.stderr, result.stderr
+
+
 def test_models_lists_every_alias():
     result = runner.invoke(cli.app, ["models"])
     assert result.exit_code == 0, result.output
