@@ -80,6 +80,9 @@ class CompiledDecode:
         self.device = device
         self.step = torch.compile(forward, fullgraph=True, options={"cpp_wrapper": True})
         self.num_runs = 0  # tests check that the compiled path really ran
+        # Every model in the process shares CausalLM.forward's graph cache: a target and a draft take 2 graphs each
+        dynamo_config = torch._dynamo.config
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 32)
 
     def warm_up(self) -> None:
         """Compile now (start-up), not on the first reply. Writes K/V into slots 0..5 only, before any
@@ -94,9 +97,12 @@ class CompiledDecode:
                 for n, first, num_keys in shapes:
                     self._run([0] * n, torch.arange(num_keys - n, num_keys), first, num_keys)
         except Exception as e:  # no C++ compiler, an inductor bug: the eager path is always there
-            log.warning("compiled decode unavailable, running eager (%s: %s)", type(e).__name__, str(e)[:200])
-            self.available = False
+            self._give_up(e)
         self.num_runs = 0
+
+    def _give_up(self, e: Exception) -> None:
+        log.warning("compiled decode unavailable, running eager (%s: %s)", type(e).__name__, str(e)[:200])
+        self.available = False
 
     def handles(self, write_slots: list[int] | Index, spans: list[SeqSpan]) -> bool:
         if not self.available or len(spans) != 1:
@@ -106,10 +112,19 @@ class CompiledDecode:
         if span.mask is not None or not isinstance(keys, slice) or not isinstance(write_slots, slice):
             return False
         writes_last = (write_slots.start, write_slots.stop) == (keys.stop - n, keys.stop)
-        return writes_last and span.num_keys >= 2 and (n == 1 or self.rows)
+        # Rows written from slot 0 (a fresh engine's first prefill) would need a graph of their own: the
+        # several-row graph assumes a positive write offset (an inductor guard), so they run eagerly.
+        rows_ok = n == 1 or (self.rows and write_slots.start > 0)
+        return writes_last and keys.stop - keys.start == span.num_keys >= 2 and rows_ok
 
-    def run(self, ids: list[int], positions: torch.Tensor, span: SeqSpan) -> torch.Tensor:  # -> [N, hidden]
-        return self._run(ids, positions, span.key_slots.start, span.num_keys)
+    def run(self, ids: list[int], positions: torch.Tensor, span: SeqSpan) -> torch.Tensor | None:  # [N, hidden]
+        """The hidden states, or None when compiling a new graph failed (from then on the runner runs eager;
+        running the step again eagerly is safe: it rewrites the same KV slots)."""
+        try:
+            return self._run(ids, positions, span.key_slots.start, span.num_keys)
+        except Exception as e:  # a recompile that fails, the recompile limit
+            self._give_up(e)
+            return None
 
     def _run(self, ids: list[int], positions: torch.Tensor, first: int, num_keys: int) -> torch.Tensor:
         self.num_runs += 1

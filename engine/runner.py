@@ -109,11 +109,12 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The general forward: N query tokens at `positions`, their K/V written to `write_slots`, each span
         attending to its own key slots (custom masks allowed: SSD branches). Logits as in `run`."""
+        hidden = None
         if self.compiled is not None and self.compiled.handles(write_slots, spans):
-            hidden = self.compiled.run(ids, positions, spans[0])  # [N, hidden]
-        elif self.graphs is not None and self.graphs.handles(spans):
+            hidden = self.compiled.run(ids, positions, spans[0])  # [N, hidden], None if compiling failed
+        if hidden is None and self.graphs is not None and self.graphs.handles(spans):
             hidden = self.graphs.run(ids, positions, write_slots, spans)  # [N, hidden]
-        else:
+        if hidden is None:
             meta = build_metadata(write_slots, spans, device=self.device)
             hidden = self.forward(
                 torch.tensor(ids, device=self.device), positions.to(self.device), meta, self.backend

@@ -57,6 +57,7 @@ def make_tiny_model_dir(
     num_layers: int = 2,
     seed: int = 0,
     max_position_embeddings: int = 512,
+    head_dim: int | None = None,
 ) -> Path:
     """Save a tiny random model of `family` ("llama" | "qwen3") in Hugging Face layout under `root`."""
     import torch
@@ -84,7 +85,7 @@ def make_tiny_model_dir(
         }
     torch.manual_seed(seed)
     if family == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common, rope_parameters=rope))
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_parameters=rope, head_dim=head_dim or 16))
     elif family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=32, rope_parameters=rope))
     else:
@@ -94,7 +95,7 @@ def make_tiny_model_dir(
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
-    out = root / f"tiny-{family}{'-tied' if tied else ''}{'-rope' if rope_scaling else ''}-{seed}"
+    out = root / f"tiny-{family}{'-tied' if tied else ''}{'-rope' if rope_scaling else ''}{head_dim or ''}-{seed}"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

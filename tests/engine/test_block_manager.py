@@ -52,6 +52,25 @@ def test_freed_prefix_is_found_again_and_at_least_one_token_is_left_to_compute()
     assert longer.num_cached_tokens == 8
 
 
+def test_a_sequence_continues_in_the_next_block_unless_it_caches_another_prefix():
+    bm = BlockManager(8, 4)
+    a = seq(0, list(range(4)))  # block 0
+    bm.allocate(a)
+    other = seq(1, [50 + i for i in range(8)])  # blocks 1-2: another prefix, cached once computed
+    bm.allocate(other)
+    compute_all(bm, other)
+    bm.free_blocks(other)
+    a.token_ids += [7, 7]
+    compute_all(bm, a)  # needs a second block: block 1 is free but caches `other`'s prefix
+    assert a.block_table[1] not in (1, 2)
+    assert bm._cached_prefix([50 + i for i in range(9)]) == [1, 2]  # that prefix survives
+    fresh = seq(2, [9])
+    bm.allocate(fresh)
+    fresh.token_ids += [9] * 4
+    compute_all(bm, fresh)
+    assert fresh.block_table[1] == fresh.block_table[0] + 1  # a free block caching nothing: taken in order
+
+
 def test_different_prefix_or_disabled_cache_shares_nothing():
     bm = BlockManager(8, 4)
     a = seq(0, list(range(8)))
