@@ -220,7 +220,9 @@ class LLM:
         p = self.placement
         threads = p.threads_for(p.target[0]) or torch.get_num_threads()
         devices = ", ".join(str(d) for d in p.target)
-        out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {threads} threads per rank)"}
+        compiled = self.core.runner.compiled
+        fast = ", compiled" if compiled is not None and compiled.available else ""
+        out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {threads} threads per rank{fast})"}
         if self.config.draft is not None:
             where = f"on {p.draft}, own process (SSD)" if self.remote else "in the target's process"
             out["draft"] = f"{self.config.draft} {where}"

@@ -36,7 +36,7 @@ def test_without_the_flag_the_cpu_runner_is_eager(tiny_llama_dir):
     assert fast_kwargs(on, cpu, tp=1, max_keys=64) == {"compile_decode": True, "compile_rows": False}
     assert fast_kwargs(on, cpu, tp=2, max_keys=64, rows=True)["compile_decode"] is False
     with LLM(str(tiny_llama_dir), max_model_len=128) as llm:
-        assert llm.core.runner.compiled is None
+        assert llm.core.runner.compiled is None and "compiled" not in llm.layout["target"]
 
 
 def test_compiled_decode_gives_the_eager_greedy_output(model_dir):
@@ -46,6 +46,7 @@ def test_compiled_decode_gives_the_eager_greedy_output(model_dir):
     with LLM(str(model_dir), max_model_len=128, block_size=4, compile=True) as llm:
         compiled = llm.core.runner.compiled
         assert compiled is not None and compiled.available
+        assert "compiled" in llm.layout["target"]  # the chat's panel and the bench JSON show it
         got = [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
         single = compiled.num_runs
         assert single >= len(PROMPTS) * (GREEDY.max_tokens - 2)  # nearly every decode step ran compiled
@@ -138,7 +139,7 @@ def test_a_failed_compile_falls_back_to_eager_with_one_warning(tiny_llama_dir, m
         want = eager.generate(["Paris is"], GREEDY)[0].token_ids
     with (caplog.at_level(logging.WARNING, logger="engine.compiled_decode"),
           LLM(str(tiny_llama_dir), max_model_len=128, compile=True) as llm):
-        assert not llm.core.runner.compiled.available
+        assert not llm.core.runner.compiled.available and "compiled" not in llm.layout["target"]
         assert llm.generate(["Paris is"], GREEDY)[0].token_ids == want
     warnings = [r.getMessage() for r in caplog.records if r.name == "engine.compiled_decode"]
     assert len(warnings) == 1 and "running eager" in warnings[0] and "no C++ compiler" in warnings[0]
