@@ -132,7 +132,7 @@ class EngineCore:
 
     def _speculate(self, seqs: list[Sequence], spec: SpeculationConfig) -> dict[Sequence, StepOutput]:
         common = dict(draft_temperature=spec.draft_temperature, max_model_len=self.max_model_len,
-                      ensure_capacity=self.blocks.ensure_capacity)
+                      ensure_capacity=self.blocks.ensure_capacity, lookup=spec.lookup)
         drafter = self.drafters[spec.mode]
         k = {s: self._draft_length(s, spec) for s in seqs}
         if spec.mode == "sd":

@@ -110,12 +110,12 @@ class _Server:
             self.reused[seq.seq_id] = reused
 
     def _round(self, msg: list[int], idle: float) -> None:
-        # [ROUND, n, draft_temperature, backup, n_fanout, fanout..., then per request:
+        # [ROUND, n, draft_temperature, backup, lookup, n_fanout, fanout..., then per request:
         #  seq_id, wanted, drafted, accepted, t*, committed length]
-        n, temp, backup, n_fan = msg[1], bits_float(msg[2]), BACKUPS[msg[3]], msg[4]
+        n, temp, backup, lookup, n_fan = msg[1], bits_float(msg[2]), BACKUPS[msg[3]], bool(msg[4]), msg[5]
         draft_temperature = None if temp == NO_TEMPERATURE else temp
-        fanout = tuple(msg[5 : 5 + n_fan])
-        wanted, i = {}, 5 + n_fan
+        fanout = tuple(msg[6 : 6 + n_fan])
+        wanted, i = {}, 6 + n_fan
         for _ in range(n):
             seq_id, k, drafted, accepted, t_star, length = msg[i : i + 6]
             i += 6
@@ -126,7 +126,7 @@ class _Server:
             if len(seq.token_ids) != length:
                 raise RuntimeError(f"request {seq_id}: draft holds {len(seq.token_ids)} tokens, target {length}")
             wanted[seq] = k
-        proposals, hits = self.drafter.answer(wanted, draft_temperature, fanout, backup=backup)
+        proposals, hits = self.drafter.answer(wanted, draft_temperature, fanout, backup=backup, lookup=lookup)
         reply, rows = [n, int(idle * 1e6)], []
         for seq in wanted:  # the leader reads the q rows in its own order
             prop = proposals[seq]

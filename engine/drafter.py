@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from engine.kv.block_manager import BlockManager
+from engine.lookup import Lookups
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import probabilities
 from engine.sequence import Sequence
@@ -25,11 +26,14 @@ class Proposal:
     probs: list[torch.Tensor] | None  # k x [V] distributions they were drawn from (None when greedy)
 
 
-def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None) -> None:
-    """Append the draft's next token (argmax when the request is greedy; else a draw from q, kept for
-    the verification's rejection rule). `temperature` overrides the request's for the draft."""
+def draw_next(
+    proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None, guess: int | None = None
+) -> None:
+    """Append the draft's next token: for a greedy request the context lookup's `guess` when there is one, else
+    the argmax; for a sampled one a draw from q, kept for the verification's rejection rule (`guess` unused).
+    `temperature` overrides the request's for the draft."""
     if seq.params.is_greedy:
-        proposal.tokens.append(int(torch.argmax(logits)))
+        proposal.tokens.append(guess if guess is not None else int(torch.argmax(logits)))
         return
     params = seq.params if temperature is None else replace(seq.params, temperature=max(temperature, 1e-5))
     q = probabilities(logits, params)  # [V]
@@ -44,6 +48,7 @@ class Drafter:
         self.runner = runner
         self.blocks = blocks
         self.seqs: dict[int, Sequence] = {}  # request id -> the draft's sequence
+        self.lookups = Lookups()  # context lookup for greedy requests (engine.lookup)
 
     # -- admission: blocks running requests may still claim, and whether a new one fits --------------
     def admission_budget(self, running: list[Sequence], reserve_of: Callable[[Sequence], int]) -> int:
@@ -75,8 +80,17 @@ class Drafter:
             self.blocks.commit(c.seq)
         return {seq: self.seqs[seq.seq_id].num_cached_tokens for seq in seqs}
 
-    def propose(self, wanted: dict[Sequence, int], draft_temperature: float | None) -> dict[Sequence, Proposal]:
-        """Draft `wanted[seq]` tokens after each request's committed tokens, all requests batched."""
+    def guess(self, seq: Sequence, drafted: list[int], lookup: bool) -> int | None:
+        """The context lookup's next token after `drafted` (greedy requests, with `lookup` on), or None."""
+        if not lookup or not seq.params.is_greedy:
+            return None
+        return self.lookups.guess(seq.seq_id, self.seqs[seq.seq_id].token_ids, drafted)
+
+    def propose(
+        self, wanted: dict[Sequence, int], draft_temperature: float | None, lookup: bool = False
+    ) -> dict[Sequence, Proposal]:
+        """Draft `wanted[seq]` tokens after each request's committed tokens, all requests batched; with
+        `lookup`, a greedy request takes the context lookup's token wherever it has one."""
         for seq in wanted:
             self.mirror(seq)
         active = {seq: self.seqs[seq.seq_id] for seq, k in wanted.items() if k > 0}
@@ -94,7 +108,7 @@ class Drafter:
                     chunks.append(Chunk(draft_seq, n + step - 1, n + step, (out[seq].tokens[-1],)))
             logits = self.runner.run(chunks)  # [B, V]
             for (seq, _), row in zip(active.items(), logits, strict=True):
-                draw_next(out[seq], seq, row, draft_temperature)
+                draw_next(out[seq], seq, row, draft_temperature, self.guess(seq, out[seq].tokens, lookup))
             step += 1
             active = {s: d for s, d in active.items() if wanted[s] > step}
         return out
@@ -116,6 +130,7 @@ class Drafter:
         self.blocks.commit(draft_seq)
 
     def finish(self, seq: Sequence) -> None:
+        self.lookups.drop(seq.seq_id)
         draft_seq = self.seqs.pop(seq.seq_id, None)
         if draft_seq is not None:
             self.blocks.free_blocks(draft_seq)

@@ -90,10 +90,10 @@ class RemoteDrafter:
 
     def answer(
         self, wanted: dict[Sequence, int], draft_temperature: float | None, fanout: tuple[int, ...], *,
-        backup: str = "jit",
+        backup: str = "jit", lookup: bool = False,
     ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
         temp = NO_TEMPERATURE if draft_temperature is None else draft_temperature
-        msg = [ROUND, len(wanted), float_bits(temp), BACKUPS.index(backup), len(fanout), *fanout]
+        msg = [ROUND, len(wanted), float_bits(temp), BACKUPS.index(backup), int(lookup), len(fanout), *fanout]
         for seq, k in wanted.items():
             drafted, accepted, t_star, length = self.outcome.pop(seq.seq_id, (NO_OUTCOME, 0, 0, len(seq.token_ids)))
             msg += [seq.seq_id, k, drafted, accepted, t_star, length]

@@ -35,13 +35,13 @@ def lookahead(seq: Sequence, k: int, max_model_len: int) -> int:
 
 def sd_step(
     seqs: list[Sequence], runner: ModelRunner, drafter: Drafter, *, k: Mapping[Sequence, int],
-    draft_temperature: float | None,
-    max_model_len: int, ensure_capacity,
+    draft_temperature: float | None, max_model_len: int, ensure_capacity, lookup: bool = False,
 ) -> dict[Sequence, StepOutput]:
-    """Sync SD: draft k[seq] tokens per request, then verify them."""
+    """Sync SD: draft k[seq] tokens per request (with `lookup`, greedy ones take the context lookup's token
+    where it has one: engine.lookup), then verify them."""
     wanted = {s: lookahead(s, k[s], max_model_len) for s in seqs}
     t0 = time.perf_counter()
-    proposals = drafter.propose(wanted, draft_temperature)
+    proposals = drafter.propose(wanted, draft_temperature, lookup)
     draft_time = time.perf_counter() - t0
     return verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits={})
 
@@ -49,13 +49,14 @@ def sd_step(
 def ssd_step(
     seqs: list[Sequence], runner: ModelRunner, drafter: SsdDrafter | RemoteDrafter, *, k: Mapping[Sequence, int],
     fanout: tuple[int, ...], draft_temperature: float | None, max_model_len: int, ensure_capacity, backup: str = "jit",
+    lookup: bool = False,
 ) -> dict[Sequence, StepOutput]:
     """SSD: take the proposal from the speculation cache (or draft it on a miss), let the draft build the
     cache for this round's possible outcomes, then verify. A draft in its own process builds the cache
     while the target verifies; an in-process one builds it first (same tokens, no overlap)."""
     wanted = {s: lookahead(s, k[s], max_model_len) for s in seqs}
     t0 = time.perf_counter()
-    proposals, hits = drafter.answer(wanted, draft_temperature, fanout, backup=backup)
+    proposals, hits = drafter.answer(wanted, draft_temperature, fanout, backup=backup, lookup=lookup)
     drafter.build_cache(proposals, fanout, draft_temperature)  # a no-op for a draft process
     draft_time = time.perf_counter() - t0
     outputs = verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits=hits,

@@ -77,6 +77,7 @@ class SsdDrafter(Drafter):
         self.glued: set[int] = set()                   # requests whose last proposal got a glue pass
         self.free_regions = list(range(max_num_seqs))
         self.region: dict[int, int] = {}               # request id -> its scratch region
+        self.lookup = False                            # this round's context-lookup switch (for its branches)
 
     def start(self, seqs: list[Sequence], reserve_of=None) -> dict[Sequence, int]:
         for seq in seqs:
@@ -86,11 +87,13 @@ class SsdDrafter(Drafter):
     # -- answering ---------------------------------------------------------------------------------
     def answer(
         self, wanted: dict[Sequence, int], draft_temperature: float | None, fanout: tuple[int, ...] = (), *,
-        backup: str = "jit",
+        backup: str = "jit", lookup: bool = False,
     ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
         """Proposals for this round: from the cache on a hit; on a miss drafted just in time (backup "jit") or
         guessed from the context at no cost (backup "fast": see `fast_guess`). hit is None for a request's
-        first round (nothing could be cached yet)."""
+        first round (nothing could be cached yet). `lookup`: greedy drafts take the context lookup's token
+        where it has one, now and in the branches `build_cache` drafts next."""
+        self.lookup = lookup
         proposals, hits, misses = {}, {}, {}
         for seq, k in wanted.items():
             outcome = self.outcome.pop(seq.seq_id, None)
@@ -104,7 +107,7 @@ class SsdDrafter(Drafter):
                 proposals[seq] = fast_guess(seq, k, self.runner.model.args.vocab_size)
             else:
                 misses[seq] = k
-        proposals |= self.propose(misses, draft_temperature)
+        proposals |= self.propose(misses, draft_temperature, lookup)
         return proposals, hits
 
     # -- building the cache ------------------------------------------------------------------------
@@ -186,7 +189,9 @@ class SsdDrafter(Drafter):
                 spans.append(SeqSpan(row, 1, torch.cat([path, scratch]), n + j + step + 1))
             logits = self.runner.run_spans(ids, torch.tensor(positions), write, spans, all_logits=True)
             for row, i in enumerate(live):
-                draw_next(out[i], branches[i][0], logits[row], draft_temperature)
+                seq, j, t_star = branches[i]
+                path = [*proposals[seq].tokens[:j], t_star, *out[i].tokens]  # drafted after the committed tokens
+                draw_next(out[i], seq, logits[row], draft_temperature, self.guess(seq, path, self.lookup))
         return out
 
     # -- bookkeeping -------------------------------------------------------------------------------

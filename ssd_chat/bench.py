@@ -58,6 +58,7 @@ class BenchConfig:
     compile: bool = False
     ignore_eos: bool = True  # fixed-length replies (False: each stops at its end of turn, as in a chat)
     adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (False: always k)
+    lookup: bool = True  # greedy drafts take the context lookup's token where it has one (engine.lookup)
 
     def __post_init__(self) -> None:
         if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
@@ -176,7 +177,8 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
         "max_tokens": config.max_tokens, "ignore_eos": config.ignore_eos,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "tp": config.tp, "target_devices": config.target_devices, "draft_device": config.draft_device,
-        "backup": config.backup, "adaptive_k": config.adaptive_k, "dtype": config.dtype, "attention": config.attention,
+        "backup": config.backup, "adaptive_k": config.adaptive_k, "lookup": config.lookup,
+        "dtype": config.dtype, "attention": config.attention,
         "eager": config.eager, "compile": config.compile,
         "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
@@ -195,7 +197,7 @@ def _run_engine_modes(
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
         results = [
             run_engine_mode(llm, SpeculationConfig(mode=mode, k=config.k, fanout=config.fanout, backup=config.backup,
-                                              adaptive_k=config.adaptive_k),
+                                              adaptive_k=config.adaptive_k, lookup=config.lookup),
                             prompt_ids, config.max_tokens, progress, ignore_eos=config.ignore_eos)
             for mode in config.modes if mode != "ar-all"
         ]

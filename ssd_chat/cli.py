@@ -41,6 +41,7 @@ from ssd_chat.cli_options import (
     K,
     MaxTokens,
     Mode,
+    NoLookup,
     System,
     Target,
     TargetDevices,
@@ -55,8 +56,8 @@ from ssd_chat.plain import run_plain
 from ssd_chat.prompts import DEFAULT_PROMPTS
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
-                "resume", "dtype", "attention", "eager", "compile", "backup", "fixed_k", "tp", "target_devices",
-                "draft_device")
+                "resume", "dtype", "attention", "eager", "compile", "backup", "fixed_k", "no_lookup", "tp",
+                "target_devices", "draft_device")
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -78,7 +79,8 @@ def main() -> None:
 
 
 def _speculation(
-    draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit", fixed_k: bool = False
+    draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit", fixed_k: bool = False,
+    no_lookup: bool = False,
 ) -> SpeculationConfig:
     """The decoding mode the options ask for (EngineError on bad values)."""
     try:
@@ -86,7 +88,7 @@ def _speculation(
     except ValueError:
         raise InvalidParameterError(f"--fanout takes numbers separated by commas, got {fanout!r}") from None
     return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values, backup=backup,
-                             adaptive_k=not fixed_k)
+                             adaptive_k=not fixed_k, lookup=not no_lookup)
 
 
 @contextmanager
@@ -121,6 +123,7 @@ def root(
     draft_device: DraftDevice = None,
     backup: Backup = "jit",
     fixed_k: FixedK = False,
+    no_lookup: NoLookup = False,
     dtype: Dtype = "auto",
     attention: Attention = "auto",
     eager: Eager = False,
@@ -146,7 +149,7 @@ def root(
     with user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
-        spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k)
+        spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
                              compile=compile)
@@ -185,6 +188,7 @@ def ask(
     draft_device: DraftDevice = None,
     backup: Backup = "jit",
     fixed_k: FixedK = False,
+    no_lookup: NoLookup = False,
     dtype: Dtype = "auto",
     attention: Attention = "auto",
     eager: Eager = False,
@@ -195,7 +199,7 @@ def ask(
     with user_errors():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
-        spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k)
+        spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
@@ -232,6 +236,7 @@ def bench(
     fanout: Fanout = None,
     backup: Backup = "jit",
     fixed_k: FixedK = False,
+    no_lookup: NoLookup = False,
     tp: Tp = 1,
     target_devices: TargetDevices = None,
     draft_device: DraftDevice = None,
@@ -261,7 +266,7 @@ def bench(
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
             fanout=_speculation(draft, None, k, fanout).fanout, backup=backup, tp=tp, target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
-            ignore_eos=ignore_eos, adaptive_k=not fixed_k,
+            ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     Console().print(render_table(report))

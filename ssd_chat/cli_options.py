@@ -66,6 +66,10 @@ FixedK = Annotated[
     bool, typer.Option("--fixed-k", help="Always draft k tokens (default: the k <= --k with the most expected tokens "
                        "per second for the measured acceptance and round costs).")
 ]
+NoLookup = Annotated[
+    bool, typer.Option("--no-lookup", help="Greedy drafts come from the draft model alone (default: the context "
+                       "lookup's token wherever the context has one; see engine/lookup.py).")
+]
 Fanout = Annotated[
     str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated "
                              "(default: geometric for the measured acceptance).")

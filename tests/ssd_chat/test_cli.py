@@ -177,11 +177,12 @@ def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
     out = tmp_path / "bench.json"
     draft = str(tiny_llama_dir)  # the target as its own draft: everything is accepted, the cache always hits
     args = ["bench", "--target", str(tiny_llama_dir), "--draft", draft, "--modes", "ar,sd,ssd", "--hf", "--k", "3",
-            "--fixed-k", "--max-tokens", "12", "--limit", "2", "--json", str(out)]  # adaptive: k=1, so costly a draft
+            "--fixed-k", "--no-lookup", "--max-tokens", "12", "--limit", "2",
+            "--json", str(out)]  # adaptive: k=1, so costly a draft; lookup off: the draft alone is measured
     result = runner.invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["config"]["adaptive_k"] is False
+    assert report["config"]["adaptive_k"] is False and report["config"]["lookup"] is False
     rows = {r["mode"]: r for r in report["results"]}
     assert list(rows) == ["ar", "sd", "ssd", "hf", "hf-assisted"]
     assert all(rows[m]["identical_to_ar"] for m in ("sd", "ssd", "hf", "hf-assisted"))

@@ -30,7 +30,7 @@ def _errors(app) -> list[str]:
 @pytest.mark.asyncio
 async def test_the_run_options_hold_for_every_reply_and_mode(tmp_path):
     engine = FakeEngine()
-    run = SpeculationConfig(mode="sd", backup="fast", adaptive_k=False)  # ssd-chat --backup fast --fixed-k
+    run = SpeculationConfig(mode="sd", backup="fast", adaptive_k=False, lookup=False)  # --backup fast --fixed-k ...
     app = make_app(engine, tmp_path, speculation=run)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
@@ -40,7 +40,7 @@ async def test_the_run_options_hold_for_every_reply_and_mode(tmp_path):
         await send(app, pilot, "/k 2")
         await send(app, pilot, "again")
         assert engine.speculation.k == 2 and engine.speculation.backup == "fast"
-        assert engine.speculation.adaptive_k is False
+        assert engine.speculation.adaptive_k is False and engine.speculation.lookup is False
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,87 @@
+"""Context lookup for greedy drafts: the index, and that it only changes which tokens are drafted (output stays
+exactly AR's; sampled requests are untouched) while a repetitive reply gets more of them accepted."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.config import SpeculationConfig
+from engine.lookup import ContextIndex, Lookups
+from tests.conftest import make_tiny_model_dir
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+
+
+def brute_force(tokens: list[int], tail: list[int]) -> int | None:
+    for n in (3, 2):
+        if len(tail) < n:
+            continue
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tail[-n:]:
+                return tokens[start + n]
+    return None
+
+
+def test_guess_is_the_follower_of_the_latest_longest_suffix():
+    index = ContextIndex()
+    tokens = [1, 2, 3, 9, 5, 2, 3, 7, 1, 2, 3]
+    index.extend(tokens)
+    assert index.guess(tokens, [1, 2, 3]) == 9  # the trigram's only earlier occurrence; (2, 3) last -> 7
+    assert index.guess(tokens, [4, 2, 3]) == 7  # no trigram: the latest bigram with a follower
+    assert index.guess(tokens, [3, 4]) is None and index.guess(tokens, [5]) is None
+
+
+def test_the_incremental_index_agrees_with_a_scan():
+    rng = random.Random(0)
+    tokens: list[int] = []
+    lookups = Lookups()
+    for _ in range(400):
+        tokens.append(rng.randrange(6))  # a small alphabet: many repeats
+        drafted = [rng.randrange(6) for _ in range(rng.randrange(3))]
+        tail = (tokens[-3:] + drafted)[-3:]
+        assert lookups.guess(0, tokens, drafted) == brute_force(tokens, tail)
+    lookups.drop(0)
+    assert not lookups.indexes
+
+
+@pytest.fixture(scope="module")
+def unrelated(tiny_llama_dir, tmp_path_factory):
+    """A target and an unrelated random draft: the draft alone is almost never right."""
+    draft = make_tiny_model_dir(tmp_path_factory.mktemp("lookup"), seed=7)
+    with LLM(str(tiny_llama_dir), draft=str(draft), max_model_len=256, block_size=4) as llm:
+        yield llm
+
+
+def _run(llm: LLM, params: SamplingParams, **spec):
+    llm.speculation = SpeculationConfig(k=4, adaptive_k=False, **spec)
+    return [llm.generate([p], params)[0] for p in ("The quick brown fox", "Paris is")]
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_lookup_changes_the_drafts_not_the_output(unrelated, mode):
+    ar = [o.token_ids for o in _run(unrelated, GREEDY, mode="ar")]
+    on, off = _run(unrelated, GREEDY, mode=mode), _run(unrelated, GREEDY, mode=mode, lookup=False)
+    assert [o.token_ids for o in on] == ar == [o.token_ids for o in off]
+    accepted_on = sum(o.stats.spec.num_accepted for o in on)
+    accepted_off = sum(o.stats.spec.num_accepted for o in off)
+    assert accepted_on > accepted_off  # a tiny random target repeats itself; the unrelated draft cannot know
+
+
+def test_sampled_requests_draft_from_the_model_alone(unrelated):
+    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=32, ignore_eos=True)
+    on, off = _run(unrelated, sampled, mode="sd"), _run(unrelated, sampled, mode="sd", lookup=False)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [o.stats.spec.num_accepted for o in on] == [o.stats.spec.num_accepted for o in off]
+
+
+def test_lookup_reaches_a_draft_process(tiny_llama_dir, tmp_path):
+    draft = make_tiny_model_dir(tmp_path, seed=7)
+    with LLM(str(tiny_llama_dir), draft=str(draft), draft_device="cpu", max_model_len=256, block_size=4) as llm:
+        ar = [o.token_ids for o in _run(llm, GREEDY, mode="ar")]
+        on, off = _run(llm, GREEDY, mode="ssd"), _run(llm, GREEDY, mode="ssd", lookup=False)
+        assert llm.remote is not None
+    assert [o.token_ids for o in on] == ar == [o.token_ids for o in off]
+    assert sum(o.stats.spec.num_accepted for o in on) > sum(o.stats.spec.num_accepted for o in off)
