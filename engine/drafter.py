@@ -49,6 +49,7 @@ class Drafter:
         self.blocks = blocks
         self.seqs: dict[int, Sequence] = {}  # request id -> the draft's sequence
         self.lookups = Lookups()  # context lookup for greedy requests (engine.lookup)
+        self.frontier: dict[int, int] = {}  # request id -> positions below it have draft KV after its proposal
 
     # -- admission: blocks running requests may still claim, and whether a new one fits --------------
     def admission_budget(self, running: list[Sequence], reserve_of: Callable[[Sequence], int]) -> int:
@@ -89,26 +90,35 @@ class Drafter:
     def propose(
         self, wanted: dict[Sequence, int], draft_temperature: float | None, lookup: bool = False
     ) -> dict[Sequence, Proposal]:
-        """Draft `wanted[seq]` tokens after each request's committed tokens, all requests batched; with
-        `lookup`, a greedy request takes the context lookup's token wherever it has one."""
+        """Draft `wanted[seq]` tokens after each request's committed tokens, all requests batched. With `lookup`,
+        a greedy request takes the context lookup's token wherever it has one, and the draft model skips that
+        step: the tokens it skipped go through it with the next step it does run (several rows, one forward)."""
         for seq in wanted:
             self.mirror(seq)
         active = {seq: self.seqs[seq.seq_id] for seq, k in wanted.items() if k > 0}
         out = {seq: Proposal([], None if seq.params.is_greedy else []) for seq in wanted}
         for seq, draft_seq in active.items():
             self.blocks.ensure_capacity(draft_seq, len(seq.token_ids) + wanted[seq])
+            self.frontier[seq.seq_id] = draft_seq.num_computed_tokens
         step = 0
         while active:
-            chunks = []
-            for seq, draft_seq in active.items():
-                n = len(draft_seq.token_ids)
-                if step == 0:  # catch up on committed tokens without KV (usually just the last one)
-                    chunks.append(Chunk(draft_seq, draft_seq.num_computed_tokens, n))
+            run = []
+            for seq in active:
+                guess = self.guess(seq, out[seq].tokens, lookup)
+                if guess is None:
+                    run.append(seq)
                 else:
-                    chunks.append(Chunk(draft_seq, n + step - 1, n + step, (out[seq].tokens[-1],)))
-            logits = self.runner.run(chunks)  # [B, V]
-            for (seq, _), row in zip(active.items(), logits, strict=True):
-                draw_next(out[seq], seq, row, draft_temperature, self.guess(seq, out[seq].tokens, lookup))
+                    out[seq].tokens.append(guess)
+            chunks = []
+            for seq in run:  # positions frontier .. n + step - 1: catch-up, skipped drafts, the last draft
+                draft_seq, start = active[seq], self.frontier[seq.seq_id]
+                end = len(draft_seq.token_ids) + step
+                chunks.append(Chunk(draft_seq, start, end, tuple((draft_seq.token_ids + out[seq].tokens)[start:end])))
+                self.frontier[seq.seq_id] = end
+            if chunks:
+                logits = self.runner.run(chunks)  # [len(run), V]
+                for seq, row in zip(run, logits, strict=True):
+                    draw_next(out[seq], seq, row, draft_temperature)
             step += 1
             active = {s: d for s, d in active.items() if wanted[s] > step}
         return out
@@ -124,13 +134,15 @@ class Drafter:
         """After verification: mirror the committed tokens and keep the KV of accepted draft tokens."""
         draft_seq = self.seqs[seq.seq_id]
         before = self.mirror(seq)  # the committed length the proposal started from
-        if num_drafted > 0:  # the draft computed positions < before + num_drafted - 1 for its proposal
-            draft_seq.num_computed_tokens = before + min(num_accepted, num_drafted - 1)
+        frontier = self.frontier.pop(seq.seq_id, None)
+        if num_drafted > 0 and frontier is not None:  # KV below the frontier; right up to the accepted drafts
+            draft_seq.num_computed_tokens = min(before + num_accepted, frontier)
         draft_seq.num_computed_tokens = min(draft_seq.num_computed_tokens, len(draft_seq.token_ids) - 1)
         self.blocks.commit(draft_seq)
 
     def finish(self, seq: Sequence) -> None:
         self.lookups.drop(seq.seq_id)
+        self.frontier.pop(seq.seq_id, None)
         draft_seq = self.seqs.pop(seq.seq_id, None)
         if draft_seq is not None:
             self.blocks.free_blocks(draft_seq)

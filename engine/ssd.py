@@ -199,6 +199,7 @@ class SsdDrafter(Drafter):
         draft_seq = self.seqs[seq.seq_id]
         if seq.seq_id in self.glued:  # the glue pass wrote [t, x1..xK]: its KV is right up to x_k
             self.glued.discard(seq.seq_id)
+            self.frontier.pop(seq.seq_id, None)  # a just-in-time proposal's frontier: the glue supersedes it
             before = self.mirror(seq)
             draft_seq.num_computed_tokens = min(before + num_accepted, len(draft_seq.token_ids) - 1)
             self.blocks.commit(draft_seq)

@@ -3,6 +3,7 @@ exactly AR's; sampled requests are untouched) while a repetitive reply gets more
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -85,3 +86,32 @@ def test_lookup_reaches_a_draft_process(tiny_llama_dir, tmp_path):
         assert llm.remote is not None
     assert [o.token_ids for o in on] == ar == [o.token_ids for o in off]
     assert sum(o.stats.spec.num_accepted for o in on) > sum(o.stats.spec.num_accepted for o in off)
+
+
+def test_skipped_draft_steps_leave_the_model_drafts_unchanged(tiny_llama_dir):
+    """A drafter that skips the model where the lookup answers (and runs the skipped tokens with its next
+    forward) drafts exactly what a step-by-step reference does, over two rounds with a commit between."""
+    from engine.lookup import Lookups
+    from engine.sequence import Sequence
+
+    tiny = str(tiny_llama_dir)
+    with LLM(tiny, draft=tiny, max_model_len=256, block_size=4) as llm, LLM(tiny, max_model_len=256) as ref:
+        drafter = llm.core.drafter
+        seq = Sequence(999, [5, 9, 33, 71, 5, 9, 33, 8, 5, 9], GREEDY)
+        drafter.start([seq])
+        kinds = []
+        for accepted in (3, 0):
+            tokens = drafter.propose({seq: 6}, None, lookup=True)[seq].tokens
+            want, lookups = [], Lookups()
+            for _ in range(6):  # the reference: lookup, else the model's greedy token over the whole context
+                guess = lookups.guess(0, list(seq.token_ids), want)
+                kinds.append(guess is not None)
+                want.append(guess if guess is not None else
+                            ref.generate([seq.token_ids + want], SamplingParams(temperature=0.0, max_tokens=1))[0]
+                            .token_ids[0])
+            assert tokens == want
+            seq.token_ids += [*tokens[:accepted], 7]  # the target accepts some, then its own token
+            drafter.commit(seq, len(tokens), accepted)
+        drafter.finish(seq)
+    assert any(kinds) and not all(kinds)
+    assert any(a and not b for a, b in itertools.pairwise(kinds))  # a model step right after a skip
