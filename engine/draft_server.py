@@ -138,7 +138,7 @@ class _Server:
         self.channel.send_ints(reply)
         if rows:
             self.channel.send_tensor(torch.stack(rows).float())  # [sampled draft tokens, V]
-        self.drafter.build_cache(proposals, fanout, draft_temperature)
+        self.drafter.build_cache(proposals, fanout, draft_temperature, lookup)
 
     def _finish(self, seq_id: int) -> None:
         seq = self.shadow.pop(seq_id, None)

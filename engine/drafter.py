@@ -26,14 +26,11 @@ class Proposal:
     probs: list[torch.Tensor] | None  # k x [V] distributions they were drawn from (None when greedy)
 
 
-def draw_next(
-    proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None, guess: int | None = None
-) -> None:
-    """Append the draft's next token: for a greedy request the context lookup's `guess` when there is one, else
-    the argmax; for a sampled one a draw from q, kept for the verification's rejection rule (`guess` unused).
-    `temperature` overrides the request's for the draft."""
+def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None) -> None:
+    """Append the draft's next token (argmax when the request is greedy; else a draw from q, kept for
+    the verification's rejection rule). `temperature` overrides the request's for the draft."""
     if seq.params.is_greedy:
-        proposal.tokens.append(guess if guess is not None else int(torch.argmax(logits)))
+        proposal.tokens.append(int(torch.argmax(logits)))
         return
     params = seq.params if temperature is None else replace(seq.params, temperature=max(temperature, 1e-5))
     q = probabilities(logits, params)  # [V]
@@ -112,9 +109,10 @@ class Drafter:
             chunks = []
             for seq in run:  # positions frontier .. n + step - 1: catch-up, skipped drafts, the last draft
                 draft_seq, start = active[seq], self.frontier[seq.seq_id]
-                end = len(draft_seq.token_ids) + step
-                chunks.append(Chunk(draft_seq, start, end, tuple((draft_seq.token_ids + out[seq].tokens)[start:end])))
-                self.frontier[seq.seq_id] = end
+                n = len(draft_seq.token_ids)  # committed; drafted token i sits at position n + i
+                tokens = (*draft_seq.token_ids[start:n], *out[seq].tokens[max(start - n, 0) : step])
+                chunks.append(Chunk(draft_seq, start, n + step, tokens))
+                self.frontier[seq.seq_id] = n + step
             if chunks:
                 logits = self.runner.run(chunks)  # [len(run), V]
                 for seq, row in zip(run, logits, strict=True):

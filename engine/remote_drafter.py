@@ -112,7 +112,7 @@ class RemoteDrafter:
             proposals[seq], hits[seq] = proposal_of(tokens, q), hit
         return proposals, hits
 
-    def build_cache(self, proposals, fanout, draft_temperature) -> None:
+    def build_cache(self, proposals, fanout, draft_temperature, lookup: bool = False) -> None:
         """Nothing to do here: the draft rank builds its cache by itself while the target verifies."""
 
     def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:

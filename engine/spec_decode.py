@@ -57,7 +57,7 @@ def ssd_step(
     wanted = {s: lookahead(s, k[s], max_model_len) for s in seqs}
     t0 = time.perf_counter()
     proposals, hits = drafter.answer(wanted, draft_temperature, fanout, backup=backup, lookup=lookup)
-    drafter.build_cache(proposals, fanout, draft_temperature)  # a no-op for a draft process
+    drafter.build_cache(proposals, fanout, draft_temperature, lookup)  # a no-op for a draft process
     draft_time = time.perf_counter() - t0
     outputs = verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits=hits,
                      draft_idle=drafter.last_idle_s)

@@ -77,7 +77,6 @@ class SsdDrafter(Drafter):
         self.glued: set[int] = set()                   # requests whose last proposal got a glue pass
         self.free_regions = list(range(max_num_seqs))
         self.region: dict[int, int] = {}               # request id -> its scratch region
-        self.lookup = False                            # this round's context-lookup switch (for its branches)
 
     def start(self, seqs: list[Sequence], reserve_of=None) -> dict[Sequence, int]:
         for seq in seqs:
@@ -91,9 +90,8 @@ class SsdDrafter(Drafter):
     ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
         """Proposals for this round: from the cache on a hit; on a miss drafted just in time (backup "jit") or
         guessed from the context at no cost (backup "fast": see `fast_guess`). hit is None for a request's
-        first round (nothing could be cached yet). `lookup`: greedy drafts take the context lookup's token
-        where it has one, now and in the branches `build_cache` drafts next."""
-        self.lookup = lookup
+        first round (nothing could be cached yet). `lookup`: greedy just-in-time drafts take the context
+        lookup's token where it has one."""
         proposals, hits, misses = {}, {}, {}
         for seq, k in wanted.items():
             outcome = self.outcome.pop(seq.seq_id, None)
@@ -112,8 +110,11 @@ class SsdDrafter(Drafter):
 
     # -- building the cache ------------------------------------------------------------------------
     def build_cache(
-        self, proposals: dict[Sequence, Proposal], fanout: tuple[int, ...], draft_temperature: float | None
+        self, proposals: dict[Sequence, Proposal], fanout: tuple[int, ...], draft_temperature: float | None,
+        lookup: bool = False,
     ) -> None:
+        """Draft the branches for this round's likely outcomes (`lookup`: greedy ones take the context lookup's
+        token where it has one)."""
         # The glue pass always runs on a proposal (the verify positions fit: see spec_decode.lookahead), so
         # the draft's KV along the verified path is right whether the proposal came from the cache or not.
         seqs = [s for s, p in proposals.items() if p.tokens]
@@ -134,7 +135,8 @@ class SsdDrafter(Drafter):
                 branches += [(seq, j, t) for t in [t for t in top if t != skip][:width]]
         limit = {s: SCRATCH_SLOTS // len(proposals[s].tokens) for s in seqs}
         branches = _cap_per_request(branches, limit)
-        drafted = self._draft_branches(_pad_rows(branches, limit), proposals, draft_temperature) if branches else []
+        rows = _pad_rows(branches, limit)
+        drafted = self._draft_branches(rows, proposals, draft_temperature, lookup) if branches else []
         for (seq, j, t), branch in zip(branches, drafted, strict=False):  # padding rows come last and are dropped
             self.cache[seq.seq_id][(j, t)] = branch
 
@@ -158,7 +160,7 @@ class SsdDrafter(Drafter):
 
     def _draft_branches(
         self, branches: list[tuple[Sequence, int, int]], proposals: dict[Sequence, Proposal],
-        draft_temperature: float | None,
+        draft_temperature: float | None, lookup: bool,
     ) -> list[Proposal]:
         """K batched decode steps over every branch, branch tokens in per-request scratch slots."""
         bs = self.runner.block_size
@@ -191,7 +193,11 @@ class SsdDrafter(Drafter):
             for row, i in enumerate(live):
                 seq, j, t_star = branches[i]
                 path = [*proposals[seq].tokens[:j], t_star, *out[i].tokens]  # drafted after the committed tokens
-                draw_next(out[i], seq, logits[row], draft_temperature, self.guess(seq, path, self.lookup))
+                guess = self.guess(seq, path, lookup)
+                if guess is None:
+                    draw_next(out[i], seq, logits[row], draft_temperature)
+                else:
+                    out[i].tokens.append(guess)
         return out
 
     # -- bookkeeping -------------------------------------------------------------------------------
