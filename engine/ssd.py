@@ -89,7 +89,7 @@ class SsdDrafter(Drafter):
         backup: str = "jit", lookup: bool = False,
     ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
         """Proposals for this round: from the cache on a hit; on a miss drafted just in time (backup "jit") or
-        guessed from the context at no cost (backup "fast": see `fast_guess`). hit is None for a request's
+        guessed from the context at no cost (backup "fast": see `_fast_guess`). hit is None for a request's
         first round (nothing could be cached yet). `lookup`: greedy just-in-time drafts take the context
         lookup's token where it has one."""
         proposals, hits, misses = {}, {}, {}
@@ -102,11 +102,25 @@ class SsdDrafter(Drafter):
                 proposals[seq] = Proposal(branch.tokens[:k], None if branch.probs is None else branch.probs[:k])
             elif backup == "fast" and k > 0:
                 self.mirror(seq)
-                proposals[seq] = fast_guess(seq, k, self.runner.model.args.vocab_size)
+                proposals[seq] = self._fast_guess(seq, k)
             else:
                 misses[seq] = k
         proposals |= self.propose(misses, draft_temperature, lookup)
         return proposals, hits
+
+    def _fast_guess(self, seq: Sequence, k: int) -> Proposal:
+        """The fast backup: k tokens from the context lookup (engine.lookup), each after the ones guessed before
+        it, the last token repeated where the context has no match; no draft cost. Sampled requests get one-hot
+        q rows, which keep the rejection rule exact (a token proposed with certainty is accepted with
+        probability p(x), and the residual then excludes it)."""
+        committed, guess = self.seqs[seq.seq_id].token_ids, []
+        for _ in range(k):
+            token = self.lookups.guess(seq.seq_id, committed, guess)
+            guess.append((guess or committed)[-1] if token is None else token)
+        vocab_size = self.runner.model.args.vocab_size
+        probs = None if seq.params.is_greedy else [torch.nn.functional.one_hot(torch.tensor(t), vocab_size).float()
+                                                   for t in guess]
+        return Proposal(guess, probs)
 
     # -- building the cache ------------------------------------------------------------------------
     def build_cache(
@@ -222,27 +236,6 @@ class SsdDrafter(Drafter):
         if region is not None:
             self.free_regions.append(region)
         super().finish(seq)
-
-
-def fast_guess(seq: Sequence, k: int, vocab_size: int) -> Proposal:
-    """The fast backup: the k tokens that followed the latest earlier occurrence of the last two tokens
-    (prompt lookup), padded by repeating the last token, at no draft cost. Sampled requests get one-hot q
-    rows, which keep the rejection rule exact (a token proposed with certainty is accepted with
-    probability p(x), and the residual then excludes it)."""
-    ids = seq.token_ids
-    guess: list[int] = []
-    for n in (2, 1):
-        tail = ids[-n:]
-        for start in range(len(ids) - n - 1, -1, -1):
-            if ids[start : start + n] == tail:
-                guess = ids[start + n : start + n + k]
-                break
-        if guess:
-            break
-    guess = (guess + [ids[-1]] * k)[:k]
-    probs = None if seq.params.is_greedy else [torch.nn.functional.one_hot(torch.tensor(t), vocab_size).float()
-                                               for t in guess]
-    return Proposal(guess, probs)
 
 
 def _pad_rows(branches: list, limit: dict) -> list:
