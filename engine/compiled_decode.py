@@ -6,9 +6,10 @@ weights in ~17 ms. `torch.compile` (inductor, C++ wrapper) turns the whole forwa
 matmuls stay MKL's, the norms, rotary and SiLU*up become fused C++ loops, and only attention's key count
 changes from step to step (one symbolic size, so one graph serves every length).
 
-Only the model's own forward is compiled (the LM head and sampling stay eager, as with CUDA graphs).
-Anything else (prefill, verification rows, batches, keys in scattered blocks) runs eagerly. A machine
-without a working C++ toolchain falls back to eager with one warning, at start-up.
+Only the model's own forward is compiled (the LM head and sampling stay eager, as with CUDA graphs). With
+`rows`, a second graph runs several causal query rows of one sequence (verification, prefill, a draft's
+catch-up). Batches, masked rows (SSD branches) and keys in scattered blocks run eagerly. A machine without a
+working C++ toolchain, or a compile that fails later, falls back to eager with one warning.
 """
 
 from __future__ import annotations
@@ -77,8 +78,7 @@ class CompiledDecode:
         self.available = isinstance(backend, SdpaBackend) and torch.device(device).type == "cpu"
         self.rows = rows
         self.backend = SliceSdpa(backend) if self.available else None
-        self.device = device
-        self.step = torch.compile(forward, fullgraph=True, options={"cpp_wrapper": True})
+        self.step = torch.compile(forward, fullgraph=True, options={"cpp_wrapper": True}) if self.available else None
         self.num_runs = 0  # tests check that the compiled path really ran
         # Every model in the process shares CausalLM.forward's graph cache: a target and a draft take 2 graphs each
         dynamo_config = torch._dynamo.config
