@@ -43,7 +43,8 @@ def build_drafter(spec: DraftSpec) -> SsdDrafter:
     if files.config.get("embedding_from_target") and spec.target_path is not None:
         borrowed = inspect_model_dir(Path(spec.target_path)).weight_files
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
-                        device=device, embedding_files=borrowed, k_major=spec.fast.k_major)
+                        device=device, embedding_files=borrowed, k_major=spec.fast.k_major,
+                        packed=spec.fast.packed)
     runner = ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
                          block_size=spec.block_size, device=device, dtype=dtype,
                          extra_slots=spec.max_num_seqs * SCRATCH_SLOTS,
@@ -60,7 +61,8 @@ def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
     collective = group if spec.nccl_port is None else \
         make_collective_group(spec.nccl_port, spec.rank, spec.tp, device, WORKER_TIMEOUT)
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
-                        device=device, tp=TensorParallel(spec.rank, spec.tp, collective), k_major=spec.fast.k_major)
+                        device=device, tp=TensorParallel(spec.rank, spec.tp, collective), k_major=spec.fast.k_major,
+                        packed=spec.fast.packed)
     return ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
                        block_size=spec.block_size, device=device, dtype=dtype,
                        **fast_kwargs(spec.fast, device, tp=spec.tp, max_keys=spec.max_model_len))

@@ -24,6 +24,7 @@ class FastPath:
     eager: bool = False
     compile: bool = False
     k_major: bool = True  # CPU: matmul weights stored K-major (engine.layers.linear.to_k_major); False: as loaded
+    packed: bool = False  # CPU: MKL-packed weight copies for 2-8-row steps (engine.layers.packed)
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,13 @@ class EngineConfig:
     eager: bool = False              # CUDA: no decode CUDA graphs
     compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward
     k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
+    packed_weights: bool = True      # CPU with a draft: MKL-packed weight copies for verify-sized steps (more memory)
 
     @property
     def fast_path(self) -> FastPath:
-        return FastPath(self.attention, self.eager, self.compile, self.k_major_weights)
+        # only speculation runs several-row steps often enough to pay for the packed copies' memory
+        return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
+                        packed=self.packed_weights and self.draft is not None)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:

@@ -116,7 +116,8 @@ class LLM:
             tp = TensorParallel(0, placement.tp, collective)
         log.info("loading %s (%s) on %s", config.target, self.model_path, self.device)
         model = build_model(files.config, files.weight_files, max_positions=self.max_model_len, dtype=dtype,
-                            device=self.device, tp=tp, k_major=config.k_major_weights)
+                            device=self.device, tp=tp, k_major=config.k_major_weights,
+                            packed=config.fast_path.packed)
         self.model_args = model.args
         kwargs = dict(num_blocks=num_blocks, block_size=config.block_size, device=self.device, dtype=dtype,
                       **fast_kwargs(config.fast_path, self.device, tp=placement.tp, max_keys=self.max_model_len,

@@ -15,6 +15,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.errors import ModelFilesError
 from engine.layers.linear import to_k_major
+from engine.layers.packed import pack_weights
 from engine.layers.parallel import SINGLE, TensorParallel
 from engine.models.args import ModelArgs
 from engine.models.llama import PACKED, CausalLM
@@ -98,6 +99,7 @@ def _missing(model: CausalLM, loaded: set[str]) -> list[str]:
 def build_model(
     config: dict, weight_files: Iterable[Path], *, max_positions: int, dtype: torch.dtype,
     device: torch.device, tp: TensorParallel = SINGLE, embedding_files: Iterable[Path] = (), k_major: bool = True,
+    packed: bool = False,
 ) -> CausalLM:
     args = ModelArgs.from_hf_config(config)
     with torch.device(device):
@@ -107,4 +109,6 @@ def build_model(
     load_weights(model, list(weight_files), embedding_files)
     if k_major and torch.device(device).type == "cpu":
         to_k_major(model)
+    if packed and torch.device(device).type == "cpu":
+        pack_weights(model)
     return model.eval()

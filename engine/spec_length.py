@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Extra verify time per extra query row, as a share of a one-row step. CPU: measured on the 2-core AVX-512 box,
-# SmolLM2-135M on one core: 48.2 ms for 1 row, 73.0 ms for 5 (0.13 per row). CUDA: not measured yet (a decode
-# step is bandwidth-bound far beyond 5 rows, so a small share is assumed).
-ROW_COST = {"cpu": 0.13, "cuda": 0.02}
+# SmolLM2-135M on one core, in SD rounds with the packed weights (engine.layers.packed): 52.2 ms for 2 rows and
+# 67.6 ms for 5, against 46-48 ms for one (0.12 per row; without the packed weights 58.1 and 74.0 ms). CUDA: not
+# measured yet (a decode step is bandwidth-bound far beyond 5 rows, so a small share is assumed).
+ROW_COST = {"cpu": 0.12, "cuda": 0.02}
 
 
 def expected_tokens(acceptance: float, k: int) -> float:

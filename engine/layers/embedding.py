@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelFilesError
+from engine.layers.packed import linear
 from engine.layers.parallel import SINGLE, TensorParallel
 
 
@@ -39,8 +40,10 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits over the vocabulary: each rank scores its slice, then slices are gathered."""
 
+    packed: torch.Tensor | None = None  # the weight's MKL-packed copy for few-row steps (engine.layers.packed)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, D] -> [N, V]
-        logits = self.tp.all_gather_last_dim(F.linear(hidden, self.weight))
+        logits = self.tp.all_gather_last_dim(linear(hidden, self))
         return logits[..., : self.vocab_size] if self.tp.size > 1 else logits
 
 
@@ -50,6 +53,8 @@ class ReducedLMHead(nn.Module):
     [Vr, D] kept rows plus ``lm_head.vocab_ids`` [Vr], the token of each row. A draft only proposes tokens
     (the target verifies them), so exactness never depends on this; a cheaper head is what lets a small
     draft build SSD's branch tree within one verify."""
+
+    packed: torch.Tensor | None = None  # as in ParallelLMHead
 
     def __init__(self, vocab_size: int, dim: int):
         super().__init__()
@@ -81,6 +86,6 @@ class ReducedLMHead(nn.Module):
                                   f"rows (distinct ids below {self.vocab_size}): the draft's files are corrupt")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, D] -> [N, V]
-        scores = F.linear(hidden, self.weight)  # [N, Vr]
+        scores = linear(hidden, self)  # [N, Vr]
         logits = scores.new_full((hidden.shape[0], self.vocab_size), float("-inf"))
         return logits.index_copy_(1, self.vocab_ids, scores)

@@ -8,9 +8,9 @@ a full (unsharded) checkpoint tensor, so a checkpoint is sliced per TP rank at l
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.packed import linear
 from engine.layers.parallel import SINGLE, TensorParallel
 
 
@@ -20,6 +20,8 @@ def _param(*shape: int) -> nn.Parameter:
 
 class ColumnParallelLinear(nn.Module):
     """y = x W^T with W split by output rows: each rank computes a slice of y."""
+
+    packed: torch.Tensor | None = None  # the weight's MKL-packed copy for few-row steps (engine.layers.packed)
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, tp: TensorParallel = SINGLE):
         super().__init__()
@@ -36,7 +38,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(full.narrow(0, self.tp.rank * rows, rows))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -87,6 +89,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(nn.Module):
     """y = x W^T with W split by input columns: partial sums are all-reduced over ranks."""
 
+    packed: torch.Tensor | None = None  # as in ColumnParallelLinear
+
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, tp: TensorParallel = SINGLE):
         super().__init__()
         self.tp = tp
@@ -101,7 +105,7 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(full.narrow(1, self.tp.rank * self.in_local, self.in_local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(linear(x, self))
         return y if self.bias is None else y + self.bias
 
 
