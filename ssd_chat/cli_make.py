@@ -68,6 +68,9 @@ def distill(
     lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warm-up, then cosine decay).")] = 1e-3,
     loss: Annotated[str, typer.Option(help="ce: cross-entropy on the reply tokens (greedy acceptance, fast); "
                                            "kl: KL to the target's distribution (runs the target per step).")] = "ce",
+    kl_steps: Annotated[int, typer.Option(help="Then this many steps of KL to the target's distribution (it ranks "
+                                               "the draft's other choices: SSD's cache hits).")] = 300,
+    kl_lr: Annotated[float, typer.Option(help="Peak learning rate of the KL steps.")] = 3e-4,
     seed: Annotated[int, typer.Option(help="Seed of the batch order (and of sampled replies).")] = 0,
     max_tokens: Annotated[int, typer.Option(help="Most tokens per target reply.")] = 192,
     temperature: Annotated[float, typer.Option(help="The target's temperature for its replies; 0 = greedy.")] = 0.0,
@@ -86,6 +89,7 @@ def distill(
         config = DistillConfig(
             target=target, out=out, prompts_file=prompts or DISTILL_PROMPTS, max_prompts=max_prompts,
             draft_layers=draft_layers, head_vocab=head_vocab, steps=steps, batch_size=batch_size, lr=lr, loss=loss,
+            kl_steps=kl_steps, kl_lr=kl_lr,
             seed=seed, max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
             eval_prompts=eval_prompts, eval_every=eval_every,
             checkpoint_every=checkpoint_every, threads=threads, resume=resume,

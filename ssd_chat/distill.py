@@ -47,6 +47,8 @@ class DistillConfig:
     batch_size: int = 16
     lr: float = 1e-3
     loss: str = "ce"  # ce: cross-entropy on the (greedy) reply tokens; kl: KL to the target's distribution
+    kl_steps: int = 300  # then KL steps: they teach the draft the target's ranking of its other choices
+    kl_lr: float = 3e-4
     seed: int = 0
     max_tokens: int = 192
     temperature: float = 0.0
@@ -61,13 +63,14 @@ class DistillConfig:
         for name in ("draft_layers", "batch_size", "max_tokens", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("head_vocab", "steps", "seed", "eval_prompts"):
+        for name in ("head_vocab", "steps", "kl_steps", "seed", "eval_prompts"):
             if getattr(self, name) < 0:
                 raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.loss not in ("ce", "kl"):
             raise InvalidParameterError(f"--loss must be ce or kl, got {self.loss!r}")
-        if not self.lr > 0:
-            raise InvalidParameterError(f"--lr must be > 0, got {self.lr}")
+        for name in ("lr", "kl_lr"):
+            if not getattr(self, name) > 0:
+                raise InvalidParameterError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if not 0.0 <= self.temperature <= 100.0:
             raise InvalidParameterError(f"--temperature must be between 0 (greedy) and 100, got {self.temperature}")
         if self.max_prompts is not None and self.max_prompts < 1:
@@ -130,7 +133,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     head_ids = data.head_vocab_ids(train_examples, target.config.vocab_size, config.head_vocab, always=eos_ids)
     draft = init_draft(target, config.draft_layers, head_ids)
     settings = TrainSettings(config.steps, config.batch_size, config.lr, config.seed, config.eval_every,
-                             config.checkpoint_every, config.loss)
+                             config.checkpoint_every, config.loss, config.kl_steps, config.kl_lr)
     pad_id = eos_ids[0] if eos_ids else 0
     result = train(draft, target, train_examples, eval_examples, settings, work, pad_id=pad_id,
                    on_checkpoint=lambda: save_draft(draft, target_dir, out),
@@ -139,10 +142,10 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
         save_draft(draft, target_dir, out)
     target_per_token = sum(p.numel() for p in target.model.layers.parameters()) + target.lm_head.weight.numel()
     return DistillResult(
-        out=out, steps=config.steps, steps_run=result.steps_run, num_examples=len(train_examples),
+        out=out, steps=settings.total_steps, steps_run=result.steps_run, num_examples=len(train_examples),
         num_reply_tokens=sum(len(e.reply_ids) for e in train_examples),
         head_coverage=data.head_coverage(train_examples, head_ids), agreement_before=_logged_agreement(work, 0),
-        agreement=result.agreement if result.agreement is not None else _logged_agreement(work, config.steps),
+        agreement=result.agreement if result.agreement is not None else _logged_agreement(work, settings.total_steps),
         final_loss=result.final_loss, draft_params_per_token=num_params_per_token(draft),
         target_params_per_token=target_per_token, replies_s=replies_s, training_s=time.perf_counter() - started,
     )
@@ -174,8 +177,10 @@ def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataS
     settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings)}
     path = work / "settings.json"
     if config.resume and path.is_file() and (work / "checkpoint.pt").is_file():
-        before = json.loads(path.read_text(encoding="utf-8"))
+        before = {"kl_steps": 0, "kl_lr": config.kl_lr} | json.loads(path.read_text(encoding="utf-8"))  # older runs
         changed = sorted(k for k in settings if before.get(k) != settings[k])
+        if set(changed) <= {"kl_steps", "kl_lr"} and _last_logged_step(work) <= config.steps:
+            changed = []  # a KL stage (re)planned while the run has not started it: the steps before are the same
         if changed:
             flags = ", ".join(f"--{k.replace('_', '-')} ({before.get(k)!r} before)" for k in changed)
             raise InvalidParameterError(f"{work.parent} holds a run with other settings: {flags}; give the same "
@@ -195,6 +200,17 @@ def _eos_ids(target) -> list[int]:
             if token not in ids:
                 ids.append(int(token))
     return ids
+
+
+def _last_logged_step(work: Path) -> int:
+    """The last step in the log (never before the checkpoint's: the log is cut back to it only on resume)."""
+    path, last = work / "log.jsonl", 0
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            last = max(last, int(json.loads(line)["step"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # a line cut short by an interruption
+            continue
+    return last
 
 
 def _logged_agreement(work: Path, step: int) -> float | None:

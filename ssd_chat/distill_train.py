@@ -39,6 +39,12 @@ class TrainSettings:
     eval_every: int
     checkpoint_every: int
     loss: str = "ce"  # "ce" | "kl"
+    kl_steps: int = 0      # then this many KL steps, fresh AdamW moments, their own warm-up and decay to kl_lr
+    kl_lr: float = 3e-4
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps + self.kl_steps
 
 
 @dataclass(frozen=True)
@@ -102,12 +108,17 @@ def pad_batch(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, t
 
 
 def lr_at(step: int, settings: TrainSettings) -> float:
-    """Linear warm-up, then cosine decay to MIN_LR_FRACTION of the peak."""
-    warmup = max(1, int(WARMUP_FRACTION * settings.steps))
+    """Per stage (the main steps, then the KL steps): linear warm-up, then cosine decay to MIN_LR_FRACTION of the
+    stage's peak."""
+    if step >= settings.steps:
+        step, steps, peak = step - settings.steps, settings.kl_steps, settings.kl_lr
+    else:
+        steps, peak = settings.steps, settings.lr
+    warmup = max(1, int(WARMUP_FRACTION * steps))
     if step < warmup:
-        return settings.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, settings.steps - warmup)
-    return settings.lr * (MIN_LR_FRACTION + (1 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (MIN_LR_FRACTION + (1 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @torch.no_grad()
@@ -158,14 +169,17 @@ def train(
         agreement = greedy_agreement(draft, eval_examples, expected)
         _append_log(log_path, {"step": 0, "agreement": round(agreement, 4)})
     recent: list[float] = []
-    progress(start, settings.steps, "")
-    for step in range(start, settings.steps):
+    total = settings.total_steps
+    progress(start, total, "")
+    for step in range(start, total):
         batch = [examples[i] for i in batch_indices(step, settings.batch_size, len(examples), settings.seed)]
         ids, mask = pad_batch(batch, pad_id)
         lr = lr_at(step, settings)
+        if step == settings.steps:
+            optimizer.state.clear()  # the KL stage starts from fresh moments (its gradients are another loss's)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        if settings.loss == "kl":
+        if settings.loss == "kl" or step >= settings.steps:
             loss = kl_loss(draft(ids), target_logits(target, ids, draft.head_ids), mask)
         else:
             hidden = draft.hidden(ids)[mask]  # [N, D]: only the positions that predict a reply token
@@ -175,17 +189,17 @@ def train(
         optimizer.step()
         recent = [*recent[-9:], loss.item()]
         row = {"step": step + 1, "loss": round(recent[-1], 5), "lr": lr, "tokens": int(mask.sum())}
-        if expected and ((step + 1) % settings.eval_every == 0 or step + 1 == settings.steps):
+        if expected and ((step + 1) % settings.eval_every == 0 or step + 1 in (settings.steps, total)):
             agreement = greedy_agreement(draft, eval_examples, expected)
             row["agreement"] = round(agreement, 4)
         _append_log(log_path, row)
-        if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
+        if (step + 1) % settings.checkpoint_every == 0 or step + 1 in (settings.steps, total):
             _save(checkpoint, draft, optimizer, step + 1)
             on_checkpoint()
-        progress(step + 1, settings.steps, f"loss {recent[-1]:.3f}" + (
+        progress(step + 1, total, f"loss {recent[-1]:.3f}" + (
             f"  agreement {agreement:.2f}" if agreement is not None else ""))
     final_loss = sum(recent) / len(recent) if recent else None
-    return TrainResult(steps_run=settings.steps - start, final_loss=final_loss, agreement=agreement)
+    return TrainResult(steps_run=total - start, final_loss=final_loss, agreement=agreement)
 
 
 def _save(path: Path, draft: DraftModel, optimizer: torch.optim.Optimizer, step: int) -> None:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
-from engine.errors import ModelFilesError
+from engine.errors import InvalidParameterError, ModelFilesError
 from ssd_chat import cli
 from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, run_distill
 from ssd_chat.distill_model import load_hf_draft
@@ -23,7 +23,7 @@ from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 runner = CliRunner()
 NUM_PROMPTS, MAX_TOKENS = 48, 48
 TRAIN_ARGS = ["--draft-layers", "1", "--head-vocab", "200", "--batch-size", "4", "--lr", "3e-3", "--max-tokens",
-              str(MAX_TOKENS), "--eval-prompts", "4", "--eval-every", "50", "--checkpoint-every", "100"]
+              str(MAX_TOKENS), "--eval-prompts", "4", "--eval-every", "50", "--checkpoint-every", "100", "--kl-steps", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -126,29 +126,44 @@ class _Interrupt(Exception):
     pass
 
 
-def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tiny_llama_dir, prompts_file, tmp_path):
-    def config(out: Path) -> DistillConfig:
-        return DistillConfig(target=str(tiny_llama_dir), out=out, prompts_file=prompts_file, draft_layers=1,
-                             head_vocab=200, steps=8, batch_size=4, lr=3e-3, max_tokens=MAX_TOKENS, eval_prompts=4,
-                             eval_every=2, checkpoint_every=3)
+def _config(target: Path, prompts_file: Path, out: Path, **kw) -> DistillConfig:
+    return DistillConfig(target=str(target), out=out, prompts_file=prompts_file, draft_layers=1, head_vocab=200,
+                         batch_size=4, lr=3e-3, max_tokens=MAX_TOKENS, eval_prompts=4, eval_every=2,
+                         checkpoint_every=3, **{"steps": 5, "kl_steps": 3} | kw)
 
-    def stop_at_step_5(phase: str, done: int, total: int, detail: str) -> None:
-        if phase == "training" and done == 5:
+
+def _same_weights(a: Path, b: Path) -> bool:
+    first, second = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return first.keys() == second.keys() and all(torch.equal(first[name], second[name]) for name in first)
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tiny_llama_dir, prompts_file, tmp_path):
+    def stop_at_step_7(phase: str, done: int, total: int, detail: str) -> None:
+        if phase == "training" and done == 7:
             raise _Interrupt
 
-    run_distill(config(tmp_path / "whole"), lambda *_: None)
-    with pytest.raises(_Interrupt):
-        run_distill(config(tmp_path / "resumed"), stop_at_step_5)
+    run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "whole"), lambda *_: None)
+    with pytest.raises(_Interrupt):  # in the KL stage (steps 6-8), after its first checkpoint (step 6)
+        run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "resumed"), stop_at_step_7)
     data = tmp_path / "resumed" / "distill" / "data.jsonl"
     cached = data.read_bytes()
-    result = run_distill(config(tmp_path / "resumed"), lambda *_: None)
-    assert result.steps_run == 5  # from the checkpoint at step 3
+    result = run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "resumed"), lambda *_: None)
+    assert result.steps_run == 2  # from the checkpoint at step 6
     assert data.read_bytes() == cached  # the replies were not generated again
-    whole, resumed = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "resumed"))
-    assert whole.keys() == resumed.keys()
-    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+    assert _same_weights(tmp_path / "whole", tmp_path / "resumed")
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "distill" / "log.jsonl").open()]
-    assert steps == list(range(9))  # steps 4-5 were logged, dropped, and redone once
+    assert steps == list(range(9))  # step 7 was logged, dropped, and redone once
+
+
+def test_a_kl_stage_added_to_a_finished_run_continues_it(tiny_llama_dir, prompts_file, tmp_path):
+    run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "both"), lambda *_: None)
+    run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "later", kl_steps=0), lambda *_: None)
+    assert not _same_weights(tmp_path / "both", tmp_path / "later")  # the KL steps change the draft
+    result = run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "later"), lambda *_: None)
+    assert result.steps_run == 3 and result.steps == 8
+    assert _same_weights(tmp_path / "both", tmp_path / "later")
+    with pytest.raises(InvalidParameterError, match="--kl-steps"):  # once in the KL stage, it is fixed
+        run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "later", kl_steps=4), lambda *_: None)
 
 
 def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_path):
