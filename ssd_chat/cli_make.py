@@ -69,7 +69,7 @@ def distill(
     loss: Annotated[str, typer.Option(help="ce: cross-entropy on the reply tokens (greedy acceptance, fast); "
                                            "kl: KL to the target's distribution (runs the target per step).")] = "ce",
     kl_steps: Annotated[int, typer.Option(help="Then this many steps of KL to the target's distribution (it ranks "
-                                               "the draft's other choices: SSD's cache hits).")] = 300,
+                                               "the draft's other choices: SSD's cache hits).")] = 400,
     kl_lr: Annotated[float, typer.Option(help="Peak learning rate of the KL steps.")] = 3e-4,
     seed: Annotated[int, typer.Option(help="Seed of the batch order (and of sampled replies).")] = 0,
     max_tokens: Annotated[int, typer.Option(help="Most tokens per target reply.")] = 192,

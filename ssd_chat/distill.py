@@ -47,7 +47,7 @@ class DistillConfig:
     batch_size: int = 16
     lr: float = 1e-3
     loss: str = "ce"  # ce: cross-entropy on the (greedy) reply tokens; kl: KL to the target's distribution
-    kl_steps: int = 300  # then KL steps: they teach the draft the target's ranking of its other choices
+    kl_steps: int = 400  # then KL steps: they teach the draft the target's ranking of its other choices
     kl_lr: float = 3e-4
     seed: int = 0
     max_tokens: int = 192
