@@ -58,9 +58,10 @@ class EngineConfig:
 
     @property
     def fast_path(self) -> FastPath:
-        # only speculation runs several-row steps often enough to pay for the packed copies' memory
+        # only speculation runs several-row steps often enough to pay for the packed copies' memory, and the
+        # compiled steps (--compile) run their own GEMMs
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
-                        packed=self.packed_weights and self.draft is not None)
+                        packed=self.packed_weights and self.draft is not None and not self.compile)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:

@@ -4,9 +4,10 @@ Recipe: (1) the target answers a prompt set (``assets/prompts/distill.jsonl``; a
 our engine; (2) the draft starts as the target's embedding, first ``draft_layers`` layers and norm, and a head
 restricted to the ``head_vocab`` tokens most frequent in those replies; (3) it is trained with AdamW,
 teacher-forced on the replies, on cross-entropy with the reply tokens (``ce``) or on KL(target || draft) over
-the kept tokens (``kl``). The output directory is a compact draft directory (``--draft DIR``, see
-``distill_model``); ``DIR/distill/`` holds the run: settings, reply cache, checkpoint and log. The defaults
-are the recipe of the shipped ``smollm2-135m-draft``.
+the kept tokens (``kl``), then for ``kl_steps`` more steps on KL (after ``--steps 0``, none). The output
+directory is a compact draft directory (``--draft DIR``, see ``distill_model``); ``DIR/distill/`` holds the
+run: settings, reply cache, checkpoint and log. The defaults are the recipe of the shipped
+``smollm2-135m-draft``.
 Data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train``.
 """
 
@@ -133,7 +134,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     head_ids = data.head_vocab_ids(train_examples, target.config.vocab_size, config.head_vocab, always=eos_ids)
     draft = init_draft(target, config.draft_layers, head_ids)
     settings = TrainSettings(config.steps, config.batch_size, config.lr, config.seed, config.eval_every,
-                             config.checkpoint_every, config.loss, config.kl_steps, config.kl_lr)
+                             config.checkpoint_every, config.loss, config.kl_steps if config.steps else 0, config.kl_lr)
     pad_id = eos_ids[0] if eos_ids else 0
     result = train(draft, target, train_examples, eval_examples, settings, work, pad_id=pad_id,
                    on_checkpoint=lambda: save_draft(draft, target_dir, out),
@@ -179,7 +180,7 @@ def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataS
     if config.resume and path.is_file() and (work / "checkpoint.pt").is_file():
         before = {"kl_steps": 0, "kl_lr": config.kl_lr} | json.loads(path.read_text(encoding="utf-8"))  # older runs
         changed = sorted(k for k in settings if before.get(k) != settings[k])
-        if set(changed) <= {"kl_steps", "kl_lr"} and _last_logged_step(work) <= config.steps:
+        if set(changed) <= {"kl_steps", "kl_lr"} and _checkpoint_step(work) <= config.steps:
             changed = []  # a KL stage (re)planned while the run has not started it: the steps before are the same
         if changed:
             flags = ", ".join(f"--{k.replace('_', '-')} ({before.get(k)!r} before)" for k in changed)
@@ -202,15 +203,8 @@ def _eos_ids(target) -> list[int]:
     return ids
 
 
-def _last_logged_step(work: Path) -> int:
-    """The last step in the log (never before the checkpoint's: the log is cut back to it only on resume)."""
-    path, last = work / "log.jsonl", 0
-    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
-        try:
-            last = max(last, int(json.loads(line)["step"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # a line cut short by an interruption
-            continue
-    return last
+def _checkpoint_step(work: Path) -> int:
+    return int(torch.load(work / "checkpoint.pt", weights_only=True, map_location="cpu")["step"])
 
 
 def _logged_agreement(work: Path, step: int) -> float | None:

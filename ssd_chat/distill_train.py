@@ -5,6 +5,9 @@ target's top choice, the very token a greedy draft must propose to be accepted, 
 acceptance directly and needs no forward pass of the target (about 3x faster per step than ``kl`` with a
 4-layer draft of a 30-layer target). ``kl`` is KL(target || draft) over the kept vocabulary: the target runs
 on every batch; it also matches the target's distribution where the reply token is not its top choice.
+After ``steps`` steps of the chosen loss, ``kl_steps`` steps of ``kl`` (fresh AdamW moments, their own warm-up
+and decay to ``kl_lr``): cross-entropy on greedy replies teaches the top choice and leaves the ranking of the
+others poor, which SSD's fan-out (the draft's next-best tokens) depends on.
 
 Deterministic and resumable: the examples of step s are a pure function of (seed, s) (one seeded permutation
 per epoch), and a checkpoint holds the trained tensors, the optimizer and the step, so a run resumed from
@@ -156,7 +159,7 @@ def train(
     settings: TrainSettings, work_dir: Path, *, pad_id: int, on_checkpoint: Callable[[], None],
     progress: Callable[[int, int, str], None],
 ) -> TrainResult:
-    """Train ``draft`` up to ``settings.steps``, resuming from ``work_dir``'s checkpoint when there is one."""
+    """Train ``draft`` up to ``settings.total_steps``, resuming from ``work_dir``'s checkpoint when there is one."""
     checkpoint, log_path = work_dir / "checkpoint.pt", work_dir / "log.jsonl"
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=WEIGHT_DECAY)

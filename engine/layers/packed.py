@@ -32,7 +32,8 @@ PACK_HINT = 8  # the row count MKL is told to pack for; any row count may then u
 
 
 def available() -> bool:
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    return torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available() \
+        and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
 def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -41,7 +42,7 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     if torch.compiler.is_compiling():  # a compiled step keeps its own GEMM and never sees the packed copy
         return F.linear(x, module.weight, bias)
     rows = x.numel() // x.shape[-1]
-    if module.packed is None or not 2 <= rows <= MAX_ROWS:
+    if module.packed is None or not 2 <= rows <= MAX_ROWS or x.shape[-1] != module.weight.shape[1]:
         return F.linear(x, module.weight, bias)
     # the last argument is the row count the packed weight is used for (the packing hint is only a hint)
     return torch.ops.mkl._mkl_linear(x, module.packed, module.weight, bias, rows)
@@ -63,26 +64,36 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor) -> bool:
 
 
 def pack_weights(model: nn.Module) -> int:
-    """Give every matmul module of a float32 CPU model a ``packed`` copy of its weight (modules sharing a weight
-    share the copy). Returns the number of weights packed: 0 when MKL is missing, the model is not float32 on
-    the CPU, or the first weight's products differ from the plain GEMM's."""
+    """Give every bias-free matmul module of a float32 CPU model a ``packed`` copy of its weight (modules sharing
+    a weight share the copy; a bias is added in another order than F.linear's, so those modules stay unpacked).
+    Returns the number of weights packed: 0 when MKL is missing, the model is not float32 on the CPU, or the
+    packed products differ from the plain GEMM's for any weight shape (checked once per shape)."""
     from engine.layers.embedding import ParallelLMHead, ReducedLMHead
     from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
 
     kinds = (ColumnParallelLinear, RowParallelLinear, ParallelLMHead, ReducedLMHead)
-    modules = [m for m in model.modules() if isinstance(m, kinds) and m.weight.numel() > 0]
+    modules = [m for m in model.modules() if isinstance(m, kinds) and m.weight.numel() > 0
+               and getattr(m, "bias", None) is None]
     if not available() or not modules:
         return 0
     first = modules[0].weight
     if first.device.type != "cpu" or first.dtype != torch.float32:
         return 0
     copies: dict[int, torch.Tensor] = {}
+    checked: set[tuple[int, ...]] = set()
     for module in modules:
-        key = id(module.weight)
+        key, shape = id(module.weight), (*module.weight.shape, *module.weight.stride())
         if key not in copies:
             copies[key] = pack(module.weight)
-            if len(copies) == 1 and not same_products(module.weight, copies[key]):
-                log.info("MKL's packed GEMM does not reproduce the plain one here: few-row steps stay unpacked")
+            if shape not in checked and not same_products(module.weight, copies[key]):
+                log.info("MKL's packed GEMM does not reproduce the plain one for a %s weight here: few-row steps "
+                         "stay unpacked", tuple(module.weight.shape))
+                for m in modules:
+                    m.packed = None
                 return 0
+            checked.add(shape)
         module.packed = copies[key]
+    weights = {id(m.weight): m.weight for m in modules}.values()
+    log.info("packed %d weights for few-row steps (about %.0f MB more)", len(copies),
+             sum(w.numel() * w.element_size() for w in weights) / 1e6)
     return len(copies)

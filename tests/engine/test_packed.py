@@ -36,6 +36,25 @@ def test_packed_products_equal_the_plain_gemm_bit_for_bit(n, k):
     assert torch.equal(layer(x3), F.linear(x3, layer.weight))
 
 
+def test_only_two_to_eight_rows_take_the_packed_copy():
+    layer = _k_major_layer(96, 64, seed=3)
+    layer.packed = packed.pack(layer.weight * 2)  # a copy that is visibly not the weight
+    for rows in range(1, 12):
+        x = torch.randn(rows, 64)
+        expected = F.linear(x, layer.weight) * (2 if 2 <= rows <= packed.MAX_ROWS else 1)
+        assert torch.allclose(layer(x), expected, atol=1e-4), rows
+    x = torch.randn(64, 4).t()  # a non-contiguous [4, 64] input
+    assert torch.allclose(layer(x), F.linear(x, layer.weight) * 2, atol=1e-4)
+
+
+def test_layers_with_a_bias_stay_unpacked():
+    with_bias, without = ColumnParallelLinear(32, 48, bias=True), _k_major_layer(48, 32, seed=4)
+    with_bias.weight.data, with_bias.bias.data = without.weight.data.clone(), torch.randn(48)
+    model = torch.nn.ModuleList([with_bias, without])
+    assert packed.pack_weights(model) == 1
+    assert with_bias.packed is None and without.packed is not None
+
+
 def _run(model_dir, packed_weights: bool) -> tuple[dict[str, list[list[int]]], int, int]:
     llm = LLM(target=str(model_dir), draft=str(model_dir), packed_weights=packed_weights)
     try:
@@ -46,7 +65,10 @@ def _run(model_dir, packed_weights: bool) -> tuple[dict[str, list[list[int]]], i
         outputs = {}
         for mode in ("ar", "sd", "ssd"):
             llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
-            outputs[mode] = [out.token_ids for out in llm.generate(PROMPTS, greedy)]
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                outputs[mode] = [out.token_ids for out in llm.generate(PROMPTS, greedy)]
+            packed_calls = sum(e.count for e in prof.key_averages() if e.key == "mkl::_mkl_linear")
+            assert (packed_calls > 0) == packed_weights, (mode, packed_calls)  # 3 requests: even AR steps have 3 rows
         return outputs, count, draft_count
     finally:
         llm.close()

@@ -23,7 +23,8 @@ from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 runner = CliRunner()
 NUM_PROMPTS, MAX_TOKENS = 48, 48
 TRAIN_ARGS = ["--draft-layers", "1", "--head-vocab", "200", "--batch-size", "4", "--lr", "3e-3", "--max-tokens",
-              str(MAX_TOKENS), "--eval-prompts", "4", "--eval-every", "50", "--checkpoint-every", "100", "--kl-steps", "0"]
+              str(MAX_TOKENS), "--eval-prompts", "4", "--eval-every", "50", "--checkpoint-every", "100",
+              "--kl-steps", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +154,8 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tiny_llama_
     assert _same_weights(tmp_path / "whole", tmp_path / "resumed")
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "distill" / "log.jsonl").open()]
     assert steps == list(range(9))  # step 7 was logged, dropped, and redone once
+    moments = torch.load(tmp_path / "whole" / "distill" / "checkpoint.pt", weights_only=True)["optimizer"]["state"]
+    assert {int(state["step"]) for state in moments.values()} == {3}  # AdamW restarted with the KL stage
 
 
 def test_a_kl_stage_added_to_a_finished_run_continues_it(tiny_llama_dir, prompts_file, tmp_path):
@@ -164,6 +167,8 @@ def test_a_kl_stage_added_to_a_finished_run_continues_it(tiny_llama_dir, prompts
     assert _same_weights(tmp_path / "both", tmp_path / "later")
     with pytest.raises(InvalidParameterError, match="--kl-steps"):  # once in the KL stage, it is fixed
         run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "later", kl_steps=4), lambda *_: None)
+    untrained = run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "none", steps=0), lambda *_: None)
+    assert untrained.steps == 0 and untrained.steps_run == 0  # --steps 0: the untrained draft, no KL stage
 
 
 def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_path):
