@@ -12,9 +12,10 @@ box, SmolLM2-135M's matmuls on one core (ms, plain K-major GEMM / packed):
 so only 2..MAX_ROWS rows take the packed path (one row keeps the GEMV; more rows are faster unpacked).
 
 The products are the K-major GEMM's, bit for bit (the same MKL kernel, minus the copy): `pack_weights` checks
-this on the model's first weight and packs nothing where it does not hold (another MKL, weights not K-major),
-so exactness never depends on this path. The cost is memory: the packed copies are about the size of the
-float32 weights, so the CPU engine packs only models that run several-row steps (see `engine.llm`).
+this once per weight shape and packs nothing where it does not hold (another MKL, weights not K-major), and
+leaves layers with a bias unpacked (MKL adds it in another order), so this path never changes a token. The cost
+is memory: the packed copies are about the size of the float32 weights, so the engine packs only when a draft
+is loaded and the steps are not compiled (``EngineConfig.fast_path``).
 """
 
 from __future__ import annotations
