@@ -82,10 +82,12 @@ def pack_weights(model: nn.Module) -> int:
         return 0
     copies: dict[int, torch.Tensor] = {}
     checked: set[tuple[int, ...]] = set()
+    packed_bytes = 0
     for module in modules:
         key, shape = id(module.weight), (*module.weight.shape, *module.weight.stride())
         if key not in copies:
             copies[key] = pack(module.weight)
+            packed_bytes += module.weight.numel() * module.weight.element_size()
             if shape not in checked and not same_products(module.weight, copies[key]):
                 log.info("MKL's packed GEMM does not reproduce the plain one for a %s weight here: few-row steps "
                          "stay unpacked", tuple(module.weight.shape))
@@ -94,7 +96,5 @@ def pack_weights(model: nn.Module) -> int:
                 return 0
             checked.add(shape)
         module.packed = copies[key]
-    weights = {id(m.weight): m.weight for m in modules}.values()
-    log.info("packed %d weights for few-row steps (about %.0f MB more)", len(copies),
-             sum(w.numel() * w.element_size() for w in weights) / 1e6)
+    log.info("packed %d weights for few-row steps (about %.0f MB more)", len(copies), packed_bytes / 1e6)
     return len(copies)
