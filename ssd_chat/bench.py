@@ -62,7 +62,8 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
-            raise BenchInputError("modes sd and ssd need a draft model: pass --draft (e.g. --draft synthetic-draft)")
+            raise BenchInputError("modes sd, ssd and sd-all need a draft model: pass --draft (e.g. --draft"
+                                  " synthetic-draft)")
         unknown = [m for m in self.modes if m not in ENGINE_MODES]
         if unknown or not self.modes:
             raise BenchInputError(
@@ -89,7 +90,9 @@ def run_engine_mode(
     return ModeResult(spec.mode, runs)
 
 
-ENGINE_MODES = ("ar", "sd", "ssd", "ar-all")  # ar-all: AR in one process on every core of the machine
+# ar-all / sd-all: AR / SD in one process with a thread per core of the machine (SD's draft in that process)
+EVERY_CORE = {"ar-all": "ar", "sd-all": "sd"}
+ENGINE_MODES = ("ar", "sd", "ssd", *EVERY_CORE)
 
 
 def run_hf(
@@ -195,12 +198,9 @@ def _run_engine_modes(
               tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, **fast)
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
-        results = [
-            run_engine_mode(llm, SpeculationConfig(mode=mode, k=config.k, fanout=config.fanout, backup=config.backup,
-                                              adaptive_k=config.adaptive_k, lookup=config.lookup),
-                            prompt_ids, config.max_tokens, progress, ignore_eos=config.ignore_eos)
-            for mode in config.modes if mode != "ar-all"
-        ]
+        results = [run_engine_mode(llm, _speculation(config, mode), prompt_ids, config.max_tokens, progress,
+                                   ignore_eos=config.ignore_eos)
+                   for mode in config.modes if mode not in EVERY_CORE]
         layout = llm.layout
         progress("measuring memory bandwidth")
         bandwidth = matvec_bandwidth_gb_s(str(llm.device))
@@ -208,13 +208,22 @@ def _run_engine_modes(
                  "bandwidth_bound_tok_s": round(bandwidth * 1e9 / llm.weight_bytes, 1)}
     finally:
         llm.close()
-    if "ar-all" in config.modes:
+    every = [mode for mode in config.modes if mode in EVERY_CORE]
+    if every:
         progress(f"loading {config.target} on every core")
-        with LLM(target=config.target, threads=os.cpu_count(), enable_prefix_caching=False, **fast) as every_core:
-            result = run_engine_mode(every_core, SpeculationConfig(mode="ar"), prompt_ids, config.max_tokens, progress,
-                                     ignore_eos=config.ignore_eos)
-            results.append(replace(result, mode="ar-all"))
+        draft = config.draft if "sd-all" in every else None
+        with LLM(target=config.target, draft=draft, threads=os.cpu_count(), enable_prefix_caching=False,
+                 **fast) as every_core:
+            for mode in every:
+                result = run_engine_mode(every_core, _speculation(config, EVERY_CORE[mode]), prompt_ids,
+                                         config.max_tokens, progress, ignore_eos=config.ignore_eos)
+                results.append(replace(result, mode=mode))
     return llm.model_path, getattr(llm, "draft_path", None), prompt_ids, results, {**bound, "layout": layout}
+
+
+def _speculation(config: BenchConfig, mode: str) -> SpeculationConfig:
+    return SpeculationConfig(mode=mode, k=config.k, fanout=config.fanout, backup=config.backup,
+                             adaptive_k=config.adaptive_k, lookup=config.lookup)
 
 
 @contextmanager

@@ -229,7 +229,8 @@ def models() -> None:
 def bench(
     target: Target = DEFAULT_TARGET,
     modes: Annotated[
-        str, typer.Option(help="Comma-separated engine modes: ar, sd, ssd, and ar-all (AR on every core).")
+        str, typer.Option(help="Comma-separated engine modes: ar, sd, ssd, and ar-all / sd-all (AR / SD in one"
+                               " process on every core).")
     ] = "ar",
     draft: Draft = None,
     k: K = 4,

@@ -195,15 +195,17 @@ def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
 def test_bench_places_the_draft_in_its_own_process_and_measures_every_core(tiny_llama_dir, tmp_path):
     out = tmp_path / "bench.json"
     tiny = str(tiny_llama_dir)
-    args = ["bench", "--target", tiny, "--draft", tiny, "--modes", "ar,ssd,ar-all", "--k", "3", "--max-tokens", "12",
-            "--limit", "2", "--target-devices", "cpu:0", "--draft-device", "cpu", "--threads", "1", "--json", str(out)]
+    args = ["bench", "--target", tiny, "--draft", tiny, "--modes", "ar,ssd,ar-all,sd-all", "--k", "3",
+            "--max-tokens", "12", "--limit", "2", "--target-devices", "cpu:0", "--draft-device", "cpu",
+            "--threads", "1", "--json", str(out)]
     result = runner.invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {r["mode"]: r for r in report["results"]}
-    assert list(rows) == ["ar", "ssd", "ar-all"]
-    assert rows["ssd"]["identical_to_ar"] and rows["ar-all"]["identical_to_ar"]
+    assert list(rows) == ["ar", "ssd", "ar-all", "sd-all"]
+    assert all(rows[m]["identical_to_ar"] for m in ("ssd", "ar-all", "sd-all"))
     assert rows["ssd"]["cache_hit_rate"] > 0.5
+    assert rows["ar-all"]["tau"] is None and rows["sd-all"]["tau"] > 1.0  # the every-core SD row speculates
     assert "own process" in report["config"]["layout"]["draft"]
 
 
