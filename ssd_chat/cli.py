@@ -148,12 +148,13 @@ def root(
         return
     with user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-        lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
+        app_runs = not plain and sys.stdout.isatty() and sys.stdin.isatty()  # the chat app, where modes switch
+        lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=app_runs)
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
                              compile=compile)
-        if plain or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        if not app_runs:
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
             return
@@ -198,7 +199,7 @@ def ask(
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with user_errors():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
-        lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
+        lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=False)
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
         messages = [{"role": "system", "content": system}] if system is not None else []

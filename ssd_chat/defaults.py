@@ -1,16 +1,17 @@
 """The embedded speculative pair: SmolLM2-135M with the draft shipped in ``assets/`` (``smollm2-135m-draft``).
 
-With the default target, asking for speculation (``--mode sd`` / ``--mode ssd``, or ``--draft
-smollm2-135m-draft``) is enough: the shipped draft is loaded, SSD is the mode unless another is asked for,
-and on two or more cores the target runs on every core but the last and the draft process on the last one
-(core 0 and core 1 on a 2-core machine), so that switching modes in the chat compares them on the same
-cores (AR and SD run on the target's cores, as in the paper's convention). Any explicit choice wins:
-``--target`` another model, ``--draft DIR``, ``--tp``, placements; ``--draft none`` runs the target alone.
+With the default target, the shipped draft is loaded unless the user says otherwise (``--draft none``, another
+``--draft``, ``--mode ar``), and the cores are split by what runs:
 
-``PLAIN_RUNS_SSD`` decides what plain ``ssd-chat`` (no options) does. It is off: the shipped draft does not
-yet beat AR on this CPU (tau about 1.9 on the held-out chat prompts: SSD on two cores only matches AR on one,
-see README's Numbers), so plain ``ssd-chat`` runs AR on every core, the fastest exact choice. Turned on, plain
-``ssd-chat`` runs the pair.
+- plain ``ssd-chat``, ``--mode sd``: SD with the target on every core (one thread per core) and the draft in the
+  target's process, the fastest exact choice on a CPU (on this 2-core VM: 57 tok/s on real replies against 40
+  for AR on both cores and 30 for SSD with a core each, see README's Numbers). In the chat app a draft process
+  waits on the last core, idle, so SSD stays one keystroke away; switched on, it shares that core with the
+  target.
+- ``--mode ssd``: the target on every core but the last and the draft process on the last one (core 0 and
+  core 1 on a 2-core machine); AR and SD, switched to in the chat, run on the target's cores, as in the paper.
+
+Any explicit choice wins: ``--target`` another model, ``--draft DIR``, ``--tp``, placements.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from engine.placement import ranges
 from engine.registry import SHIPPED_DRAFT_ALIAS, SHIPPED_DRAFT_DIR
 
 NO_DRAFT = "none"
-PLAIN_RUNS_SSD = False  # turn on once the shipped draft makes SSD faster than AR (issue 5)
 
 
 @dataclass(frozen=True)
@@ -38,18 +38,21 @@ class Layout:
     draft_device: str | None = None
 
 
-def apply_defaults(given: Layout, cores: list[int] | None = None) -> Layout:
-    """``given`` with the embedded pair filled in where the user asked for speculation and left the rest open."""
+def apply_defaults(given: Layout, cores: list[int] | None = None, ssd_ready: bool = True) -> Layout:
+    """``given`` with the embedded pair filled in where the user left it open. ``ssd_ready``: under SD, start
+    the idle draft process anyway (the chat app, where SSD is a keystroke away; not one-shot answers)."""
     if given.draft is not None and given.draft.lower() == NO_DRAFT:
         return replace(given, draft=None)
-    asks = given.draft == SHIPPED_DRAFT_ALIAS or (given.draft is None and (
-        given.mode in ("sd", "ssd") or (given.mode is None and PLAIN_RUNS_SSD)))
+    asks = given.draft == SHIPPED_DRAFT_ALIAS or (given.draft is None and given.mode != "ar")
     if given.target != DEFAULT_TARGET or not asks or not SHIPPED_DRAFT_DIR.is_dir():
         return given
     cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
     split = len(cores) >= 2 and given.tp == 1 and given.target_devices is None and given.draft_device is None
-    mode = given.mode or ("ssd" if split else "sd")
+    mode = given.mode or "sd"
     if not split:
         return replace(given, draft=SHIPPED_DRAFT_ALIAS, mode=mode)
-    return replace(given, draft=SHIPPED_DRAFT_ALIAS, mode=mode, target_devices=f"cpu:{ranges(cores[:-1])}",
-                   draft_device=f"cpu:{cores[-1]}")
+    if mode == "ssd":  # SSD's draft process gets a core of its own
+        return replace(given, draft=SHIPPED_DRAFT_ALIAS, mode=mode, target_devices=f"cpu:{ranges(cores[:-1])}",
+                       draft_device=f"cpu:{cores[-1]}")
+    return replace(given, draft=SHIPPED_DRAFT_ALIAS, mode=mode, target_devices=f"cpu:{ranges(cores)}",
+                   draft_device=f"cpu:{cores[-1]}" if ssd_ready else None)

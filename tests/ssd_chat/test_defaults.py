@@ -1,5 +1,5 @@
-"""The embedded pair: asking for speculation with the default target gets the shipped draft under SSD with the
-draft on the last core; plain `ssd-chat` stays AR until PLAIN_RUNS_SSD is on; every explicit choice wins."""
+"""The embedded pair: the default target gets the shipped draft; plain `ssd-chat` runs SD on every core, `--mode
+ssd` gives the draft process the last core; `--mode ar`, `--draft none` and every explicit choice win."""
 
 from __future__ import annotations
 
@@ -17,32 +17,38 @@ def shipped(monkeypatch, tmp_path):
     return tmp_path
 
 
-def test_asking_for_speculation_gets_the_shipped_draft_with_the_draft_on_the_last_core(shipped):
-    for given in (Layout(DEFAULT_TARGET, None, "ssd"), Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, None)):
-        two = apply_defaults(given, cores=[0, 1])
-        assert (two.draft, two.mode, two.target_devices, two.draft_device) == \
-            (defaults.SHIPPED_DRAFT_ALIAS, "ssd", "cpu:0", "cpu:1"), given
+def test_ssd_gets_the_shipped_draft_with_the_draft_process_on_a_core_of_its_own(shipped):
+    for given in (Layout(DEFAULT_TARGET, None, "ssd"), Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, "ssd")):
+        for ready in (True, False):
+            two = apply_defaults(given, cores=[0, 1], ssd_ready=ready)
+            assert (two.draft, two.mode, two.target_devices, two.draft_device) == \
+                (defaults.SHIPPED_DRAFT_ALIAS, "ssd", "cpu:0", "cpu:1"), given
     eight = apply_defaults(Layout(DEFAULT_TARGET, None, "ssd"), cores=list(range(8)))
     assert (eight.target_devices, eight.draft_device) == ("cpu:0-6", "cpu:7")
-    # SD, or AR with the shipped draft loaded, keep the same cores, so that the modes compare like for like.
-    for given in (Layout(DEFAULT_TARGET, None, "sd"), Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, "ar")):
-        other = apply_defaults(given, cores=[0, 1])
-        assert (other.draft, other.mode, other.target_devices, other.draft_device) == \
-            (defaults.SHIPPED_DRAFT_ALIAS, given.mode, "cpu:0", "cpu:1"), given
 
 
-def test_plain_ssd_chat_runs_ar_until_the_switch_is_on(shipped, monkeypatch):
-    plain = Layout(DEFAULT_TARGET, None, None)
-    assert apply_defaults(plain, cores=[0, 1]) == plain  # AR on every core: the fastest exact choice today
+def test_plain_ssd_chat_and_sd_run_sd_on_every_core(shipped):
+    for given in (Layout(DEFAULT_TARGET, None, None), Layout(DEFAULT_TARGET, None, "sd"),
+                  Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, None)):
+        two = apply_defaults(given, cores=[0, 1])
+        # The chat app keeps an idle draft process on the last core, so that SSD is one keystroke away.
+        assert (two.draft, two.mode, two.target_devices, two.draft_device) == \
+            (defaults.SHIPPED_DRAFT_ALIAS, "sd", "cpu:0-1", "cpu:1"), given
+        once = apply_defaults(given, cores=[0, 1], ssd_ready=False)  # one-shot answers and the plain mode
+        assert (once.draft, once.mode, once.target_devices, once.draft_device) == \
+            (defaults.SHIPPED_DRAFT_ALIAS, "sd", "cpu:0-1", None), given
+    eight = apply_defaults(Layout(DEFAULT_TARGET, None, None), cores=list(range(8)))
+    assert (eight.target_devices, eight.draft_device) == ("cpu:0-7", "cpu:7")
+
+
+def test_ar_alone_unless_the_draft_is_asked_for(shipped):
     assert apply_defaults(Layout(DEFAULT_TARGET, None, "ar"), cores=[0, 1]) == Layout(DEFAULT_TARGET, None, "ar")
-    monkeypatch.setattr(defaults, "PLAIN_RUNS_SSD", True)
-    on = apply_defaults(plain, cores=[0, 1])
-    assert (on.draft, on.mode, on.target_devices, on.draft_device) == \
-        (defaults.SHIPPED_DRAFT_ALIAS, "ssd", "cpu:0", "cpu:1")
+    with_draft = apply_defaults(Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, "ar"), cores=[0, 1])
+    assert (with_draft.draft, with_draft.mode, with_draft.target_devices, with_draft.draft_device) == \
+        (defaults.SHIPPED_DRAFT_ALIAS, "ar", "cpu:0-1", "cpu:1")
 
 
-def test_one_core_gets_sd_in_one_process(shipped, monkeypatch):
-    monkeypatch.setattr(defaults, "PLAIN_RUNS_SSD", True)
+def test_one_core_keeps_everything_in_one_process(shipped):
     one = apply_defaults(Layout(DEFAULT_TARGET, None, None), cores=[3])
     assert (one.draft, one.mode, one.target_devices, one.draft_device) == \
         (defaults.SHIPPED_DRAFT_ALIAS, "sd", None, None)
@@ -100,7 +106,13 @@ def test_the_cli_hands_the_default_layout_to_the_engine(shipped, monkeypatch):
         assert (seen["target"], seen["draft"], seen["target_devices"], seen["draft_device"]) == \
             (DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, "cpu:0", "cpu:1"), args
         assert seen["speculation"].mode == "ssd", args
-    for args in (["ask", "hi"], ["ask", "hi", "--draft", "none"]):
+    for args in (["--plain"], ["ask", "hi"]):  # no chat app to switch modes in: no idle draft process
+        seen.clear()
+        CliRunner().invoke(cli.app, args)
+        assert (seen["draft"], seen["target_devices"], seen["draft_device"]) == \
+            (defaults.SHIPPED_DRAFT_ALIAS, "cpu:0-1", None), args
+        assert seen["speculation"].mode == "sd", args
+    for args in (["ask", "hi", "--draft", "none"], ["ask", "hi", "--mode", "ar"]):
         seen.clear()
         CliRunner().invoke(cli.app, args)
         assert seen["draft"] is None and seen["speculation"].mode == "ar" and seen["draft_device"] is None, args
