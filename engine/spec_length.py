@@ -6,10 +6,12 @@ over k + 1 query rows plus the drafting the target waits for:
 
     cost(k) = v1 * (1 + row_cost * k) + k * d
 
-v1 is the verify time of one row and row_cost the extra time of each further row as a share of it (a device
-constant: a CPU's small GEMMs grow with the rows, a GPU's barely do); d is the measured target wait for drafts
-per drafted token (SD: the whole drafting; SSD: only the misses' just-in-time drafts). v1 and d are moving
-averages of the rounds this engine ran. A weak draft then drafts fewer tokens, and a strong one the full k.
+v1 is the verify time of one row and row_cost the extra time of each further row as a share of it (a CPU's
+small GEMMs grow with the rows, a GPU's barely do; it also changes with the threads, the packed weights and
+--compile, so it is fitted to the measured verify times: RowCostFit, from a per-device prior); d is the
+measured target wait for drafts per drafted token (SD: the whole drafting; SSD: only the misses' just-in-time
+drafts). v1 and d are moving averages of the rounds this engine ran. A weak draft then drafts fewer tokens, and
+a strong one the full k.
 Exactness never depends on k: verification is the same for any proposal length.
 """
 
@@ -17,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Extra verify time per extra query row, as a share of a one-row step. CPU: measured on the 2-core AVX-512 box,
-# SmolLM2-135M on one core, in SD rounds with the packed weights (engine.layers.packed): 52.2 ms for 2 rows and
-# 67.6 ms for 5, against 46-48 ms for one (0.12 per row; without the packed weights 58.1 and 74.0 ms). CUDA: not
-# measured yet (a decode step is bandwidth-bound far beyond 5 rows, so a small share is assumed).
+# The prior of RowCostFit: extra verify time per extra query row, as a share of a one-row step. CPU: measured on
+# the 2-core AVX-512 box, SmolLM2-135M on one core, in SD rounds with the packed weights (engine.layers.packed):
+# 52.2 ms for 2 rows and 67.6 ms for 5, against 46-48 ms for one (0.12 per row; without the packed weights 58.1
+# and 74.0 ms). CUDA: not measured yet (a decode step is bandwidth-bound far beyond 5 rows: a small share).
 ROW_COST = {"cpu": 0.12, "cuda": 0.02}
 
 
@@ -31,20 +33,62 @@ def expected_tokens(acceptance: float, k: int) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
+class RowCostFit:
+    """row_cost fitted to the measured verify times: the least-squares line verify_s = a + b (rows - 1) over the
+    rounds so far (each older round weighs DECAY times less), with a ridge term PRIOR_WEIGHT (b - prior a)^2
+    that holds b / a at the prior until the rows have varied enough to tell (the adaptive length varies them)."""
+
+    DECAY = 0.98          # about the last 50 rounds
+    PRIOR_WEIGHT = 1.0    # like one round's worth of rows one apart
+    LIMITS = (0.0, 1.0)
+
+    def __init__(self, prior: float) -> None:
+        self.prior = prior
+        self.sums = [0.0] * 5  # weighted sums of 1, x, y, x^2, x y (x = rows - 1, y = verify seconds)
+
+    def add(self, num_rows: int, verify_s: float) -> None:
+        x, y = num_rows - 1.0, verify_s
+        self.sums = [self.DECAY * s + t for s, t in zip(self.sums, (1.0, x, y, x * x, x * y), strict=True)]
+
+    @property
+    def value(self) -> float:
+        w, sx, sy, sxx, sxy = self.sums
+        if w == 0.0:
+            return self.prior
+        lam, c = self.PRIOR_WEIGHT, self.prior
+        # Normal equations of sum w (y - a - b x)^2 + lam (b - c a)^2 for (a, b).
+        m00, m01, m11 = w + lam * c * c, sx - lam * c, sxx + lam
+        det = m00 * m11 - m01 * m01
+        a = (m11 * sy - m01 * sxy) / det
+        b = (m00 * sxy - m01 * sy) / det
+        if a <= 0.0:
+            return self.prior
+        return min(max(b / a, self.LIMITS[0]), self.LIMITS[1])
+
+
 @dataclass
 class RoundCost:
     """Moving averages of one mode's measured round costs (seconds): v1, the verify time scaled to one row, and
-    d, the target's wait for drafts per drafted token. Each new round weighs (1 - DECAY)."""
+    d, the target's wait for drafts per drafted token (each new round weighs 1 - DECAY); and the fitted extra
+    cost per row, from the prior ``row_cost``."""
 
     row_cost: float
     verify_one_row_s: float | None = None
     draft_per_token_s: float = 0.0
     DECAY = 0.8
 
+    def __post_init__(self) -> None:
+        self.fit = RowCostFit(self.row_cost)
+
+    @property
+    def fitted_row_cost(self) -> float:
+        return self.fit.value
+
     def update(self, num_rows: int, verify_s: float, num_drafted: int, draft_s: float) -> None:
         if num_drafted < 1 or num_rows < 1:
             return
-        v1 = verify_s / (1.0 + self.row_cost * (num_rows - 1))
+        self.fit.add(num_rows, verify_s)
+        v1 = verify_s / (1.0 + self.fit.value * (num_rows - 1))
         d = draft_s / num_drafted
         if self.verify_one_row_s is None:
             self.verify_one_row_s, self.draft_per_token_s = v1, d
@@ -55,7 +99,7 @@ class RoundCost:
     def seconds(self, k: int) -> float:
         """A round's cost with k drafts; before any measurement, the verify alone in units of one row."""
         v1 = 1.0 if self.verify_one_row_s is None else self.verify_one_row_s
-        return v1 * (1.0 + self.row_cost * k) + k * self.draft_per_token_s
+        return v1 * (1.0 + self.fit.value * k) + k * self.draft_per_token_s
 
 
 def best_k(max_k: int, acceptance: float, cost: RoundCost) -> int:

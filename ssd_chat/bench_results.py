@@ -22,6 +22,7 @@ class ModeResult:
     mode: str
     runs: list[PromptRun]
     identical_to_ar: bool | None = None  # None for "ar" itself, or when "ar" was not run
+    row_cost: float | None = None  # SD / SSD: the extra verify time per query row the engine fitted (spec_length)
 
     @property
     def outputs(self) -> list[list[int]]:
@@ -88,6 +89,7 @@ class ModeResult:
             "cache_hit_rate": self.cache_hit_rate,
             "outputs": self.outputs,
             "identical_to_ar": self.identical_to_ar,
+            "row_cost": self.row_cost,
         }
 
 

@@ -42,9 +42,8 @@ MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
 Draft = Annotated[
     str | None,
-    typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd. With the default "
-                 "target, --mode sd/ssd alone loads the shipped smollm2-135m-draft (draft on the last core); "
-                 "none: no draft."),
+    typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd. The chat and "
+                 "ask load the shipped smollm2-135m-draft with the default target unless --mode ar; none: no draft."),
 ]
 Mode = Annotated[
     str | None,

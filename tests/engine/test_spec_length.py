@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.outputs import StepStats
-from engine.spec_length import RoundCost, best_k, expected_tokens
+from engine.spec_length import RoundCost, RowCostFit, best_k, expected_tokens
 from tests.conftest import make_tiny_model_dir
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -39,6 +41,30 @@ def test_round_cost_is_a_moving_average():
     assert cost.draft_per_token_s == pytest.approx(0.2 * 0.5)
     cost.update(num_rows=1, verify_s=9.0, num_drafted=0, draft_s=0.0)  # an AR round: nothing to learn
     assert cost.verify_one_row_s == pytest.approx(1.2)
+
+
+def test_the_row_cost_is_fitted_to_the_measured_verify_times():
+    rng = random.Random(0)
+    cost = RoundCost(row_cost=0.12)
+    prior_k = best_k(4, 0.6, cost)
+    for i in range(200):  # a device where each further row costs 40% of a 50 ms one-row verify, with 3% noise
+        rows = 2 + i % 4
+        cost.update(rows, 0.05 * (1 + 0.4 * (rows - 1)) * rng.uniform(0.97, 1.03), rows - 1, 0.0)
+    assert cost.fitted_row_cost == pytest.approx(0.4, abs=0.03)
+    assert cost.verify_one_row_s == pytest.approx(0.05, rel=0.05)
+    assert best_k(4, 0.6, cost) < prior_k  # rows cost more than the prior said: fewer drafts
+
+
+def test_the_row_cost_keeps_its_prior_until_the_rows_vary():
+    fit = RowCostFit(prior=0.12)
+    assert fit.value == 0.12
+    for _ in range(100):
+        fit.add(3, 0.09)  # always 3 rows: the line's slope cannot be told from its level
+    assert fit.value == pytest.approx(0.12)
+    fit = RowCostFit(prior=0.12)
+    for i in range(100):
+        fit.add(2 + i % 2, 0.05 if i % 2 else 0.06)  # more rows measured faster (noise): clamped at 0
+    assert fit.value == 0.0
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
