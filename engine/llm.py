@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import os
 import threading
@@ -18,28 +17,21 @@ from pathlib import Path
 
 import torch
 
-from engine import tp_worker
-from engine.attention import make_backend
-from engine.build import WORKER_TIMEOUT, build_drafter, check_tp, fast_kwargs, resolve_dtype
+from engine.build import check_tp, resolve_dtype
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
-from engine.core import EngineCore
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
-from engine.distributed import RankSpec, free_port, make_collective_group, make_group, pin, spawn_rank
-from engine.draft_server import DraftSpec
+from engine.distributed import pin
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
-from engine.kv.block_manager import BlockManager
-from engine.layers.parallel import TensorParallel
-from engine.loader import build_model
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
 from engine.placement import plan
 from engine.registry import resolve_model
-from engine.remote_drafter import DraftLost, RemoteDrafter
+from engine.remote_drafter import RemoteDrafter
 from engine.request import RequestState
-from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.tp_worker import BroadcastingRunner, TargetShardSpec
+from engine.startup import Sizes, load_tokenizer, start_engine
+from engine.tp_worker import BroadcastingRunner
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +56,7 @@ class LLM:
         self.remote: RemoteDrafter | None = None
         self.model_path: Path = resolve_model(config.target)
         files = inspect_model_dir(self.model_path)
-        self.tokenizer = _load_tokenizer(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path)
         self.device = torch.device(leader.torch_device)
         dtype = resolve_dtype(config.dtype, self.device)
         model_max = int(files.config.get("max_position_embeddings", 4096))
@@ -80,84 +72,26 @@ class LLM:
             )
         num_blocks = -(-kv_tokens // config.block_size)
         check_tp(files.config, self.placement.tp, config.target)
+        self.draft_path: Path | None = None
         if config.draft is not None:
             self.draft_path = resolve_model(config.draft)
-            check_same_tokenizer(self.tokenizer, _load_tokenizer(self.draft_path), target=config.target,
+            check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_path), target=config.target,
                                  draft=config.draft)
         try:
             pin(leader.cores, self.placement.threads_for(leader))
-            self._start(files, num_blocks, dtype)
+            started = start_engine(config, self.placement, files, self.model_path, self.draft_path, self.tokenizer,
+                                   Sizes(num_blocks, self.max_model_len, dtype), self._workers)
         except BaseException:
             self.close()
             raise
+        self.core, self.model_args, self.remote = started.core, started.model_args, started.remote
+        self.eos_token_ids = started.eos_token_ids
         spec = speculation or SpeculationConfig(mode="sd" if config.draft else "ar")
         self.speculation = replace(spec, **{n: v for n, v in (("mode", mode), ("k", k)) if v is not None})
         self._decode = make_decoder(self.tokenizer)
         self._ids = itertools.count()
         self._requests: dict[int, RequestState] = {}
         self._rng = torch.Generator().manual_seed(config.seed)
-
-    def _start(self, files, num_blocks: int, dtype: torch.dtype) -> None:
-        """Load the target (rank 0 here, TP ranks 1.. in their processes), the draft, and the draft process."""
-        config, placement = self.config, self.placement
-        tp = TensorParallel()
-        if placement.tp > 1:
-            port = free_port()
-            nccl_port = free_port() if self.device.type == "cuda" else None  # TP all-reduce on NCCL (CUDA)
-            for rank, device in enumerate(placement.target[1:], start=1):
-                shard = TargetShardSpec(str(self.model_path), rank, placement.tp, num_blocks, config.block_size,
-                                        self.max_model_len, config.dtype, device.torch_device, config.fast_path,
-                                        nccl_port)
-                rank_spec = RankSpec(rank, device.cores, placement.threads_for(device) or 1)
-                self._workers.append(spawn_rank(tp_worker.serve, rank_spec, port, placement.tp, shard))
-            control = make_group(port, 0, placement.tp, WORKER_TIMEOUT, self._workers)
-            collective = control if nccl_port is None else \
-                make_collective_group(nccl_port, 0, placement.tp, self.device, WORKER_TIMEOUT)
-            tp = TensorParallel(0, placement.tp, collective)
-        log.info("loading %s (%s) on %s", config.target, self.model_path, self.device)
-        model = build_model(files.config, files.weight_files, max_positions=self.max_model_len, dtype=dtype,
-                            device=self.device, tp=tp, k_major=config.k_major_weights,
-                            packed=config.fast_path.packed)
-        self.model_args = model.args
-        kwargs = dict(num_blocks=num_blocks, block_size=config.block_size, device=self.device, dtype=dtype,
-                      **fast_kwargs(config.fast_path, self.device, tp=placement.tp, max_keys=self.max_model_len,
-                                    rows=config.draft is not None))
-        backend = make_backend(config.attention, self.device, dtype)
-        if placement.tp > 1:
-            runner = BroadcastingRunner(model, backend, group=control, **kwargs)
-        else:
-            runner = ModelRunner(model, backend, **kwargs)
-        self.eos_token_ids = _eos_ids(self.model_path, model.args.eos_token_ids, self.tokenizer)
-        drafter = None
-        if config.draft is not None:
-            spec = self._draft_spec(num_blocks, self.device)
-            drafter = build_drafter(spec)
-            if drafter.runner.model.args.vocab_size != self.model_args.vocab_size:
-                raise EngineError(
-                    f"draft {config.draft} has a vocabulary of {drafter.runner.model.args.vocab_size}, the target"
-                    f" {self.model_args.vocab_size}: pick a draft of the same model family"
-                )
-            if placement.draft is not None:
-                device = placement.draft
-                log.info("starting the draft process on %s", device)
-                try:
-                    self.remote = RemoteDrafter(
-                        self._draft_spec(num_blocks, torch.device(device.torch_device)),
-                        RankSpec(1, device.cores, placement.threads_for(device) or 1),
-                        vocab_size=self.model_args.vocab_size, timeout_s=config.draft_timeout_s,
-                    )
-                except DraftLost as exc:
-                    raise EngineError(f"{exc}: check --draft-device, or run without it (draft in-process)") from exc
-        self.core = EngineCore(
-            runner, BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching),
-            max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs, eos_token_ids=self.eos_token_ids,
-            drafter=drafter, ssd_drafter=self.remote,
-        )
-
-    def _draft_spec(self, num_blocks: int, device: torch.device) -> DraftSpec:
-        c = self.config
-        return DraftSpec(str(self.draft_path), num_blocks, c.block_size, self.max_model_len, c.max_num_seqs,
-                         c.enable_prefix_caching, c.dtype, str(device), c.fast_path, str(self.model_path))
 
     @property
     def speculation(self) -> SpeculationConfig:
@@ -342,23 +276,6 @@ def _check_messages(messages: list[dict[str, str]]) -> None:
             raise InvalidParameterError("each message needs a role of system, user or assistant")
         if not isinstance(m.get("content"), str):
             raise InvalidParameterError("each message needs a text content")
-
-
-def _load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def _eos_ids(path: Path, from_config: tuple[int, ...], tokenizer) -> frozenset[int]:
-    ids = set(from_config)
-    gen_cfg = path / "generation_config.json"
-    if gen_cfg.is_file():
-        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
-        ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(ids)
 
 
 __all__ = ["LLM"]

@@ -1,0 +1,133 @@
+"""Starting an LLM's ranks: the TP ranks 1.. in their processes, the target (rank 0) and the draft in this one,
+and SSD's draft process; then the EngineCore that drives them.
+
+engine.llm calls `start_engine` once, from its constructor; on failure it stops whatever was started (the TP
+processes are appended to the caller's list as they start, so that its close() finds them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine import tp_worker
+from engine.attention import make_backend
+from engine.build import WORKER_TIMEOUT, build_drafter, fast_kwargs
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.distributed import RankSpec, free_port, make_collective_group, make_group, spawn_rank
+from engine.draft_server import DraftSpec
+from engine.errors import EngineError
+from engine.kv.block_manager import BlockManager
+from engine.layers.parallel import TensorParallel
+from engine.loader import build_model
+from engine.model_dir import ModelFiles
+from engine.models.args import ModelArgs
+from engine.placement import Placement
+from engine.remote_drafter import DraftLost, RemoteDrafter
+from engine.runner import ModelRunner
+from engine.tp_worker import BroadcastingRunner, TargetShardSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Started:
+    core: EngineCore
+    model_args: ModelArgs
+    eos_token_ids: frozenset[int]
+    remote: RemoteDrafter | None  # SSD's draft process, with a --draft-device
+
+
+@dataclass(frozen=True)
+class Sizes:
+    num_blocks: int
+    max_model_len: int
+    dtype: torch.dtype
+
+
+def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, model_path: Path,
+                 draft_path: Path | None, tokenizer, sizes: Sizes, workers: list) -> Started:
+    """Load the target (rank 0 here, TP ranks 1.. in their processes, appended to `workers`), the draft, and
+    the draft process."""
+    device = torch.device(placement.target[0].torch_device)
+    tp = TensorParallel()
+    if placement.tp > 1:
+        port = free_port()
+        nccl_port = free_port() if device.type == "cuda" else None  # TP all-reduce on NCCL (CUDA)
+        for rank, rank_device in enumerate(placement.target[1:], start=1):
+            shard = TargetShardSpec(str(model_path), rank, placement.tp, sizes.num_blocks, config.block_size,
+                                    sizes.max_model_len, config.dtype, rank_device.torch_device, config.fast_path,
+                                    nccl_port)
+            rank_spec = RankSpec(rank, rank_device.cores, placement.threads_for(rank_device) or 1)
+            workers.append(spawn_rank(tp_worker.serve, rank_spec, port, placement.tp, shard))
+        control = make_group(port, 0, placement.tp, WORKER_TIMEOUT, workers)
+        collective = control if nccl_port is None else \
+            make_collective_group(nccl_port, 0, placement.tp, device, WORKER_TIMEOUT)
+        tp = TensorParallel(0, placement.tp, collective)
+    log.info("loading %s (%s) on %s", config.target, model_path, device)
+    model = build_model(files.config, files.weight_files, max_positions=sizes.max_model_len, dtype=sizes.dtype,
+                        device=device, tp=tp, k_major=config.k_major_weights, packed=config.fast_path.packed)
+    kwargs = dict(num_blocks=sizes.num_blocks, block_size=config.block_size, device=device, dtype=sizes.dtype,
+                  **fast_kwargs(config.fast_path, device, tp=placement.tp, max_keys=sizes.max_model_len,
+                                rows=config.draft is not None))
+    backend = make_backend(config.attention, device, sizes.dtype)
+    if placement.tp > 1:
+        runner = BroadcastingRunner(model, backend, group=control, **kwargs)
+    else:
+        runner = ModelRunner(model, backend, **kwargs)
+    eos_token_ids = eos_ids(model_path, model.args.eos_token_ids, tokenizer)
+    drafter, remote = None, None
+    if config.draft is not None:
+        def spec(on: torch.device) -> DraftSpec:
+            return DraftSpec(str(draft_path), sizes.num_blocks, config.block_size, sizes.max_model_len,
+                             config.max_num_seqs, config.enable_prefix_caching, config.dtype, str(on),
+                             config.fast_path, str(model_path))
+
+        drafter = build_drafter(spec(device))
+        if drafter.runner.model.args.vocab_size != model.args.vocab_size:
+            raise EngineError(
+                f"draft {config.draft} has a vocabulary of {drafter.runner.model.args.vocab_size}, the target"
+                f" {model.args.vocab_size}: pick a draft of the same model family"
+            )
+        if placement.draft is not None:
+            log.info("starting the draft process on %s", placement.draft)
+            try:
+                remote = RemoteDrafter(
+                    spec(torch.device(placement.draft.torch_device)),
+                    RankSpec(1, placement.draft.cores, placement.threads_for(placement.draft) or 1),
+                    vocab_size=model.args.vocab_size, timeout_s=config.draft_timeout_s,
+                )
+            except DraftLost as exc:
+                raise EngineError(f"{exc}: check --draft-device, or run without it (draft in-process)") from exc
+    try:
+        blocks = BlockManager(sizes.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        core = EngineCore(runner, blocks, max_model_len=sizes.max_model_len, max_num_seqs=config.max_num_seqs,
+                          eos_token_ids=eos_token_ids, drafter=drafter, ssd_drafter=remote)
+    except BaseException:
+        if remote is not None:
+            remote.close()
+        raise
+    return Started(core, model.args, eos_token_ids, remote)
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def eos_ids(path: Path, from_config: tuple[int, ...], tokenizer) -> frozenset[int]:
+    """The ids that end a reply: the model config's, generation_config.json's and the tokenizer's."""
+    ids = set(from_config)
+    gen_cfg = path / "generation_config.json"
+    if gen_cfg.is_file():
+        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
