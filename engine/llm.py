@@ -81,13 +81,13 @@ class LLM:
             pin(leader.cores, self.placement.threads_for(leader))
             started = start_engine(config, self.placement, files, self.model_path, self.draft_path, self.tokenizer,
                                    Sizes(num_blocks, self.max_model_len, dtype), self._workers)
-        except BaseException:
+            self.core, self.model_args, self.remote = started.core, started.model_args, started.remote
+            self.eos_token_ids = started.eos_token_ids
+            spec = speculation or SpeculationConfig(mode="sd" if config.draft else "ar")
+            self.speculation = replace(spec, **{n: v for n, v in (("mode", mode), ("k", k)) if v is not None})
+        except BaseException:  # e.g. mode "ssd" without a draft: stop what started, unpin
             self.close()
             raise
-        self.core, self.model_args, self.remote = started.core, started.model_args, started.remote
-        self.eos_token_ids = started.eos_token_ids
-        spec = speculation or SpeculationConfig(mode="sd" if config.draft else "ar")
-        self.speculation = replace(spec, **{n: v for n, v in (("mode", mode), ("k", k)) if v is not None})
         self._decode = make_decoder(self.tokenizer)
         self._ids = itertools.count()
         self._requests: dict[int, RequestState] = {}
@@ -159,7 +159,8 @@ class LLM:
         fast = ", compiled" if compiled is not None and compiled.available else ""
         out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {threads} threads per rank{fast})"}
         if self.config.draft is not None:
-            where = f"on {p.draft}, own process (SSD)" if self.remote else "in the target's process"
+            where = f"in the target's process (SD) and in its own process on {p.draft} (SSD)" if self.remote \
+                else "in the target's process"
             out["draft"] = f"{self.config.draft} {where}"
         return out
 

@@ -36,7 +36,8 @@ def expected_tokens(acceptance: float, k: int) -> float:
 class RowCostFit:
     """row_cost fitted to the measured verify times: the least-squares line verify_s = a + b (rows - 1) over the
     rounds so far (each older round weighs DECAY times less), with a ridge term PRIOR_WEIGHT (b - prior a)^2
-    that holds b / a at the prior until the rows have varied enough to tell (the adaptive length varies them)."""
+    that holds b / a at the prior until the rows have varied enough to tell (the adaptive length varies them).
+    Speculative rounds have at least 2 rows, so a (one row) is always extrapolated from x >= 1."""
 
     DECAY = 0.98          # about the last 50 rounds
     PRIOR_WEIGHT = 1.0    # like one round's worth of rows one apart
@@ -61,8 +62,8 @@ class RowCostFit:
         det = m00 * m11 - m01 * m01
         a = (m11 * sy - m01 * sxy) / det
         b = (m00 * sxy - m01 * sy) / det
-        if a <= 0.0:
-            return self.prior
+        if a <= 0.0:  # the line crosses zero before one row: rows dominate (or the data are noise)
+            return self.LIMITS[1] if b > 0.0 else self.prior
         return min(max(b / a, self.LIMITS[0]), self.LIMITS[1])
 
 

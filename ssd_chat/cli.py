@@ -148,7 +148,7 @@ def root(
         return
     with user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-        app_runs = not plain and sys.stdout.isatty() and sys.stdin.isatty()  # the chat app, where modes switch
+        app_runs = not plain and _in_a_terminal()  # the chat app, where modes switch
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=app_runs)
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
@@ -166,6 +166,10 @@ def root(
         code = run_tui(lambda: LLM(target=target, **engine_kwargs), settings=settings, target=target, draft=lay.draft,
                        resume=resume, speculation=spec)
     raise typer.Exit(code)
+
+
+def _in_a_terminal() -> bool:
+    return sys.stdout.isatty() and sys.stdin.isatty()
 
 
 @app.command()
@@ -199,7 +203,7 @@ def ask(
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with user_errors():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
-        lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=False)
+        lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
         messages = [{"role": "system", "content": system}] if system is not None else []

@@ -3,11 +3,11 @@
 With the default target, the shipped draft is loaded unless the user says otherwise (``--draft none``, another
 ``--draft``, ``--mode ar``), and the cores are split by what runs:
 
-- plain ``ssd-chat``, ``--mode sd``: SD with the target on every core (one thread per core) and the draft in the
-  target's process, the fastest exact choice on a CPU (on this 2-core VM: 57 tok/s on real replies against 40
-  for AR on both cores and 30 for SSD with a core each, see README's Numbers). In the chat app a draft process
-  waits on the last core, idle, so SSD stays one keystroke away; switched on, it shares that core with the
-  target.
+- plain ``ssd-chat``, ``--mode sd``: SD in one process, unpinned, on torch's default threads (one per physical
+  core), the draft in the target's process: the fastest exact choice on a CPU (on the 2-core VM, real replies:
+  56-58 tok/s against 41 for AR on both cores and 33-34 for SSD with a core each; README's Numbers). In the chat
+  app a draft process waits, idle, pinned to the last core, so SSD stays one keystroke away; switched on, it
+  shares that core with the target.
 - ``--mode ssd``: the target on every core but the last and the draft process on the last one (core 0 and
   core 1 on a 2-core machine); AR and SD, switched to in the chat, run on the target's cores, as in the paper.
 
@@ -38,7 +38,7 @@ class Layout:
     draft_device: str | None = None
 
 
-def apply_defaults(given: Layout, cores: list[int] | None = None, ssd_ready: bool = True) -> Layout:
+def apply_defaults(given: Layout, cores: list[int] | None = None, ssd_ready: bool = False) -> Layout:
     """``given`` with the embedded pair filled in where the user left it open. ``ssd_ready``: under SD, start
     the idle draft process anyway (the chat app, where SSD is a keystroke away; not one-shot answers)."""
     if given.draft is not None and given.draft.lower() == NO_DRAFT:
@@ -54,5 +54,4 @@ def apply_defaults(given: Layout, cores: list[int] | None = None, ssd_ready: boo
     if mode == "ssd":  # SSD's draft process gets a core of its own
         return replace(given, draft=SHIPPED_DRAFT_ALIAS, mode=mode, target_devices=f"cpu:{ranges(cores[:-1])}",
                        draft_device=f"cpu:{cores[-1]}")
-    return replace(given, draft=SHIPPED_DRAFT_ALIAS, mode=mode, target_devices=f"cpu:{ranges(cores)}",
-                   draft_device=f"cpu:{cores[-1]}" if ssd_ready else None)
+    return replace(given, draft=SHIPPED_DRAFT_ALIAS, mode=mode, draft_device=f"cpu:{cores[-1]}" if ssd_ready else None)

@@ -65,6 +65,10 @@ def test_the_row_cost_keeps_its_prior_until_the_rows_vary():
     for i in range(100):
         fit.add(2 + i % 2, 0.05 if i % 2 else 0.06)  # more rows measured faster (noise): clamped at 0
     assert fit.value == 0.0
+    fit = RowCostFit(prior=0.12)
+    for i in range(100):
+        fit.add(2 + 3 * (i % 2), 0.1 if i % 2 else 0.01)  # a line through zero before one row: rows dominate
+    assert fit.value == 1.0
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])

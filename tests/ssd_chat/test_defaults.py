@@ -30,22 +30,24 @@ def test_ssd_gets_the_shipped_draft_with_the_draft_process_on_a_core_of_its_own(
 def test_plain_ssd_chat_and_sd_run_sd_on_every_core(shipped):
     for given in (Layout(DEFAULT_TARGET, None, None), Layout(DEFAULT_TARGET, None, "sd"),
                   Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, None)):
-        two = apply_defaults(given, cores=[0, 1])
-        # The chat app keeps an idle draft process on the last core, so that SSD is one keystroke away.
-        assert (two.draft, two.mode, two.target_devices, two.draft_device) == \
-            (defaults.SHIPPED_DRAFT_ALIAS, "sd", "cpu:0-1", "cpu:1"), given
-        once = apply_defaults(given, cores=[0, 1], ssd_ready=False)  # one-shot answers and the plain mode
+        # Unpinned (torch's threads, one per physical core), the draft in the target's process.
+        once = apply_defaults(given, cores=[0, 1])
         assert (once.draft, once.mode, once.target_devices, once.draft_device) == \
-            (defaults.SHIPPED_DRAFT_ALIAS, "sd", "cpu:0-1", None), given
-    eight = apply_defaults(Layout(DEFAULT_TARGET, None, None), cores=list(range(8)))
-    assert (eight.target_devices, eight.draft_device) == ("cpu:0-7", "cpu:7")
+            (defaults.SHIPPED_DRAFT_ALIAS, "sd", None, None), given
+        # The chat app also keeps an idle draft process on the last core, so that SSD is one keystroke away.
+        app = apply_defaults(given, cores=[0, 1], ssd_ready=True)
+        assert (app.draft, app.mode, app.target_devices, app.draft_device) == \
+            (defaults.SHIPPED_DRAFT_ALIAS, "sd", None, "cpu:1"), given
+    eight = apply_defaults(Layout(DEFAULT_TARGET, None, None), cores=list(range(8)), ssd_ready=True)
+    assert (eight.target_devices, eight.draft_device) == (None, "cpu:7")
 
 
 def test_ar_alone_unless_the_draft_is_asked_for(shipped):
     assert apply_defaults(Layout(DEFAULT_TARGET, None, "ar"), cores=[0, 1]) == Layout(DEFAULT_TARGET, None, "ar")
-    with_draft = apply_defaults(Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, "ar"), cores=[0, 1])
+    with_draft = apply_defaults(Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, "ar"), cores=[0, 1],
+                                ssd_ready=True)
     assert (with_draft.draft, with_draft.mode, with_draft.target_devices, with_draft.draft_device) == \
-        (defaults.SHIPPED_DRAFT_ALIAS, "ar", "cpu:0-1", "cpu:1")
+        (defaults.SHIPPED_DRAFT_ALIAS, "ar", None, "cpu:1")
 
 
 def test_one_core_keeps_everything_in_one_process(shipped):
@@ -75,8 +77,8 @@ def test_draft_none_runs_the_target_alone(shipped):
 
 def test_without_a_shipped_draft_nothing_changes(monkeypatch, tmp_path):
     monkeypatch.setattr(defaults, "SHIPPED_DRAFT_DIR", tmp_path / "missing")
-    given = Layout(DEFAULT_TARGET, None, "ssd")
-    assert apply_defaults(given, cores=[0, 1]) == given
+    for given in (Layout(DEFAULT_TARGET, None, "ssd"), Layout(DEFAULT_TARGET, None, None)):  # plain: AR alone
+        assert apply_defaults(given, cores=[0, 1], ssd_ready=True) == given
 
 
 def test_ranges_round_trip_the_device_syntax():
@@ -110,9 +112,26 @@ def test_the_cli_hands_the_default_layout_to_the_engine(shipped, monkeypatch):
         seen.clear()
         CliRunner().invoke(cli.app, args)
         assert (seen["draft"], seen["target_devices"], seen["draft_device"]) == \
-            (defaults.SHIPPED_DRAFT_ALIAS, "cpu:0-1", None), args
+            (defaults.SHIPPED_DRAFT_ALIAS, None, None), args
         assert seen["speculation"].mode == "sd", args
     for args in (["ask", "hi", "--draft", "none"], ["ask", "hi", "--mode", "ar"]):
         seen.clear()
         CliRunner().invoke(cli.app, args)
         assert seen["draft"] is None and seen["speculation"].mode == "ar" and seen["draft_device"] is None, args
+
+
+def test_the_chat_app_gets_an_idle_draft_process_for_ssd(shipped, monkeypatch):
+    from typer.testing import CliRunner
+
+    from ssd_chat import cli, tui
+
+    seen: dict = {}
+    monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: load_engine() or 0)
+    monkeypatch.setattr(cli, "LLM", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
+    monkeypatch.setattr(defaults.os, "sched_getaffinity", lambda pid: {0, 1})
+    result = CliRunner().invoke(cli.app, [])
+    assert result.exit_code == 0, result.output
+    assert (seen["draft"], seen["target_devices"], seen["draft_device"]) == \
+        (defaults.SHIPPED_DRAFT_ALIAS, None, "cpu:1")
+    assert seen["speculation"].mode == "sd"
