@@ -176,7 +176,9 @@ class SsdDrafter(Drafter):
         self, branches: list[tuple[Sequence, int, int]], proposals: dict[Sequence, Proposal],
         draft_temperature: float | None, lookup: bool,
     ) -> list[Proposal]:
-        """K batched decode steps over every branch, branch tokens in per-request scratch slots."""
+        """K batched decode steps over every branch, branch tokens in per-request scratch slots. With `lookup`, a
+        greedy branch takes the context lookup's token where it has one and skips the model for that step; the
+        tokens it skipped go through the model with the branch's next model step (several rows, one span)."""
         bs = self.runner.block_size
         per_seq: dict[Sequence, int] = {}
         scratch_base = []  # first scratch slot of each branch: branch i of a request owns [i*K, (i+1)*K)
@@ -190,28 +192,34 @@ class SsdDrafter(Drafter):
         for seq, j, _ in branches:
             path = slot_index(self.seqs[seq.seq_id].block_table, 0, len(seq.token_ids) + j, bs)
             paths.append(torch.arange(path.start, path.stop) if isinstance(path, slice) else path)
+        done = [0] * len(branches)  # branch tokens (t*, then its drafts) whose KV is in its scratch slots
         num_steps = max(len(proposals[seq].tokens) for seq, _, _ in branches)
         for step in range(num_steps):
-            ids, positions, write, spans = [], [], [], []
-            live = [i for i, (seq, _, _) in enumerate(branches) if step < len(proposals[seq].tokens)]
-            for row, i in enumerate(live):
-                seq, j, t_star = branches[i]
-                n = len(seq.token_ids)  # t* sits at position n + j
-                scratch = torch.arange(scratch_base[i], scratch_base[i] + step + 1)
-                path = paths[i]
-                ids.append(t_star if step == 0 else out[i].tokens[-1])
-                positions.append(n + j + step)
-                write.append(int(scratch[-1]))
-                spans.append(SeqSpan(row, 1, torch.cat([path, scratch]), n + j + step + 1))
-            logits = self.runner.run_spans(ids, torch.tensor(positions), write, spans, all_logits=True)
-            for row, i in enumerate(live):
-                seq, j, t_star = branches[i]
-                path = [*proposals[seq].tokens[:j], t_star, *out[i].tokens]  # drafted after the committed tokens
-                guess = self.guess(seq, path, lookup)
+            run = []
+            for i, (seq, j, t_star) in enumerate(branches):
+                if step >= len(proposals[seq].tokens):
+                    continue
+                guess = self.guess(seq, [*proposals[seq].tokens[:j], t_star, *out[i].tokens], lookup)
                 if guess is None:
-                    draw_next(out[i], seq, logits[row], draft_temperature)
+                    run.append(i)
                 else:
                     out[i].tokens.append(guess)
+            if not run:
+                continue
+            ids, positions, write, spans = [], [], [], []
+            for i in run:  # branch token s sits at position n + j + s, in scratch slot base + s
+                seq, j, t_star = branches[i]
+                n, first = len(seq.token_ids), done[i]
+                spans.append(SeqSpan(len(ids), step + 1 - first,
+                                     torch.cat([paths[i], torch.arange(scratch_base[i], scratch_base[i] + step + 1)]),
+                                     n + j + step + 1))
+                ids += [t_star, *out[i].tokens][first : step + 1]
+                positions += range(n + j + first, n + j + step + 1)
+                write += range(scratch_base[i] + first, scratch_base[i] + step + 1)
+                done[i] = step + 1
+            logits = self.runner.run_spans(ids, torch.tensor(positions), write, spans, all_logits=False)  # [run, V]
+            for row, i in enumerate(run):
+                draw_next(out[i], branches[i][0], logits[row], draft_temperature)
         return out
 
     # -- bookkeeping -------------------------------------------------------------------------------

@@ -115,3 +115,42 @@ def test_skipped_draft_steps_leave_the_model_drafts_unchanged(tiny_llama_dir):
         drafter.finish(seq)
     assert any(kinds) and not all(kinds)
     assert any(a and not b for a, b in itertools.pairwise(kinds))  # a model step right after a skip
+
+
+def test_ssd_branches_skip_the_model_where_the_lookup_answers(tiny_llama_dir, monkeypatch):
+    """SSD's branch drafting takes the lookup's token where it has one and runs the model only for the other
+    steps (the skipped tokens with them): every cached branch equals a step-by-step reference, in fewer rows.
+    The lookup is replaced by a fixed rule that answers about two steps in three (a tiny random model's
+    branches seldom repeat the context)."""
+    from engine.sequence import Sequence
+
+    def rule(seq_id: int, committed: list[int], drafted: list[int]) -> int | None:
+        last = (drafted or committed)[-1]
+        return None if (len(drafted) + last) % 3 == 0 else (last * 7 + 3) % 50
+
+    tiny = str(tiny_llama_dir)
+    with LLM(tiny, draft=tiny, max_model_len=256, block_size=4) as llm, LLM(tiny, max_model_len=256) as ref:
+        drafter = llm.core.drafter
+        monkeypatch.setattr(drafter.lookups, "guess", rule)
+        seq = Sequence(999, [5, 9, 33, 71, 5, 9, 33, 8, 5, 9, 33, 71, 5], GREEDY)
+        drafter.start([seq])
+        k = 4
+        proposal = drafter.propose({seq: k}, None, lookup=True)[seq]
+        before = drafter.runner.num_forward_tokens
+        drafter.build_cache({seq: proposal}, (3,), None, lookup=True)
+        forwarded = drafter.runner.num_forward_tokens - before
+        branches = drafter.cache[seq.seq_id]
+        kinds = []
+        for (j, t_star), branch in branches.items():
+            path = [*proposal.tokens[:j], t_star]
+            for _ in range(k):  # the reference: the rule, else the model's greedy token over the whole context
+                guess = rule(0, seq.token_ids, path)
+                kinds.append(guess is not None)
+                path.append(guess if guess is not None else
+                            ref.generate([seq.token_ids + path], SamplingParams(temperature=0.0, max_tokens=1))[0]
+                            .token_ids[0])
+            assert branch.tokens == path[j + 1:], (j, t_star)
+        drafter.finish(seq)
+    assert len(branches) >= 8 and any(kinds) and not all(kinds)
+    assert any(a and not b for a, b in itertools.pairwise(kinds))  # a model step right after a skip
+    assert forwarded < (k + 1) + len(branches) * k  # the glue pass, then fewer rows than one per branch step
