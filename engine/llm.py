@@ -24,7 +24,7 @@ from engine.distributed import pin
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
-from engine.placement import plan
+from engine.placement import off_the_draft, plan
 from engine.registry import resolve_model
 from engine.remote_drafter import RemoteDrafter
 from engine.request import RequestState
@@ -52,6 +52,8 @@ class LLM:
                               default_device=config.device)
         leader = self.placement.target[0]
         self._affinity = os.sched_getaffinity(0)
+        self._threads = torch.get_num_threads()
+        self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
         self._workers: list = []
         self.remote: RemoteDrafter | None = None
         self.model_path: Path = resolve_model(config.target)
@@ -79,6 +81,7 @@ class LLM:
                                  draft=config.draft)
         try:
             pin(leader.cores, self.placement.threads_for(leader))
+            self._threads = torch.get_num_threads()
             started = start_engine(config, self.placement, files, self.model_path, self.draft_path, self.tokenizer,
                                    Sizes(num_blocks, self.max_model_len, dtype), self._workers)
             self.core, self.model_args, self.remote = started.core, started.model_args, started.remote
@@ -103,6 +106,15 @@ class LLM:
         if spec.mode != "ar" and self.core.drafter is None:
             raise InvalidParameterError(f"mode {spec.mode!r} needs a draft model: pass --draft")
         self._speculation = spec
+        self._share_cores(ssd=spec.mode == "ssd")
+
+    def _share_cores(self, *, ssd: bool) -> None:
+        """While SSD runs, an unpinned target leaves the cores of its draft process (the chat app's SD layout):
+        its threads would otherwise wait for the busy draft's core. AR and SD get every core back."""
+        room = off_the_draft(self.placement, self._affinity, self._threads) if self.remote else None
+        if room is not None and ssd != self._yielded:
+            pin(*(room if ssd else (self._affinity, self._threads)))
+            self._yielded = ssd
 
     # -- public API --------------------------------------------------------------------------------
     def generate(
@@ -185,7 +197,10 @@ class LLM:
                 if proc.is_alive():
                     proc.kill()
             self._workers = []
-        if self.placement.target[0].cores is not None:
+        if self._yielded:
+            pin(self._affinity, self._threads)
+            self._yielded = False
+        elif self.placement.target[0].cores is not None:
             pin(self._affinity, None)
 
     def __enter__(self) -> LLM:

@@ -51,6 +51,17 @@ class Placement:
         return None if device.cores is None else len(device.cores)
 
 
+def off_the_draft(placement: Placement, affinity: set[int], threads: int) -> tuple[set[int], int] | None:
+    """Where an unpinned one-rank target runs while SSD's draft process, pinned among its cores, is busy: the
+    other cores, with at most `threads` threads; None when there is nothing to move off (a pinned target, TP,
+    an unpinned draft process, or no other core)."""
+    if placement.tp > 1 or placement.target[0].cores is not None or placement.draft is None \
+            or placement.draft.cores is None:
+        return None
+    others = set(affinity) - set(placement.draft.cores)
+    return (others, min(threads, len(others))) if others else None
+
+
 def plan(tp: int = 1, target_devices: str | None = None, draft_device: str | None = None,
          threads: int | None = None, default_device: str = "cpu") -> Placement:
     if tp < 1:

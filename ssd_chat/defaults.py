@@ -6,8 +6,8 @@ With the default target, the shipped draft is loaded unless the user says otherw
 - plain ``ssd-chat``, ``--mode sd``: SD in one process, unpinned, on torch's default threads (one per physical
   core), the draft in the target's process: the fastest exact choice on a CPU (on the 2-core VM, real replies:
   56-58 tok/s against 41 for AR on both cores and 33-34 for SSD with a core each; README's Numbers). In the chat
-  app a draft process waits, idle, pinned to the last core, so SSD stays one keystroke away; switched on, it
-  shares that core with the target.
+  app a draft process waits, idle, pinned to the last core, so SSD stays one keystroke away; while SSD runs
+  the target leaves that core to it (engine.llm's _share_cores).
 - ``--mode ssd``: the target on every core but the last and the draft process on the last one (core 0 and
   core 1 on a 2-core machine); AR and SD, switched to in the chat, run on the target's cores, as in the paper.
 

@@ -13,12 +13,14 @@ import threading
 import time
 
 import pytest
+import torch
 
 from engine import LLM, EngineWarning, FinishReason, SamplingParams, TokenDelta
 from engine.config import SpeculationConfig
 from engine.distributed import pin
 from engine.errors import InvalidParameterError
 from engine.outputs import RequestFinished
+from engine.placement import Device, Placement, off_the_draft
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)
@@ -200,6 +202,38 @@ def test_pinning_from_a_worker_thread_pins_the_whole_process():
     finally:
         pin(before, None)
     assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores to see a change")
+def test_ssd_moves_an_unpinned_target_off_the_draft_cores(tiny_llama_dir, draft_dir, remote):
+    remote.speculation = SpeculationConfig(mode="ar")  # the module's engine (same layout) gives the cores back
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    draft_core = max(before)
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4,
+             draft_device=f"cpu:{draft_core}") as llm:  # the chat app's SD layout: the target unpinned
+        ar = _outputs(llm, SpeculationConfig(mode="ar"))
+        assert os.sched_getaffinity(0) == before
+        ssd = _outputs(llm, SpeculationConfig(mode="ssd", k=3))
+        assert os.sched_getaffinity(0) == before - {draft_core}
+        assert torch.get_num_threads() == min(threads, len(before) - 1)
+        assert ssd == ar
+        llm.speculation = SpeculationConfig(mode="sd")
+        assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads
+        llm.speculation = SpeculationConfig(mode="ssd")
+    assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads  # close() gives them back
+
+
+def test_only_an_unpinned_one_rank_target_moves_off_the_draft():
+    shared = Placement((Device("cpu", None),), Device("cpu", (1,)), None)
+    assert off_the_draft(shared, {0, 1, 2, 3}, 4) == ({0, 2, 3}, 3)
+    assert off_the_draft(shared, {0, 1, 2, 3}, 2) == ({0, 2, 3}, 2)
+    assert off_the_draft(shared, {1}, 1) is None  # no other core
+    for placement in (Placement((Device("cpu", (0,)),), Device("cpu", (1,)), None),          # pinned target
+                      Placement((Device("cpu", None),) * 2, Device("cpu", (1,)), None),      # TP
+                      Placement((Device("cpu", None),), Device("cpu", None), None),          # unpinned draft
+                      Placement((Device("cpu", None),), Device("cuda", None, 0), None),      # a GPU draft
+                      Placement((Device("cpu", None),), None, None)):                        # no draft process
+        assert off_the_draft(placement, {0, 1, 2, 3}, 4) is None
 
 
 LEADER_SCRIPT = textwrap.dedent("""
