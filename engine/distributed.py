@@ -69,14 +69,13 @@ def make_group(
         store.set(f"up{rank}", "1")
     else:
         keys = [f"up{r}" for r in range(1, world_size)]
-        while True:
-            try:
-                store.wait(keys, datetime.timedelta(seconds=1))
-                break
-            except (RuntimeError, dist.DistStoreError):  # DistStoreError: a timeout
-                dead = [p for p in children or [] if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} while starting") from None
+        # Polled: a blocking wait with a timeout makes torch print a warning to stderr every second (over the chat
+        # app's screen while the draft process starts).
+        while not store.check(keys):
+            dead = [p for p in children or [] if not p.is_alive()]
+            if dead:
+                raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} while starting")
+            time.sleep(0.02)
     store.set_timeout(datetime.timedelta(seconds=60))
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 

@@ -204,6 +204,18 @@ def test_pinning_from_a_worker_thread_pins_the_whole_process():
     assert os.sched_getaffinity(0) == before
 
 
+def test_a_rank_that_dies_while_starting_is_reported_at_once():
+    import datetime
+    import multiprocessing
+
+    from engine.distributed import free_port, make_group
+
+    child = multiprocessing.get_context("fork").Process(target=os._exit, args=(3,), name="rank-under-test")
+    child.start()
+    with pytest.raises(RuntimeError, match="rank-under-test exited with code 3 while starting"):
+        make_group(free_port(), 0, 2, datetime.timedelta(seconds=60), [child])
+
+
 @pytest.mark.skipif(not TWO_CORES, reason="needs two cores to see a change")
 def test_ssd_moves_an_unpinned_target_off_the_draft_cores(tiny_llama_dir, draft_dir, remote):
     remote.speculation = SpeculationConfig(mode="ar")  # the module's engine (same layout) gives the cores back
