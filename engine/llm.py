@@ -54,6 +54,7 @@ class LLM:
         self._affinity = os.sched_getaffinity(0)
         self._threads = torch.get_num_threads()
         self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
+        self._open = True
         self._workers: list = []
         self.remote: RemoteDrafter | None = None
         self.model_path: Path = resolve_model(config.target)
@@ -110,8 +111,10 @@ class LLM:
 
     def _share_cores(self, *, ssd: bool) -> None:
         """While SSD runs, an unpinned target leaves the cores of its draft process (the chat app's SD layout):
-        its threads would otherwise wait for the busy draft's core. AR and SD get every core back."""
+        its threads would otherwise wait for the busy draft's core. AR and SD, a lost draft process and close()
+        get every core back. Pinning is process-wide: one such engine per process."""
         room = off_the_draft(self.placement, self._affinity, self._threads) if self.remote else None
+        ssd = ssd and self._open and self.core.drafters.get("ssd") is self.remote  # the draft process still serves
         if room is not None and ssd != self._yielded:
             pin(*(room if ssd else (self._affinity, self._threads)))
             self._yielded = ssd
@@ -183,25 +186,28 @@ class LLM:
 
     def close(self) -> None:
         """Cancel open requests, stop the draft and TP processes, and unpin this process. Idempotent."""
-        for state in list(getattr(self, "_requests", {}).values()):
-            self._finish(state, FinishReason.CANCELLED)
-        if self.remote is not None:
-            self.remote.close()
-        if self._workers:
-            runner = getattr(getattr(self, "core", None), "runner", None)
-            if isinstance(runner, BroadcastingRunner):
-                with contextlib.suppress(RuntimeError):
-                    runner.stop_workers()
-            for proc in self._workers:
-                proc.join(10)
-                if proc.is_alive():
-                    proc.kill()
-            self._workers = []
-        if self._yielded:
-            pin(self._affinity, self._threads)
-            self._yielded = False
-        elif self.placement.target[0].cores is not None:
-            pin(self._affinity, None)
+        self._open = False
+        try:
+            for state in list(getattr(self, "_requests", {}).values()):
+                self._finish(state, FinishReason.CANCELLED)
+            if self.remote is not None:
+                self.remote.close()
+            if self._workers:
+                runner = getattr(getattr(self, "core", None), "runner", None)
+                if isinstance(runner, BroadcastingRunner):
+                    with contextlib.suppress(RuntimeError):
+                        runner.stop_workers()
+                for proc in self._workers:
+                    proc.join(10)
+                    if proc.is_alive():
+                        proc.kill()
+                self._workers = []
+        finally:
+            if self._yielded:
+                pin(self._affinity, self._threads)
+                self._yielded = False
+            elif self.placement.target[0].cores is not None:
+                pin(self._affinity, None)
 
     def __enter__(self) -> LLM:
         return self
@@ -256,6 +262,8 @@ class LLM:
         return state
 
     def _report_warnings(self) -> None:
+        if self.core.warnings and self._yielded:  # perhaps the draft process was lost: take its cores back
+            self._share_cores(ssd=self.speculation.mode == "ssd")
         for request_id, message in self.core.warnings:
             log.warning("request %d: %s", request_id, message)
             if request_id in self._requests:

@@ -54,9 +54,9 @@ class Placement:
 def off_the_draft(placement: Placement, affinity: set[int], threads: int) -> tuple[set[int], int] | None:
     """Where an unpinned one-rank target runs while SSD's draft process, pinned among its cores, is busy: the
     other cores, with at most `threads` threads; None when there is nothing to move off (a pinned target, TP,
-    an unpinned draft process, or no other core)."""
-    if placement.tp > 1 or placement.target[0].cores is not None or placement.draft is None \
-            or placement.draft.cores is None:
+    a GPU target, an unpinned draft process, or no other core)."""
+    target, draft = placement.target[0], placement.draft
+    if placement.tp > 1 or target.kind != "cpu" or target.cores is not None or draft is None or draft.cores is None:
         return None
     others = set(affinity) - set(placement.draft.cores)
     return (others, min(threads, len(others))) if others else None

@@ -232,7 +232,20 @@ def test_ssd_moves_an_unpinned_target_off_the_draft_cores(tiny_llama_dir, draft_
         llm.speculation = SpeculationConfig(mode="sd")
         assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads
         llm.speculation = SpeculationConfig(mode="ssd")
+        assert os.sched_getaffinity(0) == before - {draft_core}
+        os.kill(llm.remote.proc.pid, signal.SIGKILL)  # a lost draft process: AR from now on, on every core
+        llm.remote.proc.join(10)
+        events = list(llm.stream(PROMPTS[0], GREEDY))
+        assert any(isinstance(e, EngineWarning) for e in events) and events[-1].output.token_ids == ar[0]
+        assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads
+        llm.speculation = SpeculationConfig(mode="ssd")  # stays off: nothing to make room for
+        assert os.sched_getaffinity(0) == before
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4,
+             draft_device=f"cpu:{draft_core}") as llm:
+        llm.speculation = SpeculationConfig(mode="ssd")
     assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads  # close() gives them back
+    llm.speculation = SpeculationConfig(mode="ssd")  # after close: no draft process to make room for
+    assert os.sched_getaffinity(0) == before
 
 
 def test_only_an_unpinned_one_rank_target_moves_off_the_draft():
@@ -244,6 +257,7 @@ def test_only_an_unpinned_one_rank_target_moves_off_the_draft():
                       Placement((Device("cpu", None),) * 2, Device("cpu", (1,)), None),      # TP
                       Placement((Device("cpu", None),), Device("cpu", None), None),          # unpinned draft
                       Placement((Device("cpu", None),), Device("cuda", None, 0), None),      # a GPU draft
+                      Placement((Device("cuda", None, 0),), Device("cpu", (1,)), None),      # a GPU target
                       Placement((Device("cpu", None),), None, None)):                        # no draft process
         assert off_the_draft(placement, {0, 1, 2, 3}, 4) is None
 
