@@ -45,17 +45,16 @@ class RowCostFit:
 
     def __init__(self, prior: float) -> None:
         self.prior = prior
+        self.value = prior  # refitted once per round (add), read for every k best_k weighs
         self.sums = [0.0] * 5  # weighted sums of 1, x, y, x^2, x y (x = rows - 1, y = verify seconds)
 
     def add(self, num_rows: int, verify_s: float) -> None:
         x, y = num_rows - 1.0, verify_s
         self.sums = [self.DECAY * s + t for s, t in zip(self.sums, (1.0, x, y, x * x, x * y), strict=True)]
+        self.value = self._solve()
 
-    @property
-    def value(self) -> float:
+    def _solve(self) -> float:
         w, sx, sy, sxx, sxy = self.sums
-        if w == 0.0:
-            return self.prior
         lam, c = self.PRIOR_WEIGHT, self.prior
         # Normal equations of sum w (y - a - b x)^2 + lam (b - c a)^2 for (a, b).
         m00, m01, m11 = w + lam * c * c, sx - lam * c, sxx + lam
@@ -80,10 +79,6 @@ class RoundCost:
 
     def __post_init__(self) -> None:
         self.fit = RowCostFit(self.row_cost)
-
-    @property
-    def fitted_row_cost(self) -> float:
-        return self.fit.value
 
     def update(self, num_rows: int, verify_s: float, num_drafted: int, draft_s: float) -> None:
         if num_drafted < 1 or num_rows < 1:

@@ -89,7 +89,7 @@ def run_engine_mode(
         runs.append(PromptRun(list(out.token_ids), out.stats.ttft_s, out.stats.decode_time_s, out.stats.spec))
     cost = llm.core.round_cost.get(spec.mode)
     measured = cost is not None and cost.verify_one_row_s is not None
-    return ModeResult(spec.mode, runs, row_cost=round(cost.fitted_row_cost, 3) if measured else None)
+    return ModeResult(spec.mode, runs, row_cost=round(cost.fit.value, 3) if measured else None)
 
 
 # ar-all / sd-all: AR / SD in one process with a thread per core of the machine (SD's draft in that process)

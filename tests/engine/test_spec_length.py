@@ -50,7 +50,7 @@ def test_the_row_cost_is_fitted_to_the_measured_verify_times():
     for i in range(200):  # a device where each further row costs 40% of a 50 ms one-row verify, with 3% noise
         rows = 2 + i % 4
         cost.update(rows, 0.05 * (1 + 0.4 * (rows - 1)) * rng.uniform(0.97, 1.03), rows - 1, 0.0)
-    assert cost.fitted_row_cost == pytest.approx(0.4, abs=0.03)
+    assert cost.fit.value == pytest.approx(0.4, abs=0.03)
     assert cost.verify_one_row_s == pytest.approx(0.05, rel=0.05)
     assert best_k(4, 0.6, cost) < prior_k  # rows cost more than the prior said: fewer drafts
 
