@@ -58,7 +58,7 @@ def off_the_draft(placement: Placement, affinity: set[int], threads: int) -> tup
     target, draft = placement.target[0], placement.draft
     if placement.tp > 1 or target.kind != "cpu" or target.cores is not None or draft is None or draft.cores is None:
         return None
-    others = set(affinity) - set(placement.draft.cores)
+    others = set(affinity) - set(draft.cores)
     return (others, min(threads, len(others))) if others else None
 
 

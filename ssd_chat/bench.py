@@ -220,7 +220,7 @@ def _run_engine_modes(
                 result = run_engine_mode(every_core, _speculation(config, EVERY_CORE[mode]), prompt_ids,
                                          config.max_tokens, progress, ignore_eos=config.ignore_eos)
                 results.append(replace(result, mode=mode))
-    return llm.model_path, getattr(llm, "draft_path", None), prompt_ids, results, {**bound, "layout": layout}
+    return llm.model_path, llm.draft_path, prompt_ids, results, {**bound, "layout": layout}
 
 
 def _speculation(config: BenchConfig, mode: str) -> SpeculationConfig:
