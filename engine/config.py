@@ -9,6 +9,8 @@ from engine.errors import InvalidParameterError
 DEFAULT_TARGET = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer")
+DRAFT_WEIGHTS = ("float32", "float16", "int8")  # engine.layers.low_bits.KINDS
+PACKED_KERNELS = ("auto", "mkl", "onednn")  # engine.layers.packed.KERNELS and auto
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,9 @@ class FastPath:
     eager: bool = False
     compile: bool = False
     k_major: bool = True  # CPU: matmul weights stored K-major (engine.layers.linear.to_k_major); False: as loaded
-    packed: bool = False  # CPU: MKL-packed weight copies for 2-8-row steps (engine.layers.packed)
+    packed: bool = False  # CPU: packed weight copies for few-row steps (engine.layers.packed)
+    packed_kernel: str = "auto"  # CPU: auto | mkl | onednn (auto: mkl on Intel, onednn elsewhere)
+    draft_weights: str = "float32"  # CPU: the draft's matmul weights, float32 | float16 | int8 (engine.layers.low_bits)
 
 
 @dataclass(frozen=True)
@@ -54,14 +58,17 @@ class EngineConfig:
     eager: bool = False              # CUDA: no decode CUDA graphs
     compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward
     k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
-    packed_weights: bool = True      # CPU with a draft: MKL-packed weight copies for verify-sized steps (more memory)
+    packed_weights: bool = True      # CPU with a draft: packed weight copies for verify-sized steps (more memory)
+    packed_kernel: str = "auto"      # CPU: the packed copies' GEMM, auto | mkl | onednn (engine.layers.packed)
+    draft_weights: str = "int8"      # CPU: the draft's matmul weights (float32 | float16 | int8); never the target's
 
     @property
     def fast_path(self) -> FastPath:
         # only speculation runs several-row steps often enough to pay for the packed copies' memory, and the
         # compiled steps (--compile) run their own GEMMs
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
-                        packed=self.packed_weights and self.draft is not None and not self.compile)
+                        packed=self.packed_weights and self.draft is not None and not self.compile,
+                        packed_kernel=self.packed_kernel, draft_weights=self.draft_weights)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -71,6 +78,14 @@ class EngineConfig:
         on_cuda = (self.target_devices or self.device).startswith("cuda")
         if self.attention == "flashinfer" and not on_cuda:
             raise InvalidParameterError("--attention flashinfer needs a CUDA device: use --attention sdpa on the CPU")
+        if self.draft_weights not in DRAFT_WEIGHTS:
+            raise InvalidParameterError(
+                f"draft weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {self.draft_weights!r}"
+            )
+        if self.packed_kernel not in PACKED_KERNELS:
+            raise InvalidParameterError(
+                f"packed kernel must be one of {', '.join(PACKED_KERNELS)}, got {self.packed_kernel!r}"
+            )
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:

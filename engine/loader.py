@@ -15,6 +15,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.errors import ModelFilesError
 from engine.layers.linear import to_k_major
+from engine.layers.low_bits import quantize_weights
 from engine.layers.packed import pack_weights
 from engine.layers.parallel import SINGLE, TensorParallel
 from engine.models.args import ModelArgs
@@ -99,7 +100,7 @@ def _missing(model: CausalLM, loaded: set[str]) -> list[str]:
 def build_model(
     config: dict, weight_files: Iterable[Path], *, max_positions: int, dtype: torch.dtype,
     device: torch.device, tp: TensorParallel = SINGLE, embedding_files: Iterable[Path] = (), k_major: bool = True,
-    packed: bool = False,
+    packed: bool = False, packed_kernel: str = "auto", low_bits: str = "float32",
 ) -> CausalLM:
     args = ModelArgs.from_hf_config(config)
     with torch.device(device):
@@ -110,5 +111,7 @@ def build_model(
     if k_major and torch.device(device).type == "cpu":
         to_k_major(model)
     if packed and torch.device(device).type == "cpu":
-        pack_weights(model)
+        pack_weights(model, packed_kernel)
+    if dtype == torch.float32:
+        quantize_weights(model, low_bits)
     return model.eval()

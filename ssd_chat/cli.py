@@ -34,6 +34,7 @@ from ssd_chat.cli_options import (
     Compile,
     Draft,
     DraftDevice,
+    DraftWeights,
     Dtype,
     Eager,
     Fanout,
@@ -56,8 +57,8 @@ from ssd_chat.plain import run_plain
 from ssd_chat.prompts import DEFAULT_PROMPTS
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
-                "resume", "dtype", "attention", "eager", "compile", "backup", "fixed_k", "no_lookup", "tp",
-                "target_devices", "draft_device")
+                "resume", "dtype", "attention", "eager", "compile", "draft_weights", "backup", "fixed_k", "no_lookup",
+                "tp", "target_devices", "draft_device")
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -128,6 +129,7 @@ def root(
     attention: Attention = "auto",
     eager: Eager = False,
     compile: Compile = False,
+    draft_weights: DraftWeights = "int8",
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
     ] = False,
@@ -153,7 +155,7 @@ def root(
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
-                             compile=compile)
+                             compile=compile, draft_weights=draft_weights)
         if not app_runs:
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
@@ -198,6 +200,7 @@ def ask(
     attention: Attention = "auto",
     eager: Eager = False,
     compile: Compile = False,
+    draft_weights: DraftWeights = "int8",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
@@ -210,7 +213,7 @@ def ask(
         messages.append({"role": "user", "content": text})
         with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
                        target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
-                       attention=attention, eager=eager, compile=compile) as llm:
+                       attention=attention, eager=eager, compile=compile, draft_weights=draft_weights) as llm:
             output = _print_stream(llm.chat(messages, params), echo=not as_json)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))
@@ -250,6 +253,7 @@ def bench(
     attention: Attention = "auto",
     eager: Eager = False,
     compile: Compile = False,
+    draft_weights: DraftWeights = "int8",
     hf: Annotated[bool, typer.Option("--hf", help="Also measure transformers' generate() as a baseline.")] = False,
     prompts: Annotated[
         Path,
@@ -272,6 +276,7 @@ def bench(
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
             fanout=_speculation(draft, None, k, fanout).fanout, backup=backup, tp=tp, target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
+            draft_weights=draft_weights,
             ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))

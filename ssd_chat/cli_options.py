@@ -78,6 +78,9 @@ Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the
 Attention = Annotated[
     str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).")
 ]
+DraftWeights = Annotated[str, typer.Option(
+    help="CPU: the draft's matmul weights: int8, float16 or float32 (the target's stay in --dtype; the draft "
+    "only proposes, so this never changes the output).")]
 Eager = Annotated[bool, typer.Option("--eager", help="CUDA: no CUDA graphs for the decode step.")]
 Compile = Annotated[bool, typer.Option(
     "--compile", help="CPU: compile the one-sequence decode step (first run ~1 min, then cached). "

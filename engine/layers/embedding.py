@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,6 +44,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     packed: torch.Tensor | None = None  # the weight's MKL-packed copy for few-row steps (engine.layers.packed)
 
+    low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, D] -> [N, V]
         logits = self.tp.all_gather_last_dim(linear(hidden, self))
         return logits[..., : self.vocab_size] if self.tp.size > 1 else logits
@@ -55,6 +59,8 @@ class ReducedLMHead(nn.Module):
     draft build SSD's branch tree within one verify."""
 
     packed: torch.Tensor | None = None  # as in ParallelLMHead
+
+    low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
 
     def __init__(self, vocab_size: int, dim: int):
         super().__init__()

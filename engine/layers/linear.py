@@ -7,6 +7,8 @@ a full (unsharded) checkpoint tensor, so a checkpoint is sliced per TP rank at l
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -22,6 +24,8 @@ class ColumnParallelLinear(nn.Module):
     """y = x W^T with W split by output rows: each rank computes a slice of y."""
 
     packed: torch.Tensor | None = None  # the weight's MKL-packed copy for few-row steps (engine.layers.packed)
+
+    low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, tp: TensorParallel = SINGLE):
         super().__init__()
@@ -90,6 +94,8 @@ class RowParallelLinear(nn.Module):
     """y = x W^T with W split by input columns: partial sums are all-reduced over ranks."""
 
     packed: torch.Tensor | None = None  # as in ColumnParallelLinear
+
+    low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, tp: TensorParallel = SINGLE):
         super().__init__()

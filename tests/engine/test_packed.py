@@ -1,5 +1,5 @@
-"""MKL-packed weights (engine.layers.packed) change how few-row steps multiply, never what they produce: the
-products equal the plain GEMM's bit for bit, and greedy SD/SSD equal AR with and without them."""
+"""Packed weights (engine.layers.packed) change how few-row steps multiply: MKL's products equal the plain
+GEMM's bit for bit, oneDNN's to float32 rounding, and greedy SD/SSD equal AR with either kernel and without."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from engine.config import SpeculationConfig
 from engine.layers import packed
 from engine.layers.linear import ColumnParallelLinear
 
-pytestmark = pytest.mark.skipif(not packed.available(), reason="torch built without MKL")
-
 PROMPTS = [[1, 5, 9, 12], [3, 3, 7], list(range(2, 40))]
 
 
@@ -24,11 +22,19 @@ def _k_major_layer(n: int, k: int, seed: int) -> ColumnParallelLinear:
     return layer
 
 
+def _packed_layer(n: int, k: int, seed: int, kernel: str, scale: float = 1.0) -> ColumnParallelLinear:
+    if not packed.available(kernel):
+        pytest.skip(f"torch built without the {kernel} packed GEMM")
+    layer = _k_major_layer(n, k, seed)
+    layer.packed = packed.pack(layer.weight * scale, kernel)
+    layer.packed_kernel, layer.packed_rows = kernel, packed.MAX_ROWS[kernel]
+    return layer
+
+
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (4096, 576), (96, 64)])
-def test_packed_products_equal_the_plain_gemm_bit_for_bit(n, k):
-    layer = _k_major_layer(n, k, seed=n + k)
-    layer.packed = packed.pack(layer.weight)
-    assert packed.same_products(layer.weight, layer.packed)
+def test_mkl_packed_products_equal_the_plain_gemm_bit_for_bit(n, k):
+    layer = _packed_layer(n, k, seed=n + k, kernel="mkl")
+    assert packed.same_products(layer.weight, layer.packed, "mkl")
     for rows in range(1, 13):  # 1 and 9.. rows take the plain path, 2..8 the packed one
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
         assert torch.equal(layer(x), F.linear(x, layer.weight)), rows
@@ -36,15 +42,39 @@ def test_packed_products_equal_the_plain_gemm_bit_for_bit(n, k):
     assert torch.equal(layer(x3), F.linear(x3, layer.weight))
 
 
-def test_only_two_to_eight_rows_take_the_packed_copy():
-    layer = _k_major_layer(96, 64, seed=3)
-    layer.packed = packed.pack(layer.weight * 2)  # a copy that is visibly not the weight
-    for rows in range(1, 12):
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (96, 64)])
+def test_onednn_packed_products_match_the_plain_gemm(n, k):
+    layer = _packed_layer(n, k, seed=n + k, kernel="onednn")
+    assert packed.same_products(layer.weight, layer.packed, "onednn")
+    for rows in (1, 2, 5, 17, 32, 33, 40):  # 1 and 33.. rows take the plain path, 2..32 the packed one
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        want = F.linear(x, layer.weight)
+        assert torch.allclose(layer(x), want, rtol=1e-4, atol=1e-4), rows
+        if rows in (1, 33, 40):
+            assert torch.equal(layer(x), want), rows
+    x3 = torch.randn(2, 3, k)  # [B, T, K] inputs keep their leading shape
+    assert torch.allclose(layer(x3), F.linear(x3, layer.weight), rtol=1e-4, atol=1e-4)
+    assert not packed.same_products(layer.weight, packed.pack(layer.weight * 1.01, "onednn"), "onednn")
+
+
+@pytest.mark.parametrize("kernel", packed.KERNELS)
+def test_only_the_kernels_row_counts_take_the_packed_copy(kernel):
+    layer = _packed_layer(96, 64, seed=3, kernel=kernel, scale=2.0)  # a copy that is visibly not the weight
+    for rows in range(1, packed.MAX_ROWS[kernel] + 4):
         x = torch.randn(rows, 64)
-        expected = F.linear(x, layer.weight) * (2 if 2 <= rows <= packed.MAX_ROWS else 1)
+        expected = F.linear(x, layer.weight) * (2 if 2 <= rows <= packed.MAX_ROWS[kernel] else 1)
         assert torch.allclose(layer(x), expected, atol=1e-4), rows
     x = torch.randn(64, 4).t()  # a non-contiguous [4, 64] input
     assert torch.allclose(layer(x), F.linear(x, layer.weight) * 2, atol=1e-4)
+
+
+def test_the_kernel_follows_the_cpu_vendor(monkeypatch):
+    monkeypatch.setattr(packed, "_cpu_vendor", lambda: "GenuineIntel")
+    assert packed.default_kernel() == "mkl"
+    monkeypatch.setattr(packed, "_cpu_vendor", lambda: "AuthenticAMD")
+    assert packed.default_kernel() == "onednn"
+    with pytest.raises(ValueError, match="packed kernel"):
+        packed.pack_weights(_k_major_layer(8, 8, seed=0), "blas")
 
 
 def test_layers_with_a_bias_stay_unpacked():
@@ -55,8 +85,21 @@ def test_layers_with_a_bias_stay_unpacked():
     assert with_bias.packed is None and without.packed is not None
 
 
-def _run(model_dir, packed_weights: bool) -> tuple[dict[str, list[list[int]]], int, int]:
-    llm = LLM(target=str(model_dir), draft=str(model_dir), packed_weights=packed_weights)
+OPS = {"mkl": (torch.ops.mkl, "_mkl_linear"), "onednn": (torch.ops.mkldnn, "_linear_pointwise")}
+
+
+def _run(model_dir, packed_weights: bool, kernel: str = "mkl",
+         monkeypatch=None) -> tuple[dict[str, list[list[int]]], int, int]:
+    namespace, name = OPS[kernel]
+    calls, op = [0], getattr(namespace, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(namespace, name, counted)  # the profiler would count them too, at 10x the test's time
+    llm = LLM(target=str(model_dir), draft=str(model_dir), packed_weights=packed_weights, packed_kernel=kernel,
+              draft_weights="float32")
     try:
         target, draft = llm.core.runner.model, llm.core.drafter.runner.model
         count = sum(getattr(m, "packed", None) is not None for m in target.modules())
@@ -65,22 +108,27 @@ def _run(model_dir, packed_weights: bool) -> tuple[dict[str, list[list[int]]], i
         outputs = {}
         for mode in ("ar", "sd", "ssd"):
             llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                outputs[mode] = [out.token_ids for out in llm.generate(PROMPTS, greedy)]
-            packed_calls = sum(e.count for e in prof.key_averages() if e.key == "mkl::_mkl_linear")
+            calls[0] = 0
+            outputs[mode] = [out.token_ids for out in llm.generate(PROMPTS, greedy)]
+            packed_calls = calls[0]
             assert (packed_calls > 0) == packed_weights, (mode, packed_calls)  # 3 requests: even AR steps have 3 rows
         return outputs, count, draft_count
     finally:
         llm.close()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3-tied"])
-def test_packed_weights_give_the_same_tokens(family, tiny_llama_dir, tiny_qwen3_dir):
+@pytest.mark.parametrize(("family", "kernel"), [("llama", "mkl"), ("qwen3-tied", "mkl"), ("llama", "onednn"),
+                                               ("qwen3-tied", "onednn")])
+def test_packed_weights_give_the_same_tokens(family, kernel, tiny_llama_dir, tiny_qwen3_dir, monkeypatch):
+    if not packed.available(kernel):
+        pytest.skip(f"torch built without the {kernel} packed GEMM")
     model_dir = tiny_llama_dir if family == "llama" else tiny_qwen3_dir
-    (with_packed, count, draft_count), (plain, none, _) = _run(model_dir, True), _run(model_dir, False)
+    (with_packed, count, draft_count), (plain, none, _) = _run(model_dir, True, kernel, monkeypatch), \
+        _run(model_dir, False, kernel, monkeypatch)
     assert count > 0 and draft_count > 0 and none == 0
-    assert with_packed == plain
     assert with_packed["sd"] == with_packed["ar"] and with_packed["ssd"] == with_packed["ar"]
+    if kernel == "mkl":  # the same products bit for bit: the same tokens in every mode
+        assert with_packed == plain
 
 
 def test_only_speculation_packs_and_only_float32(tiny_llama_dir):

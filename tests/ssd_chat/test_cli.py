@@ -89,7 +89,8 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
     "case",
     ["unknown alias", "missing directory", "negative temperature", "prompt too long", "bad option value",
      "REPL option before a command", "weights missing offline", "unsupported architecture", "corrupt weights",
-     "missing tokenizer", "core that does not exist", "more TP ranks than cores", "bad device syntax"],
+     "missing tokenizer", "core that does not exist", "more TP ranks than cores", "bad device syntax",
+     "unknown draft weights"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -118,6 +119,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "core that does not exist": ["ask", "hi", "--target", tiny, "--target-devices", "cpu:4096"],
         "more TP ranks than cores": ["ask", "hi", "--target", tiny, "--tp", "4096"],
         "bad device syntax": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-device", "gpu9"],
+        "unknown draft weights": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-weights", "int4"],
     }[case]
     result = _ssd_chat(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")})
     assert result.returncode == 2, result.stderr

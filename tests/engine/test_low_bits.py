@@ -1,0 +1,81 @@
+"""The draft's fewer-bit weights (engine.layers.low_bits): close products, only on the draft, never a changed
+token, and a clear error for an unknown kind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig, SpeculationConfig
+from engine.errors import InvalidParameterError
+from engine.layers import low_bits
+from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+pytestmark = pytest.mark.skipif(not low_bits.available(), reason="torch built without fbgemm")
+
+PROMPTS = [[1, 5, 9, 12], [3, 3, 7], list(range(2, 40))]
+TOLERANCE = {"float16": 2e-3, "int8": 5e-2}  # relative error of a product
+
+
+def _layers() -> torch.nn.ModuleList:
+    generator = torch.Generator().manual_seed(0)
+    up, down, biased = ColumnParallelLinear(64, 96), RowParallelLinear(96, 64), ColumnParallelLinear(64, 8, bias=True)
+    for layer in (up, down, biased):
+        layer.weight.data = torch.randn(layer.weight.shape, generator=generator) * 0.05
+    biased.bias.data.zero_()
+    return torch.nn.ModuleList([up, down, biased])
+
+
+@pytest.mark.parametrize("kind", ["float16", "int8"])
+def test_products_are_close_to_float32_and_biased_layers_stay(kind):
+    layers = _layers()
+    assert low_bits.quantize_weights(layers, kind) == 2
+    up, down, biased = layers
+    assert biased.low_bits is None and up.low_bits is not None and down.low_bits is not None
+    for rows in (1, 5, 40):
+        x = torch.randn(rows, 64)
+        want = F.linear(x, up.weight)
+        got = up(x)
+        assert got.shape == want.shape
+        error = ((got - want).norm() / want.norm()).item()
+        assert 0 < error < TOLERANCE[kind], (rows, error)  # close, and not the float32 product itself
+    x3 = torch.randn(2, 3, 96)  # [B, T, K] inputs keep their leading shape
+    assert down(x3).shape == (2, 3, 64)
+
+
+def test_float32_and_an_unknown_kind():
+    layers = _layers()
+    assert low_bits.quantize_weights(layers, "float32") == 0
+    assert all(layer.low_bits is None for layer in layers)
+    with pytest.raises(ValueError, match="draft weights"):
+        low_bits.quantize_weights(layers, "int4")
+    with pytest.raises(InvalidParameterError, match="draft weights must be one of"):
+        EngineConfig(draft_weights="int4")
+    assert EngineConfig(draft="d", draft_weights="float16").fast_path.draft_weights == "float16"  # to a draft process
+
+
+@pytest.mark.parametrize("kind", ["float16", "int8"])
+def test_only_the_draft_gets_them_and_greedy_output_stays_exact(kind, tiny_llama_dir):
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM(target=str(tiny_llama_dir), draft=str(tiny_llama_dir), draft_weights=kind) as llm:
+        target, draft = llm.core.runner.model, llm.core.drafter.runner.model
+        assert not any(getattr(m, "low_bits", None) is not None for m in target.modules())
+        assert sum(getattr(m, "low_bits", None) is not None for m in draft.modules()) > 0
+        assert not any(getattr(m, "packed", None) is not None for m in draft.modules())  # no unused copies
+        head, calls = draft.lm_head, [0]
+        product = head.low_bits
+
+        def counted(x):
+            calls[0] += 1
+            return product(x)
+
+        head.low_bits = counted
+        outputs = {}
+        for mode in ("ar", "sd", "ssd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
+            calls[0] = 0
+            outputs[mode] = [out.token_ids for out in llm.generate(PROMPTS, greedy)]
+            assert (calls[0] > 0) == (mode != "ar"), mode  # the draft ran on its fewer-bit weights
+    assert outputs["sd"] == outputs["ar"] and outputs["ssd"] == outputs["ar"]
