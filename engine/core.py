@@ -18,7 +18,7 @@ from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
 from engine.sequence import SeqStatus, Sequence, StepOutput
 from engine.spec_decode import sd_step, ssd_step
-from engine.spec_length import ROW_COST, RoundCost, best_k
+from engine.spec_length import PROBE_EVERY, ROW_COST, RoundCost, best_k
 from engine.ssd import AcceptanceEstimate, adaptive_fanout
 
 
@@ -37,6 +37,7 @@ class EngineCore:
         self.running: list[Sequence] = []
         self.spec: dict[int, SpeculationConfig] = {}  # request id -> how it decodes
         self.acceptance: dict[int, AcceptanceEstimate] = {}  # request id -> its draft acceptance (fan-out, k)
+        self.paused: dict[int, int] = {}  # request id -> SD rounds it ran with k = 0 (engine.spec_length)
         row_cost = ROW_COST.get(runner.device.type, ROW_COST["cuda"])
         self.round_cost = {mode: RoundCost(row_cost) for mode in ("sd", "ssd")}  # measured, for the adaptive k
         self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report
@@ -68,6 +69,7 @@ class EngineCore:
             self.waiting.remove(seq)
         self.spec.pop(seq.seq_id, None)
         self.acceptance.pop(seq.seq_id, None)
+        self.paused.pop(seq.seq_id, None)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
     def stop_string_hit(self, seq: Sequence, num_dropped: int) -> None:
@@ -158,12 +160,19 @@ class EngineCore:
 
     def _draft_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
         """spec.k, or with adaptive_k the k <= spec.k with the most expected tokens per second for this request's
-        measured acceptance (the prior until it has some) and the mode's measured round costs."""
+        measured acceptance (the prior until it has some) and the mode's measured round costs. SD may pick 0 (a
+        plain step), except every PROBE_EVERY-th such round, which drafts to keep the measurements current."""
         if not spec.adaptive_k:
             return spec.k
         estimate = self.acceptance.get(seq.seq_id)
         acceptance = AcceptanceEstimate.PRIOR if estimate is None else estimate.value
-        return best_k(spec.k, acceptance, self.round_cost[spec.mode])
+        cost = self.round_cost[spec.mode]
+        if spec.mode == "sd" and cost.verify_one_row_s is not None \
+                and best_k(spec.k, acceptance, cost, min_k=0) == 0:  # SSD's draft process always drafts
+            paused = self.paused[seq.seq_id] = self.paused.get(seq.seq_id, 0) + 1
+            if paused % PROBE_EVERY:
+                return 0
+        return best_k(spec.k, acceptance, cost)
 
     def _drop_draft(self, drafter, exc: Exception) -> None:
         """The draft process died: every request using it (running or waiting) goes on in AR mode from its

@@ -11,7 +11,10 @@ small GEMMs grow with the rows, a GPU's barely do; it also changes with the thre
 --compile, so it is fitted to the measured verify times: RowCostFit, from a per-device prior); d is the
 measured target wait for drafts per drafted token (SD: the whole drafting; SSD: only the misses' just-in-time
 drafts). v1 and d are moving averages of the rounds this engine ran. A weak draft then drafts fewer tokens, and
-a strong one the full k.
+a strong one the full k. SD may also pick k = 0, a plain one-row step (cost v1, one token), when no k pays for
+its drafting; it then still drafts every PROBE_EVERY-th round, so the acceptance and costs it decides on stay
+measured (the engine's core counts the rounds). On a machine where verifying rows or drafting is dear, or on
+text the draft cannot predict, SD then runs at about AR's speed instead of below it.
 Exactness never depends on k: verification is the same for any proposal length.
 """
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 # 52.2 ms for 2 rows and 67.6 ms for 5, against 46-48 ms for one (0.12 per row; without the packed weights 58.1
 # and 74.0 ms). CUDA: not measured yet (a decode step is bandwidth-bound far beyond 5 rows: a small share).
 ROW_COST = {"cpu": 0.12, "cuda": 0.02}
+PROBE_EVERY = 8  # while k = 0 pays best, one round in this many drafts anyway, to keep measuring
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -98,7 +102,8 @@ class RoundCost:
         return v1 * (1.0 + self.fit.value * k) + k * self.draft_per_token_s
 
 
-def best_k(max_k: int, acceptance: float, cost: RoundCost) -> int:
-    """The k in 1..max_k with the most expected tokens per second (the smaller k on a tie)."""
-    rates = [(expected_tokens(acceptance, k) / cost.seconds(k), -k) for k in range(1, max_k + 1)]
+def best_k(max_k: int, acceptance: float, cost: RoundCost, *, min_k: int = 1) -> int:
+    """The k in min_k..max_k with the most expected tokens per second (the smaller k on a tie). k = 0 is a plain
+    one-row step: one token for v1."""
+    rates = [(expected_tokens(acceptance, k) / cost.seconds(k), -k) for k in range(min_k, max_k + 1)]
     return -max(rates)[1]

@@ -27,7 +27,8 @@ class PanelData:
     rates: tuple[float, ...]
     tau: float | None = None
     acceptance_rate: float | None = None
-    histogram: tuple[int, ...] = ()            # [k+1]: verify steps that accepted 0..k draft tokens
+    histogram: tuple[int, ...] = ()            # [k+1]: verify steps with drafts that accepted 0..k of them
+    plain_steps: int = 0                       # SD steps without drafts (adaptive k = 0: drafting did not pay)
     per_position: tuple[float, ...] = ()       # [k]: acceptance rate of the i-th draft token
     cache_hit_rate: float | None = None
     tau_on_hit: float | None = None
@@ -49,6 +50,7 @@ class LiveStats:
     last_token_at: float | None = None
     num_tokens: int = 0
     num_steps: int = 0
+    plain_steps: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
     hit_steps: int = 0
@@ -87,11 +89,14 @@ class LiveStats:
         self.num_steps += 1
         self.num_drafted += step.num_drafted
         self.num_accepted += step.num_accepted
-        if step.num_accepted >= len(self.histogram):  # k changed under us: grow, never drop a count
-            self._grow(step.num_accepted)
-        self.histogram[step.num_accepted] += 1
         self.verify_s += step.verify_time_s
         self.wait_s += step.draft_time_s
+        if step.num_drafted == 0:  # a plain step: tau counts it (one token), the histogram does not
+            self.plain_steps += 1
+        else:
+            if step.num_accepted >= len(self.histogram):  # k changed under us: grow, never drop a count
+                self._grow(step.num_accepted)
+            self.histogram[step.num_accepted] += 1
         if step.draft_idle_s is not None:
             self.idle_s = (self.idle_s or 0.0) + step.draft_idle_s
         for i in range(min(step.num_drafted, len(self.drafted_per_position))):
@@ -124,6 +129,7 @@ class LiveStats:
             tau=(self.num_accepted + self.num_steps) / self.num_steps if spec else None,
             acceptance_rate=self.num_accepted / self.num_drafted if spec and self.num_drafted else None,
             histogram=tuple(self.histogram) if spec else (),
+            plain_steps=self.plain_steps if spec else 0,
             per_position=tuple(a / d if d else 0.0 for a, d in zip(
                 self.accepted_per_position, self.drafted_per_position, strict=True)) if spec else (),
             cache_hit_rate=self.hit_steps / self.num_steps if spec and self.saw_cache else None,

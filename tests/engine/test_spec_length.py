@@ -9,7 +9,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.outputs import StepStats
-from engine.spec_length import RoundCost, RowCostFit, best_k, expected_tokens
+from engine.spec_length import PROBE_EVERY, RoundCost, RowCostFit, best_k, expected_tokens
 from tests.conftest import make_tiny_model_dir
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -31,6 +31,16 @@ def test_best_k_grows_with_acceptance_and_shrinks_with_cost():
     drafting.update(num_rows=5, verify_s=0.152, num_drafted=4, draft_s=0.08)  # v1 = 0.1 s, 20 ms per draft token
     assert drafting.verify_one_row_s == pytest.approx(0.1) and drafting.draft_per_token_s == pytest.approx(0.02)
     assert best_k(4, 0.6, drafting) < best_k(4, 0.6, cpu)  # the target waits for drafts: fewer of them
+
+
+def test_k_zero_wins_only_when_no_draft_length_pays():
+    cost = RoundCost(row_cost=0.12)
+    cost.update(num_rows=5, verify_s=0.148, num_drafted=4, draft_s=0.024)  # v1 0.1 s, 6 ms per drafted token
+    assert best_k(4, 0.8, cost, min_k=0) == 4
+    assert best_k(4, 0.05, cost, min_k=0) == 0  # a draft that is almost never right: a plain step is faster
+    assert best_k(4, 0.05, cost) == 1  # without k = 0, the cheapest round
+    rate = {k: expected_tokens(0.3, k) / cost.seconds(k) for k in range(5)}
+    assert best_k(4, 0.3, cost, min_k=0) == max(rate, key=rate.get)
 
 
 def test_round_cost_is_a_moving_average():
@@ -86,4 +96,8 @@ def test_a_weak_draft_drafts_fewer_tokens_and_output_stays_exact(tiny_llama_dir,
             drafted[adaptive] = [e.num_drafted for e in events if isinstance(e, StepStats)]
     assert drafted[False][:20] == [4] * 20  # fixed k (rounds near max_tokens are cut short)
     assert drafted[True][0] == 4  # nothing measured yet: the prior (0.8) asks for the full k
-    assert drafted[True][-4:-1] == [1, 1, 1]  # then the measured acceptance says one token is worth drafting
+    if mode == "ssd":  # then the measured acceptance says one token is worth drafting
+        assert drafted[True][-4:-1] == [1, 1, 1]
+    else:  # SD: none is; a plain step pays best, with a drafted probe round every PROBE_EVERY-th
+        tail = drafted[True][-2 * PROBE_EVERY:]
+        assert tail.count(0) >= 2 * (PROBE_EVERY - 1) - 1 and 0 < sum(tail) <= 2 * max(tail)
