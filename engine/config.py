@@ -28,7 +28,7 @@ class FastPath:
     k_major: bool = True  # CPU: matmul weights stored K-major (engine.layers.linear.to_k_major); False: as loaded
     packed: bool = False  # CPU: packed weight copies for few-row steps (engine.layers.packed)
     packed_kernel: str = "auto"  # CPU: auto | mkl | onednn (auto: mkl on Intel, onednn elsewhere)
-    draft_weights: str = "float32"  # CPU: the draft's matmul weights, float32 | float16 | int8 (engine.layers.low_bits)
+    draft_weights: str = "int8"  # CPU: the draft's matmul weights, float32 | float16 | int8 (engine.layers.low_bits)
 
 
 @dataclass(frozen=True)

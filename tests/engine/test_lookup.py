@@ -95,7 +95,8 @@ def test_skipped_draft_steps_leave_the_model_drafts_unchanged(tiny_llama_dir):
     from engine.sequence import Sequence
 
     tiny = str(tiny_llama_dir)
-    with LLM(tiny, draft=tiny, max_model_len=256, block_size=4) as llm, LLM(tiny, max_model_len=256) as ref:
+    same = {"max_model_len": 256, "block_size": 4, "draft_weights": "float32"}  # float32: the draft is the target
+    with LLM(tiny, draft=tiny, **same) as llm, LLM(tiny, max_model_len=256) as ref:
         drafter = llm.core.drafter
         seq = Sequence(999, [5, 9, 33, 71, 5, 9, 33, 8, 5, 9], GREEDY)
         drafter.start([seq])
@@ -129,7 +130,8 @@ def test_ssd_branches_skip_the_model_where_the_lookup_answers(tiny_llama_dir, mo
         return None if (len(drafted) + last) % 3 == 0 else (last * 7 + 3) % 50
 
     tiny = str(tiny_llama_dir)
-    with LLM(tiny, draft=tiny, max_model_len=256, block_size=4) as llm, LLM(tiny, max_model_len=256) as ref:
+    same = {"max_model_len": 256, "block_size": 4, "draft_weights": "float32"}  # float32: the draft is the target
+    with LLM(tiny, draft=tiny, **same) as llm, LLM(tiny, max_model_len=256) as ref:
         drafter = llm.core.drafter
         monkeypatch.setattr(drafter.lookups, "guess", rule)
         seq = Sequence(999, [5, 9, 33, 71, 5, 9, 33, 8, 5, 9, 33, 71, 5], GREEDY)

@@ -57,7 +57,7 @@ def test_greedy_sd_equals_ar(llm, k):
 
 
 def test_draft_equal_to_target_accepts_everything(tiny_llama_dir):
-    same = LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=256, block_size=4,
+    same = LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=256, block_size=4, draft_weights="float32",
                speculation=SpeculationConfig(mode="sd", k=3, adaptive_k=False))  # adaptive: k=1 for so costly a draft
     out = same.generate(["Paris is"], SamplingParams(temperature=0.0, max_tokens=21, ignore_eos=True))[0]
     spec = out.stats.spec

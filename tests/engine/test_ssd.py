@@ -114,7 +114,8 @@ def test_fanout_follows_the_measured_acceptance():
 def test_draft_kv_stays_right_where_branches_no_longer_fit(tiny_llama_dir):
     """Close to the context limit the cache answers but no new branches fit: the glue pass must still run,
     or the draft's KV goes stale (with draft == target every token would then no longer be accepted)."""
-    same = LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=42, block_size=4, mode="ssd", k=4)
+    same = LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=42, block_size=4, mode="ssd", k=4,
+               draft_weights="float32")  # float32: the draft computes exactly what the target does
     out = same.generate([list(range(1, 16))], SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))[0]
     assert out.finish_reason is FinishReason.CONTEXT
     assert out.stats.spec.acceptance_rate == 1.0

@@ -179,7 +179,7 @@ def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
     out = tmp_path / "bench.json"
     draft = str(tiny_llama_dir)  # the target as its own draft: everything is accepted, the cache always hits
     args = ["bench", "--target", str(tiny_llama_dir), "--draft", draft, "--modes", "ar,sd,ssd", "--hf", "--k", "3",
-            "--fixed-k", "--no-lookup", "--max-tokens", "12", "--limit", "2",
+            "--fixed-k", "--no-lookup", "--draft-weights", "float32", "--max-tokens", "12", "--limit", "2",
             "--json", str(out)]  # adaptive: k=1, so costly a draft; lookup off: the draft alone is measured
     result = runner.invoke(cli.app, args)
     assert result.exit_code == 0, result.output
@@ -231,7 +231,7 @@ def test_bench_every_core_row_keeps_the_fast_path_options(tiny_llama_dir, tmp_pa
 
 def test_ask_with_a_draft_reports_speculation_stats(tiny_llama_dir):
     args = ["ask", "Paris is", "--target", str(tiny_llama_dir), "--draft", str(tiny_llama_dir), "--mode", "ssd",
-            "--temperature", "0", "--max-tokens", "10", "--json"]
+            "--temperature", "0", "--max-tokens", "10", "--draft-weights", "float32", "--json"]
     result = runner.invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout)["stats"]
