@@ -41,7 +41,9 @@ class RowCostFit:
     """row_cost fitted to the measured verify times: the least-squares line verify_s = a + b (rows - 1) over the
     rounds so far (each older round weighs DECAY times less), with a ridge term PRIOR_WEIGHT (b - prior a)^2
     that holds b / a at the prior until the rows have varied enough to tell (the adaptive length varies them).
-    Speculative rounds have at least 2 rows, so a (one row) is always extrapolated from x >= 1."""
+    SD's plain rounds (k = 0) measure a directly; without them a is extrapolated from speculative rounds (x >= 1),
+    which on a CPU can be far off: a one-row step may run another GEMM kernel than a packed few-row one
+    (engine.layers.packed), dearer per row, and one slow round at 5 rows can tilt the line to a tiny a."""
 
     DECAY = 0.98          # about the last 50 rounds
     PRIOR_WEIGHT = 1.0    # like one round's worth of rows one apart
@@ -79,22 +81,27 @@ class RoundCost:
     row_cost: float
     verify_one_row_s: float | None = None
     draft_per_token_s: float = 0.0
+    drafts_measured: bool = False
     DECAY = 0.8
 
     def __post_init__(self) -> None:
         self.fit = RowCostFit(self.row_cost)
 
     def update(self, num_rows: int, verify_s: float, num_drafted: int, draft_s: float) -> None:
-        if num_drafted < 1 or num_rows < 1:
+        """One round's measurements. A plain round (nothing drafted: SD's k = 0) measures the one-row step, what
+        best_k weighs k = 0 at, and no drafting."""
+        if num_rows < 1:
             return
         self.fit.add(num_rows, verify_s)
         v1 = verify_s / (1.0 + self.fit.value * (num_rows - 1))
-        d = draft_s / num_drafted
-        if self.verify_one_row_s is None:
-            self.verify_one_row_s, self.draft_per_token_s = v1, d
-            return
-        self.verify_one_row_s = self.DECAY * self.verify_one_row_s + (1 - self.DECAY) * v1
-        self.draft_per_token_s = self.DECAY * self.draft_per_token_s + (1 - self.DECAY) * d
+        self.verify_one_row_s = self._average(self.verify_one_row_s, v1)
+        if num_drafted > 0:
+            self.draft_per_token_s = self._average(self.draft_per_token_s if self.drafts_measured else None,
+                                                   draft_s / num_drafted)
+            self.drafts_measured = True
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else self.DECAY * old + (1 - self.DECAY) * new
 
     def seconds(self, k: int) -> float:
         """A round's cost with k drafts; before any measurement, the verify alone in units of one row."""

@@ -49,8 +49,29 @@ def test_round_cost_is_a_moving_average():
     cost.update(num_rows=3, verify_s=2.0, num_drafted=2, draft_s=1.0)
     assert cost.verify_one_row_s == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)
     assert cost.draft_per_token_s == pytest.approx(0.2 * 0.5)
-    cost.update(num_rows=1, verify_s=9.0, num_drafted=0, draft_s=0.0)  # an AR round: nothing to learn
-    assert cost.verify_one_row_s == pytest.approx(1.2)
+    cost.update(num_rows=1, verify_s=9.0, num_drafted=0, draft_s=0.0)  # a plain round: the one-row step, no drafts
+    assert cost.verify_one_row_s == pytest.approx(0.8 * 1.2 + 0.2 * 9.0)
+    assert cost.draft_per_token_s == pytest.approx(0.2 * 0.5)
+    first = RoundCost(row_cost=0.0)
+    first.update(num_rows=1, verify_s=1.0, num_drafted=0, draft_s=0.0)
+    first.update(num_rows=3, verify_s=1.0, num_drafted=2, draft_s=1.0)
+    assert first.draft_per_token_s == pytest.approx(0.5)  # the first drafting measured is taken as it is
+
+
+def test_plain_rounds_price_k_zero_at_what_a_one_row_step_costs():
+    """The verify line extrapolated to one row can be far below a real one-row step (a CPU's packed few-row
+    GEMM beating its one-row kernel, or one slow 5-row round tilting the line): the plain rounds SD runs measure
+    it, so k = 0 stops looking cheap where it is not. Measured on an AMD EPYC: 1 row 38 ms, 2 rows 35 ms."""
+    cost = RoundCost(row_cost=0.12)
+    for _ in range(20):
+        cost.update(num_rows=2, verify_s=0.035, num_drafted=1, draft_s=0.004)
+    cost.update(num_rows=5, verify_s=0.097, num_drafted=4, draft_s=0.006)  # one slow round
+    assert cost.fit.value > 0.5 and best_k(4, 0.6, cost, min_k=0) == 0  # extrapolated: a plain step looks cheap
+    for _ in range(PROBE_EVERY):
+        cost.update(num_rows=1, verify_s=0.038, num_drafted=0, draft_s=0.0)
+    assert cost.fit.value < 0.5 and cost.verify_one_row_s > 0.033  # measured, not extrapolated
+    assert best_k(4, 0.6, cost, min_k=0) > 0
+    assert best_k(4, 0.05, cost, min_k=0) == 0  # a draft that is almost never right still loses to a plain step
 
 
 def test_the_row_cost_is_fitted_to_the_measured_verify_times():
