@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
+from engine.layers.packed import one_row_pays
 
 DEFAULT_TARGET = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -58,7 +59,7 @@ class EngineConfig:
     eager: bool = False              # CUDA: no decode CUDA graphs
     compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward
     k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
-    packed_weights: bool = True      # CPU with a draft: packed weight copies for verify-sized steps (more memory)
+    packed_weights: bool = True      # CPU with a draft (or one_row_pays): packed weight copies (more memory)
     packed_kernel: str = "auto"      # CPU: the packed copies' GEMM, auto | mkl | onednn (engine.layers.packed)
     draft_weights: str = "int8"      # CPU: the draft's matmul weights (float32 | float16 | int8); never the target's
 
@@ -66,8 +67,10 @@ class EngineConfig:
     def fast_path(self) -> FastPath:
         # only speculation runs several-row steps often enough to pay for the packed copies' memory, and the
         # compiled steps (--compile) run their own GEMMs
+        # (or, where one-row steps gain from them too, every step: engine.layers.packed.one_row_pays)
+        few_rows = self.draft is not None or one_row_pays(self.packed_kernel)
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
-                        packed=self.packed_weights and self.draft is not None and not self.compile,
+                        packed=self.packed_weights and few_rows and not self.compile,
                         packed_kernel=self.packed_kernel, draft_weights=self.draft_weights)
 
     def __post_init__(self) -> None:

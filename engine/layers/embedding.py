@@ -42,7 +42,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits over the vocabulary: each rank scores its slice, then slices are gathered."""
 
-    packed: torch.Tensor | None = None  # the weight's MKL-packed copy for few-row steps (engine.layers.packed)
+    packed: torch.Tensor | None = None  # the weight's packed copy for few-row steps (engine.layers.packed)
+
+    packed_min_rows: int = 2  # steps of fewer rows skip the packed copy (engine.layers.packed.min_rows)
 
     low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
 
@@ -59,6 +61,8 @@ class ReducedLMHead(nn.Module):
     draft build SSD's branch tree within one verify."""
 
     packed: torch.Tensor | None = None  # as in ParallelLMHead
+
+    packed_min_rows: int = 2  # as in ParallelLMHead
 
     low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
 

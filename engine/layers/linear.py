@@ -23,7 +23,9 @@ def _param(*shape: int) -> nn.Parameter:
 class ColumnParallelLinear(nn.Module):
     """y = x W^T with W split by output rows: each rank computes a slice of y."""
 
-    packed: torch.Tensor | None = None  # the weight's MKL-packed copy for few-row steps (engine.layers.packed)
+    packed: torch.Tensor | None = None  # the weight's packed copy for few-row steps (engine.layers.packed)
+
+    packed_min_rows: int = 2  # steps of fewer rows skip the packed copy (engine.layers.packed.min_rows)
 
     low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
 
@@ -94,6 +96,8 @@ class RowParallelLinear(nn.Module):
     """y = x W^T with W split by input columns: partial sums are all-reduced over ranks."""
 
     packed: torch.Tensor | None = None  # as in ColumnParallelLinear
+
+    packed_min_rows: int = 2  # as in ColumnParallelLinear
 
     low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
 

@@ -21,12 +21,20 @@ the step before (ms, plain K-major GEMM / oneDNN packed):
     1 thread    49/89   92/94    181/94   198/101  199/103  241/147  310/210
     2 threads   44/44   73/46    173/53   120/51   133/63   146/83   190/115
 
-so 2..32 rows take it there. Its products differ from MKL's GEMM in rounding, as a GEMM of any other row count
-does (`pack_weights` checks they agree to float32 rounding); greedy SD/SSD stay token-identical to AR (tested).
+so 2..32 rows take it there. On a 2-core AMD EPYC with AVX-512 (Zen 4) oneDNN also wins at one row, without
+flushing (ms, the same matmuls, 1 thread; 2 threads alike):
+
+    rows        1          2          3          5          8
+    1 thread    25.4/18.6  41.0/18.3  51.1/19.6  56.5/21.1  59.7/26.1
+
+so there 1..32 rows take it (`one_row_pays`: a non-Intel CPU with AVX-512), and an engine packs even for AR
+alone, where one-row steps are all its decoding. Its products differ from MKL's GEMM in rounding, as a GEMM of
+any other row count does (`pack_weights` checks they agree to float32 rounding); greedy SD/SSD stay
+token-identical to AR (tested).
 
 Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
-the size of the float32 weights, so the engine packs only when a draft is loaded and the steps are not compiled
-(``EngineConfig.fast_path``).
+the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
+and the steps are not compiled (``EngineConfig.fast_path``).
 """
 
 from __future__ import annotations
@@ -50,6 +58,26 @@ def default_kernel() -> str:
     return "mkl" if _cpu_vendor() == "GenuineIntel" else "onednn"
 
 
+def one_row_pays(kernel: str = "auto") -> bool:
+    """Whether one-row steps take the packed copy too: oneDNN on a non-Intel CPU with AVX-512 (the tables above:
+    faster there at one row, slower on AVX2 only)."""
+    kernel = default_kernel() if kernel == "auto" else kernel
+    return kernel == "onednn" and _cpu_vendor() != "GenuineIntel" and _has_avx512()
+
+
+def min_rows(kernel: str) -> int:
+    """The fewest rows a step has to take the packed copy for `kernel` (a one-row step is a GEMV elsewhere)."""
+    return 1 if one_row_pays(kernel) else 2
+
+
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
 def _cpu_vendor() -> str:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
@@ -71,14 +99,16 @@ def available(kernel: str = "mkl") -> bool:
 
 def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, module.weight, bias)``, through ``module.packed`` (the weight's packed copy, or None) for
-    2..``module.packed_rows`` rows, or through ``module.low_bits`` (a draft's float16/int8 product).
+    ``module.packed_min_rows``..``module.packed_rows`` rows, or through ``module.low_bits`` (a draft's
+    float16/int8 product).
     x: [..., K]; module.weight: [N, K]; returns [..., N]."""
     if torch.compiler.is_compiling():  # a compiled step keeps its own GEMM and never sees the packed copy
         return F.linear(x, module.weight, bias)
     if module.low_bits is not None:  # a CPU draft's float16/int8 weight (engine.layers.low_bits); never with a bias
         return module.low_bits(x)
     rows = x.numel() // x.shape[-1]
-    if module.packed is None or not 2 <= rows <= module.packed_rows or x.shape[-1] != module.weight.shape[1]:
+    if module.packed is None or not module.packed_min_rows <= rows <= module.packed_rows \
+            or x.shape[-1] != module.weight.shape[1]:
         return F.linear(x, module.weight, bias)
     if module.packed_kernel == "mkl":
         # the last argument is the row count the packed weight is used for (the packing hint is only a hint)
@@ -100,8 +130,8 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
     generator = torch.Generator().manual_seed(0)
     probe = nn.Module()
     probe.weight, probe.packed, probe.low_bits = weight, packed, None
-    probe.packed_kernel, probe.packed_rows = kernel, MAX_ROWS[kernel]
-    for rows in range(2, MAX_ROWS[kernel] + 1):
+    probe.packed_kernel, probe.packed_rows, probe.packed_min_rows = kernel, MAX_ROWS[kernel], min_rows(kernel)
+    for rows in range(min_rows(kernel), MAX_ROWS[kernel] + 1):
         x = torch.randn(rows, weight.shape[1], generator=generator)
         got, want = linear(x, probe), F.linear(x, weight)
         if not (torch.equal(got, want) if kernel == "mkl" else torch.allclose(got, want, rtol=1e-4, atol=1e-4)):
@@ -145,5 +175,7 @@ def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
                 return 0
             checked.add(shape)
         module.packed, module.packed_kernel, module.packed_rows = copies[key], kernel, MAX_ROWS[kernel]
-    log.info("packed %d weights for %s few-row steps (about %.0f MB more)", len(copies), kernel, packed_bytes / 1e6)
+        module.packed_min_rows = min_rows(kernel)
+    log.info("packed %d weights for %s steps of %d-%d rows (about %.0f MB more)", len(copies), kernel,
+             min_rows(kernel), MAX_ROWS[kernel], packed_bytes / 1e6)
     return len(copies)

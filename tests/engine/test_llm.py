@@ -117,7 +117,9 @@ def test_stop_string_stop_token_and_max_tokens(llm):
     assert by_id.finish_reason is FinishReason.STOP
 
 
-def test_eos_ends_the_reply_unless_ignored(llm):
+def test_eos_ends_the_reply_unless_ignored(tiny_llama_dir):
+    # the head is edited in place below, which packed weight copies (engine.layers.packed) would not see
+    llm = LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, packed_weights=False)
     eos = llm.tokenizer.eos_token_id
     with torch.no_grad():  # make the model always predict EOS by biasing the head
         head = llm.core.runner.model.lm_head.weight

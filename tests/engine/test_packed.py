@@ -66,13 +66,21 @@ def test_only_the_kernels_row_counts_take_the_packed_copy(kernel):
         assert torch.allclose(layer(x), expected, atol=1e-4), rows
     x = torch.randn(64, 4).t()  # a non-contiguous [4, 64] input
     assert torch.allclose(layer(x), F.linear(x, layer.weight) * 2, atol=1e-4)
+    layer.packed_min_rows = 1  # where one-row steps gain from the packed copy too (packed.one_row_pays)
+    x = torch.randn(1, 64)
+    assert torch.allclose(layer(x), F.linear(x, layer.weight) * 2, atol=1e-4)
 
 
 def test_the_kernel_follows_the_cpu_vendor(monkeypatch):
+    monkeypatch.setattr(packed, "_has_avx512", lambda: True)
     monkeypatch.setattr(packed, "_cpu_vendor", lambda: "GenuineIntel")
-    assert packed.default_kernel() == "mkl"
+    assert packed.default_kernel() == "mkl" and not packed.one_row_pays() and packed.min_rows("mkl") == 2
+    assert not packed.one_row_pays("onednn")  # oneDNN asked for on Intel: only few-row steps, as measured there
     monkeypatch.setattr(packed, "_cpu_vendor", lambda: "AuthenticAMD")
-    assert packed.default_kernel() == "onednn"
+    assert packed.default_kernel() == "onednn" and packed.one_row_pays() and packed.min_rows("onednn") == 1
+    assert not packed.one_row_pays("mkl") and packed.min_rows("mkl") == 2
+    monkeypatch.setattr(packed, "_has_avx512", lambda: False)  # AVX2 only (Zen 3): a one-row step is faster plain
+    assert packed.default_kernel() == "onednn" and not packed.one_row_pays() and packed.min_rows("onednn") == 2
     with pytest.raises(ValueError, match="packed kernel"):
         packed.pack_weights(_k_major_layer(8, 8, seed=0), "blas")
 
@@ -131,8 +139,39 @@ def test_packed_weights_give_the_same_tokens(family, kernel, tiny_llama_dir, tin
         assert with_packed == plain
 
 
-def test_only_speculation_packs_and_only_float32(tiny_llama_dir):
+def _one_row_pays(monkeypatch, pays: bool) -> None:
+    monkeypatch.setattr(packed, "_cpu_vendor", lambda: "AuthenticAMD" if pays else "GenuineIntel")
+    monkeypatch.setattr(packed, "_has_avx512", lambda: pays)
+
+
+def test_only_speculation_packs_and_only_float32(tiny_llama_dir, monkeypatch):
+    _one_row_pays(monkeypatch, False)
     with LLM(target=str(tiny_llama_dir)) as llm:  # AR only: one-row steps, so no packed copies
         assert not any(getattr(m, "packed", None) is not None for m in llm.core.runner.model.modules())
     layer = _k_major_layer(64, 32, seed=1).to(torch.bfloat16)
     assert packed.pack_weights(layer) == 0 and layer.packed is None
+
+
+def test_where_one_row_steps_gain_ar_alone_packs_and_decodes_through_the_copies(tiny_llama_dir, monkeypatch):
+    if not packed.available("onednn"):
+        pytest.skip("torch built without the onednn packed GEMM")
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    _one_row_pays(monkeypatch, False)
+    with LLM(target=str(tiny_llama_dir), packed_kernel="onednn") as llm:
+        plain = [out.token_ids for out in llm.generate(PROMPTS[:1], greedy)]
+    _one_row_pays(monkeypatch, True)
+    calls, op = [0], torch.ops.mkldnn._linear_pointwise
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    with LLM(target=str(tiny_llama_dir), packed_kernel="onednn") as llm:
+        modules = [m for m in llm.core.runner.model.modules() if getattr(m, "packed", None) is not None]
+        assert modules and all(m.packed_min_rows == 1 for m in modules)
+        calls[0] = 0
+        assert [out.token_ids for out in llm.generate(PROMPTS[:1], greedy)] == plain
+        assert calls[0] >= 23 * len(modules)  # every one-row decode step went through the packed copies
+    with LLM(target=str(tiny_llama_dir), packed_kernel="onednn", packed_weights=False) as llm:
+        assert not any(getattr(m, "packed", None) is not None for m in llm.core.runner.model.modules())
