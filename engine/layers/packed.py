@@ -39,6 +39,7 @@ and the steps are not compiled (``EngineConfig.fast_path``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 
@@ -71,22 +72,24 @@ def min_rows(kernel: str) -> int:
 
 
 def _has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
+    return "avx512f" in _cpuinfo("flags").split()
 
 
 def _cpu_vendor() -> str:
+    return _cpuinfo("vendor_id") or platform.processor()
+
+
+@functools.cache
+def _cpuinfo(field: str) -> str:
+    """The first CPU's `field` in /proc/cpuinfo ("" where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("vendor_id"):
+                if line.split(":", 1)[0].strip() == field:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return ""
 
 
 def available(kernel: str = "mkl") -> bool:

@@ -161,11 +161,15 @@ def make_app(engine: FakeEngine, tmp_path, *, settings=None, resume: bool = Fals
 async def settle(app, pilot, timeout: float = 10.0) -> None:
     """Wait until the engine is loaded and no reply or compare is running, and the UI caught up."""
     import asyncio
+    import contextlib
+
+    from textual.worker import WorkerCancelled
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while app.engine is None or app.busy:
-        await app.workers.wait_for_complete()
+        with contextlib.suppress(WorkerCancelled):  # a removed widget's worker (the loading screen's Log's)
+            await app.workers.wait_for_complete()
         await pilot.pause(0.02)
         assert loop.time() < deadline, "the app did not settle"
     await pilot.pause()
