@@ -27,7 +27,7 @@ from engine.config import SpeculationConfig
 from engine.distributed import pin
 from engine.placement import plan
 from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun
-from ssd_chat.machine import machine_info, matvec_bandwidth_gb_s
+from ssd_chat.machine import machine_info, read_bandwidth_gb_s
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError, Messages, encode_prompts, load_prompts
 
 WARMUP_TOKENS = 8
@@ -207,8 +207,10 @@ def _run_engine_modes(
                    for mode in config.modes if mode not in EVERY_CORE]
         layout = llm.layout
         progress("measuring memory bandwidth")
-        bandwidth = matvec_bandwidth_gb_s(str(llm.device))
-        bound = {"weight_bytes": llm.weight_bytes, "matvec_gb_s": round(bandwidth, 1),
+        rates = read_bandwidth_gb_s(str(llm.device))
+        bandwidth = max(rates.values())
+        bound = {"weight_bytes": llm.weight_bytes, "matvec_gb_s": round(rates["matvec"], 1),
+                 "sum_gb_s": round(rates["sum"], 1),
                  "bandwidth_bound_tok_s": round(bandwidth * 1e9 / llm.weight_bytes, 1)}
     finally:
         llm.close()

@@ -185,6 +185,9 @@ def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["config"]["adaptive_k"] is False and report["config"]["lookup"] is False
+    config = report["config"]  # the bound: the weights read once per token at the faster of two read rates
+    fastest = max(config["matvec_gb_s"], config["sum_gb_s"])
+    assert config["bandwidth_bound_tok_s"] == pytest.approx(fastest * 1e9 / config["weight_bytes"], rel=0.01)
     rows = {r["mode"]: r for r in report["results"]}
     assert list(rows) == ["ar", "sd", "ssd", "hf", "hf-assisted"]
     assert all(rows[m]["identical_to_ar"] for m in ("sd", "ssd", "hf", "hf-assisted"))
