@@ -22,6 +22,7 @@ from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
 from engine.distributed import pin
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
+from engine.layers.packed import one_row_pays
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
 from engine.placement import off_the_draft, plan
@@ -61,6 +62,9 @@ class LLM:
         files = inspect_model_dir(self.model_path)
         self.tokenizer = load_tokenizer(self.model_path)
         self.device = torch.device(leader.torch_device)
+        if config.compile and self.device.type == "cpu" and one_row_pays(config.packed_kernel):
+            log.warning("--compile runs MKL's GEMM, which is slower on this CPU than the oneDNN-packed steps it "
+                        "replaces (README: On AMD EPYC): leave --compile off here")
         dtype = resolve_dtype(config.dtype, self.device)
         model_max = int(files.config.get("max_position_embeddings", 4096))
         if config.max_model_len is not None and config.max_model_len > model_max:

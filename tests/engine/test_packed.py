@@ -3,6 +3,8 @@ GEMM's bit for bit, oneDNN's to float32 rounding, and greedy SD/SSD equal AR wit
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -175,3 +177,14 @@ def test_where_one_row_steps_gain_ar_alone_packs_and_decodes_through_the_copies(
         assert calls[0] >= 23 * len(modules)  # every one-row decode step went through the packed copies
     with LLM(target=str(tiny_llama_dir), packed_kernel="onednn", packed_weights=False) as llm:
         assert not any(getattr(m, "packed", None) is not None for m in llm.core.runner.model.modules())
+
+
+def test_compile_is_warned_off_where_it_would_replace_the_one_row_copies(tiny_llama_dir, monkeypatch, caplog):
+    from engine.errors import InvalidParameterError
+
+    for pays in (True, False):
+        _one_row_pays(monkeypatch, pays)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="engine.llm"), pytest.raises(InvalidParameterError):
+            LLM(str(tiny_llama_dir), compile=True, max_model_len=10**9)  # refused after the check, before compiling
+        assert ("leave --compile off" in caplog.text) == pays
