@@ -44,8 +44,8 @@ def build_drafter(spec: DraftSpec) -> SsdDrafter:
         borrowed = inspect_model_dir(Path(spec.target_path)).weight_files
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
                         device=device, embedding_files=borrowed, k_major=spec.fast.k_major,
-                        packed=spec.fast.packed and spec.fast.draft_weights == "float32",
-                        packed_kernel=spec.fast.packed_kernel, low_bits=spec.fast.draft_weights)
+                        packed=spec.fast.packed, packed_kernel=spec.fast.packed_kernel,
+                        low_bits=spec.fast.draft_weights)
     runner = ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
                          block_size=spec.block_size, device=device, dtype=dtype,
                          extra_slots=spec.max_num_seqs * SCRATCH_SLOTS,

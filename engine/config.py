@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
-from engine.layers.packed import one_row_pays
+from engine.layers import low_bits, packed
 
 DEFAULT_TARGET = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer")
-DRAFT_WEIGHTS = ("float32", "float16", "int8")  # engine.layers.low_bits.KINDS
-PACKED_KERNELS = ("auto", "mkl", "onednn")  # engine.layers.packed.KERNELS and auto
+DRAFT_WEIGHTS = low_bits.KINDS
+PACKED_KERNELS = ("auto", *packed.KERNELS)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class EngineConfig:
         # only speculation runs several-row steps often enough to pay for the packed copies' memory, and the
         # compiled steps (--compile) run their own GEMMs
         # (or, where one-row steps gain from them too, every step: engine.layers.packed.one_row_pays)
-        few_rows = self.draft is not None or one_row_pays(self.packed_kernel)
+        few_rows = self.draft is not None or packed.one_row_pays(self.packed_kernel)
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
                         packed=self.packed_weights and few_rows and not self.compile,
                         packed_kernel=self.packed_kernel, draft_weights=self.draft_weights)

@@ -167,12 +167,12 @@ class EngineCore:
         estimate = self.acceptance.get(seq.seq_id)
         acceptance = AcceptanceEstimate.PRIOR if estimate is None else estimate.value
         cost = self.round_cost[spec.mode]
-        if spec.mode == "sd" and cost.verify_one_row_s is not None \
-                and best_k(spec.k, acceptance, cost, min_k=0) == 0:  # SSD's draft process always drafts
-            paused = self.paused[seq.seq_id] = self.paused.get(seq.seq_id, 0) + 1
-            if paused % PROBE_EVERY:
-                return 0
-        return best_k(spec.k, acceptance, cost)
+        plain_ok = spec.mode == "sd" and cost.verify_one_row_s is not None  # SSD's draft process always drafts
+        k = best_k(spec.k, acceptance, cost, min_k=0 if plain_ok else 1)
+        if k > 0:
+            return k
+        paused = self.paused[seq.seq_id] = self.paused.get(seq.seq_id, 0) + 1
+        return 0 if paused % PROBE_EVERY else best_k(spec.k, acceptance, cost)
 
     def _drop_draft(self, drafter, exc: Exception) -> None:
         """The draft process died: every request using it (running or waiting) goes on in AR mode from its

@@ -110,8 +110,8 @@ def build_model(
     load_weights(model, list(weight_files), embedding_files)
     if k_major and torch.device(device).type == "cpu":
         to_k_major(model)
-    if packed and torch.device(device).type == "cpu":
+    # a fewer-bit product (a draft's) stands in for the packed copy, which would then go unused
+    fewer_bits = dtype == torch.float32 and quantize_weights(model, low_bits) > 0
+    if packed and not fewer_bits and torch.device(device).type == "cpu":
         pack_weights(model, packed_kernel)
-    if dtype == torch.float32:
-        quantize_weights(model, low_bits)
     return model.eval()

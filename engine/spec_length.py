@@ -80,8 +80,7 @@ class RoundCost:
 
     row_cost: float
     verify_one_row_s: float | None = None
-    draft_per_token_s: float = 0.0
-    drafts_measured: bool = False
+    draft_per_token_s: float | None = None
     DECAY = 0.8
 
     def __post_init__(self) -> None:
@@ -96,9 +95,7 @@ class RoundCost:
         v1 = verify_s / (1.0 + self.fit.value * (num_rows - 1))
         self.verify_one_row_s = self._average(self.verify_one_row_s, v1)
         if num_drafted > 0:
-            self.draft_per_token_s = self._average(self.draft_per_token_s if self.drafts_measured else None,
-                                                   draft_s / num_drafted)
-            self.drafts_measured = True
+            self.draft_per_token_s = self._average(self.draft_per_token_s, draft_s / num_drafted)
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else self.DECAY * old + (1 - self.DECAY) * new
@@ -106,7 +103,7 @@ class RoundCost:
     def seconds(self, k: int) -> float:
         """A round's cost with k drafts; before any measurement, the verify alone in units of one row."""
         v1 = 1.0 if self.verify_one_row_s is None else self.verify_one_row_s
-        return v1 * (1.0 + self.fit.value * k) + k * self.draft_per_token_s
+        return v1 * (1.0 + self.fit.value * k) + k * (self.draft_per_token_s or 0.0)
 
 
 def best_k(max_k: int, acceptance: float, cost: RoundCost, *, min_k: int = 1) -> int:

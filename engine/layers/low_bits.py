@@ -22,6 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from engine.layers.packed import bias_free_matmuls
+
 log = logging.getLogger(__name__)
 
 KINDS = ("float32", "float16", "int8")
@@ -54,14 +56,9 @@ def quantize_weights(model: nn.Module, kind: str) -> int:
     a `kind` copy of its weight (modules sharing a weight share it). The float32 weights stay (the packed MKL
     copies and the compiled steps read them). Returns the number of weights converted: 0 for "float32", without
     fbgemm, or off the CPU."""
-    from engine.layers.embedding import ParallelLMHead, ReducedLMHead
-    from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
-
     if kind not in KINDS:
         raise ValueError(f"draft weights must be one of {', '.join(KINDS)}, got {kind!r}")
-    kinds = (ColumnParallelLinear, RowParallelLinear, ParallelLMHead, ReducedLMHead)
-    modules = [m for m in model.modules() if isinstance(m, kinds) and m.weight.numel() > 0
-               and getattr(m, "bias", None) is None]
+    modules = bias_free_matmuls(model)
     if kind == "float32" or not modules or modules[0].weight.device.type != "cpu":
         return 0
     if not available():

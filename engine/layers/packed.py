@@ -142,18 +142,24 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
     return True
 
 
+def bias_free_matmuls(model: nn.Module) -> list[nn.Module]:
+    """The model's matmul modules (linear layers and LM heads) with a weight on this rank and no bias: the ones
+    a packed copy (here) or a fewer-bit one (engine.layers.low_bits) can stand in for."""
+    from engine.layers.embedding import ParallelLMHead, ReducedLMHead
+    from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    kinds = (ColumnParallelLinear, RowParallelLinear, ParallelLMHead, ReducedLMHead)
+    return [m for m in model.modules() if isinstance(m, kinds) and m.weight.numel() > 0
+            and getattr(m, "bias", None) is None]
+
+
 def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
     """Give every bias-free matmul module of a float32 CPU model a ``packed`` copy of its weight for `kernel`
     ("auto": `default_kernel()`; modules sharing a weight share the copy; a bias is added in another order than
     F.linear's, so those modules stay unpacked). Returns the number of weights packed: 0 when the kernel is
     missing, the model is not float32 on the CPU, or the packed products differ from the plain GEMM's for any
     weight shape (checked once per shape)."""
-    from engine.layers.embedding import ParallelLMHead, ReducedLMHead
-    from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
-
-    kinds = (ColumnParallelLinear, RowParallelLinear, ParallelLMHead, ReducedLMHead)
-    modules = [m for m in model.modules() if isinstance(m, kinds) and m.weight.numel() > 0
-               and getattr(m, "bias", None) is None]
+    modules = bias_free_matmuls(model)
     kernel = default_kernel() if kernel == "auto" else kernel
     if kernel not in KERNELS:
         raise ValueError(f"packed kernel must be auto or one of {', '.join(KERNELS)}, got {kernel!r}")
