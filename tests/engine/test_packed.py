@@ -98,8 +98,8 @@ def test_layers_with_a_bias_stay_unpacked():
 OPS = {"mkl": (torch.ops.mkl, "_mkl_linear"), "onednn": (torch.ops.mkldnn, "_linear_pointwise")}
 
 
-def _run(model_dir, packed_weights: bool, kernel: str = "mkl",
-         monkeypatch=None) -> tuple[dict[str, list[list[int]]], int, int]:
+def _count_packed_calls(monkeypatch, kernel: str) -> list[int]:
+    """Count the calls of `kernel`'s packed GEMM op from now on: [calls], to read and reset."""
     namespace, name = OPS[kernel]
     calls, op = [0], getattr(namespace, name)
 
@@ -108,6 +108,12 @@ def _run(model_dir, packed_weights: bool, kernel: str = "mkl",
         return op(*args, **kwargs)
 
     monkeypatch.setattr(namespace, name, counted)  # the profiler would count them too, at 10x the test's time
+    return calls
+
+
+def _run(model_dir, packed_weights: bool, kernel: str = "mkl",
+         monkeypatch=None) -> tuple[dict[str, list[list[int]]], int, int]:
+    calls = _count_packed_calls(monkeypatch, kernel)
     llm = LLM(target=str(model_dir), draft=str(model_dir), packed_weights=packed_weights, packed_kernel=kernel,
               draft_weights="float32")
     try:
@@ -162,13 +168,7 @@ def test_where_one_row_steps_gain_ar_alone_packs_and_decodes_through_the_copies(
     with LLM(target=str(tiny_llama_dir), packed_kernel="onednn") as llm:
         plain = [out.token_ids for out in llm.generate(PROMPTS[:1], greedy)]
     _one_row_pays(monkeypatch, True)
-    calls, op = [0], torch.ops.mkldnn._linear_pointwise
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return op(*args, **kwargs)
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    calls = _count_packed_calls(monkeypatch, "onednn")
     with LLM(target=str(tiny_llama_dir), packed_kernel="onednn") as llm:
         modules = [m for m in llm.core.runner.model.modules() if getattr(m, "packed", None) is not None]
         assert modules and all(m.packed_min_rows == 1 for m in modules)
