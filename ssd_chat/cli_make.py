@@ -81,6 +81,8 @@ def distill(
     checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (and draft writes).")] = 100,
     threads: Threads = None,
     resume: Annotated[bool, typer.Option(help="Continue the run found in --out (--no-resume: start over).")] = True,
+    precision: Annotated[str, typer.Option(help="The training steps' matmuls: fp32, bf16, or auto (bf16 where the "
+                                                "CPU has native bfloat16, else fp32).")] = "auto",
 ) -> None:
     """Train a cheap draft for --target on its own replies (self-distillation, CPU); --draft DIR loads it."""
     from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, progress_bar, run_distill
@@ -92,7 +94,7 @@ def distill(
             kl_steps=kl_steps, kl_lr=kl_lr,
             seed=seed, max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
             eval_prompts=eval_prompts, eval_every=eval_every,
-            checkpoint_every=checkpoint_every, threads=threads, resume=resume,
+            checkpoint_every=checkpoint_every, threads=threads, resume=resume, precision=precision,
         )
         with progress_bar() as progress:
             result = run_distill(config, progress)

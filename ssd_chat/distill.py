@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import InvalidParameterError
+from engine.layers.packed import cpu_flags
 from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
@@ -31,6 +32,7 @@ from ssd_chat.prompts import DEFAULT_PROMPTS as HELD_OUT_PROMPTS
 from ssd_chat.prompts import load_prompts
 
 DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "distill.jsonl"
+PRECISIONS = ("auto", "fp32", "bf16")
 WORK_DIR = "distill"  # inside the output directory: the run's state, not part of the model
 
 Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "training"), done, total, detail
@@ -59,6 +61,7 @@ class DistillConfig:
     checkpoint_every: int = 100
     threads: int | None = None
     resume: bool = True
+    precision: str = "auto"  # the training matmuls: fp32, bf16, or auto (bf16 where the CPU has it natively)
 
     def __post_init__(self) -> None:
         for name in ("draft_layers", "batch_size", "max_tokens", "eval_every", "checkpoint_every"):
@@ -67,6 +70,8 @@ class DistillConfig:
         for name in ("head_vocab", "steps", "kl_steps", "seed", "eval_prompts"):
             if getattr(self, name) < 0:
                 raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise InvalidParameterError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.loss not in ("ce", "kl"):
             raise InvalidParameterError(f"--loss must be ce or kl, got {self.loss!r}")
         for name in ("lr", "kl_lr"):
@@ -134,7 +139,8 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     head_ids = data.head_vocab_ids(train_examples, target.config.vocab_size, config.head_vocab, always=eos_ids)
     draft = init_draft(target, config.draft_layers, head_ids)
     settings = TrainSettings(config.steps, config.batch_size, config.lr, config.seed, config.eval_every,
-                             config.checkpoint_every, config.loss, config.kl_steps if config.steps else 0, config.kl_lr)
+                             config.checkpoint_every, config.loss, config.kl_steps if config.steps else 0, config.kl_lr,
+                             training_precision(config.precision))
     pad_id = eos_ids[0] if eos_ids else 0
     result = train(draft, target, train_examples, eval_examples, settings, work, pad_id=pad_id,
                    on_checkpoint=lambda: save_draft(draft, target_dir, out),
@@ -150,6 +156,13 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
         final_loss=result.final_loss, draft_params_per_token=num_params_per_token(draft),
         target_params_per_token=target_per_token, replies_s=replies_s, training_s=time.perf_counter() - started,
     )
+
+
+def training_precision(precision: str) -> str:
+    """"auto" -> "bf16" on a CPU with native bfloat16 matmuls (AVX512-BF16 or AMX), else "fp32"."""
+    if precision != "auto":
+        return precision
+    return "bf16" if {"avx512_bf16", "amx_bf16"} & cpu_flags() else "fp32"
 
 
 def _prepare_out(out: Path) -> Path:

@@ -9,6 +9,11 @@ After ``steps`` steps of the chosen loss, ``kl_steps`` steps of ``kl`` (fresh Ad
 and decay to ``kl_lr``): cross-entropy on greedy replies teaches the top choice and leaves the ranking of the
 others poor, which SSD's fan-out (the draft's next-best tokens) depends on.
 
+``precision`` "bf16" runs the training steps' matmuls in bfloat16 (CPU autocast, onto oneDNN; the weights,
+the optimizer and the loss stay float32): on a CPU with native bfloat16 (AVX512-BF16 or AMX) a 4-layer step took
+a third of its float32 time (measured on an AMD EPYC, where float32 GEMMs run MKL's slower path). The held-out
+agreement is always measured in float32, as the engine runs the draft.
+
 Deterministic and resumable: the examples of step s are a pure function of (seed, s) (one seeded permutation
 per epoch), and a checkpoint holds the trained tensors, the optimizer and the step, so a run resumed from
 step c does exactly what an uninterrupted one does after step c. The log (JSONL) has one line per step
@@ -44,6 +49,7 @@ class TrainSettings:
     loss: str = "ce"  # "ce" | "kl"
     kl_steps: int = 0      # then this many KL steps, fresh AdamW moments, their own warm-up and decay to kl_lr
     kl_lr: float = 3e-4
+    precision: str = "fp32"  # "fp32" | "bf16": the training steps' matmuls (autocast)
 
     @property
     def total_steps(self) -> int:
@@ -182,11 +188,12 @@ def train(
             optimizer.state.clear()  # the KL stage starts from fresh moments (its gradients are another loss's)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        if settings.loss == "kl" or step >= settings.steps:
-            loss = kl_loss(draft(ids), target_logits(target, ids, draft.head_ids), mask)
-        else:
-            hidden = draft.hidden(ids)[mask]  # [N, D]: only the positions that predict a reply token
-            loss = ce_loss(hidden @ draft.head.T, head_labels(ids, mask, index))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
+            if settings.loss == "kl" or step >= settings.steps:
+                loss = kl_loss(draft(ids).float(), target_logits(target, ids, draft.head_ids).float(), mask)
+            else:
+                hidden = draft.hidden(ids)[mask]  # [N, D]: only the positions that predict a reply token
+                loss = ce_loss((hidden @ draft.head.T).float(), head_labels(ids, mask, index))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

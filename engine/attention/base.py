@@ -55,10 +55,20 @@ class SeqSpan:
 
 
 @dataclass(frozen=True)
+class BatchedDecode:
+    """A decode step of several sequences (one query each) as one padded batch: every sequence's keys gathered
+    into T = the longest sequence's key count, padding masked out. Built once per forward, read by every layer."""
+
+    key_index: torch.Tensor  # [B * T] cache slots, sequence-major; padding points at slot 0
+    key_mask: torch.Tensor   # [B, 1, 1, T] bool, True = a real key
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     slot_mapping: Index           # [N] where each new token's K/V is written
     spans: tuple[SeqSpan, ...]
     masks: tuple[torch.Tensor | None, ...]  # per span, computed once per forward (not per layer)
+    batched_decode: BatchedDecode | None = None  # set where every span is one causal query and there are several
 
 
 def build_metadata(
@@ -75,7 +85,22 @@ def build_metadata(
         write = write_slots.to(device)
     else:
         write = write_slots if isinstance(write_slots, slice) else as_index(write_slots, device)
-    return AttentionMetadata(write, spans, masks)
+    return AttentionMetadata(write, spans, masks, batched_decode(spans, device))
+
+
+def batched_decode(spans: Sequence[SeqSpan], device: torch.device | str = "cpu") -> BatchedDecode | None:
+    """The padded gather of a decode step of several sequences (`BatchedDecode`), or None for any other step."""
+    if len(spans) < 2 or any(s.q_len != 1 or s.mask is not None for s in spans):
+        return None
+    longest = max(s.num_keys for s in spans)
+    index = torch.zeros(len(spans), longest, dtype=torch.long)  # [B, T]
+    mask = torch.zeros(len(spans), longest, dtype=torch.bool)  # [B, T]
+    for row, span in enumerate(spans):
+        slots = span.key_slots
+        index[row, : span.num_keys] = torch.arange(slots.start, slots.stop) if isinstance(slots, slice) \
+            else slots.cpu()
+        mask[row, : span.num_keys] = True
+    return BatchedDecode(index.view(-1).to(device), mask.view(len(spans), 1, 1, longest).to(device))
 
 
 class AttentionBackend(ABC):

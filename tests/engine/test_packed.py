@@ -83,6 +83,9 @@ def test_the_kernel_follows_the_cpu_vendor(monkeypatch):
     assert not packed.one_row_pays("mkl") and packed.min_rows("mkl") == 2
     monkeypatch.setattr(packed, "_has_avx512", lambda: False)  # AVX2 only (Zen 3): a one-row step is faster plain
     assert packed.default_kernel() == "onednn" and not packed.one_row_pays() and packed.min_rows("onednn") == 2
+    assert packed.max_rows("onednn") == packed.MAX_ROWS["onednn"]  # and many-row steps run the plain GEMM
+    monkeypatch.setattr(packed, "_has_avx512", lambda: True)
+    assert packed.max_rows("onednn") == packed.EVERY_STEP and packed.max_rows("mkl") == packed.MAX_ROWS["mkl"]
     with pytest.raises(ValueError, match="packed kernel"):
         packed.pack_weights(_k_major_layer(8, 8, seed=0), "blas")
 
@@ -167,14 +170,19 @@ def test_where_one_row_steps_gain_ar_alone_packs_and_decodes_through_the_copies(
     _one_row_pays(monkeypatch, False)
     with LLM(target=str(tiny_llama_dir), packed_kernel="onednn") as llm:
         plain = [out.token_ids for out in llm.generate(PROMPTS[:1], greedy)]
+        batch = [out.token_ids for out in llm.generate(PROMPTS, greedy)]
     _one_row_pays(monkeypatch, True)
     calls = _count_packed_calls(monkeypatch, "onednn")
     with LLM(target=str(tiny_llama_dir), packed_kernel="onednn") as llm:
         modules = [m for m in llm.core.runner.model.modules() if getattr(m, "packed", None) is not None]
-        assert modules and all(m.packed_min_rows == 1 for m in modules)
+        assert modules and all(m.packed_min_rows == 1 and m.packed_rows == packed.EVERY_STEP for m in modules)
         calls[0] = 0
         assert [out.token_ids for out in llm.generate(PROMPTS[:1], greedy)] == plain
-        assert calls[0] >= 23 * len(modules)  # every one-row decode step went through the packed copies
+        # every step went through the packed copies: the many-row prefill and the 23 one-row decode steps
+        assert calls[0] == 24 * len(modules)
+        calls[0] = 0
+        assert [out.token_ids for out in llm.generate(PROMPTS, greedy)] == batch  # batched steps take them too
+        assert calls[0] >= 24 * len(modules)
     with LLM(target=str(tiny_llama_dir), packed_kernel="onednn", packed_weights=False) as llm:
         assert not any(getattr(m, "packed", None) is not None for m in llm.core.runner.model.modules())
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.errors import InvalidParameterError, ModelFilesError
-from ssd_chat import cli
+from ssd_chat import cli, distill
 from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, run_distill
 from ssd_chat.distill_model import load_hf_draft
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
@@ -171,6 +171,22 @@ def test_a_kl_stage_added_to_a_finished_run_continues_it(tiny_llama_dir, prompts
     assert untrained.steps == 0 and untrained.steps_run == 0  # --steps 0: the untrained draft, no KL stage
 
 
+def test_bf16_training_is_its_own_deterministic_run_and_auto_takes_it_where_the_cpu_has_it(
+        tiny_llama_dir, prompts_file, tmp_path, monkeypatch):
+    runs = {name: run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / name, precision=precision, steps=8,
+                                      kl_steps=2), lambda *_: None)
+            for name, precision in (("fp32", "fp32"), ("bf16", "bf16"), ("bf16-again", "bf16"))}
+    assert runs["bf16"].agreement is not None and runs["bf16"].final_loss is not None
+    assert not _same_weights(tmp_path / "fp32", tmp_path / "bf16")  # the matmuls did run in bfloat16
+    assert _same_weights(tmp_path / "bf16", tmp_path / "bf16-again")
+    log = [json.loads(line) for line in (tmp_path / "bf16" / "distill" / "log.jsonl").open()]
+    assert log[-1]["loss"] < log[1]["loss"]
+    monkeypatch.setattr(distill, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert distill.training_precision("auto") == "bf16" and distill.training_precision("fp32") == "fp32"
+    monkeypatch.setattr(distill, "cpu_flags", lambda: frozenset({"avx512f", "avx2"}))  # bf16 emulated: slower
+    assert distill.training_precision("auto") == "fp32" and distill.training_precision("bf16") == "bf16"
+
+
 def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
@@ -183,6 +199,7 @@ def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_p
         "out is a file": [*base, "--out", str(a_file)],
         "out holds other files": [*base, "--out", str(tmp_path / "busy")],
         "negative steps": [*base, "--out", str(tmp_path / "o2"), "--steps", "-1"],
+        "unknown precision": [*base, "--out", str(tmp_path / "o5"), "--precision", "fp8"],
         "training on the held-out set": [*base, "--out", str(tmp_path / "o3"), "--prompts", str(DEFAULT_PROMPTS)],
         "missing target": ["distill", "--target", str(tmp_path / "nothing"), "--out", str(tmp_path / "o4")],
     }

@@ -1,0 +1,42 @@
+"""A decode step of several sequences attends as one padded batch (engine.attention.base.BatchedDecode): each
+sequence's output must be the one it gets attended alone, whatever its length and wherever its slots are."""
+
+import pytest
+import torch
+
+from engine.attention import SdpaBackend, SeqSpan, build_metadata
+from engine.attention.base import as_index
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])  # 16: attend()'s matmul route; 64: torch's SDPA kernel
+def test_a_batched_decode_step_equals_each_sequence_alone(head_dim):
+    torch.manual_seed(0)
+    heads, kv_heads, num_slots = 6, 2, 64
+    backend = SdpaBackend()
+    backend.allocate(num_layers=1, num_slots=num_slots, num_kv_heads=kv_heads, head_dim=head_dim,
+                     dtype=torch.float32, device=torch.device("cpu"))
+    backend.k[0].normal_()
+    backend.v[0].normal_()
+    # three sequences: contiguous slots, scattered slots, and a short one; the last slot of each is the new token
+    key_slots = [list(range(0, 9)), [20, 21, 22, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52], [30, 31, 32]]
+    q = torch.randn(len(key_slots), heads, head_dim)
+    k, v = torch.randn(len(key_slots), kv_heads, head_dim), torch.randn(len(key_slots), kv_heads, head_dim)
+    spans = [SeqSpan(i, 1, as_index(slots), len(slots)) for i, slots in enumerate(key_slots)]
+    write = [slots[-1] for slots in key_slots]
+    meta = build_metadata(write, spans)
+    assert meta.batched_decode is not None
+    batched = backend.forward(0, q, k, v, meta, scale=head_dim**-0.5)  # [B, H*D]
+    for i, span in enumerate(spans):
+        alone = backend.forward(0, q[i : i + 1], k[i : i + 1], v[i : i + 1], build_metadata([write[i]], [span]),
+                                scale=head_dim**-0.5)
+        torch.testing.assert_close(batched[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_only_a_decode_step_of_several_sequences_is_batched():
+    one = SeqSpan(0, 1, slice(0, 4), 4)
+    assert build_metadata([3], [one]).batched_decode is None  # one sequence: its own short path
+    verify = SeqSpan(1, 3, slice(8, 14), 6)  # a k+1-row verification beside a decode
+    assert build_metadata([3, 11, 12, 13], [one, verify]).batched_decode is None
+    gather = build_metadata([3, 9], [one, SeqSpan(1, 1, slice(8, 10), 2)]).batched_decode
+    assert gather.key_index.tolist() == [0, 1, 2, 3, 8, 9, 0, 0]  # padded to the longest with slot 0 ...
+    assert gather.key_mask.view(2, 4).tolist() == [[True] * 4, [True, True, False, False]]  # ... masked out
