@@ -188,10 +188,12 @@ def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataS
     the reply cache, which is only reused when its own settings match)."""
     settings = {k: v for k, v in asdict(config).items() if k not in ("out", "threads", "resume", "eval_every",
                                                                        "checkpoint_every")}
-    settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings)}
+    settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings),
+                "precision": training_precision(config.precision)}  # auto as resolved: a resume keeps it
     path = work / "settings.json"
     if config.resume and path.is_file() and (work / "checkpoint.pt").is_file():
-        before = {"kl_steps": 0, "kl_lr": config.kl_lr} | json.loads(path.read_text(encoding="utf-8"))  # older runs
+        before = {"kl_steps": 0, "kl_lr": config.kl_lr, "precision": "fp32"} \
+            | json.loads(path.read_text(encoding="utf-8"))  # runs from before those options
         changed = sorted(k for k in settings if before.get(k) != settings[k])
         if changed and set(changed) <= {"kl_steps", "kl_lr"} and _checkpoint_step(work) <= config.steps:
             changed = []  # a KL stage (re)planned while the run has not started it: the steps before are the same

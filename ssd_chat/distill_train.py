@@ -10,9 +10,10 @@ and decay to ``kl_lr``): cross-entropy on greedy replies teaches the top choice 
 others poor, which SSD's fan-out (the draft's next-best tokens) depends on.
 
 ``precision`` "bf16" runs the training steps' matmuls in bfloat16 (CPU autocast, onto oneDNN; the weights,
-the optimizer and the loss stay float32): on a CPU with native bfloat16 (AVX512-BF16 or AMX) a 4-layer step took
-a third of its float32 time (measured on an AMD EPYC, where float32 GEMMs run MKL's slower path). The held-out
-agreement is always measured in float32, as the engine runs the draft.
+the optimizer and the loss's softmax stay float32; a KL step's teacher logits come from bfloat16 matmuls too):
+on a CPU with native bfloat16 (AVX512-BF16 or AMX) a 4-layer step took a third of its float32 time (measured on
+an AMD EPYC, where float32 GEMMs run MKL's slower path). The held-out agreement is always measured in float32,
+as the engine runs the draft.
 
 Deterministic and resumable: the examples of step s are a pure function of (seed, s) (one seeded permutation
 per epoch), and a checkpoint holds the trained tensors, the optimizer and the step, so a run resumed from

@@ -77,6 +77,7 @@ def build_metadata(
     masks = tuple(
         None if (m := s.bool_mask()) is None else m.to(device) for s in spans
     )
+    batched = batched_decode(spans, device)  # from the spans as given (CPU slots: no device sync per span)
     spans = tuple(
         s if isinstance(s.key_slots, slice) else SeqSpan(s.q_start, s.q_len, s.key_slots.to(device), s.num_keys, s.mask)
         for s in spans
@@ -85,14 +86,17 @@ def build_metadata(
         write = write_slots.to(device)
     else:
         write = write_slots if isinstance(write_slots, slice) else as_index(write_slots, device)
-    return AttentionMetadata(write, spans, masks, batched_decode(spans, device))
+    return AttentionMetadata(write, spans, masks, batched)
 
 
 def batched_decode(spans: Sequence[SeqSpan], device: torch.device | str = "cpu") -> BatchedDecode | None:
-    """The padded gather of a decode step of several sequences (`BatchedDecode`), or None for any other step."""
-    if len(spans) < 2 or any(s.q_len != 1 or s.mask is not None for s in spans):
+    """The padded gather of a decode step of several sequences (`BatchedDecode`), or None for any other step,
+    and where padding would more than double the keys read (one long sequence among short ones)."""
+    if len(spans) < 2 or any(s.q_len != 1 or s.mask is not None or s.q_start != i for i, s in enumerate(spans)):
         return None
     longest = max(s.num_keys for s in spans)
+    if len(spans) * longest > 2 * sum(s.num_keys for s in spans):
+        return None
     index = torch.zeros(len(spans), longest, dtype=torch.long)  # [B, T]
     mask = torch.zeros(len(spans), longest, dtype=torch.bool)  # [B, T]
     for row, span in enumerate(spans):

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 KERNELS = ("mkl", "onednn")
 MAX_ROWS = {"mkl": 8, "onednn": 32}  # rows beyond these run faster on the plain GEMM (tables above)
 EVERY_STEP = 1 << 40  # max_rows where the packed copy wins at every row count
-PROBE_ROWS = (64, 256, 1024)  # row counts past MAX_ROWS that same_products checks where every step takes it
+PROBE_ROWS = (64, 256)  # row counts past MAX_ROWS that same_products checks where every step takes it
 PACK_HINT = 8  # the row count the kernel is told to pack for; any row count may then use the packed weight
 
 

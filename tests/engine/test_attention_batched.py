@@ -30,6 +30,12 @@ def test_a_batched_decode_step_equals_each_sequence_alone(head_dim):
         alone = backend.forward(0, q[i : i + 1], k[i : i + 1], v[i : i + 1], build_metadata([write[i]], [span]),
                                 scale=head_dim**-0.5)
         torch.testing.assert_close(batched[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+        # and plain softmax attention, query head j reading KV head j // (heads / kv_heads)
+        keys = backend.k[0][:, key_slots[i]].repeat_interleave(heads // kv_heads, dim=0)  # [H, T, D]
+        values = backend.v[0][:, key_slots[i]].repeat_interleave(heads // kv_heads, dim=0)
+        probs = torch.softmax((keys @ q[i].unsqueeze(-1)).squeeze(-1) * head_dim**-0.5, dim=-1)  # [H, T]
+        expected = (probs.unsqueeze(1) @ values).reshape(1, heads * head_dim)
+        torch.testing.assert_close(batched[i : i + 1], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_only_a_decode_step_of_several_sequences_is_batched():
@@ -40,3 +46,5 @@ def test_only_a_decode_step_of_several_sequences_is_batched():
     gather = build_metadata([3, 9], [one, SeqSpan(1, 1, slice(8, 10), 2)]).batched_decode
     assert gather.key_index.tolist() == [0, 1, 2, 3, 8, 9, 0, 0]  # padded to the longest with slot 0 ...
     assert gather.key_mask.view(2, 4).tolist() == [[True] * 4, [True, True, False, False]]  # ... masked out
+    spans = [SeqSpan(0, 1, slice(0, 40), 40), SeqSpan(1, 1, slice(40, 42), 2), SeqSpan(2, 1, slice(42, 44), 2)]
+    assert build_metadata([39, 41, 43], spans).batched_decode is None  # padded, 120 keys read for 44
