@@ -115,7 +115,7 @@ class ModelRunner:
         if hidden is None and self.graphs is not None and self.graphs.handles(spans):
             hidden = self.graphs.run(ids, positions, write_slots, spans)  # [N, hidden]
         if hidden is None:
-            meta = build_metadata(write_slots, spans, device=self.device)
+            meta = build_metadata(write_slots, spans, device=self.device, batch_decode=self.backend.batches_decode)
             hidden = self.forward(
                 torch.tensor(ids, device=self.device), positions.to(self.device), meta, self.backend
             )  # [N, hidden]

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from engine.cpu_info import flags as cpu_flags
 from engine.errors import InvalidParameterError
-from engine.layers.packed import cpu_flags
 from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
@@ -121,7 +121,8 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     work = _prepare_out(out)
     data_settings = data.DataSettings(str(target_dir), data.file_sha256(Path(config.prompts_file)), config.max_tokens,
                                       config.temperature, config.seed, config.ignore_eos)
-    _check_settings(work, config, data_settings)
+    precision = training_precision(config.precision)
+    _check_settings(work, config, data_settings, precision)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
 
@@ -140,7 +141,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     draft = init_draft(target, config.draft_layers, head_ids)
     settings = TrainSettings(config.steps, config.batch_size, config.lr, config.seed, config.eval_every,
                              config.checkpoint_every, config.loss, config.kl_steps if config.steps else 0, config.kl_lr,
-                             training_precision(config.precision))
+                             precision)
     pad_id = eos_ids[0] if eos_ids else 0
     result = train(draft, target, train_examples, eval_examples, settings, work, pad_id=pad_id,
                    on_checkpoint=lambda: save_draft(draft, target_dir, out),
@@ -183,13 +184,13 @@ def _prepare_out(out: Path) -> Path:
     return work
 
 
-def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataSettings) -> None:
+def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataSettings, precision: str) -> None:
     """With --resume a run continues only with the settings it started with; --no-resume starts over (keeping
     the reply cache, which is only reused when its own settings match)."""
     settings = {k: v for k, v in asdict(config).items() if k not in ("out", "threads", "resume", "eval_every",
                                                                        "checkpoint_every")}
     settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings),
-                "precision": training_precision(config.precision)}  # auto as resolved: a resume keeps it
+                "precision": precision}  # auto as resolved: a resume keeps it
     path = work / "settings.json"
     if config.resume and path.is_file() and (work / "checkpoint.pt").is_file():
         before = {"kl_steps": 0, "kl_lr": config.kl_lr, "precision": "fp32"} \

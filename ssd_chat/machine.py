@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 import transformers
+
+from engine import cpu_info
 
 BUFFER_BYTES = 1 << 30  # 1 GiB: several times any CPU's last-level cache (this box has 260 MiB)
 
@@ -55,10 +56,4 @@ def machine_info() -> dict:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_info.field("model name") or platform.processor() or platform.machine()

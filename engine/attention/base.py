@@ -72,12 +72,16 @@ class AttentionMetadata:
 
 
 def build_metadata(
-    write_slots: Sequence[int] | Index, spans: Sequence[SeqSpan], *, device: torch.device | str = "cpu"
+    write_slots: Sequence[int] | Index, spans: Sequence[SeqSpan], *, device: torch.device | str = "cpu",
+    batch_decode: bool = False,
 ) -> AttentionMetadata:
+    """The forward's metadata; `batch_decode`: also the padded gather of a several-sequence decode step, for a
+    backend that reads it (``AttentionBackend.batches_decode``)."""
     masks = tuple(
         None if (m := s.bool_mask()) is None else m.to(device) for s in spans
     )
-    batched = batched_decode(spans, device)  # from the spans as given (CPU slots: no device sync per span)
+    # from the spans as given (CPU slots: no device sync per span)
+    batched = batched_decode(spans, device) if batch_decode else None
     spans = tuple(
         s if isinstance(s.key_slots, slice) else SeqSpan(s.q_start, s.q_len, s.key_slots.to(device), s.num_keys, s.mask)
         for s in spans
@@ -111,6 +115,7 @@ class AttentionBackend(ABC):
     """Owns the KV cache tensors (their layout is the backend's business) and computes attention."""
 
     name: str
+    batches_decode = False  # reads AttentionMetadata.batched_decode (build_metadata makes it only for those)
 
     @abstractmethod
     def allocate(

@@ -17,6 +17,7 @@ from engine.attention.base import AttentionBackend, AttentionMetadata, Index
 
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
+    batches_decode = True
 
     def __init__(self) -> None:
         self.k: list[torch.Tensor] = []

@@ -45,13 +45,14 @@ and the steps are not compiled (``EngineConfig.fast_path``).
 
 from __future__ import annotations
 
-import functools
 import logging
 import platform
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine import cpu_info
 
 log = logging.getLogger(__name__)
 
@@ -85,30 +86,12 @@ def max_rows(kernel: str) -> int:
     return EVERY_STEP if one_row_pays(kernel) else MAX_ROWS[kernel]
 
 
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
-    return frozenset(_cpuinfo("flags").split())
-
-
 def _has_avx512() -> bool:
-    return "avx512f" in cpu_flags()
+    return "avx512f" in cpu_info.flags()
 
 
 def _cpu_vendor() -> str:
-    return _cpuinfo("vendor_id") or platform.processor()
-
-
-@functools.cache
-def _cpuinfo(field: str) -> str:
-    """The first CPU's `field` in /proc/cpuinfo ("" where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.split(":", 1)[0].strip() == field:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpu_info.field("vendor_id") or platform.processor()
 
 
 def available(kernel: str = "mkl") -> bool:

@@ -23,7 +23,7 @@ def test_a_batched_decode_step_equals_each_sequence_alone(head_dim):
     k, v = torch.randn(len(key_slots), kv_heads, head_dim), torch.randn(len(key_slots), kv_heads, head_dim)
     spans = [SeqSpan(i, 1, as_index(slots), len(slots)) for i, slots in enumerate(key_slots)]
     write = [slots[-1] for slots in key_slots]
-    meta = build_metadata(write, spans)
+    meta = build_metadata(write, spans, batch_decode=True)
     assert meta.batched_decode is not None
     batched = backend.forward(0, q, k, v, meta, scale=head_dim**-0.5)  # [B, H*D]
     for i, span in enumerate(spans):
@@ -40,11 +40,13 @@ def test_a_batched_decode_step_equals_each_sequence_alone(head_dim):
 
 def test_only_a_decode_step_of_several_sequences_is_batched():
     one = SeqSpan(0, 1, slice(0, 4), 4)
-    assert build_metadata([3], [one]).batched_decode is None  # one sequence: its own short path
+    assert build_metadata([3], [one], batch_decode=True).batched_decode is None  # one sequence: its own short path
     verify = SeqSpan(1, 3, slice(8, 14), 6)  # a k+1-row verification beside a decode
-    assert build_metadata([3, 11, 12, 13], [one, verify]).batched_decode is None
-    gather = build_metadata([3, 9], [one, SeqSpan(1, 1, slice(8, 10), 2)]).batched_decode
+    assert build_metadata([3, 11, 12, 13], [one, verify], batch_decode=True).batched_decode is None
+    two = [one, SeqSpan(1, 1, slice(8, 10), 2)]
+    assert build_metadata([3, 9], two).batched_decode is None  # for a backend that does not read it: not built
+    gather = build_metadata([3, 9], two, batch_decode=True).batched_decode
     assert gather.key_index.tolist() == [0, 1, 2, 3, 8, 9, 0, 0]  # padded to the longest with slot 0 ...
     assert gather.key_mask.view(2, 4).tolist() == [[True] * 4, [True, True, False, False]]  # ... masked out
     spans = [SeqSpan(0, 1, slice(0, 40), 40), SeqSpan(1, 1, slice(40, 42), 2), SeqSpan(2, 1, slice(42, 44), 2)]
-    assert build_metadata([39, 41, 43], spans).batched_decode is None  # padded, 120 keys read for 44
+    assert build_metadata([39, 41, 43], spans, batch_decode=True).batched_decode is None  # padded, 120 keys read for 44

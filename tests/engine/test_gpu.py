@@ -63,7 +63,8 @@ def test_flashinfer_matches_sdpa():
         n = sum(s.q_len for s in spans)
         q, k, v = (torch.randn(n, h, dim, generator=gen, device=DEVICE, dtype=dtype)
                    for h in (heads, kv_heads, kv_heads))
-        outs = [b.forward(0, q, k, v, build_metadata(write, spans, device=DEVICE), dim**-0.5) for b in backends]
+        meta = build_metadata(write, spans, device=DEVICE, batch_decode=True)  # SDPA batches decode steps
+        outs = [b.forward(0, q, k, v, meta, dim**-0.5) for b in backends]
         torch.testing.assert_close(outs[1], outs[0], atol=2e-2, rtol=2e-2)
 
 

@@ -1,0 +1,28 @@
+"""What the CPU is, from /proc/cpuinfo: its vendor, model and feature flags (read once per field).
+
+The engine picks its CPU kernels by them (engine.layers.packed), `ssd-chat bench` names the machine, and
+`ssd-chat distill` trains in bfloat16 where the CPU has it natively. Off Linux every field is empty and the
+callers fall back to `platform`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.cache
+def field(name: str) -> str:
+    """The first CPU's `name` field ("vendor_id", "model name", "flags", ...); "" where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() == name:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def flags() -> frozenset[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo has none)."""
+    return frozenset(field("flags").split())
