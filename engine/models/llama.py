@@ -137,9 +137,9 @@ class CausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata, backend: AttentionBackend
     ) -> torch.Tensor:  # [N] -> [N, hidden]
-        cos, sin = self.rotary.lookup(positions)
-        ctx = ForwardContext(attn, backend, cos, sin)
         h, residual = self.model.embed_tokens.forward(input_ids), None
+        cos, sin = self.rotary.lookup(positions, h.dtype)
+        ctx = ForwardContext(attn, backend, cos, sin)
         for layer in self.model.layers:
             h, residual = layer.forward(h, residual, ctx)
         h, _ = self.model.norm.add_forward(h, residual)
