@@ -1,15 +1,21 @@
-"""CUDA graphs for the single-token decode step: one captured forward per batch-size bucket, replayed with
-static input buffers (token ids, positions, KV write slots, and the attention backend's key lists).
+"""CUDA graphs for the steps that repeat every token: single-token decode (AR, SSD's branch steps) and the
+k+1-row causal step of verification (SD/SSD's target, SSD's glue pass on the draft). One captured forward per
+(sequences, rows per sequence) shape, replayed with static input buffers (token ids, positions, KV write slots,
+and the attention backend's key lists).
 
-A decode batch of n rows runs in the smallest captured bucket >= n; the rows past n are padding that writes
-its K/V to a pad slot nobody reads and attends only to it. Graphs are captured at start-up, largest bucket
-first, sharing one memory pool (the order lets the smaller graphs reuse the largest one's memory).
-Only the model forward is captured; the LM head and sampling run after the replay, as in eager mode.
+A step of n sequences with q causal query rows each (at most) runs in the smallest captured shape (B, Q) with
+B >= n and Q >= q. Padding: a sequence with fewer than Q rows gets rows after its own, whose K/V go to a pad slot
+nobody reads and whose key list is the sequence's keys plus pad-slot keys, so causality (query i sees keys up to
+num_keys - Q + i) keeps every real row's keys exactly its own; the sequences past n attend only to pad keys.
+Graphs are captured at start-up, largest first, sharing one memory pool (the order lets the smaller graphs reuse
+the largest one's memory). Only the model forward is captured; the LM head and sampling run after the replay,
+as in eager mode.
 
-Attention inside a graph reads static buffers: flashinfer's CUDA-graph decode wrapper (planned on the host
-before each replay), or, for SDPA, a gather of each row's key slots from a padded [B, max_keys] table with
-a mask (`StaticSdpa`). On the CPU the same code runs with `eager_capture`, which "replays" by calling the
-forward again on the static buffers: the CPU twin that tests the buffers, padding and bucket logic.
+Attention inside a graph reads static buffers: flashinfer's CUDA-graph decode / prefill wrappers (planned on
+the host before each replay), or, for SDPA, a gather of each row's key slots from a padded [B, max_keys] table
+with a [B, Q, max_keys] mask (`StaticSdpa`). On the CPU the same code runs with `eager_capture`, which
+"replays" by calling the forward again on the static buffers: the CPU twin that tests the buffers, padding and
+shape logic.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import torch.nn.functional as F
 from engine.attention.base import AttentionBackend, Index, SeqSpan
 
 DEFAULT_MAX_BATCH = 64  # SSD's branch steps batch up to ~16 rows per request; larger batches run eagerly
+VERIFY_ROWS = (2, 3, 5, 9)  # query rows per sequence with graphs of their own (k + 1 for k <= 8, padded up)
+VERIFY_MAX_BATCH = 16       # sequences per several-row graph; larger verification batches run eagerly
 
 Capture = Callable[[Callable[[], torch.Tensor], object], tuple[Callable[[], None], torch.Tensor, object]]
 
@@ -35,9 +43,23 @@ def graph_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(sorted(set(sizes) | {max_batch}))
 
 
+def graph_shapes(max_batch: int) -> tuple[tuple[int, int], ...]:
+    """(sequences, rows per sequence) to capture: every batch bucket with one row (decode), and the buckets up
+    to VERIFY_MAX_BATCH with each of VERIFY_ROWS rows (verification)."""
+    decode = [(b, 1) for b in graph_buckets(max_batch)]
+    verify = [(b, q) for q in VERIFY_ROWS for b in graph_buckets(min(max_batch, VERIFY_MAX_BATCH))]
+    return tuple(decode + verify)
+
+
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int | None:
     """The smallest bucket that holds n rows, or None when n is larger than every bucket (run eagerly)."""
     return next((b for b in buckets if b >= n), None)
+
+
+def shape_for(num_seqs: int, rows: int, shapes: tuple[tuple[int, int], ...]) -> tuple[int, int] | None:
+    """The smallest captured (B, Q) with B >= num_seqs and Q >= rows (fewest padded rows), or None."""
+    fits = [(b * q, b, q) for b, q in shapes if b >= num_seqs and q >= rows]
+    return min(fits)[1:] if fits else None
 
 
 def use_cuda_graphs(device: torch.device | str, *, eager: bool, tp: int) -> bool:
@@ -46,13 +68,14 @@ def use_cuda_graphs(device: torch.device | str, *, eager: bool, tp: int) -> bool
 
 
 @dataclass(frozen=True)
-class StaticDecodeMetadata:
-    """What a captured decode forward reads: device buffers of `batch` rows (padding rows included)."""
+class StaticStepMetadata:
+    """What a captured forward reads: device buffers of `batch` sequences x `rows` query rows (padding included)."""
 
     batch: int
-    slot_mapping: torch.Tensor  # [B] long: where each row's new K/V is written
-    key_slots: torch.Tensor     # [B, L] long: each row's key slots, padded with the pad slot (SDPA only)
-    key_mask: torch.Tensor      # [B, L] bool: True for a row's real keys (SDPA only)
+    rows: int
+    slot_mapping: torch.Tensor  # [B * Q] long: where each row's new K/V is written
+    key_slots: torch.Tensor     # [B, L] long: each sequence's key slots, padded with the pad slot (SDPA only)
+    key_mask: torch.Tensor      # [B, Q, L] bool: True for the keys a row sees (SDPA only)
 
 
 def cuda_capture(fn: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], None], torch.Tensor, object]:
@@ -77,7 +100,7 @@ def eager_capture(fn: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], No
 
 
 class StaticSdpa(AttentionBackend):
-    """SDPA's decode on static buffers (a graph-capturable twin of SdpaBackend's decode, same KV tensors)."""
+    """SDPA on static buffers (a graph-capturable twin of SdpaBackend for causal steps, same KV tensors)."""
 
     name = "sdpa-static"
 
@@ -87,91 +110,119 @@ class StaticSdpa(AttentionBackend):
     def allocate(self, **kwargs) -> None:
         raise AssertionError("StaticSdpa uses its inner backend's KV cache")
 
-    def forward(self, layer, q, k, v, meta: StaticDecodeMetadata, scale: float) -> torch.Tensor:
+    def forward(self, layer, q, k, v, meta: StaticStepMetadata, scale: float) -> torch.Tensor:
         k_cache, v_cache = self.inner.k[layer], self.inner.v[layer]  # [KVH, S, D]
         k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-        b, h, d = q.shape
+        n, h, d = q.shape
+        b, rows = meta.batch, meta.rows
         keys = k_cache[:, meta.key_slots].transpose(0, 1)    # [B, KVH, L, D]
         values = v_cache[:, meta.key_slots].transpose(0, 1)  # [B, KVH, L, D]
-        o = F.scaled_dot_product_attention(q.view(b, h, 1, d), keys, values, attn_mask=meta.key_mask[:, None, None],
-                                           scale=scale, enable_gqa=True)  # [B, H, 1, D]
-        return o.reshape(b, h * d)
+        queries = q.view(b, rows, h, d).transpose(1, 2)      # [B, H, Q, D]
+        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.key_mask[:, None], scale=scale,
+                                           enable_gqa=True)  # [B, H, Q, D]
+        return o.transpose(1, 2).reshape(n, h * d)
 
 
-class DecodeGraphs:
-    """Captured decode forwards of one model, one per bucket; `run` replays the one a batch fits."""
+class StepGraphs:
+    """Captured forwards of one model, one per (sequences, rows) shape; `run` replays the one a step fits."""
 
     def __init__(
         self, forward: Callable, backend: AttentionBackend, *, num_heads: int, dtype: torch.dtype, scale: float,
         pad_slot: int, max_keys: int, device: torch.device, max_batch: int = DEFAULT_MAX_BATCH,
         capture: Capture | None = None,
     ):
-        """forward(ids [B], positions [B], meta, backend) -> hidden [B, hidden]: the model's forward."""
+        """forward(ids [N], positions [N], meta, backend) -> hidden [N, hidden]: the model's forward."""
         self.forward = forward
         self.backend = backend
-        self.static_backend = backend if hasattr(backend, "prepare_static_decode") else StaticSdpa(backend)
+        self.static_backend = backend if hasattr(backend, "prepare_static") else StaticSdpa(backend)
         self.num_heads, self.dtype, self.scale = num_heads, dtype, scale
         self.pad_slot, self.max_keys, self.device = pad_slot, max_keys, device
-        self.buckets = graph_buckets(max_batch)
+        self.shapes = graph_shapes(max_batch)
         self.capture = capture or (cuda_capture if torch.device(device).type == "cuda" else eager_capture)
-        top = self.buckets[-1]
-        self.input_ids = torch.zeros(top, dtype=torch.long, device=device)
-        self.positions = torch.zeros(top, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((top,), pad_slot, dtype=torch.long, device=device)
-        self.key_slots = torch.full((top, max_keys), pad_slot, dtype=torch.long, device=device)
-        self.key_mask = torch.zeros(top, max_keys, dtype=torch.bool, device=device)
-        self.key_mask[:, 0] = True
-        self.replays: dict[int, Callable[[], None]] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.num_replays = 0  # tests check that the graph path really ran
+        top_rows = max(b * q for b, q in self.shapes)
+        top_batch, top_q = max(b for b, _ in self.shapes), max(q for _, q in self.shapes)
+        self.input_ids = torch.zeros(top_rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(top_rows, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((top_rows,), pad_slot, dtype=torch.long, device=device)
+        self.key_slots = torch.full((top_batch, max_keys), pad_slot, dtype=torch.long, device=device)
+        self.key_mask = torch.zeros(top_batch, top_q, max_keys, dtype=torch.bool, device=device)
+        self.key_mask[:, :, 0] = True
+        self.replays: dict[tuple[int, int], Callable[[], None]] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.num_replays: dict[int, int] = {}  # rows per sequence -> replays (tests check each path really ran)
 
     def capture_all(self) -> None:
         pool = None
-        for batch in reversed(self.buckets):
-            meta = self._meta(batch)
-            self._prepare(batch, [slice(self.pad_slot, self.pad_slot + 1)] * batch, [1] * batch)
+        for batch, rows in sorted(self.shapes, key=lambda s: (-s[0] * s[1], -s[1])):
+            meta = self._meta(batch, rows)
+            self._prepare(batch, rows, [self._pad_keys(rows)] * batch)
 
-            def step(batch=batch, meta=meta) -> torch.Tensor:
-                return self.forward(self.input_ids[:batch], self.positions[:batch], meta, self.static_backend)
+            def step(n=batch * rows, meta=meta) -> torch.Tensor:
+                return self.forward(self.input_ids[:n], self.positions[:n], meta, self.static_backend)
 
-            self.replays[batch], self.outputs[batch], pool = self.capture(step, pool)
+            self.replays[(batch, rows)], self.outputs[(batch, rows)], pool = self.capture(step, pool)
 
     def handles(self, spans: list[SeqSpan]) -> bool:
-        """Whether a forward over `spans` is a decode step a captured graph can run."""
-        return (bucket_for(len(spans), self.buckets) is not None
-                and all(s.q_len == 1 and s.mask is None and s.num_keys <= self.max_keys for s in spans))
+        """Whether a forward over `spans` is a causal step (in row order) that a captured shape holds."""
+        if not spans or any(s.mask is not None for s in spans):
+            return False
+        shape = shape_for(len(spans), max(s.q_len for s in spans), self.shapes)
+        if shape is None:
+            return False
+        row = 0
+        for s in spans:
+            if s.q_start != row or s.num_keys + shape[1] - s.q_len > self.max_keys:
+                return False
+            row += s.q_len
+        return True
 
     def run(self, ids: list[int], positions: torch.Tensor, write_slots: list[int] | Index,
             spans: list[SeqSpan]) -> torch.Tensor:
-        """hidden [n, hidden] of n single-token rows, from the replay of the smallest bucket that holds them."""
-        n = len(spans)
-        batch = bucket_for(n, self.buckets)
-        pad = batch - n
-        self.input_ids[:batch].copy_(torch.tensor(ids + [0] * pad))
-        self.positions[:batch].copy_(torch.cat([positions.cpu(), torch.zeros(pad, dtype=torch.long)]))
-        writes = _as_list(write_slots) + [self.pad_slot] * pad
-        self.slot_mapping[:batch].copy_(torch.tensor(writes))
-        pad_keys = slice(self.pad_slot, self.pad_slot + 1)
-        self._prepare(batch, [s.key_slots for s in spans] + [pad_keys] * pad, [s.num_keys for s in spans] + [1] * pad)
-        self.replays[batch]()
-        self.num_replays += 1
-        return self.outputs[batch][:n]
+        """hidden [N, hidden] of the spans' N rows, from the replay of the smallest captured shape that holds them."""
+        batch, rows = shape_for(len(spans), max(s.q_len for s in spans), self.shapes)
+        real = torch.cat([torch.arange(b * rows, b * rows + s.q_len) for b, s in enumerate(spans)])  # [N]
+        padded = batch * rows
+        for buffer, values, fill in ((self.input_ids, torch.tensor(ids), 0), (self.positions, positions.cpu(), 0),
+                                     (self.slot_mapping, torch.tensor(_as_list(write_slots)), self.pad_slot)):
+            host = torch.full((padded,), fill, dtype=torch.long)
+            host[real] = values
+            buffer[:padded].copy_(host)
+        keys = [_slots(s.key_slots, s.num_keys, rows - s.q_len, self.pad_slot) for s in spans]
+        self._prepare(batch, rows, keys + [self._pad_keys(rows)] * (batch - len(spans)))
+        self.replays[(batch, rows)]()
+        self.num_replays[rows] = self.num_replays.get(rows, 0) + 1
+        out = self.outputs[(batch, rows)]
+        return out[: len(spans)] if rows == 1 else out.index_select(0, real.to(out.device))
 
-    def _meta(self, batch: int) -> StaticDecodeMetadata:
-        return StaticDecodeMetadata(batch, self.slot_mapping[:batch], self.key_slots[:batch], self.key_mask[:batch])
+    def _pad_keys(self, count: int) -> torch.Tensor:
+        return torch.full((count,), self.pad_slot, dtype=torch.long)
 
-    def _prepare(self, batch: int, key_slots: list[Index], num_keys: list[int]) -> None:
-        """Fill the attention's static key lists for the next replay (flashinfer: plan on the host)."""
+    def _meta(self, batch: int, rows: int) -> StaticStepMetadata:
+        return StaticStepMetadata(batch, rows, self.slot_mapping[: batch * rows], self.key_slots[:batch],
+                                  self.key_mask[:batch, :rows])
+
+    def _prepare(self, batch: int, rows: int, keys: list[torch.Tensor]) -> None:
+        """Fill the attention's static key lists for the next replay (flashinfer: plan on the host). keys: each
+        sequence's key slots [num_keys + padding rows], causal from the end."""
         if self.static_backend is self.backend:
-            self.backend.prepare_static_decode(batch, key_slots, num_keys, num_heads=self.num_heads,
-                                               dtype=self.dtype, scale=self.scale)
+            self.backend.prepare_static(batch, rows, keys, num_heads=self.num_heads, dtype=self.dtype,
+                                        scale=self.scale, max_keys=self.max_keys)
             return
+        counts = torch.tensor([k.numel() for k in keys])  # [B]
         table = torch.full((batch, self.max_keys), self.pad_slot, dtype=torch.long)
-        for row, (slots, count) in enumerate(zip(key_slots, num_keys, strict=True)):
-            table[row, :count] = torch.arange(slots.start, slots.stop) if isinstance(slots, slice) else slots.cpu()
+        for row, slots in enumerate(keys):
+            table[row, : slots.numel()] = slots
         self.key_slots[:batch].copy_(table)
-        self.key_mask[:batch].copy_(torch.arange(self.max_keys)[None, :] < torch.tensor(num_keys)[:, None])
+        last_key = counts[:, None] - rows + torch.arange(rows)[None, :]  # [B, Q]: the last key each row sees
+        self.key_mask[:batch, :rows].copy_(torch.arange(self.max_keys)[None, None, :] <= last_key[:, :, None])
+
+
+def _slots(slots: Index, num_keys: int, pad: int, pad_slot: int) -> torch.Tensor:
+    """[num_keys + pad] long on the host: a span's key slots, then `pad` pad-slot keys for its padding rows."""
+    own = torch.arange(slots.start, slots.stop) if isinstance(slots, slice) else slots.cpu()
+    assert own.numel() == num_keys, (own.numel(), num_keys)
+    return torch.cat([own, torch.full((pad,), pad_slot, dtype=torch.long)]) if pad else own
 
 
 def _as_list(slots: list[int] | Index) -> list[int]:

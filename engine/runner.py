@@ -9,7 +9,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, Index, SeqSpan, build_metadata
 from engine.compiled_decode import CompiledDecode
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import StepGraphs
 from engine.models.llama import CausalLM
 from engine.sequence import Sequence
 
@@ -54,10 +54,11 @@ class ModelRunner:
                  compile_decode: bool = False, compile_rows: bool = False):
         """KV slots: num_blocks * block_size managed by a BlockManager, then `extra_slots` (SSD scratch).
 
-        graph_batch > 0: single-token decode steps of up to that many rows (and up to `graph_max_keys` keys
-        each) replay captured graphs (engine.cuda_graphs; CUDA graphs on CUDA, the eager twin on the CPU),
-        which take one more slot for their padding rows. compile_model: torch.compile the model forward.
-        compile_decode: one-sequence decode steps run a compiled forward (engine.compiled_decode; the CPU), and
+        graph_batch > 0: single-token decode steps of up to that many sequences, and causal steps of a few rows
+        per sequence (verification, SSD's glue pass) of up to cuda_graphs.VERIFY_MAX_BATCH, with up to
+        `graph_max_keys` keys each, replay captured graphs (engine.cuda_graphs; CUDA graphs on CUDA, the eager
+        twin on the CPU), which take one more slot for their padding rows. compile_model: torch.compile the model
+        forward. compile_decode: one-sequence decode steps run a compiled forward (engine.compiled_decode; the CPU), and
         with compile_rows its several-row steps too (verification, prefill)."""
         self.model = model
         self.backend = backend
@@ -73,12 +74,12 @@ class ModelRunner:
         self.first_extra_slot = num_blocks * block_size
         self.num_forward_tokens = 0  # every token that went through the model (tests count compute)
         self.forward = torch.compile(model.forward, dynamic=True) if compile_model else model.forward
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         if graph_batch > 0:
             attn = model.model.layers[0].self_attn
-            self.graphs = DecodeGraphs(self.forward, backend, num_heads=attn.num_heads, dtype=dtype, scale=attn.scale,
-                                       pad_slot=num_slots, max_keys=graph_max_keys or num_slots, device=device,
-                                       max_batch=graph_batch)
+            self.graphs = StepGraphs(self.forward, backend, num_heads=attn.num_heads, dtype=dtype, scale=attn.scale,
+                                     pad_slot=num_slots, max_keys=graph_max_keys or num_slots, device=device,
+                                     max_batch=graph_batch)
             with torch.inference_mode():
                 self.graphs.capture_all()
         self.compiled: CompiledDecode | None = None

@@ -188,6 +188,8 @@ def engine_rows(pair: Path, args, device: str, dtype: str, max_tokens: int, prog
                 "attention": llm.core.runner.backend.name, "cuda_graphs": llm.core.runner.graphs is not None}
         for mode in ("ar", "sd") + (() if gpus >= 2 else ("ssd",)):
             rows.append(run_engine_mode(llm, SpeculationConfig(mode=mode, k=args.k), prompt_ids, max_tokens, progress))
+        if llm.core.runner.graphs is not None:  # rows per sequence -> replays: 1 = decode, more = verification
+            info["graph_replays"] = dict(sorted(llm.core.runner.graphs.num_replays.items()))
     info["ssd_draft"] = "in the target's process (one device: correctness only)"
     if gpus >= 2:
         with LLM(str(pair / "target"), draft_device="cuda:1", **common) as llm:

@@ -1,5 +1,6 @@
 """Paged attention on flashinfer (CUDA; the optional `gpu` extra): prefill with a cached prefix, decode, and
-multi-query with a custom mask (K+1 verification, SSD branch drafting), plus the captured decode of CUDA graphs.
+multi-query with a custom mask (K+1 verification, SSD branch drafting), plus the captured steps of CUDA graphs
+(decode on the decode wrapper, several causal rows per sequence on the prefill wrapper, both in graph mode).
 
 KV layout per layer: K and V each [num_slots, 1, KVH, D], flashinfer's NHD paged layout with a page size of one
 slot. A page is then a slot, so every key list a SeqSpan can name (block-table runs, SSD scratch slots after a
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata, Index
-from engine.cuda_graphs import StaticDecodeMetadata
+from engine.cuda_graphs import StaticStepMetadata
 
 WORKSPACE_BYTES = 256 << 20  # flashinfer's float workspace (split-KV partial results)
 
@@ -28,7 +29,7 @@ class FlashInferBackend(AttentionBackend):
         self.v: list[torch.Tensor] = []
         self._planned: AttentionMetadata | None = None  # the forward the eager wrappers are planned for
         self._planned_wrapper = None
-        self._graph_wrappers: dict[int, object] = {}  # captured batch size -> its CUDA-graph decode wrapper
+        self._graph_wrappers: dict[tuple[int, int], object] = {}  # captured (sequences, rows) -> its graph-mode wrapper
 
     def allocate(
         self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
@@ -50,8 +51,8 @@ class FlashInferBackend(AttentionBackend):
         k_cache, v_cache = self.k[layer], self.v[layer]  # [S, 1, KVH, D]
         _write(k_cache, meta.slot_mapping, k)
         _write(v_cache, meta.slot_mapping, v)
-        if isinstance(meta, StaticDecodeMetadata):
-            wrapper = self._graph_wrappers[meta.batch]  # planned by prepare_static_decode before the replay
+        if isinstance(meta, StaticStepMetadata):
+            wrapper = self._graph_wrappers[(meta.batch, meta.rows)]  # planned by prepare_static before the replay
         else:
             wrapper = self._plan(meta, q.shape[1], q.dtype, scale)
         out = wrapper.run(q, (k_cache, v_cache))  # [N, H, D]
@@ -84,24 +85,37 @@ class FlashInferBackend(AttentionBackend):
         self._planned, self._planned_wrapper = meta, wrapper
         return wrapper
 
-    # -- CUDA graphs (engine.cuda_graphs.DecodeGraphs) -----------------------------------------------
-    def prepare_static_decode(
-        self, batch: int, key_slots: list[Index], num_keys: list[int], *, num_heads: int, dtype: torch.dtype,
-        scale: float,
+    # -- CUDA graphs (engine.cuda_graphs.StepGraphs) ------------------------------------------------
+    def prepare_static(
+        self, batch: int, rows: int, keys: list[torch.Tensor], *, num_heads: int, dtype: torch.dtype, scale: float,
+        max_keys: int,
     ) -> None:
-        """Plan the captured decode of `batch` rows (outside the graph: planning runs on the host)."""
-        wrapper = self._graph_wrappers.get(batch)
+        """Plan the captured step of `batch` sequences x `rows` causal query rows (outside the graph: planning runs
+        on the host). keys: each sequence's key slots, its padding rows' pad keys included."""
+        wrapper = self._graph_wrappers.get((batch, rows))
         if wrapper is None:
-            wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_cuda_graph=True,
-                paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=self.device),
-                paged_kv_indices_buffer=torch.zeros(batch * self.num_slots, dtype=torch.int32, device=self.device),
-                paged_kv_last_page_len_buffer=torch.ones(batch, dtype=torch.int32, device=self.device),
-            )
-            self._graph_wrappers[batch] = wrapper
-        key_indptr, indices = _key_lists(key_slots, num_keys, self.device)
-        wrapper.plan(key_indptr, indices, torch.ones(batch, dtype=torch.int32), num_heads, self.num_kv_heads,
-                     self.head_dim, 1, q_data_type=dtype, kv_data_type=self.k[0].dtype, sm_scale=scale)
+            indptr = torch.zeros(batch + 1, dtype=torch.int32, device=self.device)
+            indices = torch.zeros(batch * (max_keys + rows), dtype=torch.int32, device=self.device)
+            last_page_len = torch.ones(batch, dtype=torch.int32, device=self.device)
+            if rows == 1:
+                wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=indptr,
+                    paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last_page_len)
+            else:
+                wrapper = self._fi.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_cuda_graph=True,
+                    qo_indptr_buf=torch.zeros(batch + 1, dtype=torch.int32, device=self.device),
+                    paged_kv_indptr_buf=indptr, paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last_page_len)
+            self._graph_wrappers[(batch, rows)] = wrapper
+        key_indptr, indices = _key_lists(keys, [k.numel() for k in keys], self.device)
+        common = dict(q_data_type=dtype, kv_data_type=self.k[0].dtype, sm_scale=scale)
+        last_page_len = torch.ones(batch, dtype=torch.int32)
+        if rows == 1:
+            wrapper.plan(key_indptr, indices, last_page_len, num_heads, self.num_kv_heads, self.head_dim, 1, **common)
+        else:
+            q_indptr = torch.arange(batch + 1, dtype=torch.int32) * rows
+            wrapper.plan(q_indptr, key_indptr, indices, last_page_len, num_heads, self.num_kv_heads, self.head_dim,
+                         1, causal=True, **common)
 
 
 def _key_lists(key_slots: list[Index], num_keys: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,9 +8,19 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.attention import SdpaBackend, choose_backend
+from engine.attention.base import SeqSpan
 from engine.build import fast_kwargs
 from engine.config import EngineConfig, FastPath, SpeculationConfig
-from engine.cuda_graphs import DEFAULT_MAX_BATCH, bucket_for, graph_buckets, use_cuda_graphs
+from engine.cuda_graphs import (
+    DEFAULT_MAX_BATCH,
+    VERIFY_MAX_BATCH,
+    VERIFY_ROWS,
+    bucket_for,
+    graph_buckets,
+    graph_shapes,
+    shape_for,
+    use_cuda_graphs,
+)
 from engine.errors import InvalidParameterError
 from engine.runner import ModelRunner
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
@@ -29,6 +39,19 @@ def test_buckets_cover_every_batch_size_up_to_the_largest():
     assert bucket_for(41, buckets) is None  # too large: the runner runs it eagerly
     with pytest.raises(ValueError):
         graph_buckets(0)
+
+
+def test_shapes_cover_decode_batches_and_small_verify_batches():
+    shapes = graph_shapes(64)
+    assert {b for b, q in shapes if q == 1} == set(graph_buckets(64))
+    assert {q for _, q in shapes} == {1, *VERIFY_ROWS}
+    assert max(b for b, q in shapes if q > 1) == VERIFY_MAX_BATCH
+    assert shape_for(3, 1, shapes) == (4, 1)
+    assert shape_for(3, 4, shapes) == (4, 5)    # k = 3: padded to 5 rows
+    assert shape_for(1, 5, shapes) == (1, 5)
+    assert shape_for(17, 2, shapes) is None      # more sequences than a verify graph holds: eager
+    assert shape_for(1, max(VERIFY_ROWS) + 1, shapes) is None  # a prefill chunk: eager
+    assert shape_for(2, 2, graph_shapes(1)) is None
 
 
 def test_graphs_only_on_cuda_and_never_with_eager_or_tp():
@@ -97,9 +120,36 @@ def pair(tiny_llama_dir, tmp_path_factory):
         yield llm
 
 
+def test_a_captured_step_of_mixed_row_counts_matches_the_eager_forward(pair):
+    """Sequences with 4, 1 and 2 causal rows (padded to 5 rows, 4 sequences), key lists as a slice and as scattered
+    slots: the replay's hidden states are the eager forward's, row for row; masks, unordered spans, too many rows
+    or keys run eagerly."""
+    runner = _graph_runner(pair.core.runner, 4)
+    graphs, vocab = runner.graphs, runner.model.args.vocab_size
+    ids = torch.randint(vocab, (50,), generator=torch.Generator().manual_seed(0)).tolist()
+    runner.run_spans(ids, torch.arange(50), slice(0, 50), [SeqSpan(0, 50, slice(0, 50), 50)], all_logits=False)
+    scattered = torch.tensor([30, 31, 40, 41, 42])
+    spans = [SeqSpan(0, 4, slice(0, 10), 10), SeqSpan(4, 1, slice(20, 26), 6), SeqSpan(5, 2, scattered, 5)]
+    step = dict(ids=ids[:7], positions=torch.tensor([6, 7, 8, 9, 5, 3, 4]), write_slots=[6, 7, 8, 9, 25, 41, 42],
+                spans=spans)
+    assert graphs.handles(spans)
+    runner.graphs = None
+    want = runner.run_spans(**step, all_logits=True)  # [7, V]
+    runner.graphs = graphs
+    got = runner.run_spans(**step, all_logits=True)
+    assert graphs.num_replays == {5: 1}
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert not graphs.handles([SeqSpan(0, 2, slice(0, 4), 4, mask=torch.ones(2, 4, dtype=torch.bool))])
+    assert not graphs.handles([spans[1], spans[0]])  # rows out of order
+    assert not graphs.handles([SeqSpan(0, 10, slice(0, 10), 10)])  # more rows than any verify graph
+    assert graphs.handles([SeqSpan(0, 5, slice(0, 128), 128)])
+    assert not graphs.handles([SeqSpan(0, 4, slice(0, 128), 128)])  # with its padding row, over max_keys (128)
+
+
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
 def test_graph_twin_gives_the_eager_greedy_output(pair, mode):
-    """Padded buckets (3 prompts -> bucket 4; SSD branch rows), static buffers and replays: same tokens as eager."""
+    """Padded shapes (3 prompts -> 4 sequences; k + 1 rows -> 2, 3 or 5; SSD's branch and glue steps), static
+    buffers and replays: same tokens as eager, and the verification really ran on several-row graphs."""
     pair.speculation = SpeculationConfig(mode=mode, k=3)
     want = [o.token_ids for o in pair.generate(PROMPTS[:3], GREEDY)]
     core = pair.core
@@ -107,11 +157,15 @@ def test_graph_twin_gives_the_eager_greedy_output(pair, mode):
     core.runner, core.drafter.runner = _graph_runner(eager_target, 4), _graph_runner(eager_draft, 16)
     try:
         got = [o.token_ids for o in pair.generate(PROMPTS[:3], GREEDY)]
-        replays = core.runner.graphs.num_replays + core.drafter.runner.graphs.num_replays
+        target, draft = core.runner.graphs.num_replays, core.drafter.runner.graphs.num_replays
     finally:
         core.runner, core.drafter.runner = eager_target, eager_draft
     assert got == want
-    assert replays > 0
+    assert target.get(1, 0) + draft.get(1, 0) > 0
+    if mode != "ar":  # the target's k + 1 verification rows (past the one prefill of the short prompts)
+        assert sum(n for rows, n in target.items() if rows > 1) > 1
+    if mode == "ssd":
+        assert sum(n for rows, n in draft.items() if rows > 1) > 0  # the draft's glue pass over the verified rows
 
 
 def test_cli_flags_reach_the_engine(monkeypatch):

@@ -77,8 +77,25 @@ def test_graphs_match_eager(pair, attention):
             assert (llm.core.runner.graphs is None) == eager
             outs[eager] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
             if not eager:
-                assert llm.core.runner.graphs.num_replays > 0
+                assert llm.core.runner.graphs.num_replays.get(1, 0) > 0
     assert outs[False] == outs[True]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", pytest.param("flashinfer", marks=needs_flashinfer)])
+def test_verify_graphs_match_eager(pair, attention):
+    """SD and SSD with the target's k + 1-row verification (and the draft's glue pass) on captured graphs: the
+    same tokens as eager."""
+    outs = {}
+    for eager in (True, False):
+        with LLM(str(pair / "target"), draft=str(pair / "draft"), device="cuda:0", attention=attention, eager=eager,
+                 max_model_len=256, enable_prefix_caching=False) as llm:
+            for mode in ("sd", "ssd"):
+                llm.speculation = SpeculationConfig(mode=mode, k=4)
+                outs[eager, mode] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+            if not eager:
+                assert sum(n for rows, n in llm.core.runner.graphs.num_replays.items() if rows > 1) > 0
+    assert outs[False, "sd"] == outs[True, "sd"]
+    assert outs[False, "ssd"] == outs[True, "ssd"]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", pytest.param("flashinfer", marks=needs_flashinfer)])
