@@ -56,6 +56,21 @@ def test_greedy_sd_equals_ar(llm, k):
         assert 1.0 <= out.stats.spec.tau <= k + 1
 
 
+def test_bf16_on_the_cpu_keeps_its_dtype_and_sd_ssd_equal_ar(tiny_llama_dir, noisy_draft_dir):
+    """--dtype bfloat16 on the CPU (the CUDA default, here on its CPU twin): rotary's float32 tables are cast to the
+    activations' dtype, so q/k stay bf16 through every layer, and greedy SD and SSD still equal AR."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    with LLM(str(tiny_llama_dir), draft=str(noisy_draft_dir), max_model_len=256, block_size=4, dtype="bfloat16",
+             draft_weights="float32") as bf16:
+        model = bf16.core.runner.model
+        cos, sin = model.rotary.lookup(torch.arange(3), torch.bfloat16)
+        assert cos.dtype == sin.dtype == torch.bfloat16 and model.rotary.cos.dtype == torch.float32
+        assert bf16.core.runner.backend.k[0].dtype == torch.bfloat16
+        ar = [o.token_ids for o in run(bf16, PROMPTS, params, mode="ar")]
+        assert [o.token_ids for o in run(bf16, PROMPTS, params, mode="sd", k=3)] == ar
+        assert [o.token_ids for o in run(bf16, PROMPTS, params, mode="ssd", k=3)] == ar
+
+
 def test_draft_equal_to_target_accepts_everything(tiny_llama_dir):
     same = LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=256, block_size=4, draft_weights="float32",
                speculation=SpeculationConfig(mode="sd", k=3, adaptive_k=False))  # adaptive: k=1 for so costly a draft
