@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 from engine.build import check_tp, resolve_dtype
+from engine.chat import encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
 from engine.distributed import pin
-from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
+from engine.errors import InvalidParameterError, PromptTooLongError
 from engine.layers.packed import one_row_pays
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
@@ -156,11 +157,7 @@ class LLM:
         return self._stream(self._add(self.encode_chat(messages), params or SamplingParams()), cancel)
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        _check_messages(messages)
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise EngineError(f"{self.config.target} has no chat template: send raw prompts instead")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return encode_chat(self.tokenizer, messages, model=self.config.target)
 
     @property
     def weight_bytes(self) -> int:
@@ -294,16 +291,6 @@ class LLM:
 
 def _is_token_ids(prompt: object) -> bool:
     return isinstance(prompt, list | tuple) and len(prompt) > 0 and all(isinstance(t, int) for t in prompt)
-
-
-def _check_messages(messages: list[dict[str, str]]) -> None:
-    if not messages:
-        raise InvalidParameterError("the conversation is empty: add a user message")
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise InvalidParameterError("each message needs a role of system, user or assistant")
-        if not isinstance(m.get("content"), str):
-            raise InvalidParameterError("each message needs a text content")
 
 
 __all__ = ["LLM"]

@@ -1,5 +1,6 @@
 """Write ``assets/prompts/distill.jsonl``: the hand-written distillation prompts, the prompts the target wrote
-itself (``distill-self.jsonl``, from ``make_self_prompts.py``) and seeded template prompts.
+itself (``distill-self.jsonl``, from ``make_self_prompts.py``), seeded template prompts, then seeded prompts of
+the chat task families in ``distill_tasks.py`` (appended last, so the earlier lines and their cached replies stay).
 
 The draft is trained on the target's replies to these prompts, so they should look like chat: questions,
 explanations, advice, lists, stories and poems, code, arithmetic, comparisons, with and without a system
@@ -14,13 +15,17 @@ import logging
 import random
 from pathlib import Path
 
+from distill_tasks import task_prompt
+
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 HANDWRITTEN = PROMPTS / "distill-handwritten.jsonl"
 SELF_WRITTEN = PROMPTS / "distill-self.jsonl"
 OUT = PROMPTS / "distill.jsonl"
 log = logging.getLogger("make_distill_prompts")
 NUM_TEMPLATED = 500
+NUM_TASKS = 3500
 SEED = 0
+TASKS_SEED = 1
 
 # Subjects of the held-out prompts: a templated prompt mentioning one of them is dropped.
 HELD_OUT_SUBJECTS = ("france", "sky", "blue", "autumn", "sleep", "palindrome", "tuple", "romeo", "juliet",
@@ -129,18 +134,19 @@ def templated(rng: random.Random) -> dict:
 
 
 def main() -> None:
-    rng = random.Random(SEED)
     lines = [line for path in (HANDWRITTEN, SELF_WRITTEN) if path.is_file()
              for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     seen = set(lines)
     made = 0
-    while made < NUM_TEMPLATED:
-        line = json.dumps(templated(rng))
-        if line in seen or any(word in line.lower() for word in HELD_OUT_SUBJECTS):
-            continue
-        seen.add(line)
-        lines.append(line)
-        made += 1
+    for make, count, seed in ((templated, NUM_TEMPLATED, SEED), (task_prompt, NUM_TASKS, TASKS_SEED)):
+        rng, made = random.Random(seed), 0
+        while made < count:
+            line = json.dumps(make(rng))
+            if line in seen or any(word in line.lower() for word in HELD_OUT_SUBJECTS):
+                continue
+            seen.add(line)
+            lines.append(line)
+            made += 1
     OUT.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     log.info("wrote %d prompts to %s", len(lines), OUT)
 

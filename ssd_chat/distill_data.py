@@ -1,9 +1,10 @@
 """`ssd-chat distill`'s training data: the target's own replies to a prompt set, generated once with our engine.
 
-Each example is a prompt (chat template applied) and the target's reply to it (greedy, or sampled with a
-per-prompt seed), as token ids. Replies are appended to a JSONL cache one batch at a time, so an interrupted
-run keeps what it generated and a resumed run only generates the rest. The cache's first line records what
-the replies depend on; a cache made with other settings is regenerated, never mixed in.
+Each example is a prompt (chat template applied) and the target's reply to it (greedy, or sampled with a seed
+drawn from the prompt's ids), as token ids. Replies are appended to a JSONL cache one batch at a time, keyed by
+their prompt's ids, so an interrupted run keeps what it generated, a resumed run only generates the rest, and a
+prompt file that gained prompts only costs the new ones' replies. The cache's first line records what the replies
+depend on (not the prompt file); a cache made with other settings is regenerated, never mixed in.
 
 A fixed, evenly spaced subset of the prompts is held out: the trainer measures greedy agreement on those
 and never trains on them.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -36,6 +38,10 @@ class DataSettings:
     temperature: float
     seed: int
     ignore_eos: bool     # past the end of turn to max_tokens (the target goes on with a new chat turn)
+
+    def reply_settings(self) -> dict:
+        """What a cached reply depends on: everything but the prompt file (each row names its own prompt)."""
+        return {k: v for k, v in asdict(self).items() if k != "prompts_sha256"}
 
 
 @dataclass(frozen=True)
@@ -62,51 +68,78 @@ def generate_examples(
     target: str, prompts: Sequence[Messages], settings: DataSettings, cache: Path, *, threads: int | None,
     progress: Callable[[int, int], None],
 ) -> list[Example]:
-    """The target's reply to every prompt, from ``cache`` where it holds them; the rest generated and appended."""
-    examples = _read_cache(cache, settings)
-    progress(len(examples), len(prompts))
-    if len(examples) >= len(prompts):
-        return examples[: len(prompts)]
+    """The target's reply to every prompt: from ``cache`` where it holds that prompt, the rest generated (in the
+    prompts' order, GENERATE_BATCH at a time) and appended."""
+    from engine.chat import encode_chat
+    from engine.startup import load_tokenizer
+
+    tokenizer = load_tokenizer(Path(target))
+    prompt_ids = [tuple(encode_chat(tokenizer, messages, model=target)) for messages in prompts]
+    replies = _read_cache(cache, settings)
+    if not replies:
+        cache.write_text(json.dumps(settings.reply_settings()) + "\n", encoding="utf-8")
+    todo = list(dict.fromkeys(ids for ids in prompt_ids if ids not in replies))  # each new prompt once, in order
+    progress(len(prompt_ids) - sum(ids not in replies for ids in prompt_ids), len(prompt_ids))
+    if todo:
+        _generate(target, todo, settings, cache, replies, threads,
+                  lambda: progress(sum(ids in replies for ids in prompt_ids), len(prompt_ids)))
+    return [Example(ids, replies[ids]) for ids in prompt_ids]
+
+
+def _generate(target: str, todo: list[tuple[int, ...]], settings: DataSettings, cache: Path,
+              replies: dict[tuple[int, ...], tuple[int, ...]], threads: int | None, progress: Callable[[], None],
+              ) -> None:
     from engine import LLM, SamplingParams
 
-    if not examples:
-        cache.write_text(json.dumps(asdict(settings)) + "\n", encoding="utf-8")
     model_limit = int(json.loads((Path(target) / "config.json").read_text()).get("max_position_embeddings", 4096))
     max_model_len = min(model_limit, 4096)
     llm = LLM(target=target, threads=threads, max_num_seqs=GENERATE_BATCH, max_model_len=max_model_len,
               kv_cache_tokens=max(KV_CACHE_TOKENS, 2 * max_model_len))
     try:
-        while len(examples) < len(prompts):
-            start = len(examples)
-            batch = prompts[start : start + GENERATE_BATCH]
-            prompt_ids = [llm.encode_chat(messages) for messages in batch]
-            # Sampled: one seed per prompt, from its index (each request seeds its own generator): reproducible.
+        for start in range(0, len(todo), GENERATE_BATCH):
+            batch = todo[start : start + GENERATE_BATCH]
             params = [SamplingParams(temperature=settings.temperature, max_tokens=settings.max_tokens,
-                                     seed=None if settings.temperature == 0 else settings.seed * 1_000_003 + start + i,
-                                     ignore_eos=settings.ignore_eos) for i in range(len(batch))]
-            outputs = llm.generate(prompt_ids, params)
-            new = [Example(tuple(ids), tuple(out.token_ids)) for ids, out in zip(prompt_ids, outputs, strict=True)]
+                                     seed=None if settings.temperature == 0 else reply_seed(settings.seed, ids),
+                                     ignore_eos=settings.ignore_eos) for ids in batch]
+            outputs = llm.generate([list(ids) for ids in batch], params)
             with cache.open("a", encoding="utf-8") as handle:
-                for example in new:
-                    handle.write(json.dumps({"prompt_ids": example.prompt_ids, "reply_ids": example.reply_ids}) + "\n")
-            examples.extend(new)
-            progress(len(examples), len(prompts))
+                for ids, out in zip(batch, outputs, strict=True):
+                    replies[ids] = tuple(out.token_ids)
+                    handle.write(json.dumps({"prompt_ids": ids, "reply_ids": replies[ids]}) + "\n")
+            progress()
     finally:
         llm.close()
-    return examples
 
 
-def _read_cache(cache: Path, settings: DataSettings) -> list[Example]:
+def reply_seed(seed: int, prompt_ids: Sequence[int]) -> int:
+    """A sampled reply's seed: from the run's seed and the prompt itself, so it does not depend on the prompt's
+    place in the file (reproducible when prompts are added or reordered)."""
+    return seed * 1_000_003 + zlib.crc32(json.dumps(list(prompt_ids)).encode())
+
+
+def _read_cache(cache: Path, settings: DataSettings) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """prompt ids -> reply ids, from a cache whose header matches ``settings`` (minus the prompt file: headers
+    written before the cache was keyed by prompt still name one, which does not matter). A last line cut short by
+    an interrupted write is dropped from the file."""
     if not cache.is_file():
-        return []
+        return {}
     lines = cache.read_text(encoding="utf-8").splitlines()
     try:
-        if not lines or json.loads(lines[0]) != asdict(settings):
-            return []
-        rows = [json.loads(line) for line in lines[1:]]
-    except json.JSONDecodeError:  # a line cut short by an interrupted write: regenerate from scratch
-        return []
-    return [Example(tuple(row["prompt_ids"]), tuple(row["reply_ids"])) for row in rows]
+        header = json.loads(lines[0]) if lines else None
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(header, dict) or {k: v for k, v in header.items() if k != "prompts_sha256"} \
+            != settings.reply_settings():
+        return {}
+    replies = {}
+    for number, line in enumerate(lines[1:], start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            cache.write_text("".join(kept + "\n" for kept in lines[:number]), encoding="utf-8")
+            break
+        replies[tuple(row["prompt_ids"])] = tuple(row["reply_ids"])
+    return replies
 
 
 def head_vocab_ids(examples: Sequence[Example], vocab_size: int, head_vocab: int, *, always: Sequence[int] = ()

@@ -1,0 +1,25 @@
+"""Chat prompts as token ids: a conversation (system / user / assistant messages) through the model's chat
+template, ending where the assistant's reply starts. Needs only the tokenizer, not the model."""
+
+from __future__ import annotations
+
+from engine.errors import EngineError, InvalidParameterError
+
+
+def check_messages(messages: list[dict[str, str]]) -> None:
+    if not messages:
+        raise InvalidParameterError("the conversation is empty: add a user message")
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise InvalidParameterError("each message needs a role of system, user or assistant")
+        if not isinstance(m.get("content"), str):
+            raise InvalidParameterError("each message needs a text content")
+
+
+def encode_chat(tokenizer, messages: list[dict[str, str]], *, model: str) -> list[int]:
+    """The token ids of `messages` under `tokenizer`'s chat template, with the assistant's turn opened."""
+    check_messages(messages)
+    if not getattr(tokenizer, "chat_template", None):
+        raise EngineError(f"{model} has no chat template: send raw prompts instead")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,82 @@
+"""distill's reply cache: keyed by prompt, so a prompt file that grows (or an interrupted write) costs only the
+missing replies; sampled replies are seeded by their prompt, not by its place in the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import engine
+from ssd_chat import distill_data as data
+from ssd_chat.distill import DISTILL_PROMPTS
+from ssd_chat.prompts import load_prompts
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture
+def generated(monkeypatch) -> list[int]:
+    """The number of prompts each LLM.generate call was given."""
+    calls: list[int] = []
+    original = engine.LLM.generate
+
+    def counting(self, prompts, params=None, **kw):
+        calls.append(len(prompts))
+        return original(self, prompts, params, **kw)
+
+    monkeypatch.setattr(engine.LLM, "generate", counting)
+    return calls
+
+
+def _settings(target: Path, temperature: float = 0.0) -> data.DataSettings:
+    return data.DataSettings(str(target), "sha-of-the-prompt-file", MAX_TOKENS, temperature, 0, True)
+
+
+def _examples(target: Path, prompts_path: Path, cache: Path, settings: data.DataSettings) -> list[data.Example]:
+    return data.generate_examples(str(target), load_prompts(prompts_path), settings, cache, threads=1,
+                                  progress=lambda done, total: None)
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_a_grown_prompt_file_generates_only_the_new_replies(tiny_llama_dir, tmp_path, generated):
+    lines = DISTILL_PROMPTS.read_text(encoding="utf-8").splitlines()[:8]
+    cache = tmp_path / "data.jsonl"
+    first = _examples(tiny_llama_dir, _write(tmp_path / "a.jsonl", lines[:5]), cache, _settings(tiny_llama_dir))
+    assert generated == [5]
+    grown = _examples(tiny_llama_dir, _write(tmp_path / "b.jsonl", lines), cache, _settings(tiny_llama_dir))
+    assert generated == [5, 3]  # only the three new prompts
+    assert grown[:5] == first
+    assert len({e.prompt_ids for e in grown}) == 8 and all(len(e.reply_ids) == MAX_TOKENS for e in grown)
+    again = _examples(tiny_llama_dir, _write(tmp_path / "c.jsonl", lines[3:] + lines[:3]), cache,
+                      _settings(tiny_llama_dir))
+    assert generated == [5, 3]  # reordered: every reply comes from the cache
+    assert again == grown[3:] + grown[:3]
+    other = _examples(tiny_llama_dir, tmp_path / "b.jsonl", cache, _settings(tiny_llama_dir, temperature=0.5))
+    assert generated == [5, 3, 8]  # other reply settings: regenerated, never mixed in
+    assert len(other) == 8
+
+
+def test_a_reply_cut_short_by_an_interruption_is_generated_again(tiny_llama_dir, tmp_path, generated):
+    prompts = _write(tmp_path / "p.jsonl", DISTILL_PROMPTS.read_text(encoding="utf-8").splitlines()[:4])
+    cache = tmp_path / "data.jsonl"
+    whole = _examples(tiny_llama_dir, prompts, cache, _settings(tiny_llama_dir))
+    lines = cache.read_text(encoding="utf-8").splitlines()
+    cache.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2], encoding="utf-8")
+    assert _examples(tiny_llama_dir, prompts, cache, _settings(tiny_llama_dir)) == whole
+    assert generated == [4, 1]
+    assert cache.read_text(encoding="utf-8").splitlines() == lines  # the torn line is gone, the reply rewritten
+
+
+def test_sampled_replies_are_seeded_by_their_prompt_not_their_place(tiny_llama_dir, tmp_path):
+    lines = DISTILL_PROMPTS.read_text(encoding="utf-8").splitlines()[:4]
+    settings = _settings(tiny_llama_dir, temperature=1.0)
+    forward = _examples(tiny_llama_dir, _write(tmp_path / "f.jsonl", lines), tmp_path / "f-cache.jsonl", settings)
+    backward = _examples(tiny_llama_dir, _write(tmp_path / "b.jsonl", lines[::-1]), tmp_path / "b-cache.jsonl",
+                         settings)
+    assert backward == forward[::-1]
+    assert data.reply_seed(0, [1, 2, 3]) != data.reply_seed(1, [1, 2, 3]) != data.reply_seed(1, [1, 2, 4])
