@@ -28,8 +28,7 @@ from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
 from ssd_chat.distill_train import TrainSettings, train
-from ssd_chat.prompts import DEFAULT_PROMPTS as HELD_OUT_PROMPTS
-from ssd_chat.prompts import load_prompts
+from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
 
 DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "distill.jsonl"
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -83,8 +82,8 @@ class DistillConfig:
             raise InvalidParameterError(f"--max-prompts must be >= 1, got {self.max_prompts}")
         if self.threads is not None and self.threads < 1:
             raise InvalidParameterError(f"--threads must be >= 1, got {self.threads}")
-        if Path(self.prompts_file).resolve() == HELD_OUT_PROMPTS:
-            raise InvalidParameterError(f"{HELD_OUT_PROMPTS.name} is the held-out benchmark set: train on another "
+        if Path(self.prompts_file).resolve() in HELD_OUT_SETS:
+            raise InvalidParameterError(f"{Path(self.prompts_file).name} is a held-out benchmark set: train on another "
                                         f"prompt file (default {DISTILL_PROMPTS.name})")
 
 

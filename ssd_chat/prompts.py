@@ -8,7 +8,12 @@ from pathlib import Path
 
 from engine import LLM
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "chat.jsonl"  # the held-out set
+PROMPTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "prompts"
+DEFAULT_PROMPTS = PROMPTS_DIR / "chat.jsonl"  # the held-out benchmark set
+# A second held-out set of chat tasks that no training prompt family covers (jokes, menus, role-play, ...),
+# written after the training prompts: how a draft does on requests unlike anything it was trained on.
+UNSEEN_PROMPTS = PROMPTS_DIR / "chat-unseen.jsonl"
+HELD_OUT_SETS = (DEFAULT_PROMPTS, UNSEEN_PROMPTS)
 
 Messages = list[dict[str, str]]
 

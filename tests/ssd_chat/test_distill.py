@@ -18,7 +18,7 @@ from engine.errors import InvalidParameterError, ModelFilesError
 from ssd_chat import cli, distill
 from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, run_distill
 from ssd_chat.distill_model import load_hf_draft
-from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
+from ssd_chat.prompts import DEFAULT_PROMPTS, UNSEEN_PROMPTS, load_prompts
 
 runner = CliRunner()
 NUM_PROMPTS, MAX_TOKENS = 48, 48
@@ -201,6 +201,7 @@ def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_p
         "negative steps": [*base, "--out", str(tmp_path / "o2"), "--steps", "-1"],
         "unknown precision": [*base, "--out", str(tmp_path / "o5"), "--precision", "fp8"],
         "training on the held-out set": [*base, "--out", str(tmp_path / "o3"), "--prompts", str(DEFAULT_PROMPTS)],
+        "training on the unseen set": [*base, "--out", str(tmp_path / "o6"), "--prompts", str(UNSEEN_PROMPTS)],
         "missing target": ["distill", "--target", str(tmp_path / "nothing"), "--out", str(tmp_path / "o4")],
     }
     for case, args in cases.items():

@@ -80,3 +80,13 @@ def test_sampled_replies_are_seeded_by_their_prompt_not_their_place(tiny_llama_d
                          settings)
     assert backward == forward[::-1]
     assert data.reply_seed(0, [1, 2, 3]) != data.reply_seed(1, [1, 2, 3]) != data.reply_seed(1, [1, 2, 4])
+
+
+def test_no_training_prompt_is_a_held_out_one():
+    from ssd_chat.prompts import HELD_OUT_SETS
+
+    training = {tuple(m["content"] for m in messages) for messages in load_prompts(DISTILL_PROMPTS)}
+    for held_out in HELD_OUT_SETS:
+        prompts = load_prompts(held_out)
+        assert len(prompts) == 16
+        assert not training & {tuple(m["content"] for m in messages) for messages in prompts}, held_out.name
