@@ -67,7 +67,8 @@ def distill(
     batch_size: Annotated[int, typer.Option(help="Replies per training step.")] = 16,
     lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warm-up, then cosine decay).")] = 1e-3,
     loss: Annotated[str, typer.Option(help="ce: cross-entropy on the reply tokens (greedy acceptance, fast); "
-                                           "kl: KL to the target's distribution (runs the target per step).")] = "ce",
+                                           "kl: KL to the target's distribution (runs the target per step); "
+                                           "topk: the target's top-16 distribution, scored once.")] = "ce",
     kl_steps: Annotated[int, typer.Option(help="Then this many steps of KL to the target's distribution (it ranks "
                                                "the draft's other choices: SSD's cache hits).")] = 400,
     kl_lr: Annotated[float, typer.Option(help="Peak learning rate of the KL steps.")] = 3e-4,

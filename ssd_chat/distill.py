@@ -26,15 +26,17 @@ from engine.cpu_info import flags as cpu_flags
 from engine.errors import InvalidParameterError
 from engine.registry import resolve_model
 from ssd_chat import distill_data as data
+from ssd_chat import distill_teacher
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
 from ssd_chat.distill_train import TrainSettings, train
 from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
 
 DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "distill.jsonl"
 PRECISIONS = ("auto", "fp32", "bf16")
+LOSSES = ("ce", "kl", "topk")
 WORK_DIR = "distill"  # inside the output directory: the run's state, not part of the model
 
-Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "training"), done, total, detail
+Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "labels" | "training"), done, total, detail
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class DistillConfig:
     steps: int = 1800
     batch_size: int = 16
     lr: float = 1e-3
-    loss: str = "ce"  # ce: cross-entropy on the (greedy) reply tokens; kl: KL to the target's distribution
+    loss: str = "ce"  # ce: cross-entropy on the (greedy) reply tokens; kl: KL to the target's distribution;
+    # topk: cross-entropy against the target's top-k distribution, scored once (distill_teacher)
     kl_steps: int = 400  # then KL steps: they teach the draft the target's ranking of its other choices
     kl_lr: float = 3e-4
     seed: int = 0
@@ -71,8 +74,8 @@ class DistillConfig:
                 raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.precision not in PRECISIONS:
             raise InvalidParameterError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.loss not in ("ce", "kl"):
-            raise InvalidParameterError(f"--loss must be ce or kl, got {self.loss!r}")
+        if self.loss not in LOSSES:
+            raise InvalidParameterError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         for name in ("lr", "kl_lr"):
             if not getattr(self, name) > 0:
                 raise InvalidParameterError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
@@ -138,13 +141,19 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     eos_ids = _eos_ids(target)
     head_ids = data.head_vocab_ids(train_examples, target.config.vocab_size, config.head_vocab, always=eos_ids)
     draft = init_draft(target, config.draft_layers, head_ids)
+    trains = config.steps > 0  # --steps 0: the untrained draft, no labels to score and no KL stage
     settings = TrainSettings(config.steps, config.batch_size, config.lr, config.seed, config.eval_every,
-                             config.checkpoint_every, config.loss, config.kl_steps if config.steps else 0, config.kl_lr,
-                             precision)
+                             config.checkpoint_every, config.loss if trains else "ce",
+                             config.kl_steps if trains else 0, config.kl_lr, precision)
     pad_id = eos_ids[0] if eos_ids else 0
+    teacher = None
+    if settings.loss == "topk":
+        (work / "teacher").mkdir(exist_ok=True)
+        teacher = distill_teacher.score(target, train_examples, work / "teacher", bf16=precision == "bf16",
+                                        pad_id=pad_id, progress=lambda d, t: progress("labels", d, t, ""))
     result = train(draft, target, train_examples, eval_examples, settings, work, pad_id=pad_id,
                    on_checkpoint=lambda: save_draft(draft, target_dir, out),
-                   progress=lambda d, t, detail: progress("training", d, t, detail))
+                   progress=lambda d, t, detail: progress("training", d, t, detail), teacher=teacher)
     if result.steps_run == 0:  # nothing trained now (--steps 0, or a finished run): the draft still gets written
         save_draft(draft, target_dir, out)
     target_per_token = sum(p.numel() for p in target.model.layers.parameters()) + target.lm_head.weight.numel()
@@ -233,7 +242,7 @@ def _logged_agreement(work: Path, step: int) -> float | None:
 
 @contextmanager
 def progress_bar() -> Iterator[Progress]:
-    """A rich progress bar on stderr, one row per phase (replies, training), as a ``Progress`` callback."""
+    """A rich progress bar on stderr, one row per phase (replies, labels, training), as a ``Progress`` callback."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.progress import Progress as RichProgress

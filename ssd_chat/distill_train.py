@@ -1,10 +1,12 @@
 """`ssd-chat distill`'s training loop, teacher-forced on the target's replies, with AdamW on the CPU.
 
-Two losses: ``ce`` (the default) is cross-entropy on the reply tokens themselves. A greedy reply token is the
+Three losses: ``ce`` is cross-entropy on the reply tokens themselves. A greedy reply token is the
 target's top choice, the very token a greedy draft must propose to be accepted, so this trains greedy
 acceptance directly and needs no forward pass of the target (about 3x faster per step than ``kl`` with a
 4-layer draft of a 30-layer target). ``kl`` is KL(target || draft) over the kept vocabulary: the target runs
 on every batch; it also matches the target's distribution where the reply token is not its top choice.
+``topk`` is cross-entropy against the target's top-k distribution, scored once per reply (``distill_teacher``):
+the target's distribution at the cost of ``ce``.
 After ``steps`` steps of the chosen loss, ``kl_steps`` steps of ``kl`` (fresh AdamW moments, their own warm-up
 and decay to ``kl_lr``): cross-entropy on greedy replies teaches the top choice and leaves the ranking of the
 others poor, which SSD's fan-out (the draft's next-best tokens) depends on.
@@ -35,6 +37,7 @@ from torch import nn
 
 from ssd_chat.distill_data import Example
 from ssd_chat.distill_model import DraftModel
+from ssd_chat.distill_teacher import TeacherRows, soft_targets, topk_loss
 
 WARMUP_FRACTION, MIN_LR_FRACTION, WEIGHT_DECAY = 0.05, 0.1, 0.01
 
@@ -47,7 +50,7 @@ class TrainSettings:
     seed: int
     eval_every: int
     checkpoint_every: int
-    loss: str = "ce"  # "ce" | "kl"
+    loss: str = "ce"  # "ce" | "kl" | "topk"
     kl_steps: int = 0      # then this many KL steps, fresh AdamW moments, their own warm-up and decay to kl_lr
     kl_lr: float = 3e-4
     precision: str = "fp32"  # "fp32" | "bf16": the training steps' matmuls (autocast)
@@ -164,9 +167,11 @@ def target_argmax(target: nn.Module, examples: Sequence[Example]) -> list[torch.
 def train(
     draft: DraftModel, target: nn.Module, examples: Sequence[Example], eval_examples: Sequence[Example],
     settings: TrainSettings, work_dir: Path, *, pad_id: int, on_checkpoint: Callable[[], None],
-    progress: Callable[[int, int, str], None],
+    progress: Callable[[int, int, str], None], teacher: Sequence[TeacherRows] | None = None,
 ) -> TrainResult:
-    """Train ``draft`` up to ``settings.total_steps``, resuming from ``work_dir``'s checkpoint when there is one."""
+    """Train ``draft`` up to ``settings.total_steps``, resuming from ``work_dir``'s checkpoint when there is one.
+    ``teacher``: the labels of ``loss="topk"``, one per example."""
+    assert (teacher is not None) == (settings.loss == "topk") and (teacher is None or len(teacher) == len(examples))
     checkpoint, log_path = work_dir / "checkpoint.pt", work_dir / "log.jsonl"
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=WEIGHT_DECAY)
@@ -182,19 +187,27 @@ def train(
     total = settings.total_steps
     progress(start, total, "")
     for step in range(start, total):
-        batch = [examples[i] for i in batch_indices(step, settings.batch_size, len(examples), settings.seed)]
+        chosen = batch_indices(step, settings.batch_size, len(examples), settings.seed)
+        batch = [examples[i] for i in chosen]
         ids, mask = pad_batch(batch, pad_id)
         lr = lr_at(step, settings)
         if step == settings.steps:
             optimizer.state.clear()  # the KL stage starts from fresh moments (its gradients are another loss's)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        # the labels outside autocast (it does not take their float16 storage)
+        labels = soft_targets([teacher[i] for i in chosen], index) if teacher is not None and step < settings.steps \
+            else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
             if settings.loss == "kl" or step >= settings.steps:
                 loss = kl_loss(draft(ids).float(), target_logits(target, ids, draft.head_ids).float(), mask)
             else:
                 hidden = draft.hidden(ids)[mask]  # [N, D]: only the positions that predict a reply token
-                loss = ce_loss((hidden @ draft.head.T).float(), head_labels(ids, mask, index))
+                logits = (hidden @ draft.head.T).float()  # [N, Vr]
+                if labels is not None:
+                    loss = topk_loss(logits, *labels)
+                else:
+                    loss = ce_loss(logits, head_labels(ids, mask, index))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
