@@ -23,7 +23,7 @@ SELF_WRITTEN = PROMPTS / "distill-self.jsonl"
 OUT = PROMPTS / "distill.jsonl"
 log = logging.getLogger("make_distill_prompts")
 NUM_TEMPLATED = 500
-NUM_TASKS = 3500
+NUM_TASKS = 2500
 SEED = 0
 TASKS_SEED = 1
 
