@@ -68,8 +68,8 @@ def generate_examples(
     target: str, prompts: Sequence[Messages], settings: DataSettings, cache: Path, *, threads: int | None,
     progress: Callable[[int, int], None],
 ) -> list[Example]:
-    """The target's reply to every prompt: from ``cache`` where it holds that prompt, the rest generated (in the
-    prompts' order, GENERATE_BATCH at a time) and appended."""
+    """The target's reply to every prompt: from ``cache`` where it holds that prompt, the rest generated (shortest
+    prompts first, GENERATE_BATCH at a time) and appended."""
     from engine.chat import encode_chat
     from engine.startup import load_tokenizer
 
@@ -78,7 +78,9 @@ def generate_examples(
     replies = _read_cache(cache, settings)
     if not replies:
         cache.write_text(json.dumps(settings.reply_settings()) + "\n", encoding="utf-8")
-    todo = list(dict.fromkeys(ids for ids in prompt_ids if ids not in replies))  # each new prompt once, in order
+    # each new prompt once, shortest first: a batch of like lengths decodes as one padded attention call (one long
+    # prompt among short ones makes the padding too costly, and each sequence attends on its own)
+    todo = sorted(dict.fromkeys(ids for ids in prompt_ids if ids not in replies), key=len)
     progress(len(prompt_ids) - sum(ids not in replies for ids in prompt_ids), len(prompt_ids))
     if todo:
         _generate(target, todo, settings, cache, replies, threads,
