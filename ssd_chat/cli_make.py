@@ -84,6 +84,8 @@ def distill(
     resume: Annotated[bool, typer.Option(help="Continue the run found in --out (--no-resume: start over).")] = True,
     precision: Annotated[str, typer.Option(help="The training steps' matmuls: fp32, bf16, or auto (bf16 where the "
                                                 "CPU has native bfloat16, else fp32).")] = "auto",
+    reply_dtype: Annotated[str, typer.Option(help="The target's dtype while it writes the replies: float32, or "
+                                                  "bfloat16 (faster where the CPU has AMX).")] = "float32",
 ) -> None:
     """Train a cheap draft for --target on its own replies (self-distillation, CPU); --draft DIR loads it."""
     from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, progress_bar, run_distill
@@ -96,6 +98,7 @@ def distill(
             seed=seed, max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
             eval_prompts=eval_prompts, eval_every=eval_every,
             checkpoint_every=checkpoint_every, threads=threads, resume=resume, precision=precision,
+            reply_dtype=reply_dtype,
         )
         with progress_bar() as progress:
             result = run_distill(config, progress)

@@ -33,6 +33,7 @@ from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
 
 DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "distill.jsonl"
 PRECISIONS = ("auto", "fp32", "bf16")
+REPLY_DTYPES = ("float32", "bfloat16")
 LOSSES = ("ce", "kl", "topk")
 WORK_DIR = "distill"  # inside the output directory: the run's state, not part of the model
 
@@ -64,6 +65,7 @@ class DistillConfig:
     threads: int | None = None
     resume: bool = True
     precision: str = "auto"  # the training matmuls: fp32, bf16, or auto (bf16 where the CPU has it natively)
+    reply_dtype: str = "float32"  # the target's dtype while it writes the replies (the labels are still its own)
 
     def __post_init__(self) -> None:
         for name in ("draft_layers", "batch_size", "max_tokens", "eval_every", "checkpoint_every"):
@@ -74,6 +76,9 @@ class DistillConfig:
                 raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.precision not in PRECISIONS:
             raise InvalidParameterError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.reply_dtype not in REPLY_DTYPES:
+            raise InvalidParameterError(f"--reply-dtype must be one of {', '.join(REPLY_DTYPES)}, "
+                                        f"got {self.reply_dtype!r}")
         if self.loss not in LOSSES:
             raise InvalidParameterError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         for name in ("lr", "kl_lr"):
@@ -122,7 +127,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
                                     "(some are held out), or --eval-prompts 0")
     work = _prepare_out(out)
     data_settings = data.DataSettings(str(target_dir), data.file_sha256(Path(config.prompts_file)), config.max_tokens,
-                                      config.temperature, config.seed, config.ignore_eos)
+                                      config.temperature, config.seed, config.ignore_eos, config.reply_dtype)
     precision = training_precision(config.precision)
     _check_settings(work, config, data_settings, precision)
     if config.threads is not None:
@@ -199,10 +204,12 @@ def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataS
                                                                        "checkpoint_every")}
     settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings),
                 "precision": precision}  # auto as resolved: a resume keeps it
+    settings.pop("reply_dtype")  # in "data"
     path = work / "settings.json"
     if config.resume and path.is_file() and (work / "checkpoint.pt").is_file():
         before = {"kl_steps": 0, "kl_lr": config.kl_lr, "precision": "fp32"} \
             | json.loads(path.read_text(encoding="utf-8"))  # runs from before those options
+        before["data"] = {"dtype": "float32"} | before.get("data", {})
         changed = sorted(k for k in settings if before.get(k) != settings[k])
         if changed and set(changed) <= {"kl_steps", "kl_lr"} and _checkpoint_step(work) <= config.steps:
             changed = []  # a KL stage (re)planned while the run has not started it: the steps before are the same

@@ -200,6 +200,7 @@ def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_p
         "out holds other files": [*base, "--out", str(tmp_path / "busy")],
         "negative steps": [*base, "--out", str(tmp_path / "o2"), "--steps", "-1"],
         "unknown precision": [*base, "--out", str(tmp_path / "o5"), "--precision", "fp8"],
+        "unknown reply dtype": [*base, "--out", str(tmp_path / "o7"), "--reply-dtype", "int4"],
         "training on the held-out set": [*base, "--out", str(tmp_path / "o3"), "--prompts", str(DEFAULT_PROMPTS)],
         "training on the unseen set": [*base, "--out", str(tmp_path / "o6"), "--prompts", str(UNSEEN_PROMPTS)],
         "missing target": ["distill", "--target", str(tmp_path / "nothing"), "--out", str(tmp_path / "o4")],

@@ -3,6 +3,7 @@ missing replies; sampled replies are seeded by their prompt, not by its place in
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,8 @@ def generated(monkeypatch) -> list[int]:
     return calls
 
 
-def _settings(target: Path, temperature: float = 0.0) -> data.DataSettings:
-    return data.DataSettings(str(target), "sha-of-the-prompt-file", MAX_TOKENS, temperature, 0, True)
+def _settings(target: Path, temperature: float = 0.0, dtype: str = "float32") -> data.DataSettings:
+    return data.DataSettings(str(target), "sha-of-the-prompt-file", MAX_TOKENS, temperature, 0, True, dtype)
 
 
 def _examples(target: Path, prompts_path: Path, cache: Path, settings: data.DataSettings) -> list[data.Example]:
@@ -80,6 +81,34 @@ def test_sampled_replies_are_seeded_by_their_prompt_not_their_place(tiny_llama_d
                          settings)
     assert backward == forward[::-1]
     assert data.reply_seed(0, [1, 2, 3]) != data.reply_seed(1, [1, 2, 3]) != data.reply_seed(1, [1, 2, 4])
+
+
+def test_bfloat16_replies_come_from_a_bfloat16_engine_and_never_mix_with_float32_ones(tiny_llama_dir, tmp_path,
+                                                                                      generated, monkeypatch):
+    dtypes: list[str] = []
+    counting = engine.LLM.generate
+
+    def recording(self, prompts, params=None, **kw):
+        dtypes.append(self.config.dtype)
+        return counting(self, prompts, params, **kw)
+
+    monkeypatch.setattr(engine.LLM, "generate", recording)
+    prompts = _write(tmp_path / "p.jsonl", DISTILL_PROMPTS.read_text(encoding="utf-8").splitlines()[:4])
+    cache = tmp_path / "data.jsonl"
+    fp32 = _examples(tiny_llama_dir, prompts, cache, _settings(tiny_llama_dir))
+    bf16 = _examples(tiny_llama_dir, prompts, cache, _settings(tiny_llama_dir, dtype="bfloat16"))
+    assert generated == [4, 4] and dtypes == ["float32", "bfloat16"]  # regenerated, not taken from the cache
+    assert [e.prompt_ids for e in bf16] == [e.prompt_ids for e in fp32]
+    assert all(len(e.reply_ids) == MAX_TOKENS for e in bf16)
+    assert _examples(tiny_llama_dir, prompts, cache, _settings(tiny_llama_dir, dtype="bfloat16")) == bf16
+    assert generated == [4, 4]  # the bfloat16 replies are cached under their own settings
+    # a cache written before the dtype was recorded holds float32 replies, and is reused for them
+    header = _settings(tiny_llama_dir).reply_settings()
+    del header["dtype"]
+    rows = [json.dumps({"prompt_ids": e.prompt_ids, "reply_ids": e.reply_ids}) for e in fp32]
+    _write(tmp_path / "old.jsonl", [json.dumps(header), *rows])
+    assert _examples(tiny_llama_dir, prompts, tmp_path / "old.jsonl", _settings(tiny_llama_dir)) == fp32
+    assert generated == [4, 4]
 
 
 def test_no_training_prompt_is_a_held_out_one():
