@@ -138,7 +138,10 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
                                  threads=config.threads, progress=lambda d, t: progress("replies", d, t, ""))
     replies_s = time.perf_counter() - started
     held_out = set(data.held_out_indices(len(examples), config.eval_prompts))
-    train_examples = [e for i, e in enumerate(examples) if i not in held_out]
+    # a held-out prompt's twin (the same turns under another system prompt, or none) stays out of training too
+    held_turns = {data.conversation_turns(prompts[i]) for i in held_out}
+    train_examples = [e for i, e in enumerate(examples)
+                      if i not in held_out and data.conversation_turns(prompts[i]) not in held_turns]
     eval_examples = [examples[i] for i in sorted(held_out)]
 
     started = time.perf_counter()

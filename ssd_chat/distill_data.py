@@ -65,6 +65,11 @@ def held_out_indices(num_prompts: int, num_eval: int) -> list[int]:
     return [(2 * i + 1) * num_prompts // (2 * num_eval) for i in range(num_eval)] if num_eval > 0 else []
 
 
+def conversation_turns(messages: Messages) -> tuple[tuple[str, str], ...]:
+    """A prompt's user and assistant turns, without its system prompt: prompts that differ only there are twins."""
+    return tuple((m["role"], m["content"]) for m in messages if m["role"] != "system")
+
+
 def generate_examples(
     target: str, prompts: Sequence[Messages], settings: DataSettings, cache: Path, *, threads: int | None,
     progress: Callable[[int, int], None],
@@ -123,10 +128,13 @@ def reply_seed(seed: int, prompt_ids: Sequence[int]) -> int:
 def _read_cache(cache: Path, settings: DataSettings) -> dict[tuple[int, ...], tuple[int, ...]]:
     """prompt ids -> reply ids, from a cache whose header matches ``settings`` (minus the prompt file: headers
     written before the cache was keyed by prompt still name one, which does not matter; headers written before
-    ``dtype`` was recorded are float32 replies). A last line cut short by an interrupted write is dropped."""
+    ``dtype`` was recorded are float32 replies). A last line that an interrupted write left without its newline
+    (whole or cut short) and anything after a line that does not parse are dropped from the file (atomically),
+    so the next batch appends after whole lines."""
     if not cache.is_file():
         return {}
-    lines = cache.read_text(encoding="utf-8").splitlines()
+    text = cache.read_text(encoding="utf-8")
+    lines = text.splitlines()
     try:
         header = json.loads(lines[0]) if lines else None
     except json.JSONDecodeError:
@@ -134,14 +142,19 @@ def _read_cache(cache: Path, settings: DataSettings) -> dict[tuple[int, ...], tu
     if not isinstance(header, dict) or {"dtype": "float32"} | {k: v for k, v in header.items()
                                                                 if k != "prompts_sha256"} != settings.reply_settings():
         return {}
+    whole = lines if text.endswith("\n") else lines[:-1]
     replies = {}
-    for number, line in enumerate(lines[1:], start=1):
+    for number, line in enumerate(whole[1:], start=1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            cache.write_text("".join(kept + "\n" for kept in lines[:number]), encoding="utf-8")
+            whole = whole[:number]
             break
         replies[tuple(row["prompt_ids"])] = tuple(row["reply_ids"])
+    if len(whole) < len(lines):
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text("".join(kept + "\n" for kept in whole), encoding="utf-8")
+        tmp.replace(cache)  # a crash here leaves the old file, never a truncated one
     return replies
 
 

@@ -51,7 +51,7 @@ def score(
     progress(0, len(examples))
     for first in range(0, len(examples), CHUNK):
         chunk = examples[first : first + CHUNK]
-        path, key = work / f"teacher-{first // CHUNK:05d}.pt", _key(chunk, bf16)
+        path, key = work / f"teacher-{first // CHUNK:05d}.pt", _key(target, chunk, bf16)
         rows = _load(path, key)
         if rows is None:
             rows = []
@@ -94,12 +94,14 @@ def topk_loss(draft_logits: torch.Tensor, cols: torch.Tensor, probs: torch.Tenso
     log_q = F.log_softmax(draft_logits, dim=-1).gather(1, cols.clamp_min(0))  # [N, k]
     per_row = -(probs * log_q).sum(-1)                                         # [N]
     labelled = probs.sum(-1) > 0
-    return per_row[labelled].mean()
+    return (per_row * labelled).sum() / labelled.sum().clamp_min(1)  # 0, not NaN, for a batch with no label
 
 
-def _key(chunk: Sequence[Example], bf16: bool) -> str:
+def _key(target: nn.Module, chunk: Sequence[Example], bf16: bool) -> str:
+    """What a chunk's labels depend on: the target (its directory), the examples, k, the precision and, in
+    bfloat16, the batching (its products depend on the rows they are computed with)."""
     digest = hashlib.sha256(json.dumps([e.token_ids for e in chunk]).encode())
-    digest.update(f"top{TOP_K} bf16={bf16}".encode())
+    digest.update(f"{getattr(target.config, 'name_or_path', '')} top{TOP_K} bf16={bf16} batch={SCORE_BATCH}".encode())
     return digest.hexdigest()
 
 

@@ -10,8 +10,9 @@ from engine import LLM
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 DEFAULT_PROMPTS = PROMPTS_DIR / "chat.jsonl"  # the held-out benchmark set
-# A second held-out set of chat tasks that no training prompt family covers (jokes, menus, role-play, ...),
-# written after the training prompts: how a draft does on requests unlike anything it was trained on.
+# A second held-out set of chat tasks outside the training prompts' task families (jokes, menus, role-play, ...),
+# written after them: how a draft does on requests unlike most of what it was trained on (a few hand-written
+# training prompts are of the same kinds: a joke, a riddle, a tweet, an apology).
 UNSEEN_PROMPTS = PROMPTS_DIR / "chat-unseen.jsonl"
 HELD_OUT_SETS = (DEFAULT_PROMPTS, UNSEEN_PROMPTS)
 

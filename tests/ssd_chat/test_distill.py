@@ -171,6 +171,22 @@ def test_a_kl_stage_added_to_a_finished_run_continues_it(tiny_llama_dir, prompts
     assert untrained.steps == 0 and untrained.steps_run == 0  # --steps 0: the untrained draft, no KL stage
 
 
+def test_a_held_out_prompts_twin_under_another_system_prompt_is_not_trained_on(tiny_llama_dir, prompts_file,
+                                                                               tmp_path):
+    lines = prompts_file.read_text(encoding="utf-8").splitlines()
+    held_out = distill.data.held_out_indices(len(lines), 4)
+    assert 0 not in held_out
+    turns = load_prompts(prompts_file)[held_out[0]]
+    twin = json.dumps({"messages": [{"role": "system", "content": "Be brief."},
+                                    *[m for m in turns if m["role"] != "system"]]})
+    twinned = tmp_path / "twinned.jsonl"
+    twinned.write_text("\n".join([twin, *lines[1:]]) + "\n", encoding="utf-8")  # line 0 is not held out
+    plain = run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "plain", steps=0), lambda *_: None)
+    result = run_distill(_config(tiny_llama_dir, twinned, tmp_path / "twinned", steps=0), lambda *_: None)
+    assert plain.num_examples == len(lines) - 4
+    assert result.num_examples == len(lines) - 5  # the twin of a held-out prompt is dropped from training
+
+
 def test_bf16_training_is_its_own_deterministic_run_and_auto_takes_it_where_the_cpu_has_it(
         tiny_llama_dir, prompts_file, tmp_path, monkeypatch):
     runs = {name: run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / name, precision=precision, steps=8,

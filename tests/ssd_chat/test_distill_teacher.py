@@ -38,6 +38,8 @@ def test_topk_loss_is_a_kl_up_to_the_labels_entropy():
         assert teacher.topk_loss(torch.randn(2, 5, generator=gen), cols, probs) > entropy
     assert teacher.topk_loss(torch.zeros(3, 5), torch.cat([cols, -torch.ones(1, 3, dtype=torch.long)]),
                              torch.cat([probs, torch.zeros(1, 3)])) == teacher.topk_loss(torch.zeros(2, 5), cols, probs)
+    unlabelled = teacher.topk_loss(torch.zeros(2, 5), -torch.ones(2, 3, dtype=torch.long), torch.zeros(2, 3))
+    assert unlabelled.item() == 0.0  # a batch without a single label: no NaN in the loss or the log
 
 
 def test_labels_are_the_targets_top_k_and_their_chunks_are_reused(tiny_llama_dir, tmp_path, monkeypatch):
@@ -63,6 +65,9 @@ def test_labels_are_the_targets_top_k_and_their_chunks_are_reused(tiny_llama_dir
     changed = teacher.score(target, [*examples[:4], Example((1, 2), (3, 4))], tmp_path, bf16=False, pad_id=0,
                             progress=lambda d, t: None)
     assert counting.calls == 1 and changed[-1].ids.shape == (2, teacher.TOP_K)  # only the changed chunk again
+    target.config.name_or_path = str(tmp_path / "another-target")  # the same examples, another teacher
+    teacher.score(target, examples, tmp_path, bf16=False, pad_id=0, progress=lambda d, t: None)
+    assert counting.calls == 4  # every chunk scored again
 
 
 class _Counting(torch.nn.Module):
