@@ -81,6 +81,7 @@ def generate_examples(
 
     tokenizer = load_tokenizer(Path(target))
     prompt_ids = [tuple(encode_chat(tokenizer, messages, model=target)) for messages in prompts]
+    _swap_in(cache, settings)
     replies = _read_cache(cache, settings)
     if not replies:
         cache.write_text(json.dumps(settings.reply_settings()) + "\n", encoding="utf-8")
@@ -125,24 +126,46 @@ def reply_seed(seed: int, prompt_ids: Sequence[int]) -> int:
     return seed * 1_000_003 + zlib.crc32(json.dumps(list(prompt_ids)).encode())
 
 
+def _settings_of(cache: Path) -> dict | None:
+    """The reply settings a cache was written with (its header line, as ``reply_settings`` gives them: headers
+    written before the cache was keyed by prompt name a prompt file, which does not matter; headers written
+    before ``dtype`` was recorded are float32 replies); None for a missing or unreadable header."""
+    try:
+        with cache.open(encoding="utf-8") as handle:
+            header = json.loads(handle.readline())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    return {"dtype": "float32"} | {k: v for k, v in header.items() if k != "prompts_sha256"}
+
+
+def _aside(cache: Path, reply_settings: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(reply_settings, sort_keys=True).encode()).hexdigest()[:12]
+    return cache.with_name(f"{cache.stem}-{digest}{cache.suffix}")
+
+
+def _swap_in(cache: Path, settings: DataSettings) -> None:
+    """Make ``cache`` the file of ``settings``: a cache of other settings moves aside (to a name of its own
+    settings) instead of being overwritten, and one of these settings moved aside earlier comes back."""
+    wanted, found = settings.reply_settings(), _settings_of(cache)
+    if found == wanted:
+        return
+    if found is not None:
+        cache.replace(_aside(cache, found))
+    if _aside(cache, wanted).is_file():
+        _aside(cache, wanted).replace(cache)
+
+
 def _read_cache(cache: Path, settings: DataSettings) -> dict[tuple[int, ...], tuple[int, ...]]:
-    """prompt ids -> reply ids, from a cache whose header matches ``settings`` (minus the prompt file: headers
-    written before the cache was keyed by prompt still name one, which does not matter; headers written before
-    ``dtype`` was recorded are float32 replies). A last line that an interrupted write left without its newline
-    (whole or cut short) and anything after a line that does not parse are dropped from the file (atomically),
-    so the next batch appends after whole lines."""
-    if not cache.is_file():
+    """prompt ids -> reply ids, from a cache whose header matches ``settings`` (``_settings_of``). A last line that
+    an interrupted write left without its newline (whole or cut short) and anything after a line that does not
+    parse are dropped from the file (atomically), so the next batch appends after whole lines."""
+    if _settings_of(cache) != settings.reply_settings():
         return {}
     text = cache.read_text(encoding="utf-8")
     lines = text.splitlines()
-    try:
-        header = json.loads(lines[0]) if lines else None
-    except json.JSONDecodeError:
-        return {}
-    if not isinstance(header, dict) or {"dtype": "float32"} | {k: v for k, v in header.items()
-                                                                if k != "prompts_sha256"} != settings.reply_settings():
-        return {}
-    whole = lines if text.endswith("\n") else lines[:-1]
+    whole = lines if text.endswith("\n") else lines[:-1] or lines  # (a whole header stays, newline added)
     replies = {}
     for number, line in enumerate(whole[1:], start=1):
         try:
@@ -151,7 +174,7 @@ def _read_cache(cache: Path, settings: DataSettings) -> dict[tuple[int, ...], tu
             whole = whole[:number]
             break
         replies[tuple(row["prompt_ids"])] = tuple(row["reply_ids"])
-    if len(whole) < len(lines):
+    if len(whole) < len(lines) or not text.endswith("\n"):
         tmp = cache.with_suffix(".tmp")
         tmp.write_text("".join(kept + "\n" for kept in whole), encoding="utf-8")
         tmp.replace(cache)  # a crash here leaves the old file, never a truncated one

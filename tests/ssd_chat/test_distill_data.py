@@ -60,6 +60,10 @@ def test_a_grown_prompt_file_generates_only_the_new_replies(tiny_llama_dir, tmp_
     other = _examples(tiny_llama_dir, tmp_path / "b.jsonl", cache, _settings(tiny_llama_dir, temperature=0.5))
     assert generated == [5, 3, 8]  # other reply settings: regenerated, never mixed in
     assert len(other) == 8
+    assert _examples(tiny_llama_dir, tmp_path / "b.jsonl", cache, _settings(tiny_llama_dir)) == grown
+    assert generated == [5, 3, 8]  # the first settings' replies were moved aside, not overwritten: back again
+    assert _examples(tiny_llama_dir, tmp_path / "b.jsonl", cache, _settings(tiny_llama_dir, temperature=0.5)) == other
+    assert generated == [5, 3, 8] and len(list(tmp_path.glob("data*.jsonl"))) == 2
 
 
 def test_a_reply_cut_short_by_an_interruption_is_generated_again(tiny_llama_dir, tmp_path, generated):
@@ -75,6 +79,10 @@ def test_a_reply_cut_short_by_an_interruption_is_generated_again(tiny_llama_dir,
     assert _examples(tiny_llama_dir, prompts, cache, _settings(tiny_llama_dir)) == whole
     assert generated == [4, 1, 1]  # dropped and written again after whole lines, not glued onto it
     assert cache.read_text(encoding="utf-8") == "".join(line + "\n" for line in lines)
+    cache.write_text(lines[0], encoding="utf-8")  # interrupted right after the header, before its newline
+    assert _examples(tiny_llama_dir, prompts, cache, _settings(tiny_llama_dir)) == whole
+    assert generated == [4, 1, 1, 4] and cache.read_text(encoding="utf-8").splitlines()[0] == lines[0]
+    assert len(cache.read_text(encoding="utf-8").splitlines()) == 5
 
 
 def test_sampled_replies_are_seeded_by_their_prompt_not_their_place(tiny_llama_dir, tmp_path):
