@@ -65,7 +65,7 @@ class DistillConfig:
     threads: int | None = None
     resume: bool = True
     precision: str = "auto"  # the training matmuls: fp32, bf16, or auto (bf16 where the CPU has it natively)
-    reply_dtype: str = "float32"  # the target's dtype while it writes the replies (the labels are still its own)
+    reply_dtype: str = "float32"  # the target's dtype while it writes the replies (and so --loss ce's labels)
 
     def __post_init__(self) -> None:
         for name in ("draft_layers", "batch_size", "max_tokens", "eval_every", "checkpoint_every"):
