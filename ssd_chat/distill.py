@@ -212,7 +212,7 @@ def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataS
     if config.resume and path.is_file() and (work / "checkpoint.pt").is_file():
         before = {"kl_steps": 0, "kl_lr": config.kl_lr, "precision": "fp32"} \
             | json.loads(path.read_text(encoding="utf-8"))  # runs from before those options
-        before["data"] = {"dtype": "float32"} | before.get("data", {})
+        before["data"] = data.LATER_FIELDS | before.get("data", {})
         changed = sorted(k for k in settings if before.get(k) != settings[k])
         if changed and set(changed) <= {"kl_steps", "kl_lr"} and _checkpoint_step(work) <= config.steps:
             changed = []  # a KL stage (re)planned while the run has not started it: the steps before are the same

@@ -126,6 +126,10 @@ def reply_seed(seed: int, prompt_ids: Sequence[int]) -> int:
     return seed * 1_000_003 + zlib.crc32(json.dumps(list(prompt_ids)).encode())
 
 
+# header fields recorded after caches already existed, with the value an older header's replies were made with
+LATER_FIELDS = {"dtype": "float32"}
+
+
 def _settings_of(cache: Path) -> dict | None:
     """The reply settings a cache was written with (its header line, as ``reply_settings`` gives them: headers
     written before the cache was keyed by prompt name a prompt file, which does not matter; headers written
@@ -137,7 +141,7 @@ def _settings_of(cache: Path) -> dict | None:
         return None
     if not isinstance(header, dict):
         return None
-    return {"dtype": "float32"} | {k: v for k, v in header.items() if k != "prompts_sha256"}
+    return LATER_FIELDS | {k: v for k, v in header.items() if k != "prompts_sha256"}
 
 
 def _aside(cache: Path, reply_settings: dict) -> Path:
