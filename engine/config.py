@@ -28,7 +28,7 @@ class FastPath:
     compile: bool = False
     k_major: bool = True  # CPU: matmul weights stored K-major (engine.layers.linear.to_k_major); False: as loaded
     packed: bool = False  # CPU: packed weight copies for few-row steps (engine.layers.packed)
-    packed_kernel: str = "auto"  # CPU: auto | mkl | onednn (auto: mkl on Intel, onednn elsewhere)
+    packed_kernel: str = "auto"  # CPU: auto | mkl | onednn | panel (auto: panel, else mkl, on Intel; onednn elsewhere)
     draft_weights: str = "int8"  # CPU: the draft's matmul weights, float32 | float16 | int8 (engine.layers.low_bits)
 
 
@@ -60,7 +60,7 @@ class EngineConfig:
     compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward
     k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
     packed_weights: bool = True      # CPU with a draft (or one_row_pays): packed weight copies (more memory)
-    packed_kernel: str = "auto"      # CPU: the packed copies' GEMM, auto | mkl | onednn (engine.layers.packed)
+    packed_kernel: str = "auto"      # CPU: the packed copies' GEMM, auto | mkl | onednn | panel (engine.layers.packed)
     draft_weights: str = "int8"      # CPU: the draft's matmul weights (float32 | float16 | int8); never the target's
 
     @property

@@ -23,7 +23,7 @@ from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
 from engine.distributed import pin
 from engine.errors import InvalidParameterError, PromptTooLongError
-from engine.layers.packed import one_row_pays
+from engine.layers.packed import one_row_pays, resolve_kernel
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
 from engine.placement import off_the_draft, plan
@@ -63,7 +63,8 @@ class LLM:
         files = inspect_model_dir(self.model_path)
         self.tokenizer = load_tokenizer(self.model_path)
         self.device = torch.device(leader.torch_device)
-        if config.compile and self.device.type == "cpu" and one_row_pays(config.packed_kernel):
+        if config.compile and self.device.type == "cpu" and one_row_pays(config.packed_kernel) \
+                and resolve_kernel(config.packed_kernel) == "onednn":
             log.warning("--compile runs MKL's GEMM, which is slower on this CPU than the oneDNN-packed steps it "
                         "replaces (README: On AMD EPYC): leave --compile off here")
         dtype = resolve_dtype(config.dtype, self.device)

@@ -57,6 +57,7 @@ class BenchConfig:
     eager: bool = False
     compile: bool = False
     draft_weights: str = "int8"  # CPU: the draft's matmul weights (engine.layers.low_bits)
+    packed_kernel: str = "auto"  # CPU: the target's few-row matmul kernel (engine.layers.packed)
     ignore_eos: bool = True  # fixed-length replies (False: each stops at its end of turn, as in a chat)
     adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (False: always k)
     lookup: bool = True  # greedy drafts take the context lookup's token where it has one (engine.lookup)
@@ -186,7 +187,7 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
         "backup": config.backup, "adaptive_k": config.adaptive_k, "lookup": config.lookup,
         "dtype": config.dtype, "attention": config.attention,
         "eager": config.eager, "compile": config.compile, "draft_weights": config.draft_weights,
-        "num_prompts": len(prompts), "prefix_caching": False, **bound,
+        "packed_kernel": config.packed_kernel, "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
     return BenchReport(machine_info(), run_config, results)
 
@@ -197,7 +198,7 @@ def _run_engine_modes(
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
     progress(f"loading {config.target}")
     fast = dict(dtype=config.dtype, attention=config.attention, eager=config.eager, compile=config.compile,
-                draft_weights=config.draft_weights)
+                draft_weights=config.draft_weights, packed_kernel=config.packed_kernel)
     llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False,
               tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, **fast)
     try:

@@ -32,6 +32,7 @@ from ssd_chat.cli_options import (
     Attention,
     Backup,
     Compile,
+    CpuMatmul,
     Draft,
     DraftDevice,
     DraftWeights,
@@ -57,8 +58,8 @@ from ssd_chat.plain import run_plain
 from ssd_chat.prompts import DEFAULT_PROMPTS
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
-                "resume", "dtype", "attention", "eager", "compile", "draft_weights", "backup", "fixed_k", "no_lookup",
-                "tp", "target_devices", "draft_device")
+                "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul", "backup", "fixed_k",
+                "no_lookup", "tp", "target_devices", "draft_device")
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -130,6 +131,7 @@ def root(
     eager: Eager = False,
     compile: Compile = False,
     draft_weights: DraftWeights = "int8",
+    cpu_matmul: CpuMatmul = "auto",
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
     ] = False,
@@ -155,7 +157,8 @@ def root(
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
-                             compile=compile, draft_weights=draft_weights)
+                             compile=compile, draft_weights=draft_weights,
+                             packed_kernel=cpu_matmul)
         if not app_runs:
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
@@ -201,6 +204,7 @@ def ask(
     eager: Eager = False,
     compile: Compile = False,
     draft_weights: DraftWeights = "int8",
+    cpu_matmul: CpuMatmul = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
@@ -213,7 +217,8 @@ def ask(
         messages.append({"role": "user", "content": text})
         with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
                        target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
-                       attention=attention, eager=eager, compile=compile, draft_weights=draft_weights) as llm:
+                       attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
+                       packed_kernel=cpu_matmul) as llm:
             output = _print_stream(llm.chat(messages, params), echo=not as_json)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))
@@ -254,6 +259,7 @@ def bench(
     eager: Eager = False,
     compile: Compile = False,
     draft_weights: DraftWeights = "int8",
+    cpu_matmul: CpuMatmul = "auto",
     hf: Annotated[bool, typer.Option("--hf", help="Also measure transformers' generate() as a baseline.")] = False,
     prompts: Annotated[
         Path,
@@ -276,7 +282,7 @@ def bench(
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
             fanout=_speculation(draft, None, k, fanout).fanout, backup=backup, tp=tp, target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
-            draft_weights=draft_weights,
+            draft_weights=draft_weights, packed_kernel=cpu_matmul,
             ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))

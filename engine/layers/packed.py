@@ -38,6 +38,12 @@ and an engine packs even for AR alone, where one-row steps are all its decoding.
 GEMM in rounding, as a GEMM of any other row count does (`pack_weights` checks they agree to float32 rounding);
 greedy SD/SSD stay token-identical to AR (tested).
 
+"panel" (our own AVX-512 kernel, engine.layers.panel), on Intel CPUs with AVX-512 where it builds: the weights
+as 32-column panels, every output one FMA chain over k whatever the row count, so one-row steps and a verify
+get the same bits, and 1-32 rows cost about one row's time (the table there). It takes every step of 1-32 rows
+(one-row steps too: the same kernel keeps AR's and a verify's products identical), and so an engine packs even
+for AR alone; more rows (prefill) run MKL's GEMM.
+
 Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
 the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
 and the steps are not compiled (``EngineConfig.fast_path``).
@@ -53,25 +59,37 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_info
+from engine.layers import panel
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("mkl", "onednn")
-MAX_ROWS = {"mkl": 8, "onednn": 32}  # rows beyond these run faster on the plain GEMM (tables above)
+KERNELS = ("mkl", "onednn", "panel")
+MAX_ROWS = {"mkl": 8, "onednn": 32, "panel": 32}  # rows beyond these run faster on the plain GEMM (tables above)
 EVERY_STEP = 1 << 40  # max_rows where the packed copy wins at every row count
 PROBE_ROWS = (64, 256)  # row counts past MAX_ROWS that same_products checks where every step takes it
 PACK_HINT = 8  # the row count the kernel is told to pack for; any row count may then use the packed weight
 
 
 def default_kernel() -> str:
-    """"mkl" on an Intel CPU, "onednn" on any other (the tables above)."""
-    return "mkl" if _cpu_vendor() == "GenuineIntel" else "onednn"
+    """"panel" on an Intel CPU with AVX-512 where our kernel builds, else "mkl" on Intel, "onednn" on any other
+    CPU (the tables above; the panel kernel was measured on Intel only)."""
+    if _cpu_vendor() != "GenuineIntel":
+        return "onednn"
+    return "panel" if _has_avx512() and _panel_available() else "mkl"
+
+
+def resolve_kernel(kernel: str = "auto") -> str:
+    """`kernel`, with "auto" replaced by `default_kernel()`."""
+    return default_kernel() if kernel == "auto" else kernel
 
 
 def one_row_pays(kernel: str = "auto") -> bool:
-    """Whether one-row steps take the packed copy too: oneDNN on a non-Intel CPU with AVX-512 (the tables above:
-    faster there at one row, slower on AVX2 only)."""
+    """Whether one-row steps take the packed copy too: the panel kernel always (one kernel for every few-row
+    step keeps their products identical), oneDNN on a non-Intel CPU with AVX-512 (the tables above: faster
+    there at one row, slower on AVX2 only)."""
     kernel = default_kernel() if kernel == "auto" else kernel
+    if kernel == "panel":
+        return True
     return kernel == "onednn" and _cpu_vendor() != "GenuineIntel" and _has_avx512()
 
 
@@ -83,7 +101,7 @@ def min_rows(kernel: str) -> int:
 def max_rows(kernel: str) -> int:
     """The most rows a step may have to take the packed copy for `kernel`: every step where one row already
     gains (the tables above), else `MAX_ROWS`."""
-    return EVERY_STEP if one_row_pays(kernel) else MAX_ROWS[kernel]
+    return EVERY_STEP if kernel == "onednn" and one_row_pays(kernel) else MAX_ROWS[kernel]
 
 
 def _has_avx512() -> bool:
@@ -94,7 +112,13 @@ def _cpu_vendor() -> str:
     return cpu_info.field("vendor_id") or platform.processor()
 
 
+def _panel_available() -> bool:
+    return panel.available()
+
+
 def available(kernel: str = "mkl") -> bool:
+    if kernel == "panel":
+        return _panel_available()
     if not torch.backends.mkldnn.is_available():
         return False
     if kernel == "mkl":
@@ -115,6 +139,9 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     if module.packed is None or not module.packed_min_rows <= rows <= module.packed_rows \
             or x.shape[-1] != module.weight.shape[1]:
         return F.linear(x, module.weight, bias)
+    if module.packed_kernel == "panel":
+        y = panel.matmul(x.reshape(rows, x.shape[-1]), module.packed, module.weight.shape[0])
+        return y.view(*x.shape[:-1], y.shape[-1])
     if module.packed_kernel == "mkl":
         # the last argument is the row count the packed weight is used for (the packing hint is only a hint)
         return torch.ops.mkl._mkl_linear(x, module.packed, module.weight, bias, rows)
@@ -123,7 +150,10 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
 
 
 def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor:
-    """weight [N, K] (float32, CPU) -> its packed copy for `kernel` (an opaque mkldnn tensor)."""
+    """weight [N, K] (float32, CPU) -> its packed copy for `kernel` (an opaque mkldnn tensor; panel: a float32
+    [ceil(N / 32), K, 32] tensor)."""
+    if kernel == "panel":
+        return panel.to_panels(weight)
     if kernel == "mkl":
         return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), PACK_HINT)
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_HINT)
@@ -131,16 +161,22 @@ def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor:
 
 def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl") -> bool:
     """Whether the packed weight gives the plain GEMM's products for every row count it is used for: exactly
-    (mkl), or to float32 rounding (onednn, another kernel)."""
+    (mkl), or to float32 rounding (onednn and panel, other kernels; panel's rows also equal its one-row products
+    bit for bit)."""
     generator = torch.Generator().manual_seed(0)
     probe = nn.Module()
     probe.weight, probe.packed, probe.low_bits = weight, packed, None
     probe.packed_kernel, probe.packed_rows, probe.packed_min_rows = kernel, max_rows(kernel), min_rows(kernel)
     many = PROBE_ROWS if max_rows(kernel) > MAX_ROWS[kernel] else ()
-    for rows in (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many):
+    counts = (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many)
+    if kernel == "panel":  # each of 1..8 rows has its own code; more rows go 8 at a time
+        counts = (*range(1, 9), 13, MAX_ROWS[kernel])
+    for rows in counts:
         x = torch.randn(rows, weight.shape[1], generator=generator)
         got, want = linear(x, probe), F.linear(x, weight)
         if not (torch.equal(got, want) if kernel == "mkl" else torch.allclose(got, want, rtol=1e-4, atol=1e-4)):
+            return False
+        if kernel == "panel" and not torch.equal(got[-1:], linear(x[-1:], probe)):
             return False
     return True
 

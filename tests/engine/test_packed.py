@@ -76,11 +76,17 @@ def test_only_the_kernels_row_counts_take_the_packed_copy(kernel):
 def test_the_kernel_follows_the_cpu_vendor(monkeypatch):
     monkeypatch.setattr(packed, "_has_avx512", lambda: True)
     monkeypatch.setattr(packed, "_cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(packed, "_panel_available", lambda: True)
+    assert packed.default_kernel() == "panel" and packed.one_row_pays() and packed.min_rows("panel") == 1
+    assert packed.max_rows("panel") == packed.MAX_ROWS["panel"]  # prefill runs MKL's GEMM
+    monkeypatch.setattr(packed, "_panel_available", lambda: False)  # no compiler: MKL's packed GEMM
     assert packed.default_kernel() == "mkl" and not packed.one_row_pays() and packed.min_rows("mkl") == 2
     assert not packed.one_row_pays("onednn")  # oneDNN asked for on Intel: only few-row steps, as measured there
     monkeypatch.setattr(packed, "_cpu_vendor", lambda: "AuthenticAMD")
     assert packed.default_kernel() == "onednn" and packed.one_row_pays() and packed.min_rows("onednn") == 1
     assert not packed.one_row_pays("mkl") and packed.min_rows("mkl") == 2
+    monkeypatch.setattr(packed, "_panel_available", lambda: True)  # measured on Intel only: not taken elsewhere
+    assert packed.default_kernel() == "onednn"
     monkeypatch.setattr(packed, "_has_avx512", lambda: False)  # AVX2 only (Zen 3): a one-row step is faster plain
     assert packed.default_kernel() == "onednn" and not packed.one_row_pays() and packed.min_rows("onednn") == 2
     assert packed.max_rows("onednn") == packed.MAX_ROWS["onednn"]  # and many-row steps run the plain GEMM
@@ -153,6 +159,7 @@ def test_packed_weights_give_the_same_tokens(family, kernel, tiny_llama_dir, tin
 def _one_row_pays(monkeypatch, pays: bool) -> None:
     monkeypatch.setattr(packed, "_cpu_vendor", lambda: "AuthenticAMD" if pays else "GenuineIntel")
     monkeypatch.setattr(packed, "_has_avx512", lambda: pays)
+    monkeypatch.setattr(packed, "_panel_available", lambda: False)  # Intel with MKL's kernels (test_panel.py: ours)
 
 
 def test_only_speculation_packs_and_only_float32(tiny_llama_dir, monkeypatch):

@@ -90,7 +90,7 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
     ["unknown alias", "missing directory", "negative temperature", "prompt too long", "bad option value",
      "REPL option before a command", "weights missing offline", "unsupported architecture", "corrupt weights",
      "missing tokenizer", "core that does not exist", "more TP ranks than cores", "bad device syntax",
-     "unknown draft weights"],
+     "unknown draft weights", "unknown cpu matmul"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -120,6 +120,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "more TP ranks than cores": ["ask", "hi", "--target", tiny, "--tp", "4096"],
         "bad device syntax": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-device", "gpu9"],
         "unknown draft weights": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-weights", "int4"],
+        "unknown cpu matmul": ["ask", "hi", "--target", tiny, "--cpu-matmul", "blas"],
     }[case]
     result = _ssd_chat(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")})
     assert result.returncode == 2, result.stderr
@@ -180,11 +181,13 @@ def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
     draft = str(tiny_llama_dir)  # the target as its own draft: everything is accepted, the cache always hits
     args = ["bench", "--target", str(tiny_llama_dir), "--draft", draft, "--modes", "ar,sd,ssd", "--hf", "--k", "3",
             "--fixed-k", "--no-lookup", "--draft-weights", "float32", "--max-tokens", "12", "--limit", "2",
-            "--json", str(out)]  # adaptive: k=1, so costly a draft; lookup off: the draft alone is measured
+            "--cpu-matmul", "panel", "--json", str(out)]  # adaptive: k=1, so costly a draft; lookup off: the draft
+    # alone is measured; the panel kernel (where it builds) in every mode: SD and SSD still equal AR and transformers
     result = runner.invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["config"]["adaptive_k"] is False and report["config"]["lookup"] is False
+    assert report["config"]["packed_kernel"] == "panel"
     config = report["config"]  # the bound: the weights read once per token at the faster of two read rates
     fastest = max(config["matvec_gb_s"], config["sum_gb_s"])
     assert config["bandwidth_bound_tok_s"] == pytest.approx(fastest * 1e9 / config["weight_bytes"], rel=0.01)

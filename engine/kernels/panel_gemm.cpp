@@ -1,0 +1,85 @@
+// y[m, n] = sum_k x[m, k] * W[n, k] for a few rows m, W stored as panels P[p][k][j] = W[32 p + j, k]
+// (zero-padded to a multiple of 32 rows of W). Loaded by engine/layers/panel.py through ctypes.
+//
+// Every output element is one FMA chain over k = 0..K-1, in that order, whatever the row count M and the
+// thread count: a row's products are the same bits in a 1-row step as in a 5-row verify, so a verify
+// reproduces plain decoding exactly. The weights stream once per step (bandwidth-bound up to about 8 rows on
+// one AVX-512 core); several panels are read at once for few rows (more memory streams in flight).
+#include <immintrin.h>
+#include <omp.h>
+
+#define PREFETCH_AHEAD 32  // k steps (32 x 128 bytes) ahead of the loads
+
+// G panels at once for M rows (2 G M accumulators). P: the first panel; x: [M, K] (row stride ldx); y: [M, .]
+template <int M, int G>
+static inline void panels(const float* __restrict x, long ldx, long K, const float* __restrict P,
+                          float* __restrict y, long ldy, long width) {
+  __m512 a0[G][M], a1[G][M];
+  for (int g = 0; g < G; ++g)
+    for (int m = 0; m < M; ++m) { a0[g][m] = _mm512_setzero_ps(); a1[g][m] = _mm512_setzero_ps(); }
+  const long stride = K * 32;
+  for (long k = 0; k < K; ++k) {
+    for (int g = 0; g < G; ++g) {
+      const float* w = P + g * stride + k * 32;
+      _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32), _MM_HINT_T0);
+      _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32 + 16), _MM_HINT_T0);
+      const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+      for (int m = 0; m < M; ++m) {
+        const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
+        a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
+        a1[g][m] = _mm512_fmadd_ps(xb, w1, a1[g][m]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const long left = width - 32 * g;  // columns of this panel that exist (the last panel may be short)
+    const __mmask16 k0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+    const __mmask16 k1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+    for (int m = 0; m < M; ++m) {
+      _mm512_mask_storeu_ps(y + m * ldy + 32 * g, k0, a0[g][m]);
+      _mm512_mask_storeu_ps(y + m * ldy + 32 * g + 16, k1, a1[g][m]);
+    }
+  }
+}
+
+typedef void (*kernel)(const float*, long, long, const float*, float*, long, long);
+#define GROUP(m) ((m) <= 2 ? 4 : (m) <= 6 ? 2 : 1)  // panels per call: at most 24 accumulators
+static const kernel ONE[9] = {0, panels<1, 1>, panels<2, 1>, panels<3, 1>, panels<4, 1>,
+                              panels<5, 1>, panels<6, 1>, panels<7, 1>, panels<8, 1>};
+static const kernel GROUPED[9] = {0, panels<1, GROUP(1)>, panels<2, GROUP(2)>, panels<3, GROUP(3)>,
+                                  panels<4, GROUP(4)>, panels<5, GROUP(5)>, panels<6, GROUP(6)>,
+                                  panels<7, GROUP(7)>, panels<8, GROUP(8)>};
+
+// Panels p0..p1-1 for all M rows: 8 rows at a time through each group of panels (the group stays in cache for
+// the next 8), `group` panels at once where a whole group is left, else one.
+static void panel_range(const float* x, long M, long K, const float* P, float* y, long N, long p0, long p1,
+                        long group) {
+  for (long p = p0; p < p1;) {
+    const long take = p + group <= p1 ? group : 1;
+    for (long m0 = 0; m0 < M; m0 += 8) {
+      const long rows = M - m0 < 8 ? M - m0 : 8;
+      const kernel run = take > 1 ? GROUPED[rows] : ONE[rows];
+      run(x + m0 * K, K, K, P + p * K * 32, y + m0 * N + 32 * p, N, N - 32 * p);
+    }
+    p += take;
+  }
+}
+
+// x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major. Each of `threads` OpenMP threads takes an
+// equal run of consecutive panels (give or take one).
+extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads) {
+  const long n_panels = (N + 31) / 32;
+  const long group = M <= 8 ? GROUP(M) : 1;
+  if (threads > n_panels) threads = (int)n_panels;
+  if (threads <= 1) {
+    panel_range(x, M, K, P, y, N, 0, n_panels, group);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const long t = omp_get_thread_num(), n = omp_get_num_threads();
+    panel_range(x, M, K, P, y, N, n_panels * t / n, n_panels * (t + 1) / n, group);
+  }
+}
+
+extern "C" int panel_gemm_version(void) { return 1; }

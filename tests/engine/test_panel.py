@@ -1,0 +1,111 @@
+"""The panel GEMM (engine.layers.panel): products to float32 rounding of the plain GEMM's, the same bits for a
+row whatever the row and thread counts, every few-row step through it, greedy SD/SSD equal to AR, and MKL's
+kernels where it cannot be built."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams
+from engine.config import SpeculationConfig
+from engine.layers import packed, panel
+
+pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 and a C++ compiler")
+
+PROMPTS = [[1, 5, 9, 12], [3, 3, 7], list(range(2, 40))]
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (100, 37), (8, 64), (4 * 32 + 16, 5)])
+def test_products_match_the_plain_gemm(n, k):
+    generator = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(n, k, generator=generator).t().contiguous().t()  # K-major, as the engine stores it
+    panels = panel.to_panels(weight)
+    assert panels.shape == (-(-n // 32), k, 32)
+    for rows in (1, 2, 3, 5, 8, 9, 16, 17, 32, 40):
+        x = torch.randn(rows, k, generator=generator)
+        got = panel.matmul(x, panels, n)
+        assert got.shape == (rows, n)
+        assert torch.allclose(got, F.linear(x, weight), rtol=1e-4, atol=1e-4), rows
+    assert not torch.allclose(panel.matmul(x, panel.to_panels(weight * 1.01), n), F.linear(x, weight),
+                              rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (100, 37)])
+def test_a_rows_products_do_not_depend_on_the_row_or_thread_count(n, k):
+    generator = torch.Generator().manual_seed(7)
+    panels = panel.to_panels(torch.randn(n, k, generator=generator))
+    x = torch.randn(24, k, generator=generator)
+    one_by_one = torch.cat([panel.matmul(x[i : i + 1], panels, n) for i in range(24)])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in (2, 3, 5, 8, 13, 24):
+                assert torch.equal(panel.matmul(x[:rows], panels, n), one_by_one[:rows]), (count, rows)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_load_time_check_accepts_the_panels_and_refuses_a_wrong_copy():
+    weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(3)).t().contiguous().t()
+    assert packed.same_products(weight, packed.pack(weight, "panel"), "panel")
+    assert not packed.same_products(weight, packed.pack(weight * 1.01, "panel"), "panel")
+
+
+def _count_panel_calls(monkeypatch) -> list[int]:
+    calls, matmul = [0], panel.matmul
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return matmul(*args, **kwargs)
+
+    monkeypatch.setattr(panel, "matmul", counted)
+    return calls
+
+
+def test_every_few_row_step_takes_the_panels_and_greedy_sd_ssd_equal_ar(tiny_llama_dir, monkeypatch):
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    calls = _count_panel_calls(monkeypatch)
+    with LLM(target=str(tiny_llama_dir), packed_kernel="panel") as llm:  # AR alone packs: one-row steps take it
+        modules = [m for m in llm.core.runner.model.modules() if getattr(m, "packed", None) is not None]
+        assert modules and all(m.packed_kernel == "panel" and m.packed_min_rows == 1
+                               and m.packed_rows == packed.MAX_ROWS["panel"] for m in modules)
+        calls[0] = 0
+        alone = [out.token_ids for out in llm.generate(PROMPTS[:1], greedy)]
+        assert calls[0] == 24 * len(modules)  # the 4-row prefill and the 23 one-row decode steps
+    llm = LLM(target=str(tiny_llama_dir), draft=str(tiny_llama_dir), packed_kernel="panel", draft_weights="float32")
+    try:
+        outputs = {}
+        for mode in ("ar", "sd", "ssd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
+            calls[0] = 0
+            outputs[mode] = [out.token_ids for out in llm.generate(PROMPTS, greedy)]
+            assert calls[0] > 0, mode
+    finally:
+        llm.close()
+    assert outputs["sd"] == outputs["ar"] and outputs["ssd"] == outputs["ar"]
+    assert outputs["ar"][0] == alone[0]
+
+
+def test_without_a_compiler_the_engine_keeps_mkl(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(tmp_path / "kernels"))
+    try:
+        monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+        panel._library.cache_clear()
+        assert not panel.available()
+        monkeypatch.setattr(packed, "_cpu_vendor", lambda: "GenuineIntel")
+        assert packed.default_kernel() == "mkl" and not packed.one_row_pays()
+        monkeypatch.setenv("CXX", "false")  # a compiler that fails: one warning line, then MKL
+        panel._library.cache_clear()
+        with caplog.at_level(logging.WARNING, logger="engine.layers.panel"):
+            assert not panel.available()
+        assert "did not build" in caplog.text and not list((tmp_path / "kernels").glob("*.so"))
+        monkeypatch.delenv("CXX")
+        panel._library.cache_clear()
+        assert panel.available() and len(list((tmp_path / "kernels").glob("*.so"))) == 1  # built into the cache
+    finally:
+        panel._library.cache_clear()
