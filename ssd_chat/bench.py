@@ -25,6 +25,7 @@ from transformers.generation.streamers import BaseStreamer
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.distributed import pin
+from engine.layers.packed import resolve_kernel
 from engine.placement import plan
 from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun
 from ssd_chat.machine import machine_info, read_bandwidth_gb_s
@@ -187,7 +188,8 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
         "backup": config.backup, "adaptive_k": config.adaptive_k, "lookup": config.lookup,
         "dtype": config.dtype, "attention": config.attention,
         "eager": config.eager, "compile": config.compile, "draft_weights": config.draft_weights,
-        "packed_kernel": config.packed_kernel, "num_prompts": len(prompts), "prefix_caching": False, **bound,
+        "packed_kernel": resolve_kernel(config.packed_kernel),  # the CPU kernel "auto" picked here
+        "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
     return BenchReport(machine_info(), run_config, results)
 
