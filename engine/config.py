@@ -87,7 +87,7 @@ class EngineConfig:
             )
         if self.packed_kernel not in PACKED_KERNELS:
             raise InvalidParameterError(
-                f"packed kernel must be one of {', '.join(PACKED_KERNELS)}, got {self.packed_kernel!r}"
+                f"packed kernel (--cpu-matmul) must be one of {', '.join(PACKED_KERNELS)}, got {self.packed_kernel!r}"
             )
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
