@@ -3,34 +3,22 @@ engine's choice of few-row kernel (engine/layers/packed.py, engine/layers/panel.
 
     python scripts/matmul_rows.py [--target smollm2-135m] [--threads 1] [--rows 1,2,5,8,16,32] [--repeats 5]
 
-Random weights of the target's shapes (from its config.json), K-major as the engine stores them; prints ms per
-step (all the matmuls of one forward) for the plain K-major GEMM and each packed kernel that runs here, the best
-of --repeats.
+The target's own weights (loaded by the engine, K-major as it stores them, every bias-free matmul: each layer's
+and the head); prints ms per step (all those matmuls once) for the plain K-major GEMM and each packed kernel
+that runs here, the best of --repeats.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from engine import LLM
 from engine.layers import packed
-from engine.registry import resolve_model
-
-
-def shapes(config: dict) -> list[tuple[int, int]]:
-    """[N, K] of every matmul of one forward: per layer QKV, O, gate-up, down; then the head."""
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
-    qkv = (config["num_attention_heads"] + 2 * config["num_key_value_heads"]) * head_dim
-    per_layer = [(qkv, hidden), (hidden, config["num_attention_heads"] * head_dim), (2 * inter, hidden),
-                 (hidden, inter)]
-    return per_layer * config["num_hidden_layers"] + [(config["vocab_size"], hidden)]
 
 
 def main() -> None:
@@ -42,18 +30,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    config = json.loads((resolve_model(args.target) / "config.json").read_text())
+    with LLM(target=args.target, threads=args.threads, packed_weights=False) as llm:
+        shared = {id(m.weight): m.weight for m in packed.bias_free_matmuls(llm.core.runner.model)}
+    weights = list(shared.values())  # a tied head shares the embedding's weight: counted once
     generator = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(n, k, generator=generator) * 0.02).t().contiguous().t() for n, k in shapes(config)]
     kernels = [k for k in packed.KERNELS if packed.available(k)]
-    modules: dict[str, list[nn.Module]] = {}
-    for kernel in kernels:
-        modules[kernel] = []
-        for w in weights:
-            m = nn.Module()
-            m.weight, m.packed, m.low_bits, m.packed_kernel = w, packed.pack(w, kernel), None, kernel
-            m.packed_min_rows, m.packed_rows = 1, 1 << 40
-            modules[kernel].append(m)
+    modules = {kernel: [packed.standin(w, packed.pack(w, kernel), kernel, rows=(1, packed.EVERY_STEP))
+                        for w in weights] for kernel in kernels}
     print(f"{args.target}: {len(weights)} matmuls, {sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB float32, "
           f"{args.threads} thread(s); ms per step")
     print("rows  " + "  ".join(f"{name:>8}" for name in ("plain", *kernels)))

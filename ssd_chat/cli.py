@@ -157,8 +157,7 @@ def root(
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
-                             compile=compile, draft_weights=draft_weights,
-                             packed_kernel=cpu_matmul)
+                             compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul)
         if not app_runs:
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)

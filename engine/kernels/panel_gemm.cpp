@@ -81,5 +81,3 @@ extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float
     panel_range(x, M, K, P, y, N, n_panels * t / n, n_panels * (t + 1) / n, group);
   }
 }
-
-extern "C" int panel_gemm_version(void) { return 1; }

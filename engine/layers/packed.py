@@ -75,7 +75,7 @@ def default_kernel() -> str:
     CPU (the tables above; the panel kernel was measured on Intel only)."""
     if _cpu_vendor() != "GenuineIntel":
         return "onednn"
-    return "panel" if _has_avx512() and _panel_available() else "mkl"
+    return "panel" if _panel_available() else "mkl"  # panel.available() requires AVX-512
 
 
 def resolve_kernel(kernel: str = "auto") -> str:
@@ -87,7 +87,7 @@ def one_row_pays(kernel: str = "auto") -> bool:
     """Whether one-row steps take the packed copy too: the panel kernel always (one kernel for every few-row
     step keeps their products identical), oneDNN on a non-Intel CPU with AVX-512 (the tables above: faster
     there at one row, slower on AVX2 only)."""
-    kernel = default_kernel() if kernel == "auto" else kernel
+    kernel = resolve_kernel(kernel)
     if kernel == "panel":
         return True
     return kernel == "onednn" and _cpu_vendor() != "GenuineIntel" and _has_avx512()
@@ -159,18 +159,26 @@ def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_HINT)
 
 
+def standin(weight: torch.Tensor, packed: torch.Tensor, kernel: str, rows: tuple[int, int] | None = None) -> nn.Module:
+    """A bare module that `linear` runs through `packed` for `rows` (fewest, most; default: `kernel`'s own
+    min_rows..max_rows) and through `weight` otherwise: for checks and benchmarks outside a model."""
+    module = nn.Module()
+    module.weight, module.packed, module.low_bits, module.packed_kernel = weight, packed, None, kernel
+    module.packed_min_rows, module.packed_rows = rows or (min_rows(kernel), max_rows(kernel))
+    return module
+
+
 def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl") -> bool:
     """Whether the packed weight gives the plain GEMM's products for every row count it is used for: exactly
     (mkl), or to float32 rounding (onednn and panel, other kernels; panel's rows also equal its one-row products
     bit for bit)."""
     generator = torch.Generator().manual_seed(0)
-    probe = nn.Module()
-    probe.weight, probe.packed, probe.low_bits = weight, packed, None
-    probe.packed_kernel, probe.packed_rows, probe.packed_min_rows = kernel, max_rows(kernel), min_rows(kernel)
-    many = PROBE_ROWS if max_rows(kernel) > MAX_ROWS[kernel] else ()
-    counts = (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many)
+    probe = standin(weight, packed, kernel)
     if kernel == "panel":  # each of 1..8 rows has its own code; more rows go 8 at a time
         counts = (*range(1, 9), 13, MAX_ROWS[kernel])
+    else:
+        many = PROBE_ROWS if max_rows(kernel) > MAX_ROWS[kernel] else ()
+        counts = (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many)
     for rows in counts:
         x = torch.randn(rows, weight.shape[1], generator=generator)
         got, want = linear(x, probe), F.linear(x, weight)
