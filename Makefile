@@ -20,7 +20,7 @@ chat: $(STAMP)
 	$(BIN)/ssd-chat
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto
 	$(BIN)/ruff check .
 
 lint: $(STAMP)

@@ -13,6 +13,11 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: one torch thread each
+    import torch
+
+    torch.set_num_threads(1)
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"

@@ -81,10 +81,13 @@ def pair(tmp_path_factory):
     return target, draft, exact_distribution(target)
 
 
+# SSD's variants run a small fan-out: the default's dozen branches per request make 4000 requests slow (the
+# branches are drawn row by row), and fewer branches leave both cache hits and misses to test (asserted below).
+SMALL_FANOUT = {"fanout": (2, 1, 1, 1)}
 VARIANTS = {  # mode name -> (engine mode, LLM options, SpeculationConfig options)
-    "ar": ("ar", {}, {}), "sd": ("sd", {}, {}), "ssd": ("ssd", {}, {}),
-    "ssd-fast-backup": ("ssd", {}, {"backup": "fast"}),
-    "ssd-draft-process": ("ssd", {"draft_device": "cpu", "threads": 1}, {}),
+    "ar": ("ar", {}, {}), "sd": ("sd", {}, {}), "ssd": ("ssd", {}, SMALL_FANOUT),
+    "ssd-fast-backup": ("ssd", {}, {"backup": "fast", **SMALL_FANOUT}),
+    "ssd-draft-process": ("ssd", {"draft_device": "cpu", "threads": 1}, SMALL_FANOUT),
 }
 
 
@@ -102,6 +105,9 @@ def sample_counts(target, draft, variant: str, n: int, *, check_both_paths: bool
     if mode != "ar" and check_both_paths:  # the test means something only if drafts were accepted and rejected
         accepted = sum(o.stats.spec.num_accepted for o in outs)
         assert 0 < accepted < sum(o.stats.spec.num_drafted for o in outs)
+    if mode == "ssd":  # ... and only if proposals came from both the cache and just-in-time drafting
+        hits = sum(o.stats.spec.num_cache_hits for o in outs)
+        assert 0 < hits < sum(o.stats.spec.num_steps for o in outs) - n  # a request's first round cannot hit
     return counts
 
 
