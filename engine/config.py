@@ -65,12 +65,13 @@ class EngineConfig:
 
     @property
     def fast_path(self) -> FastPath:
-        # only speculation runs several-row steps often enough to pay for the packed copies' memory, and the
-        # compiled steps (--compile) run their own GEMMs
-        # (or, where one-row steps gain from them too, every step: engine.layers.packed.one_row_pays)
+        # only speculation runs several-row steps often enough to pay for the packed copies' memory (or, where
+        # one-row steps gain from them too, every step: engine.layers.packed.one_row_pays); the compiled steps
+        # (--compile) run MKL's GEMM, or the panel kernel as an op (engine.layers.panel.linear_op)
         few_rows = self.draft is not None or packed.one_row_pays(self.packed_kernel)
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
-                        packed=self.packed_weights and few_rows and not self.compile,
+                        packed=self.packed_weights and few_rows
+                        and (not self.compile or packed.resolve_kernel(self.packed_kernel) == "panel"),
                         packed_kernel=self.packed_kernel, draft_weights=self.draft_weights)
 
     def __post_init__(self) -> None:

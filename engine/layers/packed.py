@@ -46,7 +46,8 @@ for AR alone; more rows (prefill) run MKL's GEMM.
 
 Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
 the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
-and the steps are not compiled (``EngineConfig.fast_path``).
+and not for compiled steps unless the kernel is the panel one, which they call as an op
+(``EngineConfig.fast_path``, ``panel.linear_op``).
 """
 
 from __future__ import annotations
@@ -131,8 +132,12 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     ``module.packed_min_rows``..``module.packed_rows`` rows, or through ``module.low_bits`` (a draft's
     float16/int8 product).
     x: [..., K]; module.weight: [N, K]; returns [..., N]."""
-    if torch.compiler.is_compiling():  # a compiled step keeps its own GEMM and never sees the packed copy
-        return F.linear(x, module.weight, bias)
+    if torch.compiler.is_compiling():  # a compiled step keeps MKL's GEMM, or calls the panel kernel as an op
+        if module.packed is None or module.packed_kernel != "panel" or bias is not None:
+            return F.linear(x, module.weight, bias)
+        rows = x.numel() // x.shape[-1]
+        y = panel.linear_op(x.reshape(rows, x.shape[-1]), module.packed, module.weight, module.packed_rows)
+        return y.view(*x.shape[:-1], y.shape[-1])
     if module.low_bits is not None:  # a CPU draft's float16/int8 weight (engine.layers.low_bits); never with a bias
         return module.low_bits(x)
     rows = x.numel() // x.shape[-1]

@@ -108,3 +108,18 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     y = torch.empty(rows, n, dtype=torch.float32)
     lib.panel_gemm(x.data_ptr(), rows, k, panels.data_ptr(), y.data_ptr(), n, torch.get_num_threads())
     return y
+
+
+@torch.library.custom_op("ssd_chat::panel_linear", mutates_args=())
+def linear_op(x: torch.Tensor, panels: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """`matmul` for a compiled step (torch.compile calls it as one opaque op; the graph's row count may be
+    symbolic): x [rows, K] -> [rows, N], through the panels for up to max_rows rows, else MKL's GEMM on the
+    weight [N, K] (prefill), as the eager path does."""
+    if x.shape[0] > max_rows:
+        return torch.nn.functional.linear(x, weight)
+    return matmul(x, panels, weight.shape[0])
+
+
+@linear_op.register_fake
+def _(x: torch.Tensor, panels: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])

@@ -93,7 +93,12 @@ def test_flashinfer_on_the_cpu_is_refused_up_front_in_one_line():
     assert "use --attention sdpa" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(InvalidParameterError):
         EngineConfig(attention="tensorrt")
-    assert EngineConfig(eager=True, compile=True).fast_path == FastPath("auto", True, True)
+    assert EngineConfig(eager=True, compile=True, packed_kernel="mkl").fast_path == FastPath(
+        "auto", True, True, packed_kernel="mkl")
+    # compiled steps keep the packed copies only for the panel kernel, which they call as an op
+    assert EngineConfig(compile=True, packed_kernel="panel").fast_path.packed
+    assert not EngineConfig(compile=True, draft="d", packed_kernel="mkl").fast_path.packed
+    assert EngineConfig(draft="d", packed_kernel="mkl").fast_path.packed
 
 
 def test_the_cpu_never_uses_graphs(tiny_llama_dir):

@@ -109,3 +109,35 @@ def test_without_a_compiler_the_engine_keeps_mkl(tmp_path, monkeypatch, caplog):
         assert panel.available() and len(list((tmp_path / "kernels").glob("*.so"))) == 1  # built into the cache
     finally:
         panel._library.cache_clear()
+
+
+@pytest.mark.slow  # compiles the tiny model's graphs with inductor
+def test_compiled_steps_call_the_panel_kernel_and_keep_greedy_ar(tiny_llama_dir, tmp_path, monkeypatch):
+    """--compile keeps the panels: the compiled decode and verify graphs call the kernel as one op (prefill
+    past 32 rows takes MKL's GEMM inside the same op), and greedy AR, SD and SSD give eager AR's tokens."""
+    from tests.engine.test_spec_decode import noisy_copy
+
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM(target=str(tiny_llama_dir), packed_kernel="panel") as eager:
+        want = [out.token_ids for out in eager.generate(PROMPTS, greedy)]
+    calls = _count_panel_calls(monkeypatch)
+    draft = noisy_copy(tiny_llama_dir, tmp_path / "draft", scale=0.1, seed=3)
+    with LLM(target=str(tiny_llama_dir), draft=str(draft), packed_kernel="panel", compile=True,
+             block_size=4) as llm:
+        compiled = llm.core.runner.compiled
+        assert compiled is not None and compiled.available
+        modules = [m for m in llm.core.runner.model.modules() if getattr(m, "packed", None) is not None]
+        assert modules
+        for mode in ("ar", "sd", "ssd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
+            runs, calls[0] = compiled.num_runs, 0
+            got = [llm.generate([p], greedy)[0].token_ids for p in PROMPTS]
+            runs = compiled.num_runs - runs
+            assert runs > 10 and calls[0] > 0, mode
+            if mode == "ar":  # every compiled step's matmuls took the panels (the eager prefills add the rest)
+                assert calls[0] >= runs * len(modules), (calls[0], runs)
+            assert got == want, mode
+    x, weight = torch.randn(40, 64), torch.randn(50, 64)
+    panels = panel.to_panels(weight)
+    torch.testing.assert_close(panel.linear_op(x, panels, weight, 32), F.linear(x, weight))  # 40 rows: MKL
+    assert torch.equal(panel.linear_op(x[:8], panels, weight, 32), panel.matmul(x[:8], panels, 50))
