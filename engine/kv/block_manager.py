@@ -85,14 +85,18 @@ class BlockManager:
         return block_id
 
     def _continues(self, after: int) -> bool:
-        """Whether a sequence ending in block `after` may take block after + 1: it is free and caches nothing,
-        or only the old continuation of `after` itself. Consecutive blocks are read as one view (no gather)
-        and run the compiled decode step, so a chat's next turn continues in its last turn's partial tail
-        block, and a regenerated reply (or /compare) in its previous reply's."""
+        """Whether a sequence ending in block `after` may take block after + 1: it is free and caches nothing
+        a lookup can reach (nothing, or a chain whose parent block was overwritten: lookups walk from the
+        first block), or only the old continuation of `after` itself. Consecutive blocks are read as one view
+        (no gather) and run the compiled decode step, so a chat's next turn continues in its last turn's
+        partial tail block, a regenerated reply (or /compare) in its previous reply's, and a new chat after
+        the shared system prompt in the previous chat's blocks."""
         if after + 1 not in self.free:
             return False
         nxt, own = self.blocks[after + 1], self.blocks[after].hash
-        return self.by_hash.get(nxt.hash) != nxt.block_id or (own is not None and nxt.parent_hash == own)
+        reachable = self.by_hash.get(nxt.hash) == nxt.block_id and (nxt.parent_hash is None
+                                                                    or nxt.parent_hash in self.by_hash)
+        return not reachable or (own is not None and nxt.parent_hash == own)
 
     def allocate(self, seq: Sequence) -> None:
         """Give `seq` blocks for its current tokens, sharing every cached prefix block."""

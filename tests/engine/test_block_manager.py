@@ -71,6 +71,24 @@ def test_a_sequence_continues_in_the_next_block_unless_it_caches_another_prefix(
     assert fresh.block_table[1] == fresh.block_table[0] + 1  # a free block caching nothing: taken in order
 
 
+def test_chats_sharing_a_system_prompt_stay_consecutive_over_blocks_no_lookup_can_reach():
+    """Replies after a shared prefix (the chat template's system prompt) overwrite the previous reply's blocks;
+    the blocks after an overwritten one cache a chain nobody can find any more, so the next reply takes them
+    in order (consecutive blocks run the compiled decode step) instead of scattering."""
+    bm = BlockManager(16, 4)
+    system = [1, 2, 3, 4]
+    for i, reply in enumerate(([10] * 12, [20] * 12, [30] * 12)):
+        s = seq(i, [*system, 5 + i])
+        bm.allocate(s)
+        s.token_ids += reply
+        compute_all(bm, s)
+        assert s.block_table[0] == 0  # the shared prefix block
+        assert s.block_table == list(range(len(s.block_table))), (i, s.block_table)
+        bm.free_blocks(s)
+    assert bm._cached_prefix(system + [5 + 2] + [30] * 12 + [0]) == [0, 1, 2, 3]  # the last reply is cached
+    assert bm._cached_prefix(system + [5] + [10] * 12 + [0]) == [0]  # the first one's chain was overwritten
+
+
 def test_different_prefix_or_disabled_cache_shares_nothing():
     bm = BlockManager(8, 4)
     a = seq(0, list(range(8)))
