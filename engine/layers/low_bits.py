@@ -11,12 +11,17 @@ SmolLM2 layers and an 8192-row head) with the cache flushed between steps (ms, f
 "float16": weights stored as float16, products accumulated in float32 (relative error about 2e-4).
 "int8": weights quantized per output row (symmetric), activations per call (about 2e-2); fbgemm's dynamic
 int8 GEMM. The target never takes this path: its products must stay those of its own dtype.
+
+A compiled step (--compile) cannot trace fbgemm's packed weight (a TorchScript object), so it calls the same
+product as one opaque op, `ssd_chat::low_bits_linear`, that finds the weight by an integer key.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -29,6 +34,34 @@ log = logging.getLogger(__name__)
 KINDS = ("float32", "float16", "int8")
 
 LowBitsLinear = Callable[[torch.Tensor], torch.Tensor]  # x [..., K] -> [..., N]
+
+_LIVE: weakref.WeakValueDictionary[int, LowBits] = weakref.WeakValueDictionary()  # by key, while a module holds it
+_KEYS = itertools.count()
+
+
+class LowBits:
+    """One weight's fewer-bit product: called eagerly, or through `op` inside a compiled step."""
+
+    def __init__(self, product: LowBitsLinear, n: int):
+        self.product, self.n, self.key = product, n, next(_KEYS)
+        _LIVE[self.key] = self
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        return self.product(x)
+
+    def op(self, x: torch.Tensor) -> torch.Tensor:  # the same, as one op a compiled graph can hold
+        return linear_op(x, self.key, self.n)
+
+
+@torch.library.custom_op("ssd_chat::low_bits_linear", mutates_args=())
+def linear_op(x: torch.Tensor, key: int, n: int) -> torch.Tensor:
+    """The product of the live `LowBits` with this key: x [..., K] -> [..., n]."""
+    return _LIVE[key].product(x)
+
+
+@linear_op.register_fake
+def _(x: torch.Tensor, key: int, n: int) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], n)
 
 
 def available() -> bool:
@@ -65,10 +98,10 @@ def quantize_weights(model: nn.Module, kind: str) -> int:
         log.info("this torch has no fbgemm: the draft keeps its float32 weights")
         return 0
     make = _float16 if kind == "float16" else _int8
-    copies: dict[int, LowBitsLinear] = {}
+    copies: dict[int, LowBits] = {}
     for module in modules:
         if id(module.weight) not in copies:
-            copies[id(module.weight)] = make(module.weight)
+            copies[id(module.weight)] = LowBits(make(module.weight), module.weight.shape[0])
         module.low_bits = copies[id(module.weight)]
     log.info("draft matmuls in %s: %d weights", kind, len(copies))
     return len(copies)

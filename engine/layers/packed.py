@@ -133,6 +133,8 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     float16/int8 product).
     x: [..., K]; module.weight: [N, K]; returns [..., N]."""
     if torch.compiler.is_compiling():  # a compiled step keeps MKL's GEMM, or calls the panel kernel as an op
+        if module.low_bits is not None:  # a draft's float16/int8 product, as an op (engine.layers.low_bits)
+            return module.low_bits.op(x)
         if module.packed is None or module.packed_kernel != "panel" or bias is not None:
             return F.linear(x, module.weight, bias)
         rows = x.numel() // x.shape[-1]

@@ -79,3 +79,33 @@ def test_only_the_draft_gets_them_and_greedy_output_stays_exact(kind, tiny_llama
             outputs[mode] = [out.token_ids for out in llm.generate(PROMPTS, greedy)]
             assert (calls[0] > 0) == (mode != "ar"), mode  # the draft ran on its fewer-bit weights
     assert outputs["sd"] == outputs["ar"] and outputs["ssd"] == outputs["ar"]
+
+
+@pytest.mark.slow  # compiles the tiny model's graphs with inductor
+def test_compiled_draft_steps_run_the_fewer_bit_product_and_keep_greedy_ar(tiny_llama_dir):
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM(target=str(tiny_llama_dir)) as eager:
+        want = [out.token_ids for out in eager.generate(PROMPTS, greedy)]
+    with LLM(target=str(tiny_llama_dir), draft=str(tiny_llama_dir), draft_weights="int8", compile=True) as llm:
+        draft = llm.core.drafter.runner
+        assert draft.compiled is not None and draft.compiled.available
+        layer = next(m for m in draft.model.modules() if isinstance(m, RowParallelLinear))  # in the compiled forward
+        assert isinstance(layer.low_bits, low_bits.LowBits)
+        calls, product = [0], layer.low_bits.product
+
+        def counted(x):
+            calls[0] += 1
+            return product(x)
+
+        layer.low_bits.product = counted  # the op looks the product up when it runs, so this counts compiled calls
+        for mode in ("sd", "ssd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
+            runs, calls[0] = draft.compiled.num_runs, 0
+            got = [llm.generate([p], greedy)[0].token_ids for p in PROMPTS]
+            runs = draft.compiled.num_runs - runs
+            assert got == want, mode
+            assert runs > 5 and calls[0] >= runs, (mode, runs, calls[0])  # every compiled draft step used int8
+    x = torch.randn(3, 64)
+    weight = RowParallelLinear(64, 32).weight.data.normal_()
+    product = low_bits.LowBits(low_bits._int8(weight), 32)
+    assert torch.equal(low_bits.linear_op(x, product.key, 32), product(x))
