@@ -73,6 +73,7 @@ class ModelRunner:
         )
         self.first_extra_slot = num_blocks * block_size
         self.num_forward_tokens = 0  # every token that went through the model (tests count compute)
+        self.num_forwards = 0  # every forward (the bench: the share that ran compiled)
         self.forward = torch.compile(model.forward, dynamic=True) if compile_model else model.forward
         self.graphs: StepGraphs | None = None
         if graph_batch > 0:
@@ -121,6 +122,7 @@ class ModelRunner:
                 torch.tensor(ids, device=self.device), positions.to(self.device), meta, self.backend
             )  # [N, hidden]
         self.num_forward_tokens += len(ids)
+        self.num_forwards += 1
         if not all_logits:
             last_rows = torch.tensor([s.q_start + s.q_len - 1 for s in spans], device=self.device)
             hidden = hidden.index_select(0, last_rows) if len(ids) > len(spans) else hidden

@@ -11,6 +11,7 @@ The engine runs with prefix caching off so that every prompt pays its full prefi
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,8 @@ from engine.placement import plan
 from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun
 from ssd_chat.machine import machine_info, read_bandwidth_gb_s
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError, Messages, encode_prompts, load_prompts
+
+log = logging.getLogger(__name__)
 
 WARMUP_TOKENS = 8
 
@@ -86,13 +89,22 @@ def run_engine_mode(
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
     llm.generate([prompt_ids[0]], replace(params, max_tokens=min(max_tokens, WARMUP_TOKENS)))
     runs = []
+    runner = llm.core.runner
+    compiled_before, forwards_before = (runner.compiled.num_runs if runner.compiled else 0), runner.num_forwards
     for i, ids in enumerate(prompt_ids, 1):
         progress(f"{spec.mode}: prompt {i}/{len(prompt_ids)}")
         out = llm.generate([ids], params)[0]
         runs.append(PromptRun(list(out.token_ids), out.stats.ttft_s, out.stats.decode_time_s, out.stats.spec))
     cost = llm.core.round_cost.get(spec.mode)
     measured = cost is not None and cost.verify_one_row_s is not None
-    return ModeResult(spec.mode, runs, row_cost=round(cost.fit.value, 3) if measured else None)
+    compiled_share = None
+    if runner.compiled is not None and runner.num_forwards > forwards_before:
+        compiled_share = (runner.compiled.num_runs - compiled_before) / (runner.num_forwards - forwards_before)
+        if compiled_share < 0.9:
+            log.warning("%s: only %.0f%% of the target's forwards ran compiled (the rest eager)", spec.mode,
+                        100 * compiled_share)
+    return ModeResult(spec.mode, runs, row_cost=round(cost.fit.value, 3) if measured else None,
+                      compiled_share=compiled_share)
 
 
 # ar-all / sd-all: AR / SD in one process with a thread per core of the machine (SD's draft in that process)

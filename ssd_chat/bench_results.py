@@ -23,6 +23,7 @@ class ModeResult:
     runs: list[PromptRun]
     identical_to_ar: bool | None = None  # None for "ar" itself, or when "ar" was not run
     row_cost: float | None = None  # SD / SSD: the extra verify time per query row the engine fitted (spec_length)
+    compiled_share: float | None = None  # --compile: the share of the target's forwards that ran compiled
 
     @property
     def outputs(self) -> list[list[int]]:
@@ -90,6 +91,7 @@ class ModeResult:
             "outputs": self.outputs,
             "identical_to_ar": self.identical_to_ar,
             "row_cost": self.row_cost,
+            "compiled_share": self.compiled_share,
         }
 
 
