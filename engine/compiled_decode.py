@@ -4,8 +4,8 @@ Eager decode of a small model is bound by per-operation overhead, not by memory:
 1,300 aten calls per token, and on the 2-core box they cost ~6 ms of a 23 ms token whose matmuls stream the
 weights in ~17 ms. `torch.compile` (inductor, C++ wrapper) turns the whole forward into one call: the
 matmuls are MKL's (or the panel kernel as one op: engine.layers.panel.linear_op), the norms, rotary and
-SiLU*up become fused C++ loops, and only attention's key count
-changes from step to step (one symbolic size, so one graph serves every length).
+SiLU*up become fused C++ loops, and only attention's key count changes from step to step (one symbolic size,
+so one graph serves every length).
 
 Only the model's own forward is compiled (the LM head and sampling stay eager, as with CUDA graphs). With
 `rows`, a second graph runs several causal query rows of one sequence (verification, prefill, a draft's

@@ -135,7 +135,7 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     if torch.compiler.is_compiling():  # a compiled step keeps MKL's GEMM, or calls the panel kernel as an op
         if module.low_bits is not None:  # a draft's float16/int8 product, as an op (engine.layers.low_bits)
             return module.low_bits.op(x)
-        if module.packed is None or module.packed_kernel != "panel" or bias is not None:
+        if module.packed is None or module.packed_kernel != "panel":  # packed modules have no bias
             return F.linear(x, module.weight, bias)
         rows = x.numel() // x.shape[-1]
         y = panel.linear_op(x.reshape(rows, x.shape[-1]), module.packed, module.weight, module.packed_rows)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).parents[2]
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_decode.py"), *args], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env={"HF_HUB_OFFLINE": "1", "PATH": ""})
+                          text=True, timeout=300, cwd=ROOT)  # HF_HUB_OFFLINE from conftest
 
 
 @pytest.mark.slow  # compiles the tiny pair's graphs
