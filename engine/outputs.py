@@ -38,6 +38,7 @@ class SpecStats:
     emitted_on_hit: int = 0                 # SSD: tokens from rounds answered by the cache
     verify_time_s: float = 0.0       # time the target spent verifying
     draft_time_s: float = 0.0        # time the target waited for drafts
+    draft_time_on_hit_s: float = 0.0  # SSD: the part of draft_time_s spent in rounds the cache answered
     draft_idle_s: float | None = None  # SSD with a draft process: time the draft waited for the target
     draft_reused_prefix_tokens: int = 0  # prompt tokens whose draft KV came from the draft's prefix cache
 
@@ -71,6 +72,18 @@ class SpecStats:
         return (self.num_emitted - self.emitted_on_hit) / misses if self.num_cache_hits is not None and misses else None
 
     @property
+    def wait_s_on_hit(self) -> float | None:
+        """SSD: the target's mean wait for its proposal in a round the cache answered (the messages, mostly)."""
+        return self.draft_time_on_hit_s / self.num_cache_hits if self.num_cache_hits else None
+
+    @property
+    def wait_s_on_miss(self) -> float | None:
+        """SSD: the mean wait in a round drafted just in time (the first round counts as a miss)."""
+        misses = self.num_steps - (self.num_cache_hits or 0)
+        return (self.draft_time_s - self.draft_time_on_hit_s) / misses \
+            if self.num_cache_hits is not None and misses else None
+
+    @property
     def ideal_tok_s(self) -> float | None:
         """SSD's ceiling: every round a hit, the target never waiting: tau on hit per verify time."""
         if self.tau_on_hit is None or not self.verify_time_s:
@@ -82,6 +95,7 @@ class SpecStats:
             **asdict(self), "tau": self.tau, "acceptance_rate": self.acceptance_rate,
             "per_position_acceptance": list(self.per_position_acceptance), "cache_hit_rate": self.cache_hit_rate,
             "tau_on_hit": self.tau_on_hit, "tau_on_miss": self.tau_on_miss, "ideal_tok_s": self.ideal_tok_s,
+            "wait_s_on_hit": self.wait_s_on_hit, "wait_s_on_miss": self.wait_s_on_miss,
         }
 
 

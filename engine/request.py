@@ -115,7 +115,7 @@ class _SpecCounters:
         self.steps = self.drafted = self.accepted = self.emitted = 0
         self.accepted_at = [0] * k
         self.drafted_at = [0] * k
-        self.verify_s = self.draft_s = 0.0
+        self.verify_s = self.draft_s = self.draft_on_hit_s = 0.0
         self.draft_reused = 0
         self.draft_idle: float | None = None
         self.hits: int | None = None
@@ -137,11 +137,13 @@ class _SpecCounters:
         if stats.cache_hit is not None:
             self.hits = (self.hits or 0) + stats.cache_hit
             self.emitted_on_hit += num_kept if stats.cache_hit else 0
+            self.draft_on_hit_s += stats.draft_time_s if stats.cache_hit else 0.0
 
     def summary(self) -> SpecStats:
         return SpecStats(
             num_steps=self.steps, num_drafted=self.drafted, num_accepted=self.accepted, num_emitted=self.emitted,
             accepted_per_position=tuple(self.accepted_at), drafted_per_position=tuple(self.drafted_at),
-            verify_time_s=self.verify_s, draft_time_s=self.draft_s, draft_reused_prefix_tokens=self.draft_reused,
+            verify_time_s=self.verify_s, draft_time_s=self.draft_s, draft_time_on_hit_s=self.draft_on_hit_s,
+            draft_reused_prefix_tokens=self.draft_reused,
             num_cache_hits=self.hits, emitted_on_hit=self.emitted_on_hit, draft_idle_s=self.draft_idle,
         )

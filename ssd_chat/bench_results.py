@@ -69,6 +69,28 @@ class ModeResult:
         verify_s = sum(r.spec.verify_time_s for r in self.runs if r.spec is not None)
         return self._spec_sum("emitted_on_hit") / hits / (verify_s / self._spec_sum("num_steps"))
 
+    def _spec_seconds(self, name: str) -> float:
+        return sum(getattr(r.spec, name) for r in self.runs if r.spec is not None)
+
+    @property
+    def round_ms(self) -> dict[str, float] | None:
+        """Where a round's time goes, in ms: the target's verify forward and its wait for the proposal, per round;
+        SSD also splits the wait into rounds the cache answered and rounds drafted just in time (the first round
+        of each prompt counts as a miss). SD's wait is its whole drafting; SSD's, on a hit, mostly messages."""
+        steps = self._spec_sum("num_steps")
+        if not steps:
+            return None
+        wait = self._spec_seconds("draft_time_s")
+        out = {"verify": 1e3 * self._spec_seconds("verify_time_s") / steps, "wait": 1e3 * wait / steps}
+        hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
+        if hits is not None:
+            on_hit = self._spec_seconds("draft_time_on_hit_s")
+            if hits:
+                out["wait_on_hit"] = 1e3 * on_hit / hits
+            if steps > hits:
+                out["wait_on_miss"] = 1e3 * (wait - on_hit) / (steps - hits)
+        return out
+
     @property
     def draft_s_per_token(self) -> float | None:
         """SD (draft in the target's process): the target's wait for drafts per drafted token, i.e. the draft's
@@ -92,6 +114,7 @@ class ModeResult:
             "identical_to_ar": self.identical_to_ar,
             "row_cost": self.row_cost,
             "compiled_share": self.compiled_share,
+            "round_ms": self.round_ms,
         }
 
 

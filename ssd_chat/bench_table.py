@@ -1,5 +1,6 @@
 """`ssd-chat bench`'s table: one row per mode, with speed-ups against AR and transformers, speculation figures
-(tau, acceptance, cache hits, SSD's ideal), the share of the bandwidth bound and the draft's per-token cost."""
+(tau, acceptance, cache hits, SSD's ideal), the share of the bandwidth bound and the draft's per-token cost; and
+under it, where a speculative round's time went (the target's verify, its wait for drafts)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,17 @@ def render_table(report: BenchReport) -> Table:
         row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
         table.add_row(*row)
     return table
+
+
+
+def round_lines(report: BenchReport) -> list[str]:
+    """One line per speculative mode under the table: where its mean round's time went."""
+    lines = []
+    for r in report.results:
+        ms = r.round_ms
+        if ms is None:
+            continue
+        split = [f"{name} {ms['wait_on_' + name]:.1f}" for name in ("hit", "miss") if f"wait_on_{name}" in ms]
+        detail = f" (cache {', '.join(split)})" if split else ""
+        lines.append(f"{r.mode} per round: verify {ms['verify']:.1f} ms + wait for drafts {ms['wait']:.1f} ms{detail}")
+    return lines

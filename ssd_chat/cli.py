@@ -26,7 +26,7 @@ from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
 from ssd_chat.bench import BenchConfig, run_bench
-from ssd_chat.bench_table import render_table
+from ssd_chat.bench_table import render_table, round_lines
 from ssd_chat.cli_make import distill, make_pair
 from ssd_chat.cli_options import (
     Attention,
@@ -285,7 +285,10 @@ def bench(
             ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
-    Console().print(render_table(report))
+    console = Console()
+    console.print(render_table(report))
+    for line in round_lines(report):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
         json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
 

@@ -129,4 +129,7 @@ def test_hit_and_miss_figures_add_up(llm):
     assert hits > 0 and misses > 0
     assert spec.tau_on_hit * hits + spec.tau_on_miss * misses == pytest.approx(spec.num_emitted)
     assert spec.ideal_tok_s > 0
-    assert set(spec.to_dict()) >= {"tau", "acceptance_rate", "cache_hit_rate", "tau_on_hit", "tau_on_miss"}
+    assert 0 < spec.draft_time_on_hit_s < spec.draft_time_s
+    assert spec.wait_s_on_hit * hits + spec.wait_s_on_miss * misses == pytest.approx(spec.draft_time_s)
+    assert set(spec.to_dict()) >= {"tau", "acceptance_rate", "cache_hit_rate", "tau_on_hit", "tau_on_miss",
+                                   "wait_s_on_hit", "wait_s_on_miss"}
