@@ -61,6 +61,11 @@ class SpecStats:
         return None if self.num_cache_hits is None or not self.num_steps else self.num_cache_hits / self.num_steps
 
     @property
+    def num_misses(self) -> int | None:
+        """SSD: verify rounds drafted just in time (the first round counts as a miss); None outside SSD."""
+        return None if self.num_cache_hits is None else self.num_steps - self.num_cache_hits
+
+    @property
     def tau_on_hit(self) -> float | None:
         """SSD: tokens per round answered from the speculation cache."""
         return self.emitted_on_hit / self.num_cache_hits if self.num_cache_hits else None
@@ -68,8 +73,8 @@ class SpecStats:
     @property
     def tau_on_miss(self) -> float | None:
         """SSD: tokens per round drafted just in time (the first round counts as a miss)."""
-        misses = self.num_steps - (self.num_cache_hits or 0)
-        return (self.num_emitted - self.emitted_on_hit) / misses if self.num_cache_hits is not None and misses else None
+        misses = self.num_misses
+        return (self.num_emitted - self.emitted_on_hit) / misses if misses else None
 
     @property
     def wait_s_on_hit(self) -> float | None:
@@ -79,9 +84,8 @@ class SpecStats:
     @property
     def wait_s_on_miss(self) -> float | None:
         """SSD: the mean wait in a round drafted just in time (the first round counts as a miss)."""
-        misses = self.num_steps - (self.num_cache_hits or 0)
-        return (self.draft_time_s - self.draft_time_on_hit_s) / misses \
-            if self.num_cache_hits is not None and misses else None
+        misses = self.num_misses
+        return (self.draft_time_s - self.draft_time_on_hit_s) / misses if misses else None
 
     @property
     def ideal_tok_s(self) -> float | None:

@@ -39,7 +39,7 @@ class ModeResult:
     def ttft_ms(self) -> float:
         return 1000.0 * sum(r.ttft_s for r in self.runs) / len(self.runs)
 
-    def _spec_sum(self, name: str) -> int | None:
+    def _spec_sum(self, name: str) -> float | None:
         specs = [r.spec for r in self.runs if r.spec is not None]
         return sum(getattr(s, name) or 0 for s in specs) if specs else None
 
@@ -66,11 +66,7 @@ class ModeResult:
         hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
         if not hits:
             return None
-        verify_s = sum(r.spec.verify_time_s for r in self.runs if r.spec is not None)
-        return self._spec_sum("emitted_on_hit") / hits / (verify_s / self._spec_sum("num_steps"))
-
-    def _spec_seconds(self, name: str) -> float:
-        return sum(getattr(r.spec, name) for r in self.runs if r.spec is not None)
+        return self._spec_sum("emitted_on_hit") / hits / (self._spec_sum("verify_time_s") / self._spec_sum("num_steps"))
 
     @property
     def round_ms(self) -> dict[str, float] | None:
@@ -80,11 +76,11 @@ class ModeResult:
         steps = self._spec_sum("num_steps")
         if not steps:
             return None
-        wait = self._spec_seconds("draft_time_s")
-        out = {"verify": 1e3 * self._spec_seconds("verify_time_s") / steps, "wait": 1e3 * wait / steps}
+        wait = self._spec_sum("draft_time_s")
+        out = {"verify": 1e3 * self._spec_sum("verify_time_s") / steps, "wait": 1e3 * wait / steps}
         hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
         if hits is not None:
-            on_hit = self._spec_seconds("draft_time_on_hit_s")
+            on_hit = self._spec_sum("draft_time_on_hit_s")
             if hits:
                 out["wait_on_hit"] = 1e3 * on_hit / hits
             if steps > hits:
@@ -98,7 +94,7 @@ class ModeResult:
         drafted = self._spec_sum("num_drafted") if self.mode == "sd" else None
         if not drafted:
             return None
-        return sum(r.spec.draft_time_s for r in self.runs if r.spec is not None) / drafted
+        return self._spec_sum("draft_time_s") / drafted
 
     def to_dict(self) -> dict:
         return {

@@ -53,7 +53,6 @@ def render_table(report: BenchReport) -> Table:
     return table
 
 
-
 def round_lines(report: BenchReport) -> list[str]:
     """One line per speculative mode under the table: where its mean round's time went."""
     lines = []
