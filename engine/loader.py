@@ -1,7 +1,10 @@
 """Build a model from a Hugging Face directory and load its safetensors, sliced for this TP rank.
 
 An ssd-chat draft may borrow its input embedding from its target (config ``"embedding_from_target": true``):
-its files then lack ``model.embed_tokens.weight``, which is read from the target's files instead.
+its files then lack ``model.embed_tokens.weight``, which is read from the target's files instead. Its matmul
+weights may be stored in int8 (``engine.layers.low_bits.int8_rows``: an int8 tensor ``NAME`` and its float32 row
+scales ``NAME_scale``); they are loaded as ``q * scale``, which the draft's int8 product quantizes back to the
+same q.
 """
 
 from __future__ import annotations
@@ -26,6 +29,23 @@ log = logging.getLogger(__name__)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 EMBEDDING = "model.embed_tokens.weight"
 VOCAB_IDS = "lm_head.vocab_ids"  # a compact reduced head's token ids (engine.layers.embedding.ReducedLMHead)
+SCALE_SUFFIX = "_scale"  # an int8 weight's row scales: NAME -> NAME_scale
+
+
+def dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """An int8 weight q [N, K] with its row scales [N] -> float32 [N, K]."""
+    return q.float() * scales.float()[:, None]
+
+
+def read_tensor(f, name: str) -> torch.Tensor:
+    """Tensor `name` of an open safetensors file, int8 weights dequantized with their row scales."""
+    tensor = f.get_tensor(name)
+    if tensor.dtype == torch.int8:
+        if name + SCALE_SUFFIX not in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            raise ModelFilesError(f"int8 tensor {name} has no {name + SCALE_SUFFIX}: the weights are not ssd-chat's "
+                                  "int8 format")
+        tensor = dequantize(tensor, f.get_tensor(name + SCALE_SUFFIX))
+    return tensor
 
 
 def _target_name(name: str) -> tuple[str, object]:
@@ -52,7 +72,7 @@ def load_weights(model: CausalLM, weight_files: Iterable[Path], embedding_files:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if name.endswith(_IGNORED_SUFFIXES) or (only is not None and name != only):
+                    if name.endswith((*_IGNORED_SUFFIXES, SCALE_SUFFIX)) or (only is not None and name != only):
                         continue
                     if name == VOCAB_IDS and hasattr(model.lm_head, "set_vocab_ids"):
                         model.lm_head.set_vocab_ids(f.get_tensor(name))
@@ -64,7 +84,7 @@ def load_weights(model: CausalLM, weight_files: Iterable[Path], embedding_files:
                             continue
                         log.debug("ignoring checkpoint tensor %s", name)
                         continue
-                    tensor = f.get_tensor(name).to(param.dtype)
+                    tensor = read_tensor(f, name).to(param.dtype)
                     getattr(param, "weight_loader", _copy_whole)(param, tensor, shard_id)
                     loaded.add(f"{target}:{shard_id}")
         except SafetensorError as exc:

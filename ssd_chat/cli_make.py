@@ -86,6 +86,8 @@ def distill(
                                                 "CPU has native bfloat16, else fp32).")] = "auto",
     reply_dtype: Annotated[str, typer.Option(help="The target's dtype while it writes the replies: float32, or "
                                                   "bfloat16 (faster where the CPU has AMX).")] = "float32",
+    save_weights: Annotated[str, typer.Option(help="How the draft's matmul weights are stored: int8 (row scales; "
+                                                   "what the engine's default int8 draft runs) or float16.")] = "int8",
 ) -> None:
     """Train a cheap draft for --target on its own replies (self-distillation, CPU); --draft DIR loads it."""
     from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, progress_bar, run_distill
@@ -98,7 +100,7 @@ def distill(
             seed=seed, max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
             eval_prompts=eval_prompts, eval_every=eval_every,
             checkpoint_every=checkpoint_every, threads=threads, resume=resume, precision=precision,
-            reply_dtype=reply_dtype,
+            reply_dtype=reply_dtype, save_weights=save_weights,
         )
         with progress_bar() as progress:
             result = run_distill(config, progress)

@@ -27,7 +27,7 @@ from engine.errors import InvalidParameterError
 from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat import distill_teacher
-from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
+from ssd_chat.distill_model import SAVE_WEIGHTS, init_draft, load_target, num_params_per_token, save_draft
 from ssd_chat.distill_train import TrainSettings, train
 from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
 
@@ -66,6 +66,7 @@ class DistillConfig:
     resume: bool = True
     precision: str = "auto"  # the training matmuls: fp32, bf16, or auto (bf16 where the CPU has it natively)
     reply_dtype: str = "float32"  # the target's dtype while it writes the replies (and so --loss ce's labels)
+    save_weights: str = "int8"  # how the draft's matmul weights are stored (distill_model.SAVE_WEIGHTS)
 
     def __post_init__(self) -> None:
         for name in ("draft_layers", "batch_size", "max_tokens", "eval_every", "checkpoint_every"):
@@ -79,6 +80,9 @@ class DistillConfig:
         if self.reply_dtype not in REPLY_DTYPES:
             raise InvalidParameterError(f"--reply-dtype must be one of {', '.join(REPLY_DTYPES)}, "
                                         f"got {self.reply_dtype!r}")
+        if self.save_weights not in SAVE_WEIGHTS:
+            raise InvalidParameterError(f"--save-weights must be one of {', '.join(SAVE_WEIGHTS)}, "
+                                        f"got {self.save_weights!r}")
         if self.loss not in LOSSES:
             raise InvalidParameterError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         for name in ("lr", "kl_lr"):
@@ -160,10 +164,10 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
         teacher = distill_teacher.score(target, train_examples, work / "teacher", bf16=precision == "bf16",
                                         pad_id=pad_id, progress=lambda d, t: progress("labels", d, t, ""))
     result = train(draft, target, train_examples, eval_examples, settings, work, pad_id=pad_id,
-                   on_checkpoint=lambda: save_draft(draft, target_dir, out),
+                   on_checkpoint=lambda: save_draft(draft, target_dir, out, config.save_weights),
                    progress=lambda d, t, detail: progress("training", d, t, detail), teacher=teacher)
     if result.steps_run == 0:  # nothing trained now (--steps 0, or a finished run): the draft still gets written
-        save_draft(draft, target_dir, out)
+        save_draft(draft, target_dir, out, config.save_weights)
     target_per_token = sum(p.numel() for p in target.model.layers.parameters()) + target.lm_head.weight.numel()
     return DistillResult(
         out=out, steps=settings.total_steps, steps_run=result.steps_run, num_examples=len(train_examples),
@@ -204,7 +208,7 @@ def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataS
     """With --resume a run continues only with the settings it started with; --no-resume starts over (keeping
     the reply cache, which is only reused when its own settings match)."""
     settings = {k: v for k, v in asdict(config).items() if k not in ("out", "threads", "resume", "eval_every",
-                                                                       "checkpoint_every")}
+                                                                       "checkpoint_every", "save_weights")}
     settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings),
                 "precision": precision}  # auto as resolved: a resume keeps it
     settings.pop("reply_dtype")  # in "data"

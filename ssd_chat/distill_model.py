@@ -5,11 +5,13 @@ The draft starts as the target's embedding (shared and frozen), its first ``num_
 only those tokens: ``logits`` is [B, T, Vr].
 
 Saved, it is a Hugging Face directory of the target's architecture with the target's tokenizer and chat
-template files, made small: the weights are float16, the input embedding is left out (config
-``"embedding_from_target": true``: the engine reads the target's), and the head holds only the kept rows
-[Vr, D] plus ``lm_head.vocab_ids`` [Vr] (config ``"reduced_head": true``). For SmolLM2-135M with 4 layers and
-8192 kept tokens that is 38 MB instead of 188 MB. transformers cannot load such a directory by itself:
-``load_hf_draft`` rebuilds the full model from it and the target (for the transformers reference rows).
+template files, made small: the matmul weights are int8 with float32 row scales (``SAVE_WEIGHTS``, the form
+the engine's default int8 draft products run: engine.layers.low_bits.int8_rows; or float16), the norms
+float16, the input embedding is left out (config ``"embedding_from_target": true``: the engine reads the
+target's), and the head holds only the kept rows [Vr, D] plus ``lm_head.vocab_ids`` [Vr] (config
+``"reduced_head": true``). For SmolLM2-135M with 4 layers and 8192 kept tokens that is 38 MB in float16 instead
+of 188 MB. transformers cannot load such a directory by itself: ``load_hf_draft`` rebuilds the full model from
+it and the target (for the transformers reference rows).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.layers.low_bits import int8_rows
+from engine.loader import SCALE_SUFFIX, dequantize
 from engine.synthetic import TOKENIZER_FILES, quiet_transformers
 
 EXTRA_FILES = ("special_tokens_map.json", "generation_config.json")  # copied from the target when present
-SAVE_DTYPE = torch.float16  # the draft only proposes tokens: its rounding never touches exactness
+SAVE_WEIGHTS = ("int8", "float16")  # the matmul weights' storage; the draft only proposes tokens: its rounding
+# never touches exactness
 WEIGHTS = "model.safetensors"
 
 
@@ -92,16 +97,23 @@ def init_draft(target: nn.Module, num_layers: int, head_ids: torch.Tensor) -> Dr
     return DraftModel(lm, head, head_ids)
 
 
-def save_draft(draft: DraftModel, target_dir: Path, out_dir: Path) -> None:
-    """Write ``out_dir`` as a draft directory: config.json, model.safetensors, the target's tokenizer files."""
+def save_draft(draft: DraftModel, target_dir: Path, out_dir: Path, weights: str = "int8") -> None:
+    """Write ``out_dir`` as a draft directory: config.json, model.safetensors (matmul weights in `weights`, one of
+    SAVE_WEIGHTS), the target's tokenizer files."""
     from safetensors.torch import save_file
 
     config = copy.deepcopy(draft.lm.config)
     config.reduced_head = True
     config.embedding_from_target = True  # read by our engine (engine.models.args); see load_hf_draft
-    tensors = {f"model.{name}": t.detach().to(SAVE_DTYPE).contiguous()
-               for name, t in draft.lm.model.state_dict().items() if name != "embed_tokens.weight"}
-    tensors["lm_head.weight"] = draft.head.detach().to(SAVE_DTYPE).contiguous()  # [Vr, D]
+    state = {f"model.{name}": t for name, t in draft.lm.model.state_dict().items() if name != "embed_tokens.weight"}
+    state["lm_head.weight"] = draft.head  # [Vr, D]
+    tensors = {}
+    for name, tensor in state.items():
+        if weights == "int8" and tensor.dim() == 2:  # the matmuls' weights (the norms are 1-D)
+            tensors[name], tensors[name + SCALE_SUFFIX] = int8_rows(tensor)
+        else:
+            tensors[name] = tensor.detach().to(torch.float16)
+    tensors = {name: t.contiguous() for name, t in tensors.items()}
     tensors["lm_head.vocab_ids"] = draft.head_ids.to(torch.int64).contiguous()  # [Vr]
     out_dir.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out_dir)
@@ -125,6 +137,8 @@ def load_hf_draft(draft_dir: Path, target_dir: Path, dtype: torch.dtype = torch.
             return AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype).eval()
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     state = load_file(str(Path(draft_dir) / WEIGHTS))
+    for name in [n for n in state if n + SCALE_SUFFIX in state]:  # int8 weights and their row scales
+        state[name] = dequantize(state[name], state.pop(name + SCALE_SUFFIX))
     ids, rows = state.pop("lm_head.vocab_ids"), state.pop("lm_head.weight")
     state["lm_head.weight"] = rows.new_zeros(config.vocab_size, rows.shape[1]).index_copy_(0, ids, rows)
     state["model.embed_tokens.weight"] = _target_embedding(Path(target_dir))

@@ -73,13 +73,22 @@ def _float16(weight: torch.Tensor) -> LowBitsLinear:
     return lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)
 
 
-def _int8(weight: torch.Tensor) -> LowBitsLinear:
-    w = weight.detach().float().contiguous()  # [N, K]
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-output-row symmetric int8 form of weight [N, K]: q [N, K] int8 and scales [N] float32, with
+    weight ~ q * scales[:, None]. Quantizing q * scales again gives the same q (its rows reach +-127), so a
+    draft stored this way (ssd_chat.distill_model) runs the very int8 weights it was saved with."""
+    w = weight.detach().float()
     scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # [N]
+    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)  # [N, K]
+    return q, scales
+
+
+def _int8(weight: torch.Tensor) -> LowBitsLinear:
+    _, scales = int8_rows(weight)
     with warnings.catch_warnings():  # torch deprecates quantized tensors; fbgemm's prepack still takes only them
         warnings.simplefilter("ignore")
-        q = torch.quantize_per_channel(w, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0,
-                                       torch.qint8)
+        q = torch.quantize_per_channel(weight.detach().float().contiguous(), scales.double(),
+                                       torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
         packed = torch.ops.quantized.linear_prepack(q, None)
     return lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)
 

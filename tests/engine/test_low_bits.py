@@ -45,6 +45,25 @@ def test_products_are_close_to_float32_and_biased_layers_stay(kind):
     assert down(x3).shape == (2, 3, 64)
 
 
+def test_int8_weights_stored_as_rows_and_scales_run_the_same_int8_product(tmp_path):
+    """A draft saved in int8 (engine.layers.low_bits.int8_rows: q and row scales) and loaded as q * scale gets
+    the very q back when the engine quantizes it, so it computes the products it was saved with."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from engine.loader import read_tensor
+
+    weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(1)) * 0.05
+    q, scales = low_bits.int8_rows(weight)
+    assert q.dtype == torch.int8 and int(q.abs().amax(dim=1).min()) == 127  # every row reaches +-127
+    save_file({"w": q, "w_scale": scales}, str(tmp_path / "w.safetensors"))
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
+        loaded = read_tensor(f, "w")
+    assert loaded.dtype == torch.float32 and torch.equal(low_bits.int8_rows(loaded)[0], q)
+    x = torch.randn(5, 64)
+    assert torch.equal(low_bits._int8(loaded)(x), low_bits._int8(weight)(x))
+
+
 def test_float32_and_an_unknown_kind():
     layers = _layers()
     assert low_bits.quantize_weights(layers, "float32") == 0

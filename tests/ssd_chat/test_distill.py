@@ -64,14 +64,17 @@ def test_the_draft_loads_like_any_model_and_speculation_stays_exact(tiny_llama_d
         assert (draft / name).read_bytes() == (tiny_llama_dir / name).read_bytes()
     saved = load_file(draft / "model.safetensors")  # compact: no embedding, 200 head rows and their token ids
     assert "model.embed_tokens.weight" not in saved
-    head, ids = saved["lm_head.weight"], saved["lm_head.vocab_ids"]
-    assert head.shape[0] == ids.shape[0] == 200 and head.dtype == torch.float16
+    head, scales, ids = saved["lm_head.weight"], saved["lm_head.weight_scale"], saved["lm_head.vocab_ids"]
+    assert head.shape[0] == ids.shape[0] == scales.shape[0] == 200 and head.dtype == torch.int8
     assert torch.equal(ids, torch.unique(ids))  # sorted, distinct
+    matmuls = [name for name, t in saved.items() if t.dim() == 2]  # every matmul weight in int8, the norms float16
+    assert matmuls and all(saved[n].dtype == torch.int8 and f"{n}_scale" in saved for n in matmuls)
+    assert all(t.dtype == torch.float16 for n, t in saved.items() if n.endswith("norm.weight"))
 
     hf = load_hf_draft(draft, tiny_llama_dir)  # transformers' view of it: the target's embedding, a full head
     target = load_file(tiny_llama_dir / "model.safetensors")
     assert torch.equal(hf.model.embed_tokens.weight, target["model.embed_tokens.weight"].float())
-    assert torch.equal(hf.lm_head.weight[ids], head.float())
+    assert torch.equal(hf.lm_head.weight[ids], head.float() * scales[:, None])
     assert int((hf.lm_head.weight.abs().amax(-1) > 0).sum()) == 200
 
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -106,6 +109,11 @@ def test_a_draft_without_its_target_or_with_corrupt_head_ids_is_one_line(tiny_ll
     tensors["lm_head.vocab_ids"] = tensors["lm_head.vocab_ids"][:-1]  # one id short of the head's rows
     save_file(tensors, str(corrupt / "model.safetensors"))
     with pytest.raises(ModelFilesError, match="vocab_ids"):
+        LLM(target=str(tiny_llama_dir), draft=str(corrupt))
+    tensors = load_file(draft / "model.safetensors")
+    del tensors["lm_head.weight_scale"]  # an int8 weight without its row scales
+    save_file(tensors, str(corrupt / "model.safetensors"))
+    with pytest.raises(ModelFilesError, match=r"has no lm_head\.weight_scale"):
         LLM(target=str(tiny_llama_dir), draft=str(corrupt))
 
 
@@ -156,6 +164,19 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tiny_llama_
     assert steps == list(range(9))  # step 7 was logged, dropped, and redone once
     moments = torch.load(tmp_path / "whole" / "distill" / "checkpoint.pt", weights_only=True)["optimizer"]["state"]
     assert {int(state["step"]) for state in moments.values()} == {3}  # AdamW restarted with the KL stage
+
+
+def test_float16_storage_and_rewriting_a_finished_run_in_another_storage(tiny_llama_dir, prompts_file, tmp_path):
+    out = tmp_path / "draft"
+    run_distill(_config(tiny_llama_dir, prompts_file, out, save_weights="float16"), lambda *_: None)
+    saved = load_file(out / "model.safetensors")
+    assert saved["lm_head.weight"].dtype == torch.float16 and not any(n.endswith("_scale") for n in saved)
+    result = run_distill(_config(tiny_llama_dir, prompts_file, out), lambda *_: None)  # int8: not a new run
+    assert result.steps_run == 0
+    saved8 = load_file(out / "model.safetensors")
+    q, scales = saved8["lm_head.weight"], saved8["lm_head.weight_scale"]
+    assert q.dtype == torch.int8
+    assert torch.allclose(q.float() * scales[:, None], saved["lm_head.weight"].float(), atol=scales.max().item())
 
 
 def test_a_kl_stage_added_to_a_finished_run_continues_it(tiny_llama_dir, prompts_file, tmp_path):
@@ -217,6 +238,7 @@ def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_p
         "negative steps": [*base, "--out", str(tmp_path / "o2"), "--steps", "-1"],
         "unknown precision": [*base, "--out", str(tmp_path / "o5"), "--precision", "fp8"],
         "unknown reply dtype": [*base, "--out", str(tmp_path / "o7"), "--reply-dtype", "int4"],
+        "unknown storage": [*base, "--out", str(tmp_path / "o8"), "--save-weights", "int4"],
         "training on the held-out set": [*base, "--out", str(tmp_path / "o3"), "--prompts", str(DEFAULT_PROMPTS)],
         "training on the unseen set": [*base, "--out", str(tmp_path / "o6"), "--prompts", str(UNSEEN_PROMPTS)],
         "missing target": ["distill", "--target", str(tmp_path / "nothing"), "--out", str(tmp_path / "o4")],
