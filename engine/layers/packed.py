@@ -38,11 +38,20 @@ and an engine packs even for AR alone, where one-row steps are all its decoding.
 GEMM in rounding, as a GEMM of any other row count does (`pack_weights` checks they agree to float32 rounding);
 greedy SD/SSD stay token-identical to AR (tested).
 
-"panel" (our own AVX-512 kernel, engine.layers.panel), on Intel CPUs with AVX-512 where it builds: the weights
+"panel" (our own AVX-512 kernel, engine.layers.panel), on every CPU with AVX-512 where it builds: the weights
 as 32-column panels, every output one FMA chain over k whatever the row count, so one-row steps and a verify
 get the same bits, and 1-32 rows cost about one row's time (the table there). It takes every step of 1-32 rows
 (one-row steps too: the same kernel keeps AR's and a verify's products identical), and so an engine packs even
-for AR alone; more rows (prefill) run MKL's GEMM.
+for AR alone; more rows (prefill) run MKL's GEMM on Intel and the panel kernel elsewhere. On a 2-core AMD EPYC
+with AVX-512 (Zen 4, another VM than the oneDNN table's), SmolLM2-135M's matmuls, 1 thread (ms, K-major MKL GEMM
+/ MKL-packed / oneDNN-packed / panel; `python scripts/matmul_rows.py`, 2026-12-04):
+
+    rows     1                      2                      5                      16
+             31.0/31.5/36.6/23.2    46.6/48.6/43.9/23.5    78.1/72.1/29.2/24.1    104.8/94.8/54.5/47.6
+
+and with the other core busy (so slower throughout), many rows: 64 313/308/216/203, 256 985/1218/985/899. The
+panel kernel wins at every row count there, where oneDNN was taken before; on Intel MKL's GEMM wins past 32 rows
+(the panel table).
 
 Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
 the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
@@ -72,11 +81,11 @@ PACK_HINT = 8  # the row count the kernel is told to pack for; any row count may
 
 
 def default_kernel() -> str:
-    """"panel" on an Intel CPU with AVX-512 where our kernel builds, else "mkl" on Intel, "onednn" on any other
-    CPU (the tables above; the panel kernel was measured on Intel only)."""
-    if _cpu_vendor() != "GenuineIntel":
-        return "onednn"
-    return "panel" if _panel_available() else "mkl"  # panel.available() requires AVX-512
+    """"panel" on a CPU with AVX-512 where our kernel builds, else "mkl" on Intel, "onednn" on any other CPU (the
+    tables above)."""
+    if _panel_available():  # panel.available() requires AVX-512
+        return "panel"
+    return "mkl" if _cpu_vendor() == "GenuineIntel" else "onednn"
 
 
 def resolve_kernel(kernel: str = "auto") -> str:
@@ -100,9 +109,12 @@ def min_rows(kernel: str) -> int:
 
 
 def max_rows(kernel: str) -> int:
-    """The most rows a step may have to take the packed copy for `kernel`: every step where one row already
-    gains (the tables above), else `MAX_ROWS`."""
-    return EVERY_STEP if kernel == "onednn" and one_row_pays(kernel) else MAX_ROWS[kernel]
+    """The most rows a step may have to take the packed copy for `kernel`: every step where it beats MKL's GEMM
+    at any row count (oneDNN where one row already gains, the panel kernel off Intel: the tables above), else
+    `MAX_ROWS`."""
+    if (kernel == "onednn" and one_row_pays(kernel)) or (kernel == "panel" and _cpu_vendor() != "GenuineIntel"):
+        return EVERY_STEP
+    return MAX_ROWS[kernel]
 
 
 def _has_avx512() -> bool:
@@ -181,10 +193,10 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
     bit for bit)."""
     generator = torch.Generator().manual_seed(0)
     probe = standin(weight, packed, kernel)
+    many = PROBE_ROWS if max_rows(kernel) > MAX_ROWS[kernel] else ()
     if kernel == "panel":  # each of 1..8 rows has its own code; more rows go 8 at a time
-        counts = (*range(1, 9), 13, MAX_ROWS[kernel])
+        counts = (*range(1, 9), 13, MAX_ROWS[kernel], *many)
     else:
-        many = PROBE_ROWS if max_rows(kernel) > MAX_ROWS[kernel] else ()
         counts = (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many)
     for rows in counts:
         x = torch.randn(rows, weight.shape[1], generator=generator)

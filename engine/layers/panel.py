@@ -15,7 +15,8 @@ matmuls (30 layers and the head), one thread, ms per step (`python scripts/matmu
     panel           45.2   50.1   52.5   56.3   65.6   90.0  147.2  259.1
 
 (this VM's timings move by 10-20% between runs, the order did not). So 1-32 rows take it (packed.MAX_ROWS);
-more rows (prefill) stay on MKL.
+more rows (prefill) stay on MKL there. On AMD (Zen 4) it beats MKL and oneDNN at every row count, so it takes
+every step there (engine.layers.packed has the table).
 
 The kernel is compiled on first use with the system's C++ compiler (``$CXX`` or ``c++``, about a second) into
 the user cache (``ssd-chat/kernels``), keyed by the source and the compiler, and loaded with ctypes. Without

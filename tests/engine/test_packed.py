@@ -85,8 +85,9 @@ def test_the_kernel_follows_the_cpu_vendor(monkeypatch):
     monkeypatch.setattr(packed, "_cpu_vendor", lambda: "AuthenticAMD")
     assert packed.default_kernel() == "onednn" and packed.one_row_pays() and packed.min_rows("onednn") == 1
     assert not packed.one_row_pays("mkl") and packed.min_rows("mkl") == 2
-    monkeypatch.setattr(packed, "_panel_available", lambda: True)  # measured on Intel only: not taken elsewhere
-    assert packed.default_kernel() == "onednn"
+    monkeypatch.setattr(packed, "_panel_available", lambda: True)  # AVX-512 off Intel: the panel kernel, every step
+    assert packed.default_kernel() == "panel" and packed.max_rows("panel") == packed.EVERY_STEP
+    monkeypatch.setattr(packed, "_panel_available", lambda: False)
     monkeypatch.setattr(packed, "_has_avx512", lambda: False)  # AVX2 only (Zen 3): a one-row step is faster plain
     assert packed.default_kernel() == "onednn" and not packed.one_row_pays() and packed.min_rows("onednn") == 2
     assert packed.max_rows("onednn") == packed.MAX_ROWS["onednn"]  # and many-row steps run the plain GEMM

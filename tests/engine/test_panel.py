@@ -67,16 +67,23 @@ def _count_panel_calls(monkeypatch) -> list[int]:
     return calls
 
 
-def test_every_few_row_step_takes_the_panels_and_greedy_sd_ssd_equal_ar(tiny_llama_dir, monkeypatch):
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_every_few_row_step_takes_the_panels_and_greedy_sd_ssd_equal_ar(tiny_llama_dir, monkeypatch, vendor):
+    monkeypatch.setattr(packed, "_cpu_vendor", lambda: vendor)  # Intel: prefill on MKL; elsewhere on the panels
+    many_rows = vendor != "GenuineIntel"
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     calls = _count_panel_calls(monkeypatch)
     with LLM(target=str(tiny_llama_dir), packed_kernel="panel") as llm:  # AR alone packs: one-row steps take it
         modules = [m for m in llm.core.runner.model.modules() if getattr(m, "packed", None) is not None]
-        assert modules and all(m.packed_kernel == "panel" and m.packed_min_rows == 1
-                               and m.packed_rows == packed.MAX_ROWS["panel"] for m in modules)
+        most = packed.EVERY_STEP if many_rows else packed.MAX_ROWS["panel"]
+        assert modules and all(m.packed_kernel == "panel" and m.packed_min_rows == 1 and m.packed_rows == most
+                               for m in modules)
         calls[0] = 0
         alone = [out.token_ids for out in llm.generate(PROMPTS[:1], greedy)]
         assert calls[0] == 24 * len(modules)  # the 4-row prefill and the 23 one-row decode steps
+        calls[0] = 0
+        llm.generate(PROMPTS[2:], greedy)  # a 38-row prefill: through the panels off Intel (on Intel only the head's
+        assert calls[0] == 23 * len(modules) + (len(modules) if many_rows else 1)  # one row: the last position's)
     llm = LLM(target=str(tiny_llama_dir), draft=str(tiny_llama_dir), packed_kernel="panel", draft_weights="float32")
     try:
         outputs = {}
