@@ -52,9 +52,31 @@ def test_correlated_pair_hits_every_round_after_the_first(tiny_llama_dir):
     assert TokenSource.ACCEPTED_HIT in sources and TokenSource.ACCEPTED_MISS not in sources
 
 
+def test_the_lookups_token_is_a_candidate_after_all_accepted(tiny_llama_dir):
+    """With no fan-out and a draft that is the target, nearly every round accepts all k and only the context
+    lookup's guess for the next token gets a branch: rounds where the context repeats hit, none without it."""
+    same = LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=256, block_size=4,
+               draft_weights="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    prompts = [list(range(2, 40)), [7, 8, 9, 7, 8, 9, 7, 8]]  # the tiny model repeats itself after these
+    try:
+        same.speculation = SpeculationConfig(mode="ar")
+        want = [o.token_ids for o in same.generate(prompts, params)]
+        hits = {}
+        for lookup in (True, False):
+            same.speculation = SpeculationConfig(mode="ssd", k=3, fanout=(0,), lookup=lookup, adaptive_k=False)
+            outs = same.generate(prompts, params)
+            assert [o.token_ids for o in outs] == want
+            hits[lookup] = sum(o.stats.spec.num_cache_hits for o in outs)
+    finally:
+        same.close()
+    assert hits[True] > 0 and hits[False] == 0
+
+
 def test_forced_misses_still_exact(llm):
     want = ar_outputs(llm)
-    llm.speculation = SpeculationConfig(mode="ssd", k=3, fanout=(0,))  # an empty cache: every round misses
+    # an empty cache: every round misses (the lookup off, whose guess after all accepted gets a branch of its own)
+    llm.speculation = SpeculationConfig(mode="ssd", k=3, fanout=(0,), lookup=False)
     events = [list(llm.stream(p, GREEDY)) for p in PROMPTS]
     outs = [e[-1].output for e in events]
     assert [o.token_ids for o in outs] == want
