@@ -6,7 +6,7 @@ target's token t*) and drafts the next K tokens for each likely one:
    gives K+1 next-token distributions);
 2. fan-out: for each k, the top F_k tokens of distribution k as candidates for t* (for k < K excluding
    x_{k+1}, which the target would have accepted); for k = K (all accepted) a greedy request with the context
-   lookup on also gets the lookup's token after x_K, where it has one and the top F_K miss it;
+   lookup on also gets the lookup's token after x_K, where it has one and the top F_K (F_K > 0) miss it;
 3. branch drafting: K batched steps over all branches; each branch attends to the prefix and the path
    up to k (real KV slots) plus its own tokens, kept in scratch slots at their logical positions.
 The cache maps (k, t*) -> the branch's K tokens (and their draft distributions when sampling). The
@@ -148,8 +148,8 @@ class SsdDrafter(Drafter):
                 top = torch.topk(row, min(width + 1, row.shape[-1])).indices.tolist()
                 skip = drafts[j] if j < len(drafts) else None  # the target would have accepted it
                 candidates = [t for t in top if t != skip][:width]
-                if j == len(drafts):  # all accepted: the target's next token is often the context's (83% where
-                    # the lookup has one, on the held-out chat replies), and then often not the draft's top F_K
+                if j == len(drafts) and width > 0:  # all accepted: the target's next token is often the context's
+                    # (83% where the lookup has one, on the held-out chat replies), and then often not the top F_K
                     guess = self.guess(seq, drafts, lookup)
                     candidates += [guess] if guess is not None and guess not in candidates else []
                 branches += [(seq, j, t) for t in candidates]

@@ -52,30 +52,38 @@ def test_correlated_pair_hits_every_round_after_the_first(tiny_llama_dir):
     assert TokenSource.ACCEPTED_HIT in sources and TokenSource.ACCEPTED_MISS not in sources
 
 
-def test_the_lookups_token_is_a_candidate_after_all_accepted(tiny_llama_dir):
-    """With no fan-out and a draft that is the target, nearly every round accepts all k and only the context
-    lookup's guess for the next token gets a branch: rounds where the context repeats hit, none without it."""
-    same = LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=256, block_size=4,
-               draft_weights="float32")
-    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
-    prompts = [list(range(2, 40)), [7, 8, 9, 7, 8, 9, 7, 8]]  # the tiny model repeats itself after these
+def test_the_lookups_token_is_a_candidate_after_all_accepted(tiny_llama_dir, mild_draft_dir, monkeypatch):
+    """After all k accepted, a greedy request's context-lookup token gets a branch of its own beside the draft's
+    top F_K (where they differ); with F_K = 0 there is no branch at all (an empty cache stays empty). The
+    lookup is replaced by a fixed rule (a tiny random model's text seldom repeats itself)."""
+    from engine.sequence import Sequence
+
+    fresh = LLM(str(tiny_llama_dir), draft=str(mild_draft_dir), max_model_len=256, block_size=4)
+    drafter, k = fresh.core.drafter, 4
+    seq = Sequence(998, [5, 9, 33, 71, 5, 9, 33, 8, 5, 9, 33, 71, 5], GREEDY)
+    drafter.start([seq])
+    seq.token_ids.append(7)  # the target's first token
     try:
-        same.speculation = SpeculationConfig(mode="ar")
-        want = [o.token_ids for o in same.generate(prompts, params)]
-        hits = {}
-        for lookup in (True, False):
-            same.speculation = SpeculationConfig(mode="ssd", k=3, fanout=(0,), lookup=lookup, adaptive_k=False)
-            outs = same.generate(prompts, params)
-            assert [o.token_ids for o in outs] == want
-            hits[lookup] = sum(o.stats.spec.num_cache_hits for o in outs)
+        proposal = drafter.propose({seq: k}, None)[seq]
+        keys = {}
+        for guess in (11, 12):
+            monkeypatch.setattr(drafter.lookups, "guess", lambda *_, g=guess: g)
+            for lookup, width in ((False, 1), (True, 1), (True, 0)):
+                drafter.build_cache({seq: proposal}, (0,) * k + (width,), None, lookup=lookup)
+                keys[guess, lookup, width] = set(drafter.cache[seq.seq_id])
     finally:
-        same.close()
-    assert hits[True] > 0 and hits[False] == 0
+        drafter.finish(seq)
+        fresh.close()
+    top = keys[11, False, 1]
+    assert len(top) == 1 and all(j == k for j, _ in top)  # only the draft's top token after all accepted
+    guess = 11 if (k, 11) not in top else 12
+    assert keys[guess, True, 1] == top | {(k, guess)}
+    assert keys[11, True, 0] == keys[12, True, 0] == set()
 
 
 def test_forced_misses_still_exact(llm):
     want = ar_outputs(llm)
-    # an empty cache: every round misses (the lookup off, whose guess after all accepted gets a branch of its own)
+    # an empty cache: every round misses
     llm.speculation = SpeculationConfig(mode="ssd", k=3, fanout=(0,), lookup=False)
     events = [list(llm.stream(p, GREEDY)) for p in PROMPTS]
     outs = [e[-1].output for e in events]
