@@ -151,7 +151,8 @@ class SsdDrafter(Drafter):
                 if j == len(drafts) and width > 0:  # all accepted: the target's next token is often the context's
                     # (83% where the lookup has one, on the held-out chat replies), and then often not the top F_K
                     guess = self.guess(seq, drafts, lookup)
-                    candidates += [guess] if guess is not None and guess not in candidates else []
+                    if guess is not None and guess not in candidates:
+                        candidates.append(guess)
                 branches += [(seq, j, t) for t in candidates]
         limit = {s: SCRATCH_SLOTS // len(proposals[s].tokens) for s in seqs}
         branches = _cap_per_request(branches, limit)

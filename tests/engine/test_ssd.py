@@ -10,6 +10,7 @@ from engine import LLM, FinishReason, SamplingParams, TokenDelta
 from engine.config import SpeculationConfig
 from engine.errors import InvalidParameterError
 from engine.outputs import TokenSource
+from engine.sequence import Sequence
 from engine.ssd import AcceptanceEstimate, adaptive_fanout, default_fanout
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
 
@@ -56,8 +57,6 @@ def test_the_lookups_token_is_a_candidate_after_all_accepted(tiny_llama_dir, mil
     """After all k accepted, a greedy request's context-lookup token gets a branch of its own beside the draft's
     top F_K (where they differ); with F_K = 0 there is no branch at all (an empty cache stays empty). The
     lookup is replaced by a fixed rule (a tiny random model's text seldom repeats itself)."""
-    from engine.sequence import Sequence
-
     fresh = LLM(str(tiny_llama_dir), draft=str(mild_draft_dir), max_model_len=256, block_size=4)
     drafter, k = fresh.core.drafter, 4
     seq = Sequence(998, [5, 9, 33, 71, 5, 9, 33, 8, 5, 9, 33, 71, 5], GREEDY)
@@ -83,8 +82,8 @@ def test_the_lookups_token_is_a_candidate_after_all_accepted(tiny_llama_dir, mil
 
 def test_forced_misses_still_exact(llm):
     want = ar_outputs(llm)
-    # an empty cache: every round misses
-    llm.speculation = SpeculationConfig(mode="ssd", k=3, fanout=(0,), lookup=False)
+    # an empty cache: every round misses (the lookup on: its branch after all accepted needs F_K > 0 too)
+    llm.speculation = SpeculationConfig(mode="ssd", k=3, fanout=(0,))
     events = [list(llm.stream(p, GREEDY)) for p in PROMPTS]
     outs = [e[-1].output for e in events]
     assert [o.token_ids for o in outs] == want
