@@ -14,6 +14,7 @@ Data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "
 PRECISIONS = ("auto", "fp32", "bf16")
 REPLY_DTYPES = ("float32", "bfloat16")
 LOSSES = ("ce", "kl", "topk")
+logger = logging.getLogger(__name__)
 WORK_DIR = "distill"  # inside the output directory: the run's state, not part of the model
 
 Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "labels" | "training"), done, total, detail
@@ -205,8 +207,10 @@ def _prepare_out(out: Path) -> Path:
 
 
 def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataSettings, precision: str) -> None:
-    """With --resume a run continues only with the settings it started with; --no-resume starts over (keeping
-    the reply cache, which is only reused when its own settings match)."""
+    """With --resume a run continues only with the settings it started with, except that a larger --steps extends
+    a run whose KL stage has not begun (the learning rate then follows the longer schedule from the checkpoint
+    on; ``extended_from`` in settings.json lists the step counts it had); --no-resume starts over (keeping the
+    reply cache, which is only reused when its own settings match)."""
     settings = {k: v for k, v in asdict(config).items() if k not in ("out", "threads", "resume", "eval_every",
                                                                        "checkpoint_every", "save_weights")}
     settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings),
@@ -218,6 +222,13 @@ def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataS
             | json.loads(path.read_text(encoding="utf-8"))  # runs from before those options
         before["data"] = data.LATER_FIELDS | before.get("data", {})
         changed = sorted(k for k in settings if before.get(k) != settings[k])
+        extended = list(before.get("extended_from", []))
+        if "steps" in changed and config.steps > before["steps"] and _checkpoint_step(work) <= before["steps"]:
+            changed.remove("steps")
+            extended.append(before["steps"])
+            logger.info("extending the run from %d to %d steps", before["steps"], config.steps)
+        if extended:
+            settings["extended_from"] = extended
         if changed and set(changed) <= {"kl_steps", "kl_lr"} and _checkpoint_step(work) <= config.steps:
             changed = []  # a KL stage (re)planned while the run has not started it: the steps before are the same
         if changed:

@@ -192,6 +192,28 @@ def test_a_kl_stage_added_to_a_finished_run_continues_it(tiny_llama_dir, prompts
     assert untrained.steps == 0 and untrained.steps_run == 0  # --steps 0: the untrained draft, no KL stage
 
 
+def test_a_larger_steps_extends_a_run_until_its_kl_stage_begins(tiny_llama_dir, prompts_file, tmp_path):
+    out, work = tmp_path / "run", tmp_path / "run" / "distill"
+    run_distill(_config(tiny_llama_dir, prompts_file, out, steps=4, kl_steps=0), lambda *_: None)
+    result = run_distill(_config(tiny_llama_dir, prompts_file, out, steps=6, kl_steps=0), lambda *_: None)
+    assert result.steps_run == 2 and result.steps == 6
+    assert json.loads((work / "settings.json").read_text())["extended_from"] == [4]
+    rows = [json.loads(line) for line in (work / "log.jsonl").open()]
+    assert [r["step"] for r in rows] == list(range(7))
+    fresh = run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "fresh", steps=6, kl_steps=0),
+                        lambda *_: None)
+    fresh_rows = [json.loads(line) for line in (tmp_path / "fresh" / "distill" / "log.jsonl").open()]
+    assert rows[5]["lr"] == fresh_rows[5]["lr"] and rows[4]["lr"] != fresh_rows[4]["lr"]  # the 6-step schedule
+    assert fresh.steps == 6 and not _same_weights(out, tmp_path / "fresh")  # from step 4 on
+    run_distill(_config(tiny_llama_dir, prompts_file, out, steps=6, kl_steps=0), lambda *_: None)  # resumes
+    assert json.loads((work / "settings.json").read_text())["extended_from"] == [4]  # kept
+    with pytest.raises(InvalidParameterError, match="--steps"):  # fewer steps than it has
+        run_distill(_config(tiny_llama_dir, prompts_file, out, steps=5, kl_steps=0), lambda *_: None)
+    run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "kl", steps=2, kl_steps=2), lambda *_: None)
+    with pytest.raises(InvalidParameterError, match="--steps"):  # its KL stage has run: the steps are fixed
+        run_distill(_config(tiny_llama_dir, prompts_file, tmp_path / "kl", steps=4, kl_steps=2), lambda *_: None)
+
+
 def test_a_held_out_prompts_twin_under_another_system_prompt_is_not_trained_on(tiny_llama_dir, prompts_file,
                                                                                tmp_path):
     lines = prompts_file.read_text(encoding="utf-8").splitlines()
