@@ -1,6 +1,7 @@
-// Probe (scripts/q4_panel_probe.py): y[m, n] = sum_k x[m, k] * W[n, k] with W = d * q + mn (Q4_1: per 32-k block of each column n,
-// fp32 d and mn, 4-bit q), reconstructed as (d * q) + mn in fp32 (two roundings, as gguf's numpy does) and fed
-// to one FMA chain over k in order: the same bits as the fp32 panel kernel on the dequantised weights.
+// Probe (scripts/q4_panel_probe.py): y[m, n] = sum_k x[m, k] * W[n, k] with W = d * q + mn (Q4_1: per 32-k block
+// of each column n, d and mn (float16 values, held as fp32), 4-bit q), then one FMA chain over k in order as in the
+// float32 panel kernel. gguf dequantises as (d * q) + mn in fp32; d * q is exact there (an 11-bit mantissa times
+// a 4-bit integer), so one FMA gives the same weight, and the outputs are the float32 kernel's bits.
 // Q: [panels][K][16] bytes (low nibble column j, high nibble column j + 16); D, Mn: [panels][K / 32][32].
 #include <immintrin.h>
 template <int M, int G>
@@ -23,8 +24,8 @@ static inline void q4panels(const float* __restrict x, long K, const unsigned ch
         const __m128i v = _mm_loadu_si128((const __m128i*)q);
         const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
         const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
-        const __m512 w0 = _mm512_add_ps(_mm512_mul_ps(d0[g], q0), m0[g]);
-        const __m512 w1 = _mm512_add_ps(_mm512_mul_ps(d1[g], q1), m1[g]);
+        const __m512 w0 = _mm512_fmadd_ps(d0[g], q0, m0[g]);
+        const __m512 w1 = _mm512_fmadd_ps(d1[g], q1, m1[g]);
         for (int m = 0; m < M; ++m) {
           const __m512 xb = _mm512_set1_ps(x[m * K + k]);
           a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
