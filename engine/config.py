@@ -28,7 +28,7 @@ class FastPath:
     compile: bool = False
     k_major: bool = True  # CPU: matmul weights stored K-major (engine.layers.linear.to_k_major); False: as loaded
     packed: bool = False  # CPU: packed weight copies for few-row steps (engine.layers.packed)
-    packed_kernel: str = "auto"  # CPU: auto | mkl | onednn | panel (auto: panel, else mkl, on Intel; onednn elsewhere)
+    packed_kernel: str = "auto"  # CPU: auto | mkl | onednn | panel | panel4 (auto: panel4, else mkl / onednn)
     draft_weights: str = "int8"  # CPU: the draft's matmul weights, float32 | float16 | int8 (engine.layers.low_bits)
 
 
@@ -60,7 +60,7 @@ class EngineConfig:
     compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward
     k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
     packed_weights: bool = True      # CPU with a draft (or one_row_pays): packed weight copies (more memory)
-    packed_kernel: str = "auto"      # CPU: the packed copies' GEMM, auto | mkl | onednn | panel (engine.layers.packed)
+    packed_kernel: str = "auto"      # CPU: packed copies' GEMM: auto | mkl | onednn | panel | panel4 (layers.packed)
     draft_weights: str = "int8"      # CPU: the draft's matmul weights (float32 | float16 | int8); never the target's
 
     @property
@@ -71,7 +71,7 @@ class EngineConfig:
         few_rows = self.draft is not None or packed.one_row_pays(self.packed_kernel)
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
                         packed=self.packed_weights and few_rows
-                        and (not self.compile or packed.resolve_kernel(self.packed_kernel) == "panel"),
+                        and (not self.compile or packed.family(self.packed_kernel) == "panel"),
                         packed_kernel=self.packed_kernel, draft_weights=self.draft_weights)
 
     def __post_init__(self) -> None:

@@ -82,8 +82,9 @@ DraftWeights = Annotated[str, typer.Option(
     help="CPU: the draft's matmul weights: int8, float16 or float32 (the target's stay in --dtype; the draft "
     "only proposes, so this never changes the output).")]
 CpuMatmul = Annotated[str, typer.Option(
-    help="CPU: the target's few-row matmul kernel: auto (panel on Intel AVX-512, where it builds; else mkl on "
-    "Intel, onednn elsewhere), panel (ours: every row the same bits at any row count), mkl, onednn.")]
+    help="CPU: the target's matmul kernel: auto (panel4 on any AVX-512 CPU where it builds; else mkl on Intel, "
+    "onednn elsewhere), panel (ours: every row the same bits at any row count), panel4 (panel, reading 4-bit "
+    "copies of the weights that are 4-bit values: the same bits, fewer bytes), mkl, onednn.")]
 Eager = Annotated[bool, typer.Option("--eager", help="CUDA: no CUDA graphs for the decode step.")]
 Compile = Annotated[bool, typer.Option(
     "--compile", help="CPU: compile the one-sequence decode step (first run ~1 min, then cached). "

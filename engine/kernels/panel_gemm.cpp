@@ -81,3 +81,86 @@ extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float
     panel_range(x, M, K, P, y, N, n_panels * t / n, n_panels * (t + 1) / n, group);
   }
 }
+
+// The same products from 4-bit weights (engine.layers.panel4): W[n, k] = d * q + m per 32 k of each column, d and
+// m float32 (float16 values in practice), q 4 bits. d * q is exact in float32 (an 11-bit mantissa times a 4-bit
+// integer), so one FMA rebuilds each weight bit for bit, and the FMA chain over k is the float32 kernel's: the
+// outputs are its bits. Q: [panels][K][16] bytes (low nibble column j, high nibble column j + 16); D, Mn:
+// [panels][K / 32][32]. K and N multiples of 32.
+template <int M, int G>
+static inline void q4panels(const float* __restrict x, long K, const unsigned char* __restrict Q,
+                            const float* __restrict D, const float* __restrict Mn, float* __restrict y, long ldy) {
+  __m512 a0[G][M], a1[G][M];
+  for (int g = 0; g < G; ++g)
+    for (int m = 0; m < M; ++m) { a0[g][m] = _mm512_setzero_ps(); a1[g][m] = _mm512_setzero_ps(); }
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const long blocks = K / 32;
+  for (long b = 0; b < blocks; ++b) {
+    __m512 d0[G], d1[G], m0[G], m1[G];
+    for (int g = 0; g < G; ++g) {
+      const float* dp = D + (g * blocks + b) * 32;
+      const float* mp = Mn + (g * blocks + b) * 32;
+      d0[g] = _mm512_loadu_ps(dp); d1[g] = _mm512_loadu_ps(dp + 16);
+      m0[g] = _mm512_loadu_ps(mp); m1[g] = _mm512_loadu_ps(mp + 16);
+    }
+    for (long k = b * 32; k < b * 32 + 32; ++k) {
+      for (int g = 0; g < G; ++g) {
+        const unsigned char* q = Q + (g * K + k) * 16;
+        _mm_prefetch((const char*)(q + 64 * 16), _MM_HINT_T0);
+        const __m128i v = _mm_loadu_si128((const __m128i*)q);
+        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
+        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
+        const __m512 w0 = _mm512_fmadd_ps(d0[g], q0, m0[g]), w1 = _mm512_fmadd_ps(d1[g], q1, m1[g]);
+        for (int m = 0; m < M; ++m) {
+          const __m512 xb = _mm512_set1_ps(x[m * K + k]);
+          a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
+          a1[g][m] = _mm512_fmadd_ps(xb, w1, a1[g][m]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int m = 0; m < M; ++m) {
+      _mm512_storeu_ps(y + m * ldy + 32 * g, a0[g][m]);
+      _mm512_storeu_ps(y + m * ldy + 32 * g + 16, a1[g][m]);
+    }
+}
+
+typedef void (*q4kernel)(const float*, long, const unsigned char*, const float*, const float*, float*, long);
+static const q4kernel Q4_ONE[9] = {0, q4panels<1, 1>, q4panels<2, 1>, q4panels<3, 1>, q4panels<4, 1>,
+                                   q4panels<5, 1>, q4panels<6, 1>, q4panels<7, 1>, q4panels<8, 1>};
+static const q4kernel Q4_TWO[9] = {0, q4panels<1, 2>, q4panels<2, 2>, q4panels<3, 2>, q4panels<4, 2>,
+                                   q4panels<5, 1>, q4panels<6, 1>, q4panels<7, 1>, q4panels<8, 1>};
+#define Q4_GROUP(m) ((m) <= 4 ? 2 : 1)
+
+static void q4_range(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn,
+                     float* y, long N, long p0, long p1) {
+  const long blocks = K / 32;
+  for (long p = p0; p < p1;) {
+    const long take = M <= 8 && p + Q4_GROUP(M) <= p1 ? Q4_GROUP(M) : 1;
+    for (long m0 = 0; m0 < M; m0 += 8) {
+      const long rows = M - m0 < 8 ? M - m0 : 8;
+      const q4kernel run = take > 1 && rows <= 4 ? Q4_TWO[rows] : Q4_ONE[rows];
+      const long step = take > 1 && rows <= 4 ? 2 : 1;
+      for (long s = 0; s < take; s += step)
+        run(x + m0 * K, K, Q + (p + s) * K * 16, D + (p + s) * blocks * 32, Mn + (p + s) * blocks * 32,
+            y + m0 * N + 32 * (p + s), N);
+    }
+    p += take;
+  }
+}
+
+extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D,
+                            const float* Mn, float* y, long N, int threads) {
+  const long n_panels = N / 32;
+  if (threads > n_panels) threads = (int)n_panels;
+  if (threads <= 1) {
+    q4_range(x, M, K, Q, D, Mn, y, N, 0, n_panels);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const long t = omp_get_thread_num(), n = omp_get_num_threads();
+    q4_range(x, M, K, Q, D, Mn, y, N, n_panels * t / n, n_panels * (t + 1) / n);
+  }
+}

@@ -53,6 +53,11 @@ and with the other core busy (so slower throughout), many rows: 64 313/308/216/2
 panel kernel wins at every row count there, where oneDNN was taken before; on Intel MKL's GEMM wins past 32 rows
 (the panel table).
 
+"panel4" (the default where "panel" builds): the panel kernel on 4-bit copies of the weights that are 4-bit
+values already (engine.layers.panel4: SmolLM2-135M's layers are its GGUF's Q4_1 values stored as float32), the
+same bits for a fifth of the bytes; every other weight keeps its float32 panels. `same_products` also checks
+the 4-bit copy against the float32 panels, bit for bit.
+
 Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
 the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
 and not for compiled steps unless the kernel is the panel one, which they call as an op
@@ -69,22 +74,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_info
-from engine.layers import panel
+from engine.layers import panel, panel4
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("mkl", "onednn", "panel")
-MAX_ROWS = {"mkl": 8, "onednn": 32, "panel": 32}  # rows beyond these run faster on the plain GEMM (tables above)
+KERNELS = ("mkl", "onednn", "panel", "panel4")  # panel4: panel, with 4-bit copies of 4-bit weights (panel4.py)
+# rows beyond these run faster on the plain GEMM (tables above)
+MAX_ROWS = {"mkl": 8, "onednn": 32, "panel": 32, "panel4": 32}
+PANELS = ("panel", "panel4")  # the kernels that run engine.layers.panel's kernel
 EVERY_STEP = 1 << 40  # max_rows where the packed copy wins at every row count
 PROBE_ROWS = (64, 256)  # row counts past MAX_ROWS that same_products checks where every step takes it
 PACK_HINT = 8  # the row count the kernel is told to pack for; any row count may then use the packed weight
 
 
 def default_kernel() -> str:
-    """"panel" on a CPU with AVX-512 where our kernel builds, else "mkl" on Intel, "onednn" on any other CPU (the
-    tables above)."""
+    """"panel4" (the panel kernel, on 4-bit copies of the weights that are 4-bit values) on a CPU with AVX-512
+    where our kernel builds, else "mkl" on Intel, "onednn" on any other CPU (the tables above)."""
     if _panel_available():  # panel.available() requires AVX-512
-        return "panel"
+        return "panel4"
     return "mkl" if _cpu_vendor() == "GenuineIntel" else "onednn"
 
 
@@ -93,11 +100,17 @@ def resolve_kernel(kernel: str = "auto") -> str:
     return default_kernel() if kernel == "auto" else kernel
 
 
+def family(kernel: str) -> str:
+    """The kernel `kernel` runs on: "panel" for "panel4" (the same kernel, on 4-bit copies where they are exact)."""
+    kernel = resolve_kernel(kernel)
+    return "panel" if kernel == "panel4" else kernel
+
+
 def one_row_pays(kernel: str = "auto") -> bool:
     """Whether one-row steps take the packed copy too: the panel kernel always (one kernel for every few-row
     step keeps their products identical), oneDNN on a non-Intel CPU with AVX-512 (the tables above: faster
     there at one row, slower on AVX2 only)."""
-    kernel = resolve_kernel(kernel)
+    kernel = family(kernel)
     if kernel == "panel":
         return True
     return kernel == "onednn" and _cpu_vendor() != "GenuineIntel" and _has_avx512()
@@ -112,6 +125,7 @@ def max_rows(kernel: str) -> int:
     """The most rows a step may have to take the packed copy for `kernel`: every step where it beats MKL's GEMM
     at any row count (oneDNN where one row already gains, the panel kernel off Intel: the tables above), else
     `MAX_ROWS`."""
+    kernel = family(kernel)
     if (kernel == "onednn" and one_row_pays(kernel)) or (kernel == "panel" and _cpu_vendor() != "GenuineIntel"):
         return EVERY_STEP
     return MAX_ROWS[kernel]
@@ -130,7 +144,7 @@ def _panel_available() -> bool:
 
 
 def available(kernel: str = "mkl") -> bool:
-    if kernel == "panel":
+    if family(kernel) == "panel":
         return _panel_available()
     if not torch.backends.mkldnn.is_available():
         return False
@@ -147,9 +161,13 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     if torch.compiler.is_compiling():  # a compiled step keeps MKL's GEMM, or calls the panel kernel as an op
         if module.low_bits is not None:  # a draft's float16/int8 product, as an op (engine.layers.low_bits)
             return module.low_bits.op(x)
-        if module.packed is None or module.packed_kernel != "panel":  # packed modules have no bias
+        if module.packed is None or module.packed_kernel not in PANELS:  # packed modules have no bias
             return F.linear(x, module.weight, bias)
         rows = x.numel() // x.shape[-1]
+        if isinstance(module.packed, panel4.Panel4):
+            p4 = module.packed
+            y = panel4.linear_op(x.reshape(rows, x.shape[-1]), p4.q, p4.d, p4.m, module.weight, module.packed_rows)
+            return y.view(*x.shape[:-1], y.shape[-1])
         y = panel.linear_op(x.reshape(rows, x.shape[-1]), module.packed, module.weight, module.packed_rows)
         return y.view(*x.shape[:-1], y.shape[-1])
     if module.low_bits is not None:  # a CPU draft's float16/int8 weight (engine.layers.low_bits); never with a bias
@@ -158,8 +176,10 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     if module.packed is None or not module.packed_min_rows <= rows <= module.packed_rows \
             or x.shape[-1] != module.weight.shape[1]:
         return F.linear(x, module.weight, bias)
-    if module.packed_kernel == "panel":
-        y = panel.matmul(x.reshape(rows, x.shape[-1]), module.packed, module.weight.shape[0])
+    if module.packed_kernel in PANELS:
+        flat = x.reshape(rows, x.shape[-1])
+        y = panel4.matmul(flat, module.packed) if isinstance(module.packed, panel4.Panel4) \
+            else panel.matmul(flat, module.packed, module.weight.shape[0])
         return y.view(*x.shape[:-1], y.shape[-1])
     if module.packed_kernel == "mkl":
         # the last argument is the row count the packed weight is used for (the packing hint is only a hint)
@@ -168,9 +188,11 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor:
+def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor | panel4.Panel4:
     """weight [N, K] (float32, CPU) -> its packed copy for `kernel` (an opaque mkldnn tensor; panel: a float32
-    [ceil(N / 32), K, 32] tensor)."""
+    [ceil(N / 32), K, 32] tensor; panel4: a Panel4 where the weight is 4-bit values, else panel's)."""
+    if kernel == "panel4":
+        return panel4.compress(weight) or panel.to_panels(weight)
     if kernel == "panel":
         return panel.to_panels(weight)
     if kernel == "mkl":
@@ -182,7 +204,7 @@ def standin(weight: torch.Tensor, packed: torch.Tensor, kernel: str, rows: tuple
     """A bare module that `linear` runs through `packed` for `rows` (fewest, most; default: `kernel`'s own
     min_rows..max_rows) and through `weight` otherwise: for checks and benchmarks outside a model."""
     module = nn.Module()
-    module.weight, module.packed, module.low_bits, module.packed_kernel = weight, packed, None, kernel
+    module.weight, module.packed, module.low_bits, module.packed_kernel = weight, packed, None, family(kernel)
     module.packed_min_rows, module.packed_rows = rows or (min_rows(kernel), max_rows(kernel))
     return module
 
@@ -194,7 +216,7 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
     generator = torch.Generator().manual_seed(0)
     probe = standin(weight, packed, kernel)
     many = PROBE_ROWS if max_rows(kernel) > MAX_ROWS[kernel] else ()
-    if kernel == "panel":  # each of 1..8 rows has its own code; more rows go 8 at a time
+    if family(kernel) == "panel":  # each of 1..8 rows has its own code; more rows go 8 at a time
         counts = (*range(1, 9), 13, MAX_ROWS[kernel], *many)
     else:
         counts = (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many)
@@ -203,8 +225,11 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
         got, want = linear(x, probe), F.linear(x, weight)
         if not (torch.equal(got, want) if kernel == "mkl" else torch.allclose(got, want, rtol=1e-4, atol=1e-4)):
             return False
-        if kernel == "panel" and not torch.equal(got[-1:], linear(x[-1:], probe)):
+        if family(kernel) == "panel" and not torch.equal(got[-1:], linear(x[-1:], probe)):
             return False
+        if isinstance(packed, panel4.Panel4) and not torch.equal(got, panel.matmul(x, panel.to_panels(weight),
+                                                                                    weight.shape[0])):
+            return False  # the 4-bit copy gives the float32 panels' bits
     return True
 
 
@@ -234,14 +259,16 @@ def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
     first = modules[0].weight
     if first.device.type != "cpu" or first.dtype != torch.float32:
         return 0
-    copies: dict[int, torch.Tensor] = {}
+    copies: dict[int, torch.Tensor | panel4.Panel4] = {}
     checked: set[tuple[int, ...]] = set()
     packed_bytes = 0
     for module in modules:
-        key, shape = id(module.weight), (*module.weight.shape, *module.weight.stride())
+        key = id(module.weight)
         if key not in copies:
             copies[key] = pack(module.weight, kernel)
-            packed_bytes += module.weight.numel() * module.weight.element_size()
+            four_bit = isinstance(copies[key], panel4.Panel4)
+            packed_bytes += module.weight.numel() * (0.75 if four_bit else module.weight.element_size())
+            shape = (*module.weight.shape, *module.weight.stride(), four_bit)
             if shape not in checked and not same_products(module.weight, copies[key], kernel):
                 log.info("the %s packed GEMM does not reproduce the plain one for a %s weight here: few-row "
                          "steps stay unpacked", kernel, tuple(module.weight.shape))
@@ -249,8 +276,10 @@ def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
                     m.packed = None
                 return 0
             checked.add(shape)
-        module.packed, module.packed_kernel, module.packed_rows = copies[key], kernel, max_rows(kernel)
+        module.packed, module.packed_kernel, module.packed_rows = copies[key], family(kernel), max_rows(kernel)
         module.packed_min_rows = min_rows(kernel)
-    log.info("packed %d weights for %s steps of %d-%s rows (about %.0f MB more)", len(copies), kernel,
-             min_rows(kernel), "any" if max_rows(kernel) == EVERY_STEP else max_rows(kernel), packed_bytes / 1e6)
+    four = sum(isinstance(c, panel4.Panel4) for c in copies.values())
+    log.info("packed %d weights (%d of them 4-bit) for %s steps of %d-%s rows (about %.0f MB more)", len(copies),
+             four, kernel, min_rows(kernel), "any" if max_rows(kernel) == EVERY_STEP else max_rows(kernel),
+             packed_bytes / 1e6)
     return len(copies)

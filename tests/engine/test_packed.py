@@ -77,8 +77,9 @@ def test_the_kernel_follows_the_cpu_vendor(monkeypatch):
     monkeypatch.setattr(packed, "_has_avx512", lambda: True)
     monkeypatch.setattr(packed, "_cpu_vendor", lambda: "GenuineIntel")
     monkeypatch.setattr(packed, "_panel_available", lambda: True)
-    assert packed.default_kernel() == "panel" and packed.one_row_pays() and packed.min_rows("panel") == 1
-    assert packed.max_rows("panel") == packed.MAX_ROWS["panel"]  # prefill runs MKL's GEMM
+    assert packed.default_kernel() == "panel4" and packed.one_row_pays() and packed.min_rows("panel") == 1
+    assert packed.family("auto") == "panel" and packed.min_rows("auto") == 1  # 4-bit copies where exact
+    assert packed.max_rows("panel") == packed.MAX_ROWS["panel"] == packed.max_rows("panel4")  # prefill: MKL
     monkeypatch.setattr(packed, "_panel_available", lambda: False)  # no compiler: MKL's packed GEMM
     assert packed.default_kernel() == "mkl" and not packed.one_row_pays() and packed.min_rows("mkl") == 2
     assert not packed.one_row_pays("onednn")  # oneDNN asked for on Intel: only few-row steps, as measured there
@@ -86,7 +87,7 @@ def test_the_kernel_follows_the_cpu_vendor(monkeypatch):
     assert packed.default_kernel() == "onednn" and packed.one_row_pays() and packed.min_rows("onednn") == 1
     assert not packed.one_row_pays("mkl") and packed.min_rows("mkl") == 2
     monkeypatch.setattr(packed, "_panel_available", lambda: True)  # AVX-512 off Intel: the panel kernel, every step
-    assert packed.default_kernel() == "panel" and packed.max_rows("panel") == packed.EVERY_STEP
+    assert packed.default_kernel() == "panel4" and packed.max_rows("auto") == packed.EVERY_STEP
     monkeypatch.setattr(packed, "_panel_available", lambda: False)
     monkeypatch.setattr(packed, "_has_avx512", lambda: False)  # AVX2 only (Zen 3): a one-row step is faster plain
     assert packed.default_kernel() == "onednn" and not packed.one_row_pays() and packed.min_rows("onednn") == 2

@@ -1,0 +1,111 @@
+"""4-bit copies of weights that are 4-bit values already, for the panel kernel: the same bits, a fifth of the bytes.
+
+SmolLM2-135M's layer weights are the Q4_1 values of the GGUF file it is converted from: per 32 inputs of an
+output column a float16 scale d and minimum m, 4-bit q, dequantised as d * q + m in float32. Stored as float32,
+every decode step reads 32 bits for those 4.5. `compress` recovers a (q, d, m) that rebuilds a weight exactly,
+bit for bit, or says it cannot; the kernel (``panel4_gemm`` in engine/kernels/panel_gemm.cpp) rebuilds each
+weight with one FMA (d * q is exact in float32: an 11-bit mantissa times a 4-bit integer) and runs the float32
+panel kernel's FMA chain, so its outputs are the float32 panel kernel's bits (checked when packing, and tested).
+Any weight that is not of that form (a draft's, a random model's) keeps its float32 panels.
+
+Layout per 32-column panel p: Q [P, K, 16] bytes (column j's q in the low nibble, column j + 16's in the high
+one), D and M [P, K / 32, 32] float32. 0.75 bytes per weight against 4.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from engine.layers import panel
+
+BLOCK = 32  # inputs per (d, m): Q4_1's block
+LEVELS = 15  # q in 0..15
+TRIES = (0, 1, -1, 2, -2)  # float16 steps around the first guess of d
+
+
+@dataclass(frozen=True)
+class Panel4:
+    """A weight [n, K] as 4-bit panels (see the module's doc)."""
+
+    q: torch.Tensor  # [n / 32, K, 16] uint8
+    d: torch.Tensor  # [n / 32, K / 32, 32] float32
+    m: torch.Tensor  # [n / 32, K / 32, 32] float32
+    n: int
+
+
+def compress(weight: torch.Tensor) -> Panel4 | None:
+    """weight [N, K] float32 -> its 4-bit panels when every block of 32 inputs of every column is d * q + m
+    (d a float16 value, q in 0..15) to the bit, else None."""
+    n, k = weight.shape
+    if n % panel.WIDTH or k % BLOCK or weight.dtype != torch.float32:
+        return None
+    w = weight.detach().reshape(-1, BLOCK)  # [N * B, 32]
+    m = w.amin(-1, keepdim=True)  # q = 0 is the block's minimum (Q4_1 sets m to it)
+    guess = ((w.amax(-1, keepdim=True) - m) / LEVELS).half()  # [N * B, 1]
+    d, q = guess.float(), torch.zeros_like(w)
+    todo = torch.arange(w.shape[0])
+    for step in TRIES:  # the first guess fits nearly every block; the others retry only the rest
+        cand = _half_step(guess[todo], step).float()
+        cq = ((w[todo] - m[todo]) / torch.where(cand > 0, cand, 1.0)).round().clamp(0, LEVELS) * (cand > 0)
+        exact = ((cand * cq + m[todo]).view(torch.int32) == w[todo].view(torch.int32)).all(-1)
+        d[todo[exact]], q[todo[exact]] = cand[exact], cq[exact]
+        todo = todo[~exact]
+        if todo.numel() == 0:
+            break
+    if todo.numel():
+        return None
+    q, d, m = q.view(n, k // BLOCK, BLOCK).reshape(n, k), d.view(n, k // BLOCK, 1), m.view(n, k // BLOCK, 1)
+    q8 = q.to(torch.uint8).view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2)  # [P, K, 32]
+    packed_q = (q8[:, :, :16] | (q8[:, :, 16:] << 4)).contiguous()
+    per_block = [t.expand(n, k // BLOCK, 1).reshape(n // panel.WIDTH, panel.WIDTH, k // BLOCK).transpose(1, 2)
+                 .contiguous() for t in (d, m)]  # [P, B, 32]
+    return Panel4(packed_q, per_block[0], per_block[1], n)
+
+
+def _half_step(x: torch.Tensor, steps: int) -> torch.Tensor:
+    """float16 x moved `steps` representable values up (non-negative x; 0 stays 0 below)."""
+    if steps == 0:
+        return x
+    bits = x.view(torch.int16).to(torch.int32) + steps
+    return bits.clamp(0, 0x7BFF).to(torch.int16).view(torch.float16)
+
+
+def matmul(x: torch.Tensor, weight: Panel4) -> torch.Tensor:
+    """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
+    lib = _library()
+    x = x.contiguous()
+    rows, k = x.shape
+    assert weight.q.shape[1] == k, (x.shape, weight.q.shape)
+    y = torch.empty(rows, weight.n, dtype=torch.float32)
+    lib.panel4_gemm(x.data_ptr(), rows, k, weight.q.data_ptr(), weight.d.data_ptr(), weight.m.data_ptr(),
+                    y.data_ptr(), weight.n, torch.get_num_threads())
+    return y
+
+
+def _library() -> ctypes.CDLL:
+    lib = panel._library()
+    assert lib is not None, "panel kernel unavailable (check panel.available() first)"
+    if lib.panel4_gemm.argtypes is None:
+        lib.panel4_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+        lib.panel4_gemm.restype = None
+    return lib
+
+
+@torch.library.custom_op("ssd_chat::panel4_linear", mutates_args=())
+def linear_op(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, weight: torch.Tensor,
+              max_rows: int) -> torch.Tensor:
+    """`matmul` for a compiled step (one opaque op), as panel.linear_op: x [rows, K] -> [rows, N], through the
+    4-bit panels for up to max_rows rows, else MKL's GEMM on the weight [N, K]."""
+    if x.shape[0] > max_rows:
+        return torch.nn.functional.linear(x, weight)
+    return matmul(x, Panel4(q, d, m, weight.shape[0]))
+
+
+@linear_op.register_fake
+def _(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, weight: torch.Tensor,
+      max_rows: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])

@@ -1,0 +1,105 @@
+"""4-bit panels (engine.layers.panel4): weights of the Q4_1 form (d * q + m per 32 inputs) compress to the bit,
+the kernel's outputs are the float32 panel kernel's bits for any row and thread count, other weights keep their
+float32 panels, and an engine with --cpu-matmul panel4 decodes exactly what the panel engine does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import LLM, SamplingParams
+from engine.config import SpeculationConfig
+from engine.layers import packed, panel, panel4
+
+pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 and a C++ compiler")
+
+
+def q4_form(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] rounded to the Q4_1 form gguf dequantises to: per 32 inputs d and m float16 values,
+    q = round((w - m) / d) in 0..15, w' = d * q + m in float32."""
+    n, k = weight.shape
+    w = weight.reshape(n, k // 32, 32)
+    m = w.amin(-1, keepdim=True).half().float()
+    d = ((w.amax(-1, keepdim=True) - m) / 15).half().float()
+    q = ((w - m) / d).round().clamp(0, 15)
+    return (d * q + m).reshape(n, k)
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (64, 32)])
+def test_q4_weights_compress_and_give_the_float32_panels_bits(n, k):
+    generator = torch.Generator().manual_seed(n + k)
+    weight = q4_form(torch.randn(n, k, generator=generator) * 0.05).t().contiguous().t()  # K-major, as stored
+    four = panel4.compress(weight)
+    assert four is not None and four.q.numel() == n * k // 2
+    panels = panel.to_panels(weight)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
+            x = torch.randn(rows, k, generator=generator)
+            assert torch.equal(panel4.matmul(x, four), panel.matmul(x, panels, n)), (threads, rows)
+    torch.set_num_threads(1)
+
+
+def test_other_weights_keep_float32_panels():
+    weight = torch.randn(64, 64)
+    assert panel4.compress(weight) is None  # not 4-bit values
+    assert panel4.compress(q4_form(torch.randn(40, 64))) is None  # 40 columns: not whole panels
+    nearly = q4_form(torch.randn(64, 64))
+    nearly[3, 5] = torch.nextafter(nearly[3, 5], torch.tensor(10.0))  # one weight one float32 step off
+    assert panel4.compress(nearly) is None
+    assert isinstance(packed.pack(weight, "panel4"), torch.Tensor)  # panel's float32 copy
+    assert isinstance(packed.pack(q4_form(torch.randn(64, 64)), "panel4"), panel4.Panel4)
+
+
+PROMPTS = [[1, 5, 9, 12], list(range(2, 40))]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def q4_model(tiny_llama_dir, tmp_path_factory):
+    """The tiny Llama with its layers' weights in the Q4_1 form (as SmolLM2-135M's are)."""
+    model = tmp_path_factory.mktemp("q4") / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    state = load_file(str(model / "model.safetensors"))
+    for name, tensor in state.items():
+        if tensor.dim() == 2 and "proj" in name and tensor.shape[1] % 32 == 0:
+            state[name] = q4_form(tensor.float())
+    save_file(state, str(model / "model.safetensors"))
+    assert json.loads((model / "config.json").read_text())["hidden_size"] % 32 == 0
+    return model
+
+
+def _four_bit_modules(llm: LLM) -> list:
+    return [m for m in packed.bias_free_matmuls(llm.core.runner.model)
+            if isinstance(getattr(m, "packed", None), panel4.Panel4)]
+
+
+def test_an_engine_on_4bit_panels_decodes_what_the_panel_engine_does(q4_model, tiny_llama_dir):
+    model, params, prompts = q4_model, GREEDY, PROMPTS
+    outputs = {}
+    for kernel in ("panel", "panel4"):
+        llm = LLM(str(model), draft=str(tiny_llama_dir), packed_kernel=kernel, threads=1)
+        assert (len(_four_bit_modules(llm)) > 0) == (kernel == "panel4")
+        for mode in ("ar", "sd", "ssd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
+            outputs[kernel, mode] = [o.token_ids for o in llm.generate(prompts, params)]
+        llm.close()
+    assert all(out == outputs["panel", "ar"] for out in outputs.values())
+
+
+@pytest.mark.slow  # compiles the tiny model's graphs with inductor
+def test_compiled_steps_on_4bit_panels_keep_greedy_ar(q4_model, tiny_llama_dir):
+    with LLM(str(q4_model), packed_kernel="panel") as eager:
+        want = [out.token_ids for out in eager.generate(PROMPTS, GREEDY)]
+    with LLM(str(q4_model), draft=str(tiny_llama_dir), packed_kernel="panel4", compile=True, block_size=4) as llm:
+        assert llm.core.runner.compiled is not None and llm.core.runner.compiled.available
+        assert _four_bit_modules(llm)
+        for mode in ("ar", "sd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
+            runs = llm.core.runner.compiled.num_runs
+            assert [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS] == want, mode
+            assert llm.core.runner.compiled.num_runs > runs, mode
