@@ -162,9 +162,18 @@ class LLM:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of model weights one decode step reads (shared tensors counted once)."""
-        params = self.core.runner.model.parameters()  # parameters() yields a tied tensor once
-        return sum(p.numel() * p.element_size() for p in params)
+        """Bytes of model weights one decode step reads (shared tensors counted once; a weight with 4-bit panels,
+        engine.layers.panel4, at those panels' bytes)."""
+        from engine.layers import packed, panel4
+
+        model = self.core.runner.model
+        total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied tensor counted once
+        four_bit = {id(m.weight): m for m in packed.bias_free_matmuls(model)
+                    if isinstance(getattr(m, "packed", None), panel4.Panel4)}
+        for m in four_bit.values():
+            total += sum(t.numel() * t.element_size() for t in (m.packed.q, m.packed.d, m.packed.m)) \
+                - m.weight.numel() * m.weight.element_size()
+        return total
 
     @property
     def layout(self) -> dict[str, str]:

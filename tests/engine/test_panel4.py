@@ -80,15 +80,18 @@ def _four_bit_modules(llm: LLM) -> list:
 
 def test_an_engine_on_4bit_panels_decodes_what_the_panel_engine_does(q4_model, tiny_llama_dir):
     model, params, prompts = q4_model, GREEDY, PROMPTS
-    outputs = {}
+    outputs, read = {}, {}
     for kernel in ("panel", "panel4"):
         llm = LLM(str(model), draft=str(tiny_llama_dir), packed_kernel=kernel, threads=1)
         assert (len(_four_bit_modules(llm)) > 0) == (kernel == "panel4")
+        read[kernel] = llm.weight_bytes  # the bench's bandwidth bound: the bytes a step reads
         for mode in ("ar", "sd", "ssd"):
             llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
             outputs[kernel, mode] = [o.token_ids for o in llm.generate(prompts, params)]
         llm.close()
     assert all(out == outputs["panel", "ar"] for out in outputs.values())
+    four_bit = sum(m.weight.numel() for m in _four_bit_modules(llm))
+    assert read["panel"] - read["panel4"] == four_bit * 4 - four_bit * 3 // 4  # 0.75 bytes a weight, not 4
 
 
 @pytest.mark.slow  # compiles the tiny model's graphs with inductor
