@@ -170,10 +170,7 @@ class LLM:
         total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied tensor counted once
         four_bit = {id(m.weight): m for m in packed.bias_free_matmuls(model)
                     if isinstance(getattr(m, "packed", None), panel4.Panel4)}
-        for m in four_bit.values():
-            total += sum(t.numel() * t.element_size() for t in (m.packed.q, m.packed.d, m.packed.m)) \
-                - m.weight.numel() * m.weight.element_size()
-        return total
+        return total + sum(m.packed.nbytes - m.weight.numel() * m.weight.element_size() for m in four_bit.values())
 
     @property
     def layout(self) -> dict[str, str]:

@@ -222,14 +222,15 @@ def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataS
             | json.loads(path.read_text(encoding="utf-8"))  # runs from before those options
         before["data"] = data.LATER_FIELDS | before.get("data", {})
         changed = sorted(k for k in settings if before.get(k) != settings[k])
+        done = _checkpoint_step(work) if changed else 0  # (reads the checkpoint: only when it matters)
         extended = list(before.get("extended_from", []))
-        if "steps" in changed and config.steps > before["steps"] and _checkpoint_step(work) <= before["steps"]:
+        if "steps" in changed and config.steps > before["steps"] and done <= before["steps"]:
             changed.remove("steps")
             extended.append(before["steps"])
             logger.info("extending the run from %d to %d steps", before["steps"], config.steps)
         if extended:
             settings["extended_from"] = extended
-        if changed and set(changed) <= {"kl_steps", "kl_lr"} and _checkpoint_step(work) <= config.steps:
+        if changed and set(changed) <= {"kl_steps", "kl_lr"} and done <= config.steps:
             changed = []  # a KL stage (re)planned while the run has not started it: the steps before are the same
         if changed:
             flags = ", ".join(f"--{k.replace('_', '-')} ({before.get(k)!r} before)" for k in changed)

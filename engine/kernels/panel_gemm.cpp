@@ -65,21 +65,26 @@ static void panel_range(const float* x, long M, long K, const float* P, float* y
   }
 }
 
-// x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major. Each of `threads` OpenMP threads takes an
-// equal run of consecutive panels (give or take one).
-extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads) {
-  const long n_panels = (N + 31) / 32;
-  const long group = M <= 8 ? GROUP(M) : 1;
+// run(p0, p1) over panels 0..n_panels-1: each of `threads` OpenMP threads takes an equal run of consecutive
+// panels (give or take one).
+template <class Range>
+static void over_panels(long n_panels, int threads, Range run) {
   if (threads > n_panels) threads = (int)n_panels;
   if (threads <= 1) {
-    panel_range(x, M, K, P, y, N, 0, n_panels, group);
+    run(0L, n_panels);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
     const long t = omp_get_thread_num(), n = omp_get_num_threads();
-    panel_range(x, M, K, P, y, N, n_panels * t / n, n_panels * (t + 1) / n, group);
+    run(n_panels * t / n, n_panels * (t + 1) / n);
   }
+}
+
+// x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major.
+extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads) {
+  const long group = M <= 8 ? GROUP(M) : 1;
+  over_panels((N + 31) / 32, threads, [&](long p0, long p1) { panel_range(x, M, K, P, y, N, p0, p1, group); });
 }
 
 // The same products from 4-bit weights (engine.layers.panel4): W[n, k] = d * q + m per 32 k of each column, d and
@@ -129,22 +134,18 @@ static inline void q4panels(const float* __restrict x, long K, const unsigned ch
 typedef void (*q4kernel)(const float*, long, const unsigned char*, const float*, const float*, float*, long);
 static const q4kernel Q4_ONE[9] = {0, q4panels<1, 1>, q4panels<2, 1>, q4panels<3, 1>, q4panels<4, 1>,
                                    q4panels<5, 1>, q4panels<6, 1>, q4panels<7, 1>, q4panels<8, 1>};
-static const q4kernel Q4_TWO[9] = {0, q4panels<1, 2>, q4panels<2, 2>, q4panels<3, 2>, q4panels<4, 2>,
-                                   q4panels<5, 1>, q4panels<6, 1>, q4panels<7, 1>, q4panels<8, 1>};
-#define Q4_GROUP(m) ((m) <= 4 ? 2 : 1)
+static const q4kernel Q4_TWO[5] = {0, q4panels<1, 2>, q4panels<2, 2>, q4panels<3, 2>, q4panels<4, 2>};
 
+// Panels p0..p1-1 for all M rows, 8 rows at a time; up to 4 rows two panels at once where two are left.
 static void q4_range(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn,
                      float* y, long N, long p0, long p1) {
   const long blocks = K / 32;
   for (long p = p0; p < p1;) {
-    const long take = M <= 8 && p + Q4_GROUP(M) <= p1 ? Q4_GROUP(M) : 1;
+    const long take = M <= 4 && p + 2 <= p1 ? 2 : 1;
     for (long m0 = 0; m0 < M; m0 += 8) {
       const long rows = M - m0 < 8 ? M - m0 : 8;
-      const q4kernel run = take > 1 && rows <= 4 ? Q4_TWO[rows] : Q4_ONE[rows];
-      const long step = take > 1 && rows <= 4 ? 2 : 1;
-      for (long s = 0; s < take; s += step)
-        run(x + m0 * K, K, Q + (p + s) * K * 16, D + (p + s) * blocks * 32, Mn + (p + s) * blocks * 32,
-            y + m0 * N + 32 * (p + s), N);
+      (take == 2 ? Q4_TWO[rows] : Q4_ONE[rows])(x + m0 * K, K, Q + p * K * 16, D + p * blocks * 32,
+                                                  Mn + p * blocks * 32, y + m0 * N + 32 * p, N);
     }
     p += take;
   }
@@ -152,15 +153,5 @@ static void q4_range(const float* x, long M, long K, const unsigned char* Q, con
 
 extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D,
                             const float* Mn, float* y, long N, int threads) {
-  const long n_panels = N / 32;
-  if (threads > n_panels) threads = (int)n_panels;
-  if (threads <= 1) {
-    q4_range(x, M, K, Q, D, Mn, y, N, 0, n_panels);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const long t = omp_get_thread_num(), n = omp_get_num_threads();
-    q4_range(x, M, K, Q, D, Mn, y, N, n_panels * t / n, n_panels * (t + 1) / n);
-  }
+  over_panels(N / 32, threads, [&](long p0, long p1) { q4_range(x, M, K, Q, D, Mn, y, N, p0, p1); });
 }

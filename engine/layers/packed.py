@@ -220,6 +220,7 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
         counts = (*range(1, 9), 13, MAX_ROWS[kernel], *many)
     else:
         counts = (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many)
+    float32 = panel.to_panels(weight) if isinstance(packed, panel4.Panel4) else None  # the bits a 4-bit copy owes
     for rows in counts:
         x = torch.randn(rows, weight.shape[1], generator=generator)
         got, want = linear(x, probe), F.linear(x, weight)
@@ -227,9 +228,8 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
             return False
         if family(kernel) == "panel" and not torch.equal(got[-1:], linear(x[-1:], probe)):
             return False
-        if isinstance(packed, panel4.Panel4) and not torch.equal(got, panel.matmul(x, panel.to_panels(weight),
-                                                                                    weight.shape[0])):
-            return False  # the 4-bit copy gives the float32 panels' bits
+        if float32 is not None and not torch.equal(got, panel.matmul(x, float32, weight.shape[0])):
+            return False
     return True
 
 
@@ -267,7 +267,7 @@ def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
         if key not in copies:
             copies[key] = pack(module.weight, kernel)
             four_bit = isinstance(copies[key], panel4.Panel4)
-            packed_bytes += module.weight.numel() * (0.75 if four_bit else module.weight.element_size())
+            packed_bytes += copies[key].nbytes if four_bit else module.weight.numel() * module.weight.element_size()
             shape = (*module.weight.shape, *module.weight.stride(), four_bit)
             if shape not in checked and not same_products(module.weight, copies[key], kernel):
                 log.info("the %s packed GEMM does not reproduce the plain one for a %s weight here: few-row "

@@ -14,7 +14,6 @@ one), D and M [P, K / 32, 32] float32. 0.75 bytes per weight against 4.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +34,11 @@ class Panel4:
     d: torch.Tensor  # [n / 32, K / 32, 32] float32
     m: torch.Tensor  # [n / 32, K / 32, 32] float32
     n: int
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes a step reads: 0.75 a weight."""
+        return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.m))
 
 
 def compress(weight: torch.Tensor) -> Panel4 | None:
@@ -76,7 +80,8 @@ def _half_step(x: torch.Tensor, steps: int) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, weight: Panel4) -> torch.Tensor:
     """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
-    lib = _library()
+    lib = panel._library()
+    assert lib is not None, "panel kernel unavailable (check panel.available() first)"
     x = x.contiguous()
     rows, k = x.shape
     assert weight.q.shape[1] == k, (x.shape, weight.q.shape)
@@ -84,16 +89,6 @@ def matmul(x: torch.Tensor, weight: Panel4) -> torch.Tensor:
     lib.panel4_gemm(x.data_ptr(), rows, k, weight.q.data_ptr(), weight.d.data_ptr(), weight.m.data_ptr(),
                     y.data_ptr(), weight.n, torch.get_num_threads())
     return y
-
-
-def _library() -> ctypes.CDLL:
-    lib = panel._library()
-    assert lib is not None, "panel kernel unavailable (check panel.available() first)"
-    if lib.panel4_gemm.argtypes is None:
-        lib.panel4_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
-        lib.panel4_gemm.restype = None
-    return lib
 
 
 @torch.library.custom_op("ssd_chat::panel4_linear", mutates_args=())
