@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
     p.add_argument("--damping", type=float, default=0.05, help="scale of every layer's output projections")
     p.add_argument("--attention", default="auto", choices=("auto", "sdpa", "flashinfer"))
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
+                   help="the engine's and transformers' dtype (default bfloat16, smoke float32; TF32 stays off)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu")
     p.add_argument("--skip-hf", action="store_true", help="no transformers reference row")
@@ -190,6 +192,7 @@ def engine_rows(pair: Path, args, device: str, dtype: str, max_tokens: int, prog
             rows.append(run_engine_mode(llm, SpeculationConfig(mode=mode, k=args.k), prompt_ids, max_tokens, progress))
         if llm.core.runner.graphs is not None:  # rows per sequence -> replays: 1 = decode, more = verification
             info["graph_replays"] = dict(sorted(llm.core.runner.graphs.num_replays.items()))
+            info["graph_forward_ms"] = graph_forward_ms(llm.core.runner.graphs)
     info["ssd_draft"] = "in the target's process (one device: correctness only)"
     if gpus >= 2:
         with LLM(str(pair / "target"), draft_device="cuda:1", **common) as llm:
@@ -197,6 +200,25 @@ def engine_rows(pair: Path, args, device: str, dtype: str, max_tokens: int, prog
                                         progress))
         info["ssd_draft"] = "cuda:1, own process"
     return rows, {**info, "prompt_ids": prompt_ids}
+
+
+def graph_forward_ms(graphs) -> dict[str, float]:
+    """GPU time of one replay of the one-sequence graphs (the target's forward without the LM head, sampling or
+    the host's step work): against the step time, what the rest of a step costs. Run after the modes (a replay
+    writes K/V to the slots of the last step, which no later request reads before rewriting)."""
+    found = {}
+    for shape in ((1, 1), (1, 5)):
+        if shape not in graphs.replays:
+            continue
+        graphs.replays[shape]()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            graphs.replays[shape]()
+        end.record()
+        torch.cuda.synchronize()
+        found[f"{shape[0]}x{shape[1]}"] = start.elapsed_time(end) / 20
+    return found
 
 
 def hf_row(target_dir: Path, prompt_ids: list[list[int]], device: str, dtype: torch.dtype, max_tokens: int) -> dict:
@@ -218,8 +240,33 @@ def hf_row(target_dir: Path, prompt_ids: list[list[int]], device: str, dtype: to
             times.append(time.perf_counter() - start)
         outputs.append(out[0, len(ids):].tolist())
         tokens, seconds = tokens + max_tokens - 1, seconds + times[1] - times[0]
-    del model
-    return {"mode": "hf", "decode_tok_s": tokens / seconds if seconds > 0 else 0.0, "outputs": outputs}
+
+    @torch.inference_mode()
+    def margins(ar: list[list[int]], other: list[list[int]]) -> list[dict | None]:
+        """Per prompt, at the first token where `other` left AR: both tokens' logits there (AR's prefix, one
+        forward) and the dtype's spacing at that size: a gap of a few spacings is a rounding tie, not a bug."""
+        found = []
+        for ids, a, b, at in zip(prompt_ids, ar, other, first_divergence(ar, other), strict=True):
+            if at is None:
+                found.append(None)
+                continue
+            logits = model(torch.tensor([ids + a[:at]], device=device)).logits[0, -1].float()  # [V]
+            la, lb = logits[a[at]].item(), logits[b[at]].item()
+            spacing = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(max(abs(la), 1e-30)))
+            found.append({"at": at, "ar_logit": la, "other_logit": lb, "gap": la - lb, "spacing": spacing})
+        return found
+
+    return {"mode": "hf", "decode_tok_s": tokens / seconds if seconds > 0 else 0.0, "outputs": outputs,
+            "margins": margins}
+
+
+def first_divergence(ar: list[list[int]], other: list[list[int]]) -> list[int | None]:
+    """Per prompt, the index of the first token where `other` differs from AR (None where identical)."""
+    found = []
+    for a, b in zip(ar, other, strict=True):
+        n = min(len(a), len(b))
+        found.append(next((i for i in range(n) if a[i] != b[i]), None if len(a) == len(b) else n))
+    return found
 
 
 # -- the report --------------------------------------------------------------------------------------
@@ -230,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device: run on a GPU machine, or pass --smoke for the CPU dry run", file=sys.stderr)
         return 2
     device = "cuda:0" if cuda else "cpu"
-    dtype = "float32" if args.smoke else "bfloat16"
+    dtype = args.dtype or ("float32" if args.smoke else "bfloat16")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 means float32
     max_tokens = args.max_tokens or (12 if args.smoke else 128)
     from engine import smollm2
 
@@ -248,13 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     bound = bandwidth * 1e9 / info["weight_bytes"]
     ar = next(r for r in rows if r.mode == "ar")
     table = [{"mode": r.mode, "decode_tok_s": r.decode_tok_s, "of_bound": r.decode_tok_s / bound, "tau": r.tau,
-              "acceptance": r.acceptance_rate, "identical_to_ar": None if r is ar else r.outputs == ar.outputs}
+              "acceptance": r.acceptance_rate, "identical_to_ar": None if r is ar else r.outputs == ar.outputs,
+              "first_divergence": None if r is ar else first_divergence(ar.outputs, r.outputs), "outputs": r.outputs}
              for r in rows]
     if not args.skip_hf:
         progress("transformers reference")
         hf = hf_row(pair / "target", prompt_ids, device, getattr(torch, dtype), max_tokens)
         table.append({"mode": "hf", "decode_tok_s": hf["decode_tok_s"], "of_bound": hf["decode_tok_s"] / bound,
-                      "tau": None, "acceptance": None, "identical_to_ar": hf["outputs"] == ar.outputs})
+                      "tau": None, "acceptance": None, "identical_to_ar": hf["outputs"] == ar.outputs,
+                      "first_divergence": first_divergence(ar.outputs, hf["outputs"]), "outputs": hf["outputs"]})
+        for row in table[1:]:  # how close AR's choice was where another mode first left it (transformers' logits)
+            row["margins"] = hf["margins"](ar.outputs, row["outputs"])
     goals = {"ar_at_85pct_of_bound": ar.decode_tok_s / bound >= 0.85,
              "sd_identical": all(t["identical_to_ar"] for t in table if t["mode"] == "sd"),
              "ssd_identical": all(t["identical_to_ar"] for t in table if t["mode"] == "ssd"),
@@ -275,10 +327,19 @@ def render(report: dict) -> str:
              f"attention {report['attention']}, graphs {report['cuda_graphs']}, SSD draft {report['ssd_draft']}",
              f"{'mode':6} {'tok/s':>9} {'of bound':>9} {'tau':>6} {'accept':>7} {'= ar':>6}"]
     for r in report["rows"]:
-        same = {None: "-", True: "yes", False: "NO"}[r["identical_to_ar"]]
+        where = ",".join("-" if i is None else str(i) for i in r.get("first_divergence") or [])
+        same = {None: "-", True: "yes", False: "NO@" + where}[r["identical_to_ar"]]
         tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
         lines.append(f"{r['mode']:6} {r['decode_tok_s']:9.1f} {r['of_bound']:9.0%} {tau:>6} {acc:>7} {same:>6}")
+        for m in r.get("margins") or []:
+            if m is not None:
+                lines.append(f"       left AR at token {m['at']}: logit gap {m['gap']:.4g} "
+                             f"({m['gap'] / m['spacing']:.1f} {report['dtype']} spacings at {m['ar_logit']:.3g})")
+    if report.get("graph_forward_ms"):
+        step_ms = 1000 / report["rows"][0]["decode_tok_s"]
+        lines.append("graph replay (GPU time of the forward): " + ", ".join(
+            f"{k} {v:.2f} ms" for k, v in report["graph_forward_ms"].items()) + f"; AR step {step_ms:.2f} ms")
     lines.append("goals: " + ", ".join(f"{k}={v}" for k, v in report["goals"].items()))
     lines.append(f"gpu tests: {report['tests']['summary']}; {report['seconds']:.0f} s in all")
     return "\n".join(lines)

@@ -32,7 +32,7 @@ def _gpu_check():
 def pair(tmp_path_factory) -> Path:
     """A small correlated pair with head_dim 64 (flashinfer's kernels take 64, 128, 256)."""
     gc = _gpu_check()
-    target, draft = gc.Shape(256, 512, 3, 4, 2, 64), gc.Shape(128, 256, 2, 2, 2, 64)
+    target, draft = gc.PairShape(256, 512, 3, 4, 2, 64), gc.PairShape(128, 256, 2, 2, 2, 64)
     return gc.build_pair(tmp_path_factory.mktemp("gpu-pair"), target, draft, damping=0.3, smoke=True, device="cuda")
 
 
