@@ -71,7 +71,7 @@ def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
 
 def fast_kwargs(fast: FastPath, device: torch.device, *, tp: int, max_keys: int, rows: bool = False) -> dict:
     """A runner's fast paths. CUDA: decode graphs unless --eager, torch.compile with --compile. SDPA's graphs
-    gather every row's keys up to max_keys, so they stay small; flashinfer's read pages in place.
+    gather each row's keys (in key lengths up to max_keys), so they stay few; flashinfer's read pages in place.
     CPU: --compile compiles the one-sequence decode step (engine.compiled_decode), and with `rows` (a draft, or a
     target with a draft: verification) its several-row step too; not with TP (the all-reduce is not traced)."""
     if torch.device(device).type != "cuda":

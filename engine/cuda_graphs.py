@@ -12,10 +12,12 @@ the largest one's memory). Only the model forward is captured; the LM head and s
 as in eager mode.
 
 Attention inside a graph reads static buffers: flashinfer's CUDA-graph decode / prefill wrappers (planned on
-the host before each replay), or, for SDPA, a gather of each row's key slots from a padded [B, max_keys] table
-with a [B, Q, max_keys] mask (`StaticSdpa`). On the CPU the same code runs with `eager_capture`, which
-"replays" by calling the forward again on the static buffers: the CPU twin that tests the buffers, padding and
-shape logic.
+the host before each replay), or, for SDPA, a gather of each row's key slots from a padded [B, L] table with a
+[B, Q, L] mask (`StaticSdpa`). SDPA's graphs come in key lengths L (`key_buckets`: 256, 512, ... up to
+max_keys) and a step replays the shortest that holds its keys: with one L = max_keys, a 2048-key gather and
+masked attention took 15% of an 8B-shaped decode step's GPU time (H200), most of it over padding. On the CPU
+the same code runs with `eager_capture`, which "replays" by calling the forward again on the static buffers:
+the CPU twin that tests the buffers, padding and shape logic.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from engine.attention.base import AttentionBackend, Index, SeqSpan
 DEFAULT_MAX_BATCH = 64  # SSD's branch steps batch up to ~16 rows per request; larger batches run eagerly
 VERIFY_ROWS = (2, 3, 5, 9)  # query rows per sequence with graphs of their own (k + 1 for k <= 8, padded up)
 VERIFY_MAX_BATCH = 16       # sequences per several-row graph; larger verification batches run eagerly
+MIN_KEYS = 256              # SDPA graphs' shortest key length (then doubling up to max_keys)
 
 Capture = Callable[[Callable[[], torch.Tensor], object], tuple[Callable[[], None], torch.Tensor, object]]
 
@@ -62,6 +65,17 @@ def shape_for(num_seqs: int, rows: int, shapes: tuple[tuple[int, int], ...]) -> 
     return min(fits)[1:] if fits else None
 
 
+def key_buckets(max_keys: int, smallest: int = MIN_KEYS) -> tuple[int, ...]:
+    """Key lengths with graphs of their own: smallest, 2 * smallest, ... below max_keys, then max_keys."""
+    if max_keys < 1 or smallest < 1:
+        raise ValueError(f"max_keys and smallest must be >= 1, got {max_keys} and {smallest}")
+    sizes, size = [], smallest
+    while size < max_keys:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_keys)
+
+
 def use_cuda_graphs(device: torch.device | str, *, eager: bool, tp: int) -> bool:
     """Graphs only on CUDA, unless --eager; with TP > 1 the all-reduce is not captured yet (eager)."""
     return torch.device(device).type == "cuda" and not eager and tp == 1
@@ -76,6 +90,7 @@ class StaticStepMetadata:
     slot_mapping: torch.Tensor  # [B * Q] long: where each row's new K/V is written
     key_slots: torch.Tensor     # [B, L] long: each sequence's key slots, padded with the pad slot (SDPA only)
     key_mask: torch.Tensor      # [B, Q, L] bool: True for the keys a row sees (SDPA only)
+    keys: int = 0               # L, the graph's key length (SDPA; flashinfer's graphs take max_keys)
 
 
 def cuda_capture(fn: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], None], torch.Tensor, object]:
@@ -130,15 +145,18 @@ class StepGraphs:
     def __init__(
         self, forward: Callable, backend: AttentionBackend, *, num_heads: int, dtype: torch.dtype, scale: float,
         pad_slot: int, max_keys: int, device: torch.device, max_batch: int = DEFAULT_MAX_BATCH,
-        capture: Capture | None = None,
+        capture: Capture | None = None, min_keys: int = MIN_KEYS,
     ):
-        """forward(ids [N], positions [N], meta, backend) -> hidden [N, hidden]: the model's forward."""
+        """forward(ids [N], positions [N], meta, backend) -> hidden [N, hidden]: the model's forward. SDPA's
+        graphs are captured for each of key_buckets(max_keys, min_keys); flashinfer's take any key count."""
         self.forward = forward
         self.backend = backend
         self.static_backend = backend if hasattr(backend, "prepare_static") else StaticSdpa(backend)
         self.num_heads, self.dtype, self.scale = num_heads, dtype, scale
         self.pad_slot, self.max_keys, self.device = pad_slot, max_keys, device
         self.shapes = graph_shapes(max_batch)
+        static_sdpa = self.static_backend is not backend
+        self.key_lengths = key_buckets(max_keys, min_keys) if static_sdpa else (max_keys,)
         self.capture = capture or (cuda_capture if torch.device(device).type == "cuda" else eager_capture)
         top_rows = max(b * q for b, q in self.shapes)
         top_batch, top_q = max(b for b, _ in self.shapes), max(q for _, q in self.shapes)
@@ -148,39 +166,47 @@ class StepGraphs:
         self.key_slots = torch.full((top_batch, max_keys), pad_slot, dtype=torch.long, device=device)
         self.key_mask = torch.zeros(top_batch, top_q, max_keys, dtype=torch.bool, device=device)
         self.key_mask[:, :, 0] = True
-        self.replays: dict[tuple[int, int], Callable[[], None]] = {}
-        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.replays: dict[tuple[int, int, int], Callable[[], None]] = {}  # (sequences, rows, keys) -> replay
+        self.outputs: dict[tuple[int, int, int], torch.Tensor] = {}
         self.num_replays: dict[int, int] = {}  # rows per sequence -> replays (tests check each path really ran)
+        self.num_key_replays: dict[int, int] = {}  # key length -> replays
 
     def capture_all(self) -> None:
         pool = None
-        for batch, rows in sorted(self.shapes, key=lambda s: (-s[0] * s[1], -s[1])):
-            meta = self._meta(batch, rows)
-            self._prepare(batch, rows, [self._pad_keys(rows)] * batch)
+        shapes = [(b, q, keys) for b, q in self.shapes for keys in self.key_lengths]
+        for shape in sorted(shapes, key=lambda s: (-s[0] * s[1] * s[2], -s[1], -s[2])):
+            batch, rows, keys = shape
+            meta = self._meta(batch, rows, keys)
+            self._prepare(batch, rows, keys, [self._pad_keys(rows)] * batch)
 
             def step(n=batch * rows, meta=meta) -> torch.Tensor:
                 return self.forward(self.input_ids[:n], self.positions[:n], meta, self.static_backend)
 
-            self.replays[(batch, rows)], self.outputs[(batch, rows)], pool = self.capture(step, pool)
+            self.replays[shape], self.outputs[shape], pool = self.capture(step, pool)
 
     def handles(self, spans: list[SeqSpan]) -> bool:
         """Whether a forward over `spans` is a causal step (in row order) that a captured shape holds."""
         if not spans or any(s.mask is not None for s in spans):
             return False
         shape = shape_for(len(spans), max(s.q_len for s in spans), self.shapes)
-        if shape is None:
+        if shape is None or self._keys_for(spans, shape[1]) is None:
             return False
         row = 0
         for s in spans:
-            if s.q_start != row or s.num_keys + shape[1] - s.q_len > self.max_keys:
+            if s.q_start != row:
                 return False
             row += s.q_len
         return True
+
+    def _keys_for(self, spans: list[SeqSpan], rows: int) -> int | None:
+        """The shortest captured key length that holds every span's keys and its padding rows' pad keys."""
+        return bucket_for(max(s.num_keys + rows - s.q_len for s in spans), self.key_lengths)
 
     def run(self, ids: list[int], positions: torch.Tensor, write_slots: list[int] | Index,
             spans: list[SeqSpan]) -> torch.Tensor:
         """hidden [N, hidden] of the spans' N rows, from the replay of the smallest captured shape that holds them."""
         batch, rows = shape_for(len(spans), max(s.q_len for s in spans), self.shapes)
+        num_keys = self._keys_for(spans, rows)
         real = torch.cat([torch.arange(b * rows, b * rows + s.q_len) for b, s in enumerate(spans)])  # [N]
         padded = batch * rows
         for buffer, values, fill in ((self.input_ids, torch.tensor(ids), 0), (self.positions, positions.cpu(), 0),
@@ -189,33 +215,35 @@ class StepGraphs:
             host[real] = values
             buffer[:padded].copy_(host)
         keys = [_slots(s.key_slots, s.num_keys, rows - s.q_len, self.pad_slot) for s in spans]
-        self._prepare(batch, rows, keys + [self._pad_keys(rows)] * (batch - len(spans)))
-        self.replays[(batch, rows)]()
+        self._prepare(batch, rows, num_keys, keys + [self._pad_keys(rows)] * (batch - len(spans)))
+        self.replays[(batch, rows, num_keys)]()
         self.num_replays[rows] = self.num_replays.get(rows, 0) + 1
-        out = self.outputs[(batch, rows)]
+        self.num_key_replays[num_keys] = self.num_key_replays.get(num_keys, 0) + 1
+        out = self.outputs[(batch, rows, num_keys)]
         return out[: len(spans)] if rows == 1 else out.index_select(0, real.to(out.device))
 
     def _pad_keys(self, count: int) -> torch.Tensor:
         return torch.full((count,), self.pad_slot, dtype=torch.long)
 
-    def _meta(self, batch: int, rows: int) -> StaticStepMetadata:
-        return StaticStepMetadata(batch, rows, self.slot_mapping[: batch * rows], self.key_slots[:batch],
-                                  self.key_mask[:batch, :rows])
+    def _meta(self, batch: int, rows: int, keys: int) -> StaticStepMetadata:
+        return StaticStepMetadata(batch, rows, self.slot_mapping[: batch * rows], self.key_slots[:batch, :keys],
+                                  self.key_mask[:batch, :rows, :keys], keys)
 
-    def _prepare(self, batch: int, rows: int, keys: list[torch.Tensor]) -> None:
-        """Fill the attention's static key lists for the next replay (flashinfer: plan on the host). keys: each
-        sequence's key slots [num_keys + padding rows], causal from the end."""
+    def _prepare(self, batch: int, rows: int, length: int, keys: list[torch.Tensor]) -> None:
+        """Fill the attention's static key lists for the next replay of the (batch, rows, length) graph
+        (flashinfer: plan on the host). keys: each sequence's key slots [num_keys + padding rows], causal from
+        the end."""
         if self.static_backend is self.backend:
             self.backend.prepare_static(batch, rows, keys, num_heads=self.num_heads, dtype=self.dtype,
                                         scale=self.scale, max_keys=self.max_keys)
             return
         counts = torch.tensor([k.numel() for k in keys])  # [B]
-        table = torch.full((batch, self.max_keys), self.pad_slot, dtype=torch.long)
+        table = torch.full((batch, length), self.pad_slot, dtype=torch.long)  # [B, L]
         for row, slots in enumerate(keys):
             table[row, : slots.numel()] = slots
-        self.key_slots[:batch].copy_(table)
+        self.key_slots[:batch, :length].copy_(table)
         last_key = counts[:, None] - rows + torch.arange(rows)[None, :]  # [B, Q]: the last key each row sees
-        self.key_mask[:batch, :rows].copy_(torch.arange(self.max_keys)[None, None, :] <= last_key[:, :, None])
+        self.key_mask[:batch, :rows, :length].copy_(torch.arange(length)[None, None, :] <= last_key[:, :, None])
 
 
 def _slots(slots: Index, num_keys: int, pad: int, pad_slot: int) -> torch.Tensor:

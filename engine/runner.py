@@ -9,7 +9,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, Index, SeqSpan, build_metadata
 from engine.compiled_decode import CompiledDecode
-from engine.cuda_graphs import StepGraphs
+from engine.cuda_graphs import MIN_KEYS, StepGraphs
 from engine.models.llama import CausalLM
 from engine.sequence import Sequence
 
@@ -50,14 +50,15 @@ def slot_index(block_table: list[int], start: int, end: int, block_size: int) ->
 class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, *, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, extra_slots: int = 0, graph_batch: int = 0,
-                 graph_max_keys: int = 0, compile_model: bool = False,
+                 graph_max_keys: int = 0, graph_min_keys: int = MIN_KEYS, compile_model: bool = False,
                  compile_decode: bool = False, compile_rows: bool = False):
         """KV slots: num_blocks * block_size managed by a BlockManager, then `extra_slots` (SSD scratch).
 
         graph_batch > 0: single-token decode steps of up to that many sequences, and causal steps of a few rows
         per sequence (verification, SSD's glue pass) of up to cuda_graphs.VERIFY_MAX_BATCH, with up to
-        `graph_max_keys` keys each, replay captured graphs (engine.cuda_graphs; CUDA graphs on CUDA, the eager
-        twin on the CPU), which take one more slot for their padding rows. compile_model: torch.compile the model
+        `graph_max_keys` keys each (SDPA: graphs of key lengths from `graph_min_keys` up), replay captured graphs
+        (engine.cuda_graphs; CUDA graphs on CUDA, the eager twin on the CPU), which take one more slot for their
+        padding rows. compile_model: torch.compile the model
         forward. compile_decode: one-sequence decode steps run a compiled forward (engine.compiled_decode; the CPU), and
         with compile_rows its several-row steps too (verification, prefill)."""
         self.model = model
@@ -80,7 +81,7 @@ class ModelRunner:
             attn = model.model.layers[0].self_attn
             self.graphs = StepGraphs(self.forward, backend, num_heads=attn.num_heads, dtype=dtype, scale=attn.scale,
                                      pad_slot=num_slots, max_keys=graph_max_keys or num_slots, device=device,
-                                     max_batch=graph_batch)
+                                     max_batch=graph_batch, min_keys=graph_min_keys)
             with torch.inference_mode():
                 self.graphs.capture_all()
         self.compiled: CompiledDecode | None = None

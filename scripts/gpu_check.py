@@ -208,7 +208,8 @@ def graph_forward_ms(graphs) -> dict[str, float]:
     writes K/V to the slots of the last step, which no later request reads before rewriting)."""
     found = {}
     for shape in ((1, 1), (1, 5)):
-        if shape not in graphs.replays:
+        shape = next((s for s in sorted(graphs.replays) if s[:2] == shape), None)  # the shortest key length
+        if shape is None:
             continue
         graphs.replays[shape]()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -217,7 +218,7 @@ def graph_forward_ms(graphs) -> dict[str, float]:
             graphs.replays[shape]()
         end.record()
         torch.cuda.synchronize()
-        found[f"{shape[0]}x{shape[1]}"] = start.elapsed_time(end) / 20
+        found[f"{shape[0]}x{shape[1]}, {shape[2]} keys"] = start.elapsed_time(end) / 20
     return found
 
 

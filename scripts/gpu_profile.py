@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         report["weight_bytes"] = llm.weight_bytes
         for rows in (1, 5):
             if runner.graphs is not None:
-                shape = next(s for s in sorted(runner.graphs.replays) if s[0] == 1 and s[1] >= rows)
+                shape = next(s for s in sorted(runner.graphs.replays) if s[0] == 1 and s[1] >= rows)  # shortest keys
                 step = runner.graphs.replays[shape]
             else:
                 chunk_ids = torch.tensor(ids[:rows] * (rows // len(ids[:rows]) + 1))[:rows]

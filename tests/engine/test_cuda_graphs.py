@@ -18,6 +18,7 @@ from engine.cuda_graphs import (
     bucket_for,
     graph_buckets,
     graph_shapes,
+    key_buckets,
     shape_for,
     use_cuda_graphs,
 )
@@ -52,6 +53,15 @@ def test_shapes_cover_decode_batches_and_small_verify_batches():
     assert shape_for(17, 2, shapes) is None      # more sequences than a verify graph holds: eager
     assert shape_for(1, max(VERIFY_ROWS) + 1, shapes) is None  # a prefill chunk: eager
     assert shape_for(2, 2, graph_shapes(1)) is None
+
+
+def test_key_buckets_double_up_to_the_longest():
+    assert key_buckets(2048) == (256, 512, 1024, 2048)
+    assert key_buckets(3000) == (256, 512, 1024, 2048, 3000)
+    assert key_buckets(100) == (100,)
+    assert key_buckets(128, smallest=16) == (16, 32, 64, 128)
+    with pytest.raises(ValueError):
+        key_buckets(0)
 
 
 def test_graphs_only_on_cuda_and_never_with_eager_or_tp():
@@ -107,13 +117,14 @@ def test_the_cpu_never_uses_graphs(tiny_llama_dir):
         assert isinstance(llm.core.runner.backend, SdpaBackend)
 
 
-def _graph_runner(runner: ModelRunner, max_batch: int) -> ModelRunner:
-    """A runner over the same model whose decode steps replay the eager twin of CUDA graphs."""
+def _graph_runner(runner: ModelRunner, max_batch: int, min_keys: int = 256) -> ModelRunner:
+    """A runner over the same model whose decode steps replay the eager twin of CUDA graphs (keys up to 128)."""
     bs = runner.block_size
     num_slots = runner.backend.k[0].shape[1]
     return ModelRunner(runner.model, SdpaBackend(), num_blocks=runner.first_extra_slot // bs, block_size=bs,
                        device=runner.device, dtype=runner.backend.k[0].dtype,
-                       extra_slots=num_slots - runner.first_extra_slot, graph_batch=max_batch, graph_max_keys=128)
+                       extra_slots=num_slots - runner.first_extra_slot, graph_batch=max_batch, graph_max_keys=128,
+                       graph_min_keys=min_keys)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +160,30 @@ def test_a_captured_step_of_mixed_row_counts_matches_the_eager_forward(pair):
     assert not graphs.handles([SeqSpan(0, 10, slice(0, 10), 10)])  # more rows than any verify graph
     assert graphs.handles([SeqSpan(0, 5, slice(0, 128), 128)])
     assert not graphs.handles([SeqSpan(0, 4, slice(0, 128), 128)])  # with its padding row, over max_keys (128)
+
+
+def test_a_step_replays_the_shortest_key_length_that_holds_its_keys(pair):
+    """SDPA's graphs in key lengths 16, 32, 64, 128: each step replays the shortest one that holds its keys and
+    its padding rows' pad keys, with the eager forward's hidden states."""
+    runner = _graph_runner(pair.core.runner, 2, min_keys=16)
+    graphs, vocab = runner.graphs, runner.model.args.vocab_size
+    assert graphs.key_lengths == (16, 32, 64, 128)
+    assert {s[2] for s in graphs.replays} == {16, 32, 64, 128}
+    ids = torch.randint(vocab, (120,), generator=torch.Generator().manual_seed(1)).tolist()
+    runner.run_spans(ids, torch.arange(120), slice(0, 120), [SeqSpan(0, 120, slice(0, 120), 120)], all_logits=False)
+    for num_keys, q_len, want_keys in ((16, 1, 16), (17, 1, 32), (16, 2, 16), (15, 4, 16), (16, 4, 32),
+                                       (60, 4, 64), (100, 1, 128)):  # 4 rows (k = 3) run padded to 5: a pad key
+        step = dict(ids=ids[num_keys - q_len: num_keys], positions=torch.arange(num_keys - q_len, num_keys),
+                    write_slots=slice(num_keys - q_len, num_keys), spans=[SeqSpan(0, q_len, slice(0, num_keys),
+                                                                                  num_keys)])
+        runner.graphs = None
+        want = runner.run_spans(**step, all_logits=True)  # [q, V]
+        runner.graphs = graphs
+        before = dict(graphs.num_key_replays)
+        got = runner.run_spans(**step, all_logits=True)
+        assert graphs.num_key_replays.get(want_keys, 0) == before.get(want_keys, 0) + 1, (num_keys, q_len)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert not graphs.handles([SeqSpan(0, 1, slice(0, 129), 129)])  # past the longest: eager
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])

@@ -72,12 +72,14 @@ def test_flashinfer_matches_sdpa():
 def test_graphs_match_eager(pair, attention):
     outs = {}
     for eager in (True, False):
-        with LLM(str(pair / "target"), device="cuda:0", attention=attention, eager=eager, max_model_len=256,
-                 enable_prefix_caching=False) as llm:
+        with LLM(str(pair / "target"), device="cuda:0", attention=attention, eager=eager, max_model_len=1024,
+                 enable_prefix_caching=False) as llm:  # SDPA: graphs of 256, 512 and 1024 keys; steps replay 256
             assert (llm.core.runner.graphs is None) == eager
             outs[eager] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
             if not eager:
                 assert llm.core.runner.graphs.num_replays.get(1, 0) > 0
+                if attention == "sdpa":
+                    assert set(llm.core.runner.graphs.num_key_replays) == {256}
     assert outs[False] == outs[True]
 
 
@@ -88,7 +90,7 @@ def test_verify_graphs_match_eager(pair, attention):
     outs = {}
     for eager in (True, False):
         with LLM(str(pair / "target"), draft=str(pair / "draft"), device="cuda:0", attention=attention, eager=eager,
-                 max_model_len=256, enable_prefix_caching=False) as llm:
+                 max_model_len=1024, enable_prefix_caching=False) as llm:
             for mode in ("sd", "ssd"):
                 llm.speculation = SpeculationConfig(mode=mode, k=4)
                 outs[eager, mode] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
