@@ -162,15 +162,15 @@ class LLM:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of model weights one decode step reads (shared tensors counted once; a weight with 4-bit panels,
-        engine.layers.panel4, at those panels' bytes)."""
-        from engine.layers import packed, panel4
+        """Bytes of model weights one decode step reads (shared tensors counted once; a weight with 4- or 8-bit
+        panels, engine.layers.panel4 / panel8, at those panels' bytes)."""
+        from engine.layers import packed
 
         model = self.core.runner.model
         total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied tensor counted once
-        four_bit = {id(m.weight): m for m in packed.bias_free_matmuls(model)
-                    if isinstance(getattr(m, "packed", None), panel4.Panel4)}
-        return total + sum(m.packed.nbytes - m.weight.numel() * m.weight.element_size() for m in four_bit.values())
+        low_bit = {id(m.weight): m for m in packed.bias_free_matmuls(model)
+                   if isinstance(getattr(m, "packed", None), packed.LOW_BIT)}
+        return total + sum(m.packed.nbytes - m.weight.numel() * m.weight.element_size() for m in low_bit.values())
 
     @property
     def layout(self) -> dict[str, str]:

@@ -155,3 +155,63 @@ extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char*
                             const float* Mn, float* y, long N, int threads) {
   over_panels(N / 32, threads, [&](long p0, long p1) { q4_range(x, M, K, Q, D, Mn, y, N, p0, p1); });
 }
+
+// The same products from 8-bit weights (engine.layers.panel8): W[n, k] = d * q per 32 k of each column, d float32
+// (a float16 value in practice), q a signed byte. d * q is exact in float32 (an 11-bit mantissa times an 8-bit
+// integer), so the product rebuilds each weight bit for bit and the FMA chain is the float32 kernel's.
+// Q: [panels][K][32] signed bytes (column j at byte j); D: [panels][K / 32][32]. K and N multiples of 32.
+template <int M, int G>
+static inline void q8panels(const float* __restrict x, long K, const signed char* __restrict Q,
+                            const float* __restrict D, float* __restrict y, long ldy) {
+  __m512 a0[G][M], a1[G][M];
+  for (int g = 0; g < G; ++g)
+    for (int m = 0; m < M; ++m) { a0[g][m] = _mm512_setzero_ps(); a1[g][m] = _mm512_setzero_ps(); }
+  const long blocks = K / 32;
+  for (long b = 0; b < blocks; ++b) {
+    __m512 d0[G], d1[G];
+    for (int g = 0; g < G; ++g) {
+      const float* dp = D + (g * blocks + b) * 32;
+      d0[g] = _mm512_loadu_ps(dp); d1[g] = _mm512_loadu_ps(dp + 16);
+    }
+    for (long k = b * 32; k < b * 32 + 32; ++k) {
+      for (int g = 0; g < G; ++g) {
+        const signed char* q = Q + (g * K + k) * 32;
+        _mm_prefetch((const char*)(q + 32 * 32), _MM_HINT_T0);
+        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)q)));
+        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 16))));
+        const __m512 w0 = _mm512_mul_ps(d0[g], q0), w1 = _mm512_mul_ps(d1[g], q1);
+        for (int m = 0; m < M; ++m) {
+          const __m512 xb = _mm512_set1_ps(x[m * K + k]);
+          a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
+          a1[g][m] = _mm512_fmadd_ps(xb, w1, a1[g][m]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int m = 0; m < M; ++m) {
+      _mm512_storeu_ps(y + m * ldy + 32 * g, a0[g][m]);
+      _mm512_storeu_ps(y + m * ldy + 32 * g + 16, a1[g][m]);
+    }
+}
+
+typedef void (*q8kernel)(const float*, long, const signed char*, const float*, float*, long);
+static const q8kernel Q8_ONE[9] = {0, q8panels<1, 1>, q8panels<2, 1>, q8panels<3, 1>, q8panels<4, 1>,
+                                   q8panels<5, 1>, q8panels<6, 1>, q8panels<7, 1>, q8panels<8, 1>};
+static const q8kernel Q8_TWO[5] = {0, q8panels<1, 2>, q8panels<2, 2>, q8panels<3, 2>, q8panels<4, 2>};
+
+extern "C" void panel8_gemm(const float* x, long M, long K, const signed char* Q, const float* D, float* y, long N,
+                            int threads) {
+  const long blocks = K / 32;
+  over_panels(N / 32, threads, [&](long p0, long p1) {
+    for (long p = p0; p < p1;) {  // as q4_range: 8 rows at a time, up to 4 rows two panels at once
+      const long take = M <= 4 && p + 2 <= p1 ? 2 : 1;
+      for (long m0 = 0; m0 < M; m0 += 8) {
+        const long rows = M - m0 < 8 ? M - m0 : 8;
+        (take == 2 ? Q8_TWO[rows] : Q8_ONE[rows])(x + m0 * K, K, Q + p * K * 32, D + p * blocks * 32,
+                                                    y + m0 * N + 32 * p, N);
+      }
+      p += take;
+    }
+  });
+}

@@ -55,8 +55,9 @@ panel kernel wins at every row count there, where oneDNN was taken before; on In
 
 "panel4" (the default where "panel" builds): the panel kernel on 4-bit copies of the weights that are 4-bit
 values already (engine.layers.panel4: SmolLM2-135M's layers are its GGUF's Q4_1 values stored as float32), the
-same bits for a fifth of the bytes; every other weight keeps its float32 panels. `same_products` also checks
-the 4-bit copy against the float32 panels, bit for bit.
+same bits for a fifth of the bytes, and on 8-bit copies of the weights that are 8-bit values (engine.layers.panel8:
+its tied embedding and head, Q8_0), the same bits for 28% of the bytes; every other weight keeps its float32
+panels. `same_products` also checks a low-bit copy against the float32 panels, bit for bit.
 
 Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
 the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
@@ -74,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_info
-from engine.layers import panel, panel4
+from engine.layers import panel, panel4, panel8
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ KERNELS = ("mkl", "onednn", "panel", "panel4")  # panel4: panel, with 4-bit copi
 # rows beyond these run faster on the plain GEMM (tables above)
 MAX_ROWS = {"mkl": 8, "onednn": 32, "panel": 32, "panel4": 32}
 PANELS = ("panel", "panel4")  # the kernels that run engine.layers.panel's kernel
+LOW_BIT = (panel4.Panel4, panel8.Panel8)  # panel4's copies of weights that are 4- or 8-bit values
 EVERY_STEP = 1 << 40  # max_rows where the packed copy wins at every row count
 PROBE_ROWS = (64, 256)  # row counts past MAX_ROWS that same_products checks where every step takes it
 PACK_HINT = 8  # the row count the kernel is told to pack for; any row count may then use the packed weight
@@ -163,12 +165,9 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
             return module.low_bits.op(x)
         if module.packed is None or module.packed_kernel not in PANELS:  # packed modules have no bias
             return F.linear(x, module.weight, bias)
-        rows = x.numel() // x.shape[-1]
-        if isinstance(module.packed, panel4.Panel4):
-            p4 = module.packed
-            y = panel4.linear_op(x.reshape(rows, x.shape[-1]), p4.q, p4.d, p4.m, module.weight, module.packed_rows)
-            return y.view(*x.shape[:-1], y.shape[-1])
-        y = panel.linear_op(x.reshape(rows, x.shape[-1]), module.packed, module.weight, module.packed_rows)
+        flat = x.reshape(x.numel() // x.shape[-1], x.shape[-1])
+        y = module.packed.op(flat, module.weight, module.packed_rows) if isinstance(module.packed, LOW_BIT) \
+            else panel.linear_op(flat, module.packed, module.weight, module.packed_rows)
         return y.view(*x.shape[:-1], y.shape[-1])
     if module.low_bits is not None:  # a CPU draft's float16/int8 weight (engine.layers.low_bits); never with a bias
         return module.low_bits(x)
@@ -178,7 +177,7 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
         return F.linear(x, module.weight, bias)
     if module.packed_kernel in PANELS:
         flat = x.reshape(rows, x.shape[-1])
-        y = panel4.matmul(flat, module.packed) if isinstance(module.packed, panel4.Panel4) \
+        y = module.packed.matmul(flat) if isinstance(module.packed, LOW_BIT) \
             else panel.matmul(flat, module.packed, module.weight.shape[0])
         return y.view(*x.shape[:-1], y.shape[-1])
     if module.packed_kernel == "mkl":
@@ -188,11 +187,12 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor | panel4.Panel4:
+def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor | panel4.Panel4 | panel8.Panel8:
     """weight [N, K] (float32, CPU) -> its packed copy for `kernel` (an opaque mkldnn tensor; panel: a float32
-    [ceil(N / 32), K, 32] tensor; panel4: a Panel4 where the weight is 4-bit values, else panel's)."""
+    [ceil(N / 32), K, 32] tensor; panel4: a Panel4 where the weight is 4-bit values, a Panel8 where it is 8-bit
+    values, else panel's)."""
     if kernel == "panel4":
-        return panel4.compress(weight) or panel.to_panels(weight)
+        return panel4.compress(weight) or panel8.compress(weight) or panel.to_panels(weight)
     if kernel == "panel":
         return panel.to_panels(weight)
     if kernel == "mkl":
@@ -220,7 +220,7 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
         counts = (*range(1, 9), 13, MAX_ROWS[kernel], *many)
     else:
         counts = (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many)
-    float32 = panel.to_panels(weight) if isinstance(packed, panel4.Panel4) else None  # the bits a 4-bit copy owes
+    float32 = panel.to_panels(weight) if isinstance(packed, LOW_BIT) else None  # the bits a low-bit copy owes
     for rows in counts:
         x = torch.randn(rows, weight.shape[1], generator=generator)
         got, want = linear(x, probe), F.linear(x, weight)
@@ -259,16 +259,16 @@ def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
     first = modules[0].weight
     if first.device.type != "cpu" or first.dtype != torch.float32:
         return 0
-    copies: dict[int, torch.Tensor | panel4.Panel4] = {}
+    copies: dict[int, torch.Tensor | panel4.Panel4 | panel8.Panel8] = {}
     checked: set[tuple[int, ...]] = set()
     packed_bytes = 0
     for module in modules:
         key = id(module.weight)
         if key not in copies:
             copies[key] = pack(module.weight, kernel)
-            four_bit = isinstance(copies[key], panel4.Panel4)
-            packed_bytes += copies[key].nbytes if four_bit else module.weight.numel() * module.weight.element_size()
-            shape = (*module.weight.shape, *module.weight.stride(), four_bit)
+            low_bit = isinstance(copies[key], LOW_BIT)
+            packed_bytes += copies[key].nbytes if low_bit else module.weight.numel() * module.weight.element_size()
+            shape = (*module.weight.shape, *module.weight.stride(), type(copies[key]).__name__)
             if shape not in checked and not same_products(module.weight, copies[key], kernel):
                 log.info("the %s packed GEMM does not reproduce the plain one for a %s weight here: few-row "
                          "steps stay unpacked", kernel, tuple(module.weight.shape))
@@ -278,8 +278,8 @@ def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
             checked.add(shape)
         module.packed, module.packed_kernel, module.packed_rows = copies[key], family(kernel), max_rows(kernel)
         module.packed_min_rows = min_rows(kernel)
-    four = sum(isinstance(c, panel4.Panel4) for c in copies.values())
-    log.info("packed %d weights (%d of them 4-bit) for %s steps of %d-%s rows (about %.0f MB more)", len(copies),
-             four, kernel, min_rows(kernel), "any" if max_rows(kernel) == EVERY_STEP else max_rows(kernel),
-             packed_bytes / 1e6)
+    four, eight = (sum(isinstance(c, kind) for c in copies.values()) for kind in LOW_BIT)
+    log.info("packed %d weights (%d of them 4-bit, %d 8-bit) for %s steps of %d-%s rows (about %.0f MB more)",
+             len(copies), four, eight, kernel, min_rows(kernel),
+             "any" if max_rows(kernel) == EVERY_STEP else max_rows(kernel), packed_bytes / 1e6)
     return len(copies)

@@ -86,6 +86,9 @@ def _library() -> ctypes.CDLL | None:
         lib.panel4_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]  # panel4.py's
         lib.panel4_gemm.restype = None
+        lib.panel8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_long, ctypes.c_int]  # panel8.py's
+        lib.panel8_gemm.restype = None
         return lib
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", None) or str(e)

@@ -40,6 +40,14 @@ class Panel4:
         """The bytes a step reads: 0.75 a weight."""
         return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.m))
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, K] float32 @ the weight -> [rows, n] (module-level `matmul`)."""
+        return matmul(x, self)
+
+    def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+        """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""
+        return linear_op(x, self.q, self.d, self.m, weight, max_rows)
+
 
 def compress(weight: torch.Tensor) -> Panel4 | None:
     """weight [N, K] float32 -> its 4-bit panels when every block of 32 inputs of every column is d * q + m
@@ -49,19 +57,10 @@ def compress(weight: torch.Tensor) -> Panel4 | None:
         return None
     w = weight.detach().reshape(-1, BLOCK)  # [N * B, 32]
     m = w.amin(-1, keepdim=True)  # q = 0 is the block's minimum (Q4_1 sets m to it)
-    guess = ((w.amax(-1, keepdim=True) - m) / LEVELS).half()  # [N * B, 1]
-    d, q = guess.float(), torch.zeros_like(w)
-    todo = torch.arange(w.shape[0])
-    for step in TRIES:  # the first guess fits nearly every block; the others retry only the rest
-        cand = _half_step(guess[todo], step).float()
-        cq = ((w[todo] - m[todo]) / torch.where(cand > 0, cand, 1.0)).round().clamp(0, LEVELS) * (cand > 0)
-        exact = ((cand * cq + m[todo]).view(torch.int32) == w[todo].view(torch.int32)).all(-1)
-        d[todo[exact]], q[todo[exact]] = cand[exact], cq[exact]
-        todo = todo[~exact]
-        if todo.numel() == 0 or todo.numel() > MISFIT * w.shape[0]:  # done, or plainly not 4-bit values
-            break
-    if todo.numel():
+    fit = fit_blocks(w, ((w.amax(-1, keepdim=True) - m) / LEVELS).half(), m, 0, LEVELS)
+    if fit is None:
         return None
+    d, q = fit
     q, d, m = q.view(n, k // BLOCK, BLOCK).reshape(n, k), d.view(n, k // BLOCK, 1), m.view(n, k // BLOCK, 1)
     q8 = q.to(torch.uint8).view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2)  # [P, K, 32]
     packed_q = (q8[:, :, :16] | (q8[:, :, 16:] << 4)).contiguous()
@@ -70,7 +69,27 @@ def compress(weight: torch.Tensor) -> Panel4 | None:
     return Panel4(packed_q, per_block[0], per_block[1], n)
 
 
-def _half_step(x: torch.Tensor, steps: int) -> torch.Tensor:
+def fit_blocks(w: torch.Tensor, guess: torch.Tensor, offset: torch.Tensor | float, lo: int, hi: int
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per block (row) of w [blocks, 32]: a float16 scale d near `guess` [blocks, 1] and integers q in lo..hi with
+    d * q + offset == w to the bit (d * q is exact in float32), as float32 (d [blocks, 1], q [blocks, 32]); None
+    when some block has none. Tries `guess`, then +-1 and +-2 float16 steps for the blocks still missing, and
+    stops early when the first guess misses more than MISFIT of the blocks (plainly not such values)."""
+    offset = torch.as_tensor(offset).expand(w.shape[0], 1)
+    d, q = guess.float(), torch.zeros_like(w)
+    todo = torch.arange(w.shape[0])
+    for step in TRIES:  # the first guess fits nearly every block; the others retry only the rest
+        cand = half_step(guess[todo], step).float()
+        cq = ((w[todo] - offset[todo]) / torch.where(cand > 0, cand, 1.0)).round().clamp(lo, hi) * (cand > 0)
+        exact = ((cand * cq + offset[todo]).view(torch.int32) == w[todo].view(torch.int32)).all(-1)
+        d[todo[exact]], q[todo[exact]] = cand[exact], cq[exact]
+        todo = todo[~exact]
+        if todo.numel() == 0 or todo.numel() > MISFIT * w.shape[0]:  # done, or plainly not such values
+            break
+    return None if todo.numel() else (d, q)
+
+
+def half_step(x: torch.Tensor, steps: int) -> torch.Tensor:
     """float16 x moved `steps` representable values up (non-negative x; 0 stays 0 below)."""
     if steps == 0:
         return x

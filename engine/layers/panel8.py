@@ -1,0 +1,84 @@
+"""8-bit copies of weights that are 8-bit values already, for the panel kernel: the same bits, 1.125 bytes a weight.
+
+SmolLM2-135M's tied embedding and LM head is the Q8_0 values of the GGUF file it is converted from: per 32 inputs
+of an output column a float16 scale d and a signed byte q, dequantised as d * q in float32. As float32 panels the
+head alone was 113 MB of the ~190 MB a decode step read. `compress` recovers a (q, d) that rebuilds a weight
+exactly, bit for bit, or says it cannot; the kernel (``panel8_gemm`` in engine/kernels/panel_gemm.cpp) rebuilds
+each weight with one product (d * q is exact in float32: an 11-bit mantissa times an 8-bit integer) and runs the
+float32 panel kernel's FMA chain, so its outputs are the float32 panel kernel's bits (checked when packing, and
+tested). Any weight that is not of that form keeps its float32 panels (engine.layers.packed.pack).
+
+Layout per 32-column panel p: Q [P, K, 32] int8 (column j at byte j), D [P, K / 32, 32] float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.layers import panel
+from engine.layers.panel4 import fit_blocks
+
+BLOCK = 32  # inputs per d: Q8_0's block
+LIMIT = 127  # Q8_0's q: -127..127 (d = max |w| / 127)
+
+
+@dataclass(frozen=True)
+class Panel8:
+    """A weight [n, K] as 8-bit panels (see the module's doc)."""
+
+    q: torch.Tensor  # [n / 32, K, 32] int8
+    d: torch.Tensor  # [n / 32, K / 32, 32] float32
+    n: int
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes a step reads: 1.125 a weight."""
+        return self.q.numel() * self.q.element_size() + self.d.numel() * self.d.element_size()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
+        lib = panel._library()
+        assert lib is not None, "panel kernel unavailable (check panel.available() first)"
+        x = x.contiguous()
+        rows, k = x.shape
+        assert self.q.shape[1] == k, (x.shape, self.q.shape)
+        y = torch.empty(rows, self.n, dtype=torch.float32)
+        lib.panel8_gemm(x.data_ptr(), rows, k, self.q.data_ptr(), self.d.data_ptr(), y.data_ptr(), self.n,
+                        torch.get_num_threads())
+        return y
+
+    def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+        """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""
+        return linear_op(x, self.q, self.d, weight, max_rows)
+
+
+def compress(weight: torch.Tensor) -> Panel8 | None:
+    """weight [N, K] float32 -> its 8-bit panels when every block of 32 inputs of every column is d * q (d a
+    float16 value, q in -127..127) to the bit, else None."""
+    n, k = weight.shape
+    if n % panel.WIDTH or k % BLOCK or weight.dtype != torch.float32:
+        return None
+    w = weight.detach().reshape(-1, BLOCK)  # [N * B, 32]
+    fit = fit_blocks(w, (w.abs().amax(-1, keepdim=True) / LIMIT).half(), 0.0, -LIMIT, LIMIT)  # + 0.0: d * q
+    if fit is None:
+        return None
+    d, q = fit
+    q = q.view(n, k).to(torch.int8).view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2).contiguous()  # [P, K, 32]
+    per_block = d.view(n, k // BLOCK).view(n // panel.WIDTH, panel.WIDTH, k // BLOCK).transpose(1, 2)  # [P, B, 32]
+    return Panel8(q, per_block.contiguous(), n)
+
+
+@torch.library.custom_op("ssd_chat::panel8_linear", mutates_args=())
+def linear_op(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """`Panel8.matmul` for a compiled step, as panel.linear_op: x [rows, K] -> [rows, N], through the 8-bit panels
+    for up to max_rows rows, else MKL's GEMM on the weight [N, K]."""
+    if x.shape[0] > max_rows:
+        return torch.nn.functional.linear(x, weight)
+    return Panel8(q, d, weight.shape[0]).matmul(x)
+
+
+@linear_op.register_fake
+def _(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
