@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_info
-from engine.layers import panel, panel4, panel8
+from engine.layers import panel, panel4, panel8, panel_cache
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor | panel4.Pan
     [ceil(N / 32), K, 32] tensor; panel4: a Panel4 where the weight is 4-bit values, a Panel8 where it is 8-bit
     values, else panel's)."""
     if kernel == "panel4":
-        return panel4.compress(weight) or panel8.compress(weight) or panel.to_panels(weight)
+        return panel_cache.low_bit(weight) or panel.to_panels(weight)
     if kernel == "panel":
         return panel.to_panels(weight)
     if kernel == "mkl":
