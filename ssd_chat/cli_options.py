@@ -84,8 +84,9 @@ DraftWeights = Annotated[str, typer.Option(
 CpuMatmul = Annotated[str, typer.Option(
     help="CPU: the target's matmul kernel: auto (panel4 on any AVX-512 CPU where it builds; else mkl on Intel, "
     "onednn elsewhere), panel (ours: every row the same bits at any row count), panel4 (panel, reading 4-bit "
-    "copies of the weights that are 4-bit values: the same bits, fewer bytes), mkl, onednn.")]
+    "copies of the weights that are 4-bit values and 8-bit copies of 8-bit ones: the same bits, fewer bytes), "
+    "mkl, onednn.")]
 Eager = Annotated[bool, typer.Option("--eager", help="CUDA: no CUDA graphs for the decode step.")]
 Compile = Annotated[bool, typer.Option(
-    "--compile", help="CPU: compile the one-sequence decode step (first run ~1 min, then cached). "
+    "--compile", help="CPU: compile the one-sequence steps (first start: minutes; later starts ~25 s). "
     "CUDA: torch.compile the model forward.")]
