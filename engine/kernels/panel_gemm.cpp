@@ -92,12 +92,40 @@ extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float
 // integer), so one FMA rebuilds each weight bit for bit, and the FMA chain over k is the float32 kernel's: the
 // outputs are its bits. Q: [panels][K][16] bytes (low nibble column j, high nibble column j + 16); D, Mn:
 // [panels][K / 32][32]. K and N multiples of 32.
+// The low-bit kernels' shared pieces: zeroed accumulators, the float32 kernel's FMA chain step for one k (every
+// row m: a += x[m, k] * w, the same order as `panels`), and the stores of whole panels. Forced inline: left to
+// itself gcc 12 called `chain` out of line and the 8-bit kernel took twice as long for 5 rows.
+#define INLINE __attribute__((always_inline)) static inline
+template <int M, int G>
+INLINE void zero(__m512 (&a0)[G][M], __m512 (&a1)[G][M]) {
+  for (int g = 0; g < G; ++g)
+    for (int m = 0; m < M; ++m) { a0[g][m] = _mm512_setzero_ps(); a1[g][m] = _mm512_setzero_ps(); }
+}
+
+template <int M, int G>
+INLINE void chain(const float* __restrict x, long K, long k, int g, __m512 w0, __m512 w1,
+                         __m512 (&a0)[G][M], __m512 (&a1)[G][M]) {
+  for (int m = 0; m < M; ++m) {
+    const __m512 xb = _mm512_set1_ps(x[m * K + k]);
+    a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
+    a1[g][m] = _mm512_fmadd_ps(xb, w1, a1[g][m]);
+  }
+}
+
+template <int M, int G>
+INLINE void store(float* __restrict y, long ldy, __m512 (&a0)[G][M], __m512 (&a1)[G][M]) {
+  for (int g = 0; g < G; ++g)
+    for (int m = 0; m < M; ++m) {
+      _mm512_storeu_ps(y + m * ldy + 32 * g, a0[g][m]);
+      _mm512_storeu_ps(y + m * ldy + 32 * g + 16, a1[g][m]);
+    }
+}
+
 template <int M, int G>
 static inline void q4panels(const float* __restrict x, long K, const unsigned char* __restrict Q,
                             const float* __restrict D, const float* __restrict Mn, float* __restrict y, long ldy) {
   __m512 a0[G][M], a1[G][M];
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < M; ++m) { a0[g][m] = _mm512_setzero_ps(); a1[g][m] = _mm512_setzero_ps(); }
+  zero<M, G>(a0, a1);
   const __m128i low = _mm_set1_epi8(0x0F);
   const long blocks = K / 32;
   for (long b = 0; b < blocks; ++b) {
@@ -115,20 +143,11 @@ static inline void q4panels(const float* __restrict x, long K, const unsigned ch
         const __m128i v = _mm_loadu_si128((const __m128i*)q);
         const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
         const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
-        const __m512 w0 = _mm512_fmadd_ps(d0[g], q0, m0[g]), w1 = _mm512_fmadd_ps(d1[g], q1, m1[g]);
-        for (int m = 0; m < M; ++m) {
-          const __m512 xb = _mm512_set1_ps(x[m * K + k]);
-          a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
-          a1[g][m] = _mm512_fmadd_ps(xb, w1, a1[g][m]);
-        }
+        chain<M, G>(x, K, k, g, _mm512_fmadd_ps(d0[g], q0, m0[g]), _mm512_fmadd_ps(d1[g], q1, m1[g]), a0, a1);
       }
     }
   }
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < M; ++m) {
-      _mm512_storeu_ps(y + m * ldy + 32 * g, a0[g][m]);
-      _mm512_storeu_ps(y + m * ldy + 32 * g + 16, a1[g][m]);
-    }
+  store<M, G>(y, ldy, a0, a1);
 }
 
 typedef void (*q4kernel)(const float*, long, const unsigned char*, const float*, const float*, float*, long);
@@ -164,8 +183,7 @@ template <int M, int G>
 static inline void q8panels(const float* __restrict x, long K, const signed char* __restrict Q,
                             const float* __restrict D, float* __restrict y, long ldy) {
   __m512 a0[G][M], a1[G][M];
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < M; ++m) { a0[g][m] = _mm512_setzero_ps(); a1[g][m] = _mm512_setzero_ps(); }
+  zero<M, G>(a0, a1);
   const long blocks = K / 32;
   for (long b = 0; b < blocks; ++b) {
     __m512 d0[G], d1[G];
@@ -179,20 +197,11 @@ static inline void q8panels(const float* __restrict x, long K, const signed char
         _mm_prefetch((const char*)(q + 32 * 32), _MM_HINT_T0);
         const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)q)));
         const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 16))));
-        const __m512 w0 = _mm512_mul_ps(d0[g], q0), w1 = _mm512_mul_ps(d1[g], q1);
-        for (int m = 0; m < M; ++m) {
-          const __m512 xb = _mm512_set1_ps(x[m * K + k]);
-          a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
-          a1[g][m] = _mm512_fmadd_ps(xb, w1, a1[g][m]);
-        }
+        chain<M, G>(x, K, k, g, _mm512_mul_ps(d0[g], q0), _mm512_mul_ps(d1[g], q1), a0, a1);  // d * q: exact
       }
     }
   }
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < M; ++m) {
-      _mm512_storeu_ps(y + m * ldy + 32 * g, a0[g][m]);
-      _mm512_storeu_ps(y + m * ldy + 32 * g + 16, a1[g][m]);
-    }
+  store<M, G>(y, ldy, a0, a1);
 }
 
 typedef void (*q8kernel)(const float*, long, const signed char*, const float*, float*, long);
