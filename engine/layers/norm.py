@@ -1,16 +1,19 @@
 """RMSNorm, with the residual add fused into the same call.
 
-y = w * x / sqrt(mean(x^2) + eps), in the order transformers computes it. A single row (decode) takes
-a shorter route: its mean square is one dot product and its scale a Python float, three kernels
-instead of eight. On a 2-core CPU, SmolLM2 runs 61 norms per token and each kernel launch costs a
-few microseconds once the weights have streamed through the caches (measured: 1.6 ms per token for
-the eight-kernel form).
+y = w * (x / sqrt(mean(x^2) + eps)). On a CPU where the panel kernels build (AVX-512), every float32 norm, eager
+or inside a compiled step (as the op ``ssd_chat::rms_norm``), runs engine/kernels/rms_norm.cpp: one call per
+norm, and each row reduced by the same code whatever the row count, so a row's output is the same bits in a
+one-row decode step as in a k + 1-row verify. (The eager one-row shortcut this replaced, a dot product and a
+Python float scale, gave other bits than the several-row formula: a verify's hidden states could differ from
+plain decoding's by an ulp.) Elsewhere torch's formula, the same for every row count.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from engine.layers import panel
 
 
 class RMSNorm(nn.Module):
@@ -20,11 +23,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D]
-        if x.dim() == 2 and x.shape[0] == 1 and x.device.type == "cpu" and not torch.compiler.is_compiling():
-            # float() syncs a GPU and breaks a traced graph: eager CPU only
-            row = x[0]
-            inv_rms = (float(torch.dot(row, row)) / row.shape[0] + self.eps) ** -0.5
-            return x * (self.weight * inv_rms)
+        if x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32 and _kernel():
+            if torch.compiler.is_compiling():
+                return rms_norm_op(x, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps)
         variance = x.pow(2).mean(-1, keepdim=True)
         return self.weight * (x * torch.rsqrt(variance + self.eps))
 
@@ -32,3 +34,28 @@ class RMSNorm(nn.Module):
         """(norm(x + residual), x + residual): the pre-norm transformer's residual stream step."""
         residual = x.add_(residual)
         return self.forward(residual), residual
+
+
+@torch.compiler.assume_constant_result  # a compiled step asks once, at trace time (it reads /proc/cpuinfo)
+def _kernel() -> bool:
+    return panel.available()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] float32 (CPU) -> its RMSNorm by the kernel (panel.available() first)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    panel._library().rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.contiguous().data_ptr(),
+                              eps, y.data_ptr())
+    return y
+
+
+@torch.library.custom_op("ssd_chat::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` as one opaque op, for compiled steps: the same bits as eager."""
+    return rms_norm(x, weight, eps)
+
+
+@rms_norm_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -42,6 +42,7 @@ from engine import cpu_info
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "panel_gemm.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"))  # one library: the panel GEMMs and the row-wise RMSNorm
 WIDTH = 32  # output columns per panel (two AVX-512 registers)
 FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC")
 
@@ -62,7 +63,7 @@ def cache_dir() -> Path:
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if "avx512f" not in cpu_info.flags() or not SOURCE.is_file():
+    if "avx512f" not in cpu_info.flags() or not all(s.is_file() for s in SOURCES):
         return None
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:
@@ -70,13 +71,14 @@ def _library() -> ctypes.CDLL | None:
         return None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+        source = b"".join(s.read_bytes() for s in SOURCES)
+        key = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
         path = cache_dir() / f"panel_gemm-{key}.so"
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build aside, then move: no half-written .so
                 built = Path(tmp) / path.name
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], check=True,
+                subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(built)], check=True,
                                capture_output=True, text=True, timeout=300)
                 os.replace(built, path)
         lib = ctypes.CDLL(str(path))
@@ -89,6 +91,9 @@ def _library() -> ctypes.CDLL | None:
         lib.panel8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_long, ctypes.c_int]  # panel8.py's
         lib.panel8_gemm.restype = None
+        lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
+                                 ctypes.c_void_p]  # norm.py's
+        lib.rms_norm.restype = None
         return lib
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", None) or str(e)
