@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionBackend, Index, SeqSpan
-from engine.attention.sdpa import SdpaBackend, attend
+from engine.attention.sdpa import SdpaBackend, attend, causal_rows, row_kernel
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class SliceSdpa(AttentionBackend):
         start, t = meta.first - _OFFSET, meta.num_keys
         k_cache.narrow(1, start + t - n, n).copy_(k.transpose(0, 1))
         v_cache.narrow(1, start + t - n, n).copy_(v.transpose(0, 1))
+        if row_kernel(q, k_cache):  # the eager path's op: each row the same bits at any row count
+            return causal_rows(q, k_cache, v_cache, slice(start, start + t), t, scale)
         keys = k_cache.narrow(1, start, t).unsqueeze(0)  # [1, KVH, T, D]
         values = v_cache.narrow(1, start, t).unsqueeze(0)
         if n == 1:  # decode: the one query sees every key

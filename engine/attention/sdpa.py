@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, AttentionMetadata, Index
+from engine.layers import panel
 
 
 class SdpaBackend(AttentionBackend):
@@ -39,6 +40,10 @@ class SdpaBackend(AttentionBackend):
         _write(k_cache, meta.slot_mapping, k)
         _write(v_cache, meta.slot_mapping, v)
         n, h, d = q.shape
+        if row_kernel(q, k_cache) and meta.batched_decode is None and all(s.mask is None for s in meta.spans):
+            outs = [causal_rows(q.narrow(0, s.q_start, s.q_len), k_cache, v_cache, s.key_slots, s.num_keys, scale)
+                    for s in meta.spans]  # causal spans: each row the same bits at any row count
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         if len(meta.spans) == 1 and n == 1:  # decode of one sequence: q [1, H, D] -> [1, H, 1, D]
             span = meta.spans[0]
             o = attend(q.view(1, h, 1, d), _read(k_cache, span.key_slots), _read(v_cache, span.key_slots),
@@ -59,6 +64,61 @@ class SdpaBackend(AttentionBackend):
                        causal=span.is_square_causal and span.q_len > 1, scale=scale)  # [1, H, q, D]
             outs.append(o[0].transpose(0, 1).reshape(span.q_len, h * d))  # [q, H*D]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+ROW_KERNEL_ROWS = 32  # causal spans of up to this many query rows take engine/kernels/attention.cpp
+
+
+@torch.compiler.assume_constant_result  # a compiled step asks once, at trace time
+def _kernel() -> bool:
+    return panel.available()
+
+
+def row_kernel(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether causal spans here take the row-invariant kernel: float32 on a CPU where the panel library builds."""
+    return q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and _kernel()
+
+
+def causal_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: Index, num_keys: int,
+                scale: float) -> torch.Tensor:
+    """q [n, H, D] -> [n, H * D]: causal attention of one sequence's n newest rows over its num_keys keys at
+    `slots` (a slice: read in place; a tensor: gathered first). Up to ROW_KERNEL_ROWS rows (decode, verify) by
+    engine/kernels/attention.cpp, each row the same bits at any n, so a verify reproduces plain decoding; more
+    rows (prefill) by SDPA. Eager and compiled (one opaque op: no guard on n) alike."""
+    if isinstance(slots, slice):
+        first, keys, values = slots.start, k_cache, v_cache
+    else:  # scattered blocks: gather the run first (the same values in the same order)
+        first, keys, values = 0, k_cache.index_select(1, slots), v_cache.index_select(1, slots)
+    op = causal_rows_op if torch.compiler.is_compiling() else _causal_rows
+    return op(q, keys, values, first, num_keys, scale)
+
+
+def _causal_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, num_keys: int,
+                 scale: float) -> torch.Tensor:
+    n, h, d = q.shape
+    if n > ROW_KERNEL_ROWS:  # prefill: SDPA (the same path in every mode)
+        k, v = keys.narrow(1, first, num_keys).unsqueeze(0), values.narrow(1, first, num_keys).unsqueeze(0)
+        mask = None if n == num_keys else torch.ones(n, num_keys, dtype=torch.bool).tril(num_keys - n)  # [n, T]
+        o = attend(q.transpose(0, 1).unsqueeze(0), k, v, mask=mask, causal=mask is None, scale=scale)
+        return o[0].transpose(0, 1).reshape(n, h * d)
+    q = q.contiguous()
+    out = torch.empty(n, h * d)
+    panel._library().causal_attention(q.data_ptr(), n, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0],
+                                      keys.shape[1], first, num_keys, scale, out.data_ptr())
+    return out
+
+
+@torch.library.custom_op("ssd_chat::causal_rows", mutates_args=())
+def causal_rows_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, num_keys: int,
+                   scale: float) -> torch.Tensor:
+    """`_causal_rows` as one opaque op, for compiled steps: the same bits as eager."""
+    return _causal_rows(q, keys, values, first, num_keys, scale)
+
+
+@causal_rows_op.register_fake
+def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, num_keys: int,
+      scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
 
 
 def attend(

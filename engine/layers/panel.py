@@ -42,7 +42,7 @@ from engine import cpu_info
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "panel_gemm.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"))  # one library: the panel GEMMs and the row-wise RMSNorm
+SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention.cpp"))  # one library, all rows alike
 WIDTH = 32  # output columns per panel (two AVX-512 registers)
 FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC")
 
@@ -94,6 +94,9 @@ def _library() -> ctypes.CDLL | None:
         lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                                  ctypes.c_void_p]  # norm.py's
         lib.rms_norm.restype = None
+        lib.causal_attention.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p,
+                                         *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p]  # sdpa.py's
+        lib.causal_attention.restype = None
         return lib
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", None) or str(e)

@@ -27,8 +27,9 @@ def test_a_batched_decode_step_equals_each_sequence_alone(head_dim):
     assert meta.batched_decode is not None
     batched = backend.forward(0, q, k, v, meta, scale=head_dim**-0.5)  # [B, H*D]
     for i, span in enumerate(spans):
-        alone = backend.forward(0, q[i : i + 1], k[i : i + 1], v[i : i + 1], build_metadata([write[i]], [span]),
-                                scale=head_dim**-0.5)
+        alone_span = SeqSpan(0, 1, span.key_slots, span.num_keys)  # its one query is row 0 of q[i : i + 1]
+        alone = backend.forward(0, q[i : i + 1], k[i : i + 1], v[i : i + 1],
+                                build_metadata([write[i]], [alone_span]), scale=head_dim**-0.5)
         torch.testing.assert_close(batched[i : i + 1], alone, rtol=1e-5, atol=1e-5)
         # and plain softmax attention, query head j reading KV head j // (heads / kv_heads)
         keys = backend.k[0][:, key_slots[i]].repeat_interleave(heads // kv_heads, dim=0)  # [H, T, D]

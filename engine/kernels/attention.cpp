@@ -1,0 +1,55 @@
+// Causal attention of a few query rows of one sequence whose keys lie in one run of KV-cache slots, each row
+// computed by the same code in the same order whatever the row count: row r of an n-row step (a verify) gets the
+// bits a one-row decode step of that token gets, as the panel GEMM and rms_norm.cpp give their rows. Built into
+// the panel kernels' library (engine/layers/panel.py), called by engine/attention/sdpa.py.
+//
+// Row r (of n) sees keys 0 .. t - n + r of the run; head h reads KV head h / (H / KVH). Per row and head:
+// s_j = (q . k_j) * scale, p_j = exp(s_j - max s), o = (sum_j p_j v_j) / (sum_j p_j), sums in key order.
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+
+static inline float dot(const float* __restrict a, const float* __restrict b, long D) {
+  __m512 acc = _mm512_setzero_ps();
+  long k = 0;
+  for (; k + 16 <= D; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
+  if (k < D) {
+    const __mmask16 m = (__mmask16)((1u << (D - k)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// q: [n, H, D]; K, V: [KVH, S, D] (the cache), the run at slots first .. first + t - 1; out: [n, H * D].
+extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
+                                 long S, long first, long t, float scale, float* out) {
+  float* p = (float*)malloc(sizeof(float) * (t > 0 ? t : 1));
+  const long group = H / KVH;
+  for (long r = 0; r < n; ++r) {
+    const long keys = t - n + r + 1;
+    for (long h = 0; h < H; ++h) {
+      const float* qv = q + (r * H + h) * D;
+      const float* kr = K + ((h / group) * S + first) * D;
+      const float* vr = V + ((h / group) * S + first) * D;
+      float top = -INFINITY;
+      for (long j = 0; j < keys; ++j) {
+        p[j] = dot(qv, kr + j * D, D) * scale;
+        top = p[j] > top ? p[j] : top;
+      }
+      float total = 0.0f;
+      for (long j = 0; j < keys; ++j) {
+        p[j] = expf(p[j] - top);
+        total += p[j];
+      }
+      float* o = out + (r * H + h) * D;
+      for (long k = 0; k < D; k += 16) {
+        const __mmask16 m = D - k >= 16 ? 0xFFFF : (__mmask16)((1u << (D - k)) - 1);
+        __m512 acc = _mm512_setzero_ps();
+        for (long j = 0; j < keys; ++j)
+          acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, vr + j * D + k), acc);
+        _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / total)));
+      }
+    }
+  }
+  free(p);
+}

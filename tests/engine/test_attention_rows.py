@@ -1,0 +1,73 @@
+"""Row invariance on the CPU: a verify step gives each of its rows the bits plain decoding gives that token.
+The causal attention kernel (engine.attention.sdpa.causal_rows) per row, eager and compiled, and a whole model's
+logits (matmuls, norms and attention together) in one k + 1-row step against one-row steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM
+from engine.attention.base import SeqSpan
+from engine.attention.sdpa import ROW_KERNEL_ROWS, attend, causal_rows
+from engine.layers import panel
+
+pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 and a C++ compiler")
+
+H, KVH, D = 6, 2, 64
+
+
+def _cache(slots: int = 256, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(KVH, slots, D, generator=generator), torch.randn(KVH, slots, D, generator=generator)
+
+
+@pytest.mark.parametrize("scattered", [False, True])
+def test_each_row_of_a_causal_step_is_the_bits_of_its_own_decode_step(scattered):
+    k, v = _cache()
+    slots = torch.cat([torch.arange(10, 40), torch.arange(100, 130)]) if scattered else slice(10, 70)
+    slot_list = slots if scattered else torch.arange(10, 70)
+    q = torch.randn(5, H, D, generator=torch.Generator().manual_seed(1))
+    many = causal_rows(q, k, v, slots, 60, D**-0.5)  # rows see 56..60 keys
+    for r in range(5):
+        keys = 56 + r
+        own = slot_list[:keys] if scattered else slice(10, 10 + keys)
+        assert torch.equal(causal_rows(q[r : r + 1], k, v, own, keys, D**-0.5), many[r : r + 1]), r
+    mask = torch.ones(5, 60, dtype=torch.bool).tril(55)
+    want = attend(q.transpose(0, 1).unsqueeze(0), k[:, slot_list].unsqueeze(0), v[:, slot_list].unsqueeze(0),
+                  mask=mask, causal=False, scale=D**-0.5)[0].transpose(0, 1).reshape(5, H * D)
+    torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_past_the_kernel_rows_is_sdpa():
+    k, v = _cache()
+    n = ROW_KERNEL_ROWS + 8
+    q = torch.randn(n, H, D)
+    got = causal_rows(q, k, v, slice(0, n), n, D**-0.5)
+    want = attend(q.transpose(0, 1).unsqueeze(0), k[:, :n].unsqueeze(0), v[:, :n].unsqueeze(0), mask=None,
+                  causal=True, scale=D**-0.5)[0].transpose(0, 1).reshape(n, H * D)
+    assert torch.equal(got, want)
+
+
+def test_the_compiled_op_gives_the_eager_bits():
+    k, v = _cache()
+    q = torch.randn(5, H, D)
+    compiled = torch.compile(lambda q, t: causal_rows(q, k, v, slice(3, 3 + t), t, D**-0.5), dynamic=True,
+                             fullgraph=True)
+    for rows, keys in ((1, 40), (5, 44)):
+        assert torch.equal(compiled(q[:rows], keys), causal_rows(q[:rows], k, v, slice(3, 3 + keys), keys, D**-0.5))
+
+
+def test_a_verify_step_gives_each_row_the_logits_of_plain_decoding(tiny_llama_dir):
+    with LLM(str(tiny_llama_dir), max_model_len=128, enable_prefix_caching=False) as llm:
+        runner = llm.core.runner
+        assert runner.model.model.layers[0].mlp.down_proj.packed is not None  # the panel kernel's matmuls
+        ids = torch.randint(runner.model.args.vocab_size, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+        runner.run_spans(ids[:25], torch.arange(25), slice(0, 25), [SeqSpan(0, 25, slice(0, 25), 25)],
+                         all_logits=False)
+        verify = runner.run_spans(ids[25:], torch.arange(25, 30), slice(25, 30), [SeqSpan(0, 5, slice(0, 30), 30)],
+                                  all_logits=True)  # [5, V]
+        for p in range(25, 30):  # the same tokens one at a time (rewriting the same slots with the same K/V)
+            span = SeqSpan(0, 1, slice(0, p + 1), p + 1)
+            one = runner.run_spans([ids[p]], torch.tensor([p]), slice(p, p + 1), [span], all_logits=True)
+            assert torch.equal(one[0], verify[p - 25]), p
