@@ -115,13 +115,20 @@ def to_panels(weight: torch.Tensor) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     """x [rows, K] float32 @ the weight the panels hold -> [rows, n]; on torch's thread count."""
+    assert panels.shape[1] == x.shape[1] and panels.shape[0] * WIDTH >= n, (x.shape, panels.shape, n)
+    return gemm("panel_gemm", x, n, panels)
+
+
+def gemm(kernel: str, x: torch.Tensor, n: int, *weight: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] float32 @ a weight in `kernel`'s layout (its tensors, in the kernel's order) -> [rows, n], on
+    torch's thread count: panel_gemm, panel4_gemm and panel8_gemm all take (x, M, K, weight..., y, N, threads)."""
     lib = _library()
     assert lib is not None, "panel kernel unavailable (check panel.available() first)"
     x = x.contiguous()
     rows, k = x.shape
-    assert panels.shape[1] == k and panels.shape[0] * WIDTH >= n, (x.shape, panels.shape, n)
     y = torch.empty(rows, n, dtype=torch.float32)
-    lib.panel_gemm(x.data_ptr(), rows, k, panels.data_ptr(), y.data_ptr(), n, torch.get_num_threads())
+    getattr(lib, kernel)(x.data_ptr(), rows, k, *(w.data_ptr() for w in weight), y.data_ptr(), n,
+                         torch.get_num_threads())
     return y
 
 

@@ -99,15 +99,8 @@ def half_step(x: torch.Tensor, steps: int) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, weight: Panel4) -> torch.Tensor:
     """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
-    lib = panel._library()
-    assert lib is not None, "panel kernel unavailable (check panel.available() first)"
-    x = x.contiguous()
-    rows, k = x.shape
-    assert weight.q.shape[1] == k, (x.shape, weight.q.shape)
-    y = torch.empty(rows, weight.n, dtype=torch.float32)
-    lib.panel4_gemm(x.data_ptr(), rows, k, weight.q.data_ptr(), weight.d.data_ptr(), weight.m.data_ptr(),
-                    y.data_ptr(), weight.n, torch.get_num_threads())
-    return y
+    assert weight.q.shape[1] == x.shape[1], (x.shape, weight.q.shape)
+    return panel.gemm("panel4_gemm", x, weight.n, weight.q, weight.d, weight.m)
 
 
 @torch.library.custom_op("ssd_chat::panel4_linear", mutates_args=())

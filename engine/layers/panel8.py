@@ -39,15 +39,8 @@ class Panel8:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
-        lib = panel._library()
-        assert lib is not None, "panel kernel unavailable (check panel.available() first)"
-        x = x.contiguous()
-        rows, k = x.shape
-        assert self.q.shape[1] == k, (x.shape, self.q.shape)
-        y = torch.empty(rows, self.n, dtype=torch.float32)
-        lib.panel8_gemm(x.data_ptr(), rows, k, self.q.data_ptr(), self.d.data_ptr(), y.data_ptr(), self.n,
-                        torch.get_num_threads())
-        return y
+        assert self.q.shape[1] == x.shape[1], (x.shape, self.q.shape)
+        return panel.gemm("panel8_gemm", x, self.n, self.q, self.d)
 
     def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
         """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""
