@@ -20,6 +20,20 @@ static inline float dot(const float* __restrict a, const float* __restrict b, lo
   return _mm512_reduce_add_ps(acc);
 }
 
+// o = (sum_j p_j v_j) * inv for D = 16 C: the C column blocks accumulate side by side (independent FMA chains,
+// each still summing over j in key order: the same bits as one block at a time).
+template <int C>
+static inline void weighted_sum(const float* __restrict p, const float* __restrict v, long keys, long D, float inv,
+                                float* __restrict o) {
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (long j = 0; j < keys; ++j) {
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + j * D + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+}
+
 // q: [n, H, D]; K, V: [KVH, S, D] (the cache), the run at slots first .. first + t - 1; out: [n, H * D].
 extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
                                  long S, long first, long t, float scale, float* out) {
@@ -42,12 +56,18 @@ extern "C" void causal_attention(const float* q, long n, long H, long D, const f
         total += p[j];
       }
       float* o = out + (r * H + h) * D;
-      for (long k = 0; k < D; k += 16) {
-        const __mmask16 m = D - k >= 16 ? 0xFFFF : (__mmask16)((1u << (D - k)) - 1);
-        __m512 acc = _mm512_setzero_ps();
-        for (long j = 0; j < keys; ++j)
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, vr + j * D + k), acc);
-        _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / total)));
+      if (D == 64) {
+        weighted_sum<4>(p, vr, keys, D, 1.0f / total, o);
+      } else if (D == 128) {
+        weighted_sum<8>(p, vr, keys, D, 1.0f / total, o);
+      } else {
+        for (long k = 0; k < D; k += 16) {  // any other head size: one 16-wide column block at a time
+          const __mmask16 m = D - k >= 16 ? 0xFFFF : (__mmask16)((1u << (D - k)) - 1);
+          __m512 acc = _mm512_setzero_ps();
+          for (long j = 0; j < keys; ++j)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, vr + j * D + k), acc);
+          _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / total)));
+        }
       }
     }
   }

@@ -17,25 +17,26 @@ pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 and
 H, KVH, D = 6, 2, 64
 
 
-def _cache(slots: int = 256, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _cache(slots: int = 256, seed: int = 0, d: int = D) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(KVH, slots, D, generator=generator), torch.randn(KVH, slots, D, generator=generator)
+    return torch.randn(KVH, slots, d, generator=generator), torch.randn(KVH, slots, d, generator=generator)
 
 
+@pytest.mark.parametrize("d", [64, 128, 80])  # 64 and 128 have their own weighted-sum code, 80 the generic one
 @pytest.mark.parametrize("scattered", [False, True])
-def test_each_row_of_a_causal_step_is_the_bits_of_its_own_decode_step(scattered):
-    k, v = _cache()
+def test_each_row_of_a_causal_step_is_the_bits_of_its_own_decode_step(scattered, d):
+    k, v = _cache(d=d)
     slots = torch.cat([torch.arange(10, 40), torch.arange(100, 130)]) if scattered else slice(10, 70)
     slot_list = slots if scattered else torch.arange(10, 70)
-    q = torch.randn(5, H, D, generator=torch.Generator().manual_seed(1))
-    many = causal_rows(q, k, v, slots, 60, D**-0.5)  # rows see 56..60 keys
+    q = torch.randn(5, H, d, generator=torch.Generator().manual_seed(1))
+    many = causal_rows(q, k, v, slots, 60, d**-0.5)  # rows see 56..60 keys
     for r in range(5):
         keys = 56 + r
         own = slot_list[:keys] if scattered else slice(10, 10 + keys)
-        assert torch.equal(causal_rows(q[r : r + 1], k, v, own, keys, D**-0.5), many[r : r + 1]), r
+        assert torch.equal(causal_rows(q[r : r + 1], k, v, own, keys, d**-0.5), many[r : r + 1]), r
     mask = torch.ones(5, 60, dtype=torch.bool).tril(55)
     want = attend(q.transpose(0, 1).unsqueeze(0), k[:, slot_list].unsqueeze(0), v[:, slot_list].unsqueeze(0),
-                  mask=mask, causal=False, scale=D**-0.5)[0].transpose(0, 1).reshape(5, H * D)
+                  mask=mask, causal=False, scale=d**-0.5)[0].transpose(0, 1).reshape(5, H * d)
     torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
 
 
