@@ -89,8 +89,7 @@ class StaticStepMetadata:
     rows: int
     slot_mapping: torch.Tensor  # [B * Q] long: where each row's new K/V is written
     key_slots: torch.Tensor     # [B, L] long: each sequence's key slots, padded with the pad slot (SDPA only)
-    key_mask: torch.Tensor      # [B, Q, L] bool: True for the keys a row sees (SDPA only)
-    keys: int = 0               # L, the graph's key length (SDPA; flashinfer's graphs take max_keys)
+    key_mask: torch.Tensor      # [B, Q, L] bool: True for the keys a row sees (SDPA only; L: the key length)
 
 
 def cuda_capture(fn: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], None], torch.Tensor, object]:
@@ -227,7 +226,7 @@ class StepGraphs:
 
     def _meta(self, batch: int, rows: int, keys: int) -> StaticStepMetadata:
         return StaticStepMetadata(batch, rows, self.slot_mapping[: batch * rows], self.key_slots[:batch, :keys],
-                                  self.key_mask[:batch, :rows, :keys], keys)
+                                  self.key_mask[:batch, :rows, :keys])
 
     def _prepare(self, batch: int, rows: int, length: int, keys: list[torch.Tensor]) -> None:
         """Fill the attention's static key lists for the next replay of the (batch, rows, length) graph

@@ -58,9 +58,9 @@ class ModelRunner:
         per sequence (verification, SSD's glue pass) of up to cuda_graphs.VERIFY_MAX_BATCH, with up to
         `graph_max_keys` keys each (SDPA: graphs of key lengths from `graph_min_keys` up), replay captured graphs
         (engine.cuda_graphs; CUDA graphs on CUDA, the eager twin on the CPU), which take one more slot for their
-        padding rows. compile_model: torch.compile the model
-        forward. compile_decode: one-sequence decode steps run a compiled forward (engine.compiled_decode; the CPU), and
-        with compile_rows its several-row steps too (verification, prefill)."""
+        padding rows. compile_model: torch.compile the model forward. compile_decode: one-sequence decode steps
+        run a compiled forward (engine.compiled_decode; the CPU), and with compile_rows its several-row steps too
+        (verification, prefill)."""
         self.model = model
         self.backend = backend
         self.block_size = block_size

@@ -11,7 +11,6 @@ on the CPU, where there are no graphs, the eager forward of the same shapes.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -22,13 +21,6 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def timed_ms(fn, device: str, reps: int) -> float:
@@ -93,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda and not args.smoke:
         print("error: no CUDA device: run on a GPU machine, or pass --smoke for the CPU dry run", file=sys.stderr)
         return 2
+    import gpu_check as gc  # scripts/, beside this file, is on the path when it runs as a script
+
     from engine import LLM, SamplingParams, smollm2
 
-    gc = _gpu_check()
     device = "cuda:0" if cuda else "cpu"
     target, draft = (gc.SMOKE_TARGET, gc.SMOKE_DRAFT) if args.smoke else (gc.TARGET_8B, gc.DRAFT_1B)
     out_dir = args.out_dir or (smollm2.cache_root() / "gpu-check" / ("smoke" if args.smoke else "8b-1b"))

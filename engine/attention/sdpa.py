@@ -40,11 +40,8 @@ class SdpaBackend(AttentionBackend):
         _write(k_cache, meta.slot_mapping, k)
         _write(v_cache, meta.slot_mapping, v)
         n, h, d = q.shape
-        if row_kernel(q, k_cache) and meta.batched_decode is None and all(s.mask is None for s in meta.spans):
-            outs = [causal_rows(q.narrow(0, s.q_start, s.q_len), k_cache, v_cache, s.key_slots, s.num_keys, scale)
-                    for s in meta.spans]  # causal spans: each row the same bits at any row count
-            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-        if len(meta.spans) == 1 and n == 1:  # decode of one sequence: q [1, H, D] -> [1, H, 1, D]
+        kernel = row_kernel(q, k_cache)  # few-row causal spans: each row the same bits at any row count
+        if len(meta.spans) == 1 and n == 1 and not kernel:  # decode of one sequence: q [1, H, D] -> [1, H, 1, D]
             span = meta.spans[0]
             o = attend(q.view(1, h, 1, d), _read(k_cache, span.key_slots), _read(v_cache, span.key_slots),
                        mask=None, causal=False, scale=scale)
@@ -59,6 +56,10 @@ class SdpaBackend(AttentionBackend):
             return o.reshape(b, h * d)
         outs = []
         for span, mask in zip(meta.spans, meta.masks, strict=True):
+            if kernel and span.mask is None and span.q_len <= ROW_KERNEL_ROWS:
+                outs.append(causal_rows(q.narrow(0, span.q_start, span.q_len), k_cache, v_cache, span.key_slots,
+                                        span.num_keys, scale))  # [q, H*D]
+                continue
             q_s = q.narrow(0, span.q_start, span.q_len).transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
             o = attend(q_s, _read(k_cache, span.key_slots), _read(v_cache, span.key_slots), mask=mask,
                        causal=span.is_square_causal and span.q_len > 1, scale=scale)  # [1, H, q, D]
@@ -69,14 +70,9 @@ class SdpaBackend(AttentionBackend):
 ROW_KERNEL_ROWS = 32  # causal spans of up to this many query rows take engine/kernels/attention.cpp
 
 
-@torch.compiler.assume_constant_result  # a compiled step asks once, at trace time
-def _kernel() -> bool:
-    return panel.available()
-
-
 def row_kernel(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether causal spans here take the row-invariant kernel: float32 on a CPU where the panel library builds."""
-    return q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and _kernel()
+    return q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and panel.ready()
 
 
 def causal_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: Index, num_keys: int,
@@ -96,7 +92,7 @@ def causal_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
 def _causal_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, num_keys: int,
                  scale: float) -> torch.Tensor:
     n, h, d = q.shape
-    if n > ROW_KERNEL_ROWS:  # prefill: SDPA (the same path in every mode)
+    if n > ROW_KERNEL_ROWS:  # a compiled prefill: SDPA, as the eager forward's loop runs it
         k, v = keys.narrow(1, first, num_keys).unsqueeze(0), values.narrow(1, first, num_keys).unsqueeze(0)
         mask = None if n == num_keys else torch.ones(n, num_keys, dtype=torch.bool).tril(num_keys - n)  # [n, T]
         o = attend(q.transpose(0, 1).unsqueeze(0), k, v, mask=mask, causal=mask is None, scale=scale)

@@ -23,7 +23,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D]
-        if x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32 and _kernel():
+        if x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32 and panel.ready():
             if torch.compiler.is_compiling():
                 return rms_norm_op(x, self.weight, self.eps)
             return rms_norm(x, self.weight, self.eps)
@@ -36,13 +36,8 @@ class RMSNorm(nn.Module):
         return self.forward(residual), residual
 
 
-@torch.compiler.assume_constant_result  # a compiled step asks once, at trace time (it reads /proc/cpuinfo)
-def _kernel() -> bool:
-    return panel.available()
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., D] float32 (CPU) -> its RMSNorm by the kernel (panel.available() first)."""
+    """x [..., D] float32 (CPU) -> its RMSNorm by the kernel (panel.ready() first)."""
     x = x.contiguous()
     y = torch.empty_like(x)
     panel._library().rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.contiguous().data_ptr(),

@@ -52,6 +52,12 @@ def available() -> bool:
     return _library() is not None
 
 
+@torch.compiler.assume_constant_result  # a compiled step asks once, at trace time (it reads /proc/cpuinfo)
+def ready() -> bool:
+    """`available()`, callable inside a compiled step: the norm and attention kernels' switch."""
+    return available()
+
+
 def cache_dir() -> Path:
     """Where built kernels live: ``$SSD_CHAT_KERNEL_CACHE``, else the user cache's ``ssd-chat/kernels``."""
     if os.environ.get("SSD_CHAT_KERNEL_CACHE"):

@@ -41,8 +41,9 @@ class Panel4:
         return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.m))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, K] float32 @ the weight -> [rows, n] (module-level `matmul`)."""
-        return matmul(x, self)
+        """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
+        assert self.q.shape[1] == x.shape[1], (x.shape, self.q.shape)
+        return panel.gemm("panel4_gemm", x, self.n, self.q, self.d, self.m)
 
     def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
         """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""
@@ -97,12 +98,6 @@ def half_step(x: torch.Tensor, steps: int) -> torch.Tensor:
     return bits.clamp(0, 0x7BFF).to(torch.int16).view(torch.float16)
 
 
-def matmul(x: torch.Tensor, weight: Panel4) -> torch.Tensor:
-    """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
-    assert weight.q.shape[1] == x.shape[1], (x.shape, weight.q.shape)
-    return panel.gemm("panel4_gemm", x, weight.n, weight.q, weight.d, weight.m)
-
-
 @torch.library.custom_op("ssd_chat::panel4_linear", mutates_args=())
 def linear_op(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, weight: torch.Tensor,
               max_rows: int) -> torch.Tensor:
@@ -110,7 +105,7 @@ def linear_op(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor
     4-bit panels for up to max_rows rows, else MKL's GEMM on the weight [N, K]."""
     if x.shape[0] > max_rows:
         return torch.nn.functional.linear(x, weight)
-    return matmul(x, Panel4(q, d, m, weight.shape[0]))
+    return Panel4(q, d, m, weight.shape[0]).matmul(x)
 
 
 @linear_op.register_fake

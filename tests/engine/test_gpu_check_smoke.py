@@ -33,17 +33,10 @@ def test_gpu_check_refuses_the_cpu_without_smoke():
     assert proc.returncode == 2 and "--smoke" in proc.stderr
 
 
-def _load_gpu_check():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_first_divergence_and_the_margin_where_a_mode_left_ar(tmp_path):
-    gc = _load_gpu_check()
+    from tests.engine.test_gpu import _gpu_check
+
+    gc = _gpu_check()
     assert gc.first_divergence([[1, 2, 3], [4, 5], [6]], [[1, 2, 3], [4, 7], [6, 8]]) == [None, 1, 1]
     pair = gc.build_pair(tmp_path, gc.SMOKE_TARGET, gc.SMOKE_DRAFT, damping=0.05, smoke=True, device="cpu")
     from transformers import AutoTokenizer

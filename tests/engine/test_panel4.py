@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,13 +37,20 @@ def test_q4_weights_compress_and_give_the_float32_panels_bits(n, k):
     weight = q4_form(torch.randn(n, k, generator=generator) * 0.05).t().contiguous().t()  # K-major, as stored
     four = panel4.compress(weight)
     assert four is not None and four.q.numel() == n * k // 2
+    assert_float32_panel_bits(four, weight, generator)
+
+
+def assert_float32_panel_bits(low_bit, weight: torch.Tensor, generator: torch.Generator) -> None:
+    """A low-bit copy's products are the float32 panels' bits for 1-40 rows on 1 and 2 threads."""
     panels = panel.to_panels(weight)
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-            x = torch.randn(rows, k, generator=generator)
-            assert torch.equal(panel4.matmul(x, four), panel.matmul(x, panels, n)), (threads, rows)
-    torch.set_num_threads(1)
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
+                x = torch.randn(rows, weight.shape[1], generator=generator)
+                assert torch.equal(low_bit.matmul(x), panel.matmul(x, panels, weight.shape[0])), (threads, rows)
+    finally:
+        torch.set_num_threads(1)
 
 
 def test_other_weights_keep_float32_panels():
@@ -59,18 +68,25 @@ PROMPTS = [[1, 5, 9, 12], list(range(2, 40))]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
+def rewritten(tiny_dir: Path, out: Path, form: Callable[[str, torch.Tensor], torch.Tensor | None]) -> Path:
+    """A copy of the tiny model at out/model with form(name, tensor) in place of each 2-D tensor it rewrites
+    (None: kept)."""
+    model = out / "model"
+    shutil.copytree(tiny_dir, model)
+    assert json.loads((model / "config.json").read_text())["hidden_size"] % 32 == 0  # whole 32-input blocks
+    state = load_file(str(model / "model.safetensors"))
+    for name, tensor in state.items():
+        new = form(name, tensor.float()) if tensor.dim() == 2 else None
+        state[name] = tensor if new is None else new
+    save_file(state, str(model / "model.safetensors"))
+    return model
+
+
 @pytest.fixture(scope="module")
 def q4_model(tiny_llama_dir, tmp_path_factory):
     """The tiny Llama with its layers' weights in the Q4_1 form (as SmolLM2-135M's are)."""
-    model = tmp_path_factory.mktemp("q4") / "model"
-    shutil.copytree(tiny_llama_dir, model)
-    state = load_file(str(model / "model.safetensors"))
-    for name, tensor in state.items():
-        if tensor.dim() == 2 and "proj" in name and tensor.shape[1] % 32 == 0:
-            state[name] = q4_form(tensor.float())
-    save_file(state, str(model / "model.safetensors"))
-    assert json.loads((model / "config.json").read_text())["hidden_size"] % 32 == 0
-    return model
+    return rewritten(tiny_llama_dir, tmp_path_factory.mktemp("q4"),
+                     lambda name, w: q4_form(w) if "proj" in name and w.shape[1] % 32 == 0 else None)
 
 
 def _four_bit_modules(llm: LLM) -> list:

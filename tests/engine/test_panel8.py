@@ -5,16 +5,13 @@ float32 panels, and an engine whose embedding and head are 8-bit values (as Smol
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from engine import LLM
 from engine.config import SpeculationConfig
 from engine.layers import packed, panel, panel4, panel8
-from tests.engine.test_panel4 import GREEDY, PROMPTS, q4_form
+from tests.engine.test_panel4 import GREEDY, PROMPTS, assert_float32_panel_bits, q4_form, rewritten
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 and a C++ compiler")
 
@@ -34,13 +31,7 @@ def test_q8_weights_compress_and_give_the_float32_panels_bits(n, k):
     weight = q8_form(torch.randn(n, k, generator=generator))
     eight = panel8.compress(weight)
     assert eight is not None and eight.q.dtype == torch.int8 and eight.nbytes == n * k * 9 // 8
-    panels = panel.to_panels(weight)
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-            x = torch.randn(rows, k, generator=generator)
-            assert torch.equal(eight.matmul(x), panel.matmul(x, panels, n)), (threads, rows)
-    torch.set_num_threads(1)
+    assert_float32_panel_bits(eight, weight, generator)
 
 
 def test_other_weights_keep_float32_panels():
@@ -57,16 +48,8 @@ def test_other_weights_keep_float32_panels():
 @pytest.fixture(scope="module")
 def low_bit_model(tiny_llama_dir, tmp_path_factory):
     """The tiny Llama with its layers in the Q4_1 form and its embedding and head in the Q8_0 form."""
-    model = tmp_path_factory.mktemp("q8") / "model"
-    shutil.copytree(tiny_llama_dir, model)
-    state = load_file(str(model / "model.safetensors"))
-    for name, tensor in state.items():
-        if tensor.dim() == 2 and "proj" in name:
-            state[name] = q4_form(tensor.float())
-        elif tensor.dim() == 2:  # embed_tokens, lm_head
-            state[name] = q8_form(tensor.float())
-    save_file(state, str(model / "model.safetensors"))
-    return model
+    return rewritten(tiny_llama_dir, tmp_path_factory.mktemp("q8"),
+                     lambda name, w: q4_form(w) if "proj" in name else q8_form(w))  # else: embed_tokens, lm_head
 
 
 def _low_bit(llm: LLM, kind: type) -> list:
