@@ -226,21 +226,23 @@ def hf_row(target_dir: Path, prompt_ids: list[list[int]], device: str, dtype: to
     """transformers' generate (greedy, EOS ignored) on the same weights: decode tok/s and its tokens."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    from ssd_chat.bench import TimingStreamer
+
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
     model.generation_config.eos_token_id = None
-    tokens, seconds, outputs = 0, 0.0, []
-    for ids in prompt_ids:
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0)
+
+    def generate(ids: list[int], streamer=None) -> list[int]:
         x = torch.tensor([ids], device=device)
-        times = []
-        for n in (1, max_tokens):
-            config = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
-            _sync(device)
-            start = time.perf_counter()
-            out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config)
-            _sync(device)
-            times.append(time.perf_counter() - start)
-        outputs.append(out[0, len(ids):].tolist())
-        tokens, seconds = tokens + max_tokens - 1, seconds + times[1] - times[0]
+        return model.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
+                              streamer=streamer)[0, len(ids):].tolist()
+
+    generate(prompt_ids[0])  # warm-up: lazy allocations, kernel choice
+    tokens, seconds, outputs = 0, 0.0, []
+    for ids in prompt_ids:  # decode time: from the first new token to the last (generate syncs every token)
+        streamer = TimingStreamer()
+        outputs.append(generate(ids, streamer))
+        tokens, seconds = tokens + len(outputs[-1]) - 1, seconds + streamer.times[-1] - streamer.first_token_time()
 
     @torch.inference_mode()
     def margins(ar: list[list[int]], other: list[list[int]]) -> list[dict | None]:

@@ -141,7 +141,7 @@ def run_hf(
 
     def generate(ids: list[int], num_tokens: int) -> PromptRun:
         config = GenerationConfig(do_sample=False, max_new_tokens=num_tokens, pad_token_id=pad_id)
-        streamer = _TimingStreamer()
+        streamer = TimingStreamer()
         input_ids = torch.tensor([ids])
         start = time.perf_counter()
         out = model.generate(
@@ -160,7 +160,7 @@ def run_hf(
     return ModeResult(mode, runs)
 
 
-class _TimingStreamer(BaseStreamer):
+class TimingStreamer(BaseStreamer):
     """Timestamps generate()'s put() calls: the first one carries the prompt, then new tokens (one per
     call, or several at once in assisted generation)."""
 
