@@ -1,0 +1,366 @@
+"""Distil drafts on a CUDA GPU, time-boxed: many more self-written prompts and replies than the CPU recipe affords,
+and KL to the target's distribution on every step.
+
+`ssd-chat distill` (the CPU recipe) is limited by its data: about a million reply tokens cost it 40-85 minutes on a
+2-core CPU, and its drafts' agreement levels off there. On a GPU the same target writes millions of tokens in a
+minute. This script runs one time-boxed pass (``--budget-s``) of four phases:
+
+1. prompts: ``assets/prompts/distill.jsonl`` (its held-out prompts and their twins left out of training, as
+   distill does) plus ``--self-prompts`` requests the target writes itself (``make_self_prompts``' method and
+   filter: its chat template up to a user turn, temperature 1, top-p 0.9, seeded), minus any that share a
+   ``SHINGLE``-word run with a held-out benchmark prompt (``chat.jsonl``, ``chat-unseen.jsonl``);
+2. replies: greedy, ``--max-tokens`` each, past the end of turn (distill's ``--ignore-eos``), float32 (TF32 off),
+   many decoded together; a distill reply cache (``--replies``, ``DIR/distill/data.jsonl``) supplies the replies it
+   holds (the CPU target's own);
+3. training, per ``--layers`` entry: distill's draft (the target's first L layers, its embedding frozen, a head
+   over the ``--head-vocab`` most frequent reply tokens), AdamW on KL(target || draft) over the kept tokens,
+   bfloat16 autocast, the step count fitted to the draft's share of the time left (a warm-up with cosine decay);
+4. output: ``OUT/draft-L<n>/`` (a draft directory, int8 matmuls, as distill writes), ``OUT/data.jsonl.gz`` (the
+   new prompts' ids and replies), ``OUT/self-prompts.jsonl``, ``OUT/log.jsonl`` and ``OUT/summary.json``.
+
+``python scripts/gpu_distill.py --target smollm2-135m --out DIR --budget-s 420``; ``--smoke`` runs tiny settings on
+the CPU (its logic is tested by tests/ssd_chat/test_gpu_distill_smoke.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+from make_self_prompts import MARKER, keep  # noqa: E402 (after the path set-up)
+
+from engine.chat import encode_chat  # noqa: E402
+from engine.registry import resolve_model  # noqa: E402
+from engine.startup import load_tokenizer  # noqa: E402
+from ssd_chat import distill_data as data  # noqa: E402
+from ssd_chat.distill import DISTILL_PROMPTS, _eos_ids  # noqa: E402
+from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft  # noqa: E402
+from ssd_chat.distill_train import TrainSettings, kl_loss, lr_at, pad_batch, target_logits  # noqa: E402
+from ssd_chat.prompts import HELD_OUT_SETS, load_prompts  # noqa: E402
+
+SHINGLE = 5  # words: a self-written prompt sharing a run this long with a held-out prompt is dropped
+log = logging.getLogger("gpu_distill")
+
+
+class Clock:
+    """Seconds since the start and what is left of the budget."""
+
+    def __init__(self, budget_s: float):
+        self.start, self.budget_s = time.perf_counter(), budget_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+
+@torch.no_grad()
+def decode(model, prompts: list[list[int]], max_new: int, *, pad_id: int, stop_id: int | None = None,
+           temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None) -> list[list[int]]:
+    """Left-padded batch decoding with transformers' KV cache: greedy (temperature 0) or top-p sampling. Without
+    ``stop_id`` every row runs ``max_new`` tokens; with it a row's tokens end at (and include) its first stop."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, W]
+    cache = DynamicCache()
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1]  # [B, V]
+    last = positions[:, -1]  # [B]
+    out, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    for step in range(max_new):
+        token = _pick(logits.float(), temperature, top_p, generator)  # [B]
+        out.append(token)
+        if stop_id is not None:
+            done |= token == stop_id
+            if bool(done.all()):
+                break
+        if step + 1 == max_new:
+            break
+        mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
+        last = last + 1
+        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=last[:, None],
+                       past_key_values=cache, use_cache=True).logits[:, -1]
+    rows = torch.stack(out, dim=1).tolist()  # [B, steps]
+    if stop_id is not None:
+        rows = [row[: row.index(stop_id) + 1] if stop_id in row else row for row in rows]
+    return rows
+
+
+def decode_split(model, prompts: list[list[int]], max_new: int, **kwargs) -> list[list[int]]:
+    """``decode``, in halves (recursively) where a batch runs out of device memory."""
+    try:
+        return decode(model, prompts, max_new, **kwargs)
+    except torch.OutOfMemoryError:
+        if len(prompts) == 1:
+            raise
+        torch.cuda.empty_cache()
+        log.warning("out of memory at %d rows: halving", len(prompts))
+        half = len(prompts) // 2
+        return decode_split(model, prompts[:half], max_new, **kwargs) + decode_split(model, prompts[half:], max_new,
+                                                                                       **kwargs)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """[B, V] -> [B]: the argmax, or a sample from the top-p nucleus of softmax(logits / temperature)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = (logits / temperature).softmax(-1)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    outside = sorted_probs.cumsum(-1) - sorted_probs > top_p  # the nucleus: the smallest head holding top_p
+    sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+    choice = torch.multinomial(sorted_probs, 1, generator=generator)  # [B, 1]
+    return order.gather(1, choice)[:, 0]
+
+
+def held_out_shingles() -> set[tuple[str, ...]]:
+    """Every SHINGLE-word run of the held-out benchmark prompts' turns (lower case)."""
+    runs = set()
+    for path in HELD_OUT_SETS:
+        for messages in load_prompts(path):
+            for message in messages:
+                words = message["content"].lower().split()
+                runs.update(tuple(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1))
+    return runs
+
+
+def self_prompts(model, tokenizer, count: int, *, batch: int, seed: int, pad_id: int, stop_id: int,
+                 clock: Clock, until_s: float) -> list[str]:
+    """Up to ``count`` sampled user requests (kept by make_self_prompts' filter, no held-out run), in order."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": MARKER}], tokenize=False)
+    prefix = tokenizer.encode(text[: text.index(MARKER)], add_special_tokens=False)
+    banned = held_out_shingles()
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    kept: dict[str, None] = {}
+    sampled = 0
+    while len(kept) < count and clock.elapsed() < until_s:
+        n = min(batch, 2 * (count - len(kept)))
+        for row in decode_split(model, [prefix] * n, 96, pad_id=pad_id, stop_id=stop_id, temperature=1.0, top_p=0.9,
+                          generator=generator):
+            if row[-1] != stop_id:
+                continue
+            message = tokenizer.decode(row[:-1], skip_special_tokens=False).strip()
+            words = message.lower().split()
+            if keep(message) and not any(tuple(words[i : i + SHINGLE]) in banned for i in range(len(words))):
+                kept.setdefault(message)
+        sampled += n
+        log.info("self-prompts: %d kept of %d sampled (t=%.0f s)", len(kept), sampled, clock.elapsed())
+    return list(kept)[:count]
+
+
+def read_reply_cache(path: Path | None) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """prompt ids -> reply ids from a distill reply cache (header line, then one row per reply); gzip allowed."""
+    if path is None:
+        return {}
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        lines = handle.read().splitlines()[1:]
+    return {tuple(row["prompt_ids"]): tuple(row["reply_ids"]) for row in map(json.loads, lines)}
+
+
+def write_replies(model, todo: list[tuple[int, ...]], replies: dict, *, max_tokens: int, batch: int, pad_id: int,
+                  clock: Clock, until_s: float) -> None:
+    """Greedy replies for ``todo`` (shortest prompts first, so a batch pads little) until the time box ends."""
+    todo = sorted(todo, key=len)
+    for start in range(0, len(todo), batch):
+        if clock.elapsed() >= until_s:
+            log.info("replies: time box reached, %d prompts left without a reply", len(todo) - start)
+            return
+        chunk = todo[start : start + batch]
+        written = decode_split(model, [list(i) for i in chunk], max_tokens, pad_id=pad_id)
+        for ids, reply in zip(chunk, written, strict=True):
+            replies[ids] = tuple(reply)
+        log.info("replies: %d of %d (t=%.0f s)", min(start + batch, len(todo)), len(todo), clock.elapsed())
+
+
+@torch.no_grad()
+def agreement(draft, target, examples: list[data.Example], pad_id: int, device: torch.device) -> float:
+    """Greedy agreement (as distill's): the draft's top kept token vs the target's top token, at reply positions."""
+    matches = total = 0
+    for start in range(0, len(examples), 16):
+        ids, mask = (t.to(device) for t in pad_batch(examples[start : start + 16], pad_id))
+        expected = target_logits(target, ids, None)[mask].argmax(-1)
+        proposed = draft.head_ids[draft(ids)[mask].argmax(-1)]
+        matches += int((proposed == expected).sum())
+        total += expected.numel()
+    return matches / max(total, 1)
+
+
+def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Example], held: list[data.Example], *,
+                seconds: float, batch: int, lr: float, seed: int, pad_id: int, device: torch.device,
+                log_rows: list[dict], min_steps: int) -> tuple[object, dict]:
+    """One draft trained on KL for about ``seconds`` (the step count fitted after timing two steps)."""
+    draft = init_draft(target, layers, head_ids.to(device)).to(device)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, fused=device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+
+    def step(examples: list[data.Example], rate: float | None) -> float:
+        ids, mask = (t.to(device) for t in pad_batch(examples, pad_id))
+        with autocast:
+            loss = kl_loss(draft(ids).float(), target_logits(target, ids, draft.head_ids).float(), mask)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if rate is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+            optimizer.step()
+        return loss.item()
+
+    perms: dict[int, list[int]] = {}
+
+    def batch_of(s: int) -> list[data.Example]:  # consecutive slots of a seeded permutation per epoch
+        chosen = []
+        for slot in range(s * batch, (s + 1) * batch):
+            epoch, pos = divmod(slot, len(train))
+            if epoch not in perms:
+                perms[epoch] = torch.randperm(len(train), generator=torch.Generator().manual_seed(
+                    seed * 100_003 + epoch)).tolist()
+            chosen.append(train[perms[epoch][pos]])
+        return chosen
+
+    step(batch_of(0), None)  # warm-up (kernels, allocator): not timed, no update
+    started = time.perf_counter()
+    step(batch_of(0), None)
+    step_s = time.perf_counter() - started
+    steps = max(min_steps, int(seconds / step_s))
+    settings = TrainSettings(steps, batch, lr, seed, eval_every=max(1, steps // 5), checkpoint_every=steps)
+    before = agreement(draft, target, held, pad_id, device)
+    log.info("L%d: %.3f s a step -> %d steps (%.1f epochs); agreement %.3f", layers, step_s, steps,
+             steps * batch / len(train), before)
+    recent: list[float] = []
+    for s in range(steps):
+        recent = [*recent[-19:], step(batch_of(s), lr_at(s, settings))]
+        if (s + 1) % settings.eval_every == 0 or s + 1 == steps:
+            row = {"layers": layers, "step": s + 1, "loss": round(sum(recent) / len(recent), 5),
+                   "agreement": round(agreement(draft, target, held, pad_id, device), 4)}
+            log_rows.append(row)
+            log.info("L%d %s", layers, row)
+    return draft, {"layers": layers, "steps": steps, "step_s": round(step_s, 4), "agreement_before": round(before, 4),
+                   "agreement": log_rows[-1]["agreement"], "params_per_token": num_params_per_token(draft)}
+
+
+def main(args: argparse.Namespace) -> None:
+    clock = Clock(args.budget_s)
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(args.seed)
+    target_dir = resolve_model(args.target)
+    tokenizer = load_tokenizer(target_dir)
+    target = load_target(target_dir).to(device)
+    eos = _eos_ids(target)
+    pad_id = eos[0] if eos else 0
+    stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else pad_id
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "device": str(device)}
+    if device.type == "cuda":
+        summary["gpu"] = torch.cuda.get_device_name(device)
+
+    base = load_prompts(args.prompts, limit=args.max_prompts)
+    held = set(data.held_out_indices(len(base), args.eval_prompts))
+    held_turns = {data.conversation_turns(base[i]) for i in held}
+    encode = lambda messages: tuple(encode_chat(tokenizer, messages, model=str(target_dir)))  # noqa: E731
+    base_ids = [encode(m) for m in base]
+    train_ids = [ids for i, ids in enumerate(base_ids) if i not in held and data.conversation_turns(base[i])
+                 not in held_turns]
+    held_ids = [base_ids[i] for i in sorted(held)]
+
+    written = self_prompts(target, tokenizer, args.self_prompts, batch=args.sample_batch, seed=args.seed,
+                           pad_id=pad_id, stop_id=stop_id, clock=clock, until_s=args.prompts_s)
+    (out / "self-prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in written), "utf-8")
+    known = set(base_ids)
+    new_ids = [ids for ids in dict.fromkeys(encode([{"role": "user", "content": p}]) for p in written)
+               if ids not in known]
+    summary["self_prompts"], summary["prompts_s"] = len(written), round(clock.elapsed(), 1)
+
+    replies = read_reply_cache(args.replies)
+    cached = len(replies)
+    todo = [ids for ids in dict.fromkeys([*held_ids, *train_ids, *new_ids]) if ids not in replies]
+    write_replies(target, todo, replies, max_tokens=args.max_tokens, batch=args.reply_batch, pad_id=pad_id,
+                  clock=clock, until_s=args.replies_s)
+    with gzip.open(out / "data.jsonl.gz", "wt", encoding="utf-8") as handle:
+        handle.write(json.dumps({"max_tokens": args.max_tokens, "ignore_eos": True, "dtype": "float32",
+                                 "device": summary.get("gpu", str(device))}) + "\n")
+        for ids in new_ids:
+            if ids in replies:
+                handle.write(json.dumps({"prompt_ids": ids, "reply_ids": replies[ids]}) + "\n")
+    train = [data.Example(ids, replies[ids]) for ids in [*train_ids, *new_ids] if ids in replies]
+    held_examples = [data.Example(ids, replies[ids]) for ids in held_ids if ids in replies]
+    summary |= {"replies_cached": cached, "replies_written": len(replies) - cached, "train_examples": len(train),
+                "train_reply_tokens": sum(len(e.reply_ids) for e in train), "data_s": round(clock.elapsed(), 1)}
+    log.info("data: %s", {k: summary[k] for k in ("train_examples", "train_reply_tokens", "data_s")})
+
+    head_ids = data.head_vocab_ids(train, target.config.vocab_size, args.head_vocab, always=eos)
+    summary["head_coverage"] = round(data.head_coverage(train, head_ids), 4)
+    layers = [int(x) for x in args.layers.split(",")]
+    log_rows: list[dict] = []
+    summary["drafts"] = []
+    for n, num_layers in enumerate(layers):
+        weights = [max(1, x) for x in layers[n:]]  # a draft's share of the time left ~ its depth
+        seconds = max(1.0, (clock.left() - args.reserve_s) * weights[0] / sum(weights))
+        draft, result = train_draft(target, num_layers, head_ids, train, held_examples, seconds=seconds,
+                                    batch=args.batch_size, lr=args.lr, seed=args.seed, pad_id=pad_id, device=device,
+                                    log_rows=log_rows, min_steps=args.min_steps)
+        save_draft(draft.to("cpu"), target_dir, out / f"draft-L{num_layers}", "int8")
+        del draft
+        summary["drafts"].append(result | {"done_s": round(clock.elapsed(), 1)})
+        (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log_rows), "utf-8")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
+    log.info("done in %.0f s: %s", clock.elapsed(), json.dumps(summary["drafts"]))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--prompts", type=Path, default=DISTILL_PROMPTS)
+    parser.add_argument("--max-prompts", type=int, default=None)
+    parser.add_argument("--replies", type=Path, default=None, help="a distill reply cache (data.jsonl[.gz])")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="the whole run's time box")
+    parser.add_argument("--prompts-s", type=float, default=45.0, help="self-prompts until this many seconds")
+    parser.add_argument("--replies-s", type=float, default=170.0, help="replies until this many seconds")
+    parser.add_argument("--reserve-s", type=float, default=15.0, help="kept for saving at the end")
+    parser.add_argument("--self-prompts", type=int, default=20000)
+    parser.add_argument("--sample-batch", type=int, default=2048)
+    parser.add_argument("--reply-batch", type=int, default=1024)
+    parser.add_argument("--max-tokens", type=int, default=192)
+    parser.add_argument("--eval-prompts", type=int, default=32)
+    parser.add_argument("--head-vocab", type=int, default=8192)
+    parser.add_argument("--layers", default="4,12", help="draft depths to train, in order")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--min-steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--smoke", action="store_true", help="tiny settings on the CPU (the test)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.device = "cpu"
+    elif not torch.cuda.is_available():
+        parser.error("no CUDA device: this is the GPU recipe (use --smoke to try its logic on the CPU)")
+    return args
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    main(parse_args())
