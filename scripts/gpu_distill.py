@@ -2,16 +2,18 @@
 and KL to the target's distribution on every step.
 
 `ssd-chat distill` (the CPU recipe) is limited by its data: about a million reply tokens cost it 40-85 minutes on a
-2-core CPU, and its drafts' agreement levels off there. On a GPU the same target writes millions of tokens in a
-minute. This script runs one time-boxed pass (``--budget-s``) of four phases:
+2-core CPU, and its drafts' agreement levels off there. On a GPU the same target writes about a million tokens a
+minute (17k tokens/s on an H200 with this script's plain transformers decoding). This script runs one time-boxed
+pass (``--budget-s``) of four phases:
 
 1. prompts: ``assets/prompts/distill.jsonl`` (its held-out prompts and their twins left out of training, as
    distill does) plus ``--self-prompts`` requests the target writes itself (``make_self_prompts``' method and
    filter: its chat template up to a user turn, temperature 1, top-p 0.9, seeded), minus any that share a
-   ``SHINGLE``-word run with a held-out benchmark prompt (``chat.jsonl``, ``chat-unseen.jsonl``);
+   ``SHINGLE``-word run with a held-out benchmark prompt (``chat.jsonl``, ``chat-unseen.jsonl``); or the prompts of
+   ``--self-prompts-file`` (the H200 run's 13,717 are ``assets/prompts/distill-gpu-self.jsonl``);
 2. replies: greedy, ``--max-tokens`` each, past the end of turn (distill's ``--ignore-eos``), float32 (TF32 off),
-   many decoded together; a distill reply cache (``--replies``, ``DIR/distill/data.jsonl``) supplies the replies it
-   holds (the CPU target's own);
+   many decoded together, until the time box ends; reply caches (``--replies``: distill's ``DIR/distill/data.jsonl``
+   holds the CPU target's own, an earlier run's ``data.jsonl.gz`` its new prompts') supply the replies they hold;
 3. training, per ``--layers`` entry: distill's draft (the target's first L layers, its embedding frozen, a head
    over the ``--head-vocab`` most frequent reply tokens), AdamW on KL(target || draft) over the kept tokens,
    bfloat16 autocast, the step count fitted to the draft's share of the time left (a warm-up with cosine decay);
@@ -19,12 +21,14 @@ minute. This script runs one time-boxed pass (``--budget-s``) of four phases:
    new prompts' ids and replies), ``OUT/self-prompts.jsonl``, ``OUT/log.jsonl`` and ``OUT/summary.json``.
 
 ``python scripts/gpu_distill.py --target smollm2-135m --out DIR --budget-s 420``; ``--smoke`` runs tiny settings on
-the CPU (its logic is tested by tests/ssd_chat/test_gpu_distill_smoke.py).
+the CPU (its logic is tested by tests/ssd_chat/test_gpu_distill.py). What one H200 run made and how the drafts
+did: README.md, ``ssd-chat distill``, "The GPU recipe".
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 import logging
@@ -48,6 +52,7 @@ from ssd_chat.distill_model import init_draft, load_target, num_params_per_token
 from ssd_chat.distill_train import TrainSettings, kl_loss, lr_at, pad_batch, target_logits  # noqa: E402
 from ssd_chat.prompts import HELD_OUT_SETS, load_prompts  # noqa: E402
 
+PROBE_STEPS, SAFETY = 4, 0.8  # training steps timed to fit the count to the time; the share of the time planned
 SHINGLE = 5  # words: a self-written prompt sharing a run this long with a held-out prompt is dropped
 log = logging.getLogger("gpu_distill")
 
@@ -142,6 +147,12 @@ def held_out_shingles() -> set[tuple[str, ...]]:
     return runs
 
 
+def shares_run(text: str, banned: set[tuple[str, ...]]) -> bool:
+    """Whether ``text`` holds one of the ``banned`` SHINGLE-word runs (lower case)."""
+    words = text.lower().split()
+    return any(tuple(words[i : i + SHINGLE]) in banned for i in range(len(words) - SHINGLE + 1))
+
+
 def self_prompts(model, tokenizer, count: int, *, batch: int, seed: int, pad_id: int, stop_id: int,
                  clock: Clock, until_s: float) -> list[str]:
     """Up to ``count`` sampled user requests (kept by make_self_prompts' filter, no held-out run), in order."""
@@ -159,8 +170,7 @@ def self_prompts(model, tokenizer, count: int, *, batch: int, seed: int, pad_id:
             if row[-1] != stop_id:
                 continue
             message = tokenizer.decode(row[:-1], skip_special_tokens=False).strip()
-            words = message.lower().split()
-            if keep(message) and not any(tuple(words[i : i + SHINGLE]) in banned for i in range(len(words))):
+            if keep(message) and not shares_run(message, banned):
                 kept.setdefault(message)
         sampled += n
         log.info("self-prompts: %d kept of %d sampled (t=%.0f s)", len(kept), sampled, clock.elapsed())
@@ -240,11 +250,15 @@ def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Ex
 
     step(batch_of(0), None)  # warm-up (kernels, allocator): not timed, no update
     started = time.perf_counter()
-    step(batch_of(0), None)
-    step_s = time.perf_counter() - started
-    steps = max(min_steps, int(seconds / step_s))
-    settings = TrainSettings(steps, batch, lr, seed, eval_every=max(1, steps // 5), checkpoint_every=steps)
+    for probe in range(1, PROBE_STEPS + 1):  # several batches: their lengths vary
+        step(batch_of(probe), None)
+    step_s = (time.perf_counter() - started) / PROBE_STEPS
+    started = time.perf_counter()
     before = agreement(draft, target, held, pad_id, device)
+    eval_s = time.perf_counter() - started
+    # the H200 run's steps came out 30% slower than a one-batch probe said: a margin, and the six evaluations
+    steps = max(min_steps, int((SAFETY * seconds - 6 * eval_s) / step_s))
+    settings = TrainSettings(steps, batch, lr, seed, eval_every=max(1, steps // 5), checkpoint_every=steps)
     log.info("L%d: %.3f s a step -> %d steps (%.1f epochs); agreement %.3f", layers, step_s, steps,
              steps * batch / len(train), before)
     recent: list[float] = []
@@ -285,15 +299,24 @@ def main(args: argparse.Namespace) -> None:
                  not in held_turns]
     held_ids = [base_ids[i] for i in sorted(held)]
 
-    written = self_prompts(target, tokenizer, args.self_prompts, batch=args.sample_batch, seed=args.seed,
-                           pad_id=pad_id, stop_id=stop_id, clock=clock, until_s=args.prompts_s)
+    if args.self_prompts_file is not None:  # an earlier run's (assets/prompts/distill-gpu-self.jsonl)
+        banned = held_out_shingles()
+        texts = [messages[-1]["content"] for messages in load_prompts(args.self_prompts_file)]
+        written = [text for text in texts if not shares_run(text, banned)]
+    else:
+        written = self_prompts(target, tokenizer, args.self_prompts, batch=args.sample_batch, seed=args.seed,
+                               pad_id=pad_id, stop_id=stop_id, clock=clock, until_s=args.prompts_s)
     (out / "self-prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in written), "utf-8")
     known = set(base_ids)
     new_ids = [ids for ids in dict.fromkeys(encode([{"role": "user", "content": p}]) for p in written)
                if ids not in known]
     summary["self_prompts"], summary["prompts_s"] = len(written), round(clock.elapsed(), 1)
 
-    replies = read_reply_cache(args.replies)
+    replies = {}
+    for path in args.replies:
+        replies |= read_reply_cache(path)
+    seen = known | set(new_ids)
+    new_ids += [ids for ids in replies if ids not in seen]  # an earlier run's prompts
     cached = len(replies)
     todo = [ids for ids in dict.fromkeys([*held_ids, *train_ids, *new_ids]) if ids not in replies]
     write_replies(target, todo, replies, max_tokens=args.max_tokens, batch=args.reply_batch, pad_id=pad_id,
@@ -321,7 +344,9 @@ def main(args: argparse.Namespace) -> None:
         draft, result = train_draft(target, num_layers, head_ids, train, held_examples, seconds=seconds,
                                     batch=args.batch_size, lr=args.lr, seed=args.seed, pad_id=pad_id, device=device,
                                     log_rows=log_rows, min_steps=args.min_steps)
-        save_draft(draft.to("cpu"), target_dir, out / f"draft-L{num_layers}", "int8")
+        # a copy goes to the CPU: the draft's embedding is the target's own tensor (moving the draft itself once
+        # took a tied target's head along, on the H200)
+        save_draft(copy.deepcopy(draft).to("cpu"), target_dir, out / f"draft-L{num_layers}", "int8")
         del draft
         summary["drafts"].append(result | {"done_s": round(clock.elapsed(), 1)})
         (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log_rows), "utf-8")
@@ -335,12 +360,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--prompts", type=Path, default=DISTILL_PROMPTS)
     parser.add_argument("--max-prompts", type=int, default=None)
-    parser.add_argument("--replies", type=Path, default=None, help="a distill reply cache (data.jsonl[.gz])")
+    parser.add_argument("--replies", type=Path, nargs="*", default=[],
+                        help="reply caches (distill's data.jsonl, this script's data.jsonl.gz): their replies are "
+                             "reused, and their prompts outside --prompts are trained on")
     parser.add_argument("--budget-s", type=float, default=420.0, help="the whole run's time box")
     parser.add_argument("--prompts-s", type=float, default=45.0, help="self-prompts until this many seconds")
     parser.add_argument("--replies-s", type=float, default=170.0, help="replies until this many seconds")
     parser.add_argument("--reserve-s", type=float, default=15.0, help="kept for saving at the end")
     parser.add_argument("--self-prompts", type=int, default=20000)
+    parser.add_argument("--self-prompts-file", type=Path, default=None,
+                        help="take these self-written prompts instead of sampling new ones")
     parser.add_argument("--sample-batch", type=int, default=2048)
     parser.add_argument("--reply-batch", type=int, default=1024)
     parser.add_argument("--max-tokens", type=int, default=192)

@@ -64,26 +64,50 @@ def test_held_out_runs_are_banned(gd):
     banned = gd.held_out_shingles()
     assert ("explain", "in", "two", "sentences", "why") in banned  # chat.jsonl's second prompt
     assert all(len(run) == gd.SHINGLE for run in banned)
+    assert gd.shares_run("Please EXPLAIN in two sentences why cats nap.", banned)
+    assert not gd.shares_run("Explain in three sentences why", banned)
+
+
+def test_the_shipped_gpu_self_prompts_stay_clear_of_the_held_out_sets(gd):
+    from ssd_chat.prompts import PROMPTS_DIR, load_prompts
+
+    texts = [messages[-1]["content"] for messages in load_prompts(PROMPTS_DIR / "distill-gpu-self.jsonl")]
+    banned = gd.held_out_shingles()
+    assert len(texts) > 10_000 and len(set(texts)) == len(texts)
+    assert not [text for text in texts if gd.shares_run(text, banned)]
+
+
+def test_self_prompts_are_sampled_and_filtered(gd, tiny_target, tiny_llama_dir):
+    from engine.startup import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_llama_dir)
+    kept = gd.self_prompts(tiny_target, tokenizer, 4, batch=8, seed=0, pad_id=0, stop_id=1, clock=gd.Clock(60),
+                           until_s=0.5)  # the first batch always runs; a random model rarely writes a keepable one
+    assert len(kept) <= 4 and all(gd.keep(text) for text in kept)
 
 
 def test_smoke_run_writes_drafts_that_load_and_learn(tiny_llama_dir, tmp_path):
+    """Two drafts, the second trained after the first is saved (which must leave the target as it was)."""
     out = tmp_path / "out"
+    own = tmp_path / "self.jsonl"
+    own.write_text("".join(json.dumps({"prompt": f"Write a short note about topic number {i}."}) + "\n"
+                           for i in range(3)) + json.dumps({"prompt": "Explain in two sentences why snow melts."}))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_distill.py"), "--smoke", "--target", str(tiny_llama_dir),
-         "--out", str(out), "--max-prompts", "40", "--self-prompts", "8", "--sample-batch", "8", "--reply-batch",
-         "16", "--max-tokens", "24", "--eval-prompts", "4", "--head-vocab", "200", "--layers", "1", "--batch-size",
+         "--out", str(out), "--max-prompts", "40", "--self-prompts-file", str(own), "--reply-batch",
+         "16", "--max-tokens", "24", "--eval-prompts", "4", "--head-vocab", "200", "--layers", "1,2", "--batch-size",
          "4", "--budget-s", "5", "--prompts-s", "2", "--replies-s", "60", "--min-steps", "150"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    # 40 prompts, 4 held out, plus what self-prompts the tiny target wrote (usually none)
-    assert 36 <= summary["train_examples"] <= 36 + summary["self_prompts"]
-    (draft,) = summary["drafts"]
-    assert draft["layers"] == 1 and draft["steps"] >= 150
-    assert draft["agreement"] > draft["agreement_before"]
+    # 40 prompts, 4 held out, plus the file's prompts but the one that shares a run with a held-out prompt
+    assert summary["self_prompts"] == 3 and summary["train_examples"] == 36 + 3
+    assert [d["layers"] for d in summary["drafts"]] == [1, 2]
     from ssd_chat.distill_model import load_hf_draft
 
-    model = load_hf_draft(out / "draft-L1", tiny_llama_dir)
-    assert model.config.num_hidden_layers == 1
-    assert json.loads((out / "draft-L1" / "config.json").read_text())["reduced_head"] is True
+    for draft in summary["drafts"]:
+        assert draft["steps"] >= 150
+        model = load_hf_draft(out / f"draft-L{draft['layers']}", tiny_llama_dir)
+        assert model.config.num_hidden_layers == draft["layers"]
+    assert summary["drafts"][0]["agreement"] > summary["drafts"][0]["agreement_before"]  # (2 layers: the target)
