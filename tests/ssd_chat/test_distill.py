@@ -90,7 +90,8 @@ def test_the_draft_loads_like_any_model_and_speculation_stays_exact(tiny_llama_d
 
 
 def _acceptance(target: Path, draft: Path) -> float:
-    llm = LLM(target=str(target), draft=str(draft), mode="sd", k=4)
+    # a fixed k: the adaptive length follows measured costs, so the acceptance would depend on the machine's load
+    llm = LLM(target=str(target), draft=str(draft), speculation=SpeculationConfig(mode="sd", k=4, adaptive_k=False))
     try:
         greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
         outputs = [llm.generate(ids, greedy)[0] for ids in _held_out_prompt_ids(llm, 6)]
@@ -126,7 +127,7 @@ def test_training_beats_the_untrained_draft(tiny_llama_dir, drafts):
     header, *rows = (json.loads(line) for line in (trained / "distill" / "data.jsonl").read_text().splitlines())
     assert header["ignore_eos"] is True  # the default: every reply runs to --max-tokens, past any end of turn
     assert {len(row["reply_ids"]) for row in rows} == {MAX_TOKENS}
-    # On prompts it never saw (the benchmark set), the engine's SD acceptance: about 0.12 -> 0.23 here.
+    # On prompts it never saw (the benchmark set), the engine's SD acceptance at k = 4: 0.13 -> 0.20 here.
     before, after = _acceptance(tiny_llama_dir, untrained), _acceptance(tiny_llama_dir, trained)
     assert after > before + 0.05, (before, after)
 
