@@ -42,7 +42,8 @@ from engine import cpu_info
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "panel_gemm.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention.cpp"))  # one library, all rows alike
+SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention.cpp"),
+           SOURCE.with_name("layer.cpp"))  # one library, all rows alike
 WIDTH = 32  # output columns per panel (two AVX-512 registers)
 FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC")
 
@@ -103,6 +104,13 @@ def _library() -> ctypes.CDLL | None:
         lib.causal_attention.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p,
                                          *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p]  # sdpa.py's
         lib.causal_attention.restype = None
+        lib.layer_front.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                    *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
+                                    ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fused.py's
+        lib.layer_front.restype = None
+        lib.rotary_rows.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_long]  # tests/engine/test_fused.py's
+        lib.rotary_rows.restype = None
         return lib
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", None) or str(e)

@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedArchitectureError
+from engine.layers import fused
 from engine.layers.embedding import ParallelLMHead, ReducedLMHead, VocabParallelEmbedding
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
@@ -139,11 +140,21 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:  # [N] -> [N, hidden]
         h, residual = self.model.embed_tokens.forward(input_ids), None
         cos, sin = self.rotary.lookup(positions, h.dtype)
-        ctx = ForwardContext(attn, backend, cos, sin)
-        for layer in self.model.layers:
-            h, residual = layer.forward(h, residual, ctx)
+        plan = self._fused_plan(h, attn, backend) if fused.applies(self, h, attn, backend) else None
+        if plan is not None:  # a few-row step of one sequence: each layer's front half in one kernel call
+            h, residual = fused.forward(self._fused, plan, h, attn, cos, sin)
+        else:
+            ctx = ForwardContext(attn, backend, cos, sin)
+            for layer in self.model.layers:
+                h, residual = layer.forward(h, residual, ctx)
         h, _ = self.model.norm.add_forward(h, residual)
         return h
+
+    def _fused_plan(self, h: torch.Tensor, attn: AttentionMetadata, backend: AttentionBackend) -> list | None:
+        """engine.layers.fused's plan for this step's row count (None: the eager layers take it)."""
+        if getattr(self, "_fused", None) is None or self._fused.backend is not backend:
+            self._fused = fused.FusedLayers(self, backend)
+        return self._fused.plan(h.shape[0])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [M, hidden] -> [M, V]
         return self.lm_head(hidden)

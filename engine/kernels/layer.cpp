@@ -1,0 +1,96 @@
+// A decoder layer's front half in one call, for the few rows of one sequence (a decode step, a verify): from the
+// residual add and input norm to the MLP's gate/up product, the eager forward's own kernels (panel GEMMs, RMSNorm,
+// row attention) in its order, and its element-wise steps (residual adds, rotary) with torch's roundings, so the
+// outputs are the eager forward's bits (tested). Called by engine/layers/fused.py: it replaces about a dozen
+// Python-level torch calls per layer; the activation (torch's silu) and the down projection stay in Python.
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads);
+extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn,
+                            float* y, long N, int threads);
+extern "C" void panel8_gemm(const float* x, long M, long K, const signed char* Q, const float* D, float* y, long N,
+                            int threads);
+extern "C" void rms_norm(const float* x, long M, long D, const float* w, float eps, float* y);
+extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
+                                 long S, long first, long num_keys, float scale, float* out);
+
+// A weight in one of the panel kernels' layouts: kind 0 float32 panels (a), 4 the 4-bit panels (a = Q, b = D,
+// c = M), 8 the 8-bit ones (a = Q, b = D). n outputs, k inputs.
+struct Weight {
+  long kind, n, k;
+  const void *a, *b, *c;
+};
+
+// The layer's weights and cache (fused.py's ctypes mirror: the same field order).
+struct Layer {
+  Weight qkv, o, gate_up;
+  const float *norm1, *norm2;
+  float eps;
+  float *k_cache, *v_cache;  // [KVH, S, D]
+};
+
+static void matmul(const Weight& w, const float* x, long M, float* y, int threads) {
+  if (w.kind == 4)
+    panel4_gemm(x, M, w.k, (const unsigned char*)w.a, (const float*)w.b, (const float*)w.c, y, w.n, threads);
+  else if (w.kind == 8)
+    panel8_gemm(x, M, w.k, (const signed char*)w.a, (const float*)w.b, y, w.n, threads);
+  else
+    panel_gemm(x, M, w.k, (const float*)w.a, y, w.n, threads);
+}
+
+// y = a + b, 16 at a time (torch's float32 add: one rounding per element). n a multiple of 16.
+static void add(const float* a, const float* b, float* y, long n) {
+  for (long i = 0; i < n; i += 16) _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+}
+
+// Rotary on `heads` heads of D floats (D a multiple of 32) at x with row stride ldx, into y (row stride ldy), for
+// n rows: y = x * cos + roll(x, D / 2) * signed_sin, rounded as torch.addcmul(x * cos, roll, signed_sin) rounds it
+// on this CPU (x * cos rounded, then one FMA: tested against it). cos, ssin: [n, D].
+extern "C" void rotary_rows(const float* x, long n, long heads, long D, long ldx, const float* cos,
+                            const float* ssin, float* y, long ldy) {
+  const long half = D / 2;
+  for (long r = 0; r < n; ++r)
+    for (long h = 0; h < heads; ++h) {
+      const float* xr = x + r * ldx + h * D;
+      float* yr = y + r * ldy + h * D;
+      for (long e = 0; e < D; e += 16) {
+        const long src = e < half ? e + half : e - half;  // roll by D / 2: element e takes x[(e + D / 2) % D]
+        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(xr + e), _mm512_loadu_ps(cos + r * D + e));
+        _mm512_storeu_ps(yr + e, _mm512_fmadd_ps(_mm512_loadu_ps(xr + src), _mm512_loadu_ps(ssin + r * D + e), a));
+      }
+    }
+}
+
+// x [n, Dm]: the layer's input (the previous MLP's output; with has_residual 0, the embeddings). residual [n, Dm]
+// <- the residual stream after attention (x + residual + attention's output, as the eager forward adds them).
+// gate_up [n, 2 I] <- the MLP's gate and up products of its normed input. The n new rows' keys and values are
+// written at slots write_first.. of the cache; the rows attend to num_keys keys from slot key_first (causally).
+// cos, ssin: [n, D] (rotary's tables at the rows' positions). H, KVH: query and key heads; D: head size.
+extern "C" void layer_front(const Layer* L, long n, const float* x, float* residual, int has_residual, long Dm,
+                            long H, long KVH, long D, const float* cos, const float* ssin, long S, long write_first,
+                            long key_first, long num_keys, float scale, float* gate_up, int threads) {
+  const long width = (H + 2 * KVH) * D;
+  float* h = (float*)malloc(sizeof(float) * n * (Dm + width + H * D + H * D + Dm));
+  float *qkv = h + n * Dm, *q = qkv + n * width, *att = q + n * H * D, *o = att + n * H * D;
+  if (has_residual)
+    add(x, residual, residual, n * Dm);
+  else
+    memcpy(residual, x, sizeof(float) * n * Dm);
+  rms_norm(residual, n, Dm, L->norm1, L->eps, h);
+  matmul(L->qkv, h, n, qkv, threads);
+  rotary_rows(qkv, n, H, D, width, cos, ssin, q, H * D);  // the queries, contiguous for the attention
+  for (long r = 0; r < n; ++r)
+    for (long g = 0; g < KVH; ++g) {  // rotated keys and plain values into the cache: [KVH, S, D]
+      rotary_rows(qkv + r * width + (H + g) * D, 1, 1, D, width, cos + r * D, ssin + r * D,
+                  L->k_cache + (g * S + write_first + r) * D, D);
+      memcpy(L->v_cache + (g * S + write_first + r) * D, qkv + r * width + (H + KVH + g) * D, sizeof(float) * D);
+    }
+  causal_attention(q, n, H, D, L->k_cache, L->v_cache, KVH, S, key_first, num_keys, scale, att);
+  matmul(L->o, att, n, o, threads);
+  add(o, residual, residual, n * Dm);
+  rms_norm(residual, n, Dm, L->norm2, L->eps, h);
+  matmul(L->gate_up, h, n, gate_up, threads);
+  free(h);
+}

@@ -1,0 +1,122 @@
+"""A decoder layer's front half in one kernel call (engine/kernels/layer.cpp) for the few-row steps of one sequence.
+
+An eager one-row step of SmolLM2-135M spends about a fifth of its time in Python: some twelve torch calls per layer
+around the kernels that do the work (norms, panel GEMMs, row attention). ``layer_front`` runs a layer's residual
+add, input norm, qkv product, rotary, cache write, attention, o product, residual add, post-attention norm and
+gate/up product in one call, with the eager forward's kernels and roundings, so its outputs are the eager path's
+bits (tests/engine/test_fused.py: logits equal to the bit); torch's silu and the down product stay in Python.
+
+It takes a step only where every piece of it is what the eager forward would run: a CPU float32 model on one rank
+whose layers have no biases or q/k norms and whose three products run the panel kernels at this row count, one
+causal span of at most ``ROW_KERNEL_ROWS`` rows over contiguous cache slots, written to contiguous slots, on the
+SDPA backend, outside torch.compile. Anything else runs the eager layers. ``SSD_CHAT_FUSED=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.base import AttentionMetadata
+from engine.attention.sdpa import ROW_KERNEL_ROWS, SdpaBackend
+from engine.layers import panel, panel4, panel8
+from engine.layers.packed import PANELS
+
+ENABLED = os.environ.get("SSD_CHAT_FUSED", "1") != "0"
+
+
+class _Weight(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_long), ("n", ctypes.c_long), ("k", ctypes.c_long),
+                ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("c", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):  # layer.cpp's Layer, field for field
+    _fields_ = [("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("norm1", ctypes.c_void_p),
+                ("norm2", ctypes.c_void_p), ("eps", ctypes.c_float), ("k_cache", ctypes.c_void_p),
+                ("v_cache", ctypes.c_void_p)]
+
+
+def _weight(module: nn.Module, rows: int) -> _Weight | None:
+    """The ctypes view of a linear module's panels, when the eager path would run them at ``rows`` rows."""
+    packed = getattr(module, "packed", None)
+    if packed is None or module.packed_kernel not in PANELS or getattr(module, "bias", None) is not None \
+            or getattr(module, "low_bits", None) is not None:
+        return None
+    if not module.packed_min_rows <= rows <= module.packed_rows:
+        return None
+    n, k = module.weight.shape
+    if isinstance(packed, panel4.Panel4):
+        return _Weight(4, n, k, packed.q.data_ptr(), packed.d.data_ptr(), packed.m.data_ptr())
+    if isinstance(packed, panel8.Panel8):
+        return _Weight(8, n, k, packed.q.data_ptr(), packed.d.data_ptr(), None)
+    return _Weight(0, n, k, packed.data_ptr(), None, None)
+
+
+class FusedLayers:
+    """The ctypes descriptions of a model's layers (one per row-count range), built on first use."""
+
+    def __init__(self, model: nn.Module, backend: SdpaBackend):
+        self.model, self.backend = model, backend
+        self.plans: dict[tuple[int, int], list[_Layer] | None] = {}
+
+    def plan(self, rows: int) -> list[_Layer] | None:
+        key = (rows, self.backend.k[0].data_ptr())  # (a re-allocated cache gets new plans)
+        if key not in self.plans:
+            self.plans[key] = self._build(rows)
+        return self.plans[key]
+
+    def _build(self, rows: int) -> list[_Layer] | None:
+        first = self.model.model.layers[0].self_attn
+        if first.head_dim % 32 or self.model.args.hidden_size % 16:  # layer.cpp's rotary and adds: whole vectors
+            return None
+        layers = []
+        for i, layer in enumerate(self.model.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            weights = [_weight(m, rows) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj)]
+            if any(w is None for w in weights) or attn.q_norm is not None:
+                return None
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if any(nm.eps != norms[0].eps for nm in norms):
+                return None
+            layers.append(_Layer(*weights, norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), norms[0].eps,
+                                 self.backend.k[i].data_ptr(), self.backend.v[i].data_ptr()))
+        return layers
+
+
+def applies(model: nn.Module, h: torch.Tensor, attn: AttentionMetadata, backend: object) -> bool:
+    """Whether this step is one ``forward`` can take (see the module's doc); the weights are checked by ``plan``."""
+    if not ENABLED or torch.compiler.is_compiling() or not isinstance(backend, SdpaBackend):
+        return False
+    if h.device.type != "cpu" or h.dtype != torch.float32 or model.tp.size != 1 or not panel.ready():
+        return False
+    if len(attn.spans) != 1 or not isinstance(attn.slot_mapping, slice):
+        return False
+    span = attn.spans[0]
+    return (span.mask is None and isinstance(span.key_slots, slice) and span.q_len == h.shape[0] <= ROW_KERNEL_ROWS
+            and backend.k[0].dtype == torch.float32)
+
+
+def forward(fused: FusedLayers, plan: list[_Layer], h: torch.Tensor, attn: AttentionMetadata, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager forward's loop over layers, each layer's front half in one call: (last MLP output, residual).
+    h: [n, hidden] embeddings; cos, sin: [n, 1, D] (the rotary tables at the rows' positions)."""
+    lib = panel._library()
+    n, hidden = h.shape
+    attention = fused.model.model.layers[0].self_attn
+    heads, kv_heads, d = attention.num_heads, attention.num_kv_heads, attention.head_dim
+    span, write = attn.spans[0], attn.slot_mapping
+    cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
+    num_slots, threads = fused.backend.k[0].shape[1], torch.get_num_threads()
+    residual, gate_up = torch.empty(n, hidden), torch.empty(n, plan[0].gate_up.n)
+    h = h.contiguous()
+    for i, layer in enumerate(fused.model.model.layers):
+        lib.layer_front(ctypes.byref(plan[i]), n, h.data_ptr(), residual.data_ptr(), int(i > 0), hidden, heads,
+                        kv_heads, d, cos.data_ptr(), sin.data_ptr(), num_slots, write.start, span.key_slots.start,
+                        span.num_keys, attention.scale, gate_up.data_ptr(), threads)
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = layer.mlp.down_proj.forward(F.silu(gate).mul_(up))
+    return h, residual

@@ -1,0 +1,121 @@
+"""engine/layers/fused.py (a layer's front half in one kernel call): the eager forward's bits, row invariance kept,
+the steps it must leave to the eager layers, and speculation still exact with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.attention.base import SeqSpan, build_metadata
+from engine.config import SpeculationConfig
+from engine.layers import fused, panel
+from engine.layers.rotary import apply_rotary
+
+pytestmark = pytest.mark.skipif(not panel.ready(), reason="the panel kernels need AVX-512 and a C++ compiler")
+
+
+@pytest.fixture(scope="module")
+def wide_heads_dir(tmp_path_factory):
+    """A tiny model whose heads are 64 wide (layer.cpp's rotary takes whole vectors: head_dim a multiple of 32)."""
+    from tests.conftest import make_tiny_model_dir
+
+    return make_tiny_model_dir(tmp_path_factory.mktemp("wide"), family="llama", head_dim=64)
+
+
+@pytest.fixture()
+def count_fused(monkeypatch):
+    calls = []
+    original = fused.forward
+
+    def counting(*args, **kwargs):
+        calls.append(args[2].shape[0])  # rows
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "forward", counting)
+    return calls
+
+
+def test_rotary_rows_are_apply_rotarys_bits():
+    g = torch.Generator().manual_seed(0)
+    n, heads, d = 5, 12, 64
+    x = torch.randn(n, heads, d, generator=g) * 3
+    cos, sin = torch.randn(n, 1, d, generator=g), torch.randn(n, 1, d, generator=g)
+    expected = apply_rotary(x, cos, sin)
+    out = torch.empty(n, heads, d)
+    panel._library().rotary_rows(x.data_ptr(), n, heads, d, heads * d, cos.contiguous().data_ptr(),
+                                 sin.contiguous().data_ptr(), out.data_ptr(), heads * d)
+    assert torch.equal(out, expected)
+
+
+def _logits(runner, ids, start, rows):
+    span = SeqSpan(0, rows, slice(0, start + rows), start + rows)
+    return runner.run_spans(ids[start : start + rows], torch.arange(start, start + rows),
+                            slice(start, start + rows), [span], all_logits=True)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_fused_steps_give_the_eager_logits_bit_for_bit(wide_heads_dir, rows, count_fused, monkeypatch):
+    with LLM(str(wide_heads_dir), max_model_len=128, enable_prefix_caching=False) as llm:
+        runner = llm.core.runner
+        ids = torch.randint(runner.model.args.vocab_size, (50,), generator=torch.Generator().manual_seed(1)).tolist()
+        runner.run_spans(ids[:40], torch.arange(40), slice(0, 40), [SeqSpan(0, 40, slice(0, 40), 40)],
+                         all_logits=False)  # the prompt (more rows than the row kernels take: eager)
+        assert count_fused == []
+        monkeypatch.setattr(fused, "ENABLED", False)
+        eager = _logits(runner, ids, 40, rows)
+        monkeypatch.setattr(fused, "ENABLED", True)
+        one_call = _logits(runner, ids, 40, rows)  # the same slots rewritten with the same keys and values
+        assert count_fused == [rows]
+        assert torch.equal(one_call, eager)
+
+
+def test_a_fused_verify_gives_each_row_the_logits_of_plain_decoding(wide_heads_dir, count_fused):
+    with LLM(str(wide_heads_dir), max_model_len=128, enable_prefix_caching=False) as llm:
+        runner = llm.core.runner
+        ids = torch.randint(runner.model.args.vocab_size, (45,), generator=torch.Generator().manual_seed(2)).tolist()
+        runner.run_spans(ids[:40], torch.arange(40), slice(0, 40), [SeqSpan(0, 40, slice(0, 40), 40)],
+                         all_logits=False)
+        verify = _logits(runner, ids, 40, 5)
+        for p in range(40, 45):
+            assert torch.equal(_logits(runner, ids, p, 1)[0], verify[p - 40]), p
+        assert count_fused == [5, 1, 1, 1, 1, 1]
+
+
+def test_steps_it_must_leave_to_the_eager_layers(wide_heads_dir):
+    with LLM(str(wide_heads_dir), max_model_len=128, enable_prefix_caching=False) as llm:
+        runner = llm.core.runner
+        model, backend = runner.model, runner.backend
+        h = torch.zeros(2, model.args.hidden_size)
+        causal = build_metadata(slice(8, 10), [SeqSpan(0, 2, slice(0, 10), 10)])
+        assert fused.applies(model, h, causal, backend)
+        scattered = build_metadata(slice(8, 10), [SeqSpan(0, 2, torch.tensor([*range(4), *range(16, 22)]), 10)])
+        masked = build_metadata(slice(8, 10), [SeqSpan(0, 2, slice(0, 10), 10, torch.ones(2, 10, dtype=torch.bool))])
+        two_sequences = build_metadata(slice(8, 10), [SeqSpan(0, 1, slice(0, 9), 9), SeqSpan(1, 1, slice(0, 10), 10)])
+        index_writes = build_metadata([8, 12], [SeqSpan(0, 2, slice(0, 10), 10)])
+        for meta in (scattered, masked, two_sequences, index_writes):
+            assert not fused.applies(model, h, meta, backend)
+        assert not fused.applies(model, torch.zeros(33, model.args.hidden_size),
+                                 build_metadata(slice(0, 33), [SeqSpan(0, 33, slice(0, 33), 33)]), backend)
+        assert not fused.applies(model, h.double(), causal, backend)
+
+
+def test_narrow_heads_keep_the_eager_layers(tiny_llama_dir, count_fused):
+    with LLM(str(tiny_llama_dir), max_model_len=128) as llm:  # head_dim 16
+        llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4))
+    assert count_fused == []
+
+
+def test_speculation_stays_exact_with_fused_steps(wide_heads_dir, count_fused, monkeypatch):
+    prompts = [[5, 9, 13, 2, 7], [11, 3, 3, 8, 1, 4, 20, 6]]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM(str(wide_heads_dir), draft=str(wide_heads_dir), max_model_len=128) as llm:
+        monkeypatch.setattr(fused, "ENABLED", False)
+        llm.speculation = SpeculationConfig(mode="ar")
+        expected = [llm.generate([ids], greedy)[0].token_ids for ids in prompts]
+        assert count_fused == []
+        monkeypatch.setattr(fused, "ENABLED", True)
+        for mode in ("ar", "sd"):  # one sequence at a time: the steps fused.py takes (a batch's are eager)
+            llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
+            assert [llm.generate([ids], greedy)[0].token_ids for ids in prompts] == expected, mode
+        assert 1 in count_fused and 5 in count_fused  # decode steps and k + 1 = 5-row verifies
