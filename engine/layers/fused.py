@@ -15,6 +15,8 @@ SDPA backend, outside torch.compile. Anything else runs the eager layers. ``SSD_
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 import os
 
 import torch
@@ -25,8 +27,10 @@ from engine.attention.base import AttentionMetadata
 from engine.attention.sdpa import ROW_KERNEL_ROWS, SdpaBackend
 from engine.layers import panel, panel4, panel8
 from engine.layers.packed import PANELS
+from engine.layers.rotary import apply_rotary
 
 ENABLED = os.environ.get("SSD_CHAT_FUSED", "1") != "0"
+log = logging.getLogger(__name__)
 
 
 class _Weight(ctypes.Structure):
@@ -73,6 +77,8 @@ class FusedLayers:
         first = self.model.model.layers[0].self_attn
         if first.head_dim % 32 or self.model.args.hidden_size % 16:  # layer.cpp's rotary and adds: whole vectors
             return None
+        if not rotary_matches():
+            return None
         layers = []
         for i, layer in enumerate(self.model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -85,6 +91,22 @@ class FusedLayers:
             layers.append(_Layer(*weights, norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), norms[0].eps,
                                  self.backend.k[i].data_ptr(), self.backend.v[i].data_ptr()))
         return layers
+
+
+@functools.cache
+def rotary_matches() -> bool:
+    """Whether layer.cpp's rotary gives torch's bits here (it copies how this torch build rounds addcmul: the
+    product x * cos, then one FMA); checked once, on random rows. If not, the eager layers take every step."""
+    g = torch.Generator().manual_seed(0)
+    x, cos, sin = (torch.randn(3, 4, 64, generator=g) for _ in range(3))
+    cos, sin = cos[:, :1].contiguous(), sin[:, :1].contiguous()
+    out = torch.empty_like(x)
+    panel._library().rotary_rows(x.data_ptr(), 3, 4, 64, 4 * 64, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+                                 4 * 64)
+    same = torch.equal(out, apply_rotary(x, cos, sin))
+    if not same:
+        log.warning("this torch build rounds rotary otherwise than engine/kernels/layer.cpp: fused layers off")
+    return same
 
 
 def applies(model: nn.Module, h: torch.Tensor, attn: AttentionMetadata, backend: object) -> bool:

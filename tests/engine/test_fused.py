@@ -119,3 +119,12 @@ def test_speculation_stays_exact_with_fused_steps(wide_heads_dir, count_fused, m
             llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
             assert [llm.generate([ids], greedy)[0].token_ids for ids in prompts] == expected, mode
         assert 1 in count_fused and 5 in count_fused  # decode steps and k + 1 = 5-row verifies
+
+
+def test_a_torch_build_that_rounds_rotary_otherwise_keeps_the_eager_layers(wide_heads_dir, count_fused,
+                                                                            monkeypatch):
+    assert fused.rotary_matches()  # this build: the product, then one FMA
+    monkeypatch.setattr(fused, "rotary_matches", lambda: False)
+    with LLM(str(wide_heads_dir), max_model_len=128) as llm:
+        llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4))
+    assert count_fused == []
