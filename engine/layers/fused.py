@@ -118,8 +118,8 @@ def applies(model: nn.Module, h: torch.Tensor, attn: AttentionMetadata, backend:
     if len(attn.spans) != 1 or not isinstance(attn.slot_mapping, slice):
         return False
     span = attn.spans[0]
-    return (span.mask is None and isinstance(span.key_slots, slice) and span.q_len == h.shape[0] <= ROW_KERNEL_ROWS
-            and backend.k[0].dtype == torch.float32)
+    return (span.mask is None and isinstance(span.key_slots, slice) and span.q_start == 0
+            and span.q_len == h.shape[0] <= ROW_KERNEL_ROWS and backend.k[0].dtype == torch.float32)
 
 
 def forward(fused: FusedLayers, plan: list[_Layer], h: torch.Tensor, attn: AttentionMetadata, cos: torch.Tensor,
