@@ -68,11 +68,13 @@ extern "C" void rotary_rows(const float* x, long n, long heads, long D, long ldx
 // gate_up [n, 2 I] <- the MLP's gate and up products of its normed input. The n new rows' keys and values are
 // written at slots write_first.. of the cache; the rows attend to num_keys keys from slot key_first (causally).
 // cos, ssin: [n, D] (rotary's tables at the rows' positions). H, KVH: query and key heads; D: head size.
-extern "C" void layer_front(const Layer* L, long n, const float* x, float* residual, int has_residual, long Dm,
-                            long H, long KVH, long D, const float* cos, const float* ssin, long S, long write_first,
-                            long key_first, long num_keys, float scale, float* gate_up, int threads) {
+// Returns 0, or 1 when the scratch buffers could not be allocated (nothing written then).
+extern "C" int layer_front(const Layer* L, long n, const float* x, float* residual, int has_residual, long Dm,
+                           long H, long KVH, long D, const float* cos, const float* ssin, long S, long write_first,
+                           long key_first, long num_keys, float scale, float* gate_up, int threads) {
   const long width = (H + 2 * KVH) * D;
   float* h = (float*)malloc(sizeof(float) * n * (Dm + width + H * D + H * D + Dm));
+  if (h == 0) return 1;
   float *qkv = h + n * Dm, *q = qkv + n * width, *att = q + n * H * D, *o = att + n * H * D;
   if (has_residual)
     add(x, residual, residual, n * Dm);
@@ -93,4 +95,5 @@ extern "C" void layer_front(const Layer* L, long n, const float* x, float* resid
   rms_norm(residual, n, Dm, L->norm2, L->eps, h);
   matmul(L->gate_up, h, n, gate_up, threads);
   free(h);
+  return 0;
 }

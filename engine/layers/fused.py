@@ -44,8 +44,9 @@ class _Layer(ctypes.Structure):  # layer.cpp's Layer, field for field
                 ("v_cache", ctypes.c_void_p)]
 
 
-def _weight(module: nn.Module, rows: int) -> _Weight | None:
-    """The ctypes view of a linear module's panels, when the eager path would run them at ``rows`` rows."""
+def _weight(module: nn.Module, rows: int, held: list[torch.Tensor]) -> _Weight | None:
+    """The ctypes view of a linear module's panels, when the eager path would run them at ``rows`` rows (the
+    tensors it points into are added to ``held``)."""
     packed = getattr(module, "packed", None)
     if packed is None or module.packed_kernel not in PANELS or getattr(module, "bias", None) is not None \
             or getattr(module, "low_bits", None) is not None:
@@ -53,25 +54,32 @@ def _weight(module: nn.Module, rows: int) -> _Weight | None:
     if not module.packed_min_rows <= rows <= module.packed_rows:
         return None
     n, k = module.weight.shape
-    if isinstance(packed, panel4.Panel4):
-        return _Weight(4, n, k, packed.q.data_ptr(), packed.d.data_ptr(), packed.m.data_ptr())
-    if isinstance(packed, panel8.Panel8):
-        return _Weight(8, n, k, packed.q.data_ptr(), packed.d.data_ptr(), None)
-    return _Weight(0, n, k, packed.data_ptr(), None, None)
+    tensors = [packed.q, packed.d, packed.m] if isinstance(packed, panel4.Panel4) \
+        else [packed.q, packed.d] if isinstance(packed, panel8.Panel8) else [packed]
+    if not all(t.is_contiguous() for t in tensors):
+        return None
+    held.extend(tensors)
+    kind = 4 if isinstance(packed, panel4.Panel4) else 8 if isinstance(packed, panel8.Panel8) else 0
+    return _Weight(kind, n, k, *(t.data_ptr() for t in tensors), *[None] * (3 - len(tensors)))
 
 
 class FusedLayers:
-    """The ctypes descriptions of a model's layers (one per row-count range), built on first use."""
+    """The ctypes descriptions of a model's layers (one per row count), built on first use. They hold raw
+    addresses: ``held`` keeps every tensor they point into alive, and a re-allocated cache (the backend's new
+    lists of tensors) drops them all."""
 
     def __init__(self, model: nn.Module, backend: SdpaBackend):
         self.model, self.backend = model, backend
-        self.plans: dict[tuple[int, int], list[_Layer] | None] = {}
+        self.plans: dict[int, list[_Layer] | None] = {}
+        self.held: list[torch.Tensor] = []
+        self.caches: tuple[list, list] | None = None
 
     def plan(self, rows: int) -> list[_Layer] | None:
-        key = (rows, self.backend.k[0].data_ptr())  # (a re-allocated cache gets new plans)
-        if key not in self.plans:
-            self.plans[key] = self._build(rows)
-        return self.plans[key]
+        if self.caches is None or self.caches[0] is not self.backend.k or self.caches[1] is not self.backend.v:
+            self.plans, self.held, self.caches = {}, [], (self.backend.k, self.backend.v)  # (allocate: new lists)
+        if rows not in self.plans:
+            self.plans[rows] = self._build(rows)
+        return self.plans[rows]
 
     def _build(self, rows: int) -> list[_Layer] | None:
         first = self.model.model.layers[0].self_attn
@@ -82,14 +90,18 @@ class FusedLayers:
         layers = []
         for i, layer in enumerate(self.model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            weights = [_weight(m, rows) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj)]
+            weights = [_weight(m, rows, self.held) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj)]
             if any(w is None for w in weights) or attn.q_norm is not None:
                 return None
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if any(nm.eps != norms[0].eps for nm in norms):
                 return None
-            layers.append(_Layer(*weights, norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), norms[0].eps,
-                                 self.backend.k[i].data_ptr(), self.backend.v[i].data_ptr()))
+            tensors = [norms[0].weight, norms[1].weight, self.backend.k[i], self.backend.v[i]]
+            if not all(t.is_contiguous() for t in tensors):
+                return None
+            self.held.extend(tensors)
+            layers.append(_Layer(*weights, tensors[0].data_ptr(), tensors[1].data_ptr(), norms[0].eps,
+                                 tensors[2].data_ptr(), tensors[3].data_ptr()))
         return layers
 
 
@@ -115,11 +127,18 @@ def applies(model: nn.Module, h: torch.Tensor, attn: AttentionMetadata, backend:
         return False
     if h.device.type != "cpu" or h.dtype != torch.float32 or model.tp.size != 1 or not panel.ready():
         return False
-    if len(attn.spans) != 1 or not isinstance(attn.slot_mapping, slice):
+    if len(attn.spans) != 1 or not _within(attn.slot_mapping, h.shape[0], backend.k[0].shape[1]):
         return False
     span = attn.spans[0]
-    return (span.mask is None and isinstance(span.key_slots, slice) and span.q_start == 0
+    return (span.mask is None and _within(span.key_slots, span.num_keys, backend.k[0].shape[1]) and span.q_start == 0
             and span.q_len == h.shape[0] <= ROW_KERNEL_ROWS and backend.k[0].dtype == torch.float32)
+
+
+def _within(slots: object, count: int, num_slots: int) -> bool:
+    """Whether ``slots`` is a plain slice of ``count`` slots inside the cache (the kernel writes and reads them
+    unchecked, where the eager path's views would raise)."""
+    return (isinstance(slots, slice) and slots.step in (None, 1) and slots.start is not None
+            and slots.start >= 0 and slots.stop == slots.start + count <= num_slots)
 
 
 def forward(fused: FusedLayers, plan: list[_Layer], h: torch.Tensor, attn: AttentionMetadata, cos: torch.Tensor,
@@ -133,12 +152,14 @@ def forward(fused: FusedLayers, plan: list[_Layer], h: torch.Tensor, attn: Atten
     span, write = attn.spans[0], attn.slot_mapping
     cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
     num_slots, threads = fused.backend.k[0].shape[1], torch.get_num_threads()
-    residual, gate_up = torch.empty(n, hidden), torch.empty(n, plan[0].gate_up.n)
-    h = h.contiguous()
+    residual = torch.empty(n, hidden, dtype=torch.float32)
+    gate_up = torch.empty(n, plan[0].gate_up.n, dtype=torch.float32)
     for i, layer in enumerate(fused.model.model.layers):
-        lib.layer_front(ctypes.byref(plan[i]), n, h.data_ptr(), residual.data_ptr(), int(i > 0), hidden, heads,
-                        kv_heads, d, cos.data_ptr(), sin.data_ptr(), num_slots, write.start, span.key_slots.start,
-                        span.num_keys, attention.scale, gate_up.data_ptr(), threads)
+        h = h.contiguous()
+        if lib.layer_front(ctypes.byref(plan[i]), n, h.data_ptr(), residual.data_ptr(), int(i > 0), hidden, heads,
+                           kv_heads, d, cos.data_ptr(), sin.data_ptr(), num_slots, write.start, span.key_slots.start,
+                           span.num_keys, attention.scale, gate_up.data_ptr(), threads):
+            raise MemoryError("engine/kernels/layer.cpp: no memory for a step's scratch buffers")
         gate, up = gate_up.chunk(2, dim=-1)
         h = layer.mlp.down_proj.forward(F.silu(gate).mul_(up))
     return h, residual

@@ -107,7 +107,7 @@ def _library() -> ctypes.CDLL | None:
         lib.layer_front.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                     *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
                                     ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fused.py's
-        lib.layer_front.restype = None
+        lib.layer_front.restype = ctypes.c_int
         lib.rotary_rows.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_long]  # tests/engine/test_fused.py's
         lib.rotary_rows.restype = None

@@ -93,7 +93,10 @@ def test_steps_it_must_leave_to_the_eager_layers(wide_heads_dir):
         masked = build_metadata(slice(8, 10), [SeqSpan(0, 2, slice(0, 10), 10, torch.ones(2, 10, dtype=torch.bool))])
         two_sequences = build_metadata(slice(8, 10), [SeqSpan(0, 1, slice(0, 9), 9), SeqSpan(1, 1, slice(0, 10), 10)])
         index_writes = build_metadata([8, 12], [SeqSpan(0, 2, slice(0, 10), 10)])
-        for meta in (scattered, masked, two_sequences, index_writes):
+        slots = backend.k[0].shape[1]  # the kernel writes unchecked: a bad slice stays on the eager views
+        too_long = build_metadata(slice(8, 11), [SeqSpan(0, 2, slice(0, 10), 10)])
+        past_the_end = build_metadata(slice(slots - 1, slots + 1), [SeqSpan(0, 2, slice(0, slots + 1), slots + 1)])
+        for meta in (scattered, masked, two_sequences, index_writes, too_long, past_the_end):
             assert not fused.applies(model, h, meta, backend)
         assert not fused.applies(model, torch.zeros(33, model.args.hidden_size),
                                  build_metadata(slice(0, 33), [SeqSpan(0, 33, slice(0, 33), 33)]), backend)
@@ -128,3 +131,17 @@ def test_a_torch_build_that_rounds_rotary_otherwise_keeps_the_eager_layers(wide_
     with LLM(str(wide_heads_dir), max_model_len=128) as llm:
         llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4))
     assert count_fused == []
+
+
+def test_a_reallocated_cache_gets_new_plans(wide_heads_dir):
+    with LLM(str(wide_heads_dir), max_model_len=128, enable_prefix_caching=False) as llm:
+        runner = llm.core.runner
+        layers = fused.FusedLayers(runner.model, runner.backend)
+        first = layers.plan(1)
+        assert first is not None and layers.plan(1) is first
+        assert first[0].k_cache == runner.backend.k[0].data_ptr()
+        k = runner.backend.k[0]
+        runner.backend.allocate(num_layers=len(runner.backend.k), num_slots=k.shape[1], num_kv_heads=k.shape[0],
+                                head_dim=k.shape[2], dtype=k.dtype, device=k.device)
+        again = layers.plan(1)
+        assert again is not first and again[0].k_cache == runner.backend.k[0].data_ptr()
