@@ -184,7 +184,8 @@ def ask(
     temperature: Temperature = 0.7,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass; 1 = off.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k likeliest tokens; 0 = off.")] = 0,
-    seed: Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply (in AR, or with "
+                                             "--fixed-k: the adaptive k follows measured speeds).")] = None,
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context limit (default: the model's).")] = None,
