@@ -49,7 +49,16 @@ from engine.startup import load_tokenizer  # noqa: E402
 from ssd_chat import distill_data as data  # noqa: E402
 from ssd_chat.distill import DISTILL_PROMPTS, _eos_ids  # noqa: E402
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft  # noqa: E402
-from ssd_chat.distill_train import TrainSettings, kl_loss, lr_at, pad_batch, target_logits  # noqa: E402
+from ssd_chat.distill_train import (  # noqa: E402
+    TrainSettings,
+    batch_indices,
+    greedy_agreement,
+    kl_loss,
+    lr_at,
+    pad_batch,
+    target_argmax,
+    target_logits,
+)
 from ssd_chat.prompts import HELD_OUT_SETS, load_prompts  # noqa: E402
 
 PROBE_STEPS, SAFETY = 4, 0.8  # training steps timed to fit the count to the time; the share of the time planned
@@ -202,23 +211,11 @@ def write_replies(model, todo: list[tuple[int, ...]], replies: dict, *, max_toke
         log.info("replies: %d of %d (t=%.0f s)", min(start + batch, len(todo)), len(todo), clock.elapsed())
 
 
-@torch.no_grad()
-def agreement(draft, target, examples: list[data.Example], pad_id: int, device: torch.device) -> float:
-    """Greedy agreement (as distill's): the draft's top kept token vs the target's top token, at reply positions."""
-    matches = total = 0
-    for start in range(0, len(examples), 16):
-        ids, mask = (t.to(device) for t in pad_batch(examples[start : start + 16], pad_id))
-        expected = target_logits(target, ids, None)[mask].argmax(-1)
-        proposed = draft.head_ids[draft(ids)[mask].argmax(-1)]
-        matches += int((proposed == expected).sum())
-        total += expected.numel()
-    return matches / max(total, 1)
-
-
-def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Example], held: list[data.Example], *,
-                seconds: float, batch: int, lr: float, seed: int, pad_id: int, device: torch.device,
-                log_rows: list[dict], min_steps: int) -> tuple[object, dict]:
-    """One draft trained on KL for about ``seconds`` (the step count fitted after timing two steps)."""
+def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Example], held: list[data.Example],
+                expected: list[torch.Tensor], *, seconds: float, batch: int, lr: float, seed: int, pad_id: int,
+                device: torch.device, log_rows: list[dict], min_steps: int) -> tuple[object, dict]:
+    """One draft trained on KL for about ``seconds`` (the step count fitted after timing PROBE_STEPS steps); its
+    agreement on ``held`` against the target's greedy tokens ``expected`` (distill_train.target_argmax)."""
     draft = init_draft(target, layers, head_ids.to(device)).to(device)
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, fused=device.type == "cuda")
@@ -236,17 +233,8 @@ def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Ex
             optimizer.step()
         return loss.item()
 
-    perms: dict[int, list[int]] = {}
-
-    def batch_of(s: int) -> list[data.Example]:  # consecutive slots of a seeded permutation per epoch
-        chosen = []
-        for slot in range(s * batch, (s + 1) * batch):
-            epoch, pos = divmod(slot, len(train))
-            if epoch not in perms:
-                perms[epoch] = torch.randperm(len(train), generator=torch.Generator().manual_seed(
-                    seed * 100_003 + epoch)).tolist()
-            chosen.append(train[perms[epoch][pos]])
-        return chosen
+    def batch_of(s: int) -> list[data.Example]:  # distill's batch order
+        return [train[i] for i in batch_indices(s, batch, len(train), seed)]
 
     step(batch_of(0), None)  # warm-up (kernels, allocator): not timed, no update
     started = time.perf_counter()
@@ -254,7 +242,7 @@ def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Ex
         step(batch_of(probe), None)
     step_s = (time.perf_counter() - started) / PROBE_STEPS
     started = time.perf_counter()
-    before = agreement(draft, target, held, pad_id, device)
+    before = greedy_agreement(draft, held, expected)
     eval_s = time.perf_counter() - started
     # the H200 run's steps came out 30% slower than a one-batch probe said: a margin, and the six evaluations
     steps = max(min_steps, int((SAFETY * seconds - 6 * eval_s) / step_s))
@@ -266,7 +254,7 @@ def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Ex
         recent = [*recent[-19:], step(batch_of(s), lr_at(s, settings))]
         if (s + 1) % settings.eval_every == 0 or s + 1 == steps:
             row = {"layers": layers, "step": s + 1, "loss": round(sum(recent) / len(recent), 5),
-                   "agreement": round(agreement(draft, target, held, pad_id, device), 4)}
+                   "agreement": round(greedy_agreement(draft, held, expected), 4)}
             log_rows.append(row)
             log.info("L%d %s", layers, row)
     return draft, {"layers": layers, "steps": steps, "step_s": round(step_s, 4), "agreement_before": round(before, 4),
@@ -338,10 +326,11 @@ def main(args: argparse.Namespace) -> None:
     layers = [int(x) for x in args.layers.split(",")]
     log_rows: list[dict] = []
     summary["drafts"] = []
+    expected = target_argmax(target, held_examples)  # the target's greedy tokens there, once for every draft
     for n, num_layers in enumerate(layers):
         weights = [max(1, x) for x in layers[n:]]  # a draft's share of the time left ~ its depth
         seconds = max(1.0, (clock.left() - args.reserve_s) * weights[0] / sum(weights))
-        draft, result = train_draft(target, num_layers, head_ids, train, held_examples, seconds=seconds,
+        draft, result = train_draft(target, num_layers, head_ids, train, held_examples, expected, seconds=seconds,
                                     batch=args.batch_size, lr=args.lr, seed=args.seed, pad_id=pad_id, device=device,
                                     log_rows=log_rows, min_steps=args.min_steps)
         # a copy goes to the CPU: the draft's embedding is the target's own tensor (moving the draft itself once

@@ -25,6 +25,7 @@ step c does exactly what an uninterrupted one does after step c. The log (JSONL)
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -102,9 +103,13 @@ def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> l
     out = []
     for slot in range(step * batch_size, (step + 1) * batch_size):
         epoch, pos = divmod(slot, num_examples)
-        perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-        out.append(int(perm[pos]))
+        out.append(_epoch_order(num_examples, seed, epoch)[pos])
     return out
+
+
+@functools.lru_cache(maxsize=2)  # a step's slots lie in at most two epochs
+def _epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
 
 
 def pad_batch(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,10 +150,11 @@ def target_logits(target: nn.Module, ids: torch.Tensor, head_ids: torch.Tensor |
 @torch.no_grad()
 def greedy_agreement(draft: DraftModel, examples: Sequence[Example], target_argmax: Sequence[torch.Tensor]) -> float:
     """Fraction of reply positions where the draft's top token (over its kept vocabulary) is the target's
-    (over the whole vocabulary), teacher-forced on the target's replies: the draft's greedy acceptance."""
+    (over the whole vocabulary), teacher-forced on the target's replies: the draft's greedy acceptance. On the
+    draft's device (``target_argmax``'s tensors on it too)."""
     matches = total = 0
     for example, expected in zip(examples, target_argmax, strict=True):
-        ids, mask = pad_batch([example], pad_id=0)
+        ids, mask = (t.to(draft.head.device) for t in pad_batch([example], pad_id=0))
         proposed = draft.head_ids[draft(ids)[mask].argmax(-1)]  # [R]
         matches += int((proposed == expected).sum())
         total += expected.numel()
@@ -156,10 +162,10 @@ def greedy_agreement(draft: DraftModel, examples: Sequence[Example], target_argm
 
 
 def target_argmax(target: nn.Module, examples: Sequence[Example]) -> list[torch.Tensor]:
-    """The target's greedy token at every reply position of each example (computed once)."""
+    """The target's greedy token at every reply position of each example (computed once; on the target's device)."""
     out = []
     for example in examples:
-        ids, mask = pad_batch([example], pad_id=0)
+        ids, mask = (t.to(target.lm_head.weight.device) for t in pad_batch([example], pad_id=0))
         out.append(target_logits(target, ids, None)[mask].argmax(-1))
     return out
 
