@@ -8,16 +8,16 @@ from engine.sampling_params import SamplingParams
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside the top-k and outside the smallest top-p nucleus. logits: [V]."""
+    """Mask (to -inf) tokens outside the top-k and outside the smallest top-p nucleus. logits: [..., V]."""
     if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
+        kth = torch.topk(logits, top_k).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
         # drop a token when the tokens ranked before it already reach top_p (the top token always stays)
         drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
 

@@ -45,6 +45,7 @@ from make_self_prompts import MARKER, keep  # noqa: E402 (after the path set-up)
 
 from engine.chat import encode_chat  # noqa: E402
 from engine.registry import resolve_model  # noqa: E402
+from engine.sampling import filter_top_k_top_p  # noqa: E402
 from engine.startup import load_tokenizer  # noqa: E402
 from ssd_chat import distill_data as data  # noqa: E402
 from ssd_chat.distill import DISTILL_PROMPTS, _eos_ids  # noqa: E402
@@ -134,15 +135,12 @@ def decode_split(model, prompts: list[list[int]], max_new: int, **kwargs) -> lis
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """[B, V] -> [B]: the argmax, or a sample from the top-p nucleus of softmax(logits / temperature)."""
+    """[B, V] -> [B]: the argmax, or a sample from the top-p nucleus of softmax(logits / temperature) (the
+    engine's nucleus, engine.sampling)."""
     if temperature == 0:
         return logits.argmax(-1)
-    probs = (logits / temperature).softmax(-1)
-    sorted_probs, order = probs.sort(-1, descending=True)
-    outside = sorted_probs.cumsum(-1) - sorted_probs > top_p  # the nucleus: the smallest head holding top_p
-    sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-    choice = torch.multinomial(sorted_probs, 1, generator=generator)  # [B, 1]
-    return order.gather(1, choice)[:, 0]
+    probs = filter_top_k_top_p(logits / temperature, 0, top_p).softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def held_out_shingles() -> set[tuple[str, ...]]:

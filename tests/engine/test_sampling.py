@@ -61,3 +61,10 @@ def test_invalid_values_are_refused_with_one_line(kwargs):
     with pytest.raises(InvalidParameterError) as err:
         SamplingParams(**kwargs)
     assert "\n" not in str(err.value) and str(err.value)
+
+
+def test_a_batch_of_rows_is_filtered_as_each_row_alone():
+    rows = torch.randn(5, 40, generator=torch.Generator().manual_seed(3)) * 3
+    for top_k, top_p in ((3, 1.0), (0, 0.7), (8, 0.5)):
+        batched = filter_top_k_top_p(rows, top_k, top_p)
+        assert torch.equal(batched, torch.stack([filter_top_k_top_p(row, top_k, top_p) for row in rows]))
