@@ -25,8 +25,7 @@ from torch import nn
 
 from engine.attention.base import AttentionMetadata
 from engine.attention.sdpa import ROW_KERNEL_ROWS, SdpaBackend
-from engine.layers import panel, panel4, panel8
-from engine.layers.packed import PANELS
+from engine.layers import packed, panel
 from engine.layers.rotary import apply_rotary
 
 ENABLED = os.environ.get("SSD_CHAT_FUSED", "1") != "0"
@@ -44,23 +43,19 @@ class _Layer(ctypes.Structure):  # layer.cpp's Layer, field for field
                 ("v_cache", ctypes.c_void_p)]
 
 
+KINDS = {"panel_gemm": 0, "panel4_gemm": 4, "panel8_gemm": 8}  # layer.cpp's Weight.kind
+
+
 def _weight(module: nn.Module, rows: int, held: list[torch.Tensor]) -> _Weight | None:
     """The ctypes view of a linear module's panels, when the eager path would run them at ``rows`` rows (the
     tensors it points into are added to ``held``)."""
-    packed = getattr(module, "packed", None)
-    if packed is None or module.packed_kernel not in PANELS or getattr(module, "bias", None) is not None \
-            or getattr(module, "low_bits", None) is not None:
+    if not packed.runs_panels(module, rows):
         return None
-    if not module.packed_min_rows <= rows <= module.packed_rows:
-        return None
-    n, k = module.weight.shape
-    tensors = [packed.q, packed.d, packed.m] if isinstance(packed, panel4.Panel4) \
-        else [packed.q, packed.d] if isinstance(packed, panel8.Panel8) else [packed]
+    kernel, tensors = packed.panel_operands(module.packed)
     if not all(t.is_contiguous() for t in tensors):
         return None
     held.extend(tensors)
-    kind = 4 if isinstance(packed, panel4.Panel4) else 8 if isinstance(packed, panel8.Panel8) else 0
-    return _Weight(kind, n, k, *(t.data_ptr() for t in tensors), *[None] * (3 - len(tensors)))
+    return _Weight(KINDS[kernel], *module.weight.shape, *(t.data_ptr() for t in tensors), *[None] * (3 - len(tensors)))
 
 
 class FusedLayers:

@@ -40,10 +40,16 @@ class Panel4:
         """The bytes a step reads: 0.75 a weight."""
         return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.m))
 
+    KERNEL = "panel4_gemm"  # the library's function, which takes `operands` after x
+
+    @property
+    def operands(self) -> tuple[torch.Tensor, ...]:
+        return self.q, self.d, self.m
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
         assert self.q.shape[1] == x.shape[1], (x.shape, self.q.shape)
-        return panel.gemm("panel4_gemm", x, self.n, self.q, self.d, self.m)
+        return panel.gemm(self.KERNEL, x, self.n, *self.operands)
 
     def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
         """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""

@@ -37,10 +37,16 @@ class Panel8:
         """The bytes a step reads: 1.125 a weight."""
         return self.q.numel() * self.q.element_size() + self.d.numel() * self.d.element_size()
 
+    KERNEL = "panel8_gemm"  # the library's function, which takes `operands` after x
+
+    @property
+    def operands(self) -> tuple[torch.Tensor, ...]:
+        return self.q, self.d
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
         assert self.q.shape[1] == x.shape[1], (x.shape, self.q.shape)
-        return panel.gemm("panel8_gemm", x, self.n, self.q, self.d)
+        return panel.gemm(self.KERNEL, x, self.n, *self.operands)
 
     def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
         """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""
