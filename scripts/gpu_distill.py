@@ -41,7 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from make_self_prompts import MARKER, keep  # noqa: E402 (after the path set-up)
+from make_self_prompts import keep, user_turn_prefix  # noqa: E402 (after the path set-up)
 
 from engine.chat import encode_chat  # noqa: E402
 from engine.registry import resolve_model  # noqa: E402
@@ -163,8 +163,7 @@ def shares_run(text: str, banned: set[tuple[str, ...]]) -> bool:
 def self_prompts(model, tokenizer, count: int, *, batch: int, seed: int, pad_id: int, stop_id: int,
                  clock: Clock, until_s: float) -> list[str]:
     """Up to ``count`` sampled user requests (kept by make_self_prompts' filter, no held-out run), in order."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": MARKER}], tokenize=False)
-    prefix = tokenizer.encode(text[: text.index(MARKER)], add_special_tokens=False)
+    prefix = user_turn_prefix(tokenizer)
     banned = held_out_shingles()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)

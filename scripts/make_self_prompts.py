@@ -27,10 +27,10 @@ MARKER = "\x00USER\x00"
 log = logging.getLogger("make_self_prompts")
 
 
-def user_turn_prefix(llm: LLM) -> list[int]:
+def user_turn_prefix(tokenizer) -> list[int]:
     """The chat template's tokens up to where a user message starts (with the template's default system turn)."""
-    text = llm.tokenizer.apply_chat_template([{"role": "user", "content": MARKER}], tokenize=False)
-    return llm.tokenizer.encode(text[: text.index(MARKER)])
+    text = tokenizer.apply_chat_template([{"role": "user", "content": MARKER}], tokenize=False)
+    return tokenizer.encode(text[: text.index(MARKER)])
 
 
 def keep(text: str) -> bool:
@@ -43,7 +43,7 @@ def keep(text: str) -> bool:
 
 def main(target: str, count: int, out: Path) -> None:
     llm = LLM(target=target, max_num_seqs=BATCH)
-    prefix = user_turn_prefix(llm)
+    prefix = user_turn_prefix(llm.tokenizer)
     kept: dict[str, None] = {}  # insertion-ordered: the prompts in the order sampled, each once
     seed = 0
     try:
