@@ -3,9 +3,10 @@
 // row attention) in its order, and its element-wise steps (residual adds, rotary) with torch's roundings, so the
 // outputs are the eager forward's bits (tested). Called by engine/layers/fused.py: it replaces about a dozen
 // Python-level torch calls per layer; the activation (torch's silu) and the down projection stay in Python.
-#include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "simd.h"
 
 extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads);
 extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn,
@@ -42,7 +43,7 @@ static void matmul(const Weight& w, const float* x, long M, float* y, int thread
 
 // y = a + b, 16 at a time (torch's float32 add: one rounding per element). n a multiple of 16.
 static void add(const float* a, const float* b, float* y, long n) {
-  for (long i = 0; i < n; i += 16) _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  for (long i = 0; i < n; i += 16) v_store(y + i, v_add(v_load(a + i), v_load(b + i)));
 }
 
 // Rotary on `heads` heads of D floats (D a multiple of 32) at x with row stride ldx, into y (row stride ldy), for
@@ -57,8 +58,8 @@ extern "C" void rotary_rows(const float* x, long n, long heads, long D, long ldx
       float* yr = y + r * ldy + h * D;
       for (long e = 0; e < D; e += 16) {
         const long src = e < half ? e + half : e - half;  // roll by D / 2: element e takes x[(e + D / 2) % D]
-        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(xr + e), _mm512_loadu_ps(cos + r * D + e));
-        _mm512_storeu_ps(yr + e, _mm512_fmadd_ps(_mm512_loadu_ps(xr + src), _mm512_loadu_ps(ssin + r * D + e), a));
+        const v16 a = v_mul(v_load(xr + e), v_load(cos + r * D + e));
+        v_store(yr + e, v_fmadd(v_load(xr + src), v_load(ssin + r * D + e), a));
       }
     }
 }

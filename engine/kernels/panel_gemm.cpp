@@ -4,62 +4,87 @@
 // Every output element is one FMA chain over k = 0..K-1, in that order, whatever the row count M and the
 // thread count: a row's products are the same bits in a 1-row step as in a 5-row verify, so a verify
 // reproduces plain decoding exactly. The weights stream once per step (bandwidth-bound up to about 8 rows on
-// one AVX-512 core); several panels are read at once for few rows (more memory streams in flight).
-#include <immintrin.h>
+// one AVX-512 core); several panels are read at once for few rows (more memory streams in flight). A pass
+// computes a few rows of a few 16-column blocks of a panel (simd.h: fewer on AVX2); a panel takes several passes
+// where it needs more, each output still one chain over k.
 #include <omp.h>
+
+#include "simd.h"
 
 #define PREFETCH_AHEAD 32  // k steps (32 x 128 bytes) ahead of the loads
 
-// G panels at once for M rows (2 G M accumulators). P: the first panel; x: [M, K] (row stride ldx); y: [M, .]
-template <int M, int G>
-static inline void panels(const float* __restrict x, long ldx, long K, const float* __restrict P,
-                          float* __restrict y, long ldy, long width) {
-  __m512 a0[G][M], a1[G][M];
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define LB LOW_BIT_BLOCKS
+
+// The kernels' shared pieces: zeroed accumulators (G panels x C column blocks x M rows), the FMA chain step for
+// one k (every row m: a += x[m, k] * w, w the weights of k for the C blocks), and the stores. Forced inline: left
+// to itself gcc 12 called the chain out of line and the 8-bit kernel took twice as long for 5 rows.
+template <int M, int G, int C>
+INLINE void zero(v16 (&a)[G][C][M]) {
   for (int g = 0; g < G; ++g)
-    for (int m = 0; m < M; ++m) { a0[g][m] = _mm512_setzero_ps(); a1[g][m] = _mm512_setzero_ps(); }
-  const long stride = K * 32;
-  for (long k = 0; k < K; ++k) {
-    for (int g = 0; g < G; ++g) {
-      const float* w = P + g * stride + k * 32;
-      _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32), _MM_HINT_T0);
-      _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32 + 16), _MM_HINT_T0);
-      const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
-      for (int m = 0; m < M; ++m) {
-        const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
-        a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
-        a1[g][m] = _mm512_fmadd_ps(xb, w1, a1[g][m]);
-      }
-    }
-  }
-  for (int g = 0; g < G; ++g) {
-    const long left = width - 32 * g;  // columns of this panel that exist (the last panel may be short)
-    const __mmask16 k0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-    const __mmask16 k1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-    for (int m = 0; m < M; ++m) {
-      _mm512_mask_storeu_ps(y + m * ldy + 32 * g, k0, a0[g][m]);
-      _mm512_mask_storeu_ps(y + m * ldy + 32 * g + 16, k1, a1[g][m]);
-    }
+    for (int c = 0; c < C; ++c)
+      for (int m = 0; m < M; ++m) a[g][c][m] = v_zero();
+}
+
+template <int M, int G, int C>
+INLINE void chain(const float* __restrict x, long ldx, long k, int g, const v16 (&w)[C], v16 (&a)[G][C][M]) {
+  for (int m = 0; m < M; ++m) {
+    const v16 xb = v_set1(x[m * ldx + k]);
+    for (int c = 0; c < C; ++c) a[g][c][m] = v_fmadd(xb, w[c], a[g][c][m]);
   }
 }
 
-typedef void (*kernel)(const float*, long, long, const float*, float*, long, long);
-#define GROUP(m) ((m) <= 2 ? 4 : (m) <= 6 ? 2 : 1)  // panels per call: at most 24 accumulators
-static const kernel ONE[9] = {0, panels<1, 1>, panels<2, 1>, panels<3, 1>, panels<4, 1>,
-                              panels<5, 1>, panels<6, 1>, panels<7, 1>, panels<8, 1>};
-static const kernel GROUPED[9] = {0, panels<1, GROUP(1)>, panels<2, GROUP(2)>, panels<3, GROUP(3)>,
-                                  panels<4, GROUP(4)>, panels<5, GROUP(5)>, panels<6, GROUP(6)>,
-                                  panels<7, GROUP(7)>, panels<8, GROUP(8)>};
+// y at the first panel's column 16 * c0; width: the columns that exist from the first panel's column 0 on.
+template <int M, int G, int C>
+INLINE void store(float* __restrict y, long ldy, int c0, long width, v16 (&a)[G][C][M]) {
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c)
+      for (int m = 0; m < M; ++m) {
+        const long column = 32 * g + 16 * (c0 + c);
+        v_store_n(y + m * ldy + column, a[g][c][m], width - column);
+      }
+}
 
-// Panels p0..p1-1 for all M rows: 8 rows at a time through each group of panels (the group stays in cache for
-// the next 8), `group` panels at once where a whole group is left, else one.
+// Float32 panels: G panels at once, the C column blocks from block c0 of each, M rows. P: the first panel;
+// x: [M, K] (row stride ldx); y: [M, .] at the first panel's column 0.
+template <int M, int G, int C>
+static inline void panels(const float* __restrict x, long ldx, long K, const float* __restrict P, int c0,
+                          float* __restrict y, long ldy, long width) {
+  v16 a[G][C][M];
+  zero<M, G, C>(a);
+  const long stride = K * 32;
+  for (long k = 0; k < K; ++k) {
+    for (int g = 0; g < G; ++g) {
+      const float* w = P + g * stride + k * 32 + 16 * c0;
+      v16 wv[C];
+      for (int c = 0; c < C; ++c) {
+        _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32 + 16 * c), _MM_HINT_T0);
+        wv[c] = v_load(w + 16 * c);
+      }
+      chain<M, G, C>(x, ldx, k, g, wv, a);
+    }
+  }
+  store<M, G, C>(y, ldy, c0, width, a);
+}
+
+typedef void (*kernel)(const float*, long, long, const float*, int, float*, long, long);
+static const kernel ONE[9] = {0, panels<1, 1, 2>, panels<2, 1, 2>, panels<3, 1, 2>, panels<4, 1, 2>,
+                              panels<5, 1, 2>, panels<6, 1, 2>, panels<7, 1, 2>, panels<8, 1, 2>};
+static const kernel GROUPED[9] = {0, panels<1, FP32_GROUP(1), 2>, panels<2, FP32_GROUP(2), 2>,
+                                  panels<3, FP32_GROUP(3), 2>, panels<4, FP32_GROUP(4), 2>,
+                                  panels<5, FP32_GROUP(5), 2>, panels<6, FP32_GROUP(6), 2>,
+                                  panels<7, FP32_GROUP(7), 2>, panels<8, FP32_GROUP(8), 2>};
+
+// Panels p0..p1-1 for all M rows: FP32_ROWS rows at a time through each group of panels (the group stays in cache
+// for the next rows), `group` panels at once where a whole group is left, else one.
 static void panel_range(const float* x, long M, long K, const float* P, float* y, long N, long p0, long p1,
                         long group) {
   for (long p = p0; p < p1;) {
     const long take = p + group <= p1 ? group : 1;
-    for (long m0 = 0; m0 < M; m0 += 8) {
-      const long rows = M - m0 < 8 ? M - m0 : 8;
+    for (long m0 = 0; m0 < M; m0 += FP32_ROWS) {
+      const long rows = MIN(M - m0, FP32_ROWS);
       const kernel run = take > 1 ? GROUPED[rows] : ONE[rows];
-      run(x + m0 * K, K, K, P + p * K * 32, y + m0 * N + 32 * p, N, N - 32 * p);
+      run(x + m0 * K, K, K, P + p * K * 32, 0, y + m0 * N + 32 * p, N, N - 32 * p);
     }
     p += take;
   }
@@ -83,8 +108,20 @@ static void over_panels(long n_panels, int threads, Range run) {
 
 // x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major.
 extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads) {
-  const long group = M <= 8 ? GROUP(M) : 1;
+  const long group = M <= FP32_ROWS ? FP32_GROUP(M) : 1;
   over_panels((N + 31) / 32, threads, [&](long p0, long p1) { panel_range(x, M, K, P, y, N, p0, p1, group); });
+}
+
+// Panels p0..p1-1 of a low-bit kernel for all M rows, LOW_BIT_ROWS rows and LOW_BIT_BLOCKS column blocks at a
+// time, LOW_BIT_GROUP(M) panels at once where that many are left. run(m0, rows, p, take, c0).
+template <class Run>
+static void low_bit_range(long M, long p0, long p1, Run run) {
+  for (long p = p0; p < p1;) {
+    const long take = p + LOW_BIT_GROUP(M) <= p1 ? LOW_BIT_GROUP(M) : 1;
+    for (int c0 = 0; c0 < 2; c0 += LOW_BIT_BLOCKS)
+      for (long m0 = 0; m0 < M; m0 += LOW_BIT_ROWS) run(m0, MIN(M - m0, LOW_BIT_ROWS), p, take, c0);
+    p += take;
+  }
 }
 
 // The same products from 4-bit weights (engine.layers.panel4): W[n, k] = d * q + m per 32 k of each column, d and
@@ -92,135 +129,94 @@ extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float
 // integer), so one FMA rebuilds each weight bit for bit, and the FMA chain over k is the float32 kernel's: the
 // outputs are its bits. Q: [panels][K][16] bytes (low nibble column j, high nibble column j + 16); D, Mn:
 // [panels][K / 32][32]. K and N multiples of 32.
-// The low-bit kernels' shared pieces: zeroed accumulators, the float32 kernel's FMA chain step for one k (every
-// row m: a += x[m, k] * w, the same order as `panels`), and the stores of whole panels. Forced inline: left to
-// itself gcc 12 called `chain` out of line and the 8-bit kernel took twice as long for 5 rows.
-#define INLINE __attribute__((always_inline)) static inline
-template <int M, int G>
-INLINE void zero(__m512 (&a0)[G][M], __m512 (&a1)[G][M]) {
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < M; ++m) { a0[g][m] = _mm512_setzero_ps(); a1[g][m] = _mm512_setzero_ps(); }
-}
-
-template <int M, int G>
-INLINE void chain(const float* __restrict x, long K, long k, int g, __m512 w0, __m512 w1,
-                         __m512 (&a0)[G][M], __m512 (&a1)[G][M]) {
-  for (int m = 0; m < M; ++m) {
-    const __m512 xb = _mm512_set1_ps(x[m * K + k]);
-    a0[g][m] = _mm512_fmadd_ps(xb, w0, a0[g][m]);
-    a1[g][m] = _mm512_fmadd_ps(xb, w1, a1[g][m]);
-  }
-}
-
-template <int M, int G>
-INLINE void store(float* __restrict y, long ldy, __m512 (&a0)[G][M], __m512 (&a1)[G][M]) {
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < M; ++m) {
-      _mm512_storeu_ps(y + m * ldy + 32 * g, a0[g][m]);
-      _mm512_storeu_ps(y + m * ldy + 32 * g + 16, a1[g][m]);
-    }
-}
-
-template <int M, int G>
+template <int M, int G, int C>
 static inline void q4panels(const float* __restrict x, long K, const unsigned char* __restrict Q,
-                            const float* __restrict D, const float* __restrict Mn, float* __restrict y, long ldy) {
-  __m512 a0[G][M], a1[G][M];
-  zero<M, G>(a0, a1);
+                            const float* __restrict D, const float* __restrict Mn, int c0, float* __restrict y,
+                            long ldy) {
+  v16 a[G][C][M];
+  zero<M, G, C>(a);
   const __m128i low = _mm_set1_epi8(0x0F);
   const long blocks = K / 32;
   for (long b = 0; b < blocks; ++b) {
-    __m512 d0[G], d1[G], m0[G], m1[G];
-    for (int g = 0; g < G; ++g) {
-      const float* dp = D + (g * blocks + b) * 32;
-      const float* mp = Mn + (g * blocks + b) * 32;
-      d0[g] = _mm512_loadu_ps(dp); d1[g] = _mm512_loadu_ps(dp + 16);
-      m0[g] = _mm512_loadu_ps(mp); m1[g] = _mm512_loadu_ps(mp + 16);
-    }
+    v16 d[G][C], mn[G][C];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c) {
+        d[g][c] = v_load(D + (g * blocks + b) * 32 + 16 * (c0 + c));
+        mn[g][c] = v_load(Mn + (g * blocks + b) * 32 + 16 * (c0 + c));
+      }
     for (long k = b * 32; k < b * 32 + 32; ++k) {
       for (int g = 0; g < G; ++g) {
         const unsigned char* q = Q + (g * K + k) * 16;
         _mm_prefetch((const char*)(q + 64 * 16), _MM_HINT_T0);
         const __m128i v = _mm_loadu_si128((const __m128i*)q);
-        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
-        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
-        chain<M, G>(x, K, k, g, _mm512_fmadd_ps(d0[g], q0, m0[g]), _mm512_fmadd_ps(d1[g], q1, m1[g]), a0, a1);
+        v16 w[C];
+        for (int c = 0; c < C; ++c) {  // block 0: the low nibbles, block 1: the high ones
+          const __m128i nibbles = c0 + c == 0 ? _mm_and_si128(v, low) : _mm_and_si128(_mm_srli_epi16(v, 4), low);
+          w[c] = v_fmadd(d[g][c], v_from_u8(nibbles), mn[g][c]);
+        }
+        chain<M, G, C>(x, K, k, g, w, a);
       }
     }
   }
-  store<M, G>(y, ldy, a0, a1);
+  store<M, G, C>(y, ldy, c0, 32 * G, a);
 }
 
-typedef void (*q4kernel)(const float*, long, const unsigned char*, const float*, const float*, float*, long);
-static const q4kernel Q4_ONE[9] = {0, q4panels<1, 1>, q4panels<2, 1>, q4panels<3, 1>, q4panels<4, 1>,
-                                   q4panels<5, 1>, q4panels<6, 1>, q4panels<7, 1>, q4panels<8, 1>};
-static const q4kernel Q4_TWO[5] = {0, q4panels<1, 2>, q4panels<2, 2>, q4panels<3, 2>, q4panels<4, 2>};
-
-// Panels p0..p1-1 for all M rows, 8 rows at a time; up to 4 rows two panels at once where two are left.
-static void q4_range(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn,
-                     float* y, long N, long p0, long p1) {
-  const long blocks = K / 32;
-  for (long p = p0; p < p1;) {
-    const long take = M <= 4 && p + 2 <= p1 ? 2 : 1;
-    for (long m0 = 0; m0 < M; m0 += 8) {
-      const long rows = M - m0 < 8 ? M - m0 : 8;
-      (take == 2 ? Q4_TWO[rows] : Q4_ONE[rows])(x + m0 * K, K, Q + p * K * 16, D + p * blocks * 32,
-                                                  Mn + p * blocks * 32, y + m0 * N + 32 * p, N);
-    }
-    p += take;
-  }
-}
+typedef void (*q4kernel)(const float*, long, const unsigned char*, const float*, const float*, int, float*, long);
+static const q4kernel Q4_ONE[9] = {0, q4panels<1, 1, LB>, q4panels<2, 1, LB>, q4panels<3, 1, LB>, q4panels<4, 1, LB>,
+                                   q4panels<5, 1, LB>, q4panels<6, 1, LB>, q4panels<7, 1, LB>, q4panels<8, 1, LB>};
+static const q4kernel Q4_TWO[5] = {0, q4panels<1, 2, LB>, q4panels<2, 2, LB>, q4panels<3, 2, LB>, q4panels<4, 2, LB>};
 
 extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D,
                             const float* Mn, float* y, long N, int threads) {
-  over_panels(N / 32, threads, [&](long p0, long p1) { q4_range(x, M, K, Q, D, Mn, y, N, p0, p1); });
+  const long blocks = K / 32;
+  over_panels(N / 32, threads, [&](long p0, long p1) {
+    low_bit_range(M, p0, p1, [&](long m0, long rows, long p, long take, int c0) {
+      (take == 2 ? Q4_TWO[rows] : Q4_ONE[rows])(x + m0 * K, K, Q + p * K * 16, D + p * blocks * 32,
+                                                  Mn + p * blocks * 32, c0, y + m0 * N + 32 * p, N);
+    });
+  });
 }
 
 // The same products from 8-bit weights (engine.layers.panel8): W[n, k] = d * q per 32 k of each column, d float32
 // (a float16 value in practice), q a signed byte. d * q is exact in float32 (an 11-bit mantissa times an 8-bit
 // integer), so the product rebuilds each weight bit for bit and the FMA chain is the float32 kernel's.
 // Q: [panels][K][32] signed bytes (column j at byte j); D: [panels][K / 32][32]. K and N multiples of 32.
-template <int M, int G>
+template <int M, int G, int C>
 static inline void q8panels(const float* __restrict x, long K, const signed char* __restrict Q,
-                            const float* __restrict D, float* __restrict y, long ldy) {
-  __m512 a0[G][M], a1[G][M];
-  zero<M, G>(a0, a1);
+                            const float* __restrict D, int c0, float* __restrict y, long ldy) {
+  v16 a[G][C][M];
+  zero<M, G, C>(a);
   const long blocks = K / 32;
   for (long b = 0; b < blocks; ++b) {
-    __m512 d0[G], d1[G];
-    for (int g = 0; g < G; ++g) {
-      const float* dp = D + (g * blocks + b) * 32;
-      d0[g] = _mm512_loadu_ps(dp); d1[g] = _mm512_loadu_ps(dp + 16);
-    }
+    v16 d[G][C];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c) d[g][c] = v_load(D + (g * blocks + b) * 32 + 16 * (c0 + c));
     for (long k = b * 32; k < b * 32 + 32; ++k) {
       for (int g = 0; g < G; ++g) {
         const signed char* q = Q + (g * K + k) * 32;
         _mm_prefetch((const char*)(q + 32 * 32), _MM_HINT_T0);
-        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)q)));
-        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 16))));
-        chain<M, G>(x, K, k, g, _mm512_mul_ps(d0[g], q0), _mm512_mul_ps(d1[g], q1), a0, a1);  // d * q: exact
+        v16 w[C];
+        for (int c = 0; c < C; ++c)  // d * q: exact
+          w[c] = v_mul(d[g][c], v_from_i8(_mm_loadu_si128((const __m128i*)(q + 16 * (c0 + c)))));
+        chain<M, G, C>(x, K, k, g, w, a);
       }
     }
   }
-  store<M, G>(y, ldy, a0, a1);
+  store<M, G, C>(y, ldy, c0, 32 * G, a);
 }
 
-typedef void (*q8kernel)(const float*, long, const signed char*, const float*, float*, long);
-static const q8kernel Q8_ONE[9] = {0, q8panels<1, 1>, q8panels<2, 1>, q8panels<3, 1>, q8panels<4, 1>,
-                                   q8panels<5, 1>, q8panels<6, 1>, q8panels<7, 1>, q8panels<8, 1>};
-static const q8kernel Q8_TWO[5] = {0, q8panels<1, 2>, q8panels<2, 2>, q8panels<3, 2>, q8panels<4, 2>};
+typedef void (*q8kernel)(const float*, long, const signed char*, const float*, int, float*, long);
+static const q8kernel Q8_ONE[9] = {0, q8panels<1, 1, LB>, q8panels<2, 1, LB>, q8panels<3, 1, LB>, q8panels<4, 1, LB>,
+                                   q8panels<5, 1, LB>, q8panels<6, 1, LB>, q8panels<7, 1, LB>, q8panels<8, 1, LB>};
+static const q8kernel Q8_TWO[5] = {0, q8panels<1, 2, LB>, q8panels<2, 2, LB>, q8panels<3, 2, LB>, q8panels<4, 2, LB>};
 
 extern "C" void panel8_gemm(const float* x, long M, long K, const signed char* Q, const float* D, float* y, long N,
                             int threads) {
   const long blocks = K / 32;
   over_panels(N / 32, threads, [&](long p0, long p1) {
-    for (long p = p0; p < p1;) {  // as q4_range: 8 rows at a time, up to 4 rows two panels at once
-      const long take = M <= 4 && p + 2 <= p1 ? 2 : 1;
-      for (long m0 = 0; m0 < M; m0 += 8) {
-        const long rows = M - m0 < 8 ? M - m0 : 8;
-        (take == 2 ? Q8_TWO[rows] : Q8_ONE[rows])(x + m0 * K, K, Q + p * K * 32, D + p * blocks * 32,
-                                                    y + m0 * N + 32 * p, N);
-      }
-      p += take;
-    }
+    low_bit_range(M, p0, p1, [&](long m0, long rows, long p, long take, int c0) {
+      (take == 2 ? Q8_TWO[rows] : Q8_ONE[rows])(x + m0 * K, K, Q + p * K * 32, D + p * blocks * 32, c0,
+                                                  y + m0 * N + 32 * p, N);
+    });
   });
 }

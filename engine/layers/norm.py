@@ -1,6 +1,6 @@
 """RMSNorm, with the residual add fused into the same call.
 
-y = w * (x / sqrt(mean(x^2) + eps)). On a CPU where the panel kernels build (AVX-512), every float32 norm, eager
+y = w * (x / sqrt(mean(x^2) + eps)). On a CPU where the panel kernels build (AVX-512 or AVX2), every float32 norm, eager
 or inside a compiled step (as the op ``ssd_chat::rms_norm``), runs engine/kernels/rms_norm.cpp: one call per
 norm, and each row reduced by the same code whatever the row count, so a row's output is the same bits in a
 one-row decode step as in a k + 1-row verify. (The eager one-row shortcut this replaced, a dot product and a

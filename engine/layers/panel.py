@@ -1,4 +1,5 @@
-"""The panel GEMM: the CPU's few-row matmuls in one AVX-512 kernel of our own (engine/kernels/panel_gemm.cpp).
+"""The panel GEMM: the CPU's few-row matmuls in one kernel of our own (engine/kernels/panel_gemm.cpp), for AVX-512
+or AVX2 with FMA (the same source on engine/kernels/simd.h's 16-lane vectors: the same bits on both).
 
 A weight [N, K] is copied once into panels [ceil(N / 32), K, 32] (32 output columns, contiguous over k); the
 kernel streams them once per step and computes every output as one FMA chain over k in order, whatever the row
@@ -18,9 +19,11 @@ matmuls (30 layers and the head), one thread, ms per step (`python scripts/matmu
 more rows (prefill) stay on MKL there. On AMD (Zen 4) it beats MKL and oneDNN at every row count, so it takes
 every step there (engine.layers.packed has the table).
 
-The kernel is compiled on first use with the system's C++ compiler (``$CXX`` or ``c++``, about a second) into
-the user cache (``ssd-chat/kernels``), keyed by the source and the compiler, and loaded with ctypes. Without
-AVX-512, a compiler, or a build that works, `available()` is False and the engine keeps MKL's kernels.
+The kernel is compiled on first use with the system's C++ compiler (``$CXX`` or ``c++``, a few seconds) into
+the user cache (``ssd-chat/kernels``), keyed by the source, the instruction set and the compiler, and loaded with
+ctypes: for AVX-512 where the CPU has it, else for AVX2 with FMA (``$SSD_CHAT_CPU_ISA=avx2`` takes the AVX2 build on
+an AVX-512 CPU too). Without either, a compiler, or a build that works, `available()` is False and the engine
+keeps MKL's or oneDNN's kernels.
 """
 
 from __future__ import annotations
@@ -44,13 +47,32 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "panel_gemm.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention.cpp"),
            SOURCE.with_name("layer.cpp"))  # one library, all rows alike
-WIDTH = 32  # output columns per panel (two AVX-512 registers)
-FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC")
+HEADERS = (SOURCE.with_name("simd.h"),)
+WIDTH = 32  # output columns per panel (two AVX-512 registers, four AVX2 ones)
+ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}  # best first
+ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}
+# no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
+FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+ISA_ENV = "SSD_CHAT_CPU_ISA"
 
 
 def available() -> bool:
-    """Whether the panel kernel runs here: an AVX-512 CPU and a kernel that builds and loads."""
+    """Whether the panel kernel runs here: a CPU with AVX-512 or AVX2 + FMA and a kernel that builds and loads."""
     return _library() is not None
+
+
+@functools.cache
+def isa() -> str | None:
+    """The instruction set the kernels are built for: the best in ISA_FLAGS this CPU has ("avx512", "avx2"), or
+    ``$SSD_CHAT_CPU_ISA`` where the CPU has that one; None where it has neither."""
+    have = [name for name, need in ISA_CPU_FLAGS.items() if need <= cpu_info.flags()]
+    wanted = os.environ.get(ISA_ENV, "").strip().lower()
+    if wanted and wanted not in have:
+        log.warning("%s=%s: this CPU runs %s; using %s", ISA_ENV, wanted, " or ".join(have) or "neither kernel set",
+                    have[0] if have else "MKL / oneDNN")
+    elif wanted:
+        return wanted
+    return have[0] if have else None
 
 
 @torch.compiler.assume_constant_result  # a compiled step asks once, at trace time (it reads /proc/cpuinfo)
@@ -68,9 +90,23 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("ssd-chat")) / "kernels"
 
 
+def forget() -> None:
+    """Drop the chosen instruction set and the loaded kernels (tests: another compiler or CPU next time)."""
+    for cached in (isa, build, _library):
+        cached.cache_clear()
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if "avx512f" not in cpu_info.flags() or not all(s.is_file() for s in SOURCES):
+    target = isa()
+    return None if target is None else build(target)
+
+
+@functools.cache
+def build(target: str) -> ctypes.CDLL | None:
+    """The kernels built for instruction set `target` (a key of ISA_FLAGS; the CPU must have it) and loaded, or
+    None where they do not build."""
+    if not all(s.is_file() for s in SOURCES + HEADERS):
         return None
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:
@@ -78,14 +114,15 @@ def _library() -> ctypes.CDLL | None:
         return None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        source = b"".join(s.read_bytes() for s in SOURCES)
-        key = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-        path = cache_dir() / f"panel_gemm-{key}.so"
+        flags = (*FLAGS, *ISA_FLAGS[target])
+        source = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
+        key = hashlib.sha256(source + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
+        path = cache_dir() / f"panel_gemm-{target}-{key}.so"
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build aside, then move: no half-written .so
                 built = Path(tmp) / path.name
-                subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(built)], check=True,
+                subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built)], check=True,
                                capture_output=True, text=True, timeout=300)
                 os.replace(built, path)
         lib = ctypes.CDLL(str(path))

@@ -12,7 +12,7 @@ from engine.config import SpeculationConfig
 from engine.layers import fused, panel
 from engine.layers.rotary import apply_rotary
 
-pytestmark = pytest.mark.skipif(not panel.ready(), reason="the panel kernels need AVX-512 and a C++ compiler")
+pytestmark = pytest.mark.skipif(not panel.ready(), reason="the panel kernels need AVX-512 or AVX2 and a C++ compiler")
 
 
 @pytest.fixture(scope="module")

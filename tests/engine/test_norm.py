@@ -8,7 +8,7 @@ import torch
 
 from engine.layers import norm, panel
 
-needs_kernel = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 and a C++ compiler")
+needs_kernel = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
 
 def _norm(dim: int, seed: int) -> tuple[norm.RMSNorm, torch.Tensor]:

@@ -17,7 +17,7 @@ from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.layers import packed, panel, panel4
 
-pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 and a C++ compiler")
+pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
 
 def q4_form(weight: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from engine.config import SpeculationConfig
 from engine.layers import packed, panel, panel4, panel8
 from tests.engine.test_panel4 import GREEDY, PROMPTS, assert_float32_panel_bits, q4_form, rewritten
 
-pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 and a C++ compiler")
+pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
 
 def q8_form(weight: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,122 @@
+// 16 float lanes, on AVX-512 (one __m512) or AVX2 + FMA (two __m256: lanes 0-7, then 8-15), for the CPU kernels
+// (engine/layers/panel.py builds them for the best of the two the CPU has).
+//
+// Every operation is lane-wise IEEE float32 (one rounding per lane, FMAs fused), and the one cross-lane operation,
+// v_sum, adds in a fixed tree (gcc's _mm512_reduce_add_ps order), so a kernel written on v16 computes the same
+// bits on either instruction set (tested: tests/engine/test_isa.py builds both and compares every kernel).
+// Only the register budget differs: AVX2 has 16 registers of 8 lanes, AVX-512 32 of 16, so the GEMMs take fewer
+// rows and columns per pass on AVX2 (FP32_* and LOW_BIT_* below), which changes their loop nests, never an
+// output's FMA chain.
+#pragma once
+#include <immintrin.h>
+
+#define INLINE __attribute__((always_inline)) static inline
+
+#if defined(__AVX512F__)
+#define ISA_NAME "avx512"
+typedef __m512 v16;
+typedef __mmask16 vmask;
+INLINE v16 v_zero() { return _mm512_setzero_ps(); }
+INLINE v16 v_set1(float f) { return _mm512_set1_ps(f); }
+INLINE v16 v_load(const float* p) { return _mm512_loadu_ps(p); }
+INLINE void v_store(float* p, v16 v) { _mm512_storeu_ps(p, v); }
+INLINE __mmask16 tail_mask(long n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n > 0 ? n : 0)) - 1); }
+INLINE v16 v_load_n(const float* p, long n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }  // lanes >= n: 0
+INLINE void v_store_n(float* p, v16 v, long n) { _mm512_mask_storeu_ps(p, tail_mask(n), v); }
+INLINE v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
+INLINE v16 v_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
+INLINE v16 v_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+INLINE v16 v_max(v16 a, v16 b) { return _mm512_max_ps(a, b); }
+INLINE v16 v_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }    // a * b + c
+INLINE v16 v_fnmadd(v16 a, v16 b, v16 c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
+INLINE v16 v_round(v16 a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+INLINE v16 v_pow2(v16 n) {  // 2^n for integral n in the normal range
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+INLINE vmask v_below(v16 a, v16 b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+INLINE v16 v_zero_where(vmask m, v16 a) { return _mm512_maskz_mov_ps(~m, a); }
+INLINE v16 v_from_u8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }  // 16 unsigned bytes
+INLINE v16 v_from_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }  // 16 signed bytes
+INLINE __m256 v_fold(v16 a) {  // lanes 8-15 plus lanes 0-7
+  return _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)), _mm512_castps512_ps256(a));
+}
+// The GEMMs' passes (engine/kernels/panel_gemm.cpp): rows and 16-column blocks of a panel per pass, for the
+// float32 panels (memory-bound: several panels at once for few rows, more streams in flight) and the low-bit ones
+// (compute-bound: each weight rebuilt once per pass). Accumulators: a register per row and block.
+#define FP32_ROWS 8
+#define FP32_GROUP(m) ((m) <= 2 ? 4 : (m) <= 6 ? 2 : 1)  // panels at once
+#define LOW_BIT_ROWS 5
+#define LOW_BIT_BLOCKS 2
+#define LOW_BIT_GROUP(m) ((m) <= 4 ? 2 : 1)
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ISA_NAME "avx2"
+struct v16 {
+  __m256 lo, hi;
+};
+struct vmask {
+  __m256 lo, hi;
+};
+INLINE v16 v_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+INLINE v16 v_set1(float f) { return {_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
+INLINE v16 v_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+INLINE void v_store(float* p, v16 v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+INLINE __m256i half_mask(long n, int first) {  // lanes first.. first+7 that are < n
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 16 ? n : 16)),
+                            _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(first)));
+}
+INLINE v16 v_load_n(const float* p, long n) {
+  return {_mm256_maskload_ps(p, half_mask(n, 0)), _mm256_maskload_ps(p + 8, half_mask(n, 8))};
+}
+INLINE void v_store_n(float* p, v16 v, long n) {
+  _mm256_maskstore_ps(p, half_mask(n, 0), v.lo);
+  _mm256_maskstore_ps(p + 8, half_mask(n, 8), v.hi);
+}
+#define LANEWISE2(name, op) \
+  INLINE v16 name(v16 a, v16 b) { return {op(a.lo, b.lo), op(a.hi, b.hi)}; }
+LANEWISE2(v_add, _mm256_add_ps)
+LANEWISE2(v_sub, _mm256_sub_ps)
+LANEWISE2(v_mul, _mm256_mul_ps)
+LANEWISE2(v_max, _mm256_max_ps)
+INLINE v16 v_fmadd(v16 a, v16 b, v16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+INLINE v16 v_fnmadd(v16 a, v16 b, v16 c) {
+  return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
+}
+INLINE __m256 round8(__m256 a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+INLINE v16 v_round(v16 a) { return {round8(a.lo), round8(a.hi)}; }
+INLINE __m256 pow2_8(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+INLINE v16 v_pow2(v16 n) { return {pow2_8(n.lo), pow2_8(n.hi)}; }
+INLINE vmask v_below(v16 a, v16 b) {
+  return {_mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ)};
+}
+INLINE v16 v_zero_where(vmask m, v16 a) { return {_mm256_andnot_ps(m.lo, a.lo), _mm256_andnot_ps(m.hi, a.hi)}; }
+INLINE v16 v_from_u8(__m128i b) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+INLINE v16 v_from_i8(__m128i b) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+INLINE __m256 v_fold(v16 a) { return _mm256_add_ps(a.hi, a.lo); }
+// 16 registers: a float32 pass takes 2 rows of whole panels (the others stream from cache again), a low-bit pass
+// 5 rows of half a panel (the low nibbles, then the high ones).
+#define FP32_ROWS 2
+#define FP32_GROUP(m) ((m) <= 1 ? 2 : 1)
+#define LOW_BIT_ROWS 5
+#define LOW_BIT_BLOCKS 1
+#define LOW_BIT_GROUP(m) 1
+
+#else
+#error "the CPU kernels need AVX-512 or AVX2 with FMA"
+#endif
+
+// The sum of the 16 lanes: lanes 8-15 onto 0-7, then 4-7 onto 0-3, then 2-3 onto 0-1, then lane 1 onto 0.
+INLINE float v_sum(v16 a) {
+  const __m256 t3 = v_fold(a);
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+}
