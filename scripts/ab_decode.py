@@ -6,9 +6,11 @@ minutes fall on all of them alike (separate `ssd-chat bench` runs here differ by
                                 [--limit 4] [--max-tokens 128] [--core 0]
 
 Variants: eager (the default engine), compile-panel (--compile, the panel kernel as an op), compile-mkl
-(--compile with MKL's GEMM, as on a CPU without the panel kernel). Prints decode tok/s per repeat and the
-median, and whether each variant's greedy tokens equal the first one's (chat template applied, EOS respected).
-SSD needs a draft process on another core, which this script does not start: use `ssd-chat bench` for it.
+(--compile with MKL's GEMM, as on a CPU without the panel kernel), avx2 (the default engine on the kernels' AVX2
+build, as an AVX2 CPU runs them), no-kernels (none of our kernels: MKL's or oneDNN's; $SSD_CHAT_CPU_ISA=none).
+Prints decode tok/s per repeat and the median, and whether each variant's greedy tokens equal the first one's
+(chat template applied, EOS respected). SSD needs a draft process on another core, which this script does not
+start: use `ssd-chat bench` for it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,21 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
+from engine.layers import panel
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 VARIANTS = {"eager": dict(compile=False), "compile-panel": dict(compile=True, packed_kernel="panel"),
-            "compile-mkl": dict(compile=True, packed_kernel="mkl")}
+            "compile-mkl": dict(compile=True, packed_kernel="mkl"), "avx2": dict(), "no-kernels": dict()}
+ISA = {"avx2": "avx2", "no-kernels": "none"}  # $SSD_CHAT_CPU_ISA while the variant loads and runs
+
+
+def use_isa(name: str) -> None:
+    """Our kernels' build for variant `name` (the CPU's best where it names none), from its next call on."""
+    if name in ISA:
+        os.environ[panel.ISA_ENV] = ISA[name]
+    else:
+        os.environ.pop(panel.ISA_ENV, None)
+    panel.forget()
 
 
 def main() -> None:
@@ -48,6 +61,7 @@ def main() -> None:
         parser.error(f"unknown variant {unknown[0]!r}: pick from {', '.join(VARIANTS)}")
     engines = {}
     for name in names:
+        use_isa(name)
         llm = LLM(target=args.target, draft=args.draft if args.mode == "sd" else None, **VARIANTS[name])
         llm.speculation = SpeculationConfig(mode=args.mode)
         engines[name] = llm
@@ -57,6 +71,7 @@ def main() -> None:
     tokens: dict[str, list[list[int]]] = {}
     for _ in range(args.repeats):
         for name, llm in engines.items():
+            use_isa(name)
             outs = [llm.generate([p], params)[0] for p in prompts]  # one at a time: batches never compile
             decoded = sum(o.stats.generated_tokens - 1 for o in outs)
             rates[name].append(decoded / sum(o.stats.decode_time_s for o in outs))

@@ -22,8 +22,8 @@ every step there (engine.layers.packed has the table).
 The kernel is compiled on first use with the system's C++ compiler (``$CXX`` or ``c++``, a few seconds) into
 the user cache (``ssd-chat/kernels``), keyed by the source, the instruction set and the compiler, and loaded with
 ctypes: for AVX-512 where the CPU has it, else for AVX2 with FMA (``$SSD_CHAT_CPU_ISA=avx2`` takes the AVX2 build on
-an AVX-512 CPU too). Without either, a compiler, or a build that works, `available()` is False and the engine
-keeps MKL's or oneDNN's kernels.
+an AVX-512 CPU too, ``none`` none of them). Without either, a compiler, or a build that works, `available()` is
+False and the engine keeps MKL's or oneDNN's kernels.
 """
 
 from __future__ import annotations
@@ -64,9 +64,12 @@ def available() -> bool:
 @functools.cache
 def isa() -> str | None:
     """The instruction set the kernels are built for: the best in ISA_FLAGS this CPU has ("avx512", "avx2"), or
-    ``$SSD_CHAT_CPU_ISA`` where the CPU has that one; None where it has neither."""
+    ``$SSD_CHAT_CPU_ISA`` where the CPU has that one; None where it has neither, or ``$SSD_CHAT_CPU_ISA=none``
+    (none of our kernels: MKL's or oneDNN's, as on a CPU without either)."""
     have = [name for name, need in ISA_CPU_FLAGS.items() if need <= cpu_info.flags()]
     wanted = os.environ.get(ISA_ENV, "").strip().lower()
+    if wanted == "none":
+        return None
     if wanted and wanted not in have:
         log.warning("%s=%s: this CPU runs %s; using %s", ISA_ENV, wanted, " or ".join(have) or "neither kernel set",
                     have[0] if have else "MKL / oneDNN")
