@@ -45,7 +45,7 @@ INLINE __m256 v_fold(v16 a) {  // lanes 8-15 plus lanes 0-7
 // (compute-bound: each weight rebuilt once per pass). Accumulators: a register per row and block.
 #define FP32_ROWS 8
 #define FP32_GROUP(m) ((m) <= 2 ? 4 : (m) <= 6 ? 2 : 1)  // panels at once
-#define LOW_BIT_ROWS 5
+#define LOW_BIT_ROWS 8
 #define LOW_BIT_BLOCKS 2
 #define LOW_BIT_GROUP(m) ((m) <= 4 ? 2 : 1)
 
