@@ -45,35 +45,32 @@ INLINE void store(float* __restrict y, long ldy, int c0, long width, v16 (&a)[G]
       }
 }
 
-// Float32 panels: G panels at once, the C column blocks from block c0 of each, M rows. P: the first panel;
-// x: [M, K] (row stride ldx); y: [M, .] at the first panel's column 0.
-template <int M, int G, int C>
-static inline void panels(const float* __restrict x, long ldx, long K, const float* __restrict P, int c0,
+// Float32 panels: G panels at once, M rows. P: the first panel; x: [M, K] (row stride ldx); y: [M, .] at the first
+// panel's column 0; width: the columns that exist from there on.
+template <int M, int G>
+static inline void panels(const float* __restrict x, long ldx, long K, const float* __restrict P,
                           float* __restrict y, long ldy, long width) {
-  v16 a[G][C][M];
-  zero<M, G, C>(a);
+  v16 a[G][2][M];
+  zero<M, G, 2>(a);
   const long stride = K * 32;
   for (long k = 0; k < K; ++k) {
     for (int g = 0; g < G; ++g) {
-      const float* w = P + g * stride + k * 32 + 16 * c0;
-      v16 wv[C];
-      for (int c = 0; c < C; ++c) {
-        _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32 + 16 * c), _MM_HINT_T0);
-        wv[c] = v_load(w + 16 * c);
-      }
-      chain<M, G, C>(x, ldx, k, g, wv, a);
+      const float* w = P + g * stride + k * 32;
+      _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32), _MM_HINT_T0);
+      _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32 + 16), _MM_HINT_T0);
+      const v16 wv[2] = {v_load(w), v_load(w + 16)};
+      chain<M, G, 2>(x, ldx, k, g, wv, a);
     }
   }
-  store<M, G, C>(y, ldy, c0, width, a);
+  store<M, G, 2>(y, ldy, 0, width, a);
 }
 
-typedef void (*kernel)(const float*, long, long, const float*, int, float*, long, long);
-static const kernel ONE[9] = {0, panels<1, 1, 2>, panels<2, 1, 2>, panels<3, 1, 2>, panels<4, 1, 2>,
-                              panels<5, 1, 2>, panels<6, 1, 2>, panels<7, 1, 2>, panels<8, 1, 2>};
-static const kernel GROUPED[9] = {0, panels<1, FP32_GROUP(1), 2>, panels<2, FP32_GROUP(2), 2>,
-                                  panels<3, FP32_GROUP(3), 2>, panels<4, FP32_GROUP(4), 2>,
-                                  panels<5, FP32_GROUP(5), 2>, panels<6, FP32_GROUP(6), 2>,
-                                  panels<7, FP32_GROUP(7), 2>, panels<8, FP32_GROUP(8), 2>};
+typedef void (*kernel)(const float*, long, long, const float*, float*, long, long);
+static const kernel ONE[9] = {0, panels<1, 1>, panels<2, 1>, panels<3, 1>, panels<4, 1>,
+                              panels<5, 1>, panels<6, 1>, panels<7, 1>, panels<8, 1>};
+static const kernel GROUPED[9] = {0, panels<1, FP32_GROUP(1)>, panels<2, FP32_GROUP(2)>, panels<3, FP32_GROUP(3)>,
+                                  panels<4, FP32_GROUP(4)>, panels<5, FP32_GROUP(5)>, panels<6, FP32_GROUP(6)>,
+                                  panels<7, FP32_GROUP(7)>, panels<8, FP32_GROUP(8)>};
 
 // Panels p0..p1-1 for all M rows: FP32_ROWS rows at a time through each group of panels (the group stays in cache
 // for the next rows), `group` panels at once where a whole group is left, else one.
@@ -84,7 +81,7 @@ static void panel_range(const float* x, long M, long K, const float* P, float* y
     for (long m0 = 0; m0 < M; m0 += FP32_ROWS) {
       const long rows = MIN(M - m0, FP32_ROWS);
       const kernel run = take > 1 ? GROUPED[rows] : ONE[rows];
-      run(x + m0 * K, K, K, P + p * K * 32, 0, y + m0 * N + 32 * p, N, N - 32 * p);
+      run(x + m0 * K, K, K, P + p * K * 32, y + m0 * N + 32 * p, N, N - 32 * p);
     }
     p += take;
   }
@@ -112,47 +109,41 @@ extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float
   over_panels((N + 31) / 32, threads, [&](long p0, long p1) { panel_range(x, M, K, P, y, N, p0, p1, group); });
 }
 
-// Panels p0..p1-1 of a low-bit kernel for all M rows, LOW_BIT_ROWS rows and LOW_BIT_BLOCKS column blocks at a
-// time, LOW_BIT_GROUP(M) panels at once where that many are left. run(m0, rows, p, take, c0).
-template <class Run>
-static void low_bit_range(long M, long p0, long p1, Run run) {
-  for (long p = p0; p < p1;) {
-    const long take = p + LOW_BIT_GROUP(M) <= p1 ? LOW_BIT_GROUP(M) : 1;
-    for (int c0 = 0; c0 < 2; c0 += LOW_BIT_BLOCKS)
-      for (long m0 = 0; m0 < M; m0 += LOW_BIT_ROWS) run(m0, MIN(M - m0, LOW_BIT_ROWS), p, take, c0);
-    p += take;
-  }
-}
-
-// The same products from 4-bit weights (engine.layers.panel4): W[n, k] = d * q + m per 32 k of each column, d and
-// m float32 (float16 values in practice), q 4 bits. d * q is exact in float32 (an 11-bit mantissa times a 4-bit
-// integer), so one FMA rebuilds each weight bit for bit, and the FMA chain over k is the float32 kernel's: the
-// outputs are its bits. Q: [panels][K][16] bytes (low nibble column j, high nibble column j + 16); D, Mn:
-// [panels][K / 32][32]. K and N multiples of 32.
-template <int M, int G, int C>
-static inline void q4panels(const float* __restrict x, long K, const unsigned char* __restrict Q,
-                            const float* __restrict D, const float* __restrict Mn, int c0, float* __restrict y,
-                            long ldy) {
+// The same products from 4- and 8-bit weights (engine.layers.panel4 / panel8). BITS 4: W[n, k] = d * q + m per 32
+// k of each column, d and m float32 (float16 values in practice), q 4 bits; Q: [panels][K][16] bytes (low nibble
+// column j, high nibble column j + 16); D, Mn: [panels][K / 32][32]. BITS 8: W[n, k] = d * q, q a signed byte;
+// Q: [panels][K][32] (column j at byte j), D as for 4 bits, no Mn. K and N multiples of 32. d * q is exact in
+// float32 (an 11-bit mantissa times a 4- or 8-bit integer), so one FMA (4 bits) or the product (8 bits) rebuilds
+// each weight bit for bit, and the FMA chain over k is the float32 kernel's: the outputs are its bits.
+// A pass: G panels, the C column blocks from block c0 of each (block 0: the low nibbles or bytes 0-15), M rows.
+template <int BITS, int M, int G, int C>
+static inline void low_bit_panels(const float* __restrict x, long K, const unsigned char* __restrict Q,
+                                  const float* __restrict D, const float* __restrict Mn, int c0, float* __restrict y,
+                                  long ldy) {
   v16 a[G][C][M];
   zero<M, G, C>(a);
   const __m128i low = _mm_set1_epi8(0x0F);
-  const long blocks = K / 32;
+  const long blocks = K / 32, bytes = 4 * BITS;  // a panel's bytes per k
   for (long b = 0; b < blocks; ++b) {
     v16 d[G][C], mn[G][C];
     for (int g = 0; g < G; ++g)
       for (int c = 0; c < C; ++c) {
         d[g][c] = v_load(D + (g * blocks + b) * 32 + 16 * (c0 + c));
-        mn[g][c] = v_load(Mn + (g * blocks + b) * 32 + 16 * (c0 + c));
+        if constexpr (BITS == 4) mn[g][c] = v_load(Mn + (g * blocks + b) * 32 + 16 * (c0 + c));
       }
     for (long k = b * 32; k < b * 32 + 32; ++k) {
       for (int g = 0; g < G; ++g) {
-        const unsigned char* q = Q + (g * K + k) * 16;
-        _mm_prefetch((const char*)(q + 64 * 16), _MM_HINT_T0);
-        const __m128i v = _mm_loadu_si128((const __m128i*)q);
+        const unsigned char* q = Q + (g * K + k) * bytes;
+        _mm_prefetch((const char*)(q + 1024), _MM_HINT_T0);  // 64 (4 bits) or 32 (8 bits) k steps ahead
         v16 w[C];
-        for (int c = 0; c < C; ++c) {  // block 0: the low nibbles, block 1: the high ones
-          const __m128i nibbles = c0 + c == 0 ? _mm_and_si128(v, low) : _mm_and_si128(_mm_srli_epi16(v, 4), low);
-          w[c] = v_fmadd(d[g][c], v_from_u8(nibbles), mn[g][c]);
+        for (int c = 0; c < C; ++c) {
+          if constexpr (BITS == 4) {
+            const __m128i v = _mm_loadu_si128((const __m128i*)q);
+            const __m128i nibbles = c0 + c == 0 ? _mm_and_si128(v, low) : _mm_and_si128(_mm_srli_epi16(v, 4), low);
+            w[c] = v_fmadd(d[g][c], v_from_u8(nibbles), mn[g][c]);
+          } else {
+            w[c] = v_mul(d[g][c], v_from_i8(_mm_loadu_si128((const __m128i*)(q + 16 * (c0 + c)))));
+          }
         }
         chain<M, G, C>(x, K, k, g, w, a);
       }
@@ -161,62 +152,41 @@ static inline void q4panels(const float* __restrict x, long K, const unsigned ch
   store<M, G, C>(y, ldy, c0, 32 * G, a);
 }
 
-typedef void (*q4kernel)(const float*, long, const unsigned char*, const float*, const float*, int, float*, long);
-static const q4kernel Q4_ONE[9] = {0, q4panels<1, 1, LB>, q4panels<2, 1, LB>, q4panels<3, 1, LB>, q4panels<4, 1, LB>,
-                                   q4panels<5, 1, LB>, q4panels<6, 1, LB>, q4panels<7, 1, LB>, q4panels<8, 1, LB>};
-static const q4kernel Q4_TWO[5] = {0, q4panels<1, 2, LB>, q4panels<2, 2, LB>, q4panels<3, 2, LB>, q4panels<4, 2, LB>};
+typedef void (*low_bit_kernel)(const float*, long, const unsigned char*, const float*, const float*, int, float*,
+                               long);
+
+// y [M, N] = x [M, K] @ the BITS-bit panels: LOW_BIT_ROWS rows and LOW_BIT_BLOCKS column blocks a pass,
+// LOW_BIT_GROUP(M) panels at once where that many are left.
+template <int BITS>
+static void low_bit_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn,
+                         float* y, long N, int threads) {
+  static const low_bit_kernel ONE[9] = {
+      0, low_bit_panels<BITS, 1, 1, LB>, low_bit_panels<BITS, 2, 1, LB>, low_bit_panels<BITS, 3, 1, LB>,
+      low_bit_panels<BITS, 4, 1, LB>, low_bit_panels<BITS, 5, 1, LB>, low_bit_panels<BITS, 6, 1, LB>,
+      low_bit_panels<BITS, 7, 1, LB>, low_bit_panels<BITS, 8, 1, LB>};
+  static const low_bit_kernel TWO[5] = {0, low_bit_panels<BITS, 1, 2, LB>, low_bit_panels<BITS, 2, 2, LB>,
+                                        low_bit_panels<BITS, 3, 2, LB>, low_bit_panels<BITS, 4, 2, LB>};
+  const long blocks = K / 32;
+  over_panels(N / 32, threads, [&](long p0, long p1) {
+    for (long p = p0; p < p1;) {
+      const long take = p + LOW_BIT_GROUP(M) <= p1 ? LOW_BIT_GROUP(M) : 1;
+      for (int c0 = 0; c0 < 2; c0 += LB)
+        for (long m0 = 0; m0 < M; m0 += LOW_BIT_ROWS) {
+          const long rows = MIN(M - m0, LOW_BIT_ROWS);
+          (take == 2 ? TWO[rows] : ONE[rows])(x + m0 * K, K, Q + p * K * 4 * BITS, D + p * blocks * 32,
+                                              BITS == 4 ? Mn + p * blocks * 32 : nullptr, c0, y + m0 * N + 32 * p, N);
+        }
+      p += take;
+    }
+  });
+}
 
 extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D,
                             const float* Mn, float* y, long N, int threads) {
-  const long blocks = K / 32;
-  over_panels(N / 32, threads, [&](long p0, long p1) {
-    low_bit_range(M, p0, p1, [&](long m0, long rows, long p, long take, int c0) {
-      (take == 2 ? Q4_TWO[rows] : Q4_ONE[rows])(x + m0 * K, K, Q + p * K * 16, D + p * blocks * 32,
-                                                  Mn + p * blocks * 32, c0, y + m0 * N + 32 * p, N);
-    });
-  });
+  low_bit_gemm<4>(x, M, K, Q, D, Mn, y, N, threads);
 }
-
-// The same products from 8-bit weights (engine.layers.panel8): W[n, k] = d * q per 32 k of each column, d float32
-// (a float16 value in practice), q a signed byte. d * q is exact in float32 (an 11-bit mantissa times an 8-bit
-// integer), so the product rebuilds each weight bit for bit and the FMA chain is the float32 kernel's.
-// Q: [panels][K][32] signed bytes (column j at byte j); D: [panels][K / 32][32]. K and N multiples of 32.
-template <int M, int G, int C>
-static inline void q8panels(const float* __restrict x, long K, const signed char* __restrict Q,
-                            const float* __restrict D, int c0, float* __restrict y, long ldy) {
-  v16 a[G][C][M];
-  zero<M, G, C>(a);
-  const long blocks = K / 32;
-  for (long b = 0; b < blocks; ++b) {
-    v16 d[G][C];
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < C; ++c) d[g][c] = v_load(D + (g * blocks + b) * 32 + 16 * (c0 + c));
-    for (long k = b * 32; k < b * 32 + 32; ++k) {
-      for (int g = 0; g < G; ++g) {
-        const signed char* q = Q + (g * K + k) * 32;
-        _mm_prefetch((const char*)(q + 32 * 32), _MM_HINT_T0);
-        v16 w[C];
-        for (int c = 0; c < C; ++c)  // d * q: exact
-          w[c] = v_mul(d[g][c], v_from_i8(_mm_loadu_si128((const __m128i*)(q + 16 * (c0 + c)))));
-        chain<M, G, C>(x, K, k, g, w, a);
-      }
-    }
-  }
-  store<M, G, C>(y, ldy, c0, 32 * G, a);
-}
-
-typedef void (*q8kernel)(const float*, long, const signed char*, const float*, int, float*, long);
-static const q8kernel Q8_ONE[9] = {0, q8panels<1, 1, LB>, q8panels<2, 1, LB>, q8panels<3, 1, LB>, q8panels<4, 1, LB>,
-                                   q8panels<5, 1, LB>, q8panels<6, 1, LB>, q8panels<7, 1, LB>, q8panels<8, 1, LB>};
-static const q8kernel Q8_TWO[5] = {0, q8panels<1, 2, LB>, q8panels<2, 2, LB>, q8panels<3, 2, LB>, q8panels<4, 2, LB>};
 
 extern "C" void panel8_gemm(const float* x, long M, long K, const signed char* Q, const float* D, float* y, long N,
                             int threads) {
-  const long blocks = K / 32;
-  over_panels(N / 32, threads, [&](long p0, long p1) {
-    low_bit_range(M, p0, p1, [&](long m0, long rows, long p, long take, int c0) {
-      (take == 2 ? Q8_TWO[rows] : Q8_ONE[rows])(x + m0 * K, K, Q + p * K * 32, D + p * blocks * 32, c0,
-                                                  y + m0 * N + 32 * p, N);
-    });
-  });
+  low_bit_gemm<8>(x, M, K, (const unsigned char*)Q, D, nullptr, y, N, threads);
 }

@@ -52,7 +52,7 @@ WIDTH = 32  # output columns per panel (two AVX-512 registers, four AVX2 ones)
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}  # best first
 ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}
 # no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
-FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 ISA_ENV = "SSD_CHAT_CPU_ISA"
 
 
