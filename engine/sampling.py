@@ -14,9 +14,9 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token when the tokens ranked before it already reach top_p (the top token always stays)
-        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
