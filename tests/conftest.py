@@ -116,6 +116,13 @@ def tiny_qwen3_dir(tmp_path_factory) -> Path:
     return make_tiny_model_dir(tmp_path_factory.mktemp("models"), family="qwen3", tied=True)
 
 
+@pytest.fixture(scope="session")
+def wide_heads_dir(tmp_path_factory) -> Path:
+    """A tiny Llama whose heads are 64 wide, as real models' are (layer.cpp's rotary takes whole vectors: head_dim
+    a multiple of 32; torch's SDPA kernel takes them)."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("wide"), family="llama", head_dim=64)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_orphan_ranks():
     """After the whole session, no draft or TP rank process may still be running."""

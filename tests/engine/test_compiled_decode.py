@@ -13,7 +13,6 @@ from engine.attention.base import SeqSpan
 from engine.build import fast_kwargs
 from engine.compiled_decode import CompiledDecode
 from engine.config import FastPath, SpeculationConfig
-from tests.conftest import make_tiny_model_dir
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -22,10 +21,10 @@ pytestmark = pytest.mark.slow  # compiles two tiny models with inductor (a C++ b
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3", "llama-head-dim-64"])
-def model_dir(request, tiny_llama_dir, tiny_qwen3_dir, tmp_path_factory):
+def model_dir(request, tiny_llama_dir, tiny_qwen3_dir, wide_heads_dir):
     """Head dims 16 and 32 take attend()'s matmul route; 64 takes torch's SDPA kernel, as real models do."""
     if request.param == "llama-head-dim-64":
-        return make_tiny_model_dir(tmp_path_factory.mktemp("hd64"), family="llama", head_dim=64)
+        return wide_heads_dir
     return tiny_llama_dir if request.param == "llama" else tiny_qwen3_dir
 
 

@@ -15,14 +15,6 @@ from engine.layers.rotary import apply_rotary
 pytestmark = pytest.mark.skipif(not panel.ready(), reason="the panel kernels need AVX-512 or AVX2 and a C++ compiler")
 
 
-@pytest.fixture(scope="module")
-def wide_heads_dir(tmp_path_factory):
-    """A tiny model whose heads are 64 wide (layer.cpp's rotary takes whole vectors: head_dim a multiple of 32)."""
-    from tests.conftest import make_tiny_model_dir
-
-    return make_tiny_model_dir(tmp_path_factory.mktemp("wide"), family="llama", head_dim=64)
-
-
 @pytest.fixture()
 def count_fused(monkeypatch):
     calls = []
@@ -48,7 +40,8 @@ def test_rotary_rows_are_apply_rotarys_bits():
     assert torch.equal(out, expected)
 
 
-def _logits(runner, ids, start, rows):
+def step_logits(runner, ids, start, rows):
+    """The logits of rows start.. of ids in one step (the earlier ones already in the cache)."""
     span = SeqSpan(0, rows, slice(0, start + rows), start + rows)
     return runner.run_spans(ids[start : start + rows], torch.arange(start, start + rows),
                             slice(start, start + rows), [span], all_logits=True)
@@ -63,9 +56,9 @@ def test_fused_steps_give_the_eager_logits_bit_for_bit(wide_heads_dir, rows, cou
                          all_logits=False)  # the prompt (more rows than the row kernels take: eager)
         assert count_fused == []
         monkeypatch.setattr(fused, "ENABLED", False)
-        eager = _logits(runner, ids, 40, rows)
+        eager = step_logits(runner, ids, 40, rows)
         monkeypatch.setattr(fused, "ENABLED", True)
-        one_call = _logits(runner, ids, 40, rows)  # the same slots rewritten with the same keys and values
+        one_call = step_logits(runner, ids, 40, rows)  # the same slots rewritten with the same keys and values
         assert count_fused == [rows]
         assert torch.equal(one_call, eager)
 
@@ -76,9 +69,9 @@ def test_a_fused_verify_gives_each_row_the_logits_of_plain_decoding(wide_heads_d
         ids = torch.randint(runner.model.args.vocab_size, (45,), generator=torch.Generator().manual_seed(2)).tolist()
         runner.run_spans(ids[:40], torch.arange(40), slice(0, 40), [SeqSpan(0, 40, slice(0, 40), 40)],
                          all_logits=False)
-        verify = _logits(runner, ids, 40, 5)
+        verify = step_logits(runner, ids, 40, 5)
         for p in range(40, 45):
-            assert torch.equal(_logits(runner, ids, p, 1)[0], verify[p - 40]), p
+            assert torch.equal(step_logits(runner, ids, p, 1)[0], verify[p - 40]), p
         assert count_fused == [5, 1, 1, 1, 1, 1]
 
 

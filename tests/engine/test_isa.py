@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine import LLM, cpu_info
-from engine.attention.base import SeqSpan
 from engine.layers import panel, panel4, panel8
+from tests.engine.test_fused import step_logits
 from tests.engine.test_panel4 import q4_form
 from tests.engine.test_panel8 import q8_form
 
@@ -120,13 +120,6 @@ def test_rotary_gives_the_same_bits(libs):
     assert _equal(_each(libs, rotary))
 
 
-@pytest.fixture(scope="module")
-def wide_heads_dir(tmp_path_factory):
-    from tests.conftest import make_tiny_model_dir
-
-    return make_tiny_model_dir(tmp_path_factory.mktemp("wide"), family="llama", head_dim=64)
-
-
 def test_a_models_steps_give_the_same_logits(libs, wide_heads_dir, monkeypatch):
     """Prefill, a 5-row verify and a one-row decode step (the fused layers) of a tiny model, per build."""
     logits = {}
@@ -139,13 +132,8 @@ def test_a_models_steps_give_the_same_logits(libs, wide_heads_dir, monkeypatch):
                 runner = llm.core.runner
                 ids = torch.randint(runner.model.args.vocab_size, (46,), generator=torch.Generator().manual_seed(4))
                 ids = ids.tolist()
-                prompt = runner.run_spans(ids[:40], torch.arange(40), slice(0, 40),
-                                          [SeqSpan(0, 40, slice(0, 40), 40)], all_logits=True)
-                verify = runner.run_spans(ids[40:45], torch.arange(40, 45), slice(40, 45),
-                                          [SeqSpan(0, 5, slice(0, 45), 45)], all_logits=True)
-                step = runner.run_spans(ids[45:46], torch.arange(45, 46), slice(45, 46),
-                                        [SeqSpan(0, 1, slice(0, 46), 46)], all_logits=True)
-                logits[isa] = (prompt, verify, step)
+                logits[isa] = (step_logits(runner, ids, 0, 40), step_logits(runner, ids, 40, 5),
+                               step_logits(runner, ids, 45, 1))
     finally:
         monkeypatch.delenv(panel.ISA_ENV)
         panel.forget()
