@@ -70,11 +70,11 @@ def isa() -> str | None:
     wanted = os.environ.get(ISA_ENV, "").strip().lower()
     if wanted == "none":
         return None
-    if wanted and wanted not in have:
+    if wanted in have:
+        return wanted
+    if wanted:
         log.warning("%s=%s: this CPU runs %s; using %s", ISA_ENV, wanted, " or ".join(have) or "neither kernel set",
                     have[0] if have else "MKL / oneDNN")
-    elif wanted:
-        return wanted
     return have[0] if have else None
 
 
