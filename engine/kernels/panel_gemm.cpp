@@ -5,9 +5,11 @@
 // thread count: a row's products are the same bits in a 1-row step as in a 5-row verify, so a verify
 // reproduces plain decoding exactly. The weights stream once per step (bandwidth-bound up to about 8 rows on
 // one AVX-512 core); several panels are read at once for few rows (more memory streams in flight). A pass
-// computes a few rows of a few 16-column blocks of a panel (simd.h: fewer on AVX2); a panel takes several passes
-// where it needs more, each output still one chain over k.
+// computes a few rows of a few 16-column blocks of a panel (simd.h: fewer on AVX2 and NEON); a panel takes
+// several passes where it needs more, each output still one chain over k.
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 
 #include "simd.h"
 
@@ -56,8 +58,8 @@ static inline void panels(const float* __restrict x, long ldx, long K, const flo
   for (long k = 0; k < K; ++k) {
     for (int g = 0; g < G; ++g) {
       const float* w = P + g * stride + k * 32;
-      _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32), _MM_HINT_T0);
-      _mm_prefetch((const char*)(w + PREFETCH_AHEAD * 32 + 16), _MM_HINT_T0);
+      v_prefetch(w + PREFETCH_AHEAD * 32);
+      v_prefetch(w + PREFETCH_AHEAD * 32 + 16);
       const v16 wv[2] = {v_load(w), v_load(w + 16)};
       chain<M, G, 2>(x, ldx, k, g, wv, a);
     }
@@ -88,19 +90,21 @@ static void panel_range(const float* x, long M, long K, const float* P, float* y
 }
 
 // run(p0, p1) over panels 0..n_panels-1: each of `threads` OpenMP threads takes an equal run of consecutive
-// panels (give or take one).
+// panels (give or take one). Built without OpenMP (a compiler without it, as Apple's clang): one thread.
 template <class Range>
 static void over_panels(long n_panels, int threads, Range run) {
   if (threads > n_panels) threads = (int)n_panels;
-  if (threads <= 1) {
-    run(0L, n_panels);
+#ifdef _OPENMP
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    {
+      const long t = omp_get_thread_num(), n = omp_get_num_threads();
+      run(n_panels * t / n, n_panels * (t + 1) / n);
+    }
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    const long t = omp_get_thread_num(), n = omp_get_num_threads();
-    run(n_panels * t / n, n_panels * (t + 1) / n);
-  }
+#endif
+  run(0L, n_panels);
 }
 
 // x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major.
@@ -122,7 +126,6 @@ static inline void low_bit_panels(const float* __restrict x, long K, const unsig
                                   long ldy) {
   v16 a[G][C][M];
   zero<M, G, C>(a);
-  const __m128i low = _mm_set1_epi8(0x0F);
   const long blocks = K / 32, bytes = 4 * BITS;  // a panel's bytes per k
   for (long b = 0; b < blocks; ++b) {
     v16 d[G][C], mn[G][C];
@@ -134,15 +137,15 @@ static inline void low_bit_panels(const float* __restrict x, long K, const unsig
     for (long k = b * 32; k < b * 32 + 32; ++k) {
       for (int g = 0; g < G; ++g) {
         const unsigned char* q = Q + (g * K + k) * bytes;
-        _mm_prefetch((const char*)(q + 1024), _MM_HINT_T0);  // 64 (4 bits) or 32 (8 bits) k steps ahead
+        v_prefetch(q + 1024);  // 64 (4 bits) or 32 (8 bits) k steps ahead
         v16 w[C];
         for (int c = 0; c < C; ++c) {
           if constexpr (BITS == 4) {
-            const __m128i v = _mm_loadu_si128((const __m128i*)q);
-            const __m128i nibbles = c0 + c == 0 ? _mm_and_si128(v, low) : _mm_and_si128(_mm_srli_epi16(v, 4), low);
+            const b16 v = b_load(q);
+            const b16 nibbles = c0 + c == 0 ? b_low_nibbles(v) : b_high_nibbles(v);
             w[c] = v_fmadd(d[g][c], v_from_u8(nibbles), mn[g][c]);
           } else {
-            w[c] = v_mul(d[g][c], v_from_i8(_mm_loadu_si128((const __m128i*)(q + 16 * (c0 + c)))));
+            w[c] = v_mul(d[g][c], v_from_i8(b_load(q + 16 * (c0 + c))));
           }
         }
         chain<M, G, C>(x, K, k, g, w, a);

@@ -1,16 +1,25 @@
-// 16 float lanes, on AVX-512 (one __m512) or AVX2 + FMA (two __m256: lanes 0-7, then 8-15), for the CPU kernels
-// (engine/layers/panel.py builds them for the best of the two the CPU has).
+// 16 float lanes, on AVX-512 (one __m512), AVX2 + FMA (two __m256: lanes 0-7, then 8-15) or AArch64's NEON (four
+// float32x4_t: lanes 0-3, 4-7, 8-11, 12-15), for the CPU kernels (engine/layers/panel.py builds them for the best
+// the CPU has).
 //
 // Every operation is lane-wise IEEE float32 (one rounding per lane, FMAs fused), and the one cross-lane operation,
 // v_sum, adds in a fixed tree (gcc's _mm512_reduce_add_ps order), so a kernel written on v16 computes the same
-// bits on either instruction set (tested: tests/engine/test_isa.py builds both and compares every kernel).
-// Only the register budget differs: AVX2 has 16 registers of 8 lanes, AVX-512 32 of 16, so the GEMMs take fewer
-// rows and columns per pass on AVX2 (FP32_* and LOW_BIT_* below), which changes their loop nests, never an
-// output's FMA chain.
+// bits on any of them (tested: tests/engine/test_isa.py builds them all, NEON with a cross compiler and run under
+// qemu, and compares every kernel). Only the register budget differs: AVX2 has 16 registers of 8 lanes and NEON 32
+// of 4 (8 v16 values either way), AVX-512 32 of 16, so the GEMMs take fewer rows and columns per pass on AVX2 and
+// NEON (FP32_* and LOW_BIT_* below), which changes their loop nests, never an output's FMA chain.
 #pragma once
-#include <immintrin.h>
 
 #define INLINE __attribute__((always_inline)) static inline
+#define v_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)  // into every cache level (x86: prefetcht0)
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+typedef __m128i b16;  // 16 bytes
+INLINE b16 b_load(const unsigned char* p) { return _mm_loadu_si128((const __m128i*)p); }
+INLINE b16 b_low_nibbles(b16 b) { return _mm_and_si128(b, _mm_set1_epi8(0x0F)); }
+INLINE b16 b_high_nibbles(b16 b) { return _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F)); }
+#endif
 
 #if defined(__AVX512F__)
 #define ISA_NAME "avx512"
@@ -35,8 +44,8 @@ INLINE v16 v_pow2(v16 n) {  // 2^n for integral n in the normal range
 }
 INLINE vmask v_below(v16 a, v16 b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
 INLINE v16 v_zero_where(vmask m, v16 a) { return _mm512_maskz_mov_ps(~m, a); }
-INLINE v16 v_from_u8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }  // 16 unsigned bytes
-INLINE v16 v_from_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }  // 16 signed bytes
+INLINE v16 v_from_u8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }  // 16 unsigned bytes
+INLINE v16 v_from_i8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }  // 16 signed bytes
 INLINE __m256 v_fold(v16 a) {  // lanes 8-15 plus lanes 0-7
   return _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)), _mm512_castps512_ps256(a));
 }
@@ -94,10 +103,10 @@ INLINE vmask v_below(v16 a, v16 b) {
   return {_mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ)};
 }
 INLINE v16 v_zero_where(vmask m, v16 a) { return {_mm256_andnot_ps(m.lo, a.lo), _mm256_andnot_ps(m.hi, a.hi)}; }
-INLINE v16 v_from_u8(__m128i b) {
+INLINE v16 v_from_u8(b16 b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
-INLINE v16 v_from_i8(__m128i b) {
+INLINE v16 v_from_i8(b16 b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
 }
 INLINE __m256 v_fold(v16 a) { return _mm256_add_ps(a.hi, a.lo); }
@@ -109,10 +118,93 @@ INLINE __m256 v_fold(v16 a) { return _mm256_add_ps(a.hi, a.lo); }
 #define LOW_BIT_BLOCKS 1
 #define LOW_BIT_GROUP(m) 1
 
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#include <string.h>
+#define ISA_NAME "neon"
+struct v16 {
+  float32x4_t q[4];
+};
+struct vmask {
+  uint32x4_t q[4];
+};
+typedef uint8x16_t b16;
+// Each op: its float32x4_t op on the four quarters.
+#define QUARTERS(op) \
+  v16 r;             \
+  for (int i = 0; i < 4; ++i) r.q[i] = op;   \
+  return r;
+INLINE v16 v_zero() { QUARTERS(vdupq_n_f32(0.0f)) }
+INLINE v16 v_set1(float f) { QUARTERS(vdupq_n_f32(f)) }
+INLINE v16 v_load(const float* p) { QUARTERS(vld1q_f32(p + 4 * i)) }
+INLINE void v_store(float* p, v16 v) {
+  for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, v.q[i]);
+}
+INLINE long lanes(long n) { return n < 0 ? 0 : n > 16 ? 16 : n; }
+INLINE v16 v_load_n(const float* p, long n) {  // lanes >= n: 0 (no masked loads: through a zeroed buffer)
+  if (n >= 16) return v_load(p);
+  float t[16] = {0};
+  memcpy(t, p, sizeof(float) * lanes(n));
+  return v_load(t);
+}
+INLINE void v_store_n(float* p, v16 v, long n) {
+  if (n >= 16) return v_store(p, v);
+  float t[16];
+  v_store(t, v);
+  memcpy(p, t, sizeof(float) * lanes(n));
+}
+INLINE v16 v_add(v16 a, v16 b) { QUARTERS(vaddq_f32(a.q[i], b.q[i])) }
+INLINE v16 v_sub(v16 a, v16 b) { QUARTERS(vsubq_f32(a.q[i], b.q[i])) }
+INLINE v16 v_mul(v16 a, v16 b) { QUARTERS(vmulq_f32(a.q[i], b.q[i])) }
+// x86's max: a > b ? a : b (the second operand for NaNs and for +-0, where vmaxq_f32 differs)
+INLINE v16 v_max(v16 a, v16 b) { QUARTERS(vbslq_f32(vcgtq_f32(a.q[i], b.q[i]), a.q[i], b.q[i])) }
+INLINE v16 v_fmadd(v16 a, v16 b, v16 c) { QUARTERS(vfmaq_f32(c.q[i], a.q[i], b.q[i])) }  // a * b + c
+INLINE v16 v_fnmadd(v16 a, v16 b, v16 c) { QUARTERS(vfmsq_f32(c.q[i], a.q[i], b.q[i])) }  // c - a * b
+INLINE v16 v_round(v16 a) { QUARTERS(vrndnq_f32(a.q[i])) }  // to nearest, ties to even, as x86's
+INLINE v16 v_pow2(v16 n) {  // 2^n for integral n in the normal range
+  QUARTERS(vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n.q[i]), vdupq_n_s32(127)), 23)))
+}
+INLINE vmask v_below(v16 a, v16 b) {
+  vmask m;
+  for (int i = 0; i < 4; ++i) m.q[i] = vcltq_f32(a.q[i], b.q[i]);
+  return m;
+}
+INLINE v16 v_zero_where(vmask m, v16 a) { QUARTERS(vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(a.q[i]), m.q[i]))) }
+INLINE b16 b_load(const unsigned char* p) { return vld1q_u8(p); }
+INLINE b16 b_low_nibbles(b16 b) { return vandq_u8(b, vdupq_n_u8(0x0F)); }
+INLINE b16 b_high_nibbles(b16 b) { return vshrq_n_u8(b, 4); }
+INLINE v16 v_from_u8(b16 b) {  // 16 unsigned bytes
+  const uint16x8_t lo = vmovl_u8(vget_low_u8(b)), hi = vmovl_high_u8(b);
+  const uint32x4_t w[4] = {vmovl_u16(vget_low_u16(lo)), vmovl_high_u16(lo), vmovl_u16(vget_low_u16(hi)),
+                           vmovl_high_u16(hi)};
+  QUARTERS(vcvtq_f32_u32(w[i]))
+}
+INLINE v16 v_from_i8(b16 b) {  // 16 signed bytes
+  const int8x16_t s = vreinterpretq_s8_u8(b);
+  const int16x8_t lo = vmovl_s8(vget_low_s8(s)), hi = vmovl_high_s8(s);
+  const int32x4_t w[4] = {vmovl_s16(vget_low_s16(lo)), vmovl_high_s16(lo), vmovl_s16(vget_low_s16(hi)),
+                          vmovl_high_s16(hi)};
+  QUARTERS(vcvtq_f32_s32(w[i]))
+}
+// The sum of the 16 lanes in v_sum's tree (below): lanes 8-15 onto 0-7, 4-7 onto 0-3, 2-3 onto 0-1, 1 onto 0.
+INLINE float v_sum(v16 a) {
+  const float32x4_t t = vaddq_f32(vaddq_f32(a.q[1], a.q[3]), vaddq_f32(a.q[0], a.q[2]));
+  const float32x2_t u = vadd_f32(vget_high_f32(t), vget_low_f32(t));
+  return vget_lane_f32(u, 0) + vget_lane_f32(u, 1);
+}
+#undef QUARTERS
+// 8 v16 values in registers, as on AVX2: its passes.
+#define FP32_ROWS 2
+#define FP32_GROUP(m) ((m) <= 1 ? 2 : 1)
+#define LOW_BIT_ROWS 5
+#define LOW_BIT_BLOCKS 1
+#define LOW_BIT_GROUP(m) 1
+
 #else
-#error "the CPU kernels need AVX-512 or AVX2 with FMA"
+#error "the CPU kernels need AVX-512, AVX2 with FMA, or AArch64 (NEON)"
 #endif
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 // The sum of the 16 lanes: lanes 8-15 onto 0-7, then 4-7 onto 0-3, then 2-3 onto 0-1, then lane 1 onto 0.
 INLINE float v_sum(v16 a) {
   const __m256 t3 = v_fold(a);
@@ -120,3 +212,4 @@ INLINE float v_sum(v16 a) {
   const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
   return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
+#endif

@@ -38,7 +38,7 @@ and an engine packs even for AR alone, where one-row steps are all its decoding.
 GEMM in rounding, as a GEMM of any other row count does (`pack_weights` checks they agree to float32 rounding);
 greedy SD/SSD stay token-identical to AR (tested).
 
-"panel" (our own kernel, engine.layers.panel), on every CPU with AVX-512 or AVX2 where it builds: the weights
+"panel" (our own kernel, engine.layers.panel), on every CPU with AVX-512, AVX2 or NEON where it builds: weights
 as 32-column panels, every output one FMA chain over k whatever the row count, so one-row steps and a verify
 get the same bits, and 1-32 rows cost about one row's time (the table there). It takes every step of 1-32 rows
 (one-row steps too: the same kernel keeps AR's and a verify's products identical), and so an engine packs even
@@ -90,9 +90,9 @@ PACK_HINT = 8  # the row count the kernel is told to pack for; any row count may
 
 
 def default_kernel() -> str:
-    """"panel4" (the panel kernel, on 4-bit copies of the weights that are 4-bit values) on a CPU with AVX-512 or
-    AVX2 where our kernel builds, else "mkl" on Intel, "onednn" on any other CPU (the tables above)."""
-    if _panel_available():  # AVX-512 or AVX2 + FMA, and a C++ compiler
+    """"panel4" (the panel kernel, on 4-bit copies of the weights that are 4-bit values) on a CPU with AVX-512,
+    AVX2 or NEON where our kernel builds, else "mkl" on Intel, "onednn" on any other CPU (the tables above)."""
+    if _panel_available():  # AVX-512, AVX2 + FMA or NEON, and a C++ compiler
         return "panel4"
     return "mkl" if _cpu_vendor() == "GenuineIntel" else "onednn"
 

@@ -1,5 +1,5 @@
-"""The panel GEMM: the CPU's few-row matmuls in one kernel of our own (engine/kernels/panel_gemm.cpp), for AVX-512
-or AVX2 with FMA (the same source on engine/kernels/simd.h's 16-lane vectors: the same bits on both).
+"""The panel GEMM: the CPU's few-row matmuls in one kernel of our own (engine/kernels/panel_gemm.cpp), for AVX-512,
+AVX2 with FMA or AArch64's NEON (the same source on engine/kernels/simd.h's 16-lane vectors: the same bits on all).
 
 A weight [N, K] is copied once into panels [ceil(N / 32), K, 32] (32 output columns, contiguous over k); the
 kernel streams them once per step and computes every output as one FMA chain over k in order, whatever the row
@@ -21,9 +21,10 @@ every step there (engine.layers.packed has the table).
 
 The kernel is compiled on first use with the system's C++ compiler (``$CXX`` or ``c++``, a few seconds) into
 the user cache (``ssd-chat/kernels``), keyed by the source, the instruction set and the compiler, and loaded with
-ctypes: for AVX-512 where the CPU has it, else for AVX2 with FMA (``$SSD_CHAT_CPU_ISA=avx2`` takes the AVX2 build on
-an AVX-512 CPU too, ``none`` none of them). Without either, a compiler, or a build that works, `available()` is
-False and the engine keeps MKL's or oneDNN's kernels.
+ctypes: for NEON on AArch64; on x86 for AVX-512 where the CPU has it, else for AVX2 with FMA
+(``$SSD_CHAT_CPU_ISA=avx2`` takes the AVX2 build on an AVX-512 CPU too, ``none`` none of them). A compiler without
+OpenMP (Apple's clang) builds them single-threaded. Without any of these instruction sets, a compiler, or a build
+that works, `available()` is False and the engine keeps torch's kernels (MKL's or oneDNN's).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -49,31 +51,37 @@ SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention
            SOURCE.with_name("layer.cpp"))  # one library, all rows alike
 HEADERS = (SOURCE.with_name("simd.h"),)
 WIDTH = 32  # output columns per panel (two AVX-512 registers, four AVX2 ones)
-ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}  # best first
-ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}
+ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma"), "neon": ()}  # best first
+ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}  # x86; every AArch64 CPU has NEON and FMA
+ARM = ("aarch64", "arm64")  # platform.machine() on AArch64 Linux, macOS
 # no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
 FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 ISA_ENV = "SSD_CHAT_CPU_ISA"
 
 
 def available() -> bool:
-    """Whether the panel kernel runs here: a CPU with AVX-512 or AVX2 + FMA and a kernel that builds and loads."""
+    """Whether the panel kernel runs here: a CPU with AVX-512, AVX2 + FMA or NEON, and a kernel that builds and
+    loads."""
     return _library() is not None
 
 
 @functools.cache
 def isa() -> str | None:
-    """The instruction set the kernels are built for: the best in ISA_FLAGS this CPU has ("avx512", "avx2"), or
-    ``$SSD_CHAT_CPU_ISA`` where the CPU has that one; None where it has neither, or ``$SSD_CHAT_CPU_ISA=none``
-    (none of our kernels: MKL's or oneDNN's, as on a CPU without either)."""
-    have = [name for name, need in ISA_CPU_FLAGS.items() if need <= cpu_info.flags()]
+    """The instruction set the kernels are built for: "neon" on AArch64 (Apple silicon, ARM servers), else the
+    best in ISA_FLAGS this x86 CPU has ("avx512", "avx2"), or ``$SSD_CHAT_CPU_ISA`` where the CPU has that one;
+    None where it has none, or ``$SSD_CHAT_CPU_ISA=none`` (none of our kernels: MKL's or oneDNN's, as on a CPU
+    without them)."""
+    if platform.machine().lower() in ARM:
+        have = ["neon"]
+    else:
+        have = [name for name, need in ISA_CPU_FLAGS.items() if need <= cpu_info.flags()]
     wanted = os.environ.get(ISA_ENV, "").strip().lower()
     if wanted == "none":
         return None
     if wanted in have:
         return wanted
     if wanted:
-        log.warning("%s=%s: this CPU runs %s; using %s", ISA_ENV, wanted, " or ".join(have) or "neither kernel set",
+        log.warning("%s=%s: this CPU runs %s; using %s", ISA_ENV, wanted, " or ".join(have) or "no kernel set",
                     have[0] if have else "MKL / oneDNN")
     return have[0] if have else None
 
@@ -105,10 +113,28 @@ def _library() -> ctypes.CDLL | None:
     return None if target is None else build(target)
 
 
+def compile_library(compiler: str, target: str, directory: Path, openmp: bool = True) -> Path:
+    """The kernels compiled by `compiler` for instruction set `target` (a key of ISA_FLAGS) into `directory`, once
+    per source, flags and compiler version: the library's path. Raises CalledProcessError where it does not build."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    flags = tuple(f for f in (*FLAGS, *ISA_FLAGS[target]) if openmp or f != "-fopenmp")
+    source = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
+    key = hashlib.sha256(source + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
+    path = directory / f"panel_gemm-{target}-{key}.so"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build aside, then move: no half-written .so
+            built = Path(tmp) / path.name
+            subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built)], check=True,
+                           capture_output=True, text=True, timeout=300)
+            os.replace(built, path)
+    return path
+
+
 @functools.cache
 def build(target: str) -> ctypes.CDLL | None:
     """The kernels built for instruction set `target` (a key of ISA_FLAGS; the CPU must have it) and loaded, or
-    None where they do not build."""
+    None where they do not build. A compiler without OpenMP (Apple's clang) builds them single-threaded."""
     if not all(s.is_file() for s in SOURCES + HEADERS):
         return None
     compiler = shutil.which(os.environ.get("CXX", "c++"))
@@ -116,18 +142,11 @@ def build(target: str) -> ctypes.CDLL | None:
         log.info("no C++ compiler (c++ or $CXX): the few-row matmuls stay on MKL")
         return None
     try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        flags = (*FLAGS, *ISA_FLAGS[target])
-        source = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
-        key = hashlib.sha256(source + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
-        path = cache_dir() / f"panel_gemm-{target}-{key}.so"
-        if not path.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build aside, then move: no half-written .so
-                built = Path(tmp) / path.name
-                subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built)], check=True,
-                               capture_output=True, text=True, timeout=300)
-                os.replace(built, path)
+        try:
+            path = compile_library(compiler, target, cache_dir())
+        except subprocess.CalledProcessError:
+            path = compile_library(compiler, target, cache_dir(), openmp=False)
+            log.info("the CPU kernels built without OpenMP (%s has none): one thread per kernel call", compiler)
         lib = ctypes.CDLL(str(path))
         lib.panel_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                                    ctypes.c_void_p, ctypes.c_long, ctypes.c_int]

@@ -1,36 +1,54 @@
-"""The CPU kernels built for AVX2 (engine/kernels/simd.h's two 8-lane halves) compute the AVX-512 build's bits,
-kernel by kernel and in a whole model's decode and verify steps; the engine takes the instruction set the CPU has,
-and $SSD_CHAT_CPU_ISA another one only where the CPU has it."""
+"""The CPU kernels built for AVX2 (engine/kernels/simd.h's two 8-lane halves) and for AArch64's NEON (four 4-lane
+quarters: cross-compiled, run under qemu, tests/engine/cross.py) compute the AVX-512 build's bits, kernel by
+kernel, and the x86 builds in a whole model's decode and verify steps too; the engine takes the instruction set
+the CPU has, and $SSD_CHAT_CPU_ISA another one only where the CPU has it."""
 
 from __future__ import annotations
 
 import logging
+import platform
 
 import pytest
 import torch
 
 from engine import LLM, cpu_info
 from engine.layers import panel, panel4, panel8
+from tests.engine import cross
+from tests.engine.cross import call
 from tests.engine.test_fused import step_logits
 from tests.engine.test_panel4 import q4_form
 from tests.engine.test_panel8 import q8_form
 
-ISAS = ("avx512", "avx2")
-pytestmark = pytest.mark.skipif(not {"avx512f", "avx2", "fma"} <= cpu_info.flags(),
-                                reason="compares the AVX-512 and AVX2 builds: needs a CPU with both")
+X86 = ("avx512", "avx2")
+
+
+def _x86_isas() -> list[str]:
+    """The x86 instruction sets this CPU runs (none on AArch64)."""
+    if platform.machine().lower() in panel.ARM:
+        return []
+    return [isa for isa in X86 if panel.ISA_CPU_FLAGS[isa] <= cpu_info.flags()]
+
+
+def _x86_builds() -> dict[str, object]:
+    return {isa: lib for isa in _x86_isas() if (lib := panel.build(isa)) is not None}
 
 
 @pytest.fixture(scope="module")
 def libs():
-    built = {isa: panel.build(isa) for isa in ISAS}
-    if any(lib is None for lib in built.values()):
-        pytest.skip("the kernels do not build here (no C++ compiler)")
+    """Every build this machine runs: the x86 ones its CPU has, and NEON under qemu where the cross tools are
+    (g++'s with OpenMP; clang's without, as Apple's clang builds it)."""
+    built = _x86_builds()
+    for name, lib in (("neon", cross.library()), ("neon-clang", cross.library(compiler="clang++"))):
+        if lib is not None:
+            built[name] = lib
+    if len(built) < 2:
+        pytest.skip(f"compares the kernels' builds: only {', '.join(built) or 'none'} here")
     return built
 
 
 def _each(libs, run) -> list[torch.Tensor]:
-    """run(lib) -> output, for each build; the AVX-512 output first."""
-    return [run(libs[isa]) for isa in ISAS]
+    """run(lib) -> output, for each build; the best x86 build's output first."""
+    return [run(lib) for lib in libs.values()]
 
 
 def _equal(outputs: list[torch.Tensor]) -> bool:
@@ -46,7 +64,7 @@ def test_gemms_give_the_same_bits(libs, rows):
 
     def fp32(lib):
         y = torch.empty(rows, 100)
-        lib.panel_gemm(x.data_ptr(), rows, 96, panels.data_ptr(), y.data_ptr(), 100, 1)
+        call(lib, "panel_gemm", x, rows, 96, panels, y, 100, 2)
         return y
 
     four, eight = panel4.compress(q4_form(torch.randn(64, 96, generator=g))), panel8.compress(q8_form(w[:96]))
@@ -54,12 +72,12 @@ def test_gemms_give_the_same_bits(libs, rows):
 
     def q4(lib):
         y = torch.empty(rows, 64)
-        lib.panel4_gemm(x.data_ptr(), rows, 96, *(t.data_ptr() for t in four.operands), y.data_ptr(), 64, 1)
+        call(lib, "panel4_gemm", x, rows, 96, *four.operands, y, 64, 2)
         return y
 
     def q8(lib):
         y = torch.empty(rows, 96)
-        lib.panel8_gemm(x.data_ptr(), rows, 96, *(t.data_ptr() for t in eight.operands), y.data_ptr(), 96, 1)
+        call(lib, "panel8_gemm", x, rows, 96, *eight.operands, y, 96, 2)
         return y
 
     for run, reference in ((fp32, x @ w.t()), (q4, None), (q8, None)):
@@ -76,7 +94,7 @@ def test_rms_norm_gives_the_same_bits(libs, width):
 
     def norm(lib):
         y = torch.empty_like(x)
-        lib.rms_norm(x.data_ptr(), 5, width, w.data_ptr(), 1e-5, y.data_ptr())
+        call(lib, "rms_norm", x, 5, width, w, 1e-5, y)
         return y
 
     outputs = _each(libs, norm)
@@ -95,8 +113,7 @@ def test_attention_gives_the_same_bits(libs, head_dim, keys):
 
     def attend(lib):
         out = torch.empty(n, heads * head_dim)
-        lib.causal_attention(q.data_ptr(), n, heads, head_dim, k.data_ptr(), v.data_ptr(), kv_heads, slots, 3, keys,
-                             head_dim**-0.5, out.data_ptr())
+        call(lib, "causal_attention", q, n, heads, head_dim, k, v, kv_heads, slots, 3, keys, head_dim**-0.5, out)
         return out
 
     outputs = _each(libs, attend)
@@ -114,17 +131,19 @@ def test_rotary_gives_the_same_bits(libs):
 
     def rotary(lib):
         out = torch.empty_like(x)
-        lib.rotary_rows(x.data_ptr(), 5, 3, 64, 3 * 64, cos.data_ptr(), sin.data_ptr(), out.data_ptr(), 3 * 64)
+        call(lib, "rotary_rows", x, 5, 3, 64, 3 * 64, cos, sin, out, 3 * 64)
         return out
 
     assert _equal(_each(libs, rotary))
 
 
-def test_a_models_steps_give_the_same_logits(libs, wide_heads_dir, monkeypatch):
-    """Prefill, a 5-row verify and a one-row decode step (the fused layers) of a tiny model, per build."""
+def test_a_models_steps_give_the_same_logits(wide_heads_dir, monkeypatch):
+    """Prefill, a 5-row verify and a one-row decode step (the fused layers) of a tiny model, per x86 build."""
+    if len(builds := _x86_builds()) < 2:
+        pytest.skip("compares the AVX-512 and AVX2 builds: needs a CPU with both")
     logits = {}
     try:
-        for isa in ISAS:
+        for isa in builds:
             monkeypatch.setenv(panel.ISA_ENV, isa)
             panel.forget()
             assert panel.isa() == isa and panel.available()
@@ -141,6 +160,7 @@ def test_a_models_steps_give_the_same_logits(libs, wide_heads_dir, monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.skipif(len(_x86_isas()) < 2, reason="needs a CPU with AVX-512 and AVX2")
 def test_the_cpu_decides_which_build_loads(monkeypatch, caplog):
     try:
         monkeypatch.delenv(panel.ISA_ENV, raising=False)
@@ -159,6 +179,58 @@ def test_the_cpu_decides_which_build_loads(monkeypatch, caplog):
         monkeypatch.delenv(panel.ISA_ENV)
         panel.forget()
         assert panel.isa() is None and not panel.available()
+    finally:
+        monkeypatch.undo()
+        panel.forget()
+
+
+def test_aarch64_takes_the_neon_build(monkeypatch, caplog):
+    try:
+        monkeypatch.setattr(platform, "machine", lambda: "arm64")  # Apple silicon; Linux says aarch64
+        monkeypatch.delenv(panel.ISA_ENV, raising=False)
+        panel.forget()
+        assert panel.isa() == "neon"
+        monkeypatch.setenv(panel.ISA_ENV, "avx2")
+        panel.forget()
+        with caplog.at_level(logging.WARNING, logger="engine.layers.panel"):
+            assert panel.isa() == "neon"
+        assert "SSD_CHAT_CPU_ISA=avx2: this CPU runs neon" in caplog.text
+        monkeypatch.setenv(panel.ISA_ENV, "none")
+        panel.forget()
+        assert panel.isa() is None
+    finally:
+        monkeypatch.undo()
+        panel.forget()
+
+
+@pytest.mark.skipif(not _x86_isas(), reason="builds the kernels for this x86 CPU")
+def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monkeypatch, caplog):
+    """As Apple's clang, which refuses -fopenmp: the kernels build without it and give the same bits, on one
+    thread whatever the thread count asked."""
+    compiler = tmp_path / "no-openmp-c++"
+    compiler.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "error: unsupported option '
+                        '-fopenmp" >&2; exit 1; }; done\nexec c++ "$@"\n')
+    compiler.chmod(0o755)
+    reference = panel.build(_x86_isas()[0])
+    if reference is None:
+        pytest.skip("the kernels do not build here (no C++ compiler)")
+    try:
+        monkeypatch.setenv("CXX", str(compiler))
+        monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(tmp_path / "kernels"))
+        panel.forget()
+        with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
+            lib = panel.build(_x86_isas()[0])
+        assert lib is not None and "without OpenMP" in caplog.text
+        built = list((tmp_path / "kernels").glob("panel_gemm-*.so"))
+        assert len(built) == 1 and "-fopenmp" not in str(built)
+        g = torch.Generator().manual_seed(7)
+        x, w = torch.randn(5, 64, generator=g), torch.randn(96, 64, generator=g)
+        outputs = []
+        for kernels in (reference, lib):
+            y = torch.empty(5, 96)
+            call(kernels, "panel_gemm", x, 5, 64, panel.to_panels(w), y, 96, 2)
+            outputs.append(y)
+        assert _equal(outputs)
     finally:
         monkeypatch.undo()
         panel.forget()

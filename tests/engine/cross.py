@@ -1,0 +1,106 @@
+"""The CPU kernels built for AArch64 (NEON) by a cross compiler and run under qemu-user, so that an x86 machine
+checks the NEON build's bits against its own builds (tests/engine/test_isa.py). Needs Debian's
+``g++-aarch64-linux-gnu`` and ``qemu-user`` (``apt-get install g++-aarch64-linux-gnu qemu-user``, and ``clang``
+for the build without OpenMP); without them `library()` is None and those tests skip. qemu runs AArch64's float32
+arithmetic (FMAs, roundings) exactly, not at its speed: these are checks of bits, not timings.
+
+`call(lib, name, *args)` calls a kernel on a ctypes library (tensors as their data pointers) or on a `Library`
+here (tensors as their bytes, copied back after the call), so one test runs on every build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import io
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from engine.layers import panel
+
+CXX = "aarch64-linux-gnu-g++"
+QEMU = "qemu-aarch64"
+SYSROOT = Path("/usr/aarch64-linux-gnu")  # the cross toolchain's libraries (libc, libstdc++, libgomp)
+DRIVER = Path(__file__).with_name("kernel_driver.cpp")
+
+
+class Library:
+    """A NEON build of the kernels, called through kernel_driver.cpp under qemu (one process per call)."""
+
+    def __init__(self, path: Path, driver: Path) -> None:
+        self.path, self.driver = path, driver
+
+    def call(self, name: str, *args: object) -> None:
+        """name(*args): tensors (contiguous, on the CPU) are passed as buffers and get the buffers' bytes back;
+        Python ints are the kernel's long or int parameters, floats its float ones."""
+        calls = io.BytesIO()
+        calls.write(struct.pack("<q", len(name)) + name.encode() + struct.pack("<q", len(args)))
+        tensors = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                assert a.is_contiguous() and a.device.type == "cpu", "kernel buffers are contiguous CPU tensors"
+                data = a.view(torch.uint8).reshape(-1).numpy().tobytes()
+                calls.write(b"b" + struct.pack("<q", len(data)) + data)
+                tensors.append(a)
+            elif isinstance(a, int):
+                calls.write(b"n" + struct.pack("<q", a))
+            elif isinstance(a, float):
+                calls.write(b"d" + struct.pack("<d", a))
+            else:
+                raise TypeError(f"no kernel argument of type {type(a).__name__}")
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "calls").write_bytes(calls.getvalue())
+            subprocess.run([QEMU, "-L", str(SYSROOT), str(self.driver), str(self.path), f"{tmp}/calls",
+                            f"{tmp}/out"], check=True, capture_output=True, timeout=300)
+            out = Path(tmp, "out").read_bytes()
+        offset = 0
+        for t in tensors:
+            size = t.numel() * t.element_size()
+            t.view(torch.uint8).reshape(-1).copy_(torch.frombuffer(bytearray(out[offset : offset + size]),
+                                                                  dtype=torch.uint8))
+            offset += size
+        assert offset == len(out), (offset, len(out))
+
+
+def _once(path: Path, make) -> Path:
+    """path, made by make(scratch_path) aside and moved into place (parallel test workers) where it is missing."""
+    if not path.is_file():
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            make(Path(tmp) / "made")
+            os.replace(Path(tmp) / "made", path)
+    return path
+
+
+@functools.cache
+def library(compiler: str = CXX) -> Library | None:
+    """The kernels built for NEON and the driver, or None without the cross tools. `compiler`: the cross g++
+    (with OpenMP), or "clang++" (targeting AArch64, without OpenMP: the build Apple's clang makes)."""
+    if any(shutil.which(tool) is None for tool in (CXX, QEMU, compiler)) or not SYSROOT.is_dir():
+        return None
+    directory = panel.cache_dir() / "aarch64"
+    directory.mkdir(parents=True, exist_ok=True)
+    if compiler == CXX:
+        path = panel.compile_library(shutil.which(CXX), "neon", directory)
+    else:  # a wrapper names the target: compile_library takes a compiler, not flags
+        script = f'#!/bin/sh\nexec {shutil.which(compiler)} --target=aarch64-linux-gnu "$@"\n'
+        wrapper = _once(directory / f"{compiler}-aarch64", lambda p: (p.write_text(script), p.chmod(0o755)))
+        path = panel.compile_library(str(wrapper), "neon", directory, openmp=False)
+    driver = directory / f"kernel_driver-{hashlib.sha256(DRIVER.read_bytes()).hexdigest()[:16]}"
+    _once(driver, lambda p: subprocess.run([CXX, "-O1", "-std=c++17", str(DRIVER), "-o", str(p), "-ldl"],
+                                           check=True, capture_output=True, timeout=300))
+    return Library(path, driver)
+
+
+def call(lib: ctypes.CDLL | Library, name: str, *args: object) -> None:
+    """lib.name(*args) on either kind of library: tensors as data pointers (ctypes) or buffers (`Library`)."""
+    if isinstance(lib, Library):
+        lib.call(name, *args)
+    else:
+        getattr(lib, name)(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))

@@ -1,0 +1,95 @@
+// Runs CPU-kernel calls read from a file against a kernel library (dlopen), for tests/engine/cross.py: there the
+// kernels are built for AArch64 with a cross compiler and this driver runs under qemu-user, so an x86 machine
+// checks the NEON build's bits against its own builds.
+//
+//   kernel_driver LIBRARY CALLS OUT
+//
+// CALLS: call after call, each: the function's name (int64 length, bytes), the argument count (int64), then per
+// argument a kind byte and its value: 'n' an int64 (a long or int parameter), 'd' a double (a float parameter),
+// 'b' a buffer (int64 byte count, bytes). OUT: after each call, every buffer argument's bytes, in order.
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+struct Arg {
+  char kind;
+  int64_t n;
+  double d;
+  std::vector<unsigned char> bytes;
+};
+
+static bool read_all(FILE* f, void* p, size_t n) { return n == 0 || fread(p, 1, n, f) == n; }
+
+static bool read_call(FILE* f, std::string& name, std::vector<Arg>& args) {
+  int64_t length, count;
+  if (!read_all(f, &length, 8)) return false;
+  name.resize(length);
+  if (!read_all(f, &name[0], length) || !read_all(f, &count, 8)) return false;
+  args.assign(count, Arg());
+  for (Arg& a : args) {
+    if (!read_all(f, &a.kind, 1)) return false;
+    if (a.kind == 'n' && !read_all(f, &a.n, 8)) return false;
+    if (a.kind == 'd' && !read_all(f, &a.d, 8)) return false;
+    if (a.kind == 'b') {
+      int64_t size;
+      if (!read_all(f, &size, 8)) return false;
+      a.bytes.resize(size + 64);  // slack: a zero-length buffer still has an address
+      if (!read_all(f, a.bytes.data(), size)) return false;
+      a.bytes.resize(size);
+    }
+  }
+  return true;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: kernel_driver LIBRARY CALLS OUT\n");
+    return 2;
+  }
+  void* lib = dlopen(argv[1], RTLD_NOW);
+  FILE *in = fopen(argv[2], "rb"), *out = fopen(argv[3], "wb");
+  if (lib == nullptr || in == nullptr || out == nullptr) {
+    fprintf(stderr, "kernel_driver: %s\n", lib == nullptr ? dlerror() : "cannot open the call files");
+    return 2;
+  }
+  std::string name;
+  std::vector<Arg> args;
+  while (read_call(in, name, args)) {
+    void* fn = dlsym(lib, name.c_str());
+    if (fn == nullptr) {
+      fprintf(stderr, "kernel_driver: no function %s\n", name.c_str());
+      return 2;
+    }
+    auto P = [&](int i) { return (void*)args[i].bytes.data(); };
+    auto L = [&](int i) { return (long)args[i].n; };
+    auto I = [&](int i) { return (int)args[i].n; };
+    auto F = [&](int i) { return (float)args[i].d; };
+    typedef void* p;
+    if (name == "panel_gemm")
+      ((void (*)(p, long, long, p, p, long, int))fn)(P(0), L(1), L(2), P(3), P(4), L(5), I(6));
+    else if (name == "panel4_gemm")
+      ((void (*)(p, long, long, p, p, p, p, long, int))fn)(P(0), L(1), L(2), P(3), P(4), P(5), P(6), L(7), I(8));
+    else if (name == "panel8_gemm")
+      ((void (*)(p, long, long, p, p, p, long, int))fn)(P(0), L(1), L(2), P(3), P(4), P(5), L(6), I(7));
+    else if (name == "rms_norm")
+      ((void (*)(p, long, long, p, float, p))fn)(P(0), L(1), L(2), P(3), F(4), P(5));
+    else if (name == "causal_attention")
+      ((void (*)(p, long, long, long, p, p, long, long, long, long, float, p))fn)(
+          P(0), L(1), L(2), L(3), P(4), P(5), L(6), L(7), L(8), L(9), F(10), P(11));
+    else if (name == "rotary_rows")
+      ((void (*)(p, long, long, long, long, p, p, p, long))fn)(P(0), L(1), L(2), L(3), L(4), P(5), P(6), P(7), L(8));
+    else {
+      fprintf(stderr, "kernel_driver: no signature for %s\n", name.c_str());
+      return 2;
+    }
+    for (const Arg& a : args)
+      if (a.kind == 'b' && fwrite(a.bytes.data(), 1, a.bytes.size(), out) != a.bytes.size()) return 3;
+  }
+  fclose(out);
+  return feof(in) ? 0 : 3;
+}
