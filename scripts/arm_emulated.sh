@@ -4,7 +4,7 @@
 # which qemu's Python runs natively). About 50-100x slower than native: for checking bits and exactness (SD == AR
 # on NEON), never for timings.
 #
-#   scripts/arm_emulated.sh setup              # once (root: apt): ~1.5 GB under $ARM_ROOT (/opt/ssd-chat-arm)
+#   scripts/arm_emulated.sh setup              # once, ~1 min (root: apt): 1.1 GB under $ARM_ROOT (/opt/ssd-chat-arm)
 #   scripts/arm_emulated.sh python ARGS...     # python3.11 ARGS under qemu, this repo on its path
 #
 # e.g. scripts/arm_emulated.sh python -m ssd_chat.cli bench --draft smollm2-135m-draft --modes ar,sd --limit 2 \
