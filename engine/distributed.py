@@ -12,7 +12,6 @@ peer's closing sockets.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import multiprocessing as mp
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from engine.affinity import pin
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +48,6 @@ class RankSpec:
     threads: int
 
 
-def pin(cores: tuple[int, ...] | set[int] | None, threads: int | None) -> None:
-    """Pin this whole process (every thread it has now, and so every thread they start) to `cores`, and set
-    torch's intra-op threads. Linux affinity is per thread, and the engine may run in a UI worker thread."""
-    if cores is not None:
-        for tid in os.listdir("/proc/self/task"):
-            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-                os.sched_setaffinity(int(tid), set(cores))
-    if threads is not None:
-        torch.set_num_threads(threads)
-
-
 def make_group(
     port: int, rank: int, world_size: int, timeout: datetime.timedelta, children: list[mp.Process] | None = None
 ) -> dist.ProcessGroup:
@@ -77,7 +67,12 @@ def make_group(
                 raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} while starting")
             time.sleep(0.02)
     store.set_timeout(datetime.timedelta(seconds=60))
-    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    options = dist.ProcessGroupGloo._Options()
+    # every rank is on this machine: loopback. gloo's default device binds to the address the hostname resolves to,
+    # which fails where that is not a local address (host-network containers, some Macs)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, world_size, options)
 
 
 def collective_backend(device: torch.device | str) -> str:

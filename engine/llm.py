@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -17,11 +16,12 @@ from pathlib import Path
 
 import torch
 
+from engine import affinity
+from engine.affinity import pin
 from engine.build import check_tp, resolve_dtype
 from engine.chat import encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
-from engine.distributed import pin
 from engine.errors import InvalidParameterError, PromptTooLongError
 from engine.layers.packed import one_row_pays, resolve_kernel
 from engine.model_dir import inspect_model_dir
@@ -53,7 +53,7 @@ class LLM:
         self.placement = plan(config.tp, config.target_devices, config.draft_device, config.threads,
                               default_device=config.device)
         leader = self.placement.target[0]
-        self._affinity = os.sched_getaffinity(0)
+        self._affinity = affinity.usable()
         self._threads = torch.get_num_threads()
         self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
         self._open = True

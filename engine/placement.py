@@ -8,12 +8,12 @@ devices, a core or GPU that does not exist) is refused with one line that says w
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
 import torch
 
+from engine import affinity
 from engine.errors import InvalidParameterError
 
 _DEVICES = re.compile(r"^(cpu|cuda)(?::(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*))?$")
@@ -124,7 +124,7 @@ def _parse(text: str, option: str) -> tuple[str, list[int] | None]:
     return kind, ids
 
 
-_MACHINE_CPUS = sorted(os.sched_getaffinity(0))  # before any engine pins this process
+_MACHINE_CPUS = sorted(affinity.usable())  # before any engine pins this process
 
 
 def _cpus() -> list[int]:

@@ -20,9 +20,8 @@ import logging
 import os
 import statistics
 
-import torch
-
 from engine import LLM, SamplingParams
+from engine.affinity import pin
 from engine.config import SpeculationConfig
 from engine.layers import panel
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
@@ -53,8 +52,7 @@ def main() -> None:
     parser.add_argument("--core", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    os.sched_setaffinity(0, {args.core})
-    torch.set_num_threads(1)
+    pin({args.core}, 1)
     names = args.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:

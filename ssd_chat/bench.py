@@ -24,8 +24,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 from engine import LLM, SamplingParams
+from engine.affinity import pin, usable
 from engine.config import SpeculationConfig
-from engine.distributed import pin
 from engine.layers.packed import resolve_kernel
 from engine.placement import plan
 from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun
@@ -250,7 +250,7 @@ def _speculation(config: BenchConfig, mode: str) -> SpeculationConfig:
 @contextmanager
 def _on_target_cores(config: BenchConfig) -> Iterator[None]:
     placement = plan(config.tp, config.target_devices, None, config.threads)
-    saved = os.sched_getaffinity(0)
+    saved = usable()
     pin(placement.target[0].cores, placement.threads_for(placement.target[0]))
     try:
         yield

@@ -16,9 +16,9 @@ Any explicit choice wins: ``--target`` another model, ``--draft DIR``, ``--tp``,
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
+from engine import affinity
 from engine.config import DEFAULT_TARGET
 from engine.placement import ranges
 from engine.registry import SHIPPED_DRAFT_ALIAS, SHIPPED_DRAFT_DIR
@@ -46,7 +46,7 @@ def apply_defaults(given: Layout, cores: list[int] | None = None, ssd_ready: boo
     asks = given.draft == SHIPPED_DRAFT_ALIAS or (given.draft is None and given.mode != "ar")
     if given.target != DEFAULT_TARGET or not asks or not SHIPPED_DRAFT_DIR.is_dir():
         return given
-    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    cores = sorted(affinity.usable()) if cores is None else sorted(cores)
     split = len(cores) >= 2 and given.tp == 1 and given.target_devices is None and given.draft_device is None
     mode = given.mode or "sd"
     if not split:

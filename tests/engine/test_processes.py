@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from engine import LLM, EngineWarning, FinishReason, SamplingParams, TokenDelta
+from engine.affinity import pin
 from engine.config import SpeculationConfig
-from engine.distributed import pin
 from engine.errors import InvalidParameterError
 from engine.outputs import RequestFinished
 from engine.placement import Device, Placement, off_the_draft
