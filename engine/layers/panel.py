@@ -55,7 +55,8 @@ ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma"), "neo
 ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}  # x86; every AArch64 CPU has NEON and FMA
 ARM = ("aarch64", "arm64")  # platform.machine() on AArch64 Linux, macOS
 # no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
-FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC")
+OPENMP = ("-fopenmp",)  # the compiler's own OpenMP (see openmp_choices)
 ISA_ENV = "SSD_CHAT_CPU_ISA"
 
 
@@ -113,19 +114,37 @@ def _library() -> ctypes.CDLL | None:
     return None if target is None else build(target)
 
 
-def compile_library(compiler: str, target: str, directory: Path, openmp: bool = True) -> Path:
-    """The kernels compiled by `compiler` for instruction set `target` (a key of ISA_FLAGS) into `directory`, once
-    per source, flags and compiler version: the library's path. Raises CalledProcessError where it does not build."""
+def openmp_choices() -> list[tuple[str, tuple[str, ...]]]:
+    """The ways to build the kernels with OpenMP, best first, each (name, flags after the sources): the compiler's
+    own (-fopenmp: gcc, Linux clang with libomp); the libomp torch ships (its macOS wheels, where Apple's clang
+    takes no -fopenmp: as torch's inductor builds there, and the same runtime torch runs); none (one thread per
+    kernel call)."""
+    choices = [("-fopenmp", OPENMP)]
+    root = torch_root()
+    if (root / "include" / "omp.h").is_file() and any((root / "lib").glob("libomp.*")):
+        choices.append(("torch's libomp", ("-Xclang", "-fopenmp", f"-I{root / 'include'}", f"-L{root / 'lib'}",
+                                           "-lomp", f"-Wl,-rpath,{root / 'lib'}")))
+    return [*choices, ("no OpenMP: one thread per kernel call", ())]
+
+
+def torch_root() -> Path:
+    return Path(torch.__file__).resolve().parent
+
+
+def compile_library(compiler: str, target: str, directory: Path, openmp: tuple[str, ...] = OPENMP) -> Path:
+    """The kernels compiled by `compiler` for instruction set `target` (a key of ISA_FLAGS) with the OpenMP flags
+    `openmp` into `directory`, once per source, flags and compiler version: the library's path. Raises
+    CalledProcessError where it does not build."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    flags = tuple(f for f in (*FLAGS, *ISA_FLAGS[target]) if openmp or f != "-fopenmp")
+    flags = (*FLAGS, *ISA_FLAGS[target])
     source = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
-    key = hashlib.sha256(source + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join(flags + openmp).encode() + version.encode()).hexdigest()[:16]
     path = directory / f"panel_gemm-{target}-{key}.so"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build aside, then move: no half-written .so
             built = Path(tmp) / path.name
-            subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built)], check=True,
+            subprocess.run([compiler, *flags, *map(str, SOURCES), *openmp, "-o", str(built)], check=True,
                            capture_output=True, text=True, timeout=300)
             os.replace(built, path)
     return path
@@ -134,7 +153,7 @@ def compile_library(compiler: str, target: str, directory: Path, openmp: bool = 
 @functools.cache
 def build(target: str) -> ctypes.CDLL | None:
     """The kernels built for instruction set `target` (a key of ISA_FLAGS; the CPU must have it) and loaded, or
-    None where they do not build. A compiler without OpenMP (Apple's clang) builds them single-threaded."""
+    None where they do not build: with the first of `openmp_choices()` that builds."""
     if not all(s.is_file() for s in SOURCES + HEADERS):
         return None
     compiler = shutil.which(os.environ.get("CXX", "c++"))
@@ -142,11 +161,17 @@ def build(target: str) -> ctypes.CDLL | None:
         log.info("no C++ compiler (c++ or $CXX): the few-row matmuls stay on MKL")
         return None
     try:
-        try:
-            path = compile_library(compiler, target, cache_dir())
-        except subprocess.CalledProcessError:
-            path = compile_library(compiler, target, cache_dir(), openmp=False)
-            log.info("the CPU kernels built without OpenMP (%s has none): one thread per kernel call", compiler)
+        choices = openmp_choices()
+        for i, (name, flags) in enumerate(choices):
+            try:
+                path = compile_library(compiler, target, cache_dir(), flags)
+            except subprocess.CalledProcessError:
+                if i == len(choices) - 1:
+                    raise
+                continue
+            if i > 0:
+                log.info("the CPU kernels built with %s (%s takes no -fopenmp)", name, compiler)
+            break
         lib = ctypes.CDLL(str(path))
         lib.panel_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                                    ctypes.c_void_p, ctypes.c_long, ctypes.c_int]

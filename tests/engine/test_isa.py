@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import logging
 import platform
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -220,7 +223,7 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monk
         panel.forget()
         with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
             lib = panel.build(_x86_isas()[0])
-        assert lib is not None and "without OpenMP" in caplog.text
+        assert lib is not None and "no OpenMP" in caplog.text
         built = list((tmp_path / "kernels").glob("panel_gemm-*.so"))
         assert len(built) == 1 and "-fopenmp" not in str(built)
         g = torch.Generator().manual_seed(7)
@@ -229,6 +232,50 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monk
         for kernels in (reference, lib):
             y = torch.empty(5, 96)
             call(kernels, "panel_gemm", x, 5, 64, panel.to_panels(w), y, 96, 2)
+            outputs.append(y)
+        assert _equal(outputs)
+    finally:
+        monkeypatch.undo()
+        panel.forget()
+
+
+LLVM_OMP = Path("/usr/lib/llvm-14/lib")  # Debian's libomp-14-dev: LLVM's OpenMP runtime, as torch ships on macOS
+
+
+@pytest.mark.skipif(not _x86_isas() or shutil.which("clang++") is None or not (LLVM_OMP / "libomp.so").exists(),
+                    reason="needs clang++ and LLVM's libomp (apt-get install clang libomp-dev)")
+def test_a_compiler_without_openmp_takes_the_libomp_torch_ships(tmp_path, monkeypatch, caplog):
+    """As on macOS: Apple's clang refuses -fopenmp, torch's wheel ships omp.h and libomp; the kernels build with
+    `-Xclang -fopenmp` against them, run multi-threaded with that runtime, and give the same bits."""
+    root = tmp_path / "torch"
+    (root / "include").mkdir(parents=True)
+    (root / "lib").mkdir()
+    shutil.copy(next(LLVM_OMP.glob("clang/*/include/omp.h")), root / "include")
+    for name in ("libomp.so", "libomp.so.5"):  # the link name and the runtime's soname
+        shutil.copy(LLVM_OMP / "libomp.so", root / "lib" / name)
+    compiler = tmp_path / "apple-like-clang++"
+    compiler.write_text('#!/bin/sh\nprev=\nfor a in "$@"; do\n  if [ "$a" = -fopenmp ] && [ "$prev" != -Xclang ]; '
+                        'then echo "error: unsupported option -fopenmp" >&2; exit 1; fi\n  prev=$a\ndone\n'
+                        f'exec {shutil.which("clang++")} "$@"\n')
+    compiler.chmod(0o755)
+    reference = panel.build(_x86_isas()[0])
+    try:
+        monkeypatch.setattr(panel, "torch_root", lambda: root)
+        monkeypatch.setenv("CXX", str(compiler))
+        monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(tmp_path / "kernels"))
+        panel.forget()
+        with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
+            lib = panel.build(_x86_isas()[0])
+        assert lib is not None and "torch's libomp" in caplog.text
+        (built,) = (tmp_path / "kernels").glob("panel_gemm-*.so")
+        linked = subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
+        assert str(root / "lib" / "libomp.so.5") in linked  # found through the rpath: torch's copy, not the system's
+        g = torch.Generator().manual_seed(8)
+        x, w = torch.randn(5, 64, generator=g), torch.randn(256, 64, generator=g)
+        outputs = []
+        for kernels in (reference, lib):
+            y = torch.empty(5, 256)
+            call(kernels, "panel_gemm", x, 5, 64, panel.to_panels(w), y, 256, 2)
             outputs.append(y)
         assert _equal(outputs)
     finally:

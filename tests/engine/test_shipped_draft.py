@@ -5,12 +5,11 @@ token-identical to AR. Runs on the real SmolLM2-135M (converted from the llm-smo
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from safetensors import safe_open
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, affinity
 from engine.config import DEFAULT_TARGET, SpeculationConfig
 from engine.registry import SHIPPED_DRAFT_ALIAS, SHIPPED_DRAFT_DIR, resolve_model
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
@@ -37,7 +36,7 @@ def test_the_shipped_draft_is_small_and_speaks_the_targets_tokenizer():
 
 @pytest.fixture(scope="module")
 def llm():
-    two_cores = len(os.sched_getaffinity(0)) >= 2
+    two_cores = len(affinity.usable()) >= 2
     placement = dict(target_devices="cpu:0", draft_device="cpu:1", threads=1) if two_cores else {}
     llm = LLM(target=DEFAULT_TARGET, draft=SHIPPED_DRAFT_ALIAS, max_model_len=1024, **placement)
     yield llm

@@ -100,7 +100,7 @@ def test_the_cli_hands_the_default_layout_to_the_engine(shipped, monkeypatch):
         raise InvalidParameterError("stop here")
 
     monkeypatch.setattr(cli, "LLM", fake_llm)
-    monkeypatch.setattr(defaults.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(defaults.affinity, "usable", lambda: {0, 1})
     for args in (["--plain", "--mode", "ssd"], ["ask", "hi", "--mode", "ssd"]):
         seen.clear()
         result = CliRunner().invoke(cli.app, args)
@@ -129,7 +129,7 @@ def test_the_chat_app_gets_an_idle_draft_process_for_ssd(shipped, monkeypatch):
     monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: load_engine() or 0)
     monkeypatch.setattr(cli, "LLM", lambda **kwargs: seen.update(kwargs))
     monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
-    monkeypatch.setattr(defaults.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(defaults.affinity, "usable", lambda: {0, 1})
     result = CliRunner().invoke(cli.app, [])
     assert result.exit_code == 0, result.output
     assert (seen["draft"], seen["target_devices"], seen["draft_device"]) == \
