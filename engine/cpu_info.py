@@ -2,12 +2,16 @@
 
 The engine picks its CPU kernels by them (engine.layers.packed), `ssd-chat bench` names the machine, and
 `ssd-chat distill` trains in bfloat16 where the CPU has it natively. Off Linux every field is empty and the
-callers fall back to `platform`.
+callers fall back to `platform` (`model()`: to sysctl on macOS).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import platform
+import subprocess
+import sys
 
 
 @functools.cache
@@ -26,3 +30,18 @@ def field(name: str) -> str:
 def flags() -> frozenset[str]:
     """The CPU's feature flags (empty where /proc/cpuinfo has none)."""
     return frozenset(field("flags").split())
+
+
+@functools.cache
+def model() -> str:
+    """The CPU's model name: /proc/cpuinfo's on Linux x86, sysctl's brand string on macOS ("Apple M2 Pro"), else
+    what `platform` knows ("aarch64" on ARM Linux, whose /proc/cpuinfo names no model)."""
+    if field("model name"):
+        return field("model name")
+    if sys.platform == "darwin":
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            brand = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+            if brand:
+                return brand
+    return platform.processor() or platform.machine()

@@ -46,7 +46,7 @@ def _best_seconds(kernel, device: str, repeats: int) -> float:
 
 def machine_info() -> dict:
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_info.model(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -54,6 +54,3 @@ def machine_info() -> dict:
         "python": platform.python_version(),
     }
 
-
-def _cpu_model() -> str:
-    return cpu_info.field("model name") or platform.processor() or platform.machine()

@@ -1,0 +1,43 @@
+"""The CPU's model name for `ssd-chat bench`: /proc/cpuinfo's, macOS's sysctl brand string, else `platform`'s."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from engine import cpu_info
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    cpu_info.model.cache_clear()
+    yield monkeypatch
+    cpu_info.model.cache_clear()
+
+
+def test_linux_names_the_proc_cpuinfo_model(fresh):
+    fresh.setattr(cpu_info, "field", lambda name: {"model name": "AMD EPYC 9R14"}.get(name, ""))
+    assert cpu_info.model() == "AMD EPYC 9R14"
+
+
+def test_macos_asks_sysctl(fresh):
+    asked = []
+
+    def sysctl(args, **kwargs):
+        asked.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout="Apple M2 Pro\n")
+
+    fresh.setattr(cpu_info, "field", lambda name: "")  # no /proc/cpuinfo
+    fresh.setattr(cpu_info.sys, "platform", "darwin")
+    fresh.setattr(cpu_info.subprocess, "run", sysctl)
+    assert cpu_info.model() == "Apple M2 Pro"
+    assert asked == [["sysctl", "-n", "machdep.cpu.brand_string"]]
+
+
+def test_without_either_platform_names_it(fresh):
+    fresh.setattr(cpu_info, "field", lambda name: "")  # ARM Linux: /proc/cpuinfo names no model
+    fresh.setattr(cpu_info.sys, "platform", "linux")
+    fresh.setattr(cpu_info.platform, "processor", lambda: "")
+    fresh.setattr(cpu_info.platform, "machine", lambda: "aarch64")
+    assert cpu_info.model() == "aarch64"
