@@ -17,9 +17,9 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 PIP=${PIP:-$REPO/.venv/bin/pip}
 
 setup() {
-  apt-get install -y -q g++-aarch64-linux-gnu qemu-user
   dpkg --add-architecture arm64
   apt-get update -q
+  apt-get install -y -q g++-aarch64-linux-gnu qemu-user
   mkdir -p "$ROOT/debs" "$ROOT/sysroot" "$ROOT/wheels" "$ROOT/site"
   (cd "$ROOT/debs" && for p in python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libexpat1 zlib1g libffi8 \
       libssl3 libbz2-1.0 liblzma5 libsqlite3-0 libuuid1 libncursesw6 libtinfo6 libreadline8 libdb5.3 libgdbm6 \

@@ -37,6 +37,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,6 +58,7 @@ ARM = ("aarch64", "arm64")  # platform.machine() on AArch64 Linux, macOS
 # no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
 FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC")
 OPENMP = ("-fopenmp",)  # the compiler's own OpenMP (see openmp_choices)
+NO_OPENMP = ("no OpenMP", ())
 ISA_ENV = "SSD_CHAT_CPU_ISA"
 
 
@@ -117,14 +119,16 @@ def _library() -> ctypes.CDLL | None:
 def openmp_choices() -> list[tuple[str, tuple[str, ...]]]:
     """The ways to build the kernels with OpenMP, best first, each (name, flags after the sources): the compiler's
     own (-fopenmp: gcc, Linux clang with libomp); the libomp torch ships (its macOS wheels, where Apple's clang
-    takes no -fopenmp: as torch's inductor builds there, and the same runtime torch runs); none (one thread per
-    kernel call)."""
-    choices = [("-fopenmp", OPENMP)]
+    takes no -fopenmp: as torch's inductor builds there). On macOS torch's comes first: any clang takes it, and a
+    second libomp (Homebrew clang's own) beside torch's aborts the process at the first parallel call. Last, none
+    (one thread per kernel call)."""
+    own = ("-fopenmp", OPENMP)
     root = torch_root()
-    if (root / "include" / "omp.h").is_file() and any((root / "lib").glob("libomp.*")):
-        choices.append(("torch's libomp", ("-Xclang", "-fopenmp", f"-I{root / 'include'}", f"-L{root / 'lib'}",
-                                           "-lomp", f"-Wl,-rpath,{root / 'lib'}")))
-    return [*choices, ("no OpenMP: one thread per kernel call", ())]
+    if not ((root / "include" / "omp.h").is_file() and any((root / "lib").glob("libomp.*"))):
+        return [own, NO_OPENMP]
+    torchs = ("torch's libomp", ("-Xclang", "-fopenmp", f"-I{root / 'include'}", f"-L{root / 'lib'}", "-lomp",
+                                 f"-Wl,-rpath,{root / 'lib'}"))
+    return [torchs, own, NO_OPENMP] if sys.platform == "darwin" else [own, torchs, NO_OPENMP]
 
 
 def torch_root() -> Path:
@@ -140,12 +144,20 @@ def compile_library(compiler: str, target: str, directory: Path, openmp: tuple[s
     source = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
     key = hashlib.sha256(source + " ".join(flags + openmp).encode() + version.encode()).hexdigest()[:16]
     path = directory / f"panel_gemm-{target}-{key}.so"
+    failed = path.with_suffix(".failed")  # the compiler's errors, kept: a choice that fails is not retried
+    if failed.is_file():
+        raise subprocess.CalledProcessError(1, compiler, stderr=failed.read_text())
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build aside, then move: no half-written .so
             built = Path(tmp) / path.name
-            subprocess.run([compiler, *flags, *map(str, SOURCES), *openmp, "-o", str(built)], check=True,
-                           capture_output=True, text=True, timeout=300)
+            try:
+                subprocess.run([compiler, *flags, *map(str, SOURCES), *openmp, "-o", str(built)], check=True,
+                               capture_output=True, text=True, timeout=300)
+            except subprocess.CalledProcessError as e:
+                if e.returncode > 0:  # the compiler said no (not a killed or timed-out run)
+                    failed.write_text(e.stderr or "")
+                raise
             os.replace(built, path)
     return path
 
@@ -153,54 +165,57 @@ def compile_library(compiler: str, target: str, directory: Path, openmp: tuple[s
 @functools.cache
 def build(target: str) -> ctypes.CDLL | None:
     """The kernels built for instruction set `target` (a key of ISA_FLAGS; the CPU must have it) and loaded, or
-    None where they do not build: with the first of `openmp_choices()` that builds."""
+    None where they do not build: with the first of `openmp_choices()` that builds and loads."""
     if not all(s.is_file() for s in SOURCES + HEADERS):
         return None
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:
         log.info("no C++ compiler (c++ or $CXX): the few-row matmuls stay on MKL")
         return None
-    try:
-        choices = openmp_choices()
-        for i, (name, flags) in enumerate(choices):
-            try:
-                path = compile_library(compiler, target, cache_dir(), flags)
-            except subprocess.CalledProcessError:
-                if i == len(choices) - 1:
-                    raise
+    choices = openmp_choices()
+    for i, (name, flags) in enumerate(choices):
+        try:
+            lib = ctypes.CDLL(str(compile_library(compiler, target, cache_dir(), flags)))
+        except (OSError, subprocess.SubprocessError) as e:
+            if i < len(choices) - 1:
                 continue
-            if i > 0:
-                log.info("the CPU kernels built with %s (%s takes no -fopenmp)", name, compiler)
-            break
-        lib = ctypes.CDLL(str(path))
-        lib.panel_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                                   ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
-        lib.panel_gemm.restype = None
-        lib.panel4_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]  # panel4.py's
-        lib.panel4_gemm.restype = None
-        lib.panel8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_void_p, ctypes.c_long, ctypes.c_int]  # panel8.py's
-        lib.panel8_gemm.restype = None
-        lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
-                                 ctypes.c_void_p]  # norm.py's
-        lib.rms_norm.restype = None
-        lib.causal_attention.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p,
-                                         *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p]  # sdpa.py's
-        lib.causal_attention.restype = None
-        lib.layer_front.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                    *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
-                                    ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fused.py's
-        lib.layer_front.restype = ctypes.c_int
-        lib.rotary_rows.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_void_p, ctypes.c_long]  # tests/engine/test_fused.py's
-        lib.rotary_rows.restype = None
+            detail = getattr(e, "stderr", None) or str(e)
+            log.warning("the panel kernel did not build (%s): the few-row matmuls stay on MKL",
+                        detail.strip().splitlines()[-1] if detail.strip() else type(e).__name__)
+            return None
+        if not flags:  # torch's threads are not the matmuls' then: worth seeing
+            log.warning("the CPU kernels built without OpenMP (%s has none that builds): one thread per kernel call",
+                        compiler)
+        elif i > 0:
+            log.info("the CPU kernels built with %s (%s)", name, compiler)
+        _declare(lib)
         return lib
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", None) or str(e)
-        log.warning("the panel kernel did not build (%s): the few-row matmuls stay on MKL",
-                    detail.strip().splitlines()[-1] if detail.strip() else type(e).__name__)
-        return None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """The kernels' C signatures, for ctypes."""
+    lib.panel_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                               ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    lib.panel_gemm.restype = None
+    lib.panel4_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]  # panel4.py's
+    lib.panel4_gemm.restype = None
+    lib.panel8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_long, ctypes.c_int]  # panel8.py's
+    lib.panel8_gemm.restype = None
+    lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
+                             ctypes.c_void_p]  # norm.py's
+    lib.rms_norm.restype = None
+    lib.causal_attention.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p,
+                                     *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p]  # sdpa.py's
+    lib.causal_attention.restype = None
+    lib.layer_front.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
+                                ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fused.py's
+    lib.layer_front.restype = ctypes.c_int
+    lib.rotary_rows.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_long]  # tests/engine/test_fused.py's
+    lib.rotary_rows.restype = None
 
 
 def to_panels(weight: torch.Tensor) -> torch.Tensor:

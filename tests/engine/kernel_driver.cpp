@@ -25,9 +25,10 @@ struct Arg {
 
 static bool read_all(FILE* f, void* p, size_t n) { return n == 0 || fread(p, 1, n, f) == n; }
 
+// false at the end of the calls (or on a truncated one: then not at EOF, see main)
 static bool read_call(FILE* f, std::string& name, std::vector<Arg>& args) {
   int64_t length, count;
-  if (!read_all(f, &length, 8)) return false;
+  if (fread(&length, 1, 8, f) != 8) return false;
   name.resize(length);
   if (!read_all(f, &name[0], length) || !read_all(f, &count, 8)) return false;
   args.assign(count, Arg());
@@ -91,5 +92,7 @@ int main(int argc, char** argv) {
       if (a.kind == 'b' && fwrite(a.bytes.data(), 1, a.bytes.size(), out) != a.bytes.size()) return 3;
   }
   fclose(out);
-  return feof(in) ? 0 : 3;
+  const long end = ftell(in);
+  fseek(in, 0, SEEK_END);
+  return end == ftell(in) ? 0 : 3;  // every byte read: no truncated call
 }

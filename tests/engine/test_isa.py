@@ -36,21 +36,33 @@ def _x86_builds() -> dict[str, object]:
     return {isa: lib for isa in _x86_isas() if (lib := panel.build(isa)) is not None}
 
 
+OTHERS = ("avx2", "neon", "neon-clang")  # compared with the best x86 build, each where it builds here
+
+
 @pytest.fixture(scope="module")
-def libs():
-    """Every build this machine runs: the x86 ones its CPU has, and NEON under qemu where the cross tools are
-    (g++'s with OpenMP; clang's without, as Apple's clang builds it)."""
-    built = _x86_builds()
-    for name, lib in (("neon", cross.library()), ("neon-clang", cross.library(compiler="clang++"))):
-        if lib is not None:
-            built[name] = lib
-    if len(built) < 2:
-        pytest.skip(f"compares the kernels' builds: only {', '.join(built) or 'none'} here")
-    return built
+def reference():
+    """(name, library): the best x86 build this CPU runs, the one the others must match."""
+    if not (builds := _x86_builds()):
+        pytest.skip("compares the builds with an x86 one: none here")
+    return next(iter(builds.items()))
+
+
+@pytest.fixture(scope="module", params=OTHERS)
+def libs(request, reference):
+    """The reference build and one other: AVX2; NEON under qemu where the cross tools are (g++'s with OpenMP;
+    clang's without, as Apple's clang builds it)."""
+    name = request.param
+    if name == reference[0]:
+        pytest.skip(f"{name} is the reference build on this CPU")
+    lib = {"avx2": lambda: _x86_builds().get("avx2"), "neon": cross.library,
+           "neon-clang": lambda: cross.library(compiler="clang++")}[name]()
+    if lib is None:
+        pytest.skip(f"no {name} build here (NEON: apt-get install g++-aarch64-linux-gnu qemu-user clang)")
+    return dict([reference, (name, lib)])
 
 
 def _each(libs, run) -> list[torch.Tensor]:
-    """run(lib) -> output, for each build; the best x86 build's output first."""
+    """run(lib) -> output, for each build; the reference build's output first."""
     return [run(lib) for lib in libs.values()]
 
 
@@ -211,8 +223,8 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monk
     """As Apple's clang, which refuses -fopenmp: the kernels build without it and give the same bits, on one
     thread whatever the thread count asked."""
     compiler = tmp_path / "no-openmp-c++"
-    compiler.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "error: unsupported option '
-                        '-fopenmp" >&2; exit 1; }; done\nexec c++ "$@"\n')
+    compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo -fopenmp >> {tmp_path}/asked; '
+                        'echo "error: unsupported option -fopenmp" >&2; exit 1; }; done\nexec c++ "$@"\n')
     compiler.chmod(0o755)
     reference = panel.build(_x86_isas()[0])
     if reference is None:
@@ -223,9 +235,14 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monk
         panel.forget()
         with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
             lib = panel.build(_x86_isas()[0])
-        assert lib is not None and "no OpenMP" in caplog.text
-        built = list((tmp_path / "kernels").glob("panel_gemm-*.so"))
-        assert len(built) == 1 and "-fopenmp" not in str(built)
+        assert lib is not None and "without OpenMP" in caplog.text
+        (built,) = (tmp_path / "kernels").glob("panel_gemm-*.so")
+        linked = subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
+        assert "libgomp" not in linked and "libomp" not in linked  # no OpenMP runtime
+        assert len(list((tmp_path / "kernels").glob("panel_gemm-*.failed"))) == 1  # -fopenmp's refusal, kept
+        panel.forget()
+        assert panel.build(_x86_isas()[0]) is not None
+        assert (tmp_path / "asked").read_text().count("-fopenmp") == 1  # not asked again
         g = torch.Generator().manual_seed(7)
         x, w = torch.randn(5, 64, generator=g), torch.randn(96, 64, generator=g)
         outputs = []
@@ -239,7 +256,8 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monk
         panel.forget()
 
 
-LLVM_OMP = Path("/usr/lib/llvm-14/lib")  # Debian's libomp-14-dev: LLVM's OpenMP runtime, as torch ships on macOS
+# LLVM's OpenMP runtime (Debian's libomp-dev), as torch's macOS wheel ships it
+LLVM_OMP = max(Path("/usr/lib").glob("llvm-*/lib"), default=Path("/usr/lib/llvm/lib"))
 
 
 @pytest.mark.skipif(not _x86_isas() or shutil.which("clang++") is None or not (LLVM_OMP / "libomp.so").exists(),
