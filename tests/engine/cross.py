@@ -31,6 +31,40 @@ SYSROOT = Path("/usr/aarch64-linux-gnu")  # the cross toolchain's libraries (lib
 DRIVER = Path(__file__).with_name("kernel_driver.cpp")
 
 
+class Struct:
+    """A C struct argument of longs (Python ints), floats and pointers (tensors, or None for NULL), in declaration
+    order, laid out as LP64 C compilers lay it out on x86-64 and AArch64 alike (8-byte longs and pointers, 4-byte
+    floats, each aligned to its size)."""
+
+    def __init__(self, *fields: int | float | torch.Tensor | None) -> None:
+        self.fields = fields
+
+    def _offsets(self) -> tuple[list[int], int]:
+        offsets, size = [], 0
+        for f in self.fields:
+            width = 4 if isinstance(f, float) else 8
+            size += -size % width
+            offsets.append(size)
+            size += width
+        return offsets, size + -size % 8
+
+    def pack(self, address) -> bytes:
+        """The struct's bytes, each pointer field address(tensor) (0 for None)."""
+        offsets, size = self._offsets()
+        out = bytearray(size)
+        for offset, f in zip(offsets, self.fields, strict=True):
+            if isinstance(f, float):
+                struct.pack_into("<f", out, offset, f)
+            else:
+                struct.pack_into("<q", out, offset, f if isinstance(f, int) else 0 if f is None else address(f))
+        return bytes(out)
+
+    def pointers(self) -> list[tuple[int, torch.Tensor]]:
+        """(byte offset, tensor) of each non-NULL pointer field."""
+        offsets, _ = self._offsets()
+        return [(o, f) for o, f in zip(offsets, self.fields, strict=True) if isinstance(f, torch.Tensor)]
+
+
 class Library:
     """A NEON build of the kernels, called through kernel_driver.cpp under qemu (one process per call)."""
 
@@ -40,11 +74,20 @@ class Library:
     def call(self, name: str, *args: object) -> None:
         """name(*args): tensors (contiguous, on the CPU) are passed as buffers and get the buffers' bytes back;
         Python ints are the kernel's long or int parameters, floats its float ones."""
+        structs = [a for a in args if isinstance(a, Struct)]
+        hidden = [t for st in structs for _, t in st.pointers()]  # the structs' tensors: buffers after the args
         calls = io.BytesIO()
-        calls.write(struct.pack("<q", len(name)) + name.encode() + struct.pack("<q", len(args)))
+        calls.write(struct.pack("<q", len(name)) + name.encode() + struct.pack("<q", len(args) + len(hidden)))
         tensors = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
+        index = len(args)  # the hidden buffers' argument indices
+        for a in (*args, *hidden):
+            if isinstance(a, Struct):  # its bytes, then (offset, argument index) of each pointer to patch
+                data, links = a.pack(lambda t: 0), a.pointers()
+                calls.write(b"s" + struct.pack("<q", len(data)) + data + struct.pack("<q", len(links)))
+                for offset, _ in links:
+                    calls.write(struct.pack("<qq", offset, index))
+                    index += 1
+            elif isinstance(a, torch.Tensor):
                 assert a.is_contiguous() and a.device.type == "cpu", "kernel buffers are contiguous CPU tensors"
                 data = a.view(torch.uint8).reshape(-1).numpy().tobytes()
                 calls.write(b"b" + struct.pack("<q", len(data)) + data)
@@ -98,9 +141,21 @@ def library(compiler: str = CXX) -> Library | None:
     return Library(path, driver)
 
 
-def call(lib: ctypes.CDLL | Library, name: str, *args: object) -> None:
-    """lib.name(*args) on either kind of library: tensors as data pointers (ctypes) or buffers (`Library`)."""
+def call(lib: ctypes.CDLL | Library, name: str, *args: object) -> object:
+    """lib.name(*args) on either kind of library: tensors as data pointers (ctypes) or buffers (`Library`), a
+    `Struct` as a pointer to its bytes. The ctypes call's result, or None (`Library`: layer_front's is checked
+    there)."""
     if isinstance(lib, Library):
         lib.call(name, *args)
-    else:
-        getattr(lib, name)(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
+        return
+    keep = []  # the structs' buffers, alive through the call
+
+    def native(a: object) -> object:
+        if isinstance(a, torch.Tensor):
+            return a.data_ptr()
+        if isinstance(a, Struct):
+            keep.append(ctypes.create_string_buffer(a.pack(lambda t: t.data_ptr())))
+            return ctypes.addressof(keep[-1])
+        return a
+
+    return getattr(lib, name)(*map(native, args))

@@ -6,7 +6,9 @@
 //
 // CALLS: call after call, each: the function's name (int64 length, bytes), the argument count (int64), then per
 // argument a kind byte and its value: 'n' an int64 (a long or int parameter), 'd' a double (a float parameter),
-// 'b' a buffer (int64 byte count, bytes). OUT: after each call, every buffer argument's bytes, in order.
+// 'b' a buffer (int64 byte count, bytes), 's' a struct (int64 byte count, bytes, int64 link count, then per link
+// the int64 byte offset of a pointer field and the int64 index of the buffer argument it points to). OUT: after
+// each call, every buffer argument's bytes, in order. Exit 4: layer_front returned an error.
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@ struct Arg {
   int64_t n;
   double d;
   std::vector<unsigned char> bytes;
+  std::vector<int64_t> links;  // a struct's (offset, buffer index) pairs
 };
 
 static bool read_all(FILE* f, void* p, size_t n) { return n == 0 || fread(p, 1, n, f) == n; }
@@ -36,14 +39,26 @@ static bool read_call(FILE* f, std::string& name, std::vector<Arg>& args) {
     if (!read_all(f, &a.kind, 1)) return false;
     if (a.kind == 'n' && !read_all(f, &a.n, 8)) return false;
     if (a.kind == 'd' && !read_all(f, &a.d, 8)) return false;
-    if (a.kind == 'b') {
+    if (a.kind == 'b' || a.kind == 's') {
       int64_t size;
       if (!read_all(f, &size, 8)) return false;
       a.bytes.resize(size + 64);  // slack: a zero-length buffer still has an address
       if (!read_all(f, a.bytes.data(), size)) return false;
       a.bytes.resize(size);
     }
+    if (a.kind == 's') {
+      int64_t count;
+      if (!read_all(f, &count, 8)) return false;
+      a.links.resize(2 * count);
+      if (!read_all(f, a.links.data(), 16 * count)) return false;
+    }
   }
+  for (Arg& a : args)  // the structs' pointers, to their buffers (which do not move from here on)
+    for (size_t i = 0; i < a.links.size(); i += 2) {
+      if (a.links[i] + 8 > (int64_t)a.bytes.size() || a.links[i + 1] >= (int64_t)args.size()) return false;
+      void* target = args[a.links[i + 1]].bytes.data();
+      memcpy(a.bytes.data() + a.links[i], &target, 8);
+    }
   return true;
 }
 
@@ -82,7 +97,12 @@ int main(int argc, char** argv) {
     else if (name == "causal_attention")
       ((void (*)(p, long, long, long, p, p, long, long, long, long, float, p))fn)(
           P(0), L(1), L(2), L(3), P(4), P(5), L(6), L(7), L(8), L(9), F(10), P(11));
-    else if (name == "rotary_rows")
+    else if (name == "layer_front") {
+      typedef int (*front)(p, long, p, p, int, long, long, long, long, p, p, long, long, long, long, float, p, int);
+      if (((front)fn)(P(0), L(1), P(2), P(3), I(4), L(5), L(6), L(7), L(8), P(9), P(10), L(11), L(12), L(13), L(14),
+                      F(15), P(16), I(17)) != 0)
+        return 4;
+    } else if (name == "rotary_rows")
       ((void (*)(p, long, long, long, long, p, p, p, long))fn)(P(0), L(1), L(2), L(3), L(4), P(5), P(6), P(7), L(8));
     else {
       fprintf(stderr, "kernel_driver: no signature for %s\n", name.c_str());

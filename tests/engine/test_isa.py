@@ -152,6 +152,38 @@ def test_rotary_gives_the_same_bits(libs):
     assert _equal(_each(libs, rotary))
 
 
+def test_a_fused_layer_front_gives_the_same_bits(libs):
+    """layer.cpp's layer_front on a layer with every weight kind (4-bit qkv, 8-bit o, float32 gate/up panels):
+    the residual stream, the gate/up products and the keys and values it writes into the cache."""
+    g = torch.Generator().manual_seed(9)
+    n, dm, heads, kv_heads, d, inter, slots = 5, 64, 2, 1, 64, 128, 32
+    width = (heads + 2 * kv_heads) * d
+    qkv = panel4.compress(q4_form(torch.randn(width, dm, generator=g) * 0.2))
+    o = panel8.compress(q8_form(torch.randn(dm, heads * d, generator=g) * 0.2))
+    gate_up_weight = torch.randn(2 * inter, dm, generator=g) * 0.2
+    assert qkv is not None and o is not None
+    weights = [(4, width, dm, *qkv.operands), (8, dm, heads * d, *o.operands, None),
+               (0, 2 * inter, dm, panel.to_panels(gate_up_weight), None, None)]
+    norm1, norm2 = torch.rand(dm, generator=g) + 0.5, torch.rand(dm, generator=g) + 0.5
+    x, residual0 = torch.randn(n, dm, generator=g), torch.randn(n, dm, generator=g)
+    keys0, values0 = torch.randn(kv_heads, slots, d, generator=g), torch.randn(kv_heads, slots, d, generator=g)
+    angles = torch.randn(n, d // 2, generator=g)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([-angles.sin(), angles.sin()], -1)
+
+    def front(lib):
+        residual, keys, values = residual0.clone(), keys0.clone(), values0.clone()
+        gate_up = torch.empty(n, 2 * inter)
+        layer = cross.Struct(*[f for w in weights for f in w], norm1, norm2, 1e-5, keys, values)
+        status = call(lib, "layer_front", layer, n, x, residual, 1, dm, heads, kv_heads, d, cos, sin, slots, 7, 0,
+                      12, d**-0.5, gate_up, 2)
+        assert status in (0, None)  # None: the NEON driver exits non-zero on an error
+        return torch.cat([residual.flatten(), gate_up.flatten(), keys.flatten(), values.flatten()])
+
+    outputs = _each(libs, front)
+    assert _equal(outputs)
+    assert not torch.equal(outputs[0][-2 * slots * d :], torch.cat([keys0.flatten(), values0.flatten()]))  # wrote
+
+
 def test_a_models_steps_give_the_same_logits(wide_heads_dir, monkeypatch):
     """Prefill, a 5-row verify and a one-row decode step (the fused layers) of a tiny model, per x86 build."""
     if len(builds := _x86_builds()) < 2:
