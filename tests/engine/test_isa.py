@@ -262,27 +262,14 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monk
     if reference is None:
         pytest.skip("the kernels do not build here (no C++ compiler)")
     try:
-        monkeypatch.setenv("CXX", str(compiler))
-        monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(tmp_path / "kernels"))
-        panel.forget()
-        with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
-            lib = panel.build(_x86_isas()[0])
-        assert lib is not None and "without OpenMP" in caplog.text
-        (built,) = (tmp_path / "kernels").glob("panel_gemm-*.so")
-        linked = subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
+        lib, linked = _build_with(compiler, tmp_path / "kernels", monkeypatch, caplog)
+        assert "without OpenMP" in caplog.text
         assert "libgomp" not in linked and "libomp" not in linked  # no OpenMP runtime
         assert len(list((tmp_path / "kernels").glob("panel_gemm-*.failed"))) == 1  # -fopenmp's refusal, kept
         panel.forget()
         assert panel.build(_x86_isas()[0]) is not None
         assert (tmp_path / "asked").read_text().count("-fopenmp") == 1  # not asked again
-        g = torch.Generator().manual_seed(7)
-        x, w = torch.randn(5, 64, generator=g), torch.randn(96, 64, generator=g)
-        outputs = []
-        for kernels in (reference, lib):
-            y = torch.empty(5, 96)
-            call(kernels, "panel_gemm", x, 5, 64, panel.to_panels(w), y, 96, 2)
-            outputs.append(y)
-        assert _equal(outputs)
+        assert _same_gemm_bits(reference, lib)
     finally:
         monkeypatch.undo()
         panel.forget()
@@ -311,23 +298,34 @@ def test_a_compiler_without_openmp_takes_the_libomp_torch_ships(tmp_path, monkey
     reference = panel.build(_x86_isas()[0])
     try:
         monkeypatch.setattr(panel, "torch_root", lambda: root)
-        monkeypatch.setenv("CXX", str(compiler))
-        monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(tmp_path / "kernels"))
-        panel.forget()
-        with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
-            lib = panel.build(_x86_isas()[0])
-        assert lib is not None and "torch's libomp" in caplog.text
-        (built,) = (tmp_path / "kernels").glob("panel_gemm-*.so")
-        linked = subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
+        lib, linked = _build_with(compiler, tmp_path / "kernels", monkeypatch, caplog)
+        assert "torch's libomp" in caplog.text
         assert str(root / "lib" / "libomp.so.5") in linked  # found through the rpath: torch's copy, not the system's
-        g = torch.Generator().manual_seed(8)
-        x, w = torch.randn(5, 64, generator=g), torch.randn(256, 64, generator=g)
-        outputs = []
-        for kernels in (reference, lib):
-            y = torch.empty(5, 256)
-            call(kernels, "panel_gemm", x, 5, 64, panel.to_panels(w), y, 256, 2)
-            outputs.append(y)
-        assert _equal(outputs)
+        assert _same_gemm_bits(reference, lib)
     finally:
         monkeypatch.undo()
         panel.forget()
+
+
+def _build_with(compiler: Path, cache: Path, monkeypatch, caplog) -> tuple[object, str]:
+    """The kernels for this CPU built afresh by `compiler` into `cache`, and what the library links (ldd)."""
+    monkeypatch.setenv("CXX", str(compiler))
+    monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(cache))
+    panel.forget()
+    with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
+        lib = panel.build(_x86_isas()[0])
+    assert lib is not None
+    (built,) = cache.glob("panel_gemm-*.so")
+    return lib, subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
+
+
+def _same_gemm_bits(reference, lib) -> bool:
+    """Whether a 5-row float32 panel GEMM on two threads gives the same bits on both libraries."""
+    g = torch.Generator().manual_seed(8)
+    x, w = torch.randn(5, 64, generator=g), torch.randn(256, 64, generator=g)
+    outputs = []
+    for kernels in (reference, lib):
+        y = torch.empty(5, 256)
+        call(kernels, "panel_gemm", x, 5, 64, panel.to_panels(w), y, 256, 2)
+        outputs.append(y)
+    return _equal(outputs)
