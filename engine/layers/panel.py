@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,8 +58,6 @@ ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}  # x86; 
 ARM = ("aarch64", "arm64")  # platform.machine() on AArch64 Linux, macOS
 # no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
 FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC")
-OPENMP = ("-fopenmp",)  # the compiler's own OpenMP (see openmp_choices)
-NO_OPENMP = ("no OpenMP", ())
 ISA_ENV = "SSD_CHAT_CPU_ISA"
 
 
@@ -116,33 +115,61 @@ def _library() -> ctypes.CDLL | None:
     return None if target is None else build(target)
 
 
-def openmp_choices() -> list[tuple[str, tuple[str, ...]]]:
-    """The ways to build the kernels with OpenMP, best first, each (name, flags after the sources): the compiler's
-    own (-fopenmp: gcc, Linux clang with libomp); the libomp torch ships (its macOS wheels, where Apple's clang
-    takes no -fopenmp: as torch's inductor builds there). On macOS torch's comes first: any clang takes it, and a
-    second libomp (Homebrew clang's own) beside torch's aborts the process at the first parallel call. Last, none
-    (one thread per kernel call)."""
-    own = ("-fopenmp", OPENMP)
-    root = torch_root()
-    if not ((root / "include" / "omp.h").is_file() and any((root / "lib").glob("libomp.*"))):
-        return [own, NO_OPENMP]
-    torchs = ("torch's libomp", ("-Xclang", "-fopenmp", f"-I{root / 'include'}", f"-L{root / 'lib'}", "-lomp",
-                                 f"-Wl,-rpath,{root / 'lib'}"))
-    return [torchs, own, NO_OPENMP] if sys.platform == "darwin" else [own, torchs, NO_OPENMP]
+@dataclass(frozen=True)
+class OpenMP:
+    """A way to build the kernels with OpenMP: its flags (after the sources), and on macOS the libomp the library
+    must load as @rpath/libomp.dylib, as libtorch_cpu does (torch's copy names its build machine's path)."""
+
+    name: str
+    flags: tuple[str, ...] = ()
+    libomp: Path | None = None
+
+
+OWN_OPENMP, NO_OPENMP = OpenMP("-fopenmp", ("-fopenmp",)), OpenMP("no OpenMP")
+
+
+def openmp_choices() -> list[OpenMP]:
+    """The ways to build the kernels, best first: the compiler's own OpenMP (-fopenmp: gcc, Linux clang with
+    libomp); the libomp torch ships (its macOS wheels, where Apple's clang takes no -fopenmp; `-Xclang -fopenmp`
+    as torch's inductor builds there). On macOS torch's comes first: any clang takes it, and a second libomp
+    (Homebrew clang's own) beside torch's aborts the process at the first parallel call. Last, none (one thread
+    per kernel call)."""
+    lib, include = torch_root() / "lib", torch_root() / "include"
+    if not ((include / "omp.h").is_file() and any(lib.glob("libomp.*"))):
+        return [OWN_OPENMP, NO_OPENMP]
+    darwin = sys.platform == "darwin"
+    torchs = OpenMP("torch's libomp", ("-Xclang", "-fopenmp", f"-I{include}", f"-L{lib}", "-lomp",
+                                       f"-Wl,-rpath,{lib}"), lib / "libomp.dylib" if darwin else None)
+    return [torchs, OWN_OPENMP, NO_OPENMP] if darwin else [OWN_OPENMP, torchs, NO_OPENMP]
+
+
+def _load_libomp_by_rpath(library: Path, libomp: Path) -> None:
+    """Point `library`'s load of `libomp` (by its install name) at @rpath/libomp.dylib: dyld then resolves it
+    through the rpath to torch's copy, the one libtorch_cpu already loaded the same way (one OpenMP runtime in
+    the process; two abort it). otool, install_name_tool and codesign come with macOS and Xcode's command line
+    tools, as clang does."""
+    name = subprocess.run(["otool", "-D", str(libomp)], capture_output=True, text=True, check=True,
+                          timeout=30).stdout.split()[-1]
+    subprocess.run(["install_name_tool", "-change", name, "@rpath/libomp.dylib", str(library)], check=True,
+                   capture_output=True, text=True, timeout=30)
+    if shutil.which("codesign"):  # the edit voids the linker's ad-hoc signature, which Apple silicon requires
+        subprocess.run(["codesign", "--force", "--sign", "-", str(library)], check=True, capture_output=True,
+                       text=True, timeout=30)
 
 
 def torch_root() -> Path:
     return Path(torch.__file__).resolve().parent
 
 
-def compile_library(compiler: str, target: str, directory: Path, openmp: tuple[str, ...] = OPENMP) -> Path:
-    """The kernels compiled by `compiler` for instruction set `target` (a key of ISA_FLAGS) with the OpenMP flags
-    `openmp` into `directory`, once per source, flags and compiler version: the library's path. Raises
-    CalledProcessError where it does not build."""
+def compile_library(compiler: str, target: str, directory: Path, openmp: OpenMP = OWN_OPENMP) -> Path:
+    """The kernels compiled by `compiler` for instruction set `target` (a key of ISA_FLAGS) with `openmp` into
+    `directory`, once per source, flags and compiler version: the library's path. Raises CalledProcessError where
+    it does not build."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     flags = (*FLAGS, *ISA_FLAGS[target])
     source = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
-    key = hashlib.sha256(source + " ".join(flags + openmp).encode() + version.encode()).hexdigest()[:16]
+    recipe = " ".join((*flags, *openmp.flags, str(openmp.libomp)))
+    key = hashlib.sha256(source + recipe.encode() + version.encode()).hexdigest()[:16]
     path = directory / f"panel_gemm-{target}-{key}.so"
     failed = path.with_suffix(".failed")  # the compiler's errors, kept: a choice that fails is not retried
     if failed.is_file():
@@ -152,8 +179,10 @@ def compile_library(compiler: str, target: str, directory: Path, openmp: tuple[s
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # build aside, then move: no half-written .so
             built = Path(tmp) / path.name
             try:
-                subprocess.run([compiler, *flags, *map(str, SOURCES), *openmp, "-o", str(built)], check=True,
+                subprocess.run([compiler, *flags, *map(str, SOURCES), *openmp.flags, "-o", str(built)], check=True,
                                capture_output=True, text=True, timeout=300)
+                if openmp.libomp is not None:
+                    _load_libomp_by_rpath(built, openmp.libomp)
             except subprocess.CalledProcessError as e:
                 if e.returncode > 0:  # the compiler said no (not a killed or timed-out run)
                     failed.write_text(e.stderr or "")
@@ -173,9 +202,9 @@ def build(target: str) -> ctypes.CDLL | None:
         log.info("no C++ compiler (c++ or $CXX): the few-row matmuls stay on MKL")
         return None
     choices = openmp_choices()
-    for i, (name, flags) in enumerate(choices):
+    for i, openmp in enumerate(choices):
         try:
-            lib = ctypes.CDLL(str(compile_library(compiler, target, cache_dir(), flags)))
+            lib = ctypes.CDLL(str(compile_library(compiler, target, cache_dir(), openmp)))
         except (OSError, subprocess.SubprocessError) as e:
             if i < len(choices) - 1:
                 continue
@@ -183,11 +212,11 @@ def build(target: str) -> ctypes.CDLL | None:
             log.warning("the panel kernel did not build (%s): the few-row matmuls stay on MKL",
                         detail.strip().splitlines()[-1] if detail.strip() else type(e).__name__)
             return None
-        if not flags:  # torch's threads are not the matmuls' then: worth seeing
+        if openmp is NO_OPENMP:  # torch's threads are not the matmuls' then: worth seeing
             log.warning("the CPU kernels built without OpenMP (%s has none that builds): one thread per kernel call",
                         compiler)
         elif i > 0:
-            log.info("the CPU kernels built with %s (%s)", name, compiler)
+            log.info("the CPU kernels built with %s (%s)", openmp.name, compiler)
         _declare(lib)
         return lib
 

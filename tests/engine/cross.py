@@ -134,7 +134,7 @@ def library(compiler: str = CXX) -> Library | None:
     else:  # a wrapper names the target: compile_library takes a compiler, not flags
         script = f'#!/bin/sh\nexec {shutil.which(compiler)} --target=aarch64-linux-gnu "$@"\n'
         wrapper = _once(directory / f"{compiler}-aarch64", lambda p: (p.write_text(script), p.chmod(0o755)))
-        path = panel.compile_library(str(wrapper), "neon", directory, openmp=())
+        path = panel.compile_library(str(wrapper), "neon", directory, panel.NO_OPENMP)
     driver = directory / f"kernel_driver-{hashlib.sha256(DRIVER.read_bytes()).hexdigest()[:16]}"
     _once(driver, lambda p: subprocess.run([CXX, "-O1", "-std=c++17", str(DRIVER), "-o", str(p), "-ldl"],
                                            check=True, capture_output=True, timeout=300))

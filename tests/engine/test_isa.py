@@ -1,15 +1,11 @@
 """The CPU kernels built for AVX2 (engine/kernels/simd.h's two 8-lane halves) and for AArch64's NEON (four 4-lane
 quarters: cross-compiled, run under qemu, tests/engine/cross.py) compute the AVX-512 build's bits, kernel by
-kernel, and the x86 builds in a whole model's decode and verify steps too; the engine takes the instruction set
-the CPU has, and $SSD_CHAT_CPU_ISA another one only where the CPU has it."""
+kernel, and the x86 builds in a whole model's decode and verify steps too (how the builds are chosen and made:
+test_kernel_build.py)."""
 
 from __future__ import annotations
 
-import logging
 import platform
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -205,127 +201,3 @@ def test_a_models_steps_give_the_same_logits(wide_heads_dir, monkeypatch):
         panel.forget()
     for a, b in zip(logits["avx512"], logits["avx2"], strict=True):
         assert torch.equal(a, b)
-
-
-@pytest.mark.skipif(len(_x86_isas()) < 2, reason="needs a CPU with AVX-512 and AVX2")
-def test_the_cpu_decides_which_build_loads(monkeypatch, caplog):
-    try:
-        monkeypatch.delenv(panel.ISA_ENV, raising=False)
-        panel.forget()
-        assert panel.isa() == "avx512"
-        monkeypatch.setenv(panel.ISA_ENV, "avx2")
-        panel.forget()
-        assert panel.isa() == "avx2"
-        monkeypatch.setattr(cpu_info, "flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))  # an AVX2-only CPU
-        monkeypatch.setenv(panel.ISA_ENV, "avx512")
-        panel.forget()
-        with caplog.at_level(logging.WARNING, logger="engine.layers.panel"):
-            assert panel.isa() == "avx2"
-        assert "SSD_CHAT_CPU_ISA=avx512" in caplog.text
-        monkeypatch.setattr(cpu_info, "flags", lambda: frozenset({"sse4_2", "avx"}))  # neither: MKL / oneDNN
-        monkeypatch.delenv(panel.ISA_ENV)
-        panel.forget()
-        assert panel.isa() is None and not panel.available()
-    finally:
-        monkeypatch.undo()
-        panel.forget()
-
-
-def test_aarch64_takes_the_neon_build(monkeypatch, caplog):
-    try:
-        monkeypatch.setattr(platform, "machine", lambda: "arm64")  # Apple silicon; Linux says aarch64
-        monkeypatch.delenv(panel.ISA_ENV, raising=False)
-        panel.forget()
-        assert panel.isa() == "neon"
-        monkeypatch.setenv(panel.ISA_ENV, "avx2")
-        panel.forget()
-        with caplog.at_level(logging.WARNING, logger="engine.layers.panel"):
-            assert panel.isa() == "neon"
-        assert "SSD_CHAT_CPU_ISA=avx2: this CPU runs neon" in caplog.text
-        monkeypatch.setenv(panel.ISA_ENV, "none")
-        panel.forget()
-        assert panel.isa() is None
-    finally:
-        monkeypatch.undo()
-        panel.forget()
-
-
-@pytest.mark.skipif(not _x86_isas(), reason="builds the kernels for this x86 CPU")
-def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monkeypatch, caplog):
-    """As Apple's clang, which refuses -fopenmp: the kernels build without it and give the same bits, on one
-    thread whatever the thread count asked."""
-    compiler = tmp_path / "no-openmp-c++"
-    compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo -fopenmp >> {tmp_path}/asked; '
-                        'echo "error: unsupported option -fopenmp" >&2; exit 1; }; done\nexec c++ "$@"\n')
-    compiler.chmod(0o755)
-    reference = panel.build(_x86_isas()[0])
-    if reference is None:
-        pytest.skip("the kernels do not build here (no C++ compiler)")
-    try:
-        lib, linked = _build_with(compiler, tmp_path / "kernels", monkeypatch, caplog)
-        assert "without OpenMP" in caplog.text
-        assert "libgomp" not in linked and "libomp" not in linked  # no OpenMP runtime
-        assert len(list((tmp_path / "kernels").glob("panel_gemm-*.failed"))) == 1  # -fopenmp's refusal, kept
-        panel.forget()
-        assert panel.build(_x86_isas()[0]) is not None
-        assert (tmp_path / "asked").read_text().count("-fopenmp") == 1  # not asked again
-        assert _same_gemm_bits(reference, lib)
-    finally:
-        monkeypatch.undo()
-        panel.forget()
-
-
-# LLVM's OpenMP runtime (Debian's libomp-dev), as torch's macOS wheel ships it
-LLVM_OMP = max(Path("/usr/lib").glob("llvm-*/lib"), default=Path("/usr/lib/llvm/lib"))
-
-
-@pytest.mark.skipif(not _x86_isas() or shutil.which("clang++") is None or not (LLVM_OMP / "libomp.so").exists(),
-                    reason="needs clang++ and LLVM's libomp (apt-get install clang libomp-dev)")
-def test_a_compiler_without_openmp_takes_the_libomp_torch_ships(tmp_path, monkeypatch, caplog):
-    """As on macOS: Apple's clang refuses -fopenmp, torch's wheel ships omp.h and libomp; the kernels build with
-    `-Xclang -fopenmp` against them, run multi-threaded with that runtime, and give the same bits."""
-    root = tmp_path / "torch"
-    (root / "include").mkdir(parents=True)
-    (root / "lib").mkdir()
-    shutil.copy(next(LLVM_OMP.glob("clang/*/include/omp.h")), root / "include")
-    for name in ("libomp.so", "libomp.so.5"):  # the link name and the runtime's soname
-        shutil.copy(LLVM_OMP / "libomp.so", root / "lib" / name)
-    compiler = tmp_path / "apple-like-clang++"
-    compiler.write_text('#!/bin/sh\nprev=\nfor a in "$@"; do\n  if [ "$a" = -fopenmp ] && [ "$prev" != -Xclang ]; '
-                        'then echo "error: unsupported option -fopenmp" >&2; exit 1; fi\n  prev=$a\ndone\n'
-                        f'exec {shutil.which("clang++")} "$@"\n')
-    compiler.chmod(0o755)
-    reference = panel.build(_x86_isas()[0])
-    try:
-        monkeypatch.setattr(panel, "torch_root", lambda: root)
-        lib, linked = _build_with(compiler, tmp_path / "kernels", monkeypatch, caplog)
-        assert "torch's libomp" in caplog.text
-        assert str(root / "lib" / "libomp.so.5") in linked  # found through the rpath: torch's copy, not the system's
-        assert _same_gemm_bits(reference, lib)
-    finally:
-        monkeypatch.undo()
-        panel.forget()
-
-
-def _build_with(compiler: Path, cache: Path, monkeypatch, caplog) -> tuple[object, str]:
-    """The kernels for this CPU built afresh by `compiler` into `cache`, and what the library links (ldd)."""
-    monkeypatch.setenv("CXX", str(compiler))
-    monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(cache))
-    panel.forget()
-    with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
-        lib = panel.build(_x86_isas()[0])
-    assert lib is not None
-    (built,) = cache.glob("panel_gemm-*.so")
-    return lib, subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
-
-
-def _same_gemm_bits(reference, lib) -> bool:
-    """Whether a 5-row float32 panel GEMM on two threads gives the same bits on both libraries."""
-    g = torch.Generator().manual_seed(8)
-    x, w = torch.randn(5, 64, generator=g), torch.randn(256, 64, generator=g)
-    outputs = []
-    for kernels in (reference, lib):
-        y = torch.empty(5, 256)
-        call(kernels, "panel_gemm", x, 5, 64, panel.to_panels(w), y, 256, 2)
-        outputs.append(y)
-    return _equal(outputs)
