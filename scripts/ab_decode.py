@@ -23,7 +23,7 @@ import statistics
 from engine import LLM, SamplingParams
 from engine.affinity import pin
 from engine.config import SpeculationConfig
-from engine.layers import panel
+from engine.layers import native
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 VARIANTS = {"eager": dict(compile=False), "compile-panel": dict(compile=True, packed_kernel="panel"),
@@ -34,10 +34,10 @@ ISA = {"avx2": "avx2", "no-kernels": "none"}  # $SSD_CHAT_CPU_ISA while the vari
 def use_isa(name: str) -> None:
     """Our kernels' build for variant `name` (the CPU's best where it names none), from its next call on."""
     if name in ISA:
-        os.environ[panel.ISA_ENV] = ISA[name]
+        os.environ[native.ISA_ENV] = ISA[name]
     else:
-        os.environ.pop(panel.ISA_ENV, None)
-    panel.forget()
+        os.environ.pop(native.ISA_ENV, None)
+    native.forget()
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, AttentionMetadata, Index
-from engine.layers import panel
+from engine.layers import native, panel
 
 
 class SdpaBackend(AttentionBackend):
@@ -99,7 +99,7 @@ def _causal_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, firs
         return o[0].transpose(0, 1).reshape(n, h * d)
     q = q.contiguous()
     out = torch.empty(n, h * d)
-    panel._library().causal_attention(q.data_ptr(), n, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0],
+    native.library().causal_attention(q.data_ptr(), n, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0],
                                       keys.shape[1], first, num_keys, scale, out.data_ptr())
     return out
 

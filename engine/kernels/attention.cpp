@@ -1,7 +1,7 @@
 // Causal attention of a few query rows of one sequence whose keys lie in one run of KV-cache slots, each row
 // computed by the same code in the same order whatever the row count: row r of an n-row step (a verify) gets the
 // bits a one-row decode step of that token gets, as the panel GEMM and rms_norm.cpp give their rows. Built into
-// the panel kernels' library (engine/layers/panel.py), called by engine/attention/sdpa.py.
+// the panel kernels' library (engine/layers/native.py), called by engine/attention/sdpa.py.
 //
 // Row r (of n) sees keys 0 .. t - n + r of the run; head h reads KV head h / (H / KVH). Per row and head:
 // s_j = (q . k_j) * scale, p_j = exp(s_j - max s), o = (sum_j p_j v_j) / (sum_j p_j), sums in key order.

@@ -1,5 +1,5 @@
 // y[m, n] = sum_k x[m, k] * W[n, k] for a few rows m, W stored as panels P[p][k][j] = W[32 p + j, k]
-// (zero-padded to a multiple of 32 rows of W). Loaded by engine/layers/panel.py through ctypes.
+// (zero-padded to a multiple of 32 rows of W). Loaded by engine/layers/native.py through ctypes.
 //
 // Every output element is one FMA chain over k = 0..K-1, in that order, whatever the row count M and the
 // thread count: a row's products are the same bits in a 1-row step as in a 5-row verify, so a verify

@@ -1,5 +1,5 @@
 // y[m, :] = w * (x[m, :] * r_m), r_m = 1 / sqrt(mean_k x[m, k]^2 + eps): RMSNorm of M rows of D floats, built into
-// the panel kernels' library (engine/layers/panel.py) and called by engine/layers/norm.py.
+// the panel kernels' library (engine/layers/native.py) and called by engine/layers/norm.py.
 //
 // Each row is reduced by the same code in the same order whatever M is, so a row's output is the same bits in a
 // one-row decode step as in a verify of k + 1 rows: with the panel GEMM's own row invariance, a verify then

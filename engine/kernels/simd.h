@@ -1,5 +1,5 @@
 // 16 float lanes, on AVX-512 (one __m512), AVX2 + FMA (two __m256: lanes 0-7, then 8-15) or AArch64's NEON (four
-// float32x4_t: lanes 0-3, 4-7, 8-11, 12-15), for the CPU kernels (engine/layers/panel.py builds them for the best
+// float32x4_t: lanes 0-3, 4-7, 8-11, 12-15), for the CPU kernels (engine/layers/native.py builds them for the best
 // the CPU has).
 //
 // Every operation is lane-wise IEEE float32 (one rounding per lane, FMAs fused), and the one cross-lane operation,

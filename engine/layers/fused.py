@@ -25,7 +25,7 @@ from torch import nn
 
 from engine.attention.base import AttentionMetadata
 from engine.attention.sdpa import ROW_KERNEL_ROWS, SdpaBackend
-from engine.layers import packed, panel
+from engine.layers import native, packed, panel
 from engine.layers.rotary import apply_rotary
 
 ENABLED = os.environ.get("SSD_CHAT_FUSED", "1") != "0"
@@ -108,7 +108,7 @@ def rotary_matches() -> bool:
     x, cos, sin = (torch.randn(3, 4, 64, generator=g) for _ in range(3))
     cos, sin = cos[:, :1].contiguous(), sin[:, :1].contiguous()
     out = torch.empty_like(x)
-    panel._library().rotary_rows(x.data_ptr(), 3, 4, 64, 4 * 64, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+    native.library().rotary_rows(x.data_ptr(), 3, 4, 64, 4 * 64, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
                                  4 * 64)
     same = torch.equal(out, apply_rotary(x, cos, sin))
     if not same:
@@ -140,7 +140,7 @@ def forward(fused: FusedLayers, plan: list[_Layer], h: torch.Tensor, attn: Atten
             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The eager forward's loop over layers, each layer's front half in one call: (last MLP output, residual).
     h: [n, hidden] embeddings; cos, sin: [n, 1, D] (the rotary tables at the rows' positions)."""
-    lib = panel._library()
+    lib = native.library()
     n, hidden = h.shape
     attention = fused.model.model.layers[0].self_attn
     heads, kv_heads, d = attention.num_heads, attention.num_kv_heads, attention.head_dim

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers import panel
+from engine.layers import native, panel
 
 
 class RMSNorm(nn.Module):
@@ -40,7 +40,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] float32 (CPU) -> its RMSNorm by the kernel (panel.ready() first)."""
     x = x.contiguous()
     y = torch.empty_like(x)
-    panel._library().rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.contiguous().data_ptr(),
+    native.library().rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.contiguous().data_ptr(),
                               eps, y.data_ptr())
     return y
 

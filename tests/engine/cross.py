@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine.layers import panel
+from engine.layers import native
 
 CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
@@ -127,14 +127,14 @@ def library(compiler: str = CXX) -> Library | None:
     (with OpenMP), or "clang++" (targeting AArch64, without OpenMP: the build Apple's clang makes)."""
     if any(shutil.which(tool) is None for tool in (CXX, QEMU, compiler)) or not SYSROOT.is_dir():
         return None
-    directory = panel.cache_dir() / "aarch64"
+    directory = native.cache_dir() / "aarch64"
     directory.mkdir(parents=True, exist_ok=True)
     if compiler == CXX:
-        path = panel.compile_library(shutil.which(CXX), "neon", directory)
+        path = native.compile_library(shutil.which(CXX), "neon", directory)
     else:  # a wrapper names the target: compile_library takes a compiler, not flags
         script = f'#!/bin/sh\nexec {shutil.which(compiler)} --target=aarch64-linux-gnu "$@"\n'
         wrapper = _once(directory / f"{compiler}-aarch64", lambda p: (p.write_text(script), p.chmod(0o755)))
-        path = panel.compile_library(str(wrapper), "neon", directory, panel.NO_OPENMP)
+        path = native.compile_library(str(wrapper), "neon", directory, native.NO_OPENMP)
     driver = directory / f"kernel_driver-{hashlib.sha256(DRIVER.read_bytes()).hexdigest()[:16]}"
     _once(driver, lambda p: subprocess.run([CXX, "-O1", "-std=c++17", str(DRIVER), "-o", str(p), "-ldl"],
                                            check=True, capture_output=True, timeout=300))

@@ -28,7 +28,7 @@ import json, platform, sys
 import torch
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
-from engine.layers import fused, panel
+from engine.layers import fused, native
 from tests.engine.test_fused import step_logits
 
 model, draft = sys.argv[1:3]
@@ -46,7 +46,7 @@ with LLM(model, max_model_len=256) as llm:
     ar = [o.token_ids for o in llm.generate(prompts, greedy)]
 with LLM(model, draft=draft, max_model_len=256, speculation=SpeculationConfig(mode="sd", adaptive_k=False)) as llm:
     sd = llm.generate(prompts, greedy)
-print(json.dumps({"machine": platform.machine(), "isa": panel.isa(), "rows_fused": rows_fused,
+print(json.dumps({"machine": platform.machine(), "isa": native.isa(), "rows_fused": rows_fused,
                   "verify_is_decode": torch.equal(verify, decode), "ar": ar, "sd": [o.token_ids for o in sd],
                   "accepted": sum(o.stats.spec.num_accepted for o in sd),
                   "drafted": sum(o.stats.spec.num_drafted for o in sd)}))

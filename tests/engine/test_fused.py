@@ -9,7 +9,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.attention.base import SeqSpan, build_metadata
 from engine.config import SpeculationConfig
-from engine.layers import fused, panel
+from engine.layers import fused, native, panel
 from engine.layers.rotary import apply_rotary
 
 pytestmark = pytest.mark.skipif(not panel.ready(), reason="the panel kernels need AVX-512 or AVX2 and a C++ compiler")
@@ -35,7 +35,7 @@ def test_rotary_rows_are_apply_rotarys_bits():
     cos, sin = torch.randn(n, 1, d, generator=g), torch.randn(n, 1, d, generator=g)
     expected = apply_rotary(x, cos, sin)
     out = torch.empty(n, heads, d)
-    panel._library().rotary_rows(x.data_ptr(), n, heads, d, heads * d, cos.contiguous().data_ptr(),
+    native.library().rotary_rows(x.data_ptr(), n, heads, d, heads * d, cos.contiguous().data_ptr(),
                                  sin.contiguous().data_ptr(), out.data_ptr(), heads * d)
     assert torch.equal(out, expected)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, cpu_info
-from engine.layers import panel, panel4, panel8
+from engine.layers import native, panel, panel4, panel8
 from tests.engine import cross
 from tests.engine.cross import call
 from tests.engine.test_fused import step_logits
@@ -23,13 +23,13 @@ X86 = ("avx512", "avx2")
 
 def _x86_isas() -> list[str]:
     """The x86 instruction sets this CPU runs (none on AArch64)."""
-    if platform.machine().lower() in panel.ARM:
+    if platform.machine().lower() in native.ARM:
         return []
-    return [isa for isa in X86 if panel.ISA_CPU_FLAGS[isa] <= cpu_info.flags()]
+    return [isa for isa in X86 if native.ISA_CPU_FLAGS[isa] <= cpu_info.flags()]
 
 
 def _x86_builds() -> dict[str, object]:
-    return {isa: lib for isa in _x86_isas() if (lib := panel.build(isa)) is not None}
+    return {isa: lib for isa in _x86_isas() if (lib := native.build(isa)) is not None}
 
 
 OTHERS = ("avx2", "neon", "neon-clang")  # compared with the best x86 build, each where it builds here
@@ -187,9 +187,9 @@ def test_a_models_steps_give_the_same_logits(wide_heads_dir, monkeypatch):
     logits = {}
     try:
         for isa in builds:
-            monkeypatch.setenv(panel.ISA_ENV, isa)
-            panel.forget()
-            assert panel.isa() == isa and panel.available()
+            monkeypatch.setenv(native.ISA_ENV, isa)
+            native.forget()
+            assert native.isa() == isa and panel.available()
             with LLM(str(wide_heads_dir), max_model_len=128, enable_prefix_caching=False) as llm:
                 runner = llm.core.runner
                 ids = torch.randint(runner.model.args.vocab_size, (46,), generator=torch.Generator().manual_seed(4))
@@ -197,7 +197,7 @@ def test_a_models_steps_give_the_same_logits(wide_heads_dir, monkeypatch):
                 logits[isa] = (step_logits(runner, ids, 0, 40), step_logits(runner, ids, 40, 5),
                                step_logits(runner, ids, 45, 1))
     finally:
-        monkeypatch.delenv(panel.ISA_ENV)
-        panel.forget()
+        monkeypatch.delenv(native.ISA_ENV)
+        native.forget()
     for a, b in zip(logits["avx512"], logits["avx2"], strict=True):
         assert torch.equal(a, b)

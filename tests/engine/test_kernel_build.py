@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine import cpu_info
-from engine.layers import panel
+from engine.layers import native, panel
 from tests.engine.cross import call
 from tests.engine.test_isa import _equal, _x86_isas
 
@@ -22,44 +22,44 @@ from tests.engine.test_isa import _equal, _x86_isas
 @pytest.mark.skipif(len(_x86_isas()) < 2, reason="needs a CPU with AVX-512 and AVX2")
 def test_the_cpu_decides_which_build_loads(monkeypatch, caplog):
     try:
-        monkeypatch.delenv(panel.ISA_ENV, raising=False)
-        panel.forget()
-        assert panel.isa() == "avx512"
-        monkeypatch.setenv(panel.ISA_ENV, "avx2")
-        panel.forget()
-        assert panel.isa() == "avx2"
+        monkeypatch.delenv(native.ISA_ENV, raising=False)
+        native.forget()
+        assert native.isa() == "avx512"
+        monkeypatch.setenv(native.ISA_ENV, "avx2")
+        native.forget()
+        assert native.isa() == "avx2"
         monkeypatch.setattr(cpu_info, "flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))  # an AVX2-only CPU
-        monkeypatch.setenv(panel.ISA_ENV, "avx512")
-        panel.forget()
-        with caplog.at_level(logging.WARNING, logger="engine.layers.panel"):
-            assert panel.isa() == "avx2"
+        monkeypatch.setenv(native.ISA_ENV, "avx512")
+        native.forget()
+        with caplog.at_level(logging.WARNING, logger="engine.layers.native"):
+            assert native.isa() == "avx2"
         assert "SSD_CHAT_CPU_ISA=avx512" in caplog.text
         monkeypatch.setattr(cpu_info, "flags", lambda: frozenset({"sse4_2", "avx"}))  # neither: MKL / oneDNN
-        monkeypatch.delenv(panel.ISA_ENV)
-        panel.forget()
-        assert panel.isa() is None and not panel.available()
+        monkeypatch.delenv(native.ISA_ENV)
+        native.forget()
+        assert native.isa() is None and not panel.available()
     finally:
         monkeypatch.undo()
-        panel.forget()
+        native.forget()
 
 
 def test_aarch64_takes_the_neon_build(monkeypatch, caplog):
     try:
         monkeypatch.setattr(platform, "machine", lambda: "arm64")  # Apple silicon; Linux says aarch64
-        monkeypatch.delenv(panel.ISA_ENV, raising=False)
-        panel.forget()
-        assert panel.isa() == "neon"
-        monkeypatch.setenv(panel.ISA_ENV, "avx2")
-        panel.forget()
-        with caplog.at_level(logging.WARNING, logger="engine.layers.panel"):
-            assert panel.isa() == "neon"
+        monkeypatch.delenv(native.ISA_ENV, raising=False)
+        native.forget()
+        assert native.isa() == "neon"
+        monkeypatch.setenv(native.ISA_ENV, "avx2")
+        native.forget()
+        with caplog.at_level(logging.WARNING, logger="engine.layers.native"):
+            assert native.isa() == "neon"
         assert "SSD_CHAT_CPU_ISA=avx2: this CPU runs neon" in caplog.text
-        monkeypatch.setenv(panel.ISA_ENV, "none")
-        panel.forget()
-        assert panel.isa() is None
+        monkeypatch.setenv(native.ISA_ENV, "none")
+        native.forget()
+        assert native.isa() is None
     finally:
         monkeypatch.undo()
-        panel.forget()
+        native.forget()
 
 
 @pytest.mark.skipif(not _x86_isas(), reason="builds the kernels for this x86 CPU")
@@ -70,7 +70,7 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monk
     compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo -fopenmp >> {tmp_path}/asked; '
                         'echo "error: unsupported option -fopenmp" >&2; exit 1; }; done\nexec c++ "$@"\n')
     compiler.chmod(0o755)
-    reference = panel.build(_x86_isas()[0])
+    reference = native.build(_x86_isas()[0])
     if reference is None:
         pytest.skip("the kernels do not build here (no C++ compiler)")
     try:
@@ -78,13 +78,13 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monk
         assert "without OpenMP" in caplog.text
         assert "libgomp" not in linked and "libomp" not in linked  # no OpenMP runtime
         assert len(list((tmp_path / "kernels").glob("panel_gemm-*.failed"))) == 1  # -fopenmp's refusal, kept
-        panel.forget()
-        assert panel.build(_x86_isas()[0]) is not None
+        native.forget()
+        assert native.build(_x86_isas()[0]) is not None
         assert (tmp_path / "asked").read_text().count("-fopenmp") == 1  # not asked again
         assert _same_gemm_bits(reference, lib)
     finally:
         monkeypatch.undo()
-        panel.forget()
+        native.forget()
 
 
 # LLVM's OpenMP runtime (Debian's libomp-dev), as torch's macOS wheel ships it
@@ -107,25 +107,25 @@ def test_a_compiler_without_openmp_takes_the_libomp_torch_ships(tmp_path, monkey
                         'then echo "error: unsupported option -fopenmp" >&2; exit 1; fi\n  prev=$a\ndone\n'
                         f'exec {shutil.which("clang++")} "$@"\n')
     compiler.chmod(0o755)
-    reference = panel.build(_x86_isas()[0])
+    reference = native.build(_x86_isas()[0])
     try:
-        monkeypatch.setattr(panel, "torch_root", lambda: root)
+        monkeypatch.setattr(native, "torch_root", lambda: root)
         lib, linked = _build_with(compiler, tmp_path / "kernels", monkeypatch, caplog)
         assert "torch's libomp" in caplog.text
         assert str(root / "lib" / "libomp.so.5") in linked  # found through the rpath: torch's copy, not the system's
         assert _same_gemm_bits(reference, lib)
     finally:
         monkeypatch.undo()
-        panel.forget()
+        native.forget()
 
 
 def _build_with(compiler: Path, cache: Path, monkeypatch, caplog) -> tuple[object, str]:
     """The kernels for this CPU built afresh by `compiler` into `cache`, and what the library links (ldd)."""
     monkeypatch.setenv("CXX", str(compiler))
     monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(cache))
-    panel.forget()
-    with caplog.at_level(logging.INFO, logger="engine.layers.panel"):
-        lib = panel.build(_x86_isas()[0])
+    native.forget()
+    with caplog.at_level(logging.INFO, logger="engine.layers.native"):
+        lib = native.build(_x86_isas()[0])
     assert lib is not None
     (built,) = cache.glob("panel_gemm-*.so")
     return lib, subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
@@ -149,16 +149,16 @@ def test_torchs_libomp_comes_first_on_macos_only(system, tmp_path, monkeypatch):
     torch's would abort the process), with the dylib to re-point to @rpath; after -fopenmp elsewhere."""
     (tmp_path / "include").mkdir()
     (tmp_path / "lib").mkdir()
-    monkeypatch.setattr(panel, "torch_root", lambda: tmp_path)
-    monkeypatch.setattr(panel.sys, "platform", system)
-    assert panel.openmp_choices() == [panel.OWN_OPENMP, panel.NO_OPENMP]  # a torch without libomp (Linux wheels)
+    monkeypatch.setattr(native, "torch_root", lambda: tmp_path)
+    monkeypatch.setattr(native.sys, "platform", system)
+    assert native.openmp_choices() == [native.OWN_OPENMP, native.NO_OPENMP]  # a torch without libomp (Linux wheels)
     (tmp_path / "include" / "omp.h").write_text("")
     (tmp_path / "lib" / "libomp.dylib").write_text("")
-    choices = panel.openmp_choices()
+    choices = native.openmp_choices()
     torchs = next(c for c in choices if c.name == "torch's libomp")
     assert "-lomp" in torchs.flags and f"-Wl,-rpath,{tmp_path / 'lib'}" in torchs.flags
     if system == "darwin":
-        assert choices == [torchs, panel.OWN_OPENMP, panel.NO_OPENMP]
+        assert choices == [torchs, native.OWN_OPENMP, native.NO_OPENMP]
         assert torchs.libomp == tmp_path / "lib" / "libomp.dylib"
     else:
-        assert choices == [panel.OWN_OPENMP, torchs, panel.NO_OPENMP] and torchs.libomp is None
+        assert choices == [native.OWN_OPENMP, torchs, native.NO_OPENMP] and torchs.libomp is None

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
-from engine.layers import packed, panel
+from engine.layers import native, packed, panel
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
@@ -102,20 +102,20 @@ def test_without_a_compiler_the_engine_keeps_mkl(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SSD_CHAT_KERNEL_CACHE", str(tmp_path / "kernels"))
     try:
         monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-        panel.forget()
+        native.forget()
         assert not panel.available()
         monkeypatch.setattr(packed, "_cpu_vendor", lambda: "GenuineIntel")
         assert packed.default_kernel() == "mkl" and not packed.one_row_pays()
         monkeypatch.setenv("CXX", "false")  # a compiler that fails: one warning line, then MKL
-        panel.forget()
-        with caplog.at_level(logging.WARNING, logger="engine.layers.panel"):
+        native.forget()
+        with caplog.at_level(logging.WARNING, logger="engine.layers.native"):
             assert not panel.available()
         assert "did not build" in caplog.text and not list((tmp_path / "kernels").glob("*.so"))
         monkeypatch.delenv("CXX")
-        panel.forget()
+        native.forget()
         assert panel.available() and len(list((tmp_path / "kernels").glob("*.so"))) == 1  # built into the cache
     finally:
-        panel.forget()
+        native.forget()
 
 
 @pytest.mark.slow  # compiles the tiny model's graphs with inductor
