@@ -172,15 +172,13 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
     if module.low_bits is not None:  # a CPU draft's float16/int8 weight (engine.layers.low_bits); never with a bias
         return module.low_bits(x)
     rows = x.numel() // x.shape[-1]
-    if x.shape[-1] != module.weight.shape[1]:
+    if x.shape[-1] != module.weight.shape[1] or not _takes_packed(module, rows):
         return F.linear(x, module.weight, bias)
-    if runs_panels(module, rows):
+    if module.packed_kernel in PANELS:
         flat = x.reshape(rows, x.shape[-1])
         y = module.packed.matmul(flat) if isinstance(module.packed, LOW_BIT) \
             else panel.matmul(flat, module.packed, module.weight.shape[0])
         return y.view(*x.shape[:-1], y.shape[-1])
-    if module.packed is None or not module.packed_min_rows <= rows <= module.packed_rows:
-        return F.linear(x, module.weight, bias)
     if module.packed_kernel == "mkl":
         # the last argument is the row count the packed weight is used for (the packing hint is only a hint)
         return torch.ops.mkl._mkl_linear(x, module.packed, module.weight, bias, rows)
@@ -191,8 +189,12 @@ def linear(x: torch.Tensor, module: nn.Module, bias: torch.Tensor | None = None)
 def runs_panels(module: nn.Module, rows: int) -> bool:
     """Whether an eager `linear` of `rows` rows runs the module's weight through the panel kernels (its packed copy
     is float32, 4-bit or 8-bit panels; packed modules have no bias)."""
-    return (module.low_bits is None and module.packed is not None and module.packed_kernel in PANELS
-            and module.packed_min_rows <= rows <= module.packed_rows)
+    return module.low_bits is None and _takes_packed(module, rows) and module.packed_kernel in PANELS
+
+
+def _takes_packed(module: nn.Module, rows: int) -> bool:
+    """Whether a step of `rows` rows takes the module's packed copy (one exists, and the row count is in its range)."""
+    return module.packed is not None and module.packed_min_rows <= rows <= module.packed_rows
 
 
 def panel_operands(packed: torch.Tensor | panel4.Panel4 | panel8.Panel8) -> tuple[str, tuple[torch.Tensor, ...]]:
