@@ -42,16 +42,20 @@ FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC")
 ISA_ENV = "SSD_CHAT_CPU_ISA"
 
 
+def cpu_isas() -> list[str]:
+    """The instruction sets in ISA_FLAGS this CPU runs, best first: ["neon"] on AArch64 (Apple silicon, ARM
+    servers), the x86 ones it has elsewhere ("avx512", "avx2"; none on an x86 CPU without AVX2 + FMA)."""
+    if platform.machine().lower() in ARM:
+        return ["neon"]
+    return [name for name, need in ISA_CPU_FLAGS.items() if need <= cpu_info.flags()]
+
+
 @functools.cache
 def isa() -> str | None:
-    """The instruction set the kernels are built for: "neon" on AArch64 (Apple silicon, ARM servers), else the
-    best in ISA_FLAGS this x86 CPU has ("avx512", "avx2"), or ``$SSD_CHAT_CPU_ISA`` where the CPU has that one;
-    None where it has none, or ``$SSD_CHAT_CPU_ISA=none`` (none of our kernels: MKL's or oneDNN's, as on a CPU
-    without them)."""
-    if platform.machine().lower() in ARM:
-        have = ["neon"]
-    else:
-        have = [name for name, need in ISA_CPU_FLAGS.items() if need <= cpu_info.flags()]
+    """The instruction set the kernels are built for: the best of `cpu_isas()`, or ``$SSD_CHAT_CPU_ISA`` where the
+    CPU has that one; None where it has none, or ``$SSD_CHAT_CPU_ISA=none`` (none of our kernels: MKL's or
+    oneDNN's, as on a CPU without them)."""
+    have = cpu_isas()
     wanted = os.environ.get(ISA_ENV, "").strip().lower()
     if wanted == "none":
         return None

@@ -5,12 +5,10 @@ test_kernel_build.py)."""
 
 from __future__ import annotations
 
-import platform
-
 import pytest
 import torch
 
-from engine import LLM, cpu_info
+from engine import LLM
 from engine.layers import native, panel, panel4, panel8
 from tests.engine import cross
 from tests.engine.cross import call
@@ -23,9 +21,7 @@ X86 = ("avx512", "avx2")
 
 def _x86_isas() -> list[str]:
     """The x86 instruction sets this CPU runs (none on AArch64)."""
-    if platform.machine().lower() in native.ARM:
-        return []
-    return [isa for isa in X86 if native.ISA_CPU_FLAGS[isa] <= cpu_info.flags()]
+    return [isa for isa in native.cpu_isas() if isa in X86]
 
 
 def _x86_builds() -> dict[str, object]:
