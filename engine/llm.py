@@ -16,8 +16,7 @@ from pathlib import Path
 
 import torch
 
-from engine import affinity
-from engine.affinity import pin
+from engine.affinity import pin, usable
 from engine.build import check_tp, resolve_dtype
 from engine.chat import encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
@@ -53,7 +52,7 @@ class LLM:
         self.placement = plan(config.tp, config.target_devices, config.draft_device, config.threads,
                               default_device=config.device)
         leader = self.placement.target[0]
-        self._affinity = affinity.usable()
+        self._affinity = usable()
         self._threads = torch.get_num_threads()
         self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
         self._open = True

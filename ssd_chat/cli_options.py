@@ -82,7 +82,8 @@ DraftWeights = Annotated[str, typer.Option(
     help="CPU: the draft's matmul weights: int8, float16 or float32 (the target's stay in --dtype; the draft "
     "only proposes, so this never changes the output).")]
 CpuMatmul = Annotated[str, typer.Option(
-    help="CPU: the target's matmul kernel: auto (panel4 on any AVX-512 or AVX2 CPU where it builds; else mkl on Intel, "
+    help="CPU: the target's matmul kernel: auto (panel4 on any AVX-512, AVX2 or ARM CPU where it builds; else mkl on "
+    "Intel, "
     "onednn elsewhere), panel (ours: every row the same bits at any row count), panel4 (panel, reading 4-bit "
     "copies of the weights that are 4-bit values and 8-bit copies of 8-bit ones: the same bits, fewer bytes), "
     "mkl, onednn.")]

@@ -53,4 +53,3 @@ def machine_info() -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
     }
-

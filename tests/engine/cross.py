@@ -150,7 +150,7 @@ def call(lib: ctypes.CDLL | Library, name: str, *args: object) -> object:
         return
     keep = []  # the structs' buffers, alive through the call
 
-    def native(a: object) -> object:
+    def as_c(a: object) -> object:
         if isinstance(a, torch.Tensor):
             return a.data_ptr()
         if isinstance(a, Struct):
@@ -158,4 +158,4 @@ def call(lib: ctypes.CDLL | Library, name: str, *args: object) -> object:
             return ctypes.addressof(keep[-1])
         return a
 
-    return getattr(lib, name)(*map(native, args))
+    return getattr(lib, name)(*map(as_c, args))
