@@ -135,11 +135,17 @@ def torch_root() -> Path:
     return Path(torch.__file__).resolve().parent
 
 
+@functools.cache
+def _version(compiler: str) -> str:
+    """`compiler --version` (part of the build's cache key), asked once per compiler, not once per OpenMP choice."""
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+
+
 def compile_library(compiler: str, target: str, directory: Path, openmp: OpenMP = OWN_OPENMP) -> Path:
     """The kernels compiled by `compiler` for instruction set `target` (a key of ISA_FLAGS) with `openmp` into
     `directory`, once per source, flags and compiler version: the library's path. Raises CalledProcessError where
     it does not build."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = _version(compiler)
     flags = (*FLAGS, *ISA_FLAGS[target])
     source = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
     recipe = " ".join((*flags, *openmp.flags, str(openmp.libomp)))
