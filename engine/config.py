@@ -28,7 +28,7 @@ class FastPath:
     compile: bool = False
     k_major: bool = True  # CPU: matmul weights stored K-major (engine.layers.linear.to_k_major); False: as loaded
     packed: bool = False  # CPU: packed weight copies for few-row steps (engine.layers.packed)
-    packed_kernel: str = "auto"  # CPU: auto | mkl | onednn | panel | panel4 (auto: panel4, else mkl / onednn)
+    packed_kernel: str = "auto"  # CPU: auto | mkl | onednn | panel | panel4 | q8 (auto: panel4, else mkl / onednn)
     draft_weights: str = "int8"  # CPU: the draft's matmul weights, float32 | float16 | int8 (engine.layers.low_bits)
 
 
@@ -60,7 +60,7 @@ class EngineConfig:
     compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward
     k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
     packed_weights: bool = True      # CPU with a draft (or one_row_pays): packed weight copies (more memory)
-    packed_kernel: str = "auto"      # CPU: packed copies' GEMM: auto | mkl | onednn | panel | panel4 (layers.packed)
+    packed_kernel: str = "auto"      # CPU: the packed copies' GEMM: auto | mkl | onednn | panel | panel4 | q8
     draft_weights: str = "int8"      # CPU: the draft's matmul weights (float32 | float16 | int8); never the target's
 
     @property
@@ -89,6 +89,10 @@ class EngineConfig:
         if self.packed_kernel not in PACKED_KERNELS:
             raise InvalidParameterError(
                 f"packed kernel (--cpu-matmul) must be one of {', '.join(PACKED_KERNELS)}, got {self.packed_kernel!r}"
+            )
+        if self.packed_kernel == "q8" and not on_cuda and not packed.available("q8"):
+            raise InvalidParameterError(
+                "--cpu-matmul q8 needs an x86 CPU with AVX-512 VNNI and VBMI and a C++ compiler: use --cpu-matmul auto"
             )
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")

@@ -11,14 +11,18 @@
 extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads);
 extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn,
                             float* y, long N, int threads);
+extern "C" void panel4q8_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D,
+                              const float* Mn, float* y, long N, int threads);
 extern "C" void panel8_gemm(const float* x, long M, long K, const signed char* Q, const float* D, float* y, long N,
                             int threads);
+extern "C" void panel8q8_gemm(const float* x, long M, long K, const signed char* Q, const float* D, float* y, long N,
+                              int threads);
 extern "C" void rms_norm(const float* x, long M, long D, const float* w, float eps, float* y);
 extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
                                  long S, long first, long num_keys, float scale, float* out);
 
 // A weight in one of the panel kernels' layouts: kind 0 float32 panels (a), 4 the 4-bit panels (a = Q, b = D,
-// c = M), 8 the 8-bit ones (a = Q, b = D). n outputs, k inputs.
+// c = M), 8 the 8-bit ones (a = Q, b = D); 5 and 9 those with 8-bit activations (q8_gemm.cpp). n outputs, k inputs.
 struct Weight {
   long kind, n, k;
   const void *a, *b, *c;
@@ -35,6 +39,10 @@ struct Layer {
 static void matmul(const Weight& w, const float* x, long M, float* y, int threads) {
   if (w.kind == 4)
     panel4_gemm(x, M, w.k, (const unsigned char*)w.a, (const float*)w.b, (const float*)w.c, y, w.n, threads);
+  else if (w.kind == 5)
+    panel4q8_gemm(x, M, w.k, (const unsigned char*)w.a, (const float*)w.b, (const float*)w.c, y, w.n, threads);
+  else if (w.kind == 9)
+    panel8q8_gemm(x, M, w.k, (const signed char*)w.a, (const float*)w.b, y, w.n, threads);
   else if (w.kind == 8)
     panel8_gemm(x, M, w.k, (const signed char*)w.a, (const float*)w.b, y, w.n, threads);
   else

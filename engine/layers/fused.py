@@ -43,7 +43,8 @@ class _Layer(ctypes.Structure):  # layer.cpp's Layer, field for field
                 ("v_cache", ctypes.c_void_p)]
 
 
-KINDS = {"panel_gemm": 0, "panel4_gemm": 4, "panel8_gemm": 8}  # layer.cpp's Weight.kind
+# layer.cpp's Weight.kind
+KINDS = {"panel_gemm": 0, "panel4_gemm": 4, "panel4q8_gemm": 5, "panel8_gemm": 8, "panel8q8_gemm": 9}
 
 
 def _weight(module: nn.Module, rows: int, held: list[torch.Tensor]) -> _Weight | None:

@@ -59,6 +59,12 @@ same bits for a fifth of the bytes, and on 8-bit copies of the weights that are 
 its tied embedding and head, Q8_0), the same bits for 28% of the bytes; every other weight keeps its float32
 panels. `same_products` also checks a low-bit copy against the float32 panels, bit for bit.
 
+"q8" (opt-in, an x86 CPU with AVX-512 VNNI): panel4's copies, the 4-bit layers' products computed with their
+activations rounded to 8 bits per 32 inputs (engine/kernels/q8_gemm.cpp, llama.cpp's Q4_1 x Q8 arithmetic):
+integer dot products, about twice as fast as panel4 where its layers are compute-bound, but not the float32
+model's bits (about 0.6% of a product's size off; greedy SD/SSD stay token-identical to AR under it: each row's
+products are still the same bits at any row count). The 8-bit head and every other weight run as under panel4.
+
 Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
 the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
 and not for compiled steps unless the kernel is the panel one, which they call as an op
@@ -67,6 +73,7 @@ and not for compiled steps unless the kernel is the panel one, which they call a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 
@@ -75,14 +82,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_info
-from engine.layers import panel, panel4, panel8, panel_cache
+from engine.layers import native, panel, panel4, panel8, panel_cache
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("mkl", "onednn", "panel", "panel4")  # panel4: panel, with 4-bit copies of 4-bit weights (panel4.py)
+KERNELS = ("mkl", "onednn", "panel", "panel4", "q8")  # panel4: panel, with 4-bit copies of 4-bit weights (panel4.py)
 # rows beyond these run faster on the plain GEMM (tables above)
-MAX_ROWS = {"mkl": 8, "onednn": 32, "panel": 32, "panel4": 32}
-PANELS = ("panel", "panel4")  # the kernels that run engine.layers.panel's kernel
+MAX_ROWS = {"mkl": 8, "onednn": 32, "panel": 32, "panel4": 32, "q8": 32}
+PANELS = ("panel", "panel4", "q8")  # the kernels that run engine.layers.panel's kernels
 LOW_BIT = (panel4.Panel4, panel8.Panel8)  # panel4's copies of weights that are 4- or 8-bit values
 EVERY_STEP = 1 << 40  # max_rows where the packed copy wins at every row count
 PROBE_ROWS = (64, 256)  # row counts past MAX_ROWS that same_products checks where every step takes it
@@ -103,9 +110,10 @@ def resolve_kernel(kernel: str = "auto") -> str:
 
 
 def family(kernel: str) -> str:
-    """The kernel `kernel` runs on: "panel" for "panel4" (the same kernel, on 4-bit copies where they are exact)."""
+    """The kernel `kernel` runs on: "panel" for "panel4" and "q8" (the panel kernels, on 4-bit copies where they
+    are exact; q8's copies say so themselves: Panel4.q8)."""
     kernel = resolve_kernel(kernel)
-    return "panel" if kernel == "panel4" else kernel
+    return "panel" if kernel in ("panel4", "q8") else kernel
 
 
 def one_row_pays(kernel: str = "auto") -> bool:
@@ -146,6 +154,8 @@ def _panel_available() -> bool:
 
 
 def available(kernel: str = "mkl") -> bool:
+    if kernel == "q8":
+        return _panel_available() and native.q8_available()
     if family(kernel) == "panel":
         return _panel_available()
     if not torch.backends.mkldnn.is_available():
@@ -199,15 +209,18 @@ def _takes_packed(module: nn.Module, rows: int) -> bool:
 
 def panel_operands(packed: torch.Tensor | panel4.Panel4 | panel8.Panel8) -> tuple[str, tuple[torch.Tensor, ...]]:
     """A panel copy's kernel (the library's function) and the tensors it takes after x."""
-    return (packed.KERNEL, packed.operands) if isinstance(packed, LOW_BIT) else ("panel_gemm", (packed,))
+    return (packed.kernel, packed.operands) if isinstance(packed, LOW_BIT) else ("panel_gemm", (packed,))
 
 
 def pack(weight: torch.Tensor, kernel: str = "mkl") -> torch.Tensor | panel4.Panel4 | panel8.Panel8:
     """weight [N, K] (float32, CPU) -> its packed copy for `kernel` (an opaque mkldnn tensor; panel: a float32
     [ceil(N / 32), K, 32] tensor; panel4: a Panel4 where the weight is 4-bit values, a Panel8 where it is 8-bit
     values, else panel's)."""
-    if kernel == "panel4":
-        return panel_cache.low_bit(weight) or panel.to_panels(weight)
+    if kernel in ("panel4", "q8"):
+        copy = panel_cache.low_bit(weight)
+        if kernel == "q8" and copy is not None:
+            return dataclasses.replace(copy, q8=True)
+        return copy or panel.to_panels(weight)
     if kernel == "panel":
         return panel.to_panels(weight)
     if kernel == "mkl":
@@ -227,7 +240,7 @@ def standin(weight: torch.Tensor, packed: torch.Tensor, kernel: str, rows: tuple
 def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl") -> bool:
     """Whether the packed weight gives the plain GEMM's products for every row count it is used for: exactly
     (mkl), or to float32 rounding (onednn and panel, other kernels; panel's rows also equal its one-row products
-    bit for bit)."""
+    bit for bit); q8's low-bit copies give the float32 products of the activations they round to 8 bits."""
     generator = torch.Generator().manual_seed(0)
     probe = standin(weight, packed, kernel)
     many = PROBE_ROWS if max_rows(kernel) > MAX_ROWS[kernel] else ()
@@ -235,10 +248,13 @@ def same_products(weight: torch.Tensor, packed: torch.Tensor, kernel: str = "mkl
         counts = (*range(1, 9), 13, MAX_ROWS[kernel], *many)
     else:
         counts = (*range(min_rows(kernel), MAX_ROWS[kernel] + 1), *many)
-    float32 = panel.to_panels(weight) if isinstance(packed, LOW_BIT) else None  # the bits a low-bit copy owes
+    q8 = isinstance(packed, LOW_BIT) and packed.q8
+    float32 = panel.to_panels(weight) if isinstance(packed, LOW_BIT) and not q8 else None  # the bits it owes
     for rows in counts:
         x = torch.randn(rows, weight.shape[1], generator=generator)
         got, want = linear(x, probe), F.linear(x, weight)
+        if q8:  # the products of the activations it rounds to 8 bits
+            want = F.linear(panel4.q8_activations(x), weight)
         if not (torch.equal(got, want) if kernel == "mkl" else torch.allclose(got, want, rtol=1e-4, atol=1e-4)):
             return False
         if family(kernel) == "panel" and not torch.equal(got[-1:], linear(x[-1:], probe)):

@@ -34,13 +34,17 @@ class Panel4:
     d: torch.Tensor  # [n / 32, K / 32, 32] float32
     m: torch.Tensor  # [n / 32, K / 32, 32] float32
     n: int
+    q8: bool = False  # products with 8-bit activations (engine/kernels/q8_gemm.cpp, --cpu-matmul q8): not these bits
 
     @property
     def nbytes(self) -> int:
         """The bytes a step reads: 0.75 a weight."""
         return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.m))
 
-    KERNEL = "panel4_gemm"  # the library's function, which takes `operands` after x
+    @property
+    def kernel(self) -> str:
+        """The library's function, which takes `operands` after x."""
+        return "panel4q8_gemm" if self.q8 else "panel4_gemm"
 
     @property
     def operands(self) -> tuple[torch.Tensor, ...]:
@@ -49,11 +53,21 @@ class Panel4:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
         assert self.q.shape[1] == x.shape[1], (x.shape, self.q.shape)
-        return panel.gemm(self.KERNEL, x, self.n, *self.operands)
+        return panel.gemm(self.kernel, x, self.n, *self.operands)
 
     def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
         """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""
-        return linear_op(x, self.q, self.d, self.m, weight, max_rows)
+        return linear_op(x, self.q, self.d, self.m, weight, max_rows, self.q8)
+
+
+def q8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] float32 -> the activations q8_gemm.cpp multiplies instead (a Panel4 with q8): per 32 inputs dx *
+    round(x * (127 / max |x|)), dx = max |x| / 127, with the kernel's float32 roundings (its products are these
+    activations' float32 products, up to the order of the sum)."""
+    blocks = x.reshape(-1, BLOCK)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return ((blocks * inv).round().clamp(-127, 127) * (amax / 127)).reshape(x.shape)
 
 
 def compress(weight: torch.Tensor) -> Panel4 | None:
@@ -69,8 +83,8 @@ def compress(weight: torch.Tensor) -> Panel4 | None:
         return None
     d, q = fit
     q, d, m = q.view(n, k // BLOCK, BLOCK).reshape(n, k), d.view(n, k // BLOCK, 1), m.view(n, k // BLOCK, 1)
-    q8 = q.to(torch.uint8).view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2)  # [P, K, 32]
-    packed_q = (q8[:, :, :16] | (q8[:, :, 16:] << 4)).contiguous()
+    codes = q.to(torch.uint8).view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2)  # [P, K, 32]
+    packed_q = (codes[:, :, :16] | (codes[:, :, 16:] << 4)).contiguous()
     per_block = [t.expand(n, k // BLOCK, 1).reshape(n // panel.WIDTH, panel.WIDTH, k // BLOCK).transpose(1, 2)
                  .contiguous() for t in (d, m)]  # [P, B, 32]
     return Panel4(packed_q, per_block[0], per_block[1], n)
@@ -106,15 +120,15 @@ def half_step(x: torch.Tensor, steps: int) -> torch.Tensor:
 
 @torch.library.custom_op("ssd_chat::panel4_linear", mutates_args=())
 def linear_op(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, weight: torch.Tensor,
-              max_rows: int) -> torch.Tensor:
+              max_rows: int, q8: bool = False) -> torch.Tensor:
     """`matmul` for a compiled step (one opaque op), as panel.linear_op: x [rows, K] -> [rows, N], through the
     4-bit panels for up to max_rows rows, else MKL's GEMM on the weight [N, K]."""
     if x.shape[0] > max_rows:
         return torch.nn.functional.linear(x, weight)
-    return Panel4(q, d, m, weight.shape[0]).matmul(x)
+    return Panel4(q, d, m, weight.shape[0], q8).matmul(x)
 
 
 @linear_op.register_fake
 def _(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, weight: torch.Tensor,
-      max_rows: int) -> torch.Tensor:
+      max_rows: int, q8: bool = False) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])

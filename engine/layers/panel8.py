@@ -31,13 +31,17 @@ class Panel8:
     q: torch.Tensor  # [n / 32, K, 32] int8
     d: torch.Tensor  # [n / 32, K / 32, 32] float32
     n: int
+    q8: bool = False  # products with 8-bit activations (engine/kernels/q8_gemm.cpp, --cpu-matmul q8): not these bits
 
     @property
     def nbytes(self) -> int:
         """The bytes a step reads: 1.125 a weight."""
         return self.q.numel() * self.q.element_size() + self.d.numel() * self.d.element_size()
 
-    KERNEL = "panel8_gemm"  # the library's function, which takes `operands` after x
+    @property
+    def kernel(self) -> str:
+        """The library's function, which takes `operands` after x."""
+        return "panel8q8_gemm" if self.q8 else "panel8_gemm"
 
     @property
     def operands(self) -> tuple[torch.Tensor, ...]:
@@ -46,11 +50,11 @@ class Panel8:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, K] float32 @ the weight -> [rows, n], on torch's thread count."""
         assert self.q.shape[1] == x.shape[1], (x.shape, self.q.shape)
-        return panel.gemm(self.KERNEL, x, self.n, *self.operands)
+        return panel.gemm(self.kernel, x, self.n, *self.operands)
 
     def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
         """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""
-        return linear_op(x, self.q, self.d, weight, max_rows)
+        return linear_op(x, self.q, self.d, weight, max_rows, self.q8)
 
 
 def compress(weight: torch.Tensor) -> Panel8 | None:
@@ -70,14 +74,16 @@ def compress(weight: torch.Tensor) -> Panel8 | None:
 
 
 @torch.library.custom_op("ssd_chat::panel8_linear", mutates_args=())
-def linear_op(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+def linear_op(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, max_rows: int,
+              q8: bool = False) -> torch.Tensor:
     """`Panel8.matmul` for a compiled step, as panel.linear_op: x [rows, K] -> [rows, N], through the 8-bit panels
     for up to max_rows rows, else MKL's GEMM on the weight [N, K]."""
     if x.shape[0] > max_rows:
         return torch.nn.functional.linear(x, weight)
-    return Panel8(q, d, weight.shape[0]).matmul(x)
+    return Panel8(q, d, weight.shape[0], q8).matmul(x)
 
 
 @linear_op.register_fake
-def _(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
+def _(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, max_rows: int,
+      q8: bool = False) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])

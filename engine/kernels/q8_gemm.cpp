@@ -1,0 +1,188 @@
+// y[m, n] = sum_k x[m, k] * W[n, k] from the 4-bit panels (engine/layers/panel4.py's layout, W = d * q + m per 32 k
+// of a column) with the activations rounded to 8 bits: the integer dot products of llama.cpp's Q4_1 x Q8 kernels,
+// on AVX-512 VNNI (vpdpbusd: 64 byte products a instruction, where the float32 kernel does 16 FMAs). Opt-in
+// (--cpu-matmul q8): faster, and not the float32 model's bits (each product is off by up to ~1% of its size).
+//
+// Per row m and block b of 32 inputs: dx = max |x| / 127, xq = round(x * (127 / max |x|)) in -127..127 (int8), the
+// activations dx * xq (engine.layers.panel4.q8_activations), and sx = dx * sum xq. Per output column n: y = sum over
+// blocks b, in order, of fma(float(sum_k q xq), d * dx, .) then fma(m, sx, .): the float32 products of those
+// activations up to rounding (tested), and every row's arithmetic depends on its own x only, never on
+// the row count or the thread count, so a verify's rows are one-row steps' bits (tested), as with the float32
+// kernels. The weights need no copy: a 64-byte load holds 4 k of 32 columns (16 bytes a k), vpermb regroups it to
+// 4 consecutive k per 32-bit lane, low nibbles for columns 0-15, high ones for 16-31.
+//
+// Built into the kernels' library for every instruction set; only x86 compilers get the code (target attributes,
+// so the rest of the library keeps its flags), and the engine calls it only where the CPU has AVX-512 VNNI and
+// VBMI (engine/layers/native.py: q8_available). Elsewhere panel4q8_gemm is a stub that is never called.
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma")))
+#define Q8_INLINE Q8 __attribute__((always_inline)) static inline
+#define Q8_ROWS 4                  // rows a pass (8 int32 and 8 float accumulators)
+#define Q8_PREFETCH 1024           // bytes ahead of a panel's loads (16 groups of 4 k)
+
+// Row m's blocks: xq [K] int8, dx and sx [K / 32].
+Q8 static void quantize_row(const float* x, long K, signed char* xq, float* dx, float* sx) {
+  for (long b = 0; b < K / 32; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+    _mm_storeu_si128((__m128i*)(xq + 32 * b), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(xq + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
+    dx[b] = amax / 127.0f;
+    sx[b] = dx[b] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));  // exact sum: |sum| <= 32 * 127
+  }
+}
+
+// 4 consecutive k of column j in lane j (bytes 4 j .. 4 j + 3). 4 bits: one 64-byte load holds 4 k of 16 bytes (low
+// nibbles columns 0-15, high ones 16-31): byte 4 j + i <- byte 16 i + j. 8 bits: two loads hold 4 k of 32 bytes
+// (column j at byte j): columns 0-15 from bytes 32 i + j of the pair, columns 16-31 from 32 i + 16 + j.
+#define K4(j, step, base) base + j, base + step + j, base + 2 * step + j, base + 3 * step + j
+#define LANES(step, base)                                                                                      \
+  K4(0, step, base), K4(1, step, base), K4(2, step, base), K4(3, step, base), K4(4, step, base), K4(5, step, base), \
+      K4(6, step, base), K4(7, step, base), K4(8, step, base), K4(9, step, base), K4(10, step, base),             \
+      K4(11, step, base), K4(12, step, base), K4(13, step, base), K4(14, step, base), K4(15, step, base)
+alignas(64) static const unsigned char REGROUP4[64] = {LANES(16, 0)};
+alignas(64) static const unsigned char REGROUP8[2][64] = {{LANES(32, 0)}, {LANES(32, 16)}};
+#undef LANES
+#undef K4
+
+// The weights of 4 k (k = 32 b + 4 t) of one panel as two vectors of 16 lanes (columns 0-15, 16-31), 4 bytes each:
+// 4 bits unsigned q (0..15), 8 bits signed q. Q: the panel's first byte.
+template <int BITS>
+Q8_INLINE void weights(const unsigned char* Q, long k, __m512i (&w)[2]) {
+  if constexpr (BITS == 4) {
+    const unsigned char* q = Q + k * 16;
+    _mm_prefetch((const char*)q + Q8_PREFETCH, _MM_HINT_T0);
+    const __m512i lanes = _mm512_permutexvar_epi8(_mm512_load_si512(REGROUP4), _mm512_loadu_si512(q));
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    w[0] = _mm512_and_si512(lanes, nibble);
+    w[1] = _mm512_and_si512(_mm512_srli_epi16(lanes, 4), nibble);
+  } else {
+    const unsigned char* q = Q + k * 32;
+    _mm_prefetch((const char*)q + 2 * Q8_PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char*)q + 2 * Q8_PREFETCH + 64, _MM_HINT_T0);
+    const __m512i a = _mm512_loadu_si512(q), b = _mm512_loadu_si512(q + 64);
+    w[0] = _mm512_permutex2var_epi8(a, _mm512_load_si512(REGROUP8[0]), b);
+    w[1] = _mm512_permutex2var_epi8(a, _mm512_load_si512(REGROUP8[1]), b);
+  }
+}
+
+// One panel (32 columns), M rows: Q the panel's bytes (4 bits: [K][16], 8 bits: [K][32]), D and Mn [K / 32][32]
+// (Mn: 4 bits only); xq [M][K], dx and sx [M][K / 32]. vpdpbusd multiplies unsigned by signed bytes: 4 bits,
+// q (unsigned) by xq; 8 bits, xq + 128 (unsigned) by q, less 128 * sum q (from the same instruction on bytes of 1).
+template <int BITS, int M>
+Q8 static void q8_panel(const signed char* xq, const float* dx, const float* sx, long K, const unsigned char* Q,
+                        const float* D, const float* Mn, float* y, long ldy) {
+  const long blocks = K / 32;
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (long b = 0; b < blocks; ++b) {
+    const float *d = D + 32 * b, *mn = BITS == 4 ? Mn + 32 * b : nullptr;
+    _mm_prefetch((const char*)d + Q8_PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char*)d + Q8_PREFETCH + 64, _MM_HINT_T0);
+    if constexpr (BITS == 4) {
+      _mm_prefetch((const char*)mn + Q8_PREFETCH, _MM_HINT_T0);
+      _mm_prefetch((const char*)mn + Q8_PREFETCH + 64, _MM_HINT_T0);
+    }
+    __m512i s[M][2], sum_q[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int m = 0; m < M; ++m) s[m][0] = s[m][1] = _mm512_setzero_si512();
+    for (int t = 0; t < 8; ++t) {  // 4 k a step
+      __m512i w[2];
+      weights<BITS>(Q, 32 * b + 4 * t, w);
+      if constexpr (BITS == 8)
+        for (int c = 0; c < 2; ++c) sum_q[c] = _mm512_dpbusd_epi32(sum_q[c], _mm512_set1_epi8(1), w[c]);
+      for (int m = 0; m < M; ++m) {
+        const __m512i xb = _mm512_set1_epi32(*(const int*)(xq + m * K + 32 * b + 4 * t));
+        for (int c = 0; c < 2; ++c)
+          s[m][c] = BITS == 4 ? _mm512_dpbusd_epi32(s[m][c], w[c], xb)
+                              : _mm512_dpbusd_epi32(s[m][c], _mm512_xor_si512(xb, _mm512_set1_epi8((char)0x80)), w[c]);
+      }
+    }
+    for (int c = 0; c < 2; ++c) {
+      const __m512 dc = _mm512_loadu_ps(d + 16 * c);
+      for (int m = 0; m < M; ++m) {
+        const __m512 scale = _mm512_mul_ps(dc, _mm512_set1_ps(dx[m * blocks + b]));
+        if constexpr (BITS == 4) {
+          acc[m][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][c]), scale, acc[m][c]);
+          acc[m][c] = _mm512_fmadd_ps(_mm512_loadu_ps(mn + 16 * c), _mm512_set1_ps(sx[m * blocks + b]), acc[m][c]);
+        } else {
+          const __m512i dot = _mm512_sub_epi32(s[m][c], _mm512_slli_epi32(sum_q[c], 7));
+          acc[m][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m][c]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int c = 0; c < 2; ++c) _mm512_storeu_ps(y + m * ldy + 16 * c, acc[m][c]);
+}
+
+typedef void (*q8_kernel)(const signed char*, const float*, const float*, long, const unsigned char*, const float*,
+                          const float*, float*, long);
+
+// Panels p0..p1-1, every row, Q8_ROWS rows a pass (the panel stays in L1 for the next rows).
+template <int BITS>
+Q8 static void q8_panels(const signed char* xq, const float* dx, const float* sx, long M, long K,
+                         const unsigned char* Q, const float* D, const float* Mn, float* y, long N, long p0, long p1) {
+  static const q8_kernel PASS[Q8_ROWS + 1] = {0, q8_panel<BITS, 1>, q8_panel<BITS, 2>, q8_panel<BITS, 3>,
+                                              q8_panel<BITS, 4>};
+  const long blocks = K / 32;
+  for (long p = p0; p < p1; ++p)
+    for (long m0 = 0; m0 < M; m0 += Q8_ROWS) {
+      const long rows = M - m0 < Q8_ROWS ? M - m0 : Q8_ROWS;
+      PASS[rows](xq + m0 * K, dx + m0 * blocks, sx + m0 * blocks, K, Q + p * K * 4 * BITS, D + p * blocks * 32,
+                 BITS == 4 ? Mn + p * blocks * 32 : nullptr, y + m0 * N + 32 * p, N);
+    }
+}
+
+// x [M, K] row-major, its 8-bit rounding here; the panels split evenly over `threads` OpenMP threads.
+template <int BITS>
+static void q8_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn, float* y,
+                    long N, int threads) {
+  const long blocks = K / 32, n_panels = N / 32;
+  signed char* xq = (signed char*)malloc(M * K + 2 * M * blocks * sizeof(float));
+  if (xq == 0) abort();  // a few KB for a step's rows: nothing sensible is left to do without them
+  float *dx = (float*)(xq + M * K), *sx = dx + M * blocks;  // M * K is a multiple of 32: aligned floats
+  for (long m = 0; m < M; ++m) quantize_row(x + m * K, K, xq + m * K, dx + m * blocks, sx + m * blocks);
+  if (threads > n_panels) threads = (int)n_panels;
+#ifdef _OPENMP
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    {
+      const long t = omp_get_thread_num(), n = omp_get_num_threads();
+      q8_panels<BITS>(xq, dx, sx, M, K, Q, D, Mn, y, N, n_panels * t / n, n_panels * (t + 1) / n);
+    }
+    free(xq);
+    return;
+  }
+#endif
+  q8_panels<BITS>(xq, dx, sx, M, K, Q, D, Mn, y, N, 0, n_panels);
+  free(xq);
+}
+
+extern "C" int q8_compiled() { return 1; }
+
+// x: [M, K] row-major; Q, D, Mn: engine/layers/panel4.py's Panel4 (K and N multiples of 32); y: [M, N].
+extern "C" void panel4q8_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D,
+                              const float* Mn, float* y, long N, int threads) {
+  q8_gemm<4>(x, M, K, Q, D, Mn, y, N, threads);
+}
+
+// Q, D: engine/layers/panel8.py's Panel8.
+extern "C" void panel8q8_gemm(const float* x, long M, long K, const signed char* Q, const float* D, float* y, long N,
+                              int threads) {
+  q8_gemm<8>(x, M, K, (const unsigned char*)Q, D, nullptr, y, N, threads);
+}
+
+#else  // no x86: never called (q8_compiled says so)
+extern "C" int q8_compiled() { return 0; }
+extern "C" void panel4q8_gemm(const float*, long, long, const unsigned char*, const float*, const float*, float*,
+                              long, int) {}
+extern "C" void panel8q8_gemm(const float*, long, long, const signed char*, const float*, float*, long, int) {}
+#endif

@@ -1,0 +1,122 @@
+"""--cpu-matmul q8 (engine/kernels/q8_gemm.cpp): the 4- and 8-bit panels' products with 8-bit activations. Its products
+are the float32 products of the activations it rounds (engine.layers.panel4.q8_activations), near the float32
+model's; every row's bits are the same at any row and thread count, so greedy SD and SSD still equal AR under it,
+fused layers or not; a CPU without AVX-512 VNNI gets a one-line error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig, SpeculationConfig
+from engine.errors import InvalidParameterError
+from engine.layers import fused, native, packed, panel4, panel8
+from tests.engine.test_panel4 import q4_form, rewritten
+from tests.engine.test_panel8 import q8_form
+
+pytestmark = pytest.mark.skipif(not native.q8_available(), reason="needs an x86 CPU with AVX-512 VNNI and VBMI")
+
+SHAPES = [(960, 576), (576, 1536), (64, 32)]
+FORMS = {4: (q4_form, panel4.Panel4, "panel4q8_gemm"), 8: (q8_form, panel8.Panel8, "panel8q8_gemm")}
+
+
+def q8_copy(n: int, k: int, seed: int, bits: int = 4) -> tuple[torch.Tensor, panel4.Panel4 | panel8.Panel8]:
+    form, kind, kernel = FORMS[bits]
+    weight = form(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
+    copy = packed.pack(weight, "q8")
+    assert isinstance(copy, kind) and copy.q8 and copy.kernel == kernel
+    return weight, copy
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_products_are_the_rounded_activations_float32_products_and_near_float32s(n, k, bits):
+    weight, copy = q8_copy(n, k, n + k, bits)
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(1)) * 3
+    got = copy.matmul(x)
+    rounded = panel4.q8_activations(x)
+    assert torch.allclose(got, F.linear(rounded, weight), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, F.linear(x, weight), rtol=1e-4, atol=1e-4)  # not the float32 model's products
+    error = (got - F.linear(x, weight)).norm(dim=-1) / F.linear(x, weight).norm(dim=-1)
+    assert float(error.max()) < 0.02  # about 0.6% for random rows
+    assert packed.same_products(weight, copy, "q8")
+
+
+def test_activations_round_each_block_to_127_steps_of_its_largest():
+    x = torch.tensor([[*range(-16, 16)], [0.0] * 32, [1e-3] * 31 + [-2.0]])
+    rounded = panel4.q8_activations(x)
+    assert torch.equal(rounded[1], x[1])  # a zero block stays zero (no division by its zero maximum)
+    assert rounded[0, 0] == -16 and rounded[2, 31] == -2.0  # the largest value is kept
+    steps = rounded[2, :31] / (2.0 / 127)
+    assert torch.equal(steps, steps.round()) and torch.equal(rounded[2, :31], torch.zeros(31))  # 1e-3 < a half step
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_row_gets_its_one_row_bits_at_any_row_count(threads, bits):
+    torch.set_num_threads(threads)
+    try:
+        for n, k in SHAPES:
+            _, copy = q8_copy(n, k, 7, bits)
+            x = torch.randn(40, k, generator=torch.Generator().manual_seed(n))
+            alone = torch.cat([copy.matmul(x[i : i + 1]) for i in range(40)])
+            for rows in (2, 3, 4, 5, 8, 9, 13, 40):
+                assert torch.equal(copy.matmul(x[:rows]), alone[:rows]), (n, k, rows)
+    finally:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def q4_wide(wide_heads_dir, tmp_path_factory):
+    """The wide-heads tiny model (head size 64: the fused layers take its steps) with Q4_1-form layer weights and a
+    Q8_0-form embedding and head, as SmolLM2-135M's."""
+    def form(name: str, w: torch.Tensor) -> torch.Tensor | None:
+        if w.shape[1] % 32 or w.shape[0] % 32:
+            return None
+        return q4_form(w) if "proj" in name else q8_form(w) if "embed" in name or "lm_head" in name else None
+
+    return rewritten(wide_heads_dir, tmp_path_factory.mktemp("q4wide"), form)
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = [[5, 9, 13, 2, 7], [11, 3, 3, 8, 1, 4, 20, 6]]
+
+
+def test_speculation_under_q8_equals_its_ar_fused_or_eager(q4_wide, monkeypatch):
+    outputs, rows = {}, []
+    forward = fused.forward
+    monkeypatch.setattr(fused, "forward", lambda *args: rows.append(args[2].shape[0]) or forward(*args))
+    with LLM(str(q4_wide), draft=str(q4_wide), packed_kernel="q8", max_model_len=128, threads=1) as llm:
+        copies = [m.packed for m in packed.bias_free_matmuls(llm.core.runner.model)
+                  if isinstance(getattr(m, "packed", None), packed.LOW_BIT)]
+        assert {type(c) for c in copies} == {panel4.Panel4, panel8.Panel8} and all(c.q8 for c in copies)
+        for fused_on in (False, True):
+            monkeypatch.setattr(fused, "ENABLED", fused_on)
+            for mode in ("ar", "sd", "ssd"):
+                llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
+                outputs[fused_on, mode] = [llm.generate([ids], GREEDY)[0].token_ids for ids in PROMPTS]
+    assert all(out == outputs[False, "ar"] for out in outputs.values()), outputs
+    assert 1 in rows and 5 in rows  # fused decode steps and k + 1 = 5-row verifies ran (layer.cpp's kind 5)
+
+
+def test_a_cpu_without_vnni_is_told_in_one_line(monkeypatch):
+    monkeypatch.setattr(native, "q8_available", lambda: False)
+    with pytest.raises(InvalidParameterError) as error:
+        EngineConfig(packed_kernel="q8")
+    assert "--cpu-matmul q8 needs" in str(error.value) and "\n" not in str(error.value)
+    EngineConfig(packed_kernel="q8", device="cuda")  # the CPU's kernels are not asked for on CUDA
+
+
+@pytest.mark.slow  # compiles the tiny model's graphs with inductor
+def test_compiled_steps_under_q8_give_its_eager_tokens(q4_wide):
+    with LLM(str(q4_wide), packed_kernel="q8", max_model_len=128) as eager:
+        want = [out.token_ids for out in eager.generate(PROMPTS, GREEDY)]
+    with LLM(str(q4_wide), draft=str(q4_wide), packed_kernel="q8", compile=True, max_model_len=128) as llm:
+        assert llm.core.runner.compiled is not None and llm.core.runner.compiled.available
+        for mode in ("ar", "sd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
+            runs = llm.core.runner.compiled.num_runs
+            assert [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS] == want, mode
+            assert llm.core.runner.compiled.num_runs > runs, mode
