@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #define Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma")))
 #define Q8_INLINE Q8 __attribute__((always_inline)) static inline
-#define Q8_ROWS 4                  // rows a pass (8 int32 and 8 float accumulators)
+#define Q8_ROWS 6                  // rows a pass (12 int32 and 12 float accumulators; 5-row verifies in one)
 #define Q8_PREFETCH 1024           // bytes ahead of a panel's loads (16 groups of 4 k)
 
 // Row m's blocks: xq [K] int8, dx and sx [K / 32].
@@ -131,7 +131,7 @@ template <int BITS>
 Q8 static void q8_panels(const signed char* xq, const float* dx, const float* sx, long M, long K,
                          const unsigned char* Q, const float* D, const float* Mn, float* y, long N, long p0, long p1) {
   static const q8_kernel PASS[Q8_ROWS + 1] = {0, q8_panel<BITS, 1>, q8_panel<BITS, 2>, q8_panel<BITS, 3>,
-                                              q8_panel<BITS, 4>};
+                                              q8_panel<BITS, 4>, q8_panel<BITS, 5>, q8_panel<BITS, 6>};
   const long blocks = K / 32;
   for (long p = p0; p < p1; ++p)
     for (long m0 = 0; m0 < M; m0 += Q8_ROWS) {
