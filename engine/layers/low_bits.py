@@ -10,7 +10,11 @@ SmolLM2 layers and an 8192-row head) with the cache flushed between steps (ms, f
 
 "float16": weights stored as float16, products accumulated in float32 (relative error about 2e-4).
 "int8": weights quantized per output row (symmetric), activations per call (about 2e-2); fbgemm's dynamic
-int8 GEMM. The target never takes this path: its products must stay those of its own dtype.
+int8 GEMM. The target never takes this path: its products must stay those of its own dtype. On a CPU with
+AVX-512 VNNI the same int8 weights run on the panel kernels instead (`int8_panels`: engine.layers.panel8's layout,
+each row's scale in every block, products with the activations rounded to 8 bits per 32 inputs:
+engine/kernels/q8_gemm.cpp), so the draft's one-sequence steps take the fused layers (engine.layers.fused) as the
+target's do, without a dozen Python-level calls a layer. ``SSD_CHAT_DRAFT_PANELS=0`` keeps fbgemm.
 
 A compiled step (--compile) cannot trace fbgemm's packed weight (a TorchScript object), so it calls the same
 product as one opaque op, `ssd_chat::low_bits_linear`, that finds the weight by an integer key.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import warnings
 import weakref
 from collections.abc import Callable
@@ -27,11 +32,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine.layers.packed import bias_free_matmuls
+from engine.layers import native, panel, panel8
+from engine.layers.packed import EVERY_STEP, bias_free_matmuls
 
 log = logging.getLogger(__name__)
 
 KINDS = ("float32", "float16", "int8")
+PANELS = os.environ.get("SSD_CHAT_DRAFT_PANELS", "1") != "0"  # int8 drafts on the panel kernels where they run
 
 LowBitsLinear = Callable[[torch.Tensor], torch.Tensor]  # x [..., K] -> [..., N]
 
@@ -93,16 +100,49 @@ def _int8(weight: torch.Tensor) -> LowBitsLinear:
     return lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)
 
 
+def int8_panels(weight: torch.Tensor) -> panel8.Panel8 | None:
+    """The int8 form of weight [N, K] (`int8_rows`) as 8-bit panels run with 8-bit activations, or None where its
+    shape has no whole panels and blocks."""
+    n, k = weight.shape
+    if n % panel.WIDTH or k % panel8.BLOCK:
+        return None
+    q, scales = int8_rows(weight)
+    panels = q.view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2).contiguous()  # [P, K, 32]
+    d = scales.view(n // panel.WIDTH, 1, panel.WIDTH).expand(-1, k // panel8.BLOCK, -1).contiguous()  # [P, B, 32]
+    return panel8.Panel8(panels, d, n, q8=True)
+
+
+def _on_panels(modules: list[nn.Module]) -> bool:
+    """Run every module's int8 weight on the 8-bit panels (all of them, or none: the fused layers take a step
+    only when every product of a layer runs the panel kernels)."""
+    if not (PANELS and native.q8_available()):
+        return False
+    copies: dict[int, panel8.Panel8 | None] = {}
+    for module in modules:
+        if id(module.weight) not in copies:
+            copies[id(module.weight)] = int8_panels(module.weight)
+    if any(c is None for c in copies.values()):
+        return False
+    for module in modules:
+        module.packed, module.packed_kernel = copies[id(module.weight)], "panel"
+        module.packed_min_rows, module.packed_rows = 1, EVERY_STEP
+    log.info("draft matmuls in int8 on the panel kernels: %d weights", len(copies))
+    return True
+
+
 def quantize_weights(model: nn.Module, kind: str) -> int:
     """Give every bias-free matmul module of a CPU draft a ``low_bits`` callable that computes its product from
-    a `kind` copy of its weight (modules sharing a weight share it). The float32 weights stay (the packed MKL
-    copies and the compiled steps read them). Returns the number of weights converted: 0 for "float32", without
-    fbgemm, or off the CPU."""
+    a `kind` copy of its weight (modules sharing a weight share it), or for int8 where the panel kernels run
+    with 8-bit activations, a ``packed`` 8-bit panel copy (`int8_panels`). The float32 weights stay (the packed
+    MKL copies and the compiled steps read them). Returns the number of weights converted: 0 for "float32",
+    without fbgemm (and not on the panels), or off the CPU."""
     if kind not in KINDS:
         raise ValueError(f"draft weights must be one of {', '.join(KINDS)}, got {kind!r}")
     modules = bias_free_matmuls(model)
     if kind == "float32" or not modules or modules[0].weight.device.type != "cpu":
         return 0
+    if kind == "int8" and _on_panels(modules):
+        return len({id(m.weight) for m in modules})
     if not available():
         log.info("this torch has no fbgemm: the draft keeps its float32 weights")
         return 0

@@ -1,7 +1,8 @@
 """--cpu-matmul q8 (engine/kernels/q8_gemm.cpp): the 4- and 8-bit panels' products with 8-bit activations. Its products
 are the float32 products of the activations it rounds (engine.layers.panel4.q8_activations), near the float32
 model's; every row's bits are the same at any row and thread count, so greedy SD and SSD still equal AR under it,
-fused layers or not; a CPU without AVX-512 VNNI gets a one-line error."""
+fused layers or not; a CPU without AVX-512 VNNI gets a one-line error. The same kernel runs int8 drafts
+(engine.layers.low_bits.int8_panels), whose steps then take the fused layers; the output stays the target's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig, SpeculationConfig
 from engine.errors import InvalidParameterError
-from engine.layers import fused, native, packed, panel4, panel8
+from engine.layers import fused, low_bits, native, packed, panel4, panel8
 from tests.engine.test_panel4 import q4_form, rewritten
 from tests.engine.test_panel8 import q8_form
 
@@ -120,3 +121,37 @@ def test_compiled_steps_under_q8_give_its_eager_tokens(q4_wide):
             runs = llm.core.runner.compiled.num_runs
             assert [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS] == want, mode
             assert llm.core.runner.compiled.num_runs > runs, mode
+
+
+def test_int8_draft_weights_on_the_panels_are_the_int8_rows_products():
+    weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(3)) * 0.05
+    copy = low_bits.int8_panels(weight)
+    assert copy is not None and copy.q8 and low_bits.int8_panels(weight[:, :48]) is None  # 48 inputs: no blocks
+    q, scales = low_bits.int8_rows(weight)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))
+    int8_weight = q.float() * scales[:, None]
+    assert torch.allclose(copy.matmul(x), F.linear(panel4.q8_activations(x), int8_weight), rtol=1e-4, atol=1e-5)
+    error = (copy.matmul(x) - F.linear(x, weight)).norm() / F.linear(x, weight).norm()
+    assert 0 < float(error) < 5e-2  # the int8 tolerance of tests/engine/test_low_bits.py
+
+
+@pytest.mark.parametrize("panels", [True, False])
+def test_an_int8_draft_on_the_panels_takes_the_fused_layers_and_keeps_the_output(wide_heads_dir, panels,
+                                                                                monkeypatch):
+    monkeypatch.setattr(low_bits, "PANELS", panels)  # SSD_CHAT_DRAFT_PANELS=0: fbgemm
+    with LLM(str(wide_heads_dir), max_model_len=128, threads=1) as alone:
+        want = [alone.generate([ids], GREEDY)[0].token_ids for ids in PROMPTS]
+    rows = []
+    forward = fused.forward
+    monkeypatch.setattr(fused, "forward", lambda *args: rows.append(args[0].model) or forward(*args))
+    with LLM(str(wide_heads_dir), draft=str(wide_heads_dir), max_model_len=128, threads=1) as llm:
+        draft = llm.core.drafter.runner.model
+        matmuls = packed.bias_free_matmuls(draft)
+        if panels:
+            assert all(isinstance(m.packed, panel8.Panel8) and m.packed.q8 and m.low_bits is None for m in matmuls)
+        else:
+            assert all(m.low_bits is not None for m in matmuls)
+        for mode in ("sd", "ssd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=False)
+            assert [llm.generate([ids], GREEDY)[0].token_ids for ids in PROMPTS] == want, mode
+    assert any(model is draft for model in rows) == panels  # the draft's steps took the fused layers
