@@ -179,6 +179,7 @@ class LLM:
         devices = ", ".join(str(d) for d in p.target)
         compiled = self.core.runner.compiled
         fast = ", compiled" if compiled is not None and compiled.available else ""
+        fast += ", 8-bit activations (q8)" if self.config.packed_kernel == "q8" else ""  # not the float32 model
         out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {threads} threads per rank{fast})"}
         if self.config.draft is not None:
             where = f"in the target's process (SD) and in its own process on {p.draft} (SSD)" if self.remote \

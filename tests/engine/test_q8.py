@@ -93,6 +93,7 @@ def test_speculation_under_q8_equals_its_ar_fused_or_eager(q4_wide, monkeypatch)
         copies = [m.packed for m in packed.bias_free_matmuls(llm.core.runner.model)
                   if isinstance(getattr(m, "packed", None), packed.LOW_BIT)]
         assert {type(c) for c in copies} == {panel4.Panel4, panel8.Panel8} and all(c.q8 for c in copies)
+        assert "8-bit activations (q8)" in llm.layout["target"]  # the chat's panel says it is not float32
         for fused_on in (False, True):
             monkeypatch.setattr(fused, "ENABLED", fused_on)
             for mode in ("ar", "sd", "ssd"):
