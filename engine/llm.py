@@ -22,7 +22,7 @@ from engine.chat import encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
 from engine.errors import InvalidParameterError, PromptTooLongError
-from engine.layers.packed import one_row_pays, resolve_kernel
+from engine.layers.packed import one_row_pays, resolve_kernel, runs_q8
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
 from engine.placement import off_the_draft, plan
@@ -179,7 +179,7 @@ class LLM:
         devices = ", ".join(str(d) for d in p.target)
         compiled = self.core.runner.compiled
         fast = ", compiled" if compiled is not None and compiled.available else ""
-        fast += ", 8-bit activations (q8)" if self.config.packed_kernel == "q8" else ""  # not the float32 model
+        fast += ", 8-bit activations (q8)" if runs_q8(self.core.runner.model) else ""  # not the float32 bits
         out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {threads} threads per rank{fast})"}
         if self.config.draft is not None:
             where = f"in the target's process (SD) and in its own process on {p.draft} (SSD)" if self.remote \

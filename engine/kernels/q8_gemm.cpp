@@ -14,28 +14,36 @@
 // Built into the kernels' library for every instruction set; only x86 compilers get the code (target attributes,
 // so the rest of the library keeps its flags), and the engine calls it only where the CPU has AVX-512 VNNI and
 // VBMI (engine/layers/native.py: q8_available). Elsewhere panel4q8_gemm is a stub that is never called.
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The target attributes below need gcc >= 8 or clang >= 7 (their first with AVX-512 VNNI); an older compiler gets
+// the stub, and the rest of the library still builds.
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 7) || (!defined(__clang__) && __GNUC__ >= 8))
 #include <immintrin.h>
 #define Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma")))
 #define Q8_INLINE Q8 __attribute__((always_inline)) static inline
 #define Q8_ROWS 6                  // rows a pass (12 int32 and 12 float accumulators; 5-row verifies in one)
 #define Q8_PREFETCH 1024           // bytes ahead of a panel's loads (16 groups of 4 k)
 
-// Row m's blocks: xq [K] int8, dx and sx [K / 32].
+// Row m's blocks: xq [K] int8, dx and sx [K / 32]. A block whose largest |x| is too small for 127 / it to be finite
+// (below 3.7e-37) counts as zeros; one holding a NaN gets dx = NaN, so the products it feeds are NaN, as in float32.
 Q8 static void quantize_row(const float* x, long K, signed char* xq, float* dx, float* sx) {
   for (long b = 0; b < K / 32; ++b) {
     const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    const float scale = 127.0f / amax;
+    const __m512 inv = _mm512_set1_ps(amax > 0 && scale <= FLT_MAX ? scale : 0.0f);
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
     _mm_storeu_si128((__m128i*)(xq + 32 * b), _mm512_cvtsepi32_epi8(q0));
     _mm_storeu_si128((__m128i*)(xq + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
-    dx[b] = amax / 127.0f;
+    const bool nan = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+    dx[b] = nan ? NAN : amax / 127.0f;
     sx[b] = dx[b] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));  // exact sum: |sum| <= 32 * 127
   }
 }
@@ -99,7 +107,9 @@ Q8 static void q8_panel(const signed char* xq, const float* dx, const float* sx,
       if constexpr (BITS == 8)
         for (int c = 0; c < 2; ++c) sum_q[c] = _mm512_dpbusd_epi32(sum_q[c], _mm512_set1_epi8(1), w[c]);
       for (int m = 0; m < M; ++m) {
-        const __m512i xb = _mm512_set1_epi32(*(const int*)(xq + m * K + 32 * b + 4 * t));
+        int four;  // xq's 4 bytes for these k (memcpy: no aliasing through an int pointer; one load)
+        memcpy(&four, xq + m * K + 32 * b + 4 * t, 4);
+        const __m512i xb = _mm512_set1_epi32(four);
         for (int c = 0; c < 2; ++c)
           s[m][c] = BITS == 4 ? _mm512_dpbusd_epi32(s[m][c], w[c], xb)
                               : _mm512_dpbusd_epi32(s[m][c], _mm512_xor_si512(xb, _mm512_set1_epi8((char)0x80)), w[c]);
@@ -180,7 +190,7 @@ extern "C" void panel8q8_gemm(const float* x, long M, long K, const signed char*
   q8_gemm<8>(x, M, K, (const unsigned char*)Q, D, nullptr, y, N, threads);
 }
 
-#else  // no x86: never called (q8_compiled says so)
+#else  // no x86 (or too old a compiler): never called (q8_compiled says so)
 extern "C" int q8_compiled() { return 0; }
 extern "C" void panel4q8_gemm(const float*, long, long, const unsigned char*, const float*, const float*, float*,
                               long, int) {}

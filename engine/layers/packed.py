@@ -63,7 +63,8 @@ panels. `same_products` also checks a low-bit copy against the float32 panels, b
 activations rounded to 8 bits per 32 inputs (engine/kernels/q8_gemm.cpp, llama.cpp's Q4_1 x Q8 arithmetic):
 integer dot products, about twice as fast as panel4 where its layers are compute-bound, but not the float32
 model's bits (about 0.6% of a product's size off; greedy SD/SSD stay token-identical to AR under it: each row's
-products are still the same bits at any row count). The 8-bit head and every other weight run as under panel4.
+products are still the same bits at any row count). The 8-bit head takes the same arithmetic (panel8's copies);
+every other weight runs as under panel4 (float32 panels, the same bits).
 
 Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
 the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
@@ -207,6 +208,11 @@ def _takes_packed(module: nn.Module, rows: int) -> bool:
     return module.packed is not None and module.packed_min_rows <= rows <= module.packed_rows
 
 
+def runs_q8(model: nn.Module) -> bool:
+    """Whether some matmul of the model runs with 8-bit activations (a q8 copy: --cpu-matmul q8 took)."""
+    return any(getattr(getattr(m, "packed", None), "q8", False) for m in bias_free_matmuls(model))
+
+
 def panel_operands(packed: torch.Tensor | panel4.Panel4 | panel8.Panel8) -> tuple[str, tuple[torch.Tensor, ...]]:
     """A panel copy's kernel (the library's function) and the tensors it takes after x."""
     return (packed.kernel, packed.operands) if isinstance(packed, LOW_BIT) else ("panel_gemm", (packed,))
@@ -301,8 +307,9 @@ def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
             packed_bytes += copies[key].nbytes if low_bit else module.weight.numel() * module.weight.element_size()
             shape = (*module.weight.shape, *module.weight.stride(), type(copies[key]).__name__)
             if shape not in checked and not same_products(module.weight, copies[key], kernel):
-                log.info("the %s packed GEMM does not reproduce the plain one for a %s weight here: few-row "
-                         "steps stay unpacked", kernel, tuple(module.weight.shape))
+                (log.warning if kernel == "q8" else log.info)(
+                    "the %s packed GEMM does not reproduce the plain one for a %s weight here: few-row steps stay "
+                    "unpacked", kernel, tuple(module.weight.shape))
                 for m in modules:
                     m.packed = None
                 return 0

@@ -61,12 +61,14 @@ class Panel4:
 
 
 def q8_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [rows, K] float32 -> the activations q8_gemm.cpp multiplies instead (a Panel4 with q8): per 32 inputs dx *
-    round(x * (127 / max |x|)), dx = max |x| / 127, with the kernel's float32 roundings (its products are these
-    activations' float32 products, up to the order of the sum)."""
+    """x [rows, K] float32 -> the activations q8_gemm.cpp multiplies instead (a Panel4 or Panel8 with q8): per 32
+    inputs dx * round(x * (127 / max |x|)), dx = max |x| / 127, with the kernel's float32 roundings (its products
+    are these activations' float32 products, up to the order of the sum); a block whose 127 / max |x| is not
+    finite counts as zeros, as there. NaN blocks are not modelled (the kernel makes their products NaN)."""
     blocks = x.reshape(-1, BLOCK)
     amax = blocks.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    scale = torch.full_like(amax, 127.0).div(amax)  # a true division (127 / amax multiplies by a reciprocal)
+    inv = torch.where((amax > 0) & (scale <= torch.finfo(torch.float32).max), scale, torch.zeros_like(amax))
     return ((blocks * inv).round().clamp(-127, 127) * (amax / 127)).reshape(x.shape)
 
 

@@ -55,6 +55,34 @@ def test_activations_round_each_block_to_127_steps_of_its_largest():
 
 
 @pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k", [2560, 4096])
+def test_wide_inputs_round_as_the_reference_does(k, bits):
+    """Every block's 127 / max |x| the kernel's division (a reciprocal times 127 differs by an ulp in about a
+    quarter of the blocks, and then some x * inv near a half rounds the other way): a tight match at any width."""
+    weight, copy = q8_copy(64, k, k, bits)
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(k))
+    assert torch.allclose(copy.matmul(x), F.linear(panel4.q8_activations(x), weight), rtol=1e-5, atol=1e-5)
+    assert packed.same_products(weight, copy, "q8")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_zero_tiny_and_nan_blocks(bits):
+    weight, copy = q8_copy(64, 64, 5, bits)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(6))
+    x[0] = 0.0  # a zero row: zero products (no division by its zero maximum)
+    x[1, :32] = torch.tensor([1e-38, -3e-39] * 16)  # 127 / max |x| overflows: counts as zeros, not as inf * x
+    x[2, 40] = float("nan")
+    tiny_alone = torch.cat([x[1:2, :32], torch.zeros(1, 32)], 1)
+    got, tiny = copy.matmul(x), copy.matmul(tiny_alone)
+    assert torch.equal(got[0], torch.zeros(64)) and torch.equal(tiny, torch.zeros(1, 64))
+    assert torch.allclose(got[1], F.linear(panel4.q8_activations(x[1:2]), weight)[0], rtol=1e-5, atol=1e-5)
+    assert torch.isnan(got[2]).all() and not torch.isnan(got[3]).any()  # NaN in, NaN out, as in float32
+    rounded = panel4.q8_activations(x[:2])
+    assert torch.equal(rounded[0], torch.zeros(64)) and torch.equal(rounded[1, :32], torch.zeros(32))
+    assert torch.equal(rounded[1, 32:], panel4.q8_activations(x[1:2, 32:])[0])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_row_gets_its_one_row_bits_at_any_row_count(threads, bits):
     torch.set_num_threads(threads)
@@ -103,6 +131,13 @@ def test_speculation_under_q8_equals_its_ar_fused_or_eager(q4_wide, monkeypatch)
     assert 1 in rows and 5 in rows  # fused decode steps and k + 1 = 5-row verifies ran (layer.cpp's kind 5)
 
 
+def test_the_layout_says_q8_only_where_it_runs(wide_heads_dir, q4_wide):
+    with LLM(str(wide_heads_dir), packed_kernel="q8", max_model_len=64) as random_weights:  # no 4- or 8-bit values
+        assert "q8" not in random_weights.layout["target"]  # the float32 panels: the float32 model's bits
+    with LLM(str(q4_wide), packed_kernel="q8", max_model_len=64) as q8:
+        assert "8-bit activations (q8)" in q8.layout["target"]
+
+
 def test_a_cpu_without_vnni_is_told_in_one_line(monkeypatch):
     monkeypatch.setattr(native, "q8_available", lambda: False)
     with pytest.raises(InvalidParameterError) as error:
@@ -117,6 +152,8 @@ def test_compiled_steps_under_q8_give_its_eager_tokens(q4_wide):
         want = [out.token_ids for out in eager.generate(PROMPTS, GREEDY)]
     with LLM(str(q4_wide), draft=str(q4_wide), packed_kernel="q8", compile=True, max_model_len=128) as llm:
         assert llm.core.runner.compiled is not None and llm.core.runner.compiled.available
+        draft = llm.core.drafter.runner.model  # its int8 weights on the panels, called as an op when compiled
+        assert all(isinstance(m.packed, panel8.Panel8) for m in packed.bias_free_matmuls(draft))
         for mode in ("ar", "sd"):
             llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
             runs = llm.core.runner.compiled.num_runs
@@ -140,6 +177,7 @@ def test_int8_draft_weights_on_the_panels_are_the_int8_rows_products():
 def test_an_int8_draft_on_the_panels_takes_the_fused_layers_and_keeps_the_output(wide_heads_dir, panels,
                                                                                 monkeypatch):
     monkeypatch.setattr(low_bits, "PANELS", panels)  # SSD_CHAT_DRAFT_PANELS=0: fbgemm
+    monkeypatch.setenv("SSD_CHAT_DRAFT_PANELS", "1" if panels else "0")  # SSD's draft process reads it
     with LLM(str(wide_heads_dir), max_model_len=128, threads=1) as alone:
         want = [alone.generate([ids], GREEDY)[0].token_ids for ids in PROMPTS]
     rows = []
