@@ -17,7 +17,6 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -107,9 +106,7 @@ Q8 static void q8_panel(const signed char* xq, const float* dx, const float* sx,
       if constexpr (BITS == 8)
         for (int c = 0; c < 2; ++c) sum_q[c] = _mm512_dpbusd_epi32(sum_q[c], _mm512_set1_epi8(1), w[c]);
       for (int m = 0; m < M; ++m) {
-        int four;  // xq's 4 bytes for these k (memcpy: no aliasing through an int pointer; one load)
-        memcpy(&four, xq + m * K + 32 * b + 4 * t, 4);
-        const __m512i xb = _mm512_set1_epi32(four);
+        const __m512i xb = _mm512_broadcastd_epi32(_mm_loadu_si32(xq + m * K + 32 * b + 4 * t));  // 4 k of xq
         for (int c = 0; c < 2; ++c)
           s[m][c] = BITS == 4 ? _mm512_dpbusd_epi32(s[m][c], w[c], xb)
                               : _mm512_dpbusd_epi32(s[m][c], _mm512_xor_si512(xb, _mm512_set1_epi8((char)0x80)), w[c]);
