@@ -92,7 +92,7 @@ class EngineConfig:
             )
         if self.packed_kernel == "q8" and not on_cuda and not packed.available("q8"):
             raise InvalidParameterError(
-                "--cpu-matmul q8 needs an x86 CPU with AVX-512 VNNI and VBMI and a C++ compiler: use --cpu-matmul auto"
+                "--cpu-matmul q8 needs an x86 CPU with AVX2 and FMA and a C++ compiler: use --cpu-matmul auto"
             )
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")

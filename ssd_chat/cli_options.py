@@ -87,7 +87,7 @@ CpuMatmul = Annotated[str, typer.Option(
     "onednn elsewhere), panel (ours: every row the same bits at any row count), panel4 (panel, reading 4-bit "
     "copies of the weights that are 4-bit values and 8-bit copies of 8-bit ones: the same bits, fewer bytes), "
     "q8 (panel4 with the activations of its 4- and 8-bit weights rounded to 8 bits, llama.cpp's arithmetic, on "
-    "AVX-512 VNNI: "
+    "x86 with AVX2 (AVX-512 VNNI where it has it): "
     "faster, not the float32 model's bits; SD/SSD still equal AR under it), mkl, onednn.")]
 Eager = Annotated[bool, typer.Option("--eager", help="CUDA: no CUDA graphs for the decode step.")]
 Compile = Annotated[bool, typer.Option(

@@ -12,8 +12,9 @@
 // 4 consecutive k per 32-bit lane, low nibbles for columns 0-15, high ones for 16-31.
 //
 // Built into the kernels' library for every instruction set; only x86 compilers get the code (target attributes,
-// so the rest of the library keeps its flags), and the engine calls it only where the CPU has AVX-512 VNNI and
-// VBMI (engine/layers/native.py: q8_available). Elsewhere panel4q8_gemm is a stub that is never called.
+// so the rest of the library keeps its flags). This file's code runs where the CPU has AVX-512 VNNI and VBMI,
+// q8_avx2.cpp's (the same bits) on other x86 CPUs with AVX2 and FMA (engine/layers/native.py: q8_available).
+// Elsewhere panel4q8_gemm and panel8q8_gemm are stubs that are never called.
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -148,28 +149,59 @@ Q8 static void q8_panels(const signed char* xq, const float* dx, const float* sx
     }
 }
 
+// The AVX2 code (q8_avx2.cpp: the same bits), for x86 CPUs without AVX-512 VNNI and VBMI.
+void q8_quantize_row_avx2(const float* x, long K, signed char* xq, float* dx, float* sx);
+void q8_panels_avx2(int bits, const signed char* xq, const float* dx, const float* sx, long M, long K,
+                    const unsigned char* Q, const float* D, const float* Mn, float* y, long N, long p0, long p1);
+
+static int forced = -1;  // q8_path's choice: -1 the CPU's best, 0 AVX2, 1 AVX-512 VNNI
+
+static bool vnni() {
+  if (forced >= 0) return forced == 1;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+// Which code runs: choice -1 the CPU's best, 0 AVX2, 1 AVX-512 (tests compare them); returns 1 for AVX-512.
+extern "C" int q8_path(int choice) {
+  forced = choice;
+  return vnni();
+}
+
+template <int BITS>
+static void panels(bool wide, const signed char* xq, const float* dx, const float* sx, long M, long K,
+                   const unsigned char* Q, const float* D, const float* Mn, float* y, long N, long p0, long p1) {
+  if (wide)
+    q8_panels<BITS>(xq, dx, sx, M, K, Q, D, Mn, y, N, p0, p1);
+  else
+    q8_panels_avx2(BITS, xq, dx, sx, M, K, Q, D, Mn, y, N, p0, p1);
+}
+
 // x [M, K] row-major, its 8-bit rounding here; the panels split evenly over `threads` OpenMP threads.
 template <int BITS>
 static void q8_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn, float* y,
                     long N, int threads) {
   const long blocks = K / 32, n_panels = N / 32;
+  const bool wide = vnni();
   signed char* xq = (signed char*)malloc(M * K + 2 * M * blocks * sizeof(float));
   if (xq == 0) abort();  // a few KB for a step's rows: nothing sensible is left to do without them
   float *dx = (float*)(xq + M * K), *sx = dx + M * blocks;  // M * K is a multiple of 32: aligned floats
-  for (long m = 0; m < M; ++m) quantize_row(x + m * K, K, xq + m * K, dx + m * blocks, sx + m * blocks);
+  for (long m = 0; m < M; ++m)
+    (wide ? quantize_row : q8_quantize_row_avx2)(x + m * K, K, xq + m * K, dx + m * blocks, sx + m * blocks);
   if (threads > n_panels) threads = (int)n_panels;
 #ifdef _OPENMP
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
     {
       const long t = omp_get_thread_num(), n = omp_get_num_threads();
-      q8_panels<BITS>(xq, dx, sx, M, K, Q, D, Mn, y, N, n_panels * t / n, n_panels * (t + 1) / n);
+      panels<BITS>(wide, xq, dx, sx, M, K, Q, D, Mn, y, N, n_panels * t / n, n_panels * (t + 1) / n);
     }
     free(xq);
     return;
   }
 #endif
-  q8_panels<BITS>(xq, dx, sx, M, K, Q, D, Mn, y, N, 0, n_panels);
+  panels<BITS>(wide, xq, dx, sx, M, K, Q, D, Mn, y, N, 0, n_panels);
   free(xq);
 }
 
@@ -189,6 +221,7 @@ extern "C" void panel8q8_gemm(const float* x, long M, long K, const signed char*
 
 #else  // no x86 (or too old a compiler): never called (q8_compiled says so)
 extern "C" int q8_compiled() { return 0; }
+extern "C" int q8_path(int) { return 0; }
 extern "C" void panel4q8_gemm(const float*, long, long, const unsigned char*, const float*, const float*, float*,
                               long, int) {}
 extern "C" void panel8q8_gemm(const float*, long, long, const signed char*, const float*, float*, long, int) {}

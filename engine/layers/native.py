@@ -32,11 +32,12 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "panel_gemm.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention.cpp"),
-           SOURCE.with_name("layer.cpp"), SOURCE.with_name("q8_gemm.cpp"))  # one library, all rows alike
+           SOURCE.with_name("layer.cpp"), SOURCE.with_name("q8_gemm.cpp"),
+           SOURCE.with_name("q8_avx2.cpp"))  # one library, all rows alike
 HEADERS = (SOURCE.with_name("simd.h"),)
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma"), "neon": ()}  # best first
 ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}  # x86; every AArch64 CPU has NEON and FMA
-Q8_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"}  # q8_gemm.cpp's instructions
+Q8_CPU_FLAGS = {"avx2", "fma"}  # q8_gemm.cpp's AVX2 code (q8_avx2.cpp); it takes AVX-512 VNNI where the CPU has it
 ARM = ("aarch64", "arm64")  # platform.machine() on AArch64 Linux, macOS
 # no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
 FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC")
@@ -92,7 +93,7 @@ def library() -> ctypes.CDLL | None:
 
 def q8_available() -> bool:
     """Whether the 8-bit-activation kernel (engine/kernels/q8_gemm.cpp, --cpu-matmul q8) runs here: an x86 CPU
-    with AVX-512 VNNI and VBMI, and kernels that built it."""
+    with AVX2 and FMA (AVX-512 VNNI and VBMI where it has them: the same bits), and kernels that built it."""
     lib = library()
     return lib is not None and bool(lib.q8_compiled()) and cpu_info.flags() >= Q8_CPU_FLAGS
 
@@ -225,6 +226,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.panel8q8_gemm.argtypes = lib.panel8_gemm.argtypes
     lib.panel8q8_gemm.restype = None
     lib.q8_compiled.argtypes, lib.q8_compiled.restype = [], ctypes.c_int
+    lib.q8_path.argtypes, lib.q8_path.restype = [ctypes.c_int], ctypes.c_int
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]  # norm.py's
     lib.rms_norm.restype = None

@@ -59,9 +59,9 @@ same bits for a fifth of the bytes, and on 8-bit copies of the weights that are 
 its tied embedding and head, Q8_0), the same bits for 28% of the bytes; every other weight keeps its float32
 panels. `same_products` also checks a low-bit copy against the float32 panels, bit for bit.
 
-"q8" (opt-in, an x86 CPU with AVX-512 VNNI): panel4's copies, the 4-bit layers' products computed with their
-activations rounded to 8 bits per 32 inputs (engine/kernels/q8_gemm.cpp, llama.cpp's Q4_1 x Q8 arithmetic):
-integer dot products, about twice as fast as panel4 where its layers are compute-bound, but not the float32
+"q8" (opt-in, an x86 CPU with AVX2; AVX-512 VNNI where it has it, the same bits): panel4's copies, the 4-bit
+layers' products computed with their activations rounded to 8 bits per 32 inputs (engine/kernels/q8_gemm.cpp,
+llama.cpp's Q4_1 x Q8 arithmetic): integer dot products, about 1.5x as fast as panel4 for one row, but not the float32
 model's bits (about 0.6% of a product's size off; greedy SD/SSD stay token-identical to AR under it: each row's
 products are still the same bits at any row count). The 8-bit head takes the same arithmetic (panel8's copies);
 every other weight runs as under panel4 (float32 panels, the same bits).

@@ -1,7 +1,8 @@
 """--cpu-matmul q8 (engine/kernels/q8_gemm.cpp): the 4- and 8-bit panels' products with 8-bit activations. Its products
 are the float32 products of the activations it rounds (engine.layers.panel4.q8_activations), near the float32
 model's; every row's bits are the same at any row and thread count, so greedy SD and SSD still equal AR under it,
-fused layers or not; a CPU without AVX-512 VNNI gets a one-line error. The same kernel runs int8 drafts
+fused layers or not; AVX2's code (engine/kernels/q8_avx2.cpp) gives AVX-512 VNNI's bits; a CPU without AVX2 gets
+a one-line error. The same kernel runs int8 drafts
 (engine.layers.low_bits.int8_panels), whose steps then take the fused layers; the output stays the target's."""
 
 from __future__ import annotations
@@ -17,10 +18,23 @@ from engine.layers import fused, low_bits, native, packed, panel4, panel8
 from tests.engine.test_panel4 import q4_form, rewritten
 from tests.engine.test_panel8 import q8_form
 
-pytestmark = pytest.mark.skipif(not native.q8_available(), reason="needs an x86 CPU with AVX-512 VNNI and VBMI")
+pytestmark = pytest.mark.skipif(not native.q8_available(), reason="needs an x86 CPU with AVX2 and a C++ compiler")
 
 SHAPES = [(960, 576), (576, 1536), (64, 32)]
 FORMS = {4: (q4_form, panel4.Panel4, "panel4q8_gemm"), 8: (q8_form, panel8.Panel8, "panel8q8_gemm")}
+
+
+WIDE = bool(native.library().q8_path(-1))  # this CPU runs the AVX-512 VNNI code (else AVX2's)
+
+
+@pytest.fixture(params=["avx512", "avx2"])
+def path(request):
+    """The kernel tests run each x86 code the CPU has (q8_path: 1 AVX-512 VNNI, 0 AVX2)."""
+    if request.param == "avx512" and not WIDE:
+        pytest.skip("no AVX-512 VNNI and VBMI here")
+    native.library().q8_path(1 if request.param == "avx512" else 0)
+    yield request.param
+    native.library().q8_path(-1)
 
 
 def q8_copy(n: int, k: int, seed: int, bits: int = 4) -> tuple[torch.Tensor, panel4.Panel4 | panel8.Panel8]:
@@ -33,7 +47,7 @@ def q8_copy(n: int, k: int, seed: int, bits: int = 4) -> tuple[torch.Tensor, pan
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_products_are_the_rounded_activations_float32_products_and_near_float32s(n, k, bits):
+def test_products_are_the_rounded_activations_float32_products_and_near_float32s(n, k, bits, path):
     weight, copy = q8_copy(n, k, n + k, bits)
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(1)) * 3
     got = copy.matmul(x)
@@ -56,7 +70,7 @@ def test_activations_round_each_block_to_127_steps_of_its_largest():
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("k", [2560, 4096])
-def test_wide_inputs_round_as_the_reference_does(k, bits):
+def test_wide_inputs_round_as_the_reference_does(k, bits, path):
     """Every block's 127 / max |x| the kernel's division (a reciprocal times 127 differs by an ulp in about a
     quarter of the blocks, and then some x * inv near a half rounds the other way): a tight match at any width."""
     weight, copy = q8_copy(64, k, k, bits)
@@ -66,7 +80,7 @@ def test_wide_inputs_round_as_the_reference_does(k, bits):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_zero_tiny_and_nan_blocks(bits):
+def test_zero_tiny_and_nan_blocks(bits, path):
     weight, copy = q8_copy(64, 64, 5, bits)
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(6))
     x[0] = 0.0  # a zero row: zero products (no division by its zero maximum)
@@ -84,7 +98,7 @@ def test_zero_tiny_and_nan_blocks(bits):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_every_row_gets_its_one_row_bits_at_any_row_count(threads, bits):
+def test_every_row_gets_its_one_row_bits_at_any_row_count(threads, bits, path):
     torch.set_num_threads(threads)
     try:
         for n, k in SHAPES:
@@ -94,6 +108,27 @@ def test_every_row_gets_its_one_row_bits_at_any_row_count(threads, bits):
             for rows in (2, 3, 4, 5, 8, 9, 13, 40):
                 assert torch.equal(copy.matmul(x[:rows]), alone[:rows]), (n, k, rows)
     finally:
+        torch.set_num_threads(1)
+
+
+@pytest.mark.skipif(not WIDE, reason="needs a CPU that runs both codes")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_avx2_gives_avx512s_bits(bits):
+    lib = native.library()
+    try:
+        for n, k in [*SHAPES, (96, 64)]:
+            _, copy = q8_copy(n, k, 11, bits)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                for rows in (1, 2, 3, 5, 7, 13):
+                    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 2
+                    x[0, :32] = 0.0  # a zero block
+                    lib.q8_path(1)
+                    wide = copy.matmul(x)
+                    lib.q8_path(0)
+                    assert torch.equal(copy.matmul(x), wide), (n, k, threads, rows)
+    finally:
+        lib.q8_path(-1)
         torch.set_num_threads(1)
 
 
@@ -138,7 +173,7 @@ def test_the_layout_says_q8_only_where_it_runs(wide_heads_dir, q4_wide):
         assert "8-bit activations (q8)" in q8.layout["target"]
 
 
-def test_a_cpu_without_vnni_is_told_in_one_line(monkeypatch):
+def test_a_cpu_without_avx2_is_told_in_one_line(monkeypatch):
     monkeypatch.setattr(native, "q8_available", lambda: False)
     with pytest.raises(InvalidParameterError) as error:
         EngineConfig(packed_kernel="q8")
@@ -161,7 +196,7 @@ def test_compiled_steps_under_q8_give_its_eager_tokens(q4_wide):
             assert llm.core.runner.compiled.num_runs > runs, mode
 
 
-def test_int8_draft_weights_on_the_panels_are_the_int8_rows_products():
+def test_int8_draft_weights_on_the_panels_are_the_int8_rows_products(path):
     weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(3)) * 0.05
     copy = low_bits.int8_panels(weight)
     assert copy is not None and copy.q8 and low_bits.int8_panels(weight[:, :48]) is None  # 48 inputs: no blocks
