@@ -53,77 +53,99 @@ AVX2 static inline void accumulate(float* y, __m256i dot, __m256 d, const __m256
   _mm256_storeu_ps(y, acc);
 }
 
-// One 4-bit panel (32 columns), rows m0..m1-1 two at a time: Q [K][16], D and Mn [K / 32][32]; y at the panel's
-// column 0 (zeroed here: every block adds to it, as q8_gemm.cpp's registers do).
+// One 4-bit panel (32 columns), every row: Q [K][16], D and Mn [K / 32][32]; y at the panel's column 0 (zeroed
+// here: every block adds to it, as q8_gemm.cpp's registers do). A block's weights are regrouped once into w (1 KB,
+// in L1), then the rows take them ROWS4 at a time.
+#define ROWS4 3
 AVX2 static void panel4_rows(const signed char* xq, const float* dx, const float* sx, long K, const unsigned char* Q,
                              const float* D, const float* Mn, float* y, long ldy, long rows) {
   const long blocks = K / 32;
   const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (long m = 0; m < rows; ++m)
     for (int c = 0; c < 32; c += 8) _mm256_storeu_ps(y + m * ldy + c, _mm256_setzero_ps());
-  for (long m0 = 0; m0 < rows; m0 += 2) {
-    const int R = rows - m0 < 2 ? 1 : 2;
-    for (long b = 0; b < blocks; ++b) {
-      __m256i s[2][4];  // int16 pair sums: columns 0-7, 8-15, 16-23, 24-31
-      for (int r = 0; r < 2; ++r)
-        for (int c = 0; c < 4; ++c) s[r][c] = _mm256_setzero_si256();
-      for (int t = 0; t < 8; ++t) {
-        const unsigned char* q = Q + (32 * b + 4 * t) * 16;
-        const __m128i k0 = _mm_loadu_si128((const __m128i*)q), k1 = _mm_loadu_si128((const __m128i*)(q + 16));
-        const __m128i k2 = _mm_loadu_si128((const __m128i*)(q + 32)), k3 = _mm_loadu_si128((const __m128i*)(q + 48));
-        const __m128i a = _mm_unpacklo_epi8(k0, k1), c = _mm_unpacklo_epi8(k2, k3);  // bytes 0-7: k pairs
-        const __m128i e = _mm_unpackhi_epi8(k0, k1), f = _mm_unpackhi_epi8(k2, k3);  // bytes 8-15
-        const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));  // bytes 0-7: 4 k
-        const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));  // bytes 8-15
-        const __m256i w[4] = {_mm256_and_si256(lo, nibble), _mm256_and_si256(hi, nibble),
-                              _mm256_and_si256(_mm256_srli_epi16(lo, 4), nibble),
-                              _mm256_and_si256(_mm256_srli_epi16(hi, 4), nibble)};
+  for (long b = 0; b < blocks; ++b) {
+    __m256i w[8][4];  // per 4 k: columns 0-7, 8-15, 16-23, 24-31, 4 bytes (k) a lane
+    for (int t = 0; t < 8; ++t) {
+      const unsigned char* q = Q + (32 * b + 4 * t) * 16;
+      const __m128i k0 = _mm_loadu_si128((const __m128i*)q), k1 = _mm_loadu_si128((const __m128i*)(q + 16));
+      const __m128i k2 = _mm_loadu_si128((const __m128i*)(q + 32)), k3 = _mm_loadu_si128((const __m128i*)(q + 48));
+      const __m128i a = _mm_unpacklo_epi8(k0, k1), c = _mm_unpacklo_epi8(k2, k3);  // bytes 0-7: k pairs
+      const __m128i e = _mm_unpackhi_epi8(k0, k1), f = _mm_unpackhi_epi8(k2, k3);  // bytes 8-15
+      const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));  // bytes 0-7: 4 k
+      const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));  // bytes 8-15
+      w[t][0] = _mm256_and_si256(lo, nibble);
+      w[t][1] = _mm256_and_si256(hi, nibble);
+      w[t][2] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), nibble);
+      w[t][3] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), nibble);
+    }
+    for (long m0 = 0; m0 < rows; m0 += ROWS4) {
+      const int R = rows - m0 < ROWS4 ? (int)(rows - m0) : ROWS4;
+      __m256i s[ROWS4][4];  // int16 pair sums
+      for (int r = 0; r < ROWS4; ++r)
+        for (int c4 = 0; c4 < 4; ++c4) s[r][c4] = _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t)
         for (int r = 0; r < R; ++r) {
           const __m256i xb = _mm256_broadcastd_epi32(_mm_loadu_si32(xq + (m0 + r) * K + 32 * b + 4 * t));
-          for (int c4 = 0; c4 < 4; ++c4) s[r][c4] = _mm256_add_epi16(s[r][c4], _mm256_maddubs_epi16(w[c4], xb));
+          for (int c4 = 0; c4 < 4; ++c4) s[r][c4] = _mm256_add_epi16(s[r][c4], _mm256_maddubs_epi16(w[t][c4], xb));
         }
-      }
       for (int r = 0; r < R; ++r)
         for (int c4 = 0; c4 < 4; ++c4) {
           const __m256 m = _mm256_loadu_ps(Mn + 32 * b + 8 * c4);
-          accumulate(y + (m0 + r) * ldy + 8 * c4, _mm256_madd_epi16(s[r][c4], ones), _mm256_loadu_ps(D + 32 * b + 8 * c4),
-                     &m, dx[(m0 + r) * blocks + b], sx[(m0 + r) * blocks + b]);
+          const __m256 d = _mm256_loadu_ps(D + 32 * b + 8 * c4);
+          accumulate(y + (m0 + r) * ldy + 8 * c4, _mm256_madd_epi16(s[r][c4], ones), d, &m, dx[(m0 + r) * blocks + b],
+                     sx[(m0 + r) * blocks + b]);
         }
     }
   }
 }
 
-// One 8-bit panel, one row at a time: Q [K][32] signed bytes, D [K / 32][32]. The unpacks work within 128-bit
-// halves, so vector c holds columns 4c..4c+3 and 16+4c..16+4c+3: D and y are read and written in that order.
+// One 8-bit panel, every row: Q [K][32] signed bytes, D [K / 32][32]. The unpacks work within 128-bit halves, so
+// vector c holds columns 4c..4c+3 and 16+4c..16+4c+3: D and y are read and written in that order. A block's
+// weights are regrouped once (|q| and q, 2 KB), then the rows take them ROWS8 at a time.
+#define ROWS8 2
 AVX2 static void panel8_rows(const signed char* xq, const float* dx, long K, const unsigned char* Q, const float* D,
                              float* y, long ldy, long rows) {
   const long blocks = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
-  for (long m = 0; m < rows; ++m) {
-    float* out = y + m * ldy;
-    for (int c = 0; c < 32; c += 8) _mm256_storeu_ps(out + c, _mm256_setzero_ps());
-    for (long b = 0; b < blocks; ++b) {
-      __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int t = 0; t < 8; ++t) {
-        const __m256i* q = (const __m256i*)(Q + (32 * b + 4 * t) * 32);
-        const __m256i k0 = _mm256_loadu_si256(q), k1 = _mm256_loadu_si256(q + 1);
-        const __m256i k2 = _mm256_loadu_si256(q + 2), k3 = _mm256_loadu_si256(q + 3);
-        const __m256i a = _mm256_unpacklo_epi8(k0, k1), c = _mm256_unpacklo_epi8(k2, k3);
-        const __m256i e = _mm256_unpackhi_epi8(k0, k1), f = _mm256_unpackhi_epi8(k2, k3);
-        const __m256i w[4] = {_mm256_unpacklo_epi16(a, c), _mm256_unpackhi_epi16(a, c), _mm256_unpacklo_epi16(e, f),
-                              _mm256_unpackhi_epi16(e, f)};
-        const __m256i xb = _mm256_broadcastd_epi32(_mm_loadu_si32(xq + m * K + 32 * b + 4 * t));
-        for (int c4 = 0; c4 < 4; ++c4) {
-          const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[c4]), _mm256_sign_epi8(xb, w[c4]));
-          s[c4] = _mm256_add_epi32(s[c4], _mm256_madd_epi16(pairs, ones));
+  for (long m = 0; m < rows; ++m)
+    for (int c = 0; c < 32; c += 8) _mm256_storeu_ps(y + m * ldy + c, _mm256_setzero_ps());
+  for (long b = 0; b < blocks; ++b) {
+    __m256i w[8][4], size[8][4];  // q and |q| per 4 k, 4 bytes (k) a lane
+    for (int t = 0; t < 8; ++t) {
+      const __m256i* q = (const __m256i*)(Q + (32 * b + 4 * t) * 32);
+      const __m256i k0 = _mm256_loadu_si256(q), k1 = _mm256_loadu_si256(q + 1);
+      const __m256i k2 = _mm256_loadu_si256(q + 2), k3 = _mm256_loadu_si256(q + 3);
+      const __m256i a = _mm256_unpacklo_epi8(k0, k1), c = _mm256_unpacklo_epi8(k2, k3);
+      const __m256i e = _mm256_unpackhi_epi8(k0, k1), f = _mm256_unpackhi_epi8(k2, k3);
+      w[t][0] = _mm256_unpacklo_epi16(a, c);
+      w[t][1] = _mm256_unpackhi_epi16(a, c);
+      w[t][2] = _mm256_unpacklo_epi16(e, f);
+      w[t][3] = _mm256_unpackhi_epi16(e, f);
+      for (int c4 = 0; c4 < 4; ++c4) size[t][c4] = _mm256_abs_epi8(w[t][c4]);
+    }
+    for (long m0 = 0; m0 < rows; m0 += ROWS8) {
+      const int R = rows - m0 < ROWS8 ? (int)(rows - m0) : ROWS8;
+      __m256i s[ROWS8][4];
+      for (int r = 0; r < ROWS8; ++r)
+        for (int c4 = 0; c4 < 4; ++c4) s[r][c4] = _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t)
+        for (int r = 0; r < R; ++r) {
+          const __m256i xb = _mm256_broadcastd_epi32(_mm_loadu_si32(xq + (m0 + r) * K + 32 * b + 4 * t));
+          for (int c4 = 0; c4 < 4; ++c4) {
+            const __m256i pairs = _mm256_maddubs_epi16(size[t][c4], _mm256_sign_epi8(xb, w[t][c4]));
+            s[r][c4] = _mm256_add_epi32(s[r][c4], _mm256_madd_epi16(pairs, ones));
+          }
         }
-      }
-      for (int c4 = 0; c4 < 4; ++c4) {
-        const float* d = D + 32 * b;
-        float lanes[8];
-        _mm256_storeu_ps(lanes, _mm256_loadu2_m128(out + 16 + 4 * c4, out + 4 * c4));
-        accumulate(lanes, s[c4], _mm256_loadu2_m128(d + 16 + 4 * c4, d + 4 * c4), nullptr, dx[m * blocks + b], 0);
-        _mm256_storeu2_m128(out + 16 + 4 * c4, out + 4 * c4, _mm256_loadu_ps(lanes));
+      for (int r = 0; r < R; ++r) {
+        float* out = y + (m0 + r) * ldy;
+        for (int c4 = 0; c4 < 4; ++c4) {
+          const float* d = D + 32 * b;
+          float lanes[8];
+          _mm256_storeu_ps(lanes, _mm256_loadu2_m128(out + 16 + 4 * c4, out + 4 * c4));
+          const __m256 scales = _mm256_loadu2_m128(d + 16 + 4 * c4, d + 4 * c4);
+          accumulate(lanes, s[r][c4], scales, nullptr, dx[(m0 + r) * blocks + b], 0);
+          _mm256_storeu2_m128(out + 16 + 4 * c4, out + 4 * c4, _mm256_loadu_ps(lanes));
+        }
       }
     }
   }
