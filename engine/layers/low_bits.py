@@ -115,7 +115,7 @@ def int8_panels(weight: torch.Tensor) -> panel8.Panel8 | None:
 def _on_panels(modules: list[nn.Module]) -> bool:
     """Run every module's int8 weight on the 8-bit panels (all of them, or none: the fused layers take a step
     only when every product of a layer runs the panel kernels)."""
-    if not (PANELS and native.q8_available()):
+    if not (PANELS and native.q8_vnni()):  # AVX2's q8 code, timed on Zen 4 only, was slower than fbgemm at 5 rows
         return False
     copies: dict[int, panel8.Panel8 | None] = {}
     for module in modules:
