@@ -1,7 +1,8 @@
 // y[m, n] = sum_k x[m, k] * W[n, k] from the 4-bit panels (engine/layers/panel4.py's layout, W = d * q + m per 32 k
-// of a column) with the activations rounded to 8 bits: the integer dot products of llama.cpp's Q4_1 x Q8 kernels,
-// on AVX-512 VNNI (vpdpbusd: 64 byte products a instruction, where the float32 kernel does 16 FMAs). Opt-in
-// (--cpu-matmul q8): faster, and not the float32 model's bits (each product is off by up to ~1% of its size).
+// of a column) or the 8-bit ones (panel8.py's, W = d * q) with the activations rounded to 8 bits: the integer dot
+// products of llama.cpp's Q4_1 / Q8_0 x Q8 kernels, on AVX-512 VNNI (vpdpbusd: 64 byte products an instruction,
+// where the float32 kernel does 16 FMAs). Opt-in (--cpu-matmul q8): faster, and not the float32 model's bits
+// (a product is off by about 0.6% of its size).
 //
 // Per row m and block b of 32 inputs: dx = max |x| / 127, xq = round(x * (127 / max |x|)) in -127..127 (int8), the
 // activations dx * xq (engine.layers.panel4.q8_activations), and sx = dx * sum xq. Per output column n: y = sum over
