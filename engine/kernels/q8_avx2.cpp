@@ -8,6 +8,7 @@
 // The panels are regrouped to 4 consecutive k per 32-bit lane by byte and word unpacks (no vpermb on AVX2).
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 // as in q8_gemm.cpp: gcc >= 8 or clang >= 7 (else that file's stub is all there is)
 #if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 7) || (!defined(__clang__) && __GNUC__ >= 8))
@@ -41,9 +42,21 @@ AVX2 void q8_quantize_row_avx2(const float* x, long K, signed char* xq, float* d
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    dx[b] = nan ? NAN : amax / 127.0f;
+    dx[b] = nan || !(amax <= FLT_MAX) ? NAN : amax / 127.0f;  // NaN or inf in the block: NaN products
     sx[b] = dx[b] * (float)_mm_cvtsi128_si32(s);  // exact sum: |sum| <= 32 * 127
   }
+}
+
+// 4 bytes as an int (memcpy: no aliasing; _mm_loadu_si32 needs gcc 11).
+static inline int four_bytes(const signed char* p) {
+  int v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+// 4 floats at lo, then 4 at hi (_mm256_loadu2_m128, which gcc 9 lacks).
+AVX2 static inline __m256 halves(const float* lo, const float* hi) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(hi), 1);
 }
 
 // acc (8 outputs, in y) = fma(float(dot), d * dx, acc), then for 4 bits fma(m, sx, acc): q8_gemm.cpp's steps.
@@ -85,7 +98,7 @@ AVX2 static void panel4_rows(const signed char* xq, const float* dx, const float
         for (int c4 = 0; c4 < 4; ++c4) s[r][c4] = _mm256_setzero_si256();
       for (int t = 0; t < 8; ++t)
         for (int r = 0; r < R; ++r) {
-          const __m256i xb = _mm256_broadcastd_epi32(_mm_loadu_si32(xq + (m0 + r) * K + 32 * b + 4 * t));
+          const __m256i xb = _mm256_set1_epi32(four_bytes(xq + (m0 + r) * K + 32 * b + 4 * t));
           for (int c4 = 0; c4 < 4; ++c4) s[r][c4] = _mm256_add_epi16(s[r][c4], _mm256_maddubs_epi16(w[t][c4], xb));
         }
       for (int r = 0; r < R; ++r)
@@ -130,7 +143,7 @@ AVX2 static void panel8_rows(const signed char* xq, const float* dx, long K, con
         for (int c4 = 0; c4 < 4; ++c4) s[r][c4] = _mm256_setzero_si256();
       for (int t = 0; t < 8; ++t)
         for (int r = 0; r < R; ++r) {
-          const __m256i xb = _mm256_broadcastd_epi32(_mm_loadu_si32(xq + (m0 + r) * K + 32 * b + 4 * t));
+          const __m256i xb = _mm256_set1_epi32(four_bytes(xq + (m0 + r) * K + 32 * b + 4 * t));
           for (int c4 = 0; c4 < 4; ++c4) {
             const __m256i pairs = _mm256_maddubs_epi16(size[t][c4], _mm256_sign_epi8(xb, w[t][c4]));
             s[r][c4] = _mm256_add_epi32(s[r][c4], _mm256_madd_epi16(pairs, ones));
@@ -141,10 +154,10 @@ AVX2 static void panel8_rows(const signed char* xq, const float* dx, long K, con
         for (int c4 = 0; c4 < 4; ++c4) {
           const float* d = D + 32 * b;
           float lanes[8];
-          _mm256_storeu_ps(lanes, _mm256_loadu2_m128(out + 16 + 4 * c4, out + 4 * c4));
-          const __m256 scales = _mm256_loadu2_m128(d + 16 + 4 * c4, d + 4 * c4);
-          accumulate(lanes, s[r][c4], scales, nullptr, dx[(m0 + r) * blocks + b], 0);
-          _mm256_storeu2_m128(out + 16 + 4 * c4, out + 4 * c4, _mm256_loadu_ps(lanes));
+          _mm256_storeu_ps(lanes, halves(out + 4 * c4, out + 16 + 4 * c4));
+          accumulate(lanes, s[r][c4], halves(d + 4 * c4, d + 16 + 4 * c4), nullptr, dx[(m0 + r) * blocks + b], 0);
+          _mm_storeu_ps(out + 4 * c4, _mm_loadu_ps(lanes));
+          _mm_storeu_ps(out + 16 + 4 * c4, _mm_loadu_ps(lanes + 4));
         }
       }
     }

@@ -19,6 +19,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -33,7 +34,7 @@
 #define Q8_PREFETCH 1024           // bytes ahead of a panel's loads (16 groups of 4 k)
 
 // Row m's blocks: xq [K] int8, dx and sx [K / 32]. A block whose largest |x| is too small for 127 / it to be finite
-// (below 3.7e-37) counts as zeros; one holding a NaN gets dx = NaN, so the products it feeds are NaN, as in float32.
+// (below 3.7e-37) counts as zeros; one holding a NaN or an inf gets dx = NaN, so the products it feeds are NaN.
 Q8 static void quantize_row(const float* x, long K, signed char* xq, float* dx, float* sx) {
   for (long b = 0; b < K / 32; ++b) {
     const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
@@ -44,7 +45,7 @@ Q8 static void quantize_row(const float* x, long K, signed char* xq, float* dx, 
     _mm_storeu_si128((__m128i*)(xq + 32 * b), _mm512_cvtsepi32_epi8(q0));
     _mm_storeu_si128((__m128i*)(xq + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
     const bool nan = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
-    dx[b] = nan ? NAN : amax / 127.0f;
+    dx[b] = nan || !(amax <= FLT_MAX) ? NAN : amax / 127.0f;  // NaN or inf in the block: NaN products
     sx[b] = dx[b] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));  // exact sum: |sum| <= 32 * 127
   }
 }
@@ -108,7 +109,9 @@ Q8 static void q8_panel(const signed char* xq, const float* dx, const float* sx,
       if constexpr (BITS == 8)
         for (int c = 0; c < 2; ++c) sum_q[c] = _mm512_dpbusd_epi32(sum_q[c], _mm512_set1_epi8(1), w[c]);
       for (int m = 0; m < M; ++m) {
-        const __m512i xb = _mm512_broadcastd_epi32(_mm_loadu_si32(xq + m * K + 32 * b + 4 * t));  // 4 k of xq
+        int four;  // xq's 4 bytes for these k (memcpy: no aliasing; _mm_loadu_si32 needs gcc 11)
+        memcpy(&four, xq + m * K + 32 * b + 4 * t, 4);
+        const __m512i xb = _mm512_set1_epi32(four);
         for (int c = 0; c < 2; ++c)
           s[m][c] = BITS == 4 ? _mm512_dpbusd_epi32(s[m][c], w[c], xb)
                               : _mm512_dpbusd_epi32(s[m][c], _mm512_xor_si512(xb, _mm512_set1_epi8((char)0x80)), w[c]);
@@ -164,9 +167,11 @@ static bool vnni() {
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
-// Which code runs: choice -1 the CPU's best, 0 AVX2, 1 AVX-512 (tests compare them); returns 1 for AVX-512.
+// Which code runs: choice -1 the CPU's best, 0 AVX2, 1 AVX-512 (tests compare them; a CPU without AVX-512 VNNI
+// keeps its best); returns 1 for AVX-512.
 extern "C" int q8_path(int choice) {
-  forced = choice;
+  forced = -1;
+  if (choice == 0 || (choice == 1 && vnni())) forced = choice;
   return vnni();
 }
 
