@@ -7,11 +7,8 @@
 // one AVX-512 core); several panels are read at once for few rows (more memory streams in flight). A pass
 // computes a few rows of a few 16-column blocks of a panel (simd.h: fewer on AVX2 and NEON); a panel takes
 // several passes where it needs more, each output still one chain over k.
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "simd.h"
+#include "threads.h"
 
 #define PREFETCH_AHEAD 32  // k steps (32 x 128 bytes) ahead of the loads
 
@@ -87,24 +84,6 @@ static void panel_range(const float* x, long M, long K, const float* P, float* y
     }
     p += take;
   }
-}
-
-// run(p0, p1) over panels 0..n_panels-1: each of `threads` OpenMP threads takes an equal run of consecutive
-// panels (give or take one). Built without OpenMP (a compiler without it, as Apple's clang): one thread.
-template <class Range>
-static void over_panels(long n_panels, int threads, Range run) {
-  if (threads > n_panels) threads = (int)n_panels;
-#ifdef _OPENMP
-  if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-    {
-      const long t = omp_get_thread_num(), n = omp_get_num_threads();
-      run(n_panels * t / n, n_panels * (t + 1) / n);
-    }
-    return;
-  }
-#endif
-  run(0L, n_panels);
 }
 
 // x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major.

@@ -10,8 +10,9 @@
 #include <math.h>
 #include <string.h>
 
-// as in q8_gemm.cpp: gcc >= 8 or clang >= 7 (else that file's stub is all there is)
-#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 7) || (!defined(__clang__) && __GNUC__ >= 8))
+#include "q8.h"
+
+#if Q8_X86
 #include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma")))
 
@@ -59,11 +60,9 @@ AVX2 static inline __m256 halves(const float* lo, const float* hi) {
   return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(hi), 1);
 }
 
-// acc (8 outputs, in y) = fma(float(dot), d * dx, acc), then for 4 bits fma(m, sx, acc): q8_gemm.cpp's steps.
-AVX2 static inline void accumulate(float* y, __m256i dot, __m256 d, const __m256* m, float dx, float sx) {
-  __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(dx)), _mm256_loadu_ps(y));
-  if (m != nullptr) acc = _mm256_fmadd_ps(*m, _mm256_set1_ps(sx), acc);
-  _mm256_storeu_ps(y, acc);
+// fma(float(dot), d * dx, acc) for 8 outputs: q8_gemm.cpp's step per block (4 bits then add fma(m, sx, .)).
+AVX2 static inline __m256 accumulate(__m256 acc, __m256i dot, __m256 d, float dx) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
 }
 
 // One 4-bit panel (32 columns), every row: Q [K][16], D and Mn [K / 32][32]; y at the panel's column 0 (zeroed
@@ -103,10 +102,12 @@ AVX2 static void panel4_rows(const signed char* xq, const float* dx, const float
         }
       for (int r = 0; r < R; ++r)
         for (int c4 = 0; c4 < 4; ++c4) {
-          const __m256 m = _mm256_loadu_ps(Mn + 32 * b + 8 * c4);
-          const __m256 d = _mm256_loadu_ps(D + 32 * b + 8 * c4);
-          accumulate(y + (m0 + r) * ldy + 8 * c4, _mm256_madd_epi16(s[r][c4], ones), d, &m, dx[(m0 + r) * blocks + b],
-                     sx[(m0 + r) * blocks + b]);
+          float* out = y + (m0 + r) * ldy + 8 * c4;
+          const long row_block = (m0 + r) * blocks + b;
+          __m256 acc = accumulate(_mm256_loadu_ps(out), _mm256_madd_epi16(s[r][c4], ones),
+                                  _mm256_loadu_ps(D + 32 * b + 8 * c4), dx[row_block]);
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(Mn + 32 * b + 8 * c4), _mm256_set1_ps(sx[row_block]), acc);
+          _mm256_storeu_ps(out, acc);
         }
     }
   }
@@ -153,11 +154,10 @@ AVX2 static void panel8_rows(const signed char* xq, const float* dx, long K, con
         float* out = y + (m0 + r) * ldy;
         for (int c4 = 0; c4 < 4; ++c4) {
           const float* d = D + 32 * b;
-          float lanes[8];
-          _mm256_storeu_ps(lanes, halves(out + 4 * c4, out + 16 + 4 * c4));
-          accumulate(lanes, s[r][c4], halves(d + 4 * c4, d + 16 + 4 * c4), nullptr, dx[(m0 + r) * blocks + b], 0);
-          _mm_storeu_ps(out + 4 * c4, _mm_loadu_ps(lanes));
-          _mm_storeu_ps(out + 16 + 4 * c4, _mm_loadu_ps(lanes + 4));
+          const __m256 acc = accumulate(halves(out + 4 * c4, out + 16 + 4 * c4), s[r][c4],
+                                        halves(d + 4 * c4, d + 16 + 4 * c4), dx[(m0 + r) * blocks + b]);
+          _mm_storeu_ps(out + 4 * c4, _mm256_castps256_ps128(acc));
+          _mm_storeu_ps(out + 16 + 4 * c4, _mm256_extractf128_ps(acc, 1));
         }
       }
     }

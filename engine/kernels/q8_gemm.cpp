@@ -14,19 +14,17 @@
 //
 // Built into the kernels' library for every instruction set; only x86 compilers get the code (target attributes,
 // so the rest of the library keeps its flags). This file's code runs where the CPU has AVX-512 VNNI and VBMI,
-// q8_avx2.cpp's (the same bits) on other x86 CPUs with AVX2 and FMA (engine/layers/native.py: q8_available).
+// q8_avx2.cpp's (the same bits) on other x86 CPUs with AVX2 and FMA (q8_support; engine/layers/native.py).
 // Elsewhere panel4q8_gemm and panel8q8_gemm are stubs that are never called.
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
-// The target attributes below need gcc >= 8 or clang >= 7 (their first with AVX-512 VNNI); an older compiler gets
-// the stub, and the rest of the library still builds.
-#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 7) || (!defined(__clang__) && __GNUC__ >= 8))
+#include "q8.h"
+#include "threads.h"
+
+#if Q8_X86
 #include <immintrin.h>
 #define Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma")))
 #define Q8_INLINE Q8 __attribute__((always_inline)) static inline
@@ -153,65 +151,45 @@ Q8 static void q8_panels(const signed char* xq, const float* dx, const float* sx
     }
 }
 
-// The AVX2 code (q8_avx2.cpp: the same bits), for x86 CPUs without AVX-512 VNNI and VBMI.
-void q8_quantize_row_avx2(const float* x, long K, signed char* xq, float* dx, float* sx);
-void q8_panels_avx2(int bits, const signed char* xq, const float* dx, const float* sx, long M, long K,
-                    const unsigned char* Q, const float* D, const float* Mn, float* y, long N, long p0, long p1);
-
+// The CPU's best code: 2 AVX-512 VNNI (this file's), 1 AVX2 (q8_avx2.cpp's: the same bits), 0 none. Asked once.
+static int detect() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return 2;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+}
+static const int SUPPORT = detect();
 static int forced = -1;  // q8_path's choice: -1 the CPU's best, 0 AVX2, 1 AVX-512 VNNI
 
-static bool vnni() {
-  if (forced >= 0) return forced == 1;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-}
+extern "C" int q8_support() { return SUPPORT; }
 
 // Which code runs: choice -1 the CPU's best, 0 AVX2, 1 AVX-512 (tests compare them; a CPU without AVX-512 VNNI
 // keeps its best); returns 1 for AVX-512.
 extern "C" int q8_path(int choice) {
-  forced = -1;
-  if (choice == 0 || (choice == 1 && vnni())) forced = choice;
-  return vnni();
+  forced = choice == 0 || (choice == 1 && SUPPORT == 2) ? choice : -1;
+  return forced >= 0 ? forced : SUPPORT == 2;
 }
 
-template <int BITS>
-static void panels(bool wide, const signed char* xq, const float* dx, const float* sx, long M, long K,
-                   const unsigned char* Q, const float* D, const float* Mn, float* y, long N, long p0, long p1) {
-  if (wide)
-    q8_panels<BITS>(xq, dx, sx, M, K, Q, D, Mn, y, N, p0, p1);
-  else
-    q8_panels_avx2(BITS, xq, dx, sx, M, K, Q, D, Mn, y, N, p0, p1);
-}
-
-// x [M, K] row-major, its 8-bit rounding here; the panels split evenly over `threads` OpenMP threads.
+// x [M, K] row-major, its 8-bit rounding here; the panels split over `threads` threads (threads.h).
 template <int BITS>
 static void q8_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn, float* y,
                     long N, int threads) {
-  const long blocks = K / 32, n_panels = N / 32;
-  const bool wide = vnni();
+  const long blocks = K / 32;
+  const bool wide = forced >= 0 ? forced == 1 : SUPPORT == 2;
   signed char* xq = (signed char*)malloc(M * K + 2 * M * blocks * sizeof(float));
   if (xq == 0) abort();  // a few KB for a step's rows: nothing sensible is left to do without them
   float *dx = (float*)(xq + M * K), *sx = dx + M * blocks;  // M * K is a multiple of 32: aligned floats
   for (long m = 0; m < M; ++m)
     (wide ? quantize_row : q8_quantize_row_avx2)(x + m * K, K, xq + m * K, dx + m * blocks, sx + m * blocks);
-  if (threads > n_panels) threads = (int)n_panels;
-#ifdef _OPENMP
-  if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-    {
-      const long t = omp_get_thread_num(), n = omp_get_num_threads();
-      panels<BITS>(wide, xq, dx, sx, M, K, Q, D, Mn, y, N, n_panels * t / n, n_panels * (t + 1) / n);
-    }
-    free(xq);
-    return;
-  }
-#endif
-  panels<BITS>(wide, xq, dx, sx, M, K, Q, D, Mn, y, N, 0, n_panels);
+  over_panels(N / 32, threads, [&](long p0, long p1) {
+    if (wide)
+      q8_panels<BITS>(xq, dx, sx, M, K, Q, D, Mn, y, N, p0, p1);
+    else
+      q8_panels_avx2(BITS, xq, dx, sx, M, K, Q, D, Mn, y, N, p0, p1);
+  });
   free(xq);
 }
-
-extern "C" int q8_compiled() { return 1; }
 
 // x: [M, K] row-major; Q, D, Mn: engine/layers/panel4.py's Panel4 (K and N multiples of 32); y: [M, N].
 extern "C" void panel4q8_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D,
@@ -225,8 +203,8 @@ extern "C" void panel8q8_gemm(const float* x, long M, long K, const signed char*
   q8_gemm<8>(x, M, K, (const unsigned char*)Q, D, nullptr, y, N, threads);
 }
 
-#else  // no x86 (or too old a compiler): never called (q8_compiled says so)
-extern "C" int q8_compiled() { return 0; }
+#else  // no x86 (or too old a compiler): never called (q8_support says 0)
+extern "C" int q8_support() { return 0; }
 extern "C" int q8_path(int) { return 0; }
 extern "C" void panel4q8_gemm(const float*, long, long, const unsigned char*, const float*, const float*, float*,
                               long, int) {}

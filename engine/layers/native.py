@@ -34,11 +34,9 @@ SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "panel_gemm.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention.cpp"),
            SOURCE.with_name("layer.cpp"), SOURCE.with_name("q8_gemm.cpp"),
            SOURCE.with_name("q8_avx2.cpp"))  # one library, all rows alike
-HEADERS = (SOURCE.with_name("simd.h"),)
+HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("threads.h"), SOURCE.with_name("q8.h"))
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma"), "neon": ()}  # best first
 ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}  # x86; every AArch64 CPU has NEON and FMA
-Q8_CPU_FLAGS = {"avx2", "fma"}  # q8_gemm.cpp's AVX2 code (q8_avx2.cpp); it takes AVX-512 VNNI where the CPU has it
-VNNI_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"}  # q8_gemm.cpp's own code
 ARM = ("aarch64", "arm64")  # platform.machine() on AArch64 Linux, macOS
 # no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
 FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC")
@@ -92,16 +90,21 @@ def library() -> ctypes.CDLL | None:
     return None if target is None else build(target)
 
 
-def q8_available() -> bool:
-    """Whether the 8-bit-activation kernel (engine/kernels/q8_gemm.cpp, --cpu-matmul q8) runs here: an x86 CPU
-    with AVX2 and FMA (AVX-512 VNNI and VBMI where it has them: the same bits), and kernels that built it."""
+def q8_support() -> int:
+    """Which 8-bit-activation code (engine/kernels/q8_gemm.cpp, --cpu-matmul q8) runs here, as the library finds
+    the CPU: 2 AVX-512 VNNI and VBMI, 1 AVX2 and FMA (q8_avx2.cpp: the same bits), 0 none (no x86, or no kernels)."""
     lib = library()
-    return lib is not None and bool(lib.q8_compiled()) and cpu_info.flags() >= Q8_CPU_FLAGS
+    return 0 if lib is None else int(lib.q8_support())
+
+
+def q8_available() -> bool:
+    """Whether --cpu-matmul q8 runs here (`q8_support`)."""
+    return q8_support() > 0
 
 
 def q8_vnni() -> bool:
     """Whether q8 runs its AVX-512 VNNI code here (where the int8 draft takes the panels too: measured faster)."""
-    return q8_available() and cpu_info.flags() >= VNNI_CPU_FLAGS
+    return q8_support() == 2
 
 
 @dataclass(frozen=True)
@@ -231,7 +234,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.panel4q8_gemm.restype = None
     lib.panel8q8_gemm.argtypes = lib.panel8_gemm.argtypes
     lib.panel8q8_gemm.restype = None
-    lib.q8_compiled.argtypes, lib.q8_compiled.restype = [], ctypes.c_int
+    lib.q8_support.argtypes, lib.q8_support.restype = [], ctypes.c_int
     lib.q8_path.argtypes, lib.q8_path.restype = [ctypes.c_int], ctypes.c_int
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]  # norm.py's

@@ -1,0 +1,23 @@
+// The CPU kernels' one way of splitting work over threads (panel_gemm.cpp, q8_gemm.cpp).
+#pragma once
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// run(p0, p1) over panels 0..n_panels-1: each of `threads` OpenMP threads takes an equal run of consecutive
+// panels (give or take one). Built without OpenMP (a compiler without it, as Apple's clang): one thread.
+template <class Range>
+static void over_panels(long n_panels, int threads, Range run) {
+  if (threads > n_panels) threads = (int)n_panels;
+#ifdef _OPENMP
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    {
+      const long t = omp_get_thread_num(), n = omp_get_num_threads();
+      run(n_panels * t / n, n_panels * (t + 1) / n);
+    }
+    return;
+  }
+#endif
+  run(0L, n_panels);
+}
