@@ -107,27 +107,25 @@ def int8_panels(weight: torch.Tensor) -> panel8.Panel8 | None:
     if n % panel.WIDTH or k % panel8.BLOCK:
         return None
     q, scales = int8_rows(weight)
-    panels = q.view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2).contiguous()  # [P, K, 32]
-    d = scales.view(n // panel.WIDTH, 1, panel.WIDTH).expand(-1, k // panel8.BLOCK, -1).contiguous()  # [P, B, 32]
-    return panel8.Panel8(panels, d, n, q8=True)
+    return panel8.from_rows(q, scales[:, None].expand(n, k // panel8.BLOCK), q8=True)
 
 
-def _on_panels(modules: list[nn.Module]) -> bool:
+def _on_panels(modules: list[nn.Module]) -> int:
     """Run every module's int8 weight on the 8-bit panels (all of them, or none: the fused layers take a step
-    only when every product of a layer runs the panel kernels)."""
+    only when every product of a layer runs the panel kernels): the number of weights, 0 where not."""
     if not (PANELS and native.q8_vnni()):  # AVX2's q8 code, timed on Zen 4 only, was slower than fbgemm at 5 rows
-        return False
+        return 0
     copies: dict[int, panel8.Panel8 | None] = {}
     for module in modules:
         if id(module.weight) not in copies:
             copies[id(module.weight)] = int8_panels(module.weight)
     if any(c is None for c in copies.values()):
-        return False
+        return 0
     for module in modules:
         module.packed, module.packed_kernel = copies[id(module.weight)], "panel"
         module.packed_min_rows, module.packed_rows = 1, EVERY_STEP
     log.info("draft matmuls in int8 on the panel kernels: %d weights", len(copies))
-    return True
+    return len(copies)
 
 
 def quantize_weights(model: nn.Module, kind: str) -> int:
@@ -141,8 +139,8 @@ def quantize_weights(model: nn.Module, kind: str) -> int:
     modules = bias_free_matmuls(model)
     if kind == "float32" or not modules or modules[0].weight.device.type != "cpu":
         return 0
-    if kind == "int8" and _on_panels(modules):
-        return len({id(m.weight) for m in modules})
+    if kind == "int8" and (on_panels := _on_panels(modules)):
+        return on_panels
     if not available():
         log.info("this torch has no fbgemm: the draft keeps its float32 weights")
         return 0

@@ -68,9 +68,16 @@ def compress(weight: torch.Tensor) -> Panel8 | None:
     if fit is None:
         return None
     d, q = fit
-    q = q.view(n, k).to(torch.int8).view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2).contiguous()  # [P, K, 32]
-    per_block = d.view(n, k // BLOCK).view(n // panel.WIDTH, panel.WIDTH, k // BLOCK).transpose(1, 2)  # [P, B, 32]
-    return Panel8(q, per_block.contiguous(), n)
+    return from_rows(q.view(n, k).to(torch.int8), d.view(n, k // BLOCK))
+
+
+def from_rows(q: torch.Tensor, d: torch.Tensor, q8: bool = False) -> Panel8:
+    """q [N, K] int8 and d [N, K / 32] float32 (a scale per 32 inputs of each output; N, K whole panels and
+    blocks) -> their panels."""
+    n, k = q.shape
+    panels = q.view(n // panel.WIDTH, panel.WIDTH, k).transpose(1, 2).contiguous()  # [P, K, 32]
+    per_block = d.view(n // panel.WIDTH, panel.WIDTH, k // BLOCK).transpose(1, 2).contiguous()  # [P, B, 32]
+    return Panel8(panels, per_block, n, q8)
 
 
 @torch.library.custom_op("ssd_chat::panel8_linear", mutates_args=())
