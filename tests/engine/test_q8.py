@@ -24,7 +24,7 @@ SHAPES = [(960, 576), (576, 1536), (64, 32)]
 FORMS = {4: (q4_form, panel4.Panel4, "panel4q8_gemm"), 8: (q8_form, panel8.Panel8, "panel8q8_gemm")}
 
 
-WIDE = bool(native.library().q8_path(-1))  # this CPU runs the AVX-512 VNNI code (else AVX2's)
+WIDE = native.q8_vnni()  # this CPU runs the AVX-512 VNNI code (else AVX2's)
 
 
 @pytest.fixture(params=["avx512", "avx2"])
