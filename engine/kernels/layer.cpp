@@ -1,8 +1,9 @@
-// A decoder layer's front half in one call, for the few rows of one sequence (a decode step, a verify): from the
-// residual add and input norm to the MLP's gate/up product, the eager forward's own kernels (panel GEMMs, RMSNorm,
-// row attention) in its order, and its element-wise steps (residual adds, rotary) with torch's roundings, so the
-// outputs are the eager forward's bits (tested). Called by engine/layers/fused.py: it replaces about a dozen
-// Python-level torch calls per layer; the activation (torch's silu) and the down projection stay in Python.
+// A model's decoder layers in one call, for the few rows of one sequence (a decode step, a verify): each layer's
+// residual add and input norm, qkv product, rotary, cache write, attention, o product, residual add, norm, gate/up
+// product, silu times up and down product, with the eager forward's own kernels (panel GEMMs, RMSNorm, row
+// attention) in its order and its element-wise steps (residual adds, rotary, torch's silu) with torch's roundings,
+// so the outputs are the eager forward's bits (tested). Called by engine/layers/fused.py: it replaces about twenty
+// Python-level torch calls per layer. layer_front alone is a layer's front half, up to the gate/up product.
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,12 +29,13 @@ struct Weight {
   const void *a, *b, *c;
 };
 
-// The layer's weights and cache (fused.py's ctypes mirror: the same field order).
+// The layer's weights and cache (fused.py's ctypes mirror: the same field order). layer_front reads no `down`.
 struct Layer {
   Weight qkv, o, gate_up;
   const float *norm1, *norm2;
   float eps;
   float *k_cache, *v_cache;  // [KVH, S, D]
+  Weight down;
 };
 
 static void matmul(const Weight& w, const float* x, long M, float* y, int threads) {
@@ -105,4 +107,59 @@ extern "C" int layer_front(const Layer* L, long n, const float* x, float* residu
   matmul(L->gate_up, h, n, gate_up, threads);
   free(h);
   return 0;
+}
+
+// exp(d) as SLEEF's expf_u10 computes it, which is torch's float32 exp on AVX-512 and AVX2 (checked here against
+// F.silu for every float32 input; fused.py checks it again at run time): q = round(d / ln 2), s = d - q ln 2 in two
+// parts, a degree-6 polynomial in s, times 2^q as 2^h * 2^(q - h), h = q / 2 rounded (two normal factors, so
+// q = 128 still gives SLEEF's finite values; it splits at floor(q / 2), the same products); 0 below -104, inf above 100.
+static inline v16 exp_sleef(v16 d) {
+  const v16 q = v_round(v_mul(d, v_set1(1.442695040888963407359924681001892137426645954152985934135449406931f)));
+  v16 s = v_fnmadd(q, v_set1(0.693145751953125f), d);
+  s = v_fnmadd(q, v_set1(1.428606765330187045e-06f), s);
+  v16 u = v_set1(0.000198527617612853646278381f);
+  u = v_fmadd(u, s, v_set1(0.00139304355252534151077271f));
+  u = v_fmadd(u, s, v_set1(0.00833336077630519866943359f));
+  u = v_fmadd(u, s, v_set1(0.0416664853692054748535156f));
+  u = v_fmadd(u, s, v_set1(0.166666671633720397949219f));
+  u = v_fmadd(u, s, v_set1(0.5f));
+  u = v_add(v_set1(1.0f), v_fmadd(v_mul(s, s), u, s));
+  const v16 half = v_round(v_mul(q, v_set1(0.5f)));
+  u = v_mul(v_mul(u, v_pow2(half)), v_pow2(v_sub(q, half)));
+  u = v_zero_where(v_below(d, v_set1(-104.0f)), u);
+  return v_select(v_below(v_set1(100.0f), d), v_set1(__builtin_inff()), u);
+}
+
+// y [n, I] = silu(gate) * up for gate_up [n, 2 I] (gate, then up, per row), rounded as F.silu(gate).mul_(up)
+// rounds it: x / (1 + exp(-x)), then the product. I a multiple of 16.
+extern "C" void silu_mul(const float* gate_up, long n, long I, float* y) {
+  for (long r = 0; r < n; ++r)
+    for (long i = 0; i < I; i += 16) {
+      const v16 x = v_load(gate_up + r * 2 * I + i);
+      const v16 silu = v_div(x, v_add(v_set1(1.0f), exp_sleef(v_sub(v_zero(), x))));
+      v_store(y + r * I + i, v_mul(silu, v_load(gate_up + r * 2 * I + I + i)));
+    }
+}
+
+// The num_layers layers L[0..] on x [n, Dm] (the embeddings), layer_front's arguments for the rest: out [n, Dm] <-
+// the last layer's MLP output, residual [n, Dm] <- its residual stream (the model's final add and norm follow).
+// Returns 0, or 1 when the scratch buffers could not be allocated.
+extern "C" int decoder_layers(const Layer* L, long num_layers, long n, const float* x, float* residual, float* out,
+                              long Dm, long H, long KVH, long D, const float* cos, const float* ssin, long S,
+                              long write_first, long key_first, long num_keys, float scale, int threads) {
+  const long I = L[0].gate_up.n / 2;
+  float* gate_up = (float*)malloc(sizeof(float) * n * 3 * I);
+  if (gate_up == 0) return 1;
+  float* act = gate_up + n * 2 * I;
+  int status = 0;
+  for (long i = 0; i < num_layers && status == 0; ++i) {
+    status = layer_front(L + i, n, i > 0 ? out : x, residual, i > 0, Dm, H, KVH, D, cos, ssin, S, write_first,
+                         key_first, num_keys, scale, gate_up, threads);
+    if (status == 0) {
+      silu_mul(gate_up, n, I, act);
+      matmul(L[i].down, act, n, out, threads);
+    }
+  }
+  free(gate_up);
+  return status;
 }

@@ -35,6 +35,7 @@ INLINE void v_store_n(float* p, v16 v, long n) { _mm512_mask_storeu_ps(p, tail_m
 INLINE v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
 INLINE v16 v_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
 INLINE v16 v_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+INLINE v16 v_div(v16 a, v16 b) { return _mm512_div_ps(a, b); }
 INLINE v16 v_max(v16 a, v16 b) { return _mm512_max_ps(a, b); }
 INLINE v16 v_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }    // a * b + c
 INLINE v16 v_fnmadd(v16 a, v16 b, v16 c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
@@ -44,6 +45,7 @@ INLINE v16 v_pow2(v16 n) {  // 2^n for integral n in the normal range
 }
 INLINE vmask v_below(v16 a, v16 b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
 INLINE v16 v_zero_where(vmask m, v16 a) { return _mm512_maskz_mov_ps(~m, a); }
+INLINE v16 v_select(vmask m, v16 a, v16 b) { return _mm512_mask_mov_ps(b, m, a); }  // m ? a : b
 INLINE v16 v_from_u8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }  // 16 unsigned bytes
 INLINE v16 v_from_i8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }  // 16 signed bytes
 INLINE __m256 v_fold(v16 a) {  // lanes 8-15 plus lanes 0-7
@@ -86,6 +88,7 @@ INLINE void v_store_n(float* p, v16 v, long n) {
 LANEWISE2(v_add, _mm256_add_ps)
 LANEWISE2(v_sub, _mm256_sub_ps)
 LANEWISE2(v_mul, _mm256_mul_ps)
+LANEWISE2(v_div, _mm256_div_ps)
 LANEWISE2(v_max, _mm256_max_ps)
 INLINE v16 v_fmadd(v16 a, v16 b, v16 c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
@@ -103,6 +106,9 @@ INLINE vmask v_below(v16 a, v16 b) {
   return {_mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ)};
 }
 INLINE v16 v_zero_where(vmask m, v16 a) { return {_mm256_andnot_ps(m.lo, a.lo), _mm256_andnot_ps(m.hi, a.hi)}; }
+INLINE v16 v_select(vmask m, v16 a, v16 b) {  // m ? a : b
+  return {_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)};
+}
 INLINE v16 v_from_u8(b16 b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
@@ -156,6 +162,7 @@ INLINE void v_store_n(float* p, v16 v, long n) {
 INLINE v16 v_add(v16 a, v16 b) { QUARTERS(vaddq_f32(a.q[i], b.q[i])) }
 INLINE v16 v_sub(v16 a, v16 b) { QUARTERS(vsubq_f32(a.q[i], b.q[i])) }
 INLINE v16 v_mul(v16 a, v16 b) { QUARTERS(vmulq_f32(a.q[i], b.q[i])) }
+INLINE v16 v_div(v16 a, v16 b) { QUARTERS(vdivq_f32(a.q[i], b.q[i])) }
 // x86's max: a > b ? a : b (the second operand for NaNs and for +-0, where vmaxq_f32 differs)
 INLINE v16 v_max(v16 a, v16 b) { QUARTERS(vbslq_f32(vcgtq_f32(a.q[i], b.q[i]), a.q[i], b.q[i])) }
 INLINE v16 v_fmadd(v16 a, v16 b, v16 c) { QUARTERS(vfmaq_f32(c.q[i], a.q[i], b.q[i])) }  // a * b + c
@@ -170,6 +177,7 @@ INLINE vmask v_below(v16 a, v16 b) {
   return m;
 }
 INLINE v16 v_zero_where(vmask m, v16 a) { QUARTERS(vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(a.q[i]), m.q[i]))) }
+INLINE v16 v_select(vmask m, v16 a, v16 b) { QUARTERS(vbslq_f32(m.q[i], a.q[i], b.q[i])) }  // m ? a : b
 INLINE b16 b_load(const unsigned char* p) { return vld1q_u8(p); }
 INLINE b16 b_low_nibbles(b16 b) { return vandq_u8(b, vdupq_n_u8(0x0F)); }
 INLINE b16 b_high_nibbles(b16 b) { return vshrq_n_u8(b, 4); }

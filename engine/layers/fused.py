@@ -1,13 +1,16 @@
-"""A decoder layer's front half in one kernel call (engine/kernels/layer.cpp) for the few-row steps of one sequence.
+"""A model's decoder layers in one kernel call (engine/kernels/layer.cpp) for the few-row steps of one sequence.
 
-An eager one-row step of SmolLM2-135M spends about a fifth of its time in Python: some twelve torch calls per layer
-around the kernels that do the work (norms, panel GEMMs, row attention). ``layer_front`` runs a layer's residual
-add, input norm, qkv product, rotary, cache write, attention, o product, residual add, post-attention norm and
-gate/up product in one call, with the eager forward's kernels and roundings, so its outputs are the eager path's
-bits (tests/engine/test_fused.py: logits equal to the bit); torch's silu and the down product stay in Python.
+An eager one-row step of SmolLM2-135M spends about a fifth of its time in Python: some twenty torch calls per layer
+around the kernels that do the work (norms, panel GEMMs, row attention). ``decoder_layers`` runs every layer's
+residual add, input norm, qkv product, rotary, cache write, attention, o product, residual add, post-attention norm,
+gate/up product, silu times up and down product in one call, with the eager forward's kernels and roundings, so its
+outputs are the eager path's bits (tests/engine/test_fused.py: logits equal to the bit). Its silu is torch's bits
+where ``silu_matches`` finds it so (x86 builds of torch use SLEEF's exp, which layer.cpp copies); elsewhere, or
+where the down product runs another kernel, each layer's front half is one call (``layer_front``) and torch's silu
+and the down product run in Python.
 
 It takes a step only where every piece of it is what the eager forward would run: a CPU float32 model on one rank
-whose layers have no biases or q/k norms and whose three products run the panel kernels at this row count, one
+whose layers have no biases or q/k norms and whose products run the panel kernels at this row count, one
 causal span of at most ``ROW_KERNEL_ROWS`` rows over contiguous cache slots, written to contiguous slots, on the
 SDPA backend, outside torch.compile. Anything else runs the eager layers. ``SSD_CHAT_FUSED=0`` turns it off.
 """
@@ -40,7 +43,7 @@ class _Weight(ctypes.Structure):
 class _Layer(ctypes.Structure):  # layer.cpp's Layer, field for field
     _fields_ = [("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("norm1", ctypes.c_void_p),
                 ("norm2", ctypes.c_void_p), ("eps", ctypes.c_float), ("k_cache", ctypes.c_void_p),
-                ("v_cache", ctypes.c_void_p)]
+                ("v_cache", ctypes.c_void_p), ("down", _Weight)]
 
 
 # layer.cpp's Weight.kind
@@ -66,18 +69,20 @@ class FusedLayers:
 
     def __init__(self, model: nn.Module, backend: SdpaBackend):
         self.model, self.backend = model, backend
-        self.plans: dict[int, list[_Layer] | None] = {}
+        self.plans: dict[int, ctypes.Array | None] = {}
         self.held: list[torch.Tensor] = []
         self.caches: tuple[list, list] | None = None
 
-    def plan(self, rows: int) -> list[_Layer] | None:
+    def plan(self, rows: int) -> ctypes.Array | None:
+        """The layers' descriptions for steps of ``rows`` rows (their down products filled in where the whole layer
+        runs in C: ``whole``), or None where the eager layers must take such steps."""
         if self.caches is None or self.caches[0] is not self.backend.k or self.caches[1] is not self.backend.v:
             self.plans, self.held, self.caches = {}, [], (self.backend.k, self.backend.v)  # (allocate: new lists)
         if rows not in self.plans:
             self.plans[rows] = self._build(rows)
         return self.plans[rows]
 
-    def _build(self, rows: int) -> list[_Layer] | None:
+    def _build(self, rows: int) -> ctypes.Array | None:
         first = self.model.model.layers[0].self_attn
         if first.head_dim % 32 or self.model.args.hidden_size % 16:  # layer.cpp's rotary and adds: whole vectors
             return None
@@ -97,8 +102,36 @@ class FusedLayers:
                 return None
             self.held.extend(tensors)
             layers.append(_Layer(*weights, tensors[0].data_ptr(), tensors[1].data_ptr(), norms[0].eps,
-                                 tensors[2].data_ptr(), tensors[3].data_ptr()))
-        return layers
+                                 tensors[2].data_ptr(), tensors[3].data_ptr(), self._down(mlp, rows)))
+        return (_Layer * len(layers))(*layers)
+
+    def _down(self, mlp: nn.Module, rows: int) -> _Weight:
+        """The down product's weight where layer.cpp can run the MLP's back half as the eager forward would (silu
+        with torch's bits, the down product on the panels), else an empty one (that half stays in Python)."""
+        intermediate = mlp.down_proj.weight.shape[1]
+        down = _weight(mlp.down_proj, rows, self.held) if intermediate % 16 == 0 and silu_matches() else None
+        return down or _Weight()
+
+
+def whole(plan: ctypes.Array) -> bool:
+    """Whether ``plan``'s layers run whole in C (silu and the down product included)."""
+    return plan[0].down.a is not None
+
+
+@functools.cache
+def silu_matches() -> bool:
+    """Whether layer.cpp's silu_mul gives F.silu(gate).mul_(up)'s bits here (it copies SLEEF's expf, which torch's
+    x86 builds use); checked once, on values over exp's whole range and its edges. If not, silu stays in Python."""
+    g = torch.Generator().manual_seed(0)
+    gate = torch.cat([torch.randn(4000, generator=g) * 30, torch.linspace(-110, 110, 4000),
+                      torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.7, -88.7, 103.9, -103.9, 100.1, -100.1] * 8)])
+    gate_up = torch.stack([gate, torch.randn(gate.shape[0], generator=g)])  # rows: gate, up ([1, 2 I])
+    out = torch.empty(gate.shape[0])
+    native.library().silu_mul(gate_up.data_ptr(), 1, gate.shape[0], out.data_ptr())
+    same = torch.equal(out, F.silu(gate_up[0]).mul_(gate_up[1]))
+    if not same:
+        log.warning("this torch build's silu is not engine/kernels/layer.cpp's: the MLPs' back halves stay in Python")
+    return same
 
 
 @functools.cache
@@ -137,24 +170,29 @@ def _within(slots: object, count: int, num_slots: int) -> bool:
             and slots.start >= 0 and slots.stop == slots.start + count <= num_slots)
 
 
-def forward(fused: FusedLayers, plan: list[_Layer], h: torch.Tensor, attn: AttentionMetadata, cos: torch.Tensor,
+def forward(fused: FusedLayers, plan: ctypes.Array, h: torch.Tensor, attn: AttentionMetadata, cos: torch.Tensor,
             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eager forward's loop over layers, each layer's front half in one call: (last MLP output, residual).
-    h: [n, hidden] embeddings; cos, sin: [n, 1, D] (the rotary tables at the rows' positions)."""
+    """The eager forward's loop over layers, in one call (or each layer's front half in one): (last MLP output,
+    residual). h: [n, hidden] embeddings; cos, sin: [n, 1, D] (the rotary tables at the rows' positions)."""
     lib = native.library()
     n, hidden = h.shape
     attention = fused.model.model.layers[0].self_attn
-    heads, kv_heads, d = attention.num_heads, attention.num_kv_heads, attention.head_dim
     span, write = attn.spans[0], attn.slot_mapping
-    cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
-    num_slots, threads = fused.backend.k[0].shape[1], torch.get_num_threads()
+    shape = (attention.num_heads, attention.num_kv_heads, attention.head_dim)
+    cos, sin = cos.reshape(n, shape[2]).contiguous(), sin.reshape(n, shape[2]).contiguous()
+    cache = (fused.backend.k[0].shape[1], write.start, span.key_slots.start, span.num_keys, attention.scale)
     residual = torch.empty(n, hidden, dtype=torch.float32)
+    if whole(plan):
+        out = torch.empty(n, hidden, dtype=torch.float32)
+        if lib.decoder_layers(plan, len(plan), n, h.contiguous().data_ptr(), residual.data_ptr(), out.data_ptr(),
+                              hidden, *shape, cos.data_ptr(), sin.data_ptr(), *cache, torch.get_num_threads()):
+            raise MemoryError("engine/kernels/layer.cpp: no memory for a step's scratch buffers")
+        return out, residual
     gate_up = torch.empty(n, plan[0].gate_up.n, dtype=torch.float32)
     for i, layer in enumerate(fused.model.model.layers):
         h = h.contiguous()
-        if lib.layer_front(ctypes.byref(plan[i]), n, h.data_ptr(), residual.data_ptr(), int(i > 0), hidden, heads,
-                           kv_heads, d, cos.data_ptr(), sin.data_ptr(), num_slots, write.start, span.key_slots.start,
-                           span.num_keys, attention.scale, gate_up.data_ptr(), threads):
+        if lib.layer_front(ctypes.byref(plan[i]), n, h.data_ptr(), residual.data_ptr(), int(i > 0), hidden, *shape,
+                           cos.data_ptr(), sin.data_ptr(), *cache, gate_up.data_ptr(), torch.get_num_threads()):
             raise MemoryError("engine/kernels/layer.cpp: no memory for a step's scratch buffers")
         gate, up = gate_up.chunk(2, dim=-1)
         h = layer.mlp.down_proj.forward(F.silu(gate).mul_(up))

@@ -246,6 +246,12 @@ def _declare(lib: ctypes.CDLL) -> None:
                                 *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
                                 ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fused.py's
     lib.layer_front.restype = ctypes.c_int
+    lib.decoder_layers.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 2, *[ctypes.c_void_p] * 3,
+                                   *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
+                                   ctypes.c_float, ctypes.c_int]  # fused.py's
+    lib.decoder_layers.restype = ctypes.c_int
+    lib.silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
+    lib.silu_mul.restype = None
     lib.rotary_rows.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_long]  # tests/engine/test_fused.py's
     lib.rotary_rows.restype = None

@@ -8,7 +8,7 @@
 // argument a kind byte and its value: 'n' an int64 (a long or int parameter), 'd' a double (a float parameter),
 // 'b' a buffer (int64 byte count, bytes), 's' a struct (int64 byte count, bytes, int64 link count, then per link
 // the int64 byte offset of a pointer field and the int64 index of the buffer argument it points to). OUT: after
-// each call, every buffer argument's bytes, in order. Exit 4: layer_front returned an error.
+// each call, every buffer argument's bytes, in order. Exit 4: layer_front or decoder_layers returned an error.
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -102,7 +102,14 @@ int main(int argc, char** argv) {
       if (((front)fn)(P(0), L(1), P(2), P(3), I(4), L(5), L(6), L(7), L(8), P(9), P(10), L(11), L(12), L(13), L(14),
                       F(15), P(16), I(17)) != 0)
         return 4;
-    } else if (name == "rotary_rows")
+    } else if (name == "decoder_layers") {
+      typedef int (*layers)(p, long, long, p, p, p, long, long, long, long, p, p, long, long, long, long, float, int);
+      if (((layers)fn)(P(0), L(1), L(2), P(3), P(4), P(5), L(6), L(7), L(8), L(9), P(10), P(11), L(12), L(13), L(14),
+                       L(15), F(16), I(17)) != 0)
+        return 4;
+    } else if (name == "silu_mul")
+      ((void (*)(p, long, long, p))fn)(P(0), L(1), L(2), P(3));
+    else if (name == "rotary_rows")
       ((void (*)(p, long, long, long, long, p, p, p, long))fn)(P(0), L(1), L(2), L(3), L(4), P(5), P(6), P(7), L(8));
     else {
       fprintf(stderr, "kernel_driver: no signature for %s\n", name.c_str());

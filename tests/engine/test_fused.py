@@ -47,8 +47,23 @@ def step_logits(runner, ids, start, rows):
                             slice(start, start + rows), [span], all_logits=True)
 
 
+def test_silu_mul_is_torchs_silu_times_up():
+    """Over exp's range and edges, several rows: layer.cpp's silu copies the SLEEF exp of torch's x86 builds."""
+    assert fused.silu_matches()
+    g = torch.Generator().manual_seed(3)
+    edges = torch.tensor([0.0, -0.0, 1e-40, 88.7, -88.7, 104.1, -104.1, 100.1, float("inf")])
+    gate = torch.cat([torch.randn(3 * 480 - 9, generator=g) * 40, edges]).reshape(3, 480)
+    gate_up = torch.cat([gate, torch.randn(3, 480, generator=g)], dim=1)
+    out = torch.empty(3, 480)
+    native.library().silu_mul(gate_up.data_ptr(), 3, 480, out.data_ptr())
+    assert torch.equal(out, torch.nn.functional.silu(gate_up[:, :480]).mul_(gate_up[:, 480:]))
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole-layers", "front-halves"])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_fused_steps_give_the_eager_logits_bit_for_bit(wide_heads_dir, rows, count_fused, monkeypatch):
+def test_fused_steps_give_the_eager_logits_bit_for_bit(wide_heads_dir, rows, whole, count_fused, monkeypatch):
+    if not whole:  # a torch build whose silu is not layer.cpp's: the MLPs' back halves in Python
+        monkeypatch.setattr(fused, "silu_matches", lambda: False)
     with LLM(str(wide_heads_dir), max_model_len=128, enable_prefix_caching=False) as llm:
         runner = llm.core.runner
         ids = torch.randint(runner.model.args.vocab_size, (50,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -60,6 +75,7 @@ def test_fused_steps_give_the_eager_logits_bit_for_bit(wide_heads_dir, rows, cou
         monkeypatch.setattr(fused, "ENABLED", True)
         one_call = step_logits(runner, ids, 40, rows)  # the same slots rewritten with the same keys and values
         assert count_fused == [rows]
+        assert fused.whole(runner.model._fused.plan(rows)) == whole
         assert torch.equal(one_call, eager)
 
 

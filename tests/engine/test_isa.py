@@ -176,6 +176,69 @@ def test_a_fused_layer_front_gives_the_same_bits(libs):
     assert not torch.equal(outputs[0][-2 * slots * d :], torch.cat([keys0.flatten(), values0.flatten()]))  # wrote
 
 
+def test_silu_mul_gives_the_same_bits(libs):
+    """layer.cpp's silu_mul over exp's whole range and its edges (-104 and 100: 0 and inf; zeros, tiny values)."""
+    g = torch.Generator().manual_seed(5)
+    edges = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-40, 88.7, -88.7, 103.9, -103.9, 104.1, -104.1, 100.1, -100.1,
+                          float("inf"), 3.0, -3.0])  # not -inf: its silu is a NaN, of other bits on ARM
+    gate = torch.cat([torch.randn(3 * 160 - edges.numel(), generator=g) * 40, edges]).reshape(3, 160)
+    gate_up = torch.cat([gate, torch.randn(3, 160, generator=g)], dim=1)  # [3, 2 I]
+
+    def silu(lib):
+        out = torch.empty(3, 160)
+        call(lib, "silu_mul", gate_up, 3, 160, out)
+        return out
+
+    outputs = _each(libs, silu)
+    assert _equal(outputs)
+    assert torch.equal(outputs[0], torch.nn.functional.silu(gate_up[:, :160]) * gate_up[:, 160:])
+
+
+def _layer_fields(g, dm, heads, kv_heads, d, inter, slots, kinds):
+    """cross.Struct fields of one layer.cpp Layer (each product's panels in the kind given: 0, 4 or 8) and its
+    cache tensors."""
+    width = (heads + 2 * kv_heads) * d
+
+    def weight(kind, n, k):
+        w = torch.randn(n, k, generator=g) * 0.2
+        if kind == 4:
+            return (4, n, k, *panel4.compress(q4_form(w)).operands)
+        if kind == 8:
+            return (8, n, k, *panel8.compress(q8_form(w)).operands, None)
+        return (0, n, k, panel.to_panels(w), None, None)
+
+    qkv, o, gate_up, down = (weight(kind, n, k) for kind, (n, k) in
+                             zip(kinds, [(width, dm), (dm, heads * d), (2 * inter, dm), (dm, inter)], strict=True))
+    norms = torch.rand(dm, generator=g) + 0.5, torch.rand(dm, generator=g) + 0.5
+    keys, values = torch.randn(kv_heads, slots, d, generator=g), torch.randn(kv_heads, slots, d, generator=g)
+    return [*qkv, *o, *gate_up, *norms, 1e-5, keys, values, *down], (keys, values)
+
+
+def test_decoder_layers_give_the_same_bits(libs):
+    """layer.cpp's decoder_layers over two layers (every weight kind among their products): the last MLP output,
+    the residual stream and the keys and values written into both layers' caches."""
+    g = torch.Generator().manual_seed(11)
+    n, dm, heads, kv_heads, d, inter, slots = 5, 64, 2, 1, 64, 128, 32
+    first, caches0 = _layer_fields(g, dm, heads, kv_heads, d, inter, slots, (4, 8, 0, 4))
+    second, caches1 = _layer_fields(g, dm, heads, kv_heads, d, inter, slots, (0, 4, 4, 8))
+    x = torch.randn(n, dm, generator=g)
+    angles = torch.randn(n, d // 2, generator=g)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([-angles.sin(), angles.sin()], -1)
+
+    def layers(lib):
+        caches = [t.clone() for t in (*caches0, *caches1)]
+        fields = first[:-8] + caches[:2] + first[-6:] + second[:-8] + caches[2:] + second[-6:]  # fresh caches
+        out, residual = torch.empty(n, dm), torch.empty(n, dm)
+        status = call(lib, "decoder_layers", cross.Struct(*fields), 2, n, x, residual, out, dm, heads, kv_heads, d,
+                      cos, sin, slots, 7, 0, 12, d**-0.5, 2)
+        assert status in (0, None)  # None: the NEON driver exits non-zero on an error
+        return torch.cat([out.flatten(), residual.flatten(), *(c.flatten() for c in caches)])
+
+    outputs = _each(libs, layers)
+    assert _equal(outputs)
+    assert outputs[0][: n * dm].abs().sum() > 0
+
+
 def test_a_models_steps_give_the_same_logits(wide_heads_dir, monkeypatch):
     """Prefill, a 5-row verify and a one-row decode step (the fused layers) of a tiny model, per x86 build."""
     if len(builds := _x86_builds()) < 2:
