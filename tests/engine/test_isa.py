@@ -109,12 +109,14 @@ def test_rms_norm_gives_the_same_bits(libs, width):
     assert torch.allclose(outputs[0], x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w, atol=1e-5)
 
 
-@pytest.mark.parametrize(("head_dim", "keys"), [(64, 37), (64, 300), (48, 21), (40, 23), (128, 16)])
-def test_attention_gives_the_same_bits(libs, head_dim, keys):
-    """Every path of attention.cpp: 16-wide exp and libm's tail, head sizes 64 and 128 and any other (48; 40: a
-    masked tail)."""
+@pytest.mark.parametrize(("head_dim", "keys", "group"),
+                         [(64, 37, 3), (64, 300, 2), (64, 40, 5), (48, 21, 2), (40, 23, 2), (128, 16, 3), (128, 70, 2)])
+def test_attention_gives_the_same_bits(libs, head_dim, keys, group):
+    """Every path of attention.cpp: 16-wide exp and libm's tail, head sizes 64 and 128 (AVX-512: 16 keys' dot
+    products reduced at once) and any other (48; 40: a masked tail), 1-4 query heads of a KV head at a time."""
     g = torch.Generator().manual_seed(keys)
-    n, heads, kv_heads, slots = 5, 4, 2, 400
+    n, kv_heads, slots = 5, 2, 400
+    heads = group * kv_heads
     q = torch.randn(n, heads, head_dim, generator=g)
     k, v = torch.randn(kv_heads, slots, head_dim, generator=g) * 2, torch.randn(kv_heads, slots, head_dim, generator=g)
 
@@ -125,8 +127,8 @@ def test_attention_gives_the_same_bits(libs, head_dim, keys):
 
     outputs = _each(libs, attend)
     assert _equal(outputs)
-    keys_of = k[:, 3 : 3 + keys].repeat_interleave(2, 0)  # [heads, keys, D]
-    values_of = v[:, 3 : 3 + keys].repeat_interleave(2, 0)
+    keys_of = k[:, 3 : 3 + keys].repeat_interleave(group, 0)  # [heads, keys, D]
+    values_of = v[:, 3 : 3 + keys].repeat_interleave(group, 0)
     mask = torch.ones(n, keys, dtype=torch.bool).tril(keys - n)
     expected = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), keys_of, values_of, mask)
     assert torch.allclose(outputs[0], expected.transpose(0, 1).reshape(n, -1), atol=1e-5)
