@@ -100,7 +100,7 @@ def _causal_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, firs
     q = q.contiguous()
     out = torch.empty(n, h * d)
     native.library().causal_attention(q.data_ptr(), n, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0],
-                                      keys.shape[1], first, num_keys, scale, out.data_ptr())
+                                      keys.shape[1], first, num_keys, scale, out.data_ptr(), torch.get_num_threads())
     return out
 
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "simd.h"
+#include "threads.h"
 
 static inline float dot(const float* __restrict a, const float* __restrict b, long D) {
   v16 acc = v_zero();
@@ -123,14 +124,15 @@ static void weighted_sums_any(const float* p, long ldp, const float* v, long key
 // q: [n, H, D]; K, V: [KVH, S, D] (the cache), the run at slots first .. first + t - 1; out: [n, H * D]. The query
 // heads of one KV head go together: their scores one after the other (the keys in L2 after the first), then one pass
 // over the values for all of them; every head's arithmetic is its own, in the order above. (Scoring blocks of keys
-// for every head while they sat in L1 was faster from cache and 10% slower where the keys came from memory.)
+// for every head while they sat in L1 was faster from cache and 10% slower where the keys came from memory.) The
+// n x KVH (row, KV head) pairs are split over `threads` threads (threads.h), which changes no output's arithmetic.
 extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
-                                 long S, long first, long t, float scale, float* out) {
+                                 long S, long first, long t, float scale, float* out, int threads) {
   const long group = H / KVH;
-  float* p = (float*)malloc(sizeof(float) * group * (t > 0 ? t : 1));  // [group, keys]
-  for (long r = 0; r < n; ++r) {
-    const long keys = t - n + r + 1;
-    for (long kv = 0; kv < KVH; ++kv) {
+  over_panels(n * KVH, threads, [&](long i0, long i1) {
+    float* p = (float*)malloc(sizeof(float) * group * (t > 0 ? t : 1));  // [group, keys]
+    for (long i = i0; i < i1; ++i) {
+      const long r = i / KVH, kv = i % KVH, keys = t - n + r + 1;
       const float* qv = q + (r * H + kv * group) * D;
       const float* kr = K + (kv * S + first) * D;
       const float* vr = V + (kv * S + first) * D;
@@ -145,6 +147,6 @@ extern "C" void causal_attention(const float* q, long n, long H, long D, const f
       }
       weighted_sums_any(p, keys, vr, keys, D, group, out + (r * H + kv * group) * D);
     }
-  }
-  free(p);
+    free(p);
+  });
 }

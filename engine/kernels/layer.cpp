@@ -20,7 +20,7 @@ extern "C" void panel8q8_gemm(const float* x, long M, long K, const signed char*
                               int threads);
 extern "C" void rms_norm(const float* x, long M, long D, const float* w, float eps, float* y);
 extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
-                                 long S, long first, long num_keys, float scale, float* out);
+                                 long S, long first, long num_keys, float scale, float* out, int threads);
 
 // A weight in one of the panel kernels' layouts: kind 0 float32 panels (a), 4 the 4-bit panels (a = Q, b = D,
 // c = M), 8 the 8-bit ones (a = Q, b = D); 5 and 9 those with 8-bit activations (q8_gemm.cpp). n outputs, k inputs.
@@ -100,7 +100,7 @@ extern "C" int layer_front(const Layer* L, long n, const float* x, float* residu
                   L->k_cache + (g * S + write_first + r) * D, D);
       memcpy(L->v_cache + (g * S + write_first + r) * D, qkv + r * width + (H + KVH + g) * D, sizeof(float) * D);
     }
-  causal_attention(q, n, H, D, L->k_cache, L->v_cache, KVH, S, key_first, num_keys, scale, att);
+  causal_attention(q, n, H, D, L->k_cache, L->v_cache, KVH, S, key_first, num_keys, scale, att, threads);
   matmul(L->o, att, n, o, threads);
   add(o, residual, residual, n * Dm);
   rms_norm(residual, n, Dm, L->norm2, L->eps, h);

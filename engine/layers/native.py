@@ -240,7 +240,7 @@ def _declare(lib: ctypes.CDLL) -> None:
                              ctypes.c_void_p]  # norm.py's
     lib.rms_norm.restype = None
     lib.causal_attention.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p,
-                                     *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p]  # sdpa.py's
+                                     *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # sdpa.py's
     lib.causal_attention.restype = None
     lib.layer_front.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                 *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,

@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
     else if (name == "rms_norm")
       ((void (*)(p, long, long, p, float, p))fn)(P(0), L(1), L(2), P(3), F(4), P(5));
     else if (name == "causal_attention")
-      ((void (*)(p, long, long, long, p, p, long, long, long, long, float, p))fn)(
-          P(0), L(1), L(2), L(3), P(4), P(5), L(6), L(7), L(8), L(9), F(10), P(11));
+      ((void (*)(p, long, long, long, p, p, long, long, long, long, float, p, int))fn)(
+          P(0), L(1), L(2), L(3), P(4), P(5), L(6), L(7), L(8), L(9), F(10), P(11), I(12));
     else if (name == "layer_front") {
       typedef int (*front)(p, long, p, p, int, long, long, long, long, p, p, long, long, long, long, float, p, int);
       if (((front)fn)(P(0), L(1), P(2), P(3), I(4), L(5), L(6), L(7), L(8), P(9), P(10), L(11), L(12), L(13), L(14),

@@ -122,7 +122,7 @@ def test_attention_gives_the_same_bits(libs, head_dim, keys, group):
 
     def attend(lib):
         out = torch.empty(n, heads * head_dim)
-        call(lib, "causal_attention", q, n, heads, head_dim, k, v, kv_heads, slots, 3, keys, head_dim**-0.5, out)
+        call(lib, "causal_attention", q, n, heads, head_dim, k, v, kv_heads, slots, 3, keys, head_dim**-0.5, out, 2)
         return out
 
     outputs = _each(libs, attend)
