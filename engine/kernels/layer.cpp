@@ -143,10 +143,14 @@ extern "C" void silu_mul(const float* gate_up, long n, long I, float* y) {
 
 // The num_layers layers L[0..] on x [n, Dm] (the embeddings), layer_front's arguments for the rest: out [n, Dm] <-
 // the last layer's MLP output, residual [n, Dm] <- its residual stream (the model's final add and norm follow).
-// Returns 0, or 1 when the scratch buffers could not be allocated.
+// Returns 0, 1 when the scratch buffers could not be allocated, or 2 when a layer has no down product (fused.py fills
+// them all or none).
 extern "C" int decoder_layers(const Layer* L, long num_layers, long n, const float* x, float* residual, float* out,
                               long Dm, long H, long KVH, long D, const float* cos, const float* ssin, long S,
                               long write_first, long key_first, long num_keys, float scale, int threads) {
+  for (long i = 0; i < num_layers; ++i)
+    if (L[i].down.a == 0) return 2;
+  if (num_layers < 1) return 0;
   const long I = L[0].gate_up.n / 2;
   float* gate_up = (float*)malloc(sizeof(float) * n * 3 * I);
   if (gate_up == 0) return 1;

@@ -51,19 +51,20 @@ INLINE v16 v_from_i8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))
 INLINE __m256 v_fold(v16 a) {  // lanes 8-15 plus lanes 0-7
   return _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)), _mm512_castps512_ps256(a));
 }
-// v_sum of 16 vectors at once, lane j <- v_sum(a[j]) (its pairs of additions, below): per level two 128-bit
-// shuffles and one add for two registers, 15 adds and 30 shuffles in all, against about 7 operations a v_sum.
+// v_sum of 16 vectors at once, lane j <- v_sum(a[j]) (its pairs of additions, each in its operand order, so NaNs
+// keep their bits too): per level two shuffles and one add for two registers, 15 adds and 30 shuffles in all,
+// against about 7 operations a v_sum.
 #define HAVE_V_SUM16 1
 INLINE v16 v_sum16(const v16* a) {
   static const int first[8] = {0, 8, 1, 9, 2, 10, 3, 11};  // a[j] and a[j + 4] share a register at the first level
   v16 r[8], s[4], t[2];
   for (int i = 0; i < 8; ++i) {  // lanes 0-7: a[i] + a[i + 8] of one vector, 8-15 of the other (v_fold's pairs)
     const v16 x = a[first[i]], y = a[first[i] + 4];
-    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)), _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)));
   }
   for (int i = 0; i < 4; ++i)  // 128-bit lane c: lanes 0-3 + lanes 4-7 of each level-1 sum
-    s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)),
+                         _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)));
   for (int i = 0; i < 2; ++i)  // elements 0 + 2 and 1 + 3 of each 4
     t[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
@@ -78,6 +79,7 @@ INLINE v16 v_sum16(const v16* a) {
 #define LOW_BIT_ROWS 8
 #define LOW_BIT_BLOCKS 2
 #define LOW_BIT_GROUP(m) ((m) <= 4 ? 2 : 1)
+#define ATTN_ACCUMULATORS 16  // attention.cpp's value sums: v16 accumulators a pass (heads x D / 16)
 
 #elif defined(__AVX2__) && defined(__FMA__)
 #define ISA_NAME "avx2"
@@ -142,6 +144,7 @@ INLINE __m256 v_fold(v16 a) { return _mm256_add_ps(a.hi, a.lo); }
 #define LOW_BIT_ROWS 5
 #define LOW_BIT_BLOCKS 1
 #define LOW_BIT_GROUP(m) 1
+#define ATTN_ACCUMULATORS 4
 
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
@@ -226,6 +229,7 @@ INLINE float v_sum(v16 a) {
 #define LOW_BIT_ROWS 5
 #define LOW_BIT_BLOCKS 1
 #define LOW_BIT_GROUP(m) 1
+#define ATTN_ACCUMULATORS 4
 
 #else
 #error "the CPU kernels need AVX-512, AVX2 with FMA, or AArch64 (NEON)"

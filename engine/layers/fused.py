@@ -5,9 +5,9 @@ around the kernels that do the work (norms, panel GEMMs, row attention). ``decod
 residual add, input norm, qkv product, rotary, cache write, attention, o product, residual add, post-attention norm,
 gate/up product, silu times up and down product in one call, with the eager forward's kernels and roundings, so its
 outputs are the eager path's bits (tests/engine/test_fused.py: logits equal to the bit). Its silu is torch's bits
-where ``silu_matches`` finds it so (x86 builds of torch use SLEEF's exp, which layer.cpp copies); elsewhere, or
-where the down product runs another kernel, each layer's front half is one call (``layer_front``) and torch's silu
-and the down product run in Python.
+where ``silu_matches`` finds it so (x86 builds of torch use SLEEF's exp, which layer.cpp copies) and torch's silu
+would run its vectorized exp on every value (``whole``); elsewhere, or where a down product runs another kernel, each
+layer's front half is one call (``layer_front``) and torch's silu and the down product run in Python.
 
 It takes a step only where every piece of it is what the eager forward would run: a CPU float32 model on one rank
 whose layers have no biases or q/k norms and whose products run the panel kernels at this row count, one
@@ -103,27 +103,38 @@ class FusedLayers:
             self.held.extend(tensors)
             layers.append(_Layer(*weights, tensors[0].data_ptr(), tensors[1].data_ptr(), norms[0].eps,
                                  tensors[2].data_ptr(), tensors[3].data_ptr(), self._down(mlp, rows)))
+        if any(layer.down.a is None for layer in layers):  # whole layers everywhere, or nowhere
+            for layer in layers:
+                layer.down = _Weight()
         return (_Layer * len(layers))(*layers)
 
     def _down(self, mlp: nn.Module, rows: int) -> _Weight:
         """The down product's weight where layer.cpp can run the MLP's back half as the eager forward would (silu
         with torch's bits, the down product on the panels), else an empty one (that half stays in Python)."""
         intermediate = mlp.down_proj.weight.shape[1]
-        down = _weight(mlp.down_proj, rows, self.held) if intermediate % 16 == 0 and silu_matches() else None
+        down = _weight(mlp.down_proj, rows, self.held) if intermediate % SILU_RUN == 0 and silu_matches() else None
         return down or _Weight()
 
 
-def whole(plan: ctypes.Array) -> bool:
-    """Whether ``plan``'s layers run whole in C (silu and the down product included)."""
-    return plan[0].down.a is not None
+# F.silu runs torch's vectorized exp on whole runs of 2 vectors (AVX-512: 32 floats) of each contiguous stretch and
+# libm's expf on what is left; at GRAIN values or more it splits them over threads, at points of its own. So its bits
+# are silu_mul's where every row is whole runs (I % SILU_RUN == 0) and it does not split: one thread or few values.
+SILU_RUN, GRAIN = 32, 32768
+
+
+def whole(plan: ctypes.Array, rows: int, threads: int) -> bool:
+    """Whether ``plan``'s layers run whole in C (silu and the down product included) for a step of ``rows`` rows
+    on ``threads`` threads."""
+    return plan[0].down.a is not None and (threads == 1 or rows * plan[0].down.k < GRAIN)
 
 
 @functools.cache
 def silu_matches() -> bool:
     """Whether layer.cpp's silu_mul gives F.silu(gate).mul_(up)'s bits here (it copies SLEEF's expf, which torch's
-    x86 builds use); checked once, on values over exp's whole range and its edges. If not, silu stays in Python."""
+    x86 builds use); checked once, on values over exp's whole range and its edges, 8192 of them (whole runs: see
+    SILU_RUN). If not, silu stays in Python."""
     g = torch.Generator().manual_seed(0)
-    gate = torch.cat([torch.randn(4000, generator=g) * 30, torch.linspace(-110, 110, 4000),
+    gate = torch.cat([torch.randn(4016, generator=g) * 30, torch.linspace(-110, 110, 4096),
                       torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.7, -88.7, 103.9, -103.9, 100.1, -100.1] * 8)])
     gate_up = torch.stack([gate, torch.randn(gate.shape[0], generator=g)])  # rows: gate, up ([1, 2 I])
     out = torch.empty(gate.shape[0])
@@ -181,18 +192,21 @@ def forward(fused: FusedLayers, plan: ctypes.Array, h: torch.Tensor, attn: Atten
     shape = (attention.num_heads, attention.num_kv_heads, attention.head_dim)
     cos, sin = cos.reshape(n, shape[2]).contiguous(), sin.reshape(n, shape[2]).contiguous()
     cache = (fused.backend.k[0].shape[1], write.start, span.key_slots.start, span.num_keys, attention.scale)
-    residual = torch.empty(n, hidden, dtype=torch.float32)
-    if whole(plan):
-        out = torch.empty(n, hidden, dtype=torch.float32)
-        if lib.decoder_layers(plan, len(plan), n, h.contiguous().data_ptr(), residual.data_ptr(), out.data_ptr(),
-                              hidden, *shape, cos.data_ptr(), sin.data_ptr(), *cache, torch.get_num_threads()):
+    residual, threads = torch.empty(n, hidden, dtype=torch.float32), torch.get_num_threads()
+    if whole(plan, n, threads):
+        h, out = h.contiguous(), torch.empty(n, hidden, dtype=torch.float32)
+        status = lib.decoder_layers(plan, len(plan), n, h.data_ptr(), residual.data_ptr(), out.data_ptr(), hidden,
+                                    *shape, cos.data_ptr(), sin.data_ptr(), *cache, threads)
+        if status == 2:
+            raise RuntimeError("engine/kernels/layer.cpp: a layer without its down product")
+        if status:
             raise MemoryError("engine/kernels/layer.cpp: no memory for a step's scratch buffers")
         return out, residual
     gate_up = torch.empty(n, plan[0].gate_up.n, dtype=torch.float32)
     for i, layer in enumerate(fused.model.model.layers):
         h = h.contiguous()
         if lib.layer_front(ctypes.byref(plan[i]), n, h.data_ptr(), residual.data_ptr(), int(i > 0), hidden, *shape,
-                           cos.data_ptr(), sin.data_ptr(), *cache, gate_up.data_ptr(), torch.get_num_threads()):
+                           cos.data_ptr(), sin.data_ptr(), *cache, gate_up.data_ptr(), threads):
             raise MemoryError("engine/kernels/layer.cpp: no memory for a step's scratch buffers")
         gate, up = gate_up.chunk(2, dim=-1)
         h = layer.mlp.down_proj.forward(F.silu(gate).mul_(up))

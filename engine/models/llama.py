@@ -8,6 +8,7 @@ add+rms_norm, gate_up matmul, silu*up, down matmul.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -141,7 +142,7 @@ class CausalLM(nn.Module):
         h, residual = self.model.embed_tokens.forward(input_ids), None
         cos, sin = self.rotary.lookup(positions, h.dtype)
         plan = self._fused_plan(h, attn, backend) if fused.applies(self, h, attn, backend) else None
-        if plan is not None:  # a few-row step of one sequence: each layer's front half in one kernel call
+        if plan is not None:  # a few-row step of one sequence: its layers in one kernel call (fused.py)
             h, residual = fused.forward(self._fused, plan, h, attn, cos, sin)
         else:
             ctx = ForwardContext(attn, backend, cos, sin)
@@ -150,7 +151,7 @@ class CausalLM(nn.Module):
         h, _ = self.model.norm.add_forward(h, residual)
         return h
 
-    def _fused_plan(self, h: torch.Tensor, attn: AttentionMetadata, backend: AttentionBackend) -> list | None:
+    def _fused_plan(self, h: torch.Tensor, attn: AttentionMetadata, backend: AttentionBackend) -> ctypes.Array | None:
         """engine.layers.fused's plan for this step's row count (None: the eager layers take it)."""
         if getattr(self, "_fused", None) is None or self._fused.backend is not backend:
             self._fused = fused.FusedLayers(self, backend)

@@ -75,7 +75,7 @@ def test_fused_steps_give_the_eager_logits_bit_for_bit(wide_heads_dir, rows, who
         monkeypatch.setattr(fused, "ENABLED", True)
         one_call = step_logits(runner, ids, 40, rows)  # the same slots rewritten with the same keys and values
         assert count_fused == [rows]
-        assert fused.whole(runner.model._fused.plan(rows)) == whole
+        assert fused.whole(runner.model._fused.plan(rows), rows, torch.get_num_threads()) == whole
         assert torch.equal(one_call, eager)
 
 
@@ -154,3 +154,34 @@ def test_a_reallocated_cache_gets_new_plans(wide_heads_dir):
                                 head_dim=k.shape[2], dtype=k.dtype, device=k.device)
         again = layers.plan(1)
         assert again is not first and again[0].k_cache == runner.backend.k[0].data_ptr()
+
+
+def test_a_layer_whose_down_product_runs_elsewhere_keeps_every_back_half_in_python(wide_heads_dir, count_fused,
+                                                                                   monkeypatch):
+    """Whole layers everywhere or nowhere: one layer's down product off the panels leaves every layer's silu and
+    down product to Python, with the eager logits still."""
+    original = fused._weight
+    with LLM(str(wide_heads_dir), max_model_len=128, enable_prefix_caching=False) as llm:
+        runner = llm.core.runner
+        last = runner.model.model.layers[-1].mlp.down_proj
+        monkeypatch.setattr(fused, "_weight", lambda module, *a: None if module is last else original(module, *a))
+        ids = torch.randint(runner.model.args.vocab_size, (45,), generator=torch.Generator().manual_seed(5)).tolist()
+        runner.run_spans(ids[:40], torch.arange(40), slice(0, 40), [SeqSpan(0, 40, slice(0, 40), 40)],
+                         all_logits=False)
+        monkeypatch.setattr(fused, "ENABLED", False)
+        eager = step_logits(runner, ids, 40, 5)
+        monkeypatch.setattr(fused, "ENABLED", True)
+        assert torch.equal(step_logits(runner, ids, 40, 5), eager)
+        plan = runner.model._fused.plan(5)
+        assert count_fused == [5] and all(layer.down.a is None for layer in plan)
+        assert not fused.whole(plan, 5, 1)
+
+
+def test_whole_layers_take_one_thread_or_fewer_values_than_torchs_split(wide_heads_dir):
+    """Where F.silu would split its values over threads (at points that need not fall on its vector runs) the
+    back halves stay in Python."""
+    with LLM(str(wide_heads_dir), max_model_len=128, enable_prefix_caching=False) as llm:
+        plan = fused.FusedLayers(llm.core.runner.model, llm.core.runner.backend).plan(1)
+        rows = -(-fused.GRAIN // plan[0].down.k)  # the fewest rows of GRAIN values or more
+        assert fused.whole(plan, rows, 1) and fused.whole(plan, rows - 1, 2)
+        assert not fused.whole(plan, rows, 2)

@@ -110,10 +110,11 @@ def test_rms_norm_gives_the_same_bits(libs, width):
 
 
 @pytest.mark.parametrize(("head_dim", "keys", "group"),
-                         [(64, 37, 3), (64, 300, 2), (64, 40, 5), (48, 21, 2), (40, 23, 2), (128, 16, 3), (128, 70, 2)])
+                         [(64, 37, 3), (64, 300, 2), (64, 40, 5), (64, 33, 1), (64, 50, 4), (48, 21, 2), (40, 23, 2),
+                          (128, 16, 3), (128, 70, 2), (128, 40, 1)])
 def test_attention_gives_the_same_bits(libs, head_dim, keys, group):
     """Every path of attention.cpp: 16-wide exp and libm's tail, head sizes 64 and 128 (AVX-512: 16 keys' dot
-    products reduced at once) and any other (48; 40: a masked tail), 1-4 query heads of a KV head at a time."""
+    products reduced at once) and any other (48; 40: a masked tail), 1-5 query heads a KV head (a pass: 1-4)."""
     g = torch.Generator().manual_seed(keys)
     n, kv_heads, slots = 5, 2, 400
     heads = group * kv_heads
