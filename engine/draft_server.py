@@ -22,6 +22,7 @@ from engine.distributed import LEADER, Channel, bits_float, float_bits
 from engine.drafter import Proposal
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from engine.shm_channel import ShmChannel
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class DraftSpec:
     device: str
     fast: FastPath = field(default_factory=FastPath)  # attention backend, CUDA graphs, torch.compile
     target_path: str | None = None  # the target's directory, for a draft that borrows its embedding
+    shm: str | None = None          # the shared-memory block of the round messages (engine.shm_channel), or gloo
 
 
 def encode_start(seq: Sequence, draft_seed: int) -> list[int]:
@@ -53,19 +55,21 @@ def encode_start(seq: Sequence, draft_seed: int) -> list[int]:
 
 
 def load(spec: DraftSpec):
-    """Build the draft (in the child, before it joins the group)."""
+    """Build the draft (in the child, before it joins the group): (drafter, the shared-memory block's name)."""
     from engine.build import build_drafter  # the model code is imported in the child only
 
-    return build_drafter(spec)
+    return build_drafter(spec), spec.shm
 
 
-def serve(group, drafter) -> None:
+def serve(group, loaded) -> None:
     """The draft rank's main loop (runs in the child process until SHUTDOWN or the leader's death)."""
-    _Server(drafter, Channel(group, LEADER)).loop()
+    drafter, shm = loaded
+    channel = Channel(group, LEADER)
+    _Server(drafter, channel if shm is None else ShmChannel.attach(shm, channel)).loop()
 
 
 class _Server:
-    def __init__(self, drafter, channel: Channel):
+    def __init__(self, drafter, channel: Channel | ShmChannel):
         self.drafter = drafter
         self.channel = channel
         self.shadow: dict[int, Sequence] = {}   # request id -> the target's committed tokens, as last told

@@ -11,6 +11,7 @@ requests in AR mode.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine import shm_channel
 from engine.config import BACKUPS
 from engine.distributed import Channel, RankSpec, float_bits, free_port, make_group, spawn_rank
 from engine.draft_server import (
@@ -55,14 +57,21 @@ class RemoteDrafter:
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
         port = free_port()
+        block = shm_channel.ShmChannel.new_block() if shm_channel.available() else None
+        spec = spec if block is None else dataclasses.replace(spec, shm=block.name)
         self.proc = spawn_rank(serve, rank, port, 2, spec, load=load)
         self.alive = False
         try:
             self.group = make_group(port, 0, 2, datetime.timedelta(seconds=timeout_s), [self.proc])
-            self.channel = Channel(self.group, DRAFT_RANK)  # the draft rank joins once its model is loaded
+            gloo = Channel(self.group, DRAFT_RANK)  # the draft rank joins once its model is loaded
         except RuntimeError as exc:
             self.proc.kill()
+            if block is not None:
+                block.close()
+                block.unlink()
             raise DraftLost(f"the draft process did not start: {_first_line(exc)}") from exc
+        self.channel = gloo if block is None else shm_channel.ShmChannel(
+            block, 0, gloo, owner=True, alive=self.proc.is_alive, timeout_s=timeout_s)
         self.alive = True
         self.seqs: dict[int, int] = {}                       # request id -> draft blocks reserved for it
         self.outcome: dict[int, tuple[int, int, int, int]] = {}  # request id -> (drafted, accepted, t*, length)
@@ -149,6 +158,8 @@ class RemoteDrafter:
             log.warning("the draft process did not stop; killing it")
             self.proc.kill()
             self.proc.join(timeout_s)
+        if isinstance(self.channel, shm_channel.ShmChannel):
+            self.channel.close()
 
     # -- transport with fault detection ---------------------------------------------------------
     def _send(self, msg: list[int]) -> None:

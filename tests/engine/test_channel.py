@@ -1,16 +1,21 @@
-"""engine.distributed.Channel: int64 lists of any length (empty included; int64's extremes) and float tensors
-between two gloo ranks, here two threads of one process, in order."""
+"""The round transports between the leader and SSD's draft process: engine.distributed.Channel (gloo) and
+engine.shm_channel.ShmChannel (shared memory, gloo for tensors and long lists). int64 lists of any length (empty
+included; int64's extremes; longer than a mailbox), one-way messages in a row and float tensors, in order, between
+two ranks that are two threads of one process here; a dead or silent peer is an error, not a hang."""
 
 from __future__ import annotations
 
 import datetime
 import threading
 
+import pytest
 import torch
 
+from engine import shm_channel
 from engine.distributed import Channel, free_port, make_group
+from engine.shm_channel import ShmChannel
 
-LENGTHS = [0, 1, 17, 63, 64, 65, 3000]
+LENGTHS = [0, 1, 17, 63, 64, 65, 3000, shm_channel.CAPACITY, shm_channel.CAPACITY + 1]
 
 
 def _lists() -> list[list[int]]:
@@ -18,23 +23,43 @@ def _lists() -> list[list[int]]:
     return [torch.randint(-(2**62), 2**62, (n,), generator=g).tolist() for n in LENGTHS] + [[2**63 - 1, -(2**63)]]
 
 
-def test_lists_and_tensors_cross_in_order():
+@pytest.fixture(scope="module")
+def gloo_pair():
     port, timeout = free_port(), datetime.timedelta(seconds=60)
     groups: dict[int, object] = {}
     joiner = threading.Thread(target=lambda: groups.__setitem__(1, make_group(port, 1, 2, timeout)))
     joiner.start()
     groups[0] = make_group(port, 0, 2, timeout)
     joiner.join()
-    leader, rank = Channel(groups[0], 1), Channel(groups[1], 0)
+    return Channel(groups[0], 1), Channel(groups[1], 0)
+
+
+@pytest.fixture(params=["gloo", "shm"])
+def pair(request, gloo_pair):
+    if request.param == "gloo":
+        yield gloo_pair
+        return
+    leader = ShmChannel(ShmChannel.new_block(), 0, gloo_pair[0], owner=True, alive=lambda: True, timeout_s=60)
+    rank = ShmChannel.attach(leader.name, gloo_pair[1])
+    yield leader, rank
+    rank.close()
+    leader.close()
+
+
+def test_lists_and_tensors_cross_in_order(pair):
+    leader, rank = pair
     echoed, tensor = [], torch.randn(3, 5)
 
-    def echo():  # the other rank: each list back reversed, then the tensor back doubled
+    def echo():  # the other rank: two one-way lists, then each list back reversed, then the tensor back doubled
+        assert rank.recv_ints() == [1] and rank.recv_ints() == [2, 3]
         for _ in range(len(_lists())):
             rank.send_ints(rank.recv_ints()[::-1])
         rank.send_tensor(rank.recv_tensor((3, 5), torch.float32) * 2)
 
     peer = threading.Thread(target=echo)
     peer.start()
+    leader.send_ints([1])  # one-way messages in a row (START, then a round; FINISH, then FINISH)
+    leader.send_ints([2, 3])
     for values in _lists():
         leader.send_ints(values)
         echoed.append(leader.recv_ints())
@@ -43,3 +68,20 @@ def test_lists_and_tensors_cross_in_order():
     peer.join()
     assert echoed == [values[::-1] for values in _lists()]
     assert torch.equal(back, tensor * 2)
+
+
+def test_a_dead_or_silent_peer_is_an_error(gloo_pair, monkeypatch):
+    monkeypatch.setattr(shm_channel, "SPIN_S", 0.0)
+    dead = ShmChannel(ShmChannel.new_block(), 0, gloo_pair[0], owner=True, alive=lambda: False, timeout_s=60)
+    silent = ShmChannel(ShmChannel.new_block(), 0, gloo_pair[0], owner=True, alive=lambda: True, timeout_s=0.05)
+    try:
+        with pytest.raises(RuntimeError, match="exited"):
+            dead.recv_ints()
+        with pytest.raises(RuntimeError, match="no answer"):
+            silent.recv_ints()
+        silent.send_ints([1])  # nobody takes it: the next send waits, and gives up
+        with pytest.raises(RuntimeError, match="no answer"):
+            silent.send_ints([2])
+    finally:
+        dead.close()
+        silent.close()

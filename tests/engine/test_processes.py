@@ -15,12 +15,14 @@ import time
 import pytest
 import torch
 
-from engine import LLM, EngineWarning, FinishReason, SamplingParams, TokenDelta, affinity
+from engine import LLM, EngineWarning, FinishReason, SamplingParams, TokenDelta, affinity, shm_channel
 from engine.affinity import pin
 from engine.config import SpeculationConfig
+from engine.distributed import Channel
 from engine.errors import InvalidParameterError
 from engine.outputs import RequestFinished
 from engine.placement import Device, Placement, off_the_draft
+from engine.shm_channel import ShmChannel
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)
@@ -59,6 +61,19 @@ def test_ssd_with_a_draft_process_equals_ar(remote, k, fanout, backup):
     else:
         assert 0 < hits < steps
     assert all(s.draft_idle_s is not None for s in spec)  # the draft process reports its idle time
+
+
+def test_the_round_messages_take_shared_memory_on_x86_and_gloo_when_told(remote, tiny_llama_dir, draft_dir,
+                                                                          monkeypatch):
+    """x86-64: the leader and the draft process exchange rounds through shared memory (engine.shm_channel);
+    SSD_CHAT_SHM=0 (and other CPUs) keep gloo, with the same tokens."""
+    assert isinstance(remote.remote.channel, ShmChannel) == shm_channel.available()
+    want = _outputs(remote, SpeculationConfig(mode="ar"))
+    monkeypatch.setenv("SSD_CHAT_SHM", "0")
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
+             threads=1) as llm:
+        assert type(llm.remote.channel) is Channel
+        assert _outputs(llm, SpeculationConfig(mode="ssd", k=4)) == want
 
 
 def test_ssd_with_a_draft_process_runs_exactly_into_the_context_limit(remote):

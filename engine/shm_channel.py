@@ -1,0 +1,125 @@
+"""SSD's round messages through shared memory: the leader and the draft process poll a sequence number.
+
+A round's exchange over gloo (engine.distributed.Channel) costs about 0.6 ms on loopback: two messages each way,
+each about 100 us through gloo's socket threads (README, "Where an SSD cache hit's wait goes"), against 80 us of
+work in the draft process on a cache hit. Here each direction is a mailbox in one shared-memory block,
+[sequence, length, taken, payload...]: the sender waits until its last message was taken, writes the payload, then
+the length, then bumps the sequence; the receiver spins on the sequence, copies the payload and marks it taken (so
+a one-way message, START or FINISH, followed by another waits for the draft process to read the first). Lists
+longer than a mailbox (a long prompt's START) and the sampled rounds' float rows still go over the gloo channel,
+which also stays the group the processes were started with.
+
+x86-64 only: its stores become visible in program order (TSO), which the sender's plain stores rely on; other CPUs
+keep gloo (``available``). ``SSD_CHAT_SHM=0`` keeps gloo everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from array import array
+from collections.abc import Callable
+from multiprocessing import shared_memory
+
+import torch
+
+from engine.distributed import Channel
+
+CAPACITY = 1 << 16        # int64 payload slots a mailbox (512 KB)
+SPIN_S = 0.05             # spin this long, then poll every POLL_S, after IDLE_S every IDLE_POLL_S (a draft process
+POLL_S = 2e-4             # idle between chat turns: about 200 wake-ups a second, and the first message of the
+IDLE_S, IDLE_POLL_S = 1.0, 5e-3  # next turn read within 5 ms)
+HEADER = 3                # sequence, length, taken (the receiver's sequence)
+OVER_GLOO = -1            # length slot: the list follows on the gloo channel
+
+
+def available() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and os.environ.get("SSD_CHAT_SHM", "1") != "0"
+
+
+class ShmChannel:
+    """Channel's interface (send_ints / recv_ints / send_tensor / recv_tensor) over two shared-memory mailboxes,
+    tensors and oversized lists over ``gloo``. The leader makes the block (``new_block``) and wraps it (side 0),
+    the draft process ``attach``es to it by name (side 1)."""
+
+    def __init__(self, block: shared_memory.SharedMemory, side: int, gloo: Channel, *, owner: bool,
+                 alive: Callable[[], bool] | None = None, timeout_s: float | None = None):
+        """side 0 (leader) sends into mailbox 0 and reads mailbox 1; side 1 the other way round. `alive`: whether
+        the peer still runs (polled while waiting); `timeout_s`: the longest wait before the peer counts as gone."""
+        self.block, self.gloo, self.owner = block, gloo, owner
+        self.alive, self.timeout_s = alive, timeout_s
+        self.slots = block.buf.cast("q")
+        size = HEADER + CAPACITY
+        self.out = self.slots[side * size : (side + 1) * size]
+        self.inbox = self.slots[(1 - side) * size : (2 - side) * size]
+        self.sent, self.seen = self.out[0], self.inbox[0]
+
+    @staticmethod
+    def new_block() -> shared_memory.SharedMemory:
+        """The leader's block, made before the draft process starts (its name goes in the DraftSpec)."""
+        block = shared_memory.SharedMemory(create=True, size=2 * (HEADER + CAPACITY) * 8)
+        block.buf[: (2 * HEADER + CAPACITY) * 8] = bytes((2 * HEADER + CAPACITY) * 8)  # both headers zero
+        return block
+
+    @classmethod
+    def attach(cls, name: str, gloo: Channel) -> ShmChannel:
+        # (it registers the name with the resource tracker, which a spawned process shares with the leader and
+        # which keeps one entry a name: the leader's unlink at close clears it; after a crash the tracker unlinks it)
+        return cls(shared_memory.SharedMemory(name=name), 1, gloo, owner=False)
+
+    @property
+    def name(self) -> str:
+        return self.block.name
+
+    def send_ints(self, values: list[int]) -> None:
+        n, out = len(values), self.out
+        self._wait(lambda: out[2] == self.sent)  # the last one taken: the mailbox is free
+        if n <= CAPACITY:
+            self.out[HEADER : HEADER + n] = array("q", values)
+            self.out[1] = n
+        else:
+            self.out[1] = OVER_GLOO
+        self.sent += 1
+        self.out[0] = self.sent  # last: the receiver reads the payload only after it sees this
+        if n > CAPACITY:
+            self.gloo.send_ints(values)
+
+    def recv_ints(self) -> list[int]:
+        want, inbox = self.seen + 1, self.inbox
+        self._wait(lambda: inbox[0] == want)
+        self.seen, n = want, inbox[1]
+        values = None if n == OVER_GLOO else inbox[HEADER : HEADER + n].tolist()
+        inbox[2] = want  # taken
+        return self.gloo.recv_ints() if values is None else values
+
+    def send_tensor(self, x: torch.Tensor) -> None:
+        self.gloo.send_tensor(x)
+
+    def recv_tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self.gloo.recv_tensor(shape, dtype)
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        """Until ready(): spin, then poll; raise RuntimeError if the peer dies or times out."""
+        start = time.perf_counter()
+        while True:
+            for _ in range(1000):
+                if ready():
+                    return
+            waited = time.perf_counter() - start
+            if waited > SPIN_S:
+                time.sleep(POLL_S if waited < IDLE_S else IDLE_POLL_S)
+            if self.alive is not None and not self.alive():
+                raise RuntimeError("the peer process exited")
+            if self.timeout_s is not None and waited > self.timeout_s:
+                raise RuntimeError(f"no answer from the peer process in {self.timeout_s:.0f} s")
+
+    def close(self) -> None:
+        if self.slots is None:
+            return
+        for view in (self.out, self.inbox, self.slots):
+            view.release()
+        self.slots = None
+        self.block.close()
+        if self.owner:
+            self.block.unlink()
