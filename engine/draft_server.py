@@ -64,8 +64,12 @@ def load(spec: DraftSpec):
 def serve(group, loaded) -> None:
     """The draft rank's main loop (runs in the child process until SHUTDOWN or the leader's death)."""
     drafter, shm = loaded
-    channel = Channel(group, LEADER)
-    _Server(drafter, channel if shm is None else ShmChannel.attach(shm, channel)).loop()
+    channel = Channel(group, LEADER) if shm is None else ShmChannel.attach(shm, Channel(group, LEADER))
+    try:
+        _Server(drafter, channel).loop()
+    finally:
+        if isinstance(channel, ShmChannel):
+            channel.close()
 
 
 class _Server:

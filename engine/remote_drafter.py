@@ -57,19 +57,21 @@ class RemoteDrafter:
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
         port = free_port()
-        block = shm_channel.ShmChannel.new_block() if shm_channel.available() else None
+        block = _shm_block()
         spec = spec if block is None else dataclasses.replace(spec, shm=block.name)
         self.proc = spawn_rank(serve, rank, port, 2, spec, load=load)
         self.alive = False
         try:
             self.group = make_group(port, 0, 2, datetime.timedelta(seconds=timeout_s), [self.proc])
             gloo = Channel(self.group, DRAFT_RANK)  # the draft rank joins once its model is loaded
-        except RuntimeError as exc:
+        except BaseException as exc:
             self.proc.kill()
             if block is not None:
                 block.close()
                 block.unlink()
-            raise DraftLost(f"the draft process did not start: {_first_line(exc)}") from exc
+            if isinstance(exc, RuntimeError):
+                raise DraftLost(f"the draft process did not start: {_first_line(exc)}") from exc
+            raise
         self.channel = gloo if block is None else shm_channel.ShmChannel(
             block, 0, gloo, owner=True, alive=self.proc.is_alive, timeout_s=timeout_s)
         self.alive = True
@@ -177,6 +179,18 @@ class RemoteDrafter:
                 self.proc.kill()
             raise DraftLost(f"the draft process stopped after {time.perf_counter() - t0:.1f} s: {_first_line(exc)}") \
                 from exc
+
+
+def _shm_block():
+    """The shared-memory block of the round messages (engine.shm_channel), or None: gloo (not x86-64,
+    SSD_CHAT_SHM=0, or no shared memory here)."""
+    if not shm_channel.available():
+        return None
+    try:
+        return shm_channel.ShmChannel.new_block()
+    except OSError as exc:
+        log.warning("no shared memory for SSD's round messages (%s); they go over gloo", exc)
+        return None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,6 +15,7 @@ keep gloo (``available``). ``SSD_CHAT_SHM=0`` keeps gloo everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -27,9 +28,10 @@ import torch
 from engine.distributed import Channel
 
 CAPACITY = 1 << 16        # int64 payload slots a mailbox (512 KB)
-SPIN_S = 0.05             # spin this long, then poll every POLL_S, after IDLE_S every IDLE_POLL_S (a draft process
-POLL_S = 2e-4             # idle between chat turns: about 200 wake-ups a second, and the first message of the
-IDLE_S, IDLE_POLL_S = 1.0, 5e-3  # next turn read within 5 ms)
+SPIN_S = 0.05             # spin this long (letting other threads run between checks: the chat app's UI), then
+POLL_S = 2e-4             # check every POLL_S, and after IDLE_S every IDLE_POLL_S: a draft process idle between
+IDLE_S, IDLE_POLL_S = 1.0, 0.01  # turns, or beside SD, wakes 100 times a second, and reads a turn's first message
+                                 # within 10 ms
 HEADER = 3                # sequence, length, taken (the receiver's sequence)
 OVER_GLOO = -1            # length slot: the list follows on the gloo channel
 
@@ -53,14 +55,12 @@ class ShmChannel:
         size = HEADER + CAPACITY
         self.out = self.slots[side * size : (side + 1) * size]
         self.inbox = self.slots[(1 - side) * size : (2 - side) * size]
-        self.sent, self.seen = self.out[0], self.inbox[0]
+        self.sent = self.seen = 0  # a new block: the peer may have written before this side attached
 
     @staticmethod
     def new_block() -> shared_memory.SharedMemory:
         """The leader's block, made before the draft process starts (its name goes in the DraftSpec)."""
-        block = shared_memory.SharedMemory(create=True, size=2 * (HEADER + CAPACITY) * 8)
-        block.buf[: (2 * HEADER + CAPACITY) * 8] = bytes((2 * HEADER + CAPACITY) * 8)  # both headers zero
-        return block
+        return shared_memory.SharedMemory(create=True, size=2 * (HEADER + CAPACITY) * 8)  # zeros
 
     @classmethod
     def attach(cls, name: str, gloo: Channel) -> ShmChannel:
@@ -80,8 +80,8 @@ class ShmChannel:
             self.out[1] = n
         else:
             self.out[1] = OVER_GLOO
+        self.out[0] = self.sent + 1  # last: the receiver reads the payload only after it sees this
         self.sent += 1
-        self.out[0] = self.sent  # last: the receiver reads the payload only after it sees this
         if n > CAPACITY:
             self.gloo.send_ints(values)
 
@@ -103,19 +103,27 @@ class ShmChannel:
         """Until ready(): spin, then poll; raise RuntimeError if the peer dies or times out."""
         start = time.perf_counter()
         while True:
-            for _ in range(1000):
-                if ready():
-                    return
             waited = time.perf_counter() - start
-            if waited > SPIN_S:
+            if waited < SPIN_S:
+                for _ in range(500):
+                    if ready():
+                        return
+                time.sleep(0)  # the GIL to any other thread
+            elif ready():
+                return
+            else:
                 time.sleep(POLL_S if waited < IDLE_S else IDLE_POLL_S)
-            if self.alive is not None and not self.alive():
+            if self.alive is not None and not self.alive() and not ready():
                 raise RuntimeError("the peer process exited")
-            if self.timeout_s is not None and waited > self.timeout_s:
+            if self.timeout_s is not None and waited > self.timeout_s and not ready():
                 raise RuntimeError(f"no answer from the peer process in {self.timeout_s:.0f} s")
 
+    def __del__(self) -> None:  # never closed (an LLM left open at exit): its views first, then the block
+        with contextlib.suppress(Exception):
+            self.close()
+
     def close(self) -> None:
-        if self.slots is None:
+        if getattr(self, "slots", None) is None:
             return
         for view in (self.out, self.inbox, self.slots):
             view.release()

@@ -40,7 +40,10 @@ def pair(request, gloo_pair):
         yield gloo_pair
         return
     leader = ShmChannel(ShmChannel.new_block(), 0, gloo_pair[0], owner=True, alive=lambda: True, timeout_s=60)
+    leader.send_ints([0])  # before the other side attaches, as the leader may send START before the draft listens
     rank = ShmChannel.attach(leader.name, gloo_pair[1])
+    rank.timeout_s = 60
+    assert rank.recv_ints() == [0]
     yield leader, rank
     rank.close()
     leader.close()
@@ -48,13 +51,17 @@ def pair(request, gloo_pair):
 
 def test_lists_and_tensors_cross_in_order(pair):
     leader, rank = pair
-    echoed, tensor = [], torch.randn(3, 5)
+    echoed, tensor, errors = [], torch.randn(3, 5), []
 
     def echo():  # the other rank: two one-way lists, then each list back reversed, then the tensor back doubled
-        assert rank.recv_ints() == [1] and rank.recv_ints() == [2, 3]
-        for _ in range(len(_lists())):
-            rank.send_ints(rank.recv_ints()[::-1])
-        rank.send_tensor(rank.recv_tensor((3, 5), torch.float32) * 2)
+        try:
+            assert rank.recv_ints() == [1] and rank.recv_ints() == [2, 3]
+            for _ in range(len(_lists())):
+                rank.send_ints(rank.recv_ints()[::-1])
+            rank.send_tensor(rank.recv_tensor((3, 5), torch.float32) * 2)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
 
     peer = threading.Thread(target=echo)
     peer.start()
@@ -66,6 +73,7 @@ def test_lists_and_tensors_cross_in_order(pair):
     leader.send_tensor(tensor)
     back = leader.recv_tensor((3, 5), torch.float32)
     peer.join()
+    assert errors == []
     assert echoed == [values[::-1] for values in _lists()]
     assert torch.equal(back, tensor * 2)
 
