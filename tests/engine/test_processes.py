@@ -292,8 +292,9 @@ def test_a_killed_leader_takes_its_ranks_down(tiny_llama_dir, tmp_path):
     script = tmp_path / "leader.py"
     script.write_text(LEADER_SCRIPT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.getcwd()}
+    every_core = set(range(os.cpu_count() or 1))  # not this worker's pinning (an open engine in another test of it)
     leader = subprocess.Popen([sys.executable, str(script), str(tiny_llama_dir)], stdout=subprocess.PIPE, env=env,
-                              text=True)
+                              text=True, preexec_fn=lambda: os.sched_setaffinity(0, every_core))
     try:
         pids = [int(p) for p in leader.stdout.readline().split()]
         assert len(pids) == 2 and all(_alive(p) for p in pids)
