@@ -68,8 +68,7 @@ def serve(group, loaded) -> None:
     try:
         _Server(drafter, channel).loop()
     finally:
-        if isinstance(channel, ShmChannel):
-            channel.close()
+        channel.close()
 
 
 class _Server:

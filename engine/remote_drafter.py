@@ -160,8 +160,7 @@ class RemoteDrafter:
             log.warning("the draft process did not stop; killing it")
             self.proc.kill()
             self.proc.join(timeout_s)
-        if isinstance(self.channel, shm_channel.ShmChannel):
-            self.channel.close()
+        self.channel.close()
 
     # -- transport with fault detection ---------------------------------------------------------
     def _send(self, msg: list[int]) -> None:

@@ -74,18 +74,16 @@ extern "C" void rotary_rows(const float* x, long n, long heads, long D, long ldx
     }
 }
 
-// x [n, Dm]: the layer's input (the previous MLP's output; with has_residual 0, the embeddings). residual [n, Dm]
-// <- the residual stream after attention (x + residual + attention's output, as the eager forward adds them).
-// gate_up [n, 2 I] <- the MLP's gate and up products of its normed input. The n new rows' keys and values are
-// written at slots write_first.. of the cache; the rows attend to num_keys keys from slot key_first (causally).
-// cos, ssin: [n, D] (rotary's tables at the rows' positions). H, KVH: query and key heads; D: head size.
-// Returns 0, or 1 when the scratch buffers could not be allocated (nothing written then).
-extern "C" int layer_front(const Layer* L, long n, const float* x, float* residual, int has_residual, long Dm,
-                           long H, long KVH, long D, const float* cos, const float* ssin, long S, long write_first,
-                           long key_first, long num_keys, float scale, float* gate_up, int threads) {
+// The scratch floats `front` needs for n rows.
+static long front_scratch(long n, long Dm, long H, long KVH, long D) {
+  return n * (2 * Dm + (3 * H + 2 * KVH) * D);  // normed input and o, qkv, q, attention
+}
+
+// layer_front's work, in `h` (front_scratch floats).
+static void front(const Layer* L, long n, const float* x, float* residual, int has_residual, long Dm, long H, long KVH,
+                  long D, const float* cos, const float* ssin, long S, long write_first, long key_first,
+                  long num_keys, float scale, float* gate_up, int threads, float* h) {
   const long width = (H + 2 * KVH) * D;
-  float* h = (float*)malloc(sizeof(float) * n * (Dm + width + H * D + H * D + Dm));
-  if (h == 0) return 1;
   float *qkv = h + n * Dm, *q = qkv + n * width, *att = q + n * H * D, *o = att + n * H * D;
   if (has_residual)
     add(x, residual, residual, n * Dm);
@@ -105,6 +103,21 @@ extern "C" int layer_front(const Layer* L, long n, const float* x, float* residu
   add(o, residual, residual, n * Dm);
   rms_norm(residual, n, Dm, L->norm2, L->eps, h);
   matmul(L->gate_up, h, n, gate_up, threads);
+}
+
+// x [n, Dm]: the layer's input (the previous MLP's output; with has_residual 0, the embeddings). residual [n, Dm]
+// <- the residual stream after attention (x + residual + attention's output, as the eager forward adds them).
+// gate_up [n, 2 I] <- the MLP's gate and up products of its normed input. The n new rows' keys and values are
+// written at slots write_first.. of the cache; the rows attend to num_keys keys from slot key_first (causally).
+// cos, ssin: [n, D] (rotary's tables at the rows' positions). H, KVH: query and key heads; D: head size.
+// Returns 0, or 1 when the scratch buffers could not be allocated (nothing written then).
+extern "C" int layer_front(const Layer* L, long n, const float* x, float* residual, int has_residual, long Dm,
+                           long H, long KVH, long D, const float* cos, const float* ssin, long S, long write_first,
+                           long key_first, long num_keys, float scale, float* gate_up, int threads) {
+  float* h = (float*)malloc(sizeof(float) * front_scratch(n, Dm, H, KVH, D));
+  if (h == 0) return 1;
+  front(L, n, x, residual, has_residual, Dm, H, KVH, D, cos, ssin, S, write_first, key_first, num_keys, scale,
+        gate_up, threads, h);
   free(h);
   return 0;
 }
@@ -152,18 +165,15 @@ extern "C" int decoder_layers(const Layer* L, long num_layers, long n, const flo
     if (L[i].down.a == 0) return 2;
   if (num_layers < 1) return 0;
   const long I = L[0].gate_up.n / 2;
-  float* gate_up = (float*)malloc(sizeof(float) * n * 3 * I);
+  float* gate_up = (float*)malloc(sizeof(float) * (n * 3 * I + front_scratch(n, Dm, H, KVH, D)));  // one for all
   if (gate_up == 0) return 1;
-  float* act = gate_up + n * 2 * I;
-  int status = 0;
-  for (long i = 0; i < num_layers && status == 0; ++i) {
-    status = layer_front(L + i, n, i > 0 ? out : x, residual, i > 0, Dm, H, KVH, D, cos, ssin, S, write_first,
-                         key_first, num_keys, scale, gate_up, threads);
-    if (status == 0) {
-      silu_mul(gate_up, n, I, act);
-      matmul(L[i].down, act, n, out, threads);
-    }
+  float *act = gate_up + n * 2 * I, *scratch = act + n * I;
+  for (long i = 0; i < num_layers; ++i) {
+    front(L + i, n, i > 0 ? out : x, residual, i > 0, Dm, H, KVH, D, cos, ssin, S, write_first, key_first, num_keys,
+          scale, gate_up, threads, scratch);
+    silu_mul(gate_up, n, I, act);
+    matmul(L[i].down, act, n, out, threads);
   }
   free(gate_up);
-  return status;
+  return 0;
 }
