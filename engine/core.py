@@ -216,8 +216,8 @@ class EngineCore:
         return self._run_and_sample([Chunk(s, len(s.token_ids) - 1, len(s.token_ids)) for s in seqs])
 
     def _run_and_sample(self, chunks: list[Chunk]) -> dict[Sequence, StepOutput]:
-        logits = self.runner.run(chunks)  # [B, V]
         seqs = [c.seq for c in chunks]
+        logits = self.runner.run(chunks, greedy=all(s.params.is_greedy for s in seqs))  # [B, V]
         tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs])
         return {c.seq: StepOutput([t], [TokenSource.TARGET], c.end) for c, t in zip(chunks, tokens, strict=True)}
 

@@ -77,7 +77,7 @@ def verify(
         n, drafts = len(seq.token_ids), proposals[seq].tokens
         ensure_capacity(seq, n + len(drafts))
         chunks.append(Chunk(seq, n - 1, n + len(drafts), (seq.token_ids[-1], *drafts)))
-    logits = runner.run(chunks, all_logits=True)  # [sum(k_i + 1), V]
+    logits = runner.run(chunks, all_logits=True, greedy=all(s.params.is_greedy for s in seqs))  # [sum(k_i + 1), V]
     verify_time = time.perf_counter() - t1
     outputs, row = {}, 0
     for seq in seqs:

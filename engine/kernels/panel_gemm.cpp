@@ -7,6 +7,10 @@
 // one AVX-512 core); several panels are read at once for few rows (more memory streams in flight). A pass
 // computes a few rows of a few 16-column blocks of a panel (simd.h: fewer on AVX2 and NEON); a panel takes
 // several passes where it needs more, each output still one chain over k.
+#include <math.h>
+#include <stdlib.h>
+
+#include "q8.h"
 #include "simd.h"
 #include "threads.h"
 
@@ -171,4 +175,47 @@ extern "C" void panel4_gemm(const float* x, long M, long K, const unsigned char*
 extern "C" void panel8_gemm(const float* x, long M, long K, const signed char* Q, const float* D, float* y, long N,
                             int threads) {
   low_bit_gemm<8>(x, M, K, (const unsigned char*)Q, D, nullptr, y, N, threads);
+}
+
+// panel8_gemm's products for a greedy step, screened: y [M, N] holds panel8_gemm's bits in every panel that may hold
+// a row's largest product and -inf in every other, so y's argmax per row is panel8_gemm's (first index on ties).
+// q8_screen8 bounds each product from the 8-bit activations' one (x rounded to 8 bits: about a third of the float
+// kernel's time at 5 rows); lower = max over the row of (A - E) <= the largest F, so a panel whose every column has
+// A + E < lower holds no product as large as that one, and only the others run the float32 kernel (one row, one
+// panel at a time: each output is its one FMA chain over k, the same bits as in panel8_gemm). About 10 of the
+// head's 1536 panels a row on SmolLM2-135M. S: [panels][K / 32], the largest sum |d * q| over a block's 32
+// columns (engine/layers/panel8.py's bound_sums). Rows with a NaN or an inf, and CPUs without q8's code, get
+// every panel exactly. Returns the number of (row, panel) pairs computed exactly.
+extern "C" long panel8_screened(const float* x, long M, long K, const signed char* Q, const float* D,
+                                const float* S, float* y, long N, int threads) {
+  const long P = N / 32, blocks = K / 32;
+  float* hi = (float*)malloc((2 * M * P + M) * sizeof(float));
+  int* full = (int*)malloc(M * sizeof(int));
+  if (hi == 0 || full == 0) abort();
+  float *lo = hi + M * P, *lower = lo + M * P;
+  q8_screen8(x, M, K, (const unsigned char*)Q, D, S, hi, lo, full, N, threads);
+  for (long m = 0; m < M; ++m) {
+    float best = -INFINITY;
+    for (long p = 0; p < P; ++p) best = fmaxf(best, lo[m * P + p]);
+    lower[m] = full[m] ? -INFINITY : best;  // -inf: every panel (hi is never NaN)
+  }
+  over_panels(P, threads, [&](long p0, long p1) {
+    for (long p = p0; p < p1; ++p)
+      for (long m = 0; m < M; ++m) {
+        float* out = y + m * N + 32 * p;
+        if (full[m] || hi[m * P + p] >= lower[m]) {
+          for (int c0 = 0; c0 < 2; c0 += LB)
+            low_bit_panels<8, 1, 1, LB>(x + m * K, K, (const unsigned char*)Q + p * K * 32, D + p * blocks * 32,
+                                        nullptr, c0, out, N);
+        } else {
+          for (int j = 0; j < 32; ++j) out[j] = -INFINITY;
+        }
+      }
+  });
+  long exact = 0;
+  for (long m = 0; m < M; ++m)
+    for (long p = 0; p < P; ++p) exact += full[m] || hi[m * P + p] >= lower[m];
+  free(hi);
+  free(full);
+  return exact;
 }

@@ -15,3 +15,8 @@ void q8_quantize_row_avx2(const float* x, long K, signed char* xq, float* dx, fl
 void q8_panels_avx2(int bits, const signed char* xq, const float* dx, const float* sx, long M, long K,
                     const unsigned char* Q, const float* D, const float* Mn, float* y, long N, long p0, long p1);
 #endif
+
+// q8_gemm.cpp: panel8_screened's bounds (panel_gemm.cpp; also called from tests); where there is no q8 code every
+// row is marked full.
+extern "C" void q8_screen8(const float* x, long M, long K, const unsigned char* Q, const float* D,
+                           const float* S, float* hi, float* lo, int* full, long N, int threads);

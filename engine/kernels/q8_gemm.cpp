@@ -191,6 +191,94 @@ static void q8_gemm(const float* x, long M, long K, const unsigned char* Q, cons
   free(xq);
 }
 
+#pragma GCC diagnostic ignored "-Wpsabi"  // (the AVX2 build's note on 64-byte vectors: these never cross calls)
+typedef float vf16 __attribute__((vector_size(64)));  // the library's flags pick the registers (AVX-512: one)
+typedef int vi16 __attribute__((vector_size(64)));
+
+static inline vf16 load16(const float* p) {
+  vf16 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// 16 columns' A + E (side 1) or A - E (side -1), E = the bound sum e widened as q8_screen8 says; a column whose
+// A + E or A - E is not finite (or NaN) gives +inf (side 1: a candidate) or -inf (side -1: no lower bound).
+static inline vf16 screen16(vf16 A, vf16 e, int side) {
+  const vf16 absA = A < 0 ? -A : A;
+  const vf16 E = e * 1.00001f + 2.384185791015625e-07f * absA + 1e-30f;  // 2^-22 |A|
+  const vf16 up = A + E, down = A - E;
+  const vi16 good = (up <= FLT_MAX) & (down >= -FLT_MAX);
+  const vf16 bad = side > 0 ? vf16{} + INFINITY : vf16{} - INFINITY;
+  return good ? (side > 0 ? up : down) : bad;
+}
+
+// panel8_screened's first pass (panel_gemm.cpp): for each row m and panel p of the 8-bit head, the largest lower and
+// upper bounds over the panel's 32 columns, lo[m][p] = max (A - E) and hi[m][p] = max (A + E), where A is
+// panel8q8_gemm's product (x rounded to 8 bits) and E bounds |A - the float32 kernel's product F| (panel8_gemm):
+//   F - A = (F - x.w) + (x - x8).w + (x8.w - A), x8 = dx * xq the rounded activations, so per block b of 32 inputs
+//   |F - A| <= sum_b (r_b + slack * max |x_b|) * S_b, r_b = max |x_b - x8_b| (computed, not assumed: any rounding
+//   rule, zeroed tiny blocks included), S_b = the panel's largest sum |w_b| over its 32 columns (exact in float32;
+//   one number a panel and block: 110 KB for SmolLM2's head, where a sum a column read 3.5 MB a step and saved only
+//   about 6 exact panels a row of 1536), slack covering F's FMA chain over K
+//   (gamma_K), A's float steps (gamma_{K/32+2}) and r_b's own rounding. E is that sum times 1 + 1e-5 (its own
+//   rounding), plus 2^-22 |A| (so that float32's A + E and A - E round outward) and 1e-30 (underflow).
+// A lane whose A or E is not finite counts as +inf in hi (the caller computes it exactly); full[m] = 1 where row m
+// holds a NaN or an inf (no bound: the caller computes the whole row exactly).
+extern "C" void q8_screen8(const float* x, long M, long K, const unsigned char* Q, const float* D,
+                           const float* S, float* hi, float* lo, int* full, long N, int threads) {
+  const long blocks = K / 32, P = N / 32;
+  const bool wide = forced >= 0 ? forced == 1 : SUPPORT == 2;
+  signed char* xq = (signed char*)malloc(M * K + 3 * M * blocks * sizeof(float));
+  if (xq == 0) abort();
+  float *dx = (float*)(xq + M * K), *sx = dx + M * blocks, *t = sx + M * blocks;
+  const float slack = 1.01f * (float)(K + K / 32 + 8) / 16777216.0f;  // (K + K / 32 + 8) u, u = 2^-24
+  for (long m = 0; m < M; ++m) {
+    const float* xm = x + m * K;
+    (wide ? quantize_row : q8_quantize_row_avx2)(xm, K, xq + m * K, dx + m * blocks, sx + m * blocks);
+    full[m] = 0;
+    for (long b = 0; b < blocks; ++b) {
+      float amax = 0.0f, r = 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        const float v = xm[32 * b + j];
+        amax = fmaxf(amax, fabsf(v));
+        r = fmaxf(r, fabsf(v - dx[m * blocks + b] * (float)xq[m * K + 32 * b + j]));
+      }
+      if (!(dx[m * blocks + b] <= FLT_MAX) || !(amax <= FLT_MAX)) full[m] = 1;  // a NaN or an inf
+      t[m * blocks + b] = r + slack * amax;
+    }
+  }
+  over_panels(P, threads, [&](long p0, long p1) {
+    float* a = (float*)malloc(M * 32 * sizeof(float));  // one panel's A, every row
+    if (a == 0) abort();
+    for (long p = p0; p < p1; ++p) {
+      const unsigned char* q = Q + p * K * 32;
+      const float* d = D + p * blocks * 32;
+      if (wide)
+        q8_panels<8>(xq, dx, sx, M, K, q, d, nullptr, a, 32, 0, 1);
+      else
+        q8_panels_avx2(8, xq, dx, sx, M, K, q, d, nullptr, a, 32, 0, 1);
+      for (long m = 0; m < M; ++m) {
+        float sum = 0.0f;  // the bound's sum, for every column of the panel
+        for (long b = 0; b < blocks; ++b) sum += t[m * blocks + b] * S[p * blocks + b];
+        const vf16 e0 = vf16{} + sum, e1 = e0;
+        vf16 h = screen16(load16(a + m * 32), e0, 1), l = screen16(load16(a + m * 32), e0, -1);
+        const vf16 h1 = screen16(load16(a + m * 32 + 16), e1, 1), l1 = screen16(load16(a + m * 32 + 16), e1, -1);
+        h = h1 > h ? h1 : h;
+        l = l1 > l ? l1 : l;
+        float hmax = h[0], lmax = l[0];
+        for (int j = 1; j < 16; ++j) {
+          hmax = h[j] > hmax ? h[j] : hmax;
+          lmax = l[j] > lmax ? l[j] : lmax;
+        }
+        hi[m * P + p] = hmax;
+        lo[m * P + p] = lmax;
+      }
+    }
+    free(a);
+  });
+  free(xq);
+}
+
 // x: [M, K] row-major; Q, D, Mn: engine/layers/panel4.py's Panel4 (K and N multiples of 32); y: [M, N].
 extern "C" void panel4q8_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D,
                               const float* Mn, float* y, long N, int threads) {
@@ -204,6 +292,11 @@ extern "C" void panel8q8_gemm(const float* x, long M, long K, const signed char*
 }
 
 #else  // no x86 (or too old a compiler): never called (q8_support says 0)
+// no bounds here: every row is computed exactly (panel8_screened then equals panel8_gemm)
+extern "C" void q8_screen8(const float*, long M, long, const unsigned char*, const float*, const float*, float*,
+                           float*, int* full, long, int) {
+  for (long m = 0; m < M; ++m) full[m] = 1;
+}
 extern "C" int q8_support() { return 0; }
 extern "C" int q8_path(int) { return 0; }
 extern "C" void panel4q8_gemm(const float*, long, long, const unsigned char*, const float*, const float*, float*,

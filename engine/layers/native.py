@@ -234,6 +234,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.panel4q8_gemm.restype = None
     lib.panel8q8_gemm.argtypes = lib.panel8_gemm.argtypes
     lib.panel8q8_gemm.restype = None
+    lib.panel8_screened.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, *[ctypes.c_void_p] * 4,
+                                    ctypes.c_long, ctypes.c_int]  # panel8.py's, plus its bound_sums
+    lib.panel8_screened.restype = ctypes.c_long
+    lib.q8_screen8.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, *[ctypes.c_void_p] * 6, ctypes.c_long,
+                               ctypes.c_int]  # panel8_screened's bounds (tests)
+    lib.q8_screen8.restype = None
     lib.q8_support.argtypes, lib.q8_support.restype = [], ctypes.c_int
     lib.q8_path.argtypes, lib.q8_path.restype = [ctypes.c_int], ctypes.c_int
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,

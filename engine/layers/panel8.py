@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.layers import panel
+from engine.layers import native, panel
 from engine.layers.panel4 import fit_blocks
 
 BLOCK = 32  # inputs per d: Q8_0's block
@@ -55,6 +55,28 @@ class Panel8:
     def op(self, x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> torch.Tensor:
         """`matmul` as one opaque op, for a compiled step (panel.linear_op's contract)."""
         return linear_op(x, self.q, self.d, weight, max_rows, self.q8)
+
+
+def bound_sums(p: Panel8) -> torch.Tensor:
+    """Per panel and block of 32 inputs, the largest sum |d * q| over the panel's 32 columns, [P, K / 32]
+    (panel8_screened's S): exact in float32, since sum |q| <= 32 * 127 has 12 bits and d (a float16 value) 11."""
+    blocks = p.q.shape[1] // BLOCK
+    q_abs = p.q.view(p.q.shape[0], blocks, BLOCK, panel.WIDTH).abs().sum(2, dtype=torch.int32)  # [P, B, 32]
+    return (p.d * q_abs.float()).amax(-1).contiguous()
+
+
+def screened(p: Panel8, x: torch.Tensor, sums: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x [rows, K] float32 -> (y [rows, n], the (row, panel) pairs computed): `matmul`'s bits in every panel that
+    may hold a row's largest product, -inf elsewhere, so that each row's argmax is `matmul`'s (panel8_screened in
+    engine/kernels/panel_gemm.cpp: bounds from 8-bit activations, then the float32 kernel where they cannot
+    decide). `sums`: bound_sums(p). For greedy steps only: the other products are not computed."""
+    assert not p.q8 and p.q.shape[1] == x.shape[1], (x.shape, p.q.shape)
+    x = x.contiguous()
+    rows, k = x.shape
+    y = torch.empty(rows, p.n, dtype=torch.float32)
+    exact = native.library().panel8_screened(x.data_ptr(), rows, k, p.q.data_ptr(), p.d.data_ptr(),
+                                             sums.data_ptr(), y.data_ptr(), p.n, torch.get_num_threads())
+    return y, int(exact)
 
 
 def compress(weight: torch.Tensor) -> Panel8 | None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedArchitectureError
-from engine.layers import fused
+from engine.layers import fused, greedy_head
 from engine.layers.embedding import ParallelLMHead, ReducedLMHead, VocabParallelEmbedding
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
@@ -157,5 +157,10 @@ class CausalLM(nn.Module):
             self._fused = fused.FusedLayers(self, backend)
         return self._fused.plan(h.shape[0])
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [M, hidden] -> [M, V]
+    def compute_logits(self, hidden: torch.Tensor, greedy: bool = False) -> torch.Tensor:  # [M, hidden] -> [M, V]
+        """greedy: only each row's argmax is used (engine.layers.greedy_head may then skip most of the head)."""
+        if greedy:
+            screened = greedy_head.logits(self.lm_head, hidden)
+            if screened is not None:
+                return screened
         return self.lm_head(hidden)
