@@ -17,6 +17,7 @@ import logging
 import multiprocessing as mp
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -95,6 +96,27 @@ def make_collective_group(
     return dist.ProcessGroupNCCL(store, rank, world_size, options)
 
 
+def ensure_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (every spawned process and shared-memory block uses it) if it is not
+    running. Its start passes sys.stderr's file descriptor to the tracker process, and fails ("bad value(s) in
+    fds_to_keep") when an app has put a stream whose fileno() is -1 in sys.stderr, as Textual does while it runs:
+    then the process's real stderr goes instead."""
+    from multiprocessing import resource_tracker
+
+    stderr = sys.stderr
+    try:
+        replaced = stderr is not None and stderr.fileno() < 0 and sys.__stderr__ is not None
+    except (AttributeError, OSError, ValueError):  # no descriptor at all: the tracker start copes with that
+        replaced = False
+    if replaced:
+        sys.stderr = sys.__stderr__
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if replaced:
+            sys.stderr = stderr
+
+
 def spawn_rank(
     main: Callable[..., None], spec: RankSpec, port: int, world_size: int, *args, load: Callable | None = None
 ) -> mp.Process:
@@ -102,6 +124,7 @@ def spawn_rank(
     runs before the rank joins the group (so the leader's wait for the group covers it, with no timeout).
     The child exits (os._exit) when `main` returns."""
     ctx = mp.get_context("spawn")
+    ensure_resource_tracker()
     proc = ctx.Process(target=_child, args=(main, load, spec, port, world_size, os.getpid(), args), daemon=True,
                        name=f"ssd-chat-rank{spec.rank}")
     proc.start()

@@ -53,7 +53,7 @@ class LLM:
                               default_device=config.device)
         leader = self.placement.target[0]
         self._affinity = usable()
-        self._threads = torch.get_num_threads()
+        self._threads = self._step_threads = torch.get_num_threads()
         self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
         self._open = True
         self._workers: list = []
@@ -86,8 +86,8 @@ class LLM:
             check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_path), target=config.target,
                                  draft=config.draft)
         try:
-            pin(leader.cores, self.placement.threads_for(leader))
-            self._threads = torch.get_num_threads()
+            self._pin(leader.cores, self.placement.threads_for(leader))
+            self._threads = self._step_threads = torch.get_num_threads()
             started = start_engine(config, self.placement, files, self.model_path, self.draft_path, self.tokenizer,
                                    Sizes(num_blocks, self.max_model_len, dtype), self._workers)
             self.core, self.model_args, self.remote = started.core, started.model_args, started.remote
@@ -121,7 +121,7 @@ class LLM:
         room = off_the_draft(self.placement, self._affinity, self._threads) if self.remote else None
         ssd = ssd and self._open and self.core.drafters.get("ssd") is self.remote  # the draft process still serves
         if room is not None and ssd != self._yielded:
-            pin(*(room if ssd else (self._affinity, self._threads)))
+            self._pin(*(room if ssd else (self._affinity, self._threads)))
             self._yielded = ssd
 
     # -- public API --------------------------------------------------------------------------------
@@ -212,10 +212,10 @@ class LLM:
                 self._workers = []
         finally:
             if self._yielded:
-                pin(self._affinity, self._threads)
+                self._pin(self._affinity, self._threads)
                 self._yielded = False
             elif self.placement.target[0].cores is not None:
-                pin(self._affinity, None)
+                self._pin(self._affinity, None)
 
     def __enter__(self) -> LLM:
         return self
@@ -278,7 +278,18 @@ class LLM:
                 self._requests[request_id].events.append(EngineWarning(request_id, message))
         self.core.warnings.clear()
 
+    def _pin(self, cores: set[int] | tuple[int, ...] | None, threads: int | None) -> None:
+        """engine.affinity.pin, remembering the thread count every step must run with."""
+        pin(cores, threads)
+        if threads is not None:
+            self._step_threads = threads
+
     def _step(self) -> None:
+        # torch's (OpenMP's) thread count belongs to the thread that set it: a step on another thread (the chat
+        # app runs each reply on whichever worker thread is free) would take the default, one thread a core,
+        # and crawl with two threads on SSD's one core
+        if torch.get_num_threads() != self._step_threads:
+            torch.set_num_threads(self._step_threads)
         outputs = self.core.step()
         self._report_warnings()
         for seq, out in outputs.items():

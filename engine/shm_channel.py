@@ -25,7 +25,7 @@ from multiprocessing import shared_memory
 
 import torch
 
-from engine.distributed import Channel
+from engine.distributed import Channel, ensure_resource_tracker
 
 CAPACITY = 1 << 16        # int64 payload slots a mailbox (512 KB)
 SPIN_S = 0.05             # spin this long (letting other threads run between checks: the chat app's UI), then
@@ -60,6 +60,7 @@ class ShmChannel:
     @staticmethod
     def new_block() -> shared_memory.SharedMemory:
         """The leader's block, made before the draft process starts (its name goes in the DraftSpec)."""
+        ensure_resource_tracker()  # the block registers with it: a failed start would leave the block behind
         return shared_memory.SharedMemory(create=True, size=2 * (HEADER + CAPACITY) * 8)  # zeros
 
     @classmethod

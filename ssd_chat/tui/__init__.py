@@ -7,6 +7,7 @@ import sqlite3
 from collections.abc import Callable
 
 from engine.config import SpeculationConfig
+from engine.distributed import ensure_resource_tracker
 from engine.errors import EngineError
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.engine_worker import ChatEngine
@@ -25,6 +26,7 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
     except (OSError, sqlite3.Error) as err:
         log.warning("chat history disabled: %s", err)
         store = None
+    ensure_resource_tracker()  # now, while sys.stderr is the terminal's (Textual replaces it while it runs)
     app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume,
                   speculation=speculation)
     app.run()

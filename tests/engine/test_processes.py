@@ -219,6 +219,77 @@ def test_pinning_from_a_worker_thread_pins_the_whole_process():
     assert os.sched_getaffinity(0) == before
 
 
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores to see a change")
+def test_ssd_steps_run_on_the_engines_thread_count_on_any_thread(tiny_llama_dir, draft_dir, remote):
+    """The chat app runs each reply on whichever worker thread is free, and torch's thread count belongs to the
+    thread that set it: a thread that used torch before SSD took a core off the target kept two threads for the
+    one core left (a step 30x slower). Every step now sets the engine's count on its own thread."""
+    remote.speculation = SpeculationConfig(mode="ar")
+    started, go, seen = threading.Event(), threading.Event(), []
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4,
+             draft_device=f"cpu:{max(os.sched_getaffinity(0))}") as llm:  # the chat app's SD layout
+
+        def reply() -> None:  # a worker thread that ran torch on a thread a core before SSD started
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
+            torch.ones(256, 256) @ torch.ones(256, 256)  # its first parallel op: the count is now its own
+            started.set()
+            go.wait()
+            step = llm.core.step
+            llm.core.step = lambda: seen.append(torch.get_num_threads()) or step()
+            try:
+                seen.append(llm.generate(PROMPTS[0], GREEDY)[0].token_ids)
+            finally:
+                llm.core.step = step
+
+        worker = threading.Thread(target=reply)
+        worker.start()
+        started.wait()
+        llm.speculation = SpeculationConfig(mode="ssd", k=3)  # this (main) thread: the target leaves a core
+        go.set()
+        worker.join()
+        ar = _outputs(llm, SpeculationConfig(mode="ar"))
+    counts, tokens = seen[:-1], seen[-1]
+    assert counts and set(counts) == {len(os.sched_getaffinity(0)) - 1} and tokens == ar[0]
+
+
+def test_processes_start_while_stderr_has_no_descriptor():
+    """Textual replaces sys.stderr with a stream whose fileno() is -1; multiprocessing's resource tracker, which a
+    spawned process and a shared-memory block start, then failed ("bad value(s) in fds_to_keep"), and `ssd-chat`
+    in a terminal could not start SSD's draft process. A fresh interpreter: the tracker must not be running yet."""
+    script = textwrap.dedent("""
+        import multiprocessing, sys
+        from multiprocessing import shared_memory
+
+        class NoDescriptor:
+            def fileno(self):
+                return -1
+            def write(self, text):
+                return len(text)
+            def flush(self):
+                pass
+
+        sys.stderr = NoDescriptor()
+        try:
+            if sys.argv[1] == "engine":
+                from engine.distributed import ensure_resource_tracker
+                ensure_resource_tracker()
+            block = shared_memory.SharedMemory(create=True, size=64)
+            block.close()
+            block.unlink()
+            proc = multiprocessing.get_context("spawn").Process(target=print, args=("child",))
+            proc.start()
+            proc.join()
+            print("ok", proc.exitcode, type(sys.stderr).__name__)
+        except ValueError as exc:
+            print("failed:", exc)
+    """)
+    run = [sys.executable, "-c", script]
+    fixed = subprocess.run([*run, "engine"], capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+    assert fixed.stdout.split()[-3:] == ["ok", "0", "NoDescriptor"], fixed.stderr
+    plain = subprocess.run([*run, "plain"], capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+    assert "failed: bad value(s) in fds_to_keep" in plain.stdout  # what the helper is for
+
+
 def test_a_rank_that_dies_while_starting_is_reported_at_once():
     import datetime
     import multiprocessing
