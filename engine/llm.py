@@ -21,7 +21,7 @@ from engine.build import check_tp, resolve_dtype
 from engine.chat import encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
-from engine.errors import InvalidParameterError, PromptTooLongError
+from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.layers.packed import one_row_pays, resolve_kernel, runs_q8
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
@@ -56,6 +56,7 @@ class LLM:
         self._threads = self._step_threads = torch.get_num_threads()
         self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
         self._open = True
+        self._stepping = threading.RLock()  # a step's; close() from another thread waits for the step to end
         self._workers: list = []
         self.remote: RemoteDrafter | None = None
         self.model_path: Path = resolve_model(config.target)
@@ -193,8 +194,13 @@ class LLM:
         return self.core.runner.num_forward_tokens
 
     def close(self) -> None:
-        """Cancel open requests, stop the draft and TP processes, and unpin this process. Idempotent."""
+        """Cancel open requests, stop the draft and TP processes, and unpin this process. Idempotent; from another
+        thread than the one stepping a request, it waits for the step under way (the request ends as cancelled)."""
         self._open = False
+        with getattr(self, "_stepping", contextlib.nullcontext()):
+            self._close()
+
+    def _close(self) -> None:
         try:
             for state in list(getattr(self, "_requests", {}).values()):
                 self._finish(state, FinishReason.CANCELLED)
@@ -245,6 +251,8 @@ class LLM:
         return list(prompt)
 
     def _add(self, token_ids: list[int], params: SamplingParams) -> RequestState:
+        if not self._open:
+            raise EngineError("the engine was closed: start a new one")
         if not token_ids:
             raise InvalidParameterError("the prompt is empty: type something")
         vocab = self.model_args.vocab_size
@@ -290,16 +298,21 @@ class LLM:
         # and crawl with two threads on SSD's one core
         if torch.get_num_threads() != self._step_threads:
             torch.set_num_threads(self._step_threads)
-        outputs = self.core.step()
-        self._report_warnings()
-        for seq, out in outputs.items():
-            state = self._requests[seq.seq_id]
-            keep = state.on_step(out)
-            if state.hit_stop_string:
-                self.core.stop_string_hit(seq, num_dropped=len(out.tokens) - keep)
-            if seq.is_finished:
-                self._requests.pop(seq.seq_id)
-                state.finalize()
+        with self._stepping:  # close() from another thread waits for this step
+            if not self._open:  # closed from another thread since the last step: the requests end as cancelled
+                for state in list(self._requests.values()):
+                    self._finish(state, FinishReason.CANCELLED)
+                return
+            outputs = self.core.step()
+            self._report_warnings()
+            for seq, out in outputs.items():
+                state = self._requests[seq.seq_id]
+                keep = state.on_step(out)
+                if state.hit_stop_string:
+                    self.core.stop_string_hit(seq, num_dropped=len(out.tokens) - keep)
+                if seq.is_finished:
+                    self._requests.pop(seq.seq_id)
+                    state.finalize()
 
     def _finish(self, state: RequestState, reason: FinishReason) -> None:
         self.core.finish(state.seq, reason)

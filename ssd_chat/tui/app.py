@@ -12,7 +12,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
+from rich.markup import escape
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -58,6 +60,8 @@ class ChatApp(ChatActions, CompareActions, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "ssd-chat"
     BINDINGS = KEYS
+    # Under 90 columns the live panel steps aside (chat.tcss): the conversation and the prompt need the room.
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (90, "-wide")]
 
     def __init__(
         self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
@@ -74,6 +78,7 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         self.clock = clock
         self.engine: ChatEngine | None = None
         self.buffer: ReplyBuffer | None = None
+        self.finished = None  # the reply whose ReplyDone is on its way (a RequestOutput)
         self.reply_view: AssistantMessage | None = None
         self.compare_cancel: threading.Event | None = None
         self.colours = False
@@ -149,8 +154,12 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         engine_log.propagate = self._saved_log_state[1]
 
     async def action_quit(self) -> None:
+        if self.engine is None and isinstance(self.screen, LoadingScreen):
+            self.notify("quitting once the models have loaded (loading cannot stop half-way)", timeout=30)
         self.action_stop()
         await self.workers.wait_for_complete()  # the engine stops at its next step
+        if self.finished is not None:  # the stopped reply: kept in the conversation, as Esc keeps it
+            await self.on_reply_done(ReplyDone(self.finished))
         self._close_engine()
         self.exit()
 
@@ -186,8 +195,8 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
         colours = " · colours on" if self.colours else ""
         self.query_one("#status", Static).update(
-            f"[b]{s.mode.upper()}[/b] · k {s.k} · temp {s.temperature:g}{colours} · {self.session.conversation.title}"
-            f" · {state}"
+            f"[b]{s.mode.upper()}[/b] · k {s.k} · temp {s.temperature:g}{colours} · {state} · "
+            f"{escape(self.session.conversation.title)}"  # the title last: a narrow line cuts it, not the state
         )
         if self.engine is not None:
             self.query_one(StatsPanel).show_layout(self.engine.layout, s)
@@ -223,6 +232,7 @@ class ChatApp(ChatActions, CompareActions, App[None]):
             log.exception("the engine failed")
             self.post_message(ReplyFailed(f"the engine failed: {err}"))
         else:
+            self.finished = output  # for a quit that cannot wait for the message
             self.post_message(ReplyDone(output))
 
     async def _flush_reply(self) -> None:
@@ -243,8 +253,11 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         self.refresh_status()
 
     async def on_reply_done(self, message: ReplyDone) -> None:
+        if self.buffer is None or self.finished is not message.output:
+            return  # handled already (a quit took it first)
+        self.finished = None
         await self._flush_reply()
-        assert self.buffer is not None and self.reply_view is not None
+        assert self.reply_view is not None
         output = message.output
         stats = TurnStats.from_output(output)
         self.reply_view.finish(output.text, stats.line())

@@ -122,10 +122,14 @@ class ChatActions(_Base):
             if conversation_id is not None and store is not None and (found := store.load(conversation_id)):
                 self.session.open(found)
                 self.show_conversation()
-            elif self.session.conversation.id is not None and store is not None \
-                    and store.load(self.session.conversation.id) is None:
-                self.session.new()  # the open conversation was deleted
-                self.show_conversation()
+            elif self.session.conversation.id is not None and store is not None:
+                current = store.load(self.session.conversation.id)
+                if current is None:
+                    self.session.new()  # the open conversation was deleted
+                    self.show_conversation()
+                else:  # perhaps renamed in the picker: the next save must not write the old title back
+                    self.session.conversation.title = current.title
+                    self.refresh_status()
 
         self.push_screen(ChatsScreen(self.session.store, self.session.conversation.id), opened)
 

@@ -47,8 +47,8 @@ def is_slash(text: str) -> bool:
 
 
 def parse_slash(text: str) -> SlashCommand:
-    head, _, rest = text.strip()[1:].partition(" ")
-    name = head.lower()
+    parts = text.strip()[1:].split(maxsplit=1)  # the name ends at any whitespace (a newline too)
+    name, rest = (parts[0].lower() if parts else ""), (parts[1] if len(parts) > 1 else "")
     if name not in _BY_NAME:
         matches = completions("/" + name)
         hint = f" (did you mean {matches[0].usage}?)" if len(matches) == 1 else " (/help lists them)"

@@ -23,6 +23,7 @@ class ChatSession:
     def __init__(self, store: HistoryStore | None, settings: ChatSettings) -> None:
         self.store = store
         self.conversation = Conversation(None, settings=settings)
+        self._titled = False  # the pending prompt gave the conversation its title
 
     # -- reading -----------------------------------------------------------------------------------
     @property
@@ -44,7 +45,8 @@ class ChatSession:
     # -- changing ----------------------------------------------------------------------------------
     def add_prompt(self, text: str) -> None:
         self.messages.append(ChatMessage("user", text))
-        if self.conversation.title == UNTITLED:
+        self._titled = self.conversation.title == UNTITLED  # this prompt names the chat (undone by drop_prompt)
+        if self._titled:
             self.conversation.title = title_from(text)
 
     def add_reply(self, text: str, stats: TurnStats | None) -> None:
@@ -54,6 +56,8 @@ class ChatSession:
     def drop_prompt(self) -> str:
         """Undo `add_prompt` (the request failed): returns the prompt to put back in the input."""
         assert self.messages and self.messages[-1].role == "user", "no pending prompt"
+        if getattr(self, "_titled", False):
+            self.conversation.title = UNTITLED
         return self.messages.pop().content
 
     def pop_turn(self) -> str | None:

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, FinishReason, RequestFinished, SamplingParams, TokenDelta
-from engine.errors import InvalidParameterError
+from engine.errors import EngineError, InvalidParameterError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -165,6 +165,38 @@ def test_cancel_event_ends_the_stream_with_partial_output(llm):
     assert out.finish_reason is FinishReason.CANCELLED
     assert len(out.token_ids) == 3
     assert llm.core.blocks.num_free_blocks == len(llm.core.blocks.blocks)
+
+
+def test_close_from_another_thread_waits_for_the_step_and_cancels(tiny_llama_dir):
+    """The chat app closes the engine from its UI thread while a reply may be mid-step on a worker: close waits
+    for that step, then the reply ends as cancelled, with no error in either thread."""
+    llm = LLM(str(tiny_llama_dir), threads=1)
+    started, stepping, outcome = threading.Event(), threading.Event(), []
+    step = llm.core.step
+
+    def slow_step():  # the first step holds until close() has begun
+        started.set()
+        stepping.wait(5)
+        return step()
+
+    llm.core.step = slow_step
+
+    def reply() -> None:
+        try:
+            outcome.append(list(llm.stream("Paris is", SamplingParams(temperature=0.0, max_tokens=50,
+                                                                       ignore_eos=True)))[-1].output)
+        except Exception as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=reply)
+    worker.start()
+    started.wait(5)
+    threading.Timer(0.2, stepping.set).start()
+    llm.close()  # waits for the step under way
+    worker.join(10)
+    assert len(outcome) == 1 and getattr(outcome[0], "finish_reason", None) is FinishReason.CANCELLED, outcome
+    with pytest.raises(EngineError, match="closed"):
+        llm.generate("more", SamplingParams(temperature=0.0, max_tokens=2))
 
 
 def _final(events):

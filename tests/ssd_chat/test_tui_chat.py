@@ -113,6 +113,48 @@ async def test_a_refused_prompt_is_restored_and_the_transcript_stays(tmp_path):
         assert engine.calls[-1][0][-1] == {"role": "user", "content": "a very long prompt"}
 
 
+async def test_a_refused_first_prompt_does_not_name_the_chat(tmp_path):
+    engine = FakeEngine(error=PromptTooLongError("the prompt has 9000 tokens but the context limit is 8192"))
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "word " * 50)
+        assert app.session.conversation.title == "New chat"
+        engine.error = None
+        await send(app, pilot, "Bananas, briefly")
+        assert app.session.conversation.title == "Bananas, briefly"
+
+
+async def test_quitting_mid_reply_keeps_the_partial_reply(tmp_path):
+    from ssd_chat.history import HistoryStore
+
+    gate = threading.Event()
+    app = make_app(FakeEngine(gate=gate), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.query_one(PromptArea).text = "Hi"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        threading.Timer(0.2, gate.set).start()  # the engine's next step, after the quit asked it to stop
+        await pilot.press("ctrl+q")
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    saved = store.load(store.latest().id)
+    assert [(m.role, m.content) for m in saved.messages] == [("user", "Hi"), ("assistant", "Hello")]
+
+
+async def test_a_narrow_terminal_hides_the_panel_and_keeps_the_chat(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await settle(app, pilot)
+        assert not app.query_one(StatsPanel).display or app.query_one(StatsPanel).region.width == 0
+        assert app.query_one(PromptArea).region.width > 40
+        await send(app, pilot, "Hi")
+        assert app.query(AssistantMessage).last().text == REPLY
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert app.query_one(StatsPanel).region.width > 0
+
+
 async def test_an_engine_crash_mid_reply_keeps_the_conversation(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)

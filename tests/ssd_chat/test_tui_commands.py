@@ -175,6 +175,9 @@ async def test_slash_completion_with_tab_and_hints(tmp_path):
 def test_slash_parsing():
     assert parse_slash("/mode  ssd ").arg == "ssd"
     assert parse_slash("/TEMP 0").name == "temp"
+    assert parse_slash("/system\nBe terse.\nUse lists.").arg == "Be terse.\nUse lists."  # Ctrl+J right after
+    with pytest.raises(SlashError, match=r"unknown command / "):
+        parse_slash("/")
     with pytest.raises(SlashError, match=r"did you mean /mode"):
         parse_slash("/mod ssd")
     assert [c.name for c in completions("/c")] == ["clear", "chats", "compare", "colors"]

@@ -59,7 +59,13 @@ async def test_replies_are_saved_and_chats_reopen_rename_and_delete(tmp_path):
 
         await pilot.press("ctrl+o")
         await pilot.pause()
-        await pilot.press("home", "d")  # delete the open one (most recent first)
+        await pilot.press("home", "d")  # the open one (most recent first): one d only asks
+        await pilot.pause()
+        assert store.load(first_id) is not None
+        await pilot.press("down", "d", "up", "d")  # a d on another row asks about that one
+        await pilot.pause()
+        assert store.load(first_id) is not None and len(store.list()) == 2
+        await pilot.press("d")  # a second d in a row deletes
         await pilot.pause()
         assert store.load(first_id) is None
         await pilot.press("escape")
@@ -84,3 +90,25 @@ async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
         await send(app, pilot, "and now")
         assert [m["content"] for m in engine.calls[0][0]] == ["remember me", "Hello from the **fake** engine.",
                                                              "and now"]
+
+
+@pytest.mark.asyncio
+async def test_renaming_the_open_chat_in_the_picker_sticks(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "About bananas")
+        chat_id = app.session.conversation.id
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("home", "r")
+        await pilot.pause()
+        app.screen.query_one("Input").value = ""
+        await type_text(pilot, "Renamed")
+        await pilot.press("enter")
+        await pilot.pause()
+        await pilot.press("escape")  # back to the same chat, then another turn saves it
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="picker closed")
+        assert "Renamed" in rendered(app.query_one("#status"))
+        await send(app, pilot, "more")
+        assert HistoryStore(tmp_path / "history.sqlite3").load(chat_id).title == "Renamed"

@@ -1,4 +1,4 @@
-"""The saved conversations: Enter opens one, r renames, d deletes, Esc goes back."""
+"""The saved conversations: Enter opens one, r renames, d twice deletes, Esc goes back."""
 
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ class ChatsScreen(ModalScreen[int | None]):
     def __init__(self, store: HistoryStore, current_id: int | None) -> None:
         super().__init__(classes="modal", id="chats")
         self.store, self.current_id = store, current_id
+        self.armed: int | None = None  # the conversation a first `d` asked about: a second `d` deletes it
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
-            yield Static("[b]Chats[/b]  Enter open · r rename · d delete · Esc back")
+            yield Static("[b]Chats[/b]  Enter open · r rename · d d delete · Esc back")
             yield DataTable(id="chats-table", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
@@ -77,6 +78,12 @@ class ChatsScreen(ModalScreen[int | None]):
         selected = self._selected()
         if selected is None:
             return
+        if self.armed != selected:  # one keystroke must not lose a conversation
+            self.armed = selected
+            found = self.store.load(selected)
+            self.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4)
+            return
+        self.armed = None
         self.store.delete(selected)
         self.notify("conversation deleted")
         self.refresh_rows()
