@@ -20,11 +20,15 @@ from rich.console import Console
 from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
+from ssd_chat.context_window import reply_reserve, window_start
 from ssd_chat.history import TurnStats
 
 
 class PlainEngine(Protocol):
     config: object  # .target
+    max_model_len: int
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
              cancel: threading.Event | None = None) -> Iterator[Event]: ...
@@ -43,6 +47,7 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
     interactive = sys.stdin.isatty()
     start = [{"role": "system", "content": system}] if system is not None else []
     history = list(start)
+    window = 0  # the first turn message the model still sees (ssd_chat.context_window)
     if interactive:
         console.print(f"{llm.config.target}: /clear resets the conversation, /exit or Ctrl-D quits, Ctrl-C stops "
                       "a reply.", style="dim", markup=False)
@@ -56,22 +61,37 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         if line in ("/exit", "/quit"):
             return
         if line == "/clear":
-            history = list(start)
+            history, window = list(start), 0
             console.print("conversation cleared", style="dim")
             continue
         if not line:
             continue
         history.append({"role": "user", "content": line})
         try:
+            window = _window(llm, history, window, params, err)
             # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
             with sigint_flag() as cancel:
-                output = _stream(console, llm.chat(history, params, cancel=cancel))
+                output = _stream(console, llm.chat(start + history[len(start) + window:], params, cancel=cancel))
         except EngineError as error:
             history.pop()
             err.print(f"error: {error} (/clear starts a new conversation)", markup=False, soft_wrap=True)
             continue
         history.append({"role": "assistant", "content": output.text})
         console.print(stats_line(output), style="dim", markup=False, soft_wrap=True)
+
+
+def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params: SamplingParams,
+            err: Console) -> int:
+    """The window's start for this turn (history: the system prompt, if any, then the turns)."""
+    system = history[:1] if history and history[0]["role"] == "system" else []
+    turns = history[len(system):]
+    limit = llm.max_model_len
+    moved = window_start([m["role"] for m in turns], window, lambda i: len(llm.encode_chat(system + turns[i:])),
+                         limit, reply_reserve(params.max_tokens, limit))
+    if moved > window:
+        err.print(f"(the model's context, {limit} tokens, no longer holds the first {moved} messages: it sees the "
+                  "rest; /clear starts over)", style="dim", markup=False, soft_wrap=True)
+    return moved
 
 
 def _stream(console: Console, events: Iterator[Event]) -> RequestOutput:

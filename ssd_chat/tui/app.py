@@ -27,6 +27,7 @@ from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
+from ssd_chat.context_window import reply_reserve, window_start
 from ssd_chat.history import ChatSettings, HistoryStore, TurnStats
 from ssd_chat.tui.chat_actions import ChatActions
 from ssd_chat.tui.compare_actions import CompareActions
@@ -218,13 +219,14 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         self.buffer = ReplyBuffer(LiveStats(s.mode, s.k, started=self.clock()), self.clock)
         self._flush_timer = self.set_interval(FLUSH_S, self._flush_reply)
         self.refresh_status()
-        self._reply(self.session.engine_messages(), params, self.buffer, self.speculation())
+        self._reply(params, self.buffer, self.speculation())
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _reply(self, messages, params: SamplingParams, buffer: ReplyBuffer, spec) -> None:
+    def _reply(self, params: SamplingParams, buffer: ReplyBuffer, spec) -> None:
         assert self.engine is not None
         try:
             self.engine.speculation = spec  # between requests, on the engine's own thread
+            messages = self._window(params)
             output = stream_reply(self.engine, messages, params, buffer)
         except EngineError as err:
             self.post_message(ReplyFailed(str(err)))
@@ -234,6 +236,20 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         else:
             self.finished = output  # for a quit that cannot wait for the message
             self.post_message(ReplyDone(output))
+
+    def _window(self, params: SamplingParams) -> list[dict[str, str]]:
+        """The messages the model sees (ssd_chat.context_window); on the worker (it tokenizes the turns)."""
+        session, engine = self.session, self.engine
+        limit = engine.max_model_len
+        roles = [m.role for m in session.messages]
+        start = window_start(roles, session.window, lambda i: len(engine.encode_chat(session.engine_messages(i))),
+                             limit, reply_reserve(params.max_tokens, limit))
+        if start > session.window:
+            left_out = start
+            self.call_from_thread(self.notify, f"the model's context ({limit} tokens) no longer holds this chat's "
+                                  f"first {left_out} messages: they stay here, the model sees the rest", timeout=8)
+        session.window = start
+        return session.engine_messages(start)
 
     async def _flush_reply(self) -> None:
         if self.buffer is None or self.reply_view is None:

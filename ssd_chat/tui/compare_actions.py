@@ -25,7 +25,7 @@ class CompareActions(_Base):
     def action_compare(self) -> None:
         if not self.ready_and_idle():
             return
-        messages = self.session.engine_messages()
+        messages = self.session.engine_messages(self.session.window)  # what the model saw for the last prompt
         while messages and messages[-1]["role"] != "user":
             messages.pop()
         if not messages:

@@ -30,6 +30,9 @@ class ChatEngine(Protocol):
     config: Any  # .target, .draft (None without a draft model)
     speculation: SpeculationConfig
     layout: dict[str, str]
+    max_model_len: int  # the context; with encode_chat, which turns fit (ssd_chat.context_window)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
              cancel: threading.Event | None = None) -> Iterator[Event]: ...

@@ -24,6 +24,7 @@ class ChatSession:
         self.store = store
         self.conversation = Conversation(None, settings=settings)
         self._titled = False  # the pending prompt gave the conversation its title
+        self.window = 0  # the first message the model still sees (ssd_chat.context_window)
 
     # -- reading -----------------------------------------------------------------------------------
     @property
@@ -34,10 +35,10 @@ class ChatSession:
     def messages(self) -> list[ChatMessage]:
         return self.conversation.messages
 
-    def engine_messages(self) -> list[dict[str, str]]:
-        """The conversation as the engine's chat messages (system prompt first)."""
+    def engine_messages(self, start: int = 0) -> list[dict[str, str]]:
+        """The conversation from message `start` on as the engine's chat messages (system prompt first)."""
         out = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
-        return out + [{"role": m.role, "content": m.content} for m in self.messages]
+        return out + [{"role": m.role, "content": m.content} for m in self.messages[start:]]
 
     def last_prompt(self) -> str | None:
         return next((m.content for m in reversed(self.messages) if m.role == "user"), None)
@@ -72,6 +73,7 @@ class ChatSession:
 
     def clear(self) -> None:
         self.messages.clear()
+        self.window = 0
         self.save()
 
     def update_settings(self, **changes) -> ChatSettings:
@@ -85,9 +87,11 @@ class ChatSession:
 
     def new(self) -> None:
         self.conversation = Conversation(None, settings=self.settings)
+        self.window = 0
 
     def open(self, conversation: Conversation) -> None:
         self.conversation = conversation
+        self.window = 0
 
     def save(self) -> None:
         """Persist once the conversation has a turn (an empty new chat is not worth a history entry)."""

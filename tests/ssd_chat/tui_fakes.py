@@ -58,6 +58,11 @@ class FakeEngine:
                                                             "draft": "fake-draft on cpu"})
     calls: list[tuple[list[dict[str, str]], object, str]] = field(default_factory=list)
     closed: bool = False
+    max_model_len: int = 100_000  # the context, in encode_chat's tokens
+
+    def encode_chat(self, messages) -> list[int]:
+        """A token per word, plus 3 a message for the template."""
+        return [0] * sum(len(m["content"].split()) + 3 for m in messages)
 
     def __post_init__(self) -> None:
         self.config = FakeConfig(draft=self.draft)

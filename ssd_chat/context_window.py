@@ -1,0 +1,38 @@
+"""Which turns of a long conversation the model still sees: the chat app and the plain mode keep every turn, and
+send the model the system prompt and the latest turns that fit its context with room for a reply.
+
+Once a conversation outgrows the context, its oldest turns leave the window, down to half the context, so that
+the next several turns fit as they are: the window's start moves rarely, and each turn in between reuses the
+previous turn's KV from the prefix cache (a move costs one full prefill of what is left).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def window_start(roles: list[str], start: int, prompt_tokens: Callable[[int], int], limit: int,
+                 reserve: int) -> int:
+    """The index of the first message (of `roles`, the conversation without its system prompt, ending with the
+    new user message) the model sees. `start`: the window's start for the previous turn; `prompt_tokens(i)`:
+    the prompt's length in tokens for messages i.. (system prompt and chat template included); `limit`: the
+    context; `reserve`: tokens kept free for the reply. When even the last user message does not fit, its index
+    comes back and the engine refuses the prompt as too long."""
+    last_user = max(i for i, role in enumerate(roles) if role == "user")
+    start = min(max(start, 0), last_user)
+    if roles[start] != "user":  # the turns were edited since: start at the next prompt
+        start = next(i for i in range(start, last_user + 1) if roles[i] == "user")
+    if prompt_tokens(start) + reserve <= limit:
+        return start
+    later = [i for i in range(start + 1, last_user + 1) if roles[i] == "user"]
+    sizes: dict[int, int] = {}
+    for room in (limit // 2, limit):  # down to half the context where a turn allows it, else as little as fits
+        for i in later:
+            if sizes.setdefault(i, prompt_tokens(i)) + reserve <= room:
+                return i
+    return last_user
+
+
+def reply_reserve(max_tokens: int, limit: int) -> int:
+    """The room kept for a reply: its max tokens, at most a quarter of the context."""
+    return min(max_tokens, limit // 4)

@@ -1,0 +1,96 @@
+"""Long conversations: the model sees the system prompt and the latest turns that fit its context with room for a
+reply; the window's start moves rarely (down to half the context), every turn stays in the transcript and the
+history, and a move is said once."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from ssd_chat.context_window import reply_reserve, window_start
+from ssd_chat.plain import run_plain
+from tests.ssd_chat.test_plain import _feed
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle
+
+ROLES = ["user", "assistant"] * 5 + ["user"]  # five turns and a new prompt
+
+
+def sizes(per_message: int):
+    """prompt_tokens for messages i.. of ROLES when every message is `per_message` tokens."""
+    return lambda i: per_message * (len(ROLES) - i)
+
+
+def test_a_conversation_that_fits_keeps_its_start():
+    assert window_start(ROLES, 0, sizes(10), limit=200, reserve=50) == 0
+    assert window_start(ROLES, 4, sizes(10), limit=200, reserve=50) == 4  # an earlier move stays
+
+
+def test_overflow_drops_whole_turns_down_to_half_the_context():
+    start = window_start(ROLES, 0, sizes(10), limit=120, reserve=20)  # 110 + 20 > 120
+    assert ROLES[start] == "user" and sizes(10)(start) + 20 <= 60 and sizes(10)(start - 2) + 20 > 60
+    assert window_start(ROLES, start, sizes(10), limit=120, reserve=20) == start  # the next turn: no move
+
+
+def test_when_half_is_out_of_reach_it_keeps_what_fits():
+    def big_last(i: int) -> int:  # the new prompt alone is 70 tokens
+        return 70 + 10 * (len(ROLES) - 1 - i)
+
+    start = window_start(ROLES, 0, big_last, limit=120, reserve=20)
+    assert big_last(start) + 20 <= 120 and big_last(start - 2) + 20 > 120
+
+
+def test_a_prompt_too_long_alone_is_left_to_the_engine():
+    assert window_start(ROLES, 0, sizes(100), limit=120, reserve=20) == len(ROLES) - 1
+
+
+def test_an_edited_history_starts_at_a_prompt():
+    assert window_start(["user", "assistant", "user"], 5, sizes(1), limit=100, reserve=0) == 2
+    assert window_start(["user", "assistant", "user", "assistant", "user"], 1, sizes(1), limit=100,
+                        reserve=0) == 2
+
+
+def test_the_reply_reserve_is_at_most_a_quarter():
+    assert reply_reserve(512, 8192) == 512 and reply_reserve(4096, 8192) == 2048
+
+
+@pytest.mark.asyncio
+async def test_the_chat_app_sends_the_latest_turns_and_keeps_them_all(tmp_path):
+    engine = FakeEngine(max_model_len=60)  # each turn: ~4 + 9 tokens; replies reserve 15 (a quarter)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        for n in range(6):
+            await send(app, pilot, f"question number {n}")
+        seen = [m["content"] for m in engine.calls[-1][0]]
+        assert seen[-1] == "question number 5" and "question number 0" not in seen
+        assert sum(len(engine.encode_chat([m])) for m in engine.calls[-1][0]) + 15 <= 60
+        assert len(app.session.messages) == 12  # the transcript and history keep every turn
+        notes = [n.message for n in app._notifications if "context" in n.message]
+        assert len(notes) >= 1 and "first" in notes[0]
+        starts = [next(i for i, m in enumerate(app.session.messages) if m.content == c[0][0]["content"])
+                  for c in engine.calls]
+        assert starts == sorted(starts) and len(set(starts)) < len(starts)  # the start moves rarely
+        await send(app, pilot, "/clear")
+        await send(app, pilot, "fresh")
+        assert [m["content"] for m in engine.calls[-1][0]] == ["fresh"]
+
+
+def test_the_plain_mode_sends_the_latest_turns(monkeypatch, capsys):
+    engine = FakeEngine(max_model_len=60)
+    _feed(monkeypatch, [f"question number {n}" for n in range(6)])
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), "Be brief.")
+    captured = capsys.readouterr()
+    assert captured.out.count("Hello from the **fake** engine.") == 6
+    last = engine.calls[-1][0]
+    assert last[0] == {"role": "system", "content": "Be brief."} and last[-1]["content"] == "question number 5"
+    assert "question number 0" not in [m["content"] for m in last]
+    assert "no longer holds the first" in captured.err and "error" not in captured.err
+
+
+def test_a_real_engine_chats_past_its_context(tiny_llama_dir, monkeypatch, capsys):
+    with LLM(str(tiny_llama_dir), max_model_len=128, threads=1) as llm:
+        _feed(monkeypatch, [f"tell me about the number {n} and its neighbours" for n in range(12)])
+        run_plain(llm, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), None)
+    captured = capsys.readouterr()
+    assert "error" not in captured.err and "no longer holds" in captured.err
+    assert len([line for line in captured.out.splitlines() if "tok/s" in line]) == 12
