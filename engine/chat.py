@@ -14,6 +14,17 @@ def check_messages(messages: list[dict[str, str]]) -> None:
             raise InvalidParameterError("each message needs a role of system, user or assistant")
         if not isinstance(m.get("content"), str):
             raise InvalidParameterError("each message needs a text content")
+        check_text(m["content"])
+
+
+def check_text(text: str) -> None:
+    """Refuse text the tokenizer cannot take: lone surrogates, which is how Python reads bytes that are not UTF-8
+    from a pipe or an argument."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidParameterError(f"the text is not valid UTF-8 (at character {err.start}): give UTF-8 text") \
+            from None
 
 
 def encode_chat(tokenizer, messages: list[dict[str, str]], *, model: str) -> list[int]:

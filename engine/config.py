@@ -54,7 +54,7 @@ class EngineConfig:
     kv_cache_tokens: int | None = None
     enable_prefix_caching: bool = True
     max_num_seqs: int = 16
-    seed: int = 0
+    seed: int | None = None          # the draws of sampled requests without their own seed; None: fresh ones each run
     attention: str = "auto"          # auto | sdpa | flashinfer (CUDA only)
     eager: bool = False              # CUDA: no decode CUDA graphs
     compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,14 +19,14 @@ import torch
 
 from engine.affinity import pin, usable
 from engine.build import check_tp, resolve_dtype
-from engine.chat import encode_chat
+from engine.chat import check_text, encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
 from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.layers.packed import one_row_pays, resolve_kernel, runs_q8
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
-from engine.placement import off_the_draft, plan
+from engine.placement import crowding, off_the_draft, plan
 from engine.registry import resolve_model
 from engine.remote_drafter import RemoteDrafter
 from engine.request import RequestState
@@ -53,6 +54,8 @@ class LLM:
                               default_device=config.device)
         leader = self.placement.target[0]
         self._affinity = usable()
+        if (warning := crowding(self.placement, self._affinity)) is not None:
+            log.warning(warning)
         self._threads = self._step_threads = torch.get_num_threads()
         self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
         self._open = True
@@ -74,6 +77,7 @@ class LLM:
                 f"max_model_len {config.max_model_len} exceeds the model's limit of {model_max} tokens"
             )
         self.max_model_len = config.max_model_len or model_max
+        self._model_max = model_max
         kv_tokens = config.kv_cache_tokens or 2 * self.max_model_len
         if kv_tokens < self.max_model_len:
             raise InvalidParameterError(
@@ -84,6 +88,7 @@ class LLM:
         self.draft_path: Path | None = None
         if config.draft is not None:
             self.draft_path = resolve_model(config.draft)
+            inspect_model_dir(self.draft_path)  # a directory that is no model: one line naming the fix
             check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_path), target=config.target,
                                  draft=config.draft)
         try:
@@ -101,7 +106,8 @@ class LLM:
         self._decode = make_decoder(self.tokenizer)
         self._ids = itertools.count()
         self._requests: dict[int, RequestState] = {}
-        self._rng = torch.Generator().manual_seed(config.seed)
+        # a sampled request without a seed of its own draws from here: other draws in every run unless config.seed
+        self._rng = torch.Generator().manual_seed(config.seed if config.seed is not None else secrets.randbits(62))
 
     @property
     def speculation(self) -> SpeculationConfig:
@@ -245,6 +251,7 @@ class LLM:
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
+            check_text(prompt)
             return self.tokenizer.encode(prompt)
         if not _is_token_ids(prompt):
             raise InvalidParameterError("a prompt must be a string or a list of token ids")
@@ -259,9 +266,11 @@ class LLM:
         if min(token_ids) < 0 or max(token_ids) >= vocab:
             raise InvalidParameterError(f"prompt token ids must be in [0, {vocab}) for this model")
         if len(token_ids) >= self.max_model_len:
+            lowered = self.max_model_len < self._model_max
+            more = f", or raise --max-model-len (up to {self._model_max})" if lowered else ""
             raise PromptTooLongError(
                 f"the prompt has {len(token_ids)} tokens but the context limit is {self.max_model_len}:"
-                " shorten it, clear the conversation, or raise --max-model-len"
+                f" shorten it or clear the conversation{more}"
             )
         generator = None
         if not params.is_greedy:

@@ -51,6 +51,21 @@ class Placement:
         return None if device.cores is None else len(device.cores)
 
 
+def crowding(placement: Placement, usable: set[int]) -> str | None:
+    """A warning where a placement makes its own threads wait for each other: SSD's draft process pinned to a
+    core a pinned target rank also has, or more threads per rank than there are usable cores; else None."""
+    draft = placement.draft
+    if draft is not None and draft.kind == "cpu" and draft.cores is not None:
+        shared = sorted(set(draft.cores) & {c for d in placement.target if d.kind == "cpu" for c in d.cores or ()})
+        if shared:
+            return (f"the draft process shares core(s) {ranges(shared)} with the target: SSD's drafting then slows "
+                    "its verification; give --draft-device a core of its own")
+    if placement.threads is not None and placement.threads > len(usable):
+        return (f"--threads {placement.threads} is more than the {len(usable)} usable cores: threads will wait for "
+                "each other; give at most one a core")
+    return None
+
+
 def off_the_draft(placement: Placement, affinity: set[int], threads: int) -> tuple[set[int], int] | None:
     """Where an unpinned one-rank target runs while SSD's draft process, pinned among its cores, is busy: the
     other cores, with at most `threads` threads; None when there is nothing to move off (a pinned target, TP,
@@ -71,8 +86,9 @@ def plan(tp: int = 1, target_devices: str | None = None, draft_device: str | Non
         if ids is None and tp > 1:
             ids = _cpus()
         if ids is not None and len(ids) < tp:
+            given = f"--target-devices {target_devices} names" if target_devices else "this machine has"
             raise InvalidParameterError(
-                f"--tp {tp} needs at least {tp} cores, --target-devices {target_devices} has {len(ids)}:"
+                f"--tp {tp} needs at least {tp} cores, {given} {len(ids)}:"
                 f" lower --tp or give more cores (this machine has {ranges(_cpus())})"
             )
         target = tuple(Device("cpu", share) for share in _split(ids, tp)) if ids else (Device("cpu", None),) * tp
@@ -105,6 +121,8 @@ def _parse(text: str, option: str) -> tuple[str, list[int] | None]:
         ids = []
         for part in spec.split(","):
             lo, _, hi = part.partition("-")
+            if int(hi or lo) < int(lo):
+                raise InvalidParameterError(f"{option}: the range {part} runs backwards: write {hi}-{lo}")
             ids += range(int(lo), int(hi or lo) + 1)
         if len(set(ids)) != len(ids):
             raise InvalidParameterError(f"{option} names a device twice: {text}")

@@ -41,8 +41,8 @@ class SamplingParams:
             raise InvalidParameterError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if self.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and self.seed < 0:
-            raise InvalidParameterError(f"seed must be >= 0, got {self.seed}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidParameterError(f"seed must be in 0..2^63-1, got {self.seed}")
         if any(s == "" for s in self.stop):
             raise InvalidParameterError("stop strings must not be empty")
         if any(t < 0 for t in self.stop_token_ids):

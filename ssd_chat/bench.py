@@ -67,14 +67,14 @@ class BenchConfig:
     lookup: bool = True  # greedy drafts take the context lookup's token where it has one (engine.lookup)
 
     def __post_init__(self) -> None:
-        if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
-            raise BenchInputError("modes sd, ssd and sd-all need a draft model: pass --draft (e.g. --draft"
-                                  " synthetic-draft)")
         unknown = [m for m in self.modes if m not in ENGINE_MODES]
         if unknown or not self.modes:
             raise BenchInputError(
                 f"unknown mode(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(ENGINE_MODES)}"
             )
+        if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
+            raise BenchInputError("modes sd, ssd and sd-all need a draft model: pass --draft (e.g. --draft"
+                                  " smollm2-135m-draft)")
         if self.max_tokens < 2:
             raise BenchInputError(f"--max-tokens must be >= 2 to measure decode speed, got {self.max_tokens}")
         if self.limit is not None and self.limit < 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Generator, Iterator
 from contextlib import closing, contextmanager
@@ -55,7 +56,7 @@ from ssd_chat.cli_options import (
 )
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import run_plain
-from ssd_chat.prompts import DEFAULT_PROMPTS
+from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
                 "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul", "backup", "fixed_k",
@@ -213,6 +214,8 @@ def ask(
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
+        if not text.strip():
+            raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
         with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
@@ -245,7 +248,9 @@ def bench(
         str, typer.Option(help="Comma-separated engine modes: ar, sd, ssd, and ar-all / sd-all (AR / SD in one"
                                " process on every core).")
     ] = "ar",
-    draft: Draft = None,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", "-d", help="Draft model (alias or directory) for the modes sd, ssd and sd-all; the bench loads "
+        "none unless given (the embedded pair's: --draft smollm2-135m-draft).")] = None,
     k: K = 4,
     fanout: Fanout = None,
     backup: Backup = "jit",
@@ -277,6 +282,7 @@ def bench(
     """Greedy fixed-length decode speed and TTFT per mode over a prompt set."""
     err_console = Console(stderr=True, highlight=False)
     with user_errors():
+        _check_writable(json_out)  # now, not after the whole run
         config = BenchConfig(
             target=target, prompts_file=prompts, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
@@ -286,12 +292,26 @@ def bench(
             ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)  # a file or pipe: the whole table, not 80 columns
     console.print(render_table(report))
     for line in round_lines(report):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
-        json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        with user_errors():
+            try:
+                json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+            except OSError as err:
+                raise BenchInputError(f"cannot write {json_out}: {err.strerror or err}") from err
+
+
+def _check_writable(path: Path | None) -> None:
+    """A --json path the run can write at its end: an existing directory holds it, and it is no directory."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise BenchInputError(f"--json {path} is a directory: give a file name")
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+        raise BenchInputError(f"--json {path}: cannot write in {path.parent}: give a writable directory")
 
 
 def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) -> RequestOutput:

@@ -25,6 +25,7 @@ import torch
 
 from engine.cpu_info import flags as cpu_flags
 from engine.errors import InvalidParameterError
+from engine.model_dir import inspect_model_dir
 from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat import distill_teacher
@@ -122,7 +123,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     """Generate (or reuse) the replies, train (or resume), write the draft into ``config.out``."""
     out = Path(config.out).expanduser().resolve()
     target_dir = resolve_model(config.target)
-    target_config = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
+    target_config = inspect_model_dir(target_dir).config  # a directory that is no model: one line, not a traceback
     num_layers = int(target_config["num_hidden_layers"])
     if config.draft_layers > num_layers:
         raise InvalidParameterError(f"--draft-layers {config.draft_layers} is more than the target's {num_layers} "

@@ -29,6 +29,8 @@ def load_prompts(path: Path, *, limit: int | None = None) -> list[Messages]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as err:
         raise BenchInputError(f"cannot read prompt file {path}: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise BenchInputError(f"prompt file {path} is not UTF-8 text (byte {err.start}): save it as UTF-8") from err
     prompts = [_parse_line(line, f"{path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
     if not prompts:
         raise BenchInputError(f"prompt file {path} holds no prompts")

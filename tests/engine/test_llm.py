@@ -218,3 +218,25 @@ def test_sharded_checkpoint_loads_like_a_single_file(tiny_llama_dir, tmp_path):
     one = LLM(str(tiny_llama_dir), max_model_len=64).generate([[3, 4, 5]], params)[0].token_ids
     many = LLM(str(sharded), max_model_len=64).generate([[3, 4, 5]], params)[0].token_ids
     assert one == many
+
+
+def test_text_that_is_not_utf8_is_one_line_error(llm):
+    with pytest.raises(InvalidParameterError, match="not valid UTF-8") as err:
+        llm.generate("bad \udcff bytes", SamplingParams(temperature=0.0, max_tokens=2))
+    assert "\n" not in str(err.value)
+    with pytest.raises(InvalidParameterError, match="not valid UTF-8"):
+        list(llm.chat([{"role": "user", "content": "caf\udce9"}], SamplingParams(temperature=0.0, max_tokens=2)))
+
+
+def test_unseeded_sampling_draws_afresh_in_every_engine(tiny_llama_dir):
+    params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
+    replies = []
+    for _ in range(3):
+        with LLM(str(tiny_llama_dir), threads=1) as engine:
+            replies.append(tuple(engine.generate("Paris is", params)[0].token_ids))
+    assert len(set(replies)) > 1
+    seeded = []
+    for _ in range(2):
+        with LLM(str(tiny_llama_dir), threads=1, seed=5) as engine:
+            seeded.append(engine.generate("Paris is", params)[0].token_ids)
+    assert seeded[0] == seeded[1]  # EngineConfig.seed keeps the old reproducible behaviour

@@ -290,6 +290,16 @@ def test_processes_start_while_stderr_has_no_descriptor():
     assert "failed: bad value(s) in fds_to_keep" in plain.stdout  # what the helper is for
 
 
+def test_a_crowded_placement_is_warned_about():
+    from engine.placement import crowding, plan
+
+    assert crowding(plan(1, "cpu:0", "cpu:1"), {0, 1}) is None
+    assert crowding(plan(1, None, "cpu:0"), {0, 1}) is None  # an unpinned target moves off SSD's core
+    assert "shares core(s) 0" in crowding(plan(1, "cpu:0", "cpu:0"), {0, 1})
+    assert "shares core(s) 1" in crowding(plan(1, "cpu:0-1", "cpu:1"), {0, 1})
+    assert "more than the 2 usable cores" in crowding(plan(1, None, None, threads=8), {0, 1})
+
+
 def test_a_rank_that_dies_while_starting_is_reported_at_once():
     import datetime
     import multiprocessing

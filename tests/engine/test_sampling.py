@@ -68,3 +68,14 @@ def test_a_batch_of_rows_is_filtered_as_each_row_alone():
     for top_k, top_p in ((3, 1.0), (0, 0.7), (8, 0.5)):
         batched = filter_top_k_top_p(rows, top_k, top_p)
         assert torch.equal(batched, torch.stack([filter_top_k_top_p(row, top_k, top_p) for row in rows]))
+
+
+def test_a_tiny_temperature_gives_the_argmax_not_nan():
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)) * 10
+    for row in logits:
+        probs = probabilities(row, SamplingParams(temperature=1e-40))
+        assert torch.isfinite(probs).all() and int(probs.argmax()) == int(row.argmax()) and probs.max() == 1.0
+        assert sample_token(row, SamplingParams(temperature=1e-40), torch.Generator().manual_seed(0)) == int(
+            row.argmax())
+    assert torch.allclose(probabilities(logits[0], SamplingParams(temperature=0.7)),
+                          torch.softmax(logits[0] / 0.7, dim=-1), atol=1e-7)

@@ -90,7 +90,9 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
     ["unknown alias", "missing directory", "negative temperature", "prompt too long", "bad option value",
      "REPL option before a command", "weights missing offline", "unsupported architecture", "corrupt weights",
      "missing tokenizer", "core that does not exist", "more TP ranks than cores", "bad device syntax",
-     "unknown draft weights", "unknown cpu matmul"],
+     "unknown draft weights", "unknown cpu matmul", "prompt not UTF-8", "draft that is no model", "empty prompt",
+     "bench json in a missing directory", "bench json a directory", "prompt file not UTF-8", "unknown bench mode",
+     "distill target that is no model", "backwards core range", "seed out of range"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -105,7 +107,21 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     elif case == "missing tokenizer":
         (broken / "tokenizer.json").unlink()
         (broken / "tokenizer_config.json").unlink()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 au lait\n")
+    bench = ["bench", "--target", tiny, "--max-tokens", "2", "--limit", "1"]
     args = {
+        "prompt not UTF-8": ["ask", "bad \udcff\udcfe bytes", "--target", tiny],  # argv bytes b"\xff\xfe"
+        "draft that is no model": ["ask", "hi", "--target", tiny, "--draft", str(tmp_path / "empty")],
+        "empty prompt": ["ask", "  ", "--target", tiny],
+        "bench json in a missing directory": [*bench, "--json", str(tmp_path / "no" / "such" / "b.json")],
+        "bench json a directory": [*bench, "--json", str(tmp_path)],
+        "prompt file not UTF-8": [*bench, "--prompts", str(tmp_path / "latin1.txt")],
+        "unknown bench mode": [*bench, "--modes", "xx"],
+        "distill target that is no model": ["distill", "--target", str(tmp_path / "empty"), "--out",
+                                            str(tmp_path / "d")],
+        "backwards core range": ["ask", "hi", "--target", tiny, "--target-devices", "cpu:1-0"],
+        "seed out of range": ["ask", "hi", "--target", tiny, "--seed", str(2**70)],
         "unknown alias": ["ask", "hi", "--target", "no-such-model"],
         "missing directory": ["ask", "hi", "--target", str(tmp_path / "missing")],
         "negative temperature": ["ask", "hi", "--target", tiny, "--temperature", "-1"],
@@ -129,6 +145,10 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     if case == "weights missing offline":
         assert "hf download Qwen/Qwen3-0.6B" in lines[0]
+    if case == "unknown bench mode":
+        assert "unknown mode(s) xx" in lines[0]
+    if case.startswith("bench json"):
+        assert "loading" not in result.stderr  # refused before the run
 
 
 def test_bench_writes_results_and_matches_transformers(tiny_llama_dir, tmp_path):
@@ -296,6 +316,7 @@ class _CtrlCAfterTwoDeltas:
     def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self.config = llm.config
+        self.max_model_len, self.encode_chat = llm.max_model_len, llm.encode_chat
         self.calls: list[list[dict[str, str]]] = []
 
     def chat(self, messages, params, *, cancel=None):

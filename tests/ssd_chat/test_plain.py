@@ -77,3 +77,13 @@ def test_ssd_chat_is_plain_when_piped(tiny_llama_dir):
     assert result.stdout.startswith(expected[-1].output.text + "\n")
     assert "\x1b" not in result.stdout  # no TUI, no colour codes in a pipe
     assert "6 tokens · prefix reused 0/" in result.stdout.splitlines()[-1]
+
+
+def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(tiny_llama_dir, monkeypatch, capsys):
+    _feed(monkeypatch, ["Paris is", "bad \udcff\udcfe bytes", "and Rome"])
+    with LLM(str(tiny_llama_dir), threads=1) as llm:
+        run_plain(llm, SamplingParams(temperature=0, max_tokens=4), None)
+    captured = capsys.readouterr()
+    errors = captured.err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: the text is not valid UTF-8")
+    assert len([line for line in captured.out.splitlines() if "tok/s" in line]) == 2
