@@ -28,6 +28,7 @@ from engine.affinity import pin, usable
 from engine.config import SpeculationConfig
 from engine.layers.packed import resolve_kernel
 from engine.placement import plan
+from engine.registry import resolve_model
 from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun
 from ssd_chat.machine import machine_info, read_bandwidth_gb_s
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError, Messages, encode_prompts, load_prompts
@@ -210,6 +211,7 @@ def _run_engine_modes(
     config: BenchConfig, prompts: list[Messages], progress: Progress
 ) -> tuple[Path, Path | None, list[list[int]], list[ModeResult], dict]:
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
+    resolve_model(config.target)  # an unknown model: the one error line, before any progress line
     progress(f"loading {config.target}")
     fast = dict(dtype=config.dtype, attention=config.attention, eager=config.eager, compile=config.compile,
                 draft_weights=config.draft_weights, packed_kernel=config.packed_kernel)

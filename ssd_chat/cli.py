@@ -168,8 +168,11 @@ def root(
 
         settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
                                 max_tokens=max_tokens, system=system)
-        code = run_tui(lambda: LLM(target=target, **engine_kwargs), settings=settings, target=target, draft=lay.draft,
-                       resume=resume, speculation=spec)
+        from ssd_chat.tui.engine_process import EngineProcess, enabled
+
+        engine_class = EngineProcess if enabled() else LLM  # its own process: no GIL shared with the UI
+        code = run_tui(lambda: engine_class(target, **engine_kwargs), settings=settings, target=target,
+                       draft=lay.draft, resume=resume, speculation=spec)
     raise typer.Exit(code)
 
 

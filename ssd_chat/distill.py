@@ -124,6 +124,9 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     out = Path(config.out).expanduser().resolve()
     target_dir = resolve_model(config.target)
     target_config = inspect_model_dir(target_dir).config  # a directory that is no model: one line, not a traceback
+    if target_config.get("embedding_from_target") or target_config.get("reduced_head"):
+        raise InvalidParameterError(f"--target {config.target} is a distilled draft, which needs its target to run: "
+                                    "give the target model")
     num_layers = int(target_config["num_hidden_layers"])
     if config.draft_layers > num_layers:
         raise InvalidParameterError(f"--draft-layers {config.draft_layers} is more than the target's {num_layers} "
@@ -277,10 +280,17 @@ def progress_bar() -> Iterator[Progress]:
     columns = (TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn(), TextColumn("{task.fields[detail]}"))
     tasks: dict[str, object] = {}
-    with RichProgress(*columns, console=Console(stderr=True)) as bar:
-        def update(phase: str, done: int, total: int, detail: str) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(phase, total=total, detail="")
-            bar.update(tasks[phase], completed=done, total=total, detail=detail)
+    bar = RichProgress(*columns, console=Console(stderr=True))
 
+    def update(phase: str, done: int, total: int, detail: str) -> None:
+        if not tasks:  # the bar shows from the first update: an error before it stays one line
+            bar.start()
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(phase, total=total, detail="")
+        bar.update(tasks[phase], completed=done, total=total, detail=detail)
+
+    try:
         yield update
+    finally:
+        if tasks:
+            bar.stop()

@@ -7,6 +7,7 @@ ReplyBuffer that a timer drains every FLUSH_S seconds.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -138,6 +139,9 @@ class ChatApp(ChatActions, CompareActions, App[None]):
 
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine = message.engine
+        # The engine's objects live as long as the app: out of the garbage collector's full passes, which hold the
+        # GIL (the engine's thread waits for it between its kernels) for as long as they take to walk them.
+        gc.freeze()
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
         settings = self.session.settings

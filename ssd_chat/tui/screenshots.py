@@ -13,10 +13,10 @@ import logging
 import tempfile
 from pathlib import Path
 
-from engine import LLM
 from engine.config import SpeculationConfig
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.app import ChatApp
+from ssd_chat.tui.engine_process import EngineProcess
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ async def _send(app: ChatApp, pilot, text: str) -> None:
 
 def _app(target: str, draft: str | None, settings: ChatSettings, data: Path) -> ChatApp:
     spec = SpeculationConfig(mode=settings.mode, k=settings.k)
-    return ChatApp(lambda: LLM(target=target, draft=draft, speculation=spec, threads=2), settings=settings,
+    return ChatApp(lambda: EngineProcess(target, draft=draft, speculation=spec, threads=2), settings=settings,
                    store=HistoryStore(data / f"{target}.sqlite3"), target=target, draft=draft)
 
 

@@ -92,7 +92,8 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
      "missing tokenizer", "core that does not exist", "more TP ranks than cores", "bad device syntax",
      "unknown draft weights", "unknown cpu matmul", "prompt not UTF-8", "draft that is no model", "empty prompt",
      "bench json in a missing directory", "bench json a directory", "prompt file not UTF-8", "unknown bench mode",
-     "distill target that is no model", "backwards core range", "seed out of range"],
+     "distill target that is no model", "backwards core range", "seed out of range", "bench unknown model",
+     "distill target that is a draft", "distill out is a file"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -122,6 +123,10 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
                                             str(tmp_path / "d")],
         "backwards core range": ["ask", "hi", "--target", tiny, "--target-devices", "cpu:1-0"],
         "seed out of range": ["ask", "hi", "--target", tiny, "--seed", str(2**70)],
+        "bench unknown model": ["bench", "--target", "no-such-model"],
+        "distill target that is a draft": ["distill", "--target", str(REPO_ROOT / "assets/drafts/smollm2-135m-draft"),
+                                           "--out", str(tmp_path / "d2")],
+        "distill out is a file": ["distill", "--target", tiny, "--out", str(tmp_path / "latin1.txt")],
         "unknown alias": ["ask", "hi", "--target", "no-such-model"],
         "missing directory": ["ask", "hi", "--target", str(tmp_path / "missing")],
         "negative temperature": ["ask", "hi", "--target", tiny, "--temperature", "-1"],

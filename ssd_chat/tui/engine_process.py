@@ -1,0 +1,229 @@
+"""The chat app's engine in a process of its own, behind the same interface as `engine.LLM` (`ChatEngine`).
+
+In the app's process the engine's thread shares the GIL with Textual's: it takes the GIL back after each of its
+kernel calls, about twenty a step, and while a reply streams the UI thread renders it. On the 2-vCPU VM a reply
+then decoded at 51-54 tok/s where the plain mode gave 148 (AR, both cores), the engine's threads busy only half the
+time. Here the engine runs in a spawned child, which owns the cores it is given, and talks to the app over a pipe:
+a request's events come back as they happen (pickled dataclasses), a cancel goes the other way, the engine's log
+lines (the loading screen's) are forwarded, and an EngineError stays an EngineError with its one-line message.
+``SSD_CHAT_ENGINE_PROCESS=0`` keeps the engine in the app's process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from engine.config import SpeculationConfig
+from engine.distributed import ensure_resource_tracker
+from engine.errors import EngineError
+from engine.outputs import Event, RequestFinished
+from engine.sampling_params import SamplingParams
+
+ENV = "SSD_CHAT_ENGINE_PROCESS"
+ENGINE_LOGGER = "engine"
+log = logging.getLogger(__name__)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+class EngineProcess:
+    """An `engine.LLM(target, **kwargs)` in a child process. Built (and loaded) by the constructor, which forwards
+    the child's engine log lines to this process's "engine" logger and raises EngineError if loading failed."""
+
+    def __init__(self, target: str, **kwargs: Any) -> None:
+        ensure_resource_tracker()
+        self._pipe, child_end = mp.Pipe()
+        self._proc = mp.get_context("spawn").Process(target=_serve, args=(child_end, os.getpid(), target, kwargs),
+                                                     name="ssd-chat-engine")
+        self._proc.start()
+        child_end.close()
+        self._lock = threading.Lock()  # one exchange at a time (the app runs one request at a time)
+        self._send_lock = threading.Lock()  # a close from the UI thread may send while a reply streams
+        atexit.register(self.close)
+        kind, payload = self._receive()
+        if kind == "error":
+            self._proc.join(10)
+            raise EngineError(payload)
+        self.config, self.max_model_len, self._speculation, self.layout, self.tokenizer = payload
+
+    # -- ChatEngine ----------------------------------------------------------------------------------
+    @property
+    def speculation(self) -> SpeculationConfig:
+        return self._speculation
+
+    @speculation.setter
+    def speculation(self, spec: SpeculationConfig) -> None:
+        with self._lock:
+            self._speculation, self.layout = self._call("spec", spec)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        with self._lock:
+            return self._call("encode", messages)
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
+             cancel: threading.Event | None = None) -> Iterator[Event]:
+        with self._lock:
+            self._send(("chat", messages, params))
+            cancelled = finished = False
+            try:
+                while True:
+                    if cancel is not None and cancel.is_set() and not cancelled:
+                        self._send(("cancel",))
+                        cancelled = True
+                    if not self._pipe.poll(0.05):
+                        self._check_alive()
+                        continue
+                    kind, payload = self._receive()
+                    if kind == "event":
+                        finished = isinstance(payload, RequestFinished)
+                        yield payload
+                        if finished:
+                            return
+                    else:
+                        finished = True
+                        raise EngineError(payload) if kind == "error" else RuntimeError(payload)
+            finally:
+                if not finished:  # the caller left early: cancel, and read the rest so the next request starts clean
+                    self._drain()
+
+    def close(self) -> None:
+        """Stop the child (its engine closes its draft and TP processes). Idempotent."""
+        atexit.unregister(self.close)
+        if self._proc.is_alive():
+            with contextlib.suppress(RuntimeError):
+                self._send(("close",))  # a reply under way is cancelled first
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(5)
+        self._pipe.close()
+
+    # -- the wire --------------------------------------------------------------------------------------
+    def _call(self, *message):
+        self._send(message)
+        kind, payload = self._receive()
+        if kind == "error":
+            raise EngineError(payload)
+        if kind == "failed":
+            raise RuntimeError(payload)
+        return payload
+
+    def _send(self, message) -> None:
+        try:
+            with self._send_lock:
+                self._pipe.send(message)
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"the engine process is gone ({exc})") from None
+
+    def _drain(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._send(("cancel",))
+            while True:
+                kind, payload = self._receive()
+                if kind != "event" or isinstance(payload, RequestFinished):
+                    return
+
+    def _receive(self):
+        while True:
+            try:
+                kind, payload = self._pipe.recv()
+            except (EOFError, OSError) as exc:
+                raise RuntimeError(f"the engine process stopped (exit code {self._proc.exitcode})") from exc
+            if kind != "log":
+                return kind, payload
+            level, line = payload
+            logging.getLogger(ENGINE_LOGGER).log(level, "%s", line)
+
+    def _check_alive(self) -> None:
+        if not self._proc.is_alive() and not self._pipe.poll():
+            raise RuntimeError(f"the engine process stopped (exit code {self._proc.exitcode})")
+
+
+class _ToParent(logging.Handler):
+    def __init__(self, pipe) -> None:
+        super().__init__(logging.INFO)
+        self.pipe = pipe
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.pipe.send(("log", (record.levelno, record.getMessage())))
+
+
+def _serve(pipe, parent: int, target: str, kwargs: dict) -> None:
+    """The child: load the engine, then answer the parent's messages until "close" (or the parent is gone)."""
+    from engine import LLM
+
+    threading.Thread(target=_watch, args=(parent,), daemon=True).start()
+    engine_log = logging.getLogger(ENGINE_LOGGER)
+    engine_log.setLevel(logging.INFO)
+    engine_log.propagate = False
+    engine_log.addHandler(_ToParent(pipe))
+    try:
+        llm = LLM(target=target, **kwargs)
+    except EngineError as err:
+        pipe.send(("error", str(err)))
+        return
+    except Exception as err:  # a bug or a broken install: one line for the app, the rest in this log
+        logging.getLogger(__name__).exception("loading the engine failed")
+        pipe.send(("error", f"loading the engine failed: {err!r}"))
+        return
+    pipe.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer)))
+    pending: deque = deque()  # messages that came while a reply streamed (the app's next one, once it has the last)
+    try:
+        while True:
+            message = pending.popleft() if pending else pipe.recv()
+            kind = message[0]
+            if kind == "close":
+                return
+            try:
+                if kind == "spec":
+                    llm.speculation = message[1]
+                    pipe.send(("ok", (llm.speculation, llm.layout)))
+                elif kind == "encode":
+                    pipe.send(("ok", llm.encode_chat(message[1])))
+                elif kind == "chat" and _stream(llm, pipe, message[1], message[2], pending):
+                    return  # a close arrived while the reply streamed
+            except EngineError as err:
+                pipe.send(("error", str(err)))
+            except Exception as err:
+                logging.getLogger(__name__).exception("the engine failed")
+                pipe.send(("failed", f"{type(err).__name__}: {err}"))
+    except (EOFError, OSError):
+        pass  # the app is gone
+    finally:
+        llm.close()
+
+
+def _stream(llm, pipe, messages, params, pending: deque) -> bool:
+    """One request's events to the parent; a "cancel" or "close" between steps cancels it, anything else waits in
+    `pending`. Returns whether a "close" came."""
+    cancel, closing = threading.Event(), False
+    for event in llm.chat(messages, params, cancel=cancel):
+        pipe.send(("event", event))
+        while pipe.poll():
+            message = pipe.recv()
+            closing |= message[0] == "close"
+            if message[0] in ("cancel", "close"):
+                cancel.set()
+            else:
+                pending.append(message)
+    return closing
+
+
+def _watch(parent: int) -> None:
+    """Exit when the app's process is gone (killed, or it crashed): nothing else would stop this one."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(0)
+        time.sleep(1.0)

@@ -1,0 +1,124 @@
+"""The chat app's engine in its own process (ssd_chat.tui.engine_process): the same replies and interface as an
+in-process LLM, errors as one-line EngineErrors, cancels and abandoned streams leave it clean for the next request,
+its log lines reach the app, and it ends with close() or with the app's process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.config import SpeculationConfig
+from engine.errors import EngineError
+from engine.outputs import FinishReason, RequestFinished, TokenDelta
+from ssd_chat.tui.engine_process import EngineProcess
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+MESSAGES = [{"role": "user", "content": "Paris is"}]
+
+
+@pytest.fixture(scope="module")
+def child(tiny_llama_dir):
+    engine = EngineProcess(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=128, threads=1)
+    yield engine
+    engine.close()
+
+
+def _final(events) -> object:
+    *_, last = events
+    assert isinstance(last, RequestFinished)
+    return last.output
+
+
+def test_replies_and_interface_match_an_in_process_engine(child, tiny_llama_dir):
+    with LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=128, threads=1) as local:
+        want = _final(local.chat(MESSAGES, GREEDY))
+        assert child.encode_chat(MESSAGES) == local.encode_chat(MESSAGES)
+        assert child.max_model_len == local.max_model_len == 128 and child.config.draft == local.config.draft
+    for mode in ("ar", "sd", "ssd"):
+        child.speculation = SpeculationConfig(mode=mode, k=3)
+        assert child.speculation.mode == mode and "target" in child.layout
+        events = list(child.chat(MESSAGES, GREEDY))
+        assert any(isinstance(e, TokenDelta) for e in events)
+        assert _final(events).token_ids == want.token_ids
+    assert child.tokenizer.decode(list(want.token_ids)) == local.tokenizer.decode(list(want.token_ids))
+
+
+def test_an_engine_error_is_one_line_and_the_next_request_runs(child):
+    with pytest.raises(EngineError, match="context limit is 128") as err:
+        list(child.chat([{"role": "user", "content": "word " * 400}], GREEDY))
+    assert "\n" not in str(err.value)
+    assert _final(child.chat(MESSAGES, GREEDY)).finish_reason is FinishReason.LENGTH
+
+
+def test_cancel_and_an_abandoned_stream_leave_it_clean(child):
+    cancel = threading.Event()
+    long = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    events = []
+    for event in child.chat(MESSAGES, long, cancel=cancel):
+        events.append(event)
+        if len(events) == 2:
+            cancel.set()
+    assert _final(events).finish_reason is FinishReason.CANCELLED
+    stream = child.chat(MESSAGES, long)
+    next(stream)
+    stream.close()  # left early: the rest is cancelled and read
+    assert len(_final(child.chat(MESSAGES, GREEDY)).token_ids) == 24
+
+
+def test_a_load_failure_is_an_engine_error_and_log_lines_reach_the_app(tmp_path, tiny_llama_dir, caplog):
+    with pytest.raises(EngineError, match=r"config\.json"):
+        EngineProcess(str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="engine"):
+        engine = EngineProcess(str(tiny_llama_dir), threads=1)
+        engine.close()
+    assert any("loading" in r.getMessage() for r in caplog.records if r.name == "engine")
+    assert not engine._proc.is_alive()
+
+
+def test_the_engine_process_ends_with_the_app(tiny_llama_dir):
+    script = textwrap.dedent(f"""
+        import os, sys
+        from ssd_chat.tui.engine_process import EngineProcess
+        engine = EngineProcess({str(tiny_llama_dir)!r}, threads=1)
+        print(engine._proc.pid, flush=True)
+        os._exit(0)  # the app dies without closing it
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_ssd_with_a_draft_process_runs_inside_it(tiny_llama_dir):
+    """The chat app's SSD layout: the engine process starts a draft process of its own."""
+    core = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    engine = EngineProcess(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=128, threads=1,
+                           draft_device=f"cpu:{core}")
+    try:
+        engine.speculation = SpeculationConfig(mode="ar")
+        want = _final(engine.chat(MESSAGES, GREEDY)).token_ids
+        engine.speculation = SpeculationConfig(mode="ssd", k=3)
+        assert "own process" in engine.layout["draft"]
+        assert _final(engine.chat(MESSAGES, GREEDY)).token_ids == want
+    finally:
+        engine.close()
+    assert not engine._proc.is_alive()
