@@ -171,7 +171,7 @@ def root(
         from ssd_chat.tui.engine_process import EngineProcess, enabled
 
         engine_class = EngineProcess if enabled() else LLM  # its own process: no GIL shared with the UI
-        code = run_tui(lambda: engine_class(target, **engine_kwargs), settings=settings, target=target,
+        code = run_tui(lambda: engine_class(target=target, **engine_kwargs), settings=settings, target=target,
                        draft=lay.draft, resume=resume, speculation=spec)
     raise typer.Exit(code)
 

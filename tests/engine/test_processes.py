@@ -273,12 +273,12 @@ def test_processes_start_while_stderr_has_no_descriptor():
             if sys.argv[1] == "engine":
                 from engine.distributed import ensure_resource_tracker
                 ensure_resource_tracker()
+            proc = multiprocessing.get_context("spawn").Process(target=print, args=("child",))
+            proc.start()  # first: where the tracker cannot start, no shared-memory block is made (and left behind)
+            proc.join()
             block = shared_memory.SharedMemory(create=True, size=64)
             block.close()
             block.unlink()
-            proc = multiprocessing.get_context("spawn").Process(target=print, args=("child",))
-            proc.start()
-            proc.join()
             print("ok", proc.exitcode, type(sys.stderr).__name__)
         except ValueError as exc:
             print("failed:", exc)

@@ -124,10 +124,12 @@ def test_the_chat_app_gets_an_idle_draft_process_for_ssd(shipped, monkeypatch):
     from typer.testing import CliRunner
 
     from ssd_chat import cli, tui
+    from ssd_chat.tui import engine_process
 
     seen: dict = {}
     monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: load_engine() or 0)
-    monkeypatch.setattr(cli, "LLM", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(engine_process, "EngineProcess", lambda **kwargs: seen.update(kwargs))  # the app's engine
+    monkeypatch.setattr(cli, "LLM", lambda **kwargs: pytest.fail("the chat app's engine runs in its own process"))
     monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
     monkeypatch.setattr(defaults.affinity, "usable", lambda: {0, 1})
     result = CliRunner().invoke(cli.app, [])
