@@ -56,7 +56,7 @@ class LLM:
         self._affinity = usable()
         if (warning := crowding(self.placement, self._affinity)) is not None:
             log.warning(warning)
-        self._threads = self._step_threads = torch.get_num_threads()
+        self._threads = self._step_threads = torch.get_num_threads()  # until the pin below sets them
         self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
         self._open = True
         self._stepping = threading.RLock()  # a step's; close() from another thread waits for the step to end
@@ -203,13 +203,12 @@ class LLM:
         """Cancel open requests, stop the draft and TP processes, and unpin this process. Idempotent; from another
         thread than the one stepping a request, it waits for the step under way (the request ends as cancelled)."""
         self._open = False
-        with getattr(self, "_stepping", contextlib.nullcontext()):
+        with self._stepping:
             self._close()
 
     def _close(self) -> None:
         try:
-            for state in list(getattr(self, "_requests", {}).values()):
-                self._finish(state, FinishReason.CANCELLED)
+            self._cancel_all()
             if self.remote is not None:
                 self.remote.close()
             if self._workers:
@@ -309,8 +308,7 @@ class LLM:
             torch.set_num_threads(self._step_threads)
         with self._stepping:  # close() from another thread waits for this step
             if not self._open:  # closed from another thread since the last step: the requests end as cancelled
-                for state in list(self._requests.values()):
-                    self._finish(state, FinishReason.CANCELLED)
+                self._cancel_all()
                 return
             outputs = self.core.step()
             self._report_warnings()
@@ -322,6 +320,10 @@ class LLM:
                 if seq.is_finished:
                     self._requests.pop(seq.seq_id)
                     state.finalize()
+
+    def _cancel_all(self) -> None:
+        for state in list(getattr(self, "_requests", {}).values()):  # (none yet where the engine failed to start)
+            self._finish(state, FinishReason.CANCELLED)
 
     def _finish(self, state: RequestState, reason: FinishReason) -> None:
         self.core.finish(state.seq, reason)

@@ -9,6 +9,7 @@ previous turn's KV from the prefix cache (a move costs one full prefill of what 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 
 def window_start(roles: list[str], start: int, prompt_tokens: Callable[[int], int], limit: int,
@@ -36,3 +37,20 @@ def window_start(roles: list[str], start: int, prompt_tokens: Callable[[int], in
 def reply_reserve(max_tokens: int, limit: int) -> int:
     """The room kept for a reply: its max tokens, at most a quarter of the context."""
     return min(max_tokens, limit // 4)
+
+
+def fit(engine: Any, messages: list[dict[str, str]], start: int, max_tokens: int) -> int:
+    """window_start for the engine's chat messages (a system prompt first, if any, then the turns; the new prompt
+    last), measured with its chat template (`engine.encode_chat`) against its context (`engine.max_model_len`).
+    Returns the index, among the turns, of the first one the model sees."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    turns = messages[len(system):]
+    limit = engine.max_model_len
+    return window_start([m["role"] for m in turns], start, lambda i: len(engine.encode_chat(system + turns[i:])),
+                        limit, reply_reserve(max_tokens, limit))
+
+
+def moved_notice(limit: int, start: int) -> str:
+    """What the chat app and the plain mode say when the window moves."""
+    return (f"the model's context ({limit} tokens) no longer holds the first {start} messages of this chat: "
+            "it sees the rest")

@@ -20,7 +20,7 @@ from rich.console import Console
 from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import reply_reserve, window_start
+from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import TurnStats
 
 
@@ -83,14 +83,10 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
 def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params: SamplingParams,
             err: Console) -> int:
     """The window's start for this turn (history: the system prompt, if any, then the turns)."""
-    system = history[:1] if history and history[0]["role"] == "system" else []
-    turns = history[len(system):]
-    limit = llm.max_model_len
-    moved = window_start([m["role"] for m in turns], window, lambda i: len(llm.encode_chat(system + turns[i:])),
-                         limit, reply_reserve(params.max_tokens, limit))
+    moved = fit(llm, history, window, params.max_tokens)
     if moved > window:
-        err.print(f"(the model's context, {limit} tokens, no longer holds the first {moved} messages: it sees the "
-                  "rest; /clear starts over)", style="dim", markup=False, soft_wrap=True)
+        err.print(f"({moved_notice(llm.max_model_len, moved)}; /clear starts over)", style="dim", markup=False,
+                  soft_wrap=True)
     return moved
 
 

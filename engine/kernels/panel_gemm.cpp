@@ -195,15 +195,15 @@ extern "C" long panel8_screened(const float* x, long M, long K, const signed cha
   float *lo = hi + M * P, *lower = lo + M * P;
   q8_screen8(x, M, K, (const unsigned char*)Q, D, S, hi, lo, full, N, threads);
   for (long m = 0; m < M; ++m) {
-    float best = -INFINITY;
-    for (long p = 0; p < P; ++p) best = fmaxf(best, lo[m * P + p]);
-    lower[m] = full[m] ? -INFINITY : best;  // -inf: every panel (hi is never NaN)
+    lower[m] = -INFINITY;
+    for (long p = 0; p < P; ++p) lower[m] = fmaxf(lower[m], lo[m * P + p]);
   }
+  auto exact_here = [&](long m, long p) { return full[m] || hi[m * P + p] >= lower[m]; };  // may hold the argmax
   over_panels(P, threads, [&](long p0, long p1) {
     for (long p = p0; p < p1; ++p)
       for (long m = 0; m < M; ++m) {
         float* out = y + m * N + 32 * p;
-        if (full[m] || hi[m * P + p] >= lower[m]) {
+        if (exact_here(m, p)) {
           for (int c0 = 0; c0 < 2; c0 += LB)
             low_bit_panels<8, 1, 1, LB>(x + m * K, K, (const unsigned char*)Q + p * K * 32, D + p * blocks * 32,
                                         nullptr, c0, out, N);
@@ -214,7 +214,7 @@ extern "C" long panel8_screened(const float* x, long M, long K, const signed cha
   });
   long exact = 0;
   for (long m = 0; m < M; ++m)
-    for (long p = 0; p < P; ++p) exact += full[m] || hi[m * P + p] >= lower[m];
+    for (long p = 0; p < P; ++p) exact += exact_here(m, p);
   free(hi);
   free(full);
   return exact;

@@ -171,17 +171,28 @@ extern "C" int q8_path(int choice) {
   return forced >= 0 ? forced : SUPPORT == 2;
 }
 
+// Whether the AVX-512 VNNI code runs (q8_path's choice, else the CPU's best).
+static bool wide_path() { return forced >= 0 ? forced == 1 : SUPPORT == 2; }
+
+// x [M, K]'s 8-bit rounding in one allocation (free() the returned xq): xq [M][K], then dx, sx and `extra` more
+// arrays of [M][K / 32] floats for the caller.
+static signed char* quantize_rows(const float* x, long M, long K, bool wide, int extra, float** dx, float** sx) {
+  const long blocks = K / 32;
+  signed char* xq = (signed char*)malloc(M * K + (2 + extra) * M * blocks * sizeof(float));
+  if (xq == 0) abort();  // a few KB for a step's rows: nothing sensible is left to do without them
+  *dx = (float*)(xq + M * K), *sx = *dx + M * blocks;  // M * K is a multiple of 32: aligned floats
+  for (long m = 0; m < M; ++m)
+    (wide ? quantize_row : q8_quantize_row_avx2)(x + m * K, K, xq + m * K, *dx + m * blocks, *sx + m * blocks);
+  return xq;
+}
+
 // x [M, K] row-major, its 8-bit rounding here; the panels split over `threads` threads (threads.h).
 template <int BITS>
 static void q8_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn, float* y,
                     long N, int threads) {
-  const long blocks = K / 32;
-  const bool wide = forced >= 0 ? forced == 1 : SUPPORT == 2;
-  signed char* xq = (signed char*)malloc(M * K + 2 * M * blocks * sizeof(float));
-  if (xq == 0) abort();  // a few KB for a step's rows: nothing sensible is left to do without them
-  float *dx = (float*)(xq + M * K), *sx = dx + M * blocks;  // M * K is a multiple of 32: aligned floats
-  for (long m = 0; m < M; ++m)
-    (wide ? quantize_row : q8_quantize_row_avx2)(x + m * K, K, xq + m * K, dx + m * blocks, sx + m * blocks);
+  const bool wide = wide_path();
+  float *dx, *sx;
+  signed char* xq = quantize_rows(x, M, K, wide, 0, &dx, &sx);
   over_panels(N / 32, threads, [&](long p0, long p1) {
     if (wide)
       q8_panels<BITS>(xq, dx, sx, M, K, Q, D, Mn, y, N, p0, p1);
@@ -201,15 +212,15 @@ static inline vf16 load16(const float* p) {
   return v;
 }
 
-// 16 columns' A + E (side 1) or A - E (side -1), E = the bound sum e widened as q8_screen8 says; a column whose
-// A + E or A - E is not finite (or NaN) gives +inf (side 1: a candidate) or -inf (side -1: no lower bound).
-static inline vf16 screen16(vf16 A, vf16 e, int side) {
+// Folds 16 columns into the running maxima of A + E (hi) and A - E (lo), E = the bound's sum widened as q8_screen8
+// says; a column whose A + E or A - E is not finite (or NaN) makes hi +inf (a candidate) and leaves lo alone.
+static inline void fold16(vf16 A, float sum, vf16& hi, vf16& lo) {
   const vf16 absA = A < 0 ? -A : A;
-  const vf16 E = e * 1.00001f + 2.384185791015625e-07f * absA + 1e-30f;  // 2^-22 |A|
+  const vf16 E = sum * 1.00001f + 2.384185791015625e-07f * absA + 1e-30f;  // 2^-22 |A|
   const vf16 up = A + E, down = A - E;
   const vi16 good = (up <= FLT_MAX) & (down >= -FLT_MAX);
-  const vf16 bad = side > 0 ? vf16{} + INFINITY : vf16{} - INFINITY;
-  return good ? (side > 0 ? up : down) : bad;
+  hi = good ? (up > hi ? up : hi) : vf16{} + INFINITY;
+  lo = (good & (down > lo)) ? down : lo;
 }
 
 // panel8_screened's first pass (panel_gemm.cpp): for each row m and panel p of the 8-bit head, the largest lower and
@@ -227,14 +238,13 @@ static inline vf16 screen16(vf16 A, vf16 e, int side) {
 extern "C" void q8_screen8(const float* x, long M, long K, const unsigned char* Q, const float* D,
                            const float* S, float* hi, float* lo, int* full, long N, int threads) {
   const long blocks = K / 32, P = N / 32;
-  const bool wide = forced >= 0 ? forced == 1 : SUPPORT == 2;
-  signed char* xq = (signed char*)malloc(M * K + 3 * M * blocks * sizeof(float));
-  if (xq == 0) abort();
-  float *dx = (float*)(xq + M * K), *sx = dx + M * blocks, *t = sx + M * blocks;
+  const bool wide = wide_path();
+  float *dx, *sx;
+  signed char* xq = quantize_rows(x, M, K, wide, 1, &dx, &sx);
+  float* t = sx + M * blocks;  // the bound's terms per row and block
   const float slack = 1.01f * (float)(K + K / 32 + 8) / 16777216.0f;  // (K + K / 32 + 8) u, u = 2^-24
   for (long m = 0; m < M; ++m) {
     const float* xm = x + m * K;
-    (wide ? quantize_row : q8_quantize_row_avx2)(xm, K, xq + m * K, dx + m * blocks, sx + m * blocks);
     full[m] = 0;
     for (long b = 0; b < blocks; ++b) {
       float amax = 0.0f, r = 0.0f;
@@ -260,11 +270,9 @@ extern "C" void q8_screen8(const float* x, long M, long K, const unsigned char* 
       for (long m = 0; m < M; ++m) {
         float sum = 0.0f;  // the bound's sum, for every column of the panel
         for (long b = 0; b < blocks; ++b) sum += t[m * blocks + b] * S[p * blocks + b];
-        const vf16 e0 = vf16{} + sum, e1 = e0;
-        vf16 h = screen16(load16(a + m * 32), e0, 1), l = screen16(load16(a + m * 32), e0, -1);
-        const vf16 h1 = screen16(load16(a + m * 32 + 16), e1, 1), l1 = screen16(load16(a + m * 32 + 16), e1, -1);
-        h = h1 > h ? h1 : h;
-        l = l1 > l ? l1 : l;
+        vf16 h = vf16{} - INFINITY, l = h;
+        fold16(load16(a + m * 32), sum, h, l);
+        fold16(load16(a + m * 32 + 16), sum, h, l);
         float hmax = h[0], lmax = l[0];
         for (int j = 1; j < 16; ++j) {
           hmax = h[j] > hmax ? h[j] : hmax;

@@ -31,20 +31,27 @@ def logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
     -inf elsewhere), or None where the screened head does not apply (the caller runs the full head)."""
     if not applies(head, hidden):
         return None
-    sums = head.__dict__.get("_bound_sums")
-    if sums is None:  # once per head: [panels, K / 32] floats (110 KB for SmolLM2's)
-        sums = head._bound_sums = panel8.bound_sums(head.packed)
-    return panel8.screened(head.packed, hidden, sums)[0]
+    return panel8.screened(head.packed, hidden, head._screen[1])[0]
 
 
 def applies(head: nn.Module, hidden: torch.Tensor) -> bool:
-    """Whether `hidden`'s rows can take `head`'s screened product (see the module's doc)."""
+    """Whether `hidden`'s rows can take `head`'s screened product (see the module's doc). What depends on the head
+    alone is decided once for its packed copy and kept on it, with the bound sums: (packed, sums or None)."""
+    if os.environ.get(ENV, "1") == "0":
+        return False
     packed = getattr(head, "packed", None)
-    if not isinstance(packed, panel8.Panel8) or packed.q8 or os.environ.get(ENV, "1") == "0":
-        return False
-    tp = getattr(head, "tp", None)
-    if tp is not None and tp.size > 1:
-        return False
+    screen = head.__dict__.get("_screen")
+    if screen is None or screen[0] is not packed:
+        head._screen = screen = (packed, _bound_sums(head))
     rows = hidden.shape[0]
-    return (hidden.device.type == "cpu" and hidden.dtype == torch.float32 and hidden.dim() == 2
-            and head.packed_min_rows <= rows <= head.packed_rows and native.q8_available())
+    return (screen[1] is not None and hidden.device.type == "cpu" and hidden.dtype == torch.float32
+            and hidden.dim() == 2 and head.packed_min_rows <= rows <= head.packed_rows)
+
+
+def _bound_sums(head: nn.Module) -> torch.Tensor | None:
+    """panel8.bound_sums of the head's 8-bit panels ([panels, K / 32] floats: 110 KB for SmolLM2's), or None where
+    the head cannot be screened: no float32 8-bit panels, a sharded head, or no q8 code on this CPU."""
+    packed, tp = getattr(head, "packed", None), getattr(head, "tp", None)
+    if not isinstance(packed, panel8.Panel8) or packed.q8 or (tp is not None and tp.size > 1):
+        return None
+    return panel8.bound_sums(packed) if native.q8_available() else None

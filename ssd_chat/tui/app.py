@@ -28,7 +28,7 @@ from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import reply_reserve, window_start
+from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import ChatSettings, HistoryStore, TurnStats
 from ssd_chat.tui.chat_actions import ChatActions
 from ssd_chat.tui.compare_actions import CompareActions
@@ -139,8 +139,9 @@ class ChatApp(ChatActions, CompareActions, App[None]):
 
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine = message.engine
-        # The engine's objects live as long as the app: out of the garbage collector's full passes, which hold the
-        # GIL (the engine's thread waits for it between its kernels) for as long as they take to walk them.
+        # What is loaded now lives as long as the app: out of the garbage collector's full passes, which hold the GIL
+        # for as long as they take to walk it (the reply thread waits for the GIL; so does an engine in this
+        # process, SSD_CHAT_ENGINE_PROCESS=0, between its kernels).
         gc.freeze()
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
@@ -243,15 +244,11 @@ class ChatApp(ChatActions, CompareActions, App[None]):
 
     def _window(self, params: SamplingParams) -> list[dict[str, str]]:
         """The messages the model sees (ssd_chat.context_window); on the worker (it tokenizes the turns)."""
-        session, engine = self.session, self.engine
-        limit = engine.max_model_len
-        roles = [m.role for m in session.messages]
-        start = window_start(roles, session.window, lambda i: len(engine.encode_chat(session.engine_messages(i))),
-                             limit, reply_reserve(params.max_tokens, limit))
+        session = self.session
+        start = fit(self.engine, session.engine_messages(), session.window, params.max_tokens)
         if start > session.window:
-            left_out = start
-            self.call_from_thread(self.notify, f"the model's context ({limit} tokens) no longer holds this chat's "
-                                  f"first {left_out} messages: they stay here, the model sees the rest", timeout=8)
+            self.call_from_thread(self.notify, moved_notice(self.engine.max_model_len, start) + " (all stay here)",
+                                  timeout=8)
         session.window = start
         return session.engine_messages(start)
 

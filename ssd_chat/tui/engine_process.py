@@ -52,9 +52,9 @@ class EngineProcess:
         self._send_lock = threading.Lock()  # a close from the UI thread may send while a reply streams
         atexit.register(self.close)
         kind, payload = self._receive()
-        if kind == "error":
-            self._proc.join(10)
-            raise EngineError(payload)
+        if kind != "ready":
+            self.close()
+            raise _failure(kind, payload)
         self.config, self.max_model_len, self._speculation, self.layout, self.tokenizer = payload
 
     # -- ChatEngine ----------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class EngineProcess:
                             return
                     else:
                         finished = True
-                        raise EngineError(payload) if kind == "error" else RuntimeError(payload)
+                        raise _failure(kind, payload)
             finally:
                 if not finished:  # the caller left early: cancel, and read the rest so the next request starts clean
                     self._drain()
@@ -113,10 +113,8 @@ class EngineProcess:
     def _call(self, *message):
         self._send(message)
         kind, payload = self._receive()
-        if kind == "error":
-            raise EngineError(payload)
-        if kind == "failed":
-            raise RuntimeError(payload)
+        if kind != "ok":
+            raise _failure(kind, payload)
         return payload
 
     def _send(self, message) -> None:
@@ -148,6 +146,11 @@ class EngineProcess:
     def _check_alive(self) -> None:
         if not self._proc.is_alive() and not self._pipe.poll():
             raise RuntimeError(f"the engine process stopped (exit code {self._proc.exitcode})")
+
+
+def _failure(kind: str, message: str) -> Exception:
+    """The child's "error" (a user error, one line) or "failed" (the engine broke) as this process's exception."""
+    return EngineError(message) if kind == "error" else RuntimeError(message)
 
 
 class _ToParent(logging.Handler):

@@ -57,7 +57,7 @@ class ChatSession:
     def drop_prompt(self) -> str:
         """Undo `add_prompt` (the request failed): returns the prompt to put back in the input."""
         assert self.messages and self.messages[-1].role == "user", "no pending prompt"
-        if getattr(self, "_titled", False):
+        if self._titled:
             self.conversation.title = UNTITLED
         return self.messages.pop().content
 
