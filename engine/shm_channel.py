@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import secrets
 import time
 from array import array
 from collections.abc import Callable
 from multiprocessing import shared_memory
+from pathlib import Path
 
 import torch
 
@@ -34,6 +36,29 @@ IDLE_S, IDLE_POLL_S = 1.0, 0.01  # turns, or beside SD, wakes 100 times a second
                                  # within 10 ms
 HEADER = 3                # sequence, length, taken (the receiver's sequence)
 OVER_GLOO = -1            # length slot: the list follows on the gloo channel
+PREFIX = "ssdchat_"       # block names: PREFIX<leader pid>_<random>
+
+
+def remove_stale_blocks(shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Unlink the blocks (``PREFIX<pid>_...``) whose leader is no longer running; returns their names."""
+    removed = []
+    for path in shm_dir.glob(f"{PREFIX}*") if shm_dir.is_dir() else ():
+        pid = path.name[len(PREFIX):].split("_")[0]
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def available() -> bool:
@@ -59,9 +84,13 @@ class ShmChannel:
 
     @staticmethod
     def new_block() -> shared_memory.SharedMemory:
-        """The leader's block, made before the draft process starts (its name goes in the DraftSpec)."""
+        """The leader's block, made before the draft process starts (its name goes in the DraftSpec). Named after
+        the leader's pid, so that a later leader removes the blocks of one that was killed with its resource
+        tracker (a whole process group killed: nothing else would unlink them)."""
         ensure_resource_tracker()  # the block registers with it: a failed start would leave the block behind
-        return shared_memory.SharedMemory(create=True, size=2 * (HEADER + CAPACITY) * 8)  # zeros
+        remove_stale_blocks()
+        name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+        return shared_memory.SharedMemory(name=name, create=True, size=2 * (HEADER + CAPACITY) * 8)  # zeros
 
     @classmethod
     def attach(cls, name: str, gloo: Channel) -> ShmChannel:

@@ -93,3 +93,26 @@ def test_a_dead_or_silent_peer_is_an_error(gloo_pair, monkeypatch):
     finally:
         dead.close()
         silent.close()
+
+
+def test_blocks_of_a_killed_leader_are_removed_by_the_next(tmp_path):
+    """A block's name carries its leader's pid; a new block unlinks those whose leader is gone (killed with its
+    resource tracker, nothing else would) and keeps a running leader's."""
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)  # exited: (almost surely) not reused yet
+    names = [f"{shm_channel.PREFIX}{dead_pid}_0a0b0c0d", f"{shm_channel.PREFIX}{os.getpid()}_0a0b0c0d",
+             f"{shm_channel.PREFIX}notapid_1", "psm_other"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    assert shm_channel.remove_stale_blocks(tmp_path) == [names[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+    block = ShmChannel.new_block()
+    try:
+        assert block.name.lstrip("/").startswith(f"{shm_channel.PREFIX}{os.getpid()}_")
+    finally:
+        block.close()
+        block.unlink()
