@@ -2,7 +2,8 @@
 
 The engine loads in a worker thread behind a loading screen; every request runs in one exclusive
 worker thread (`group="engine"`), so the UI thread never runs torch. Replies stream into a
-ReplyBuffer that a timer drains every FLUSH_S seconds.
+ReplyBuffer that a timer drains when its FlushPacer says (every 0.1 s, or less often where the renders take the
+engine's CPU: flush_pacer.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import ChatSettings, HistoryStore, TurnStats
 from ssd_chat.tui.chat_actions import ChatActions
 from ssd_chat.tui.compare_actions import CompareActions
+from ssd_chat.tui.engine_process import stop_loading
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes, stream_reply
+from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.live_stats import LiveStats
 from ssd_chat.tui.messages import EngineLoadFailed, EngineReady, ReplyDone, ReplyFailed
 from ssd_chat.tui.provenance import legend
@@ -43,7 +46,9 @@ from ssd_chat.tui.widgets.stats_panel import StatsPanel
 from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript
 
 log = logging.getLogger(__name__)
-FLUSH_S = 0.15  # the reply and the panel update 6-7 times a second (at 0.08 the renders cost AR 15% here)
+TICK_S = 0.05  # how often the flush timer asks the pacer
+FLUSH_S, FLUSH_MAX_S = 0.1, 0.5  # the reply and the panel update at most 10 and at least 2 times a second,
+UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it stays near this share of a core
 
 KEYS = [
     Binding("escape", "stop", "Stop"),
@@ -85,8 +90,10 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         self.compare_cancel: threading.Event | None = None
         self.colours = False
         self._flush_timer: Timer | None = None
+        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None)
         self._log_handler = ForwardToApp(self)
         self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
+        self.quitting = False
 
     # -- layout and start-up -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -134,6 +141,8 @@ class ChatApp(ChatActions, CompareActions, App[None]):
             self.notify(message.line, severity="warning", timeout=6)
 
     def on_engine_load_failed(self, message: EngineLoadFailed) -> None:
+        if self.quitting:
+            return  # its process was stopped: the user quit on the loading screen
         self.load_error = message.error
         self.exit(return_code=2)
 
@@ -160,7 +169,9 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         engine_log.propagate = self._saved_log_state[1]
 
     async def action_quit(self) -> None:
-        if self.engine is None and isinstance(self.screen, LoadingScreen):
+        self.quitting = True
+        if self.engine is None and isinstance(self.screen, LoadingScreen) and not stop_loading():
+            # an engine loading in this process (SSD_CHAT_ENGINE_PROCESS=0) cannot be stopped half-way
             self.notify("quitting once the models have loaded (loading cannot stop half-way)", timeout=30)
         self.action_stop()
         await self.workers.wait_for_complete()  # the engine stops at its next step
@@ -222,7 +233,10 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         self.reply_view = transcript.add_assistant(colours=self.colours)
         s = self.session.settings
         self.buffer = ReplyBuffer(LiveStats(s.mode, s.k, started=self.clock()), self.clock)
-        self._flush_timer = self.set_interval(FLUSH_S, self._flush_reply)
+        config = self.engine.config
+        on_gpu = str(getattr(config, "target_devices", None) or getattr(config, "device", "cpu")).startswith("cuda")
+        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if on_gpu else UI_SHARE)
+        self._flush_timer = self.set_interval(TICK_S, self._flush_tick)
         self.refresh_status()
         self._reply(params, self.buffer, self.speculation())
 
@@ -252,9 +266,14 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         session.window = start
         return session.engine_messages(start)
 
+    async def _flush_tick(self) -> None:
+        if self.pacer.due(time.monotonic()):
+            await self._flush_reply()
+
     async def _flush_reply(self) -> None:
         if self.buffer is None or self.reply_view is None:
             return
+        self.pacer.flushed(time.monotonic())
         drained = self.buffer.drain()
         await self.reply_view.append(drained.text, drained.pieces)
         self.query_one(StatsPanel).show(drained.panel)

@@ -37,6 +37,21 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
 
 
+_loading: set[mp.process.BaseProcess] = set()  # engine processes that have not answered "ready" yet
+_loading_lock = threading.Lock()
+
+
+def stop_loading() -> bool:
+    """Kill every engine process still loading (the app quits on its loading screen: a load cannot stop half-way,
+    its process can); their constructors then raise. Returns whether there was one. The rank and draft processes
+    such a process started watch it and exit with it."""
+    with _loading_lock:
+        procs = list(_loading)
+    for proc in procs:
+        proc.kill()
+    return bool(procs)
+
+
 class EngineProcess:
     """An `engine.LLM(target, **kwargs)` in a child process. Built (and loaded) by the constructor, which forwards
     the child's engine log lines to this process's "engine" logger and raises EngineError if loading failed."""
@@ -46,12 +61,21 @@ class EngineProcess:
         self._pipe, child_end = mp.Pipe()
         self._proc = mp.get_context("spawn").Process(target=_serve, args=(child_end, os.getpid(), target, kwargs),
                                                      name="ssd-chat-engine")
-        self._proc.start()
+        with _loading_lock:
+            self._proc.start()
+            _loading.add(self._proc)
         child_end.close()
         self._lock = threading.Lock()  # one exchange at a time (the app runs one request at a time)
         self._send_lock = threading.Lock()  # a close from the UI thread may send while a reply streams
         atexit.register(self.close)
-        kind, payload = self._receive()
+        try:
+            kind, payload = self._receive()
+        except RuntimeError:
+            self.close()
+            raise
+        finally:
+            with _loading_lock:
+                _loading.discard(self._proc)
         if kind != "ready":
             self.close()
             raise _failure(kind, payload)

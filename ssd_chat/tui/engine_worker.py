@@ -1,8 +1,8 @@
 """The bridge between the engine's blocking event stream and the UI thread.
 
 A worker thread runs `stream_reply`, which feeds every event into a `ReplyBuffer` (under a lock);
-the UI drains the buffer on a timer (every 0.15 s), so a reply at hundreds of tokens per second
-costs a dozen Markdown appends per second, not one per token. The UI thread never calls the engine
+the UI drains the buffer on a timer (every 0.1-0.5 s: flush_pacer.py), so a reply at hundreds of tokens per second
+costs a few Markdown appends per second, not one per token. The UI thread never calls the engine
 while a worker runs, and the worker never touches a widget.
 """
 

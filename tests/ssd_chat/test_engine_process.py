@@ -122,3 +122,30 @@ def test_ssd_with_a_draft_process_runs_inside_it(tiny_llama_dir):
     finally:
         engine.close()
     assert not engine._proc.is_alive()
+
+
+def test_stop_loading_kills_an_engine_process_that_is_still_loading(tiny_llama_dir):
+    """Quitting on the loading screen: the load cannot stop half-way, its process can (the spawned child takes
+    seconds to import torch, so it is still loading when it is stopped)."""
+    from ssd_chat.tui import engine_process
+
+    assert not engine_process.stop_loading()  # none loading: nothing to stop
+    failed: list[Exception] = []
+
+    def build() -> None:
+        try:
+            EngineProcess(str(tiny_llama_dir), threads=1).close()
+        except RuntimeError as err:
+            failed.append(err)
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not engine_process._loading and time.monotonic() < deadline:
+        time.sleep(0.005)
+    (proc,) = list(engine_process._loading)
+    assert engine_process.stop_loading()
+    thread.join(30)
+    assert not thread.is_alive() and not proc.is_alive()
+    assert failed and "engine process stopped" in str(failed[0])
+    assert not engine_process._loading

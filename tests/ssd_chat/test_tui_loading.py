@@ -64,3 +64,27 @@ async def test_a_conversation_in_a_mode_without_a_draft_falls_back_to_ar(tmp_pat
         await pilot.pause()
         assert app.session.settings.mode == "ar"
         assert any("needs a draft model" in n.message for n in app._notifications)
+
+
+@pytest.mark.asyncio
+async def test_quitting_while_loading_stops_the_load_and_exits_cleanly(monkeypatch):
+    """Ctrl+Q on the loading screen stops the engine's process (engine_process.stop_loading); the load's failure
+    that follows is no error: the app exits at once with code 0."""
+    stopped = threading.Event()
+
+    def load() -> FakeEngine:
+        assert stopped.wait(10), "the load was not stopped"
+        raise RuntimeError("the engine process stopped (exit code -9)")
+
+    def stop_loading() -> bool:
+        stopped.set()
+        return True
+
+    monkeypatch.setattr("ssd_chat.tui.app.stop_loading", stop_loading)
+    app = ChatApp(load, settings=ChatSettings(), target="fake-target")
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert isinstance(app.screen, LoadingScreen)
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+    assert stopped.is_set() and app.load_error is None and not app.return_code
+    assert not any("quitting once" in n.message for n in app._notifications)
