@@ -128,9 +128,10 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         except (EngineError, OSError) as err:
             self.post_message(EngineLoadFailed(str(err)))
             return
-        except Exception as err:  # a bug or a broken install: still one line, never a traceback on the screen
-            log.exception("loading the engine failed")
-            self.post_message(EngineLoadFailed(f"loading the engine failed: {err!r}"))
+        except Exception as err:  # a bug or a broken install: still one line (its traceback with -v)
+            if not self.quitting:  # else the load was stopped (stop_loading): no failure at all
+                log.info("loading the engine failed", exc_info=True)
+                self.post_message(EngineLoadFailed(f"loading the engine failed: {err!r}"))
             return
         self.post_message(EngineReady(engine))
 
@@ -211,9 +212,9 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         s = self.session.settings
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
         colours = " · colours on" if self.colours else ""
-        self.query_one("#status", Static).update(
-            f"[b]{s.mode.upper()}[/b] · k {s.k} · temp {s.temperature:g}{colours} · {state} · "
-            f"{escape(self.session.conversation.title)}"  # the title last: a narrow line cuts it, not the state
+        self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
+            f"[b]{s.mode.upper()}[/b] · {state} · k {s.k} · temp {s.temperature:g}{colours} · "
+            f"{escape(self.session.conversation.title)}"
         )
         if self.engine is not None:
             self.query_one(StatsPanel).show_layout(self.engine.layout, s)

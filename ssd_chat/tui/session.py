@@ -23,6 +23,7 @@ class ChatSession:
     def __init__(self, store: HistoryStore | None, settings: ChatSettings) -> None:
         self.store = store
         self.conversation = Conversation(None, settings=settings)
+        self.max_tokens = settings.max_tokens  # the run's (--max-tokens), not a chat's: a reopened chat takes it too
         self._titled = False  # the pending prompt gave the conversation its title
         self.window = 0  # the first message the model still sees (ssd_chat.context_window)
 
@@ -90,6 +91,7 @@ class ChatSession:
         self.window = 0
 
     def open(self, conversation: Conversation) -> None:
+        conversation.settings = replace(conversation.settings, max_tokens=self.max_tokens)
         self.conversation = conversation
         self.window = 0
 

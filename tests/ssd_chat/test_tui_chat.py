@@ -293,3 +293,24 @@ async def test_updates_are_paced_by_the_ui_cpu_only_with_a_cpu_engine(tmp_path, 
         assert app.pacer.share == (app_module.UI_SHARE if budget else None)
         assert app.pacer.min_s == app_module.FLUSH_S and app.pacer.max_s == app_module.FLUSH_MAX_S
         assert app.query(AssistantMessage).last().text == REPLY
+
+
+async def test_the_status_line_stays_one_line_with_the_mode_and_state_first(tmp_path):
+    """A long title, colours on and 40 columns: the line is cut with an ellipsis, never wrapped out of sight, and
+    the mode and the reply's state are still on it."""
+    gate = threading.Event()
+    app = make_app(FakeEngine(gate=gate), tmp_path)
+    async with app.run_test(size=(40, 12)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/rename " + "x" * 300)
+        await pilot.press("ctrl+t")
+        app.query_one(PromptArea).text = "Hi"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        await pilot.pause()
+        status = app.query_one("#status")
+        line = status.render_line(0).text
+        assert line.strip().startswith("SD · replying") and line.rstrip().endswith("…"), line
+        assert status.region.height == 1
+        gate.set()
+        await settle(app, pilot)

@@ -86,6 +86,7 @@ async def test_without_a_draft_only_ar_is_available(tmp_path):
         assert app.session.settings.mode == "ar"
         await send(app, pilot, "/mode ssd")
         assert "needs a draft model" in _errors(app)[-1]
+        assert "no reply yet" in rendered(app.query_one("#spec"))  # no mode before the chat's first reply
         await send(app, pilot, "hi")
         assert engine.calls[-1][2] == "ar"
         assert "AR: no drafts" in rendered(app.query_one("#spec"))

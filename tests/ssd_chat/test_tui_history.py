@@ -82,7 +82,7 @@ async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
         await send(app, pilot, "/k 2")
         await send(app, pilot, "remember me")
     engine = FakeEngine()
-    app = make_app(engine, tmp_path, settings=ChatSettings(mode="ar", k=4), resume=True)
+    app = make_app(engine, tmp_path, settings=ChatSettings(mode="ar", k=4, max_tokens=3), resume=True)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         assert [str(u.render()) for u in app.query(UserMessage)] == ["remember me"]
@@ -90,6 +90,11 @@ async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
         await send(app, pilot, "and now")
         assert [m["content"] for m in engine.calls[0][0]] == ["remember me", "Hello from the **fake** engine.",
                                                              "and now"]
+        # --max-tokens is the run's: the reopened chat (saved with 64) and a new one take this run's 3
+        assert engine.calls[0][1].max_tokens == 3
+        await send(app, pilot, "/new")
+        await send(app, pilot, "fresh")
+        assert engine.calls[1][1].max_tokens == 3
 
 
 @pytest.mark.asyncio

@@ -67,7 +67,7 @@ async def test_a_conversation_in_a_mode_without_a_draft_falls_back_to_ar(tmp_pat
 
 
 @pytest.mark.asyncio
-async def test_quitting_while_loading_stops_the_load_and_exits_cleanly(monkeypatch):
+async def test_quitting_while_loading_stops_the_load_and_exits_cleanly(monkeypatch, caplog):
     """Ctrl+Q on the loading screen stops the engine's process (engine_process.stop_loading); the load's failure
     that follows is no error: the app exits at once with code 0."""
     stopped = threading.Event()
@@ -87,4 +87,5 @@ async def test_quitting_while_loading_stops_the_load_and_exits_cleanly(monkeypat
         await pilot.press("ctrl+q")
         await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
     assert stopped.is_set() and app.load_error is None and not app.return_code
+    assert not [r for r in caplog.records if r.name.startswith("ssd_chat")]  # nothing logged: it did not fail
     assert not any("quitting once" in n.message for n in app._notifications)

@@ -48,8 +48,8 @@ class StatsPanel(VerticalScroll):
 
     def show(self, data: PanelData | None) -> None:
         """Render one reply's figures (None: before the first reply)."""
-        if data is None:
-            data = PanelData(mode="ar", k=0, tok_s=0.0, ttft_s=None, generated_tokens=0, rates=())
+        if data is None:  # no mode yet: the chat's may change before its first reply (the status line shows it)
+            data = PanelData(mode="", k=0, tok_s=0.0, ttft_s=None, generated_tokens=0, rates=())
         self.query_one("#tok-s", Digits).update(f"{data.tok_s:.1f}")
         self.query_one("#rate-spark", Sparkline).data = list(data.rates)
         self.query_one("#speed", Static).update(Text(
@@ -77,6 +77,8 @@ class StatsPanel(VerticalScroll):
 
     @staticmethod
     def _spec_text(data: PanelData) -> Text:
+        if not data.mode:
+            return Text("no reply yet")
         if data.tau is None:
             return Text(f"{data.mode.upper()}: no drafts" if data.mode == "ar" else f"{data.mode.upper()}: waiting")
         lines = [f"{data.mode.upper()}  tau {data.tau:.2f}  accepted {_opt(data.acceptance_rate, '{:.0%}')}"]
