@@ -314,3 +314,14 @@ async def test_the_status_line_stays_one_line_with_the_mode_and_state_first(tmp_
         assert status.region.height == 1
         gate.set()
         await settle(app, pilot)
+
+
+async def test_dialogs_fit_a_narrow_terminal(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=(60, 16)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+        box = app.screen.query_one(".modal-box")
+        assert box.region.right <= 60 and box.region.bottom <= 16
+        assert box.max_scroll_y > 0  # the help is longer than the box: it scrolls
