@@ -1,8 +1,8 @@
 """The plain mode, for pipes and scripts (`ssd-chat --plain`, or stdout / stdin not a terminal).
 
-Reads one prompt per line, streams each reply as it arrives, then prints a dim stats line (decode
-tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and SSD). The whole
-conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
+Reads one prompt per line, streams each reply as it arrives on stdout, then a dim stats line on stderr (decode
+tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and SSD): a pipe gets only the replies.
+The whole conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
 over, `/exit` or end of input quits; the first Ctrl-C stops a reply and keeps its partial text.
 """
 
@@ -62,7 +62,7 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             return
         if line == "/clear":
             history, window = list(start), 0
-            console.print("conversation cleared", style="dim")
+            err.print("conversation cleared", style="dim")
             continue
         if not line:
             continue
@@ -77,7 +77,7 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             err.print(f"error: {error} (/clear starts a new conversation)", markup=False, soft_wrap=True)
             continue
         history.append({"role": "assistant", "content": output.text})
-        console.print(stats_line(output), style="dim", markup=False, soft_wrap=True)
+        err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
 
 
 def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params: SamplingParams,

@@ -307,8 +307,8 @@ def test_repl_keeps_the_conversation_and_clears_it(tiny_llama_dir):
         input=f"{turn}\nAnd then?\n/clear\n{turn}\n/exit\n",
     )
     assert result.exit_code == 0, result.output
-    stats = [tuple(map(int, m)) for m in re.findall(r"prefix reused (\d+)/(\d+)", result.stdout)]
-    assert len(stats) == 3, result.stdout
+    stats = [tuple(map(int, m)) for m in re.findall(r"prefix reused (\d+)/(\d+)", result.stderr)]  # stats: stderr
+    assert len(stats) == 3, result.stderr
     (_, first), (reused_second, second), (_, after_clear) = stats
     assert second > first + 6           # the history (question + reply) is resent
     assert reused_second > 0            # ... and its prefix comes from the cache
@@ -351,7 +351,7 @@ def test_ctrl_c_cancels_the_reply_and_keeps_the_partial_text(tiny_llama_dir, mon
         cli.run_repl(proxy, SamplingParams(temperature=0, max_tokens=8), system=None)
     finally:
         llm.close()
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # the stats lines
     assert re.search(r"· 2 tokens · .* stopped: cancelled", out), out
     assert re.search(r"· 8 tokens · ", out), out  # the next turn runs to completion
     partial = _greedy_chat(tiny_llama_dir, "hi", 2).text
@@ -361,3 +361,16 @@ def test_ctrl_c_cancels_the_reply_and_keeps_the_partial_text(tiny_llama_dir, mon
         {"role": "user", "content": "again"},
     ]
     assert signal.getsignal(signal.SIGINT) is before  # the chat's own Ctrl-C handler is gone again
+
+
+def test_ctrl_c_while_the_modules_import_exits_130_without_a_traceback(monkeypatch, capsys):
+    from ssd_chat import entry
+
+    def interrupted(name: str):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(entry.importlib, "import_module", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        entry.main()
+    assert exit_info.value.code == 130
+    assert "Traceback" not in capsys.readouterr().err

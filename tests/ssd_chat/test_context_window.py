@@ -93,4 +93,4 @@ def test_a_real_engine_chats_past_its_context(tiny_llama_dir, monkeypatch, capsy
         run_plain(llm, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), None)
     captured = capsys.readouterr()
     assert "error" not in captured.err and "no longer holds" in captured.err
-    assert len([line for line in captured.out.splitlines() if "tok/s" in line]) == 12
+    assert len([line for line in captured.err.splitlines() if "tok/s" in line]) == 12
