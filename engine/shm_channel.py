@@ -51,6 +51,20 @@ def remove_stale_blocks(shm_dir: Path = Path("/dev/shm")) -> list[str]:
     return removed
 
 
+def release_blocks_of(leader: int, shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Unlink the blocks of a leader this process killed, and drop them from the resource tracker that its processes
+    shared with this one (else it warns of leaked blocks when this process exits). Returns their names."""
+    from multiprocessing import resource_tracker
+
+    removed = []
+    for path in shm_dir.glob(f"{PREFIX}{leader}_*") if shm_dir.is_dir() else ():
+        with contextlib.suppress(OSError):
+            path.unlink()
+            resource_tracker.unregister(f"/{path.name}", "shared_memory")
+            removed.append(path.name)
+    return removed
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)

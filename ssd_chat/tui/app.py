@@ -8,6 +8,7 @@ engine's CPU: flush_pacer.py).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import threading
@@ -46,6 +47,7 @@ from ssd_chat.tui.widgets.stats_panel import StatsPanel
 from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript
 
 log = logging.getLogger(__name__)
+QUIT_WAIT_S = 1.0  # Ctrl+Q waits this long for the reply to stop at its next step, then stops the engine's process
 TICK_S = 0.05  # how often the flush timer asks the pacer
 FLUSH_S, FLUSH_MAX_S = 0.1, 0.5  # the reply and the panel update at most 10 and at least 2 times a second,
 UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it stays near this share of a core
@@ -175,7 +177,11 @@ class ChatApp(ChatActions, CompareActions, App[None]):
             # an engine loading in this process (SSD_CHAT_ENGINE_PROCESS=0) cannot be stopped half-way
             self.notify("quitting once the models have loaded (loading cannot stop half-way)", timeout=30)
         self.action_stop()
-        await self.workers.wait_for_complete()  # the engine stops at its next step
+        waiting = asyncio.ensure_future(self.workers.wait_for_complete())  # the engine stops at its next step
+        done, _ = await asyncio.wait({waiting}, timeout=QUIT_WAIT_S)
+        if not done and hasattr(self.engine, "kill"):  # a long prompt's prefill is one step: stop its process
+            self.engine.kill()
+        await waiting
         if self.finished is not None:  # the stopped reply: kept in the conversation, as Esc keeps it
             await self.on_reply_done(ReplyDone(self.finished))
         self._close_engine()
@@ -251,7 +257,8 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         except EngineError as err:
             self.post_message(ReplyFailed(str(err)))
         except Exception as err:  # the engine died (a killed process, a bug): keep the conversation
-            log.exception("the engine failed")
+            if not self.quitting:  # else action_quit stopped it
+                log.exception("the engine failed")
             self.post_message(ReplyFailed(f"the engine failed: {err}"))
         else:
             self.finished = output  # for a quit that cannot wait for the message

@@ -27,6 +27,7 @@ from engine.distributed import ensure_resource_tracker
 from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished
 from engine.sampling_params import SamplingParams
+from engine.shm_channel import release_blocks_of
 
 ENV = "SSD_CHAT_ENGINE_PROCESS"
 ENGINE_LOGGER = "engine"
@@ -132,6 +133,15 @@ class EngineProcess:
                 self._proc.kill()
                 self._proc.join(5)
         self._pipe.close()
+
+    def kill(self) -> None:
+        """Stop the child now, mid-step: quitting while a long prompt's prefill runs, which is one step and cannot
+        be cancelled. Its draft and TP processes follow it; its shared-memory blocks are removed here. A stream
+        under way then raises RuntimeError."""
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+            release_blocks_of(self._proc.pid)
 
     # -- the wire --------------------------------------------------------------------------------------
     def _call(self, *message):

@@ -149,3 +149,28 @@ def test_stop_loading_kills_an_engine_process_that_is_still_loading(tiny_llama_d
     assert not thread.is_alive() and not proc.is_alive()
     assert failed and "engine process stopped" in str(failed[0])
     assert not engine_process._loading
+
+
+def test_kill_stops_it_mid_stream_and_removes_its_shared_memory(tiny_llama_dir):
+    """Quitting during a long prefill: kill() stops the process (and its draft process) at once; its SSD block is
+    unlinked and dropped from the resource tracker; the stream under way raises."""
+    from pathlib import Path
+
+    from engine import shm_channel
+
+    core = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    engine = EngineProcess(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=128, threads=1,
+                           draft_device=f"cpu:{core}")
+    engine.speculation = SpeculationConfig(mode="ssd", k=3)
+    pid = engine._proc.pid
+    blocks = sorted(p.name for p in Path("/dev/shm").glob(f"{shm_channel.PREFIX}{pid}_*"))
+    if shm_channel.available():
+        assert len(blocks) == 1
+    stream = engine.chat(MESSAGES, SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
+    next(stream)
+    engine.kill()
+    assert not engine._proc.is_alive()
+    with pytest.raises(RuntimeError, match="engine process"):
+        list(stream)
+    assert not list(Path("/dev/shm").glob(f"{shm_channel.PREFIX}{pid}_*"))
+    engine.close()

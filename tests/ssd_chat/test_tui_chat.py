@@ -325,3 +325,37 @@ async def test_dialogs_fit_a_narrow_terminal(tmp_path):
         box = app.screen.query_one(".modal-box")
         assert box.region.right <= 60 and box.region.bottom <= 16
         assert box.max_scroll_y > 0  # the help is longer than the box: it scrolls
+
+
+async def test_quitting_during_a_long_prefill_stops_the_engine_process(tmp_path, monkeypatch):
+    """A long prompt's prefill is one step, which a cancel cannot stop: Ctrl+Q waits QUIT_WAIT_S, then kills the
+    engine's process (EngineProcess.kill), and the app exits without logging the failure it causes."""
+    from ssd_chat.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "QUIT_WAIT_S", 0.05)
+    killed = threading.Event()
+
+    class Prefilling(FakeEngine):
+        def chat(self, messages, params=None, *, cancel=None):
+            self.calls.append((messages, params, self.speculation.mode))
+
+            def events():
+                assert killed.wait(30), "the engine was not killed"
+                raise RuntimeError("the engine process stopped (exit code -9)")
+                yield  # a generator
+
+            return events()
+
+        def kill(self) -> None:
+            killed.set()
+
+    engine = Prefilling()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.query_one(PromptArea).text = "a very long prompt"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: engine.calls, what="the request")
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+    assert killed.is_set() and engine.closed
