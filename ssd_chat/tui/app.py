@@ -32,7 +32,7 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import ChatSettings, HistoryStore, TurnStats
-from ssd_chat.tui.chat_actions import ChatActions
+from ssd_chat.tui.chat_actions import ENGINE_STOPPED, ChatActions
 from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.engine_process import stop_loading
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes, stream_reply
@@ -211,12 +211,18 @@ class ChatApp(ChatActions, CompareActions, App[None]):
 
     # -- the status line and the panel ---------------------------------------------------------------
     @property
+    def engine_alive(self) -> bool:
+        """False once the engine's own process died (killed, out of memory): nothing more can be sent."""
+        return self.engine is None or getattr(self.engine, "alive", True)
+
+    @property
     def busy(self) -> bool:
         return self.buffer is not None or self.compare_cancel is not None
 
     def refresh_status(self) -> None:
         s = self.session.settings
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
+        state = state if self.engine_alive else "engine stopped: restart"
         colours = " · colours on" if self.colours else ""
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
             f"[b]{s.mode.upper()}[/b] · {state} · k {s.k} · temp {s.temperature:g}{colours} · "
@@ -314,7 +320,8 @@ class ChatApp(ChatActions, CompareActions, App[None]):
     def on_reply_failed(self, message: ReplyFailed) -> None:
         self.query_one(Transcript).remove_last(2)
         self.query_one(PromptInput).set_text(self.session.drop_prompt())
-        self.notify(message.error, title="not sent", severity="error", timeout=10)
+        error = message.error if self.engine_alive else ENGINE_STOPPED
+        self.notify(error, title="not sent", severity="error", timeout=10)
         self._end_reply()
 
     def action_stop(self) -> None:

@@ -32,10 +32,17 @@ def key_label(key: str) -> str:
     return "+".join({"escape": "Esc", "ctrl": "Ctrl"}.get(p, p.upper() if len(p) <= 2 else p) for p in key.split("+"))
 
 
+ENGINE_STOPPED = "the engine's process stopped: quit and restart ssd-chat (your chats are saved)"
+
+
 class ChatActions(_Base):
     def ready_and_idle(self) -> bool:
         if self.engine is None:
             self.notify("the model is still loading", severity="warning")
+            return False
+        if not self.engine_alive:
+            self.notify(ENGINE_STOPPED, severity="error")
+            self.refresh_status()
             return False
         if self.busy:
             self.notify("a reply is running: Esc stops it", severity="warning")

@@ -132,7 +132,12 @@ class EngineProcess:
             if self._proc.is_alive():
                 self._proc.kill()
                 self._proc.join(5)
+        release_blocks_of(self._proc.pid)  # what a killed child left (none after its own close)
         self._pipe.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.is_alive()
 
     def kill(self) -> None:
         """Stop the child now, mid-step: quitting while a long prompt's prefill runs, which is one step and cannot
@@ -141,7 +146,7 @@ class EngineProcess:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
-            release_blocks_of(self._proc.pid)
+        release_blocks_of(self._proc.pid)
 
     # -- the wire --------------------------------------------------------------------------------------
     def _call(self, *message):

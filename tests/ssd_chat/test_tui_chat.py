@@ -359,3 +359,32 @@ async def test_quitting_during_a_long_prefill_stops_the_engine_process(tmp_path,
         await pilot.press("ctrl+q")
         await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
     assert killed.is_set() and engine.closed
+
+
+async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        engine.crash_after, engine.alive = 2, True
+        events = engine._events
+
+        def dying(*args, **kwargs):  # the process is killed (kill -9, out of memory) mid-reply
+            try:
+                yield from events(*args, **kwargs)
+            except RuntimeError:
+                engine.alive = False
+                raise
+
+        engine._events = dying
+        await send(app, pilot, "second")
+        assert app.query_one(PromptArea).text == "second"
+        assert "restart ssd-chat" in list(app._notifications)[-1].message
+        assert "engine stopped: restart" in rendered(app.query_one("#status"))
+        calls = len(engine.calls)
+        app.query_one("#status").update("stale")  # the refusal below shows the state again
+        await send(app, pilot, "third")
+        assert "engine stopped: restart" in rendered(app.query_one("#status"))
+        assert len(engine.calls) == calls and "restart ssd-chat" in list(app._notifications)[-1].message
+        assert [m.content for m in app.session.messages] == ["first", REPLY]
