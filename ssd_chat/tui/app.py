@@ -236,6 +236,11 @@ class ChatApp(ChatActions, CompareActions, App[None]):
     def _submitted(self, event: PromptArea.Submitted) -> None:
         self.submit(event.text)
 
+    @on(PromptArea.PageConversation)
+    def _page_conversation(self, event: PromptArea.PageConversation) -> None:
+        transcript = self.query_one(Transcript)  # scrolled up while a reply streams, it stops following it
+        transcript.scroll_page_up() if event.direction < 0 else transcript.scroll_page_down()
+
     def send_prompt(self, text: str) -> None:
         """Add `text` as the next turn and stream the reply (the caller checked we are idle)."""
         params = SamplingParams(temperature=self.session.settings.temperature,

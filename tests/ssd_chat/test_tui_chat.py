@@ -388,3 +388,23 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
         assert "engine stopped: restart" in rendered(app.query_one("#status"))
         assert len(engine.calls) == calls and "restart ssd-chat" in list(app._notifications)[-1].message
         assert [m.content for m in app.session.messages] == ["first", REPLY]
+
+
+async def test_page_up_and_down_in_the_prompt_scroll_the_conversation(tmp_path):
+    engine = FakeEngine(words=[f"line {i}\n\n" for i in range(60)])
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "long")
+        transcript = app.query_one(Transcript)
+        await pilot.pause()
+        bottom = transcript.max_scroll_y
+        assert bottom > 0 and transcript.scroll_y == bottom
+        app.query_one(PromptArea).text = "typing"
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert transcript.scroll_y < bottom and app.focused is app.query_one(PromptArea)
+        assert app.query_one(PromptArea).text == "typing"
+        await pilot.press("pagedown", "pagedown", "pagedown")
+        await pilot.pause()
+        assert transcript.scroll_y == bottom

@@ -16,6 +16,7 @@ PROMPT_KEYS = (
     ("Enter", "send the prompt"),
     ("Shift+Enter / Ctrl+J", "new line in the prompt"),
     ("Tab", "complete a slash command"),
+    ("PageUp / PageDown", "scroll the conversation"),
     ("Ctrl+P", "command palette (modes, compare, chats, export, theme)"),
 )
 

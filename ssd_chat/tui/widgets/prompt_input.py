@@ -1,5 +1,6 @@
 """The multi-line prompt: Enter sends, Shift+Enter or Ctrl+J inserts a newline, Tab completes a
-slash command. Below it, a hint line lists the commands matching what is typed."""
+slash command, PageUp / PageDown scroll the conversation. Below it, a hint line lists the commands matching
+what is typed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from textual.widgets import Static, TextArea
 from ssd_chat.tui.commands import complete, completions
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+PAGE_KEYS = {"pageup": -1, "pagedown": 1}  # scroll the conversation (the prompt is a few lines at most)
 
 
 class PromptArea(TextArea):
@@ -22,6 +24,10 @@ class PromptArea(TextArea):
     @dataclass
     class Submitted(Message):
         text: str
+
+    @dataclass
+    class PageConversation(Message):
+        direction: int  # -1 up, 1 down
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -33,6 +39,11 @@ class PromptArea(TextArea):
             event.stop()
             event.prevent_default()
             self.insert("\n")
+            return
+        if event.key in PAGE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.PageConversation(PAGE_KEYS[event.key]))
             return
         if event.key == "tab":
             event.stop()
