@@ -2,8 +2,7 @@
 
 The engine loads in a worker thread behind a loading screen; every request runs in one exclusive
 worker thread (`group="engine"`), so the UI thread never runs torch. Replies stream into a
-ReplyBuffer that a timer drains when its FlushPacer says (every 0.1 s, or less often where the renders take the
-engine's CPU: flush_pacer.py).
+ReplyBuffer that a timer drains when its FlushPacer says (reply_actions.py).
 """
 
 from __future__ import annotations
@@ -28,18 +27,15 @@ from textual.widgets import Footer, Header, Static
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
-from engine.outputs import FinishReason
-from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice
-from ssd_chat.history import ChatSettings, HistoryStore, TurnStats
-from ssd_chat.tui.chat_actions import ENGINE_STOPPED, ChatActions
+from ssd_chat.history import ChatSettings, HistoryStore
+from ssd_chat.tui.chat_actions import ChatActions
 from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.engine_process import stop_loading
-from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes, stream_reply
+from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes
 from ssd_chat.tui.flush_pacer import FlushPacer
-from ssd_chat.tui.live_stats import LiveStats
-from ssd_chat.tui.messages import EngineLoadFailed, EngineReady, ReplyDone, ReplyFailed
+from ssd_chat.tui.messages import EngineLoadFailed, EngineReady, ReplyDone
 from ssd_chat.tui.provenance import legend
+from ssd_chat.tui.reply_actions import FLUSH_MAX_S, FLUSH_S, ReplyActions
 from ssd_chat.tui.screens.loading import ENGINE_LOGGER, EngineLogLine, ForwardToApp, LoadingScreen
 from ssd_chat.tui.session import ChatSession
 from ssd_chat.tui.widgets.prompt_input import PromptArea, PromptInput
@@ -48,9 +44,6 @@ from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript
 
 log = logging.getLogger(__name__)
 QUIT_WAIT_S = 1.0  # Ctrl+Q waits this long for the reply to stop at its next step, then stops the engine's process
-TICK_S = 0.05  # how often the flush timer asks the pacer
-FLUSH_S, FLUSH_MAX_S = 0.1, 0.5  # the reply and the panel update at most 10 and at least 2 times a second,
-UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it stays near this share of a core
 
 KEYS = [
     Binding("escape", "stop", "Stop"),
@@ -65,7 +58,7 @@ KEYS = [
 ]
 
 
-class ChatApp(ChatActions, CompareActions, App[None]):
+class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "ssd-chat"
     BINDINGS = KEYS
@@ -92,7 +85,7 @@ class ChatApp(ChatActions, CompareActions, App[None]):
         self.compare_cancel: threading.Event | None = None
         self.colours = False
         self._flush_timer: Timer | None = None
-        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None)
+        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None)  # a reply's own (ReplyActions.send_prompt)
         self._log_handler = ForwardToApp(self)
         self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
         self.quitting = False
@@ -239,95 +232,10 @@ class ChatApp(ChatActions, CompareActions, App[None]):
     @on(PromptArea.PageConversation)
     def _page_conversation(self, event: PromptArea.PageConversation) -> None:
         transcript = self.query_one(Transcript)  # scrolled up while a reply streams, it stops following it
-        transcript.scroll_page_up() if event.direction < 0 else transcript.scroll_page_down()
-
-    def send_prompt(self, text: str) -> None:
-        """Add `text` as the next turn and stream the reply (the caller checked we are idle)."""
-        params = SamplingParams(temperature=self.session.settings.temperature,
-                                max_tokens=self.session.settings.max_tokens)
-        self.session.add_prompt(text)
-        transcript = self.query_one(Transcript)
-        transcript.add_user(text)
-        self.reply_view = transcript.add_assistant(colours=self.colours)
-        s = self.session.settings
-        self.buffer = ReplyBuffer(LiveStats(s.mode, s.k, started=self.clock()), self.clock)
-        config = self.engine.config
-        on_gpu = str(getattr(config, "target_devices", None) or getattr(config, "device", "cpu")).startswith("cuda")
-        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if on_gpu else UI_SHARE)
-        self._flush_timer = self.set_interval(TICK_S, self._flush_tick)
-        self.refresh_status()
-        self._reply(params, self.buffer, self.speculation())
-
-    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _reply(self, params: SamplingParams, buffer: ReplyBuffer, spec) -> None:
-        assert self.engine is not None
-        try:
-            self.engine.speculation = spec  # between requests, on the engine's own thread
-            messages = self._window(params)
-            output = stream_reply(self.engine, messages, params, buffer)
-        except EngineError as err:
-            self.post_message(ReplyFailed(str(err)))
-        except Exception as err:  # the engine died (a killed process, a bug): keep the conversation
-            if not self.quitting:  # else action_quit stopped it
-                log.exception("the engine failed")
-            self.post_message(ReplyFailed(f"the engine failed: {err}"))
+        if event.direction < 0:
+            transcript.scroll_page_up()
         else:
-            self.finished = output  # for a quit that cannot wait for the message
-            self.post_message(ReplyDone(output))
-
-    def _window(self, params: SamplingParams) -> list[dict[str, str]]:
-        """The messages the model sees (ssd_chat.context_window); on the worker (it tokenizes the turns)."""
-        session = self.session
-        start = fit(self.engine, session.engine_messages(), session.window, params.max_tokens)
-        if start > session.window:
-            self.call_from_thread(self.notify, moved_notice(self.engine.max_model_len, start) + " (all stay here)",
-                                  timeout=8)
-        session.window = start
-        return session.engine_messages(start)
-
-    async def _flush_tick(self) -> None:
-        if self.pacer.due(time.monotonic()):
-            await self._flush_reply()
-
-    async def _flush_reply(self) -> None:
-        if self.buffer is None or self.reply_view is None:
-            return
-        self.pacer.flushed(time.monotonic())
-        drained = self.buffer.drain()
-        await self.reply_view.append(drained.text, drained.pieces)
-        self.query_one(StatsPanel).show(drained.panel)
-        for warning in drained.warnings:
-            self.notify(warning, severity="warning", timeout=8)
-
-    def _end_reply(self) -> None:
-        if self._flush_timer is not None:
-            self._flush_timer.stop()
-            self._flush_timer = None
-        self.buffer = None
-        self.reply_view = None
-        self.refresh_status()
-
-    async def on_reply_done(self, message: ReplyDone) -> None:
-        if self.buffer is None or self.finished is not message.output:
-            return  # handled already (a quit took it first)
-        self.finished = None
-        await self._flush_reply()
-        assert self.reply_view is not None
-        output = message.output
-        stats = TurnStats.from_output(output)
-        self.reply_view.finish(output.text, stats.line())
-        self.query_one(StatsPanel).show(self.buffer.stats.final(output))
-        self.session.add_reply(output.text, stats)
-        if output.finish_reason is FinishReason.CANCELLED:
-            self.notify("reply stopped; the partial text is kept", timeout=3)
-        self._end_reply()
-
-    def on_reply_failed(self, message: ReplyFailed) -> None:
-        self.query_one(Transcript).remove_last(2)
-        self.query_one(PromptInput).set_text(self.session.drop_prompt())
-        error = message.error if self.engine_alive else ENGINE_STOPPED
-        self.notify(error, title="not sent", severity="error", timeout=10)
-        self._end_reply()
+            transcript.scroll_page_down()
 
     def action_stop(self) -> None:
         if self.buffer is not None:

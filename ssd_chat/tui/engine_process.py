@@ -129,10 +129,7 @@ class EngineProcess:
             with contextlib.suppress(RuntimeError):
                 self._send(("close",))  # a reply under way is cancelled first
             self._proc.join(10)
-            if self._proc.is_alive():
-                self._proc.kill()
-                self._proc.join(5)
-        release_blocks_of(self._proc.pid)  # what a killed child left (none after its own close)
+        self.kill()  # one that did not stop; and what a killed child left (nothing after its own close)
         self._pipe.close()
 
     @property

@@ -282,7 +282,7 @@ async def test_a_fast_reply_is_coalesced_into_few_renders(tmp_path, monkeypatch)
 async def test_updates_are_paced_by_the_ui_cpu_only_with_a_cpu_engine(tmp_path, devices, budget):
     """A CPU engine's cores are the UI's too: the reply's updates get a CPU budget (flush_pacer.py); a GPU
     engine's do not, and update every FLUSH_S."""
-    from ssd_chat.tui import app as app_module
+    from ssd_chat.tui import reply_actions
 
     engine = FakeEngine()
     engine.config.target_devices = devices
@@ -290,8 +290,8 @@ async def test_updates_are_paced_by_the_ui_cpu_only_with_a_cpu_engine(tmp_path, 
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "go")
-        assert app.pacer.share == (app_module.UI_SHARE if budget else None)
-        assert app.pacer.min_s == app_module.FLUSH_S and app.pacer.max_s == app_module.FLUSH_MAX_S
+        assert app.pacer.share == (reply_actions.UI_SHARE if budget else None)
+        assert app.pacer.min_s == reply_actions.FLUSH_S and app.pacer.max_s == reply_actions.FLUSH_MAX_S
         assert app.query(AssistantMessage).last().text == REPLY
 
 

@@ -1,0 +1,127 @@
+"""Sending a prompt and streaming its reply: a worker thread feeds the engine's events into a ReplyBuffer, and a
+timer drains it into the transcript and the panel when its FlushPacer says (every 0.1 s, or less often where the
+renders take the engine's CPU: flush_pacer.py). A mixin of ChatApp."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from textual import work
+
+from engine.errors import EngineError
+from engine.outputs import FinishReason
+from engine.sampling_params import SamplingParams
+from ssd_chat.context_window import fit, moved_notice
+from ssd_chat.history import TurnStats
+from ssd_chat.tui.chat_actions import ENGINE_STOPPED
+from ssd_chat.tui.engine_worker import ReplyBuffer, stream_reply
+from ssd_chat.tui.flush_pacer import FlushPacer
+from ssd_chat.tui.live_stats import LiveStats
+from ssd_chat.tui.messages import ReplyDone, ReplyFailed
+from ssd_chat.tui.widgets.prompt_input import PromptInput
+from ssd_chat.tui.widgets.stats_panel import StatsPanel
+from ssd_chat.tui.widgets.transcript import Transcript
+
+if TYPE_CHECKING:
+    from ssd_chat.tui.app import ChatApp
+
+    _Base = ChatApp
+else:
+    _Base = object
+
+log = logging.getLogger(__name__)
+TICK_S = 0.05  # how often the flush timer asks the pacer
+FLUSH_S, FLUSH_MAX_S = 0.1, 0.5  # the reply and the panel update at most 10 and at least 2 times a second,
+UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it stays near this share of a core
+
+
+class ReplyActions(_Base):
+    def send_prompt(self, text: str) -> None:
+        """Add `text` as the next turn and stream the reply (the caller checked we are idle)."""
+        params = SamplingParams(temperature=self.session.settings.temperature,
+                                max_tokens=self.session.settings.max_tokens)
+        self.session.add_prompt(text)
+        transcript = self.query_one(Transcript)
+        transcript.add_user(text)
+        self.reply_view = transcript.add_assistant(colours=self.colours)
+        s = self.session.settings
+        self.buffer = ReplyBuffer(LiveStats(s.mode, s.k, started=self.clock()), self.clock)
+        config = self.engine.config
+        on_gpu = str(getattr(config, "target_devices", None) or getattr(config, "device", "cpu")).startswith("cuda")
+        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if on_gpu else UI_SHARE)
+        self._flush_timer = self.set_interval(TICK_S, self._flush_tick)
+        self.refresh_status()
+        self._reply(params, self.buffer, self.speculation())
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _reply(self, params: SamplingParams, buffer: ReplyBuffer, spec) -> None:
+        assert self.engine is not None
+        try:
+            self.engine.speculation = spec  # between requests, on the engine's own thread
+            messages = self._window(params)
+            output = stream_reply(self.engine, messages, params, buffer)
+        except EngineError as err:
+            self.post_message(ReplyFailed(str(err)))
+        except Exception as err:  # the engine died (a killed process, a bug): keep the conversation
+            if not self.quitting:  # else action_quit stopped it
+                log.exception("the engine failed")
+            self.post_message(ReplyFailed(f"the engine failed: {err}"))
+        else:
+            self.finished = output  # for a quit that cannot wait for the message
+            self.post_message(ReplyDone(output))
+
+    def _window(self, params: SamplingParams) -> list[dict[str, str]]:
+        """The messages the model sees (ssd_chat.context_window); on the worker (it tokenizes the turns)."""
+        session = self.session
+        start = fit(self.engine, session.engine_messages(), session.window, params.max_tokens)
+        if start > session.window:
+            self.call_from_thread(self.notify, moved_notice(self.engine.max_model_len, start) + " (all stay here)",
+                                  timeout=8)
+        session.window = start
+        return session.engine_messages(start)
+
+    async def _flush_tick(self) -> None:
+        if self.pacer.due(time.monotonic()):
+            await self._flush_reply()
+
+    async def _flush_reply(self) -> None:
+        if self.buffer is None or self.reply_view is None:
+            return
+        self.pacer.flushed(time.monotonic())
+        drained = self.buffer.drain()
+        await self.reply_view.append(drained.text, drained.pieces)
+        self.query_one(StatsPanel).show(drained.panel)
+        for warning in drained.warnings:
+            self.notify(warning, severity="warning", timeout=8)
+
+    def _end_reply(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.stop()
+            self._flush_timer = None
+        self.buffer = None
+        self.reply_view = None
+        self.refresh_status()
+
+    async def on_reply_done(self, message: ReplyDone) -> None:
+        if self.buffer is None or self.finished is not message.output:
+            return  # handled already (a quit took it first)
+        self.finished = None
+        await self._flush_reply()
+        assert self.reply_view is not None
+        output = message.output
+        stats = TurnStats.from_output(output)
+        self.reply_view.finish(output.text, stats.line())
+        self.query_one(StatsPanel).show(self.buffer.stats.final(output))
+        self.session.add_reply(output.text, stats)
+        if output.finish_reason is FinishReason.CANCELLED:
+            self.notify("reply stopped; the partial text is kept", timeout=3)
+        self._end_reply()
+
+    def on_reply_failed(self, message: ReplyFailed) -> None:
+        self.query_one(Transcript).remove_last(2)
+        self.query_one(PromptInput).set_text(self.session.drop_prompt())
+        error = message.error if self.engine_alive else ENGINE_STOPPED
+        self.notify(error, title="not sent", severity="error", timeout=10)
+        self._end_reply()
