@@ -74,13 +74,17 @@ class EngineConfig:
                         and (not self.compile or packed.family(self.packed_kernel) == "panel"),
                         packed_kernel=self.packed_kernel, draft_weights=self.draft_weights)
 
+    @property
+    def on_cuda(self) -> bool:
+        """Whether the target runs on GPUs (else on CPU cores)."""
+        return (self.target_devices or self.device).startswith("cuda")
+
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
             raise InvalidParameterError(
                 f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}"
             )
-        on_cuda = (self.target_devices or self.device).startswith("cuda")
-        if self.attention == "flashinfer" and not on_cuda:
+        if self.attention == "flashinfer" and not self.on_cuda:
             raise InvalidParameterError("--attention flashinfer needs a CUDA device: use --attention sdpa on the CPU")
         if self.draft_weights not in DRAFT_WEIGHTS:
             raise InvalidParameterError(
@@ -90,7 +94,7 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"packed kernel (--cpu-matmul) must be one of {', '.join(PACKED_KERNELS)}, got {self.packed_kernel!r}"
             )
-        if self.packed_kernel == "q8" and not on_cuda and not packed.available("q8"):
+        if self.packed_kernel == "q8" and not self.on_cuda and not packed.available("q8"):
             raise InvalidParameterError(
                 "--cpu-matmul q8 needs an x86 CPU with AVX2 and FMA and a C++ compiler: use --cpu-matmul auto"
             )

@@ -41,14 +41,11 @@ PREFIX = "ssdchat_"       # block names: PREFIX<leader pid>_<random>
 
 def remove_stale_blocks(shm_dir: Path = Path("/dev/shm")) -> list[str]:
     """Unlink the blocks (``PREFIX<pid>_...``) whose leader is no longer running; returns their names."""
-    removed = []
-    for path in shm_dir.glob(f"{PREFIX}*") if shm_dir.is_dir() else ():
-        pid = path.name[len(PREFIX):].split("_")[0]
-        if pid.isdigit() and not _running(int(pid)):
-            with contextlib.suppress(OSError):
-                path.unlink()
-                removed.append(path.name)
-    return removed
+    def stale(name: str) -> bool:
+        pid = name[len(PREFIX):].split("_")[0]
+        return pid.isdigit() and not _running(int(pid))
+
+    return [path.name for path in _blocks(shm_dir) if stale(path.name) and _unlink(path)]
 
 
 def release_blocks_of(leader: int, shm_dir: Path = Path("/dev/shm")) -> list[str]:
@@ -56,13 +53,22 @@ def release_blocks_of(leader: int, shm_dir: Path = Path("/dev/shm")) -> list[str
     shared with this one (else it warns of leaked blocks when this process exits). Returns their names."""
     from multiprocessing import resource_tracker
 
-    removed = []
-    for path in shm_dir.glob(f"{PREFIX}{leader}_*") if shm_dir.is_dir() else ():
-        with contextlib.suppress(OSError):
-            path.unlink()
-            resource_tracker.unregister(f"/{path.name}", "shared_memory")
-            removed.append(path.name)
+    removed = [path.name for path in _blocks(shm_dir, f"{leader}_") if _unlink(path)]
+    for name in removed:
+        resource_tracker.unregister(f"/{name}", "shared_memory")
     return removed
+
+
+def _blocks(shm_dir: Path, infix: str = "") -> list[Path]:
+    return sorted(shm_dir.glob(f"{PREFIX}{infix}*")) if shm_dir.is_dir() else []
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except OSError:  # gone already (another leader's sweep)
+        return False
+    return True
 
 
 def _running(pid: int) -> bool:

@@ -35,7 +35,7 @@ from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.messages import EngineLoadFailed, EngineReady, ReplyDone
 from ssd_chat.tui.provenance import legend
-from ssd_chat.tui.reply_actions import FLUSH_MAX_S, FLUSH_S, ReplyActions
+from ssd_chat.tui.reply_actions import ReplyActions
 from ssd_chat.tui.screens.loading import ENGINE_LOGGER, EngineLogLine, ForwardToApp, LoadingScreen
 from ssd_chat.tui.session import ChatSession
 from ssd_chat.tui.widgets.prompt_input import PromptArea, PromptInput
@@ -85,7 +85,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self.compare_cancel: threading.Event | None = None
         self.colours = False
         self._flush_timer: Timer | None = None
-        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None)  # a reply's own (ReplyActions.send_prompt)
+        self.pacer: FlushPacer | None = None  # a reply's (ReplyActions.send_prompt)
         self._log_handler = ForwardToApp(self)
         self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
         self.quitting = False

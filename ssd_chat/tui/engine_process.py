@@ -71,15 +71,14 @@ class EngineProcess:
         atexit.register(self.close)
         try:
             kind, payload = self._receive()
-        except RuntimeError:
+            if kind != "ready":
+                raise _failure(kind, payload)
+        except (EngineError, RuntimeError):  # it failed to load, or it was stopped (stop_loading)
             self.close()
             raise
         finally:
             with _loading_lock:
                 _loading.discard(self._proc)
-        if kind != "ready":
-            self.close()
-            raise _failure(kind, payload)
         self.config, self.max_model_len, self._speculation, self.layout, self.tokenizer = payload
 
     # -- ChatEngine ----------------------------------------------------------------------------------

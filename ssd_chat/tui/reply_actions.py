@@ -48,9 +48,7 @@ class ReplyActions(_Base):
         self.reply_view = transcript.add_assistant(colours=self.colours)
         s = self.session.settings
         self.buffer = ReplyBuffer(LiveStats(s.mode, s.k, started=self.clock()), self.clock)
-        config = self.engine.config
-        on_gpu = str(getattr(config, "target_devices", None) or getattr(config, "device", "cpu")).startswith("cuda")
-        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if on_gpu else UI_SHARE)
+        self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if self.engine.config.on_cuda else UI_SHARE)
         self._flush_timer = self.set_interval(TICK_S, self._flush_tick)
         self.refresh_status()
         self._reply(params, self.buffer, self.speculation())

@@ -26,6 +26,7 @@ S = TokenSource
 class FakeConfig:
     target: str = "fake-target"
     draft: str | None = "fake-draft"
+    on_cuda: bool = False
 
 
 class FakeClock:
