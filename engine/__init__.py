@@ -8,10 +8,19 @@
 from engine.config import DEFAULT_TARGET, EngineConfig
 from engine.errors import EngineError
 from engine.llm import LLM
-from engine.outputs import EngineWarning, Event, FinishReason, RequestFinished, RequestOutput, RequestStats, TokenDelta
+from engine.outputs import (
+    EngineWarning,
+    Event,
+    FinishReason,
+    PrefillProgress,
+    RequestFinished,
+    RequestOutput,
+    RequestStats,
+    TokenDelta,
+)
 from engine.sampling_params import SamplingParams
 
 __all__ = [
-    "DEFAULT_TARGET", "LLM", "EngineConfig", "EngineError", "EngineWarning", "Event", "FinishReason", "RequestFinished",
-    "RequestOutput", "RequestStats", "SamplingParams", "TokenDelta",
+    "DEFAULT_TARGET", "LLM", "EngineConfig", "EngineError", "EngineWarning", "Event", "FinishReason", "PrefillProgress",
+    "RequestFinished", "RequestOutput", "RequestStats", "SamplingParams", "TokenDelta",
 ]

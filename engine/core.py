@@ -24,9 +24,12 @@ from engine.ssd import AcceptanceEstimate, adaptive_fanout
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, blocks: BlockManager, *, max_model_len: int, max_num_seqs: int,
-                 eos_token_ids: frozenset[int], drafter: Drafter | None = None, ssd_drafter=None):
-        """`drafter` serves SD (and SSD unless `ssd_drafter`, a draft in its own process, is given)."""
+                 eos_token_ids: frozenset[int], drafter: Drafter | None = None, ssd_drafter=None,
+                 prefill_chunk: int = 512):
+        """`drafter` serves SD (and SSD unless `ssd_drafter`, a draft in its own process, is given). A prompt
+        prefills `prefill_chunk` tokens a step at most (all requests together)."""
         self.runner = runner
+        self.prefill_chunk = prefill_chunk
         self.blocks = blocks
         self.drafter = drafter
         self.drafters: dict[str, Drafter] = {} if drafter is None else {"sd": drafter, "ssd": ssd_drafter or drafter}
@@ -119,10 +122,12 @@ class EngineCore:
 
     # -- one step ----------------------------------------------------------------------------------
     def step(self) -> dict[Sequence, StepOutput]:
-        """Prefill newly admitted sequences, or else advance every running one by one AR or SD step."""
-        admitted = self._admit()
-        if admitted:
-            outputs = self._prefill(admitted)
+        """Prefill the next chunk of the prompts still prefilling (newly admitted ones included), or else advance
+        every running sequence by one AR or SD step. A step with no output leaves a prompt part-way prefilled."""
+        self._admit()
+        prefilling = [s for s in self.running if s.num_computed_tokens < s.num_prompt_tokens]
+        if prefilling:
+            outputs = self._prefill(prefilling)
         else:
             ar = [s for s in self.running if self.spec[s.seq_id].mode == "ar"]
             outputs = self._decode(ar) if ar else {}
@@ -187,21 +192,48 @@ class EngineCore:
                 self.warnings.append((seq_id, f"{exc}; continuing in AR mode"))
 
     def _prefill(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
-        by_drafter: dict[object, list[Sequence]] = {}
+        """One chunk of prompt tokens, `prefill_chunk` at most in all, in admission order (the first prompt may
+        take the whole chunk). A prompt whose last token runs samples its first token; the others only extend
+        their KV. A draft process starts its prefill with the prompt's first chunk (it runs while the target
+        does), the in-process draft after the last."""
+        budget, chunks = self.prefill_chunk, []
+        for seq in seqs:
+            if budget == 0:
+                break
+            end = min(seq.num_prompt_tokens, seq.num_computed_tokens + budget)
+            chunks.append(Chunk(seq, seq.num_computed_tokens, end))
+            budget -= end - seq.num_computed_tokens
+        first = [c.seq for c in chunks if c.start == c.seq.num_cached_tokens]
+        last = [c.seq for c in chunks if c.end == c.seq.num_prompt_tokens]
+        started: dict[Sequence, int] = {}
+        for drafter, own in self._by_drafter(first).items():
+            if drafter is not self.drafter:  # start only sends: the draft process prefills while the target does
+                started |= self._start_draft(drafter, own)
+        logits = self.runner.run(chunks, greedy=all(s.params.is_greedy for s in last))  # [len(chunks), V]
+        for c in chunks:
+            if c.end < c.seq.num_prompt_tokens:  # more of the prompt to go: keep this chunk's KV (and share it)
+                c.seq.num_computed_tokens = c.end
+                self.blocks.commit(c.seq)
+        done = [row for row, c in enumerate(chunks) if c.end == c.seq.num_prompt_tokens]
+        tokens = sample_batch(logits[done], [chunks[r].seq.params for r in done],
+                              [chunks[r].seq.generator for r in done]) if done else []
+        outputs = {chunks[r].seq: StepOutput([t], [TokenSource.TARGET], chunks[r].end)
+                   for r, t in zip(done, tokens, strict=True)}
+        own = self._by_drafter(last).get(self.drafter) if self.drafter is not None else None
+        if own:
+            started |= self._start_draft(self.drafter, own)
+        for seq, reused in started.items():
+            if seq in outputs:
+                outputs[seq].draft_reused_tokens = reused
+        return outputs
+
+    def _by_drafter(self, seqs: list[Sequence]) -> dict[Drafter, list[Sequence]]:
+        by_drafter: dict[Drafter, list[Sequence]] = {}
         for seq in seqs:
             drafter = self.drafters.get(self.spec[seq.seq_id].mode)
             if drafter is not None:
                 by_drafter.setdefault(drafter, []).append(seq)
-        remote = {d: own for d, own in by_drafter.items() if d is not self.drafter}
-        started = {}
-        for drafter, own in remote.items():  # a draft process prefills while the target does (start only sends)
-            started |= self._start_draft(drafter, own)
-        outputs = self._run_and_sample([Chunk(s, s.num_computed_tokens, len(s.token_ids)) for s in seqs])
-        if self.drafter in by_drafter:
-            started |= self._start_draft(self.drafter, by_drafter[self.drafter])
-        for seq, reused in started.items():
-            outputs[seq].draft_reused_tokens = reused
-        return outputs
+        return by_drafter
 
     def _start_draft(self, drafter, seqs: list[Sequence]) -> dict[Sequence, int]:
         try:

@@ -312,6 +312,9 @@ class LLM:
                 return
             outputs = self.core.step()
             self._report_warnings()
+            for state in self._requests.values():
+                if state.seq not in outputs:
+                    state.on_prefill_step()
             for seq, out in outputs.items():
                 state = self._requests[seq.seq_id]
                 keep = state.on_step(out)

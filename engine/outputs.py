@@ -189,4 +189,14 @@ class EngineWarning:
     message: str
 
 
-Event = TokenDelta | StepStats | EngineWarning | RequestFinished
+@dataclass(frozen=True)
+class PrefillProgress:
+    """A long prompt's prefill advanced by one chunk (engine.core): its KV now covers `done` of its `total`
+    tokens (those from the prefix cache included). Only prompts longer than one chunk report it."""
+
+    request_id: int
+    done: int
+    total: int
+
+
+Event = TokenDelta | StepStats | EngineWarning | PrefillProgress | RequestFinished

@@ -9,13 +9,14 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import (
     Event,
     FinishReason,
+    PrefillProgress,
     RequestFinished,
     RequestOutput,
     RequestStats,
     SpecStats,
     TokenDelta,
 )
-from engine.sequence import Sequence, StepOutput
+from engine.sequence import SeqStatus, Sequence, StepOutput
 
 
 class RequestState:
@@ -32,6 +33,7 @@ class RequestState:
         self.t_last: float | None = None
         self.output: RequestOutput | None = None
         self.spec = _SpecCounters(k) if mode != "ar" else None
+        self.prefilled = 0  # prompt tokens with KV, as last reported by a PrefillProgress
 
     @property
     def request_id(self) -> int:
@@ -52,6 +54,13 @@ class RequestState:
         self.t_last = now
         self.events.append(TokenDelta(self.request_id, tuple(out.tokens[:keep]), text, tuple(out.sources[:keep])))
         return keep
+
+    def on_prefill_step(self) -> None:
+        """After a step that may have run a chunk of this prompt without finishing it: a PrefillProgress."""
+        seq = self.seq
+        if seq.status is SeqStatus.RUNNING and self.prefilled < seq.num_computed_tokens < seq.num_prompt_tokens:
+            self.prefilled = seq.num_computed_tokens
+            self.events.append(PrefillProgress(self.request_id, seq.num_computed_tokens, seq.num_prompt_tokens))
 
     def _detokenize(self, token_ids: list[int]) -> tuple[int, str]:
         """Text of a step's tokens and how many of them to keep. With stop strings, tokens go in one at a

@@ -108,7 +108,8 @@ def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, 
     try:
         blocks = BlockManager(sizes.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
         core = EngineCore(runner, blocks, max_model_len=sizes.max_model_len, max_num_seqs=config.max_num_seqs,
-                          eos_token_ids=eos_token_ids, drafter=drafter, ssd_drafter=remote)
+                          eos_token_ids=eos_token_ids, drafter=drafter, ssd_drafter=remote,
+                          prefill_chunk=config.prefill_chunk)
     except BaseException:
         if remote is not None:
             remote.close()

@@ -45,6 +45,7 @@ from ssd_chat.cli_options import (
     MaxTokens,
     Mode,
     NoLookup,
+    PrefillChunk,
     System,
     Target,
     TargetDevices,
@@ -60,7 +61,7 @@ from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
                 "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul", "backup", "fixed_k",
-                "no_lookup", "tp", "target_devices", "draft_device")
+                "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk")
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -133,6 +134,7 @@ def root(
     compile: Compile = False,
     draft_weights: DraftWeights = "int8",
     cpu_matmul: CpuMatmul = "auto",
+    prefill_chunk: PrefillChunk = None,
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
     ] = False,
@@ -158,7 +160,8 @@ def root(
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
-                             compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul)
+                             compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul,
+                             prefill_chunk_tokens=prefill_chunk)
         if not app_runs:
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
@@ -209,6 +212,7 @@ def ask(
     compile: Compile = False,
     draft_weights: DraftWeights = "int8",
     cpu_matmul: CpuMatmul = "auto",
+    prefill_chunk: PrefillChunk = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
@@ -224,7 +228,7 @@ def ask(
         with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
                        target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
                        attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
-                       packed_kernel=cpu_matmul) as llm:
+                       packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
             output = _print_stream(llm.chat(messages, params), echo=not as_json)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))

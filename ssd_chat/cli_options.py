@@ -78,6 +78,9 @@ Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the
 Attention = Annotated[
     str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).")
 ]
+PrefillChunk = Annotated[int | None, typer.Option(
+    help="Prompt tokens per prefill step (default: 256 on the CPU, 2048 on CUDA): a cancel lands between two "
+    "steps.", min=1)]
 DraftWeights = Annotated[str, typer.Option(
     help="CPU: the draft's matmul weights: int8, float16 or float32 (the target's stay in --dtype; the draft "
     "only proposes, so this never changes the output).")]

@@ -82,6 +82,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self.buffer: ReplyBuffer | None = None
         self.finished = None  # the reply whose ReplyDone is on its way (a RequestOutput)
         self.reply_view: AssistantMessage | None = None
+        self.prefill: tuple[int, int] | None = None  # (done, total) prompt tokens while a long prompt prefills
         self.compare_cancel: threading.Event | None = None
         self.colours = False
         self._flush_timer: Timer | None = None
@@ -215,6 +216,8 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
     def refresh_status(self) -> None:
         s = self.session.settings
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
+        if self.buffer and self.prefill:
+            state = "reading the prompt: {:,} / {:,} tokens… Esc stops".format(*self.prefill)
         state = state if self.engine_alive else "engine stopped: restart"
         colours = " · colours on" if self.colours else ""
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.config import SpeculationConfig
-from engine.outputs import EngineWarning, Event, RequestFinished, RequestOutput, StepStats, TokenDelta, TokenSource
+from engine.outputs import (
+    EngineWarning,
+    Event,
+    PrefillProgress,
+    RequestFinished,
+    RequestOutput,
+    StepStats,
+    TokenDelta,
+    TokenSource,
+)
 from engine.sampling_params import SamplingParams
 from ssd_chat.tui.live_stats import LiveStats, PanelData
 
@@ -74,6 +83,7 @@ class Drained:
     pieces: list[Piece]
     warnings: list[str]
     panel: PanelData
+    prefill: tuple[int, int] | None = None  # (done, total) prompt tokens while a long prompt prefills
 
 
 @dataclass
@@ -87,11 +97,13 @@ class ReplyBuffer:
     _text: list[str] = field(default_factory=list)
     _pieces: list[Piece] = field(default_factory=list)
     _warnings: list[str] = field(default_factory=list)
+    _prefill: tuple[int, int] | None = None
 
     def push(self, event: Event, pieces: list[Piece] | None = None) -> None:
         now = self.clock()
         with self._lock:
             if isinstance(event, TokenDelta):
+                self._prefill = None
                 self._text.append(event.text)
                 self._pieces.extend(pieces or [])
                 self.stats.on_tokens(len(event.token_ids), now)
@@ -99,10 +111,12 @@ class ReplyBuffer:
                 self.stats.on_step(event)
             elif isinstance(event, EngineWarning):
                 self._warnings.append(event.message)
+            elif isinstance(event, PrefillProgress):
+                self._prefill = (event.done, event.total)
 
     def drain(self) -> Drained:
         with self._lock:
-            out = Drained("".join(self._text), self._pieces, self._warnings, self.stats.snapshot())
+            out = Drained("".join(self._text), self._pieces, self._warnings, self.stats.snapshot(), self._prefill)
             self._text, self._pieces, self._warnings = [], [], []
         return out
 

@@ -89,6 +89,9 @@ class ReplyActions(_Base):
             return
         self.pacer.flushed(time.monotonic())
         drained = self.buffer.drain()
+        if drained.prefill != self.prefill:
+            self.prefill = drained.prefill
+            self.refresh_status()
         await self.reply_view.append(drained.text, drained.pieces)
         self.query_one(StatsPanel).show(drained.panel)
         for warning in drained.warnings:
@@ -100,6 +103,7 @@ class ReplyActions(_Base):
             self._flush_timer = None
         self.buffer = None
         self.reply_view = None
+        self.prefill = None
         self.refresh_status()
 
     async def on_reply_done(self, message: ReplyDone) -> None:

@@ -77,6 +77,23 @@ def test_ask_streams_the_greedy_reply(tiny_llama_dir):
     assert payload["stats"]["generated_tokens"] == len(expected.token_ids)
 
 
+def test_ask_prefills_in_the_chunks_it_is_given(tiny_llama_dir, monkeypatch):
+    expected = _greedy_chat(tiny_llama_dir, "Paris is a city of lights and of long walks by the river", 6)
+    made = []
+
+    def recording_llm(**kwargs):
+        made.append(LLM(**kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(cli, "LLM", recording_llm)
+    args = ["ask", "Paris is a city of lights and of long walks by the river", "--target", str(tiny_llama_dir),
+            "--temperature", "0", "--max-tokens", "6", "--prefill-chunk", "4"]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected.text + "\n"
+    assert made[0].core.prefill_chunk == 4
+
+
 def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
     expected = _greedy_chat(tiny_llama_dir, "Paris is", 5)
     args = ["ask", "-", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "5", "--json"]
@@ -93,7 +110,7 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
      "unknown draft weights", "unknown cpu matmul", "prompt not UTF-8", "draft that is no model", "empty prompt",
      "bench json in a missing directory", "bench json a directory", "prompt file not UTF-8", "unknown bench mode",
      "distill target that is no model", "backwards core range", "seed out of range", "bench unknown model",
-     "distill target that is a draft", "distill out is a file"],
+     "distill target that is a draft", "distill out is a file", "prefill chunk of zero"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -142,6 +159,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "bad device syntax": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-device", "gpu9"],
         "unknown draft weights": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-weights", "int4"],
         "unknown cpu matmul": ["ask", "hi", "--target", tiny, "--cpu-matmul", "blas"],
+        "prefill chunk of zero": ["ask", "hi", "--target", tiny, "--prefill-chunk", "0"],
     }[case]
     result = _ssd_chat(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")})
     assert result.returncode == 2, result.stderr

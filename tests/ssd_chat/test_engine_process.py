@@ -17,7 +17,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
-from engine.outputs import FinishReason, RequestFinished, TokenDelta
+from engine.outputs import FinishReason, PrefillProgress, RequestFinished, TokenDelta
 from ssd_chat.tui.engine_process import EngineProcess
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -71,6 +71,25 @@ def test_cancel_and_an_abandoned_stream_leave_it_clean(child):
     next(stream)
     stream.close()  # left early: the rest is cancelled and read
     assert len(_final(child.chat(MESSAGES, GREEDY)).token_ids) == 24
+
+
+def test_a_cancel_lands_between_the_chunks_of_a_long_prompt(tiny_llama_dir):
+    """The engine process relays each chunk's PrefillProgress, and reads a cancel after it: the prefill stops
+    part-way (Esc on a long paste does not wait for the whole prompt)."""
+    engine = EngineProcess(str(tiny_llama_dir), max_model_len=256, threads=1, prefill_chunk_tokens=8)
+    try:
+        cancel = threading.Event()
+        words = [{"role": "user", "content": "one two three four five six " * 8}]
+        events = []
+        for event in engine.chat(words, GREEDY, cancel=cancel):
+            events.append(event)
+            cancel.set()
+        progress = [e for e in events if isinstance(e, PrefillProgress)]
+        assert progress and progress[0].total > 8 * 8
+        assert len(progress) <= 2 and progress[-1].done < progress[-1].total  # it stopped within a chunk or two
+        assert _final(events).finish_reason is FinishReason.CANCELLED and not _final(events).token_ids
+    finally:
+        engine.close()
 
 
 def test_a_load_failure_is_an_engine_error_and_log_lines_reach_the_app(tmp_path, tiny_llama_dir, caplog):

@@ -93,6 +93,27 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text(tmp_path):
         assert app.query(AssistantMessage).last().text == REPLY
 
 
+async def test_a_long_prompt_shows_its_prefill_and_escape_stops_it(tmp_path):
+    """The engine prefills a long prompt a chunk a step: the status line counts the prompt's tokens read, and Esc
+    lands between two chunks."""
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate, prefill_chunks=3)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.query_one(PromptArea).text = "a very long prompt"
+        await pilot.press("enter")
+        status = app.query_one("#status")
+        await wait_for(pilot, lambda: "reading the prompt: 512 / 1,636 tokens… Esc stops" in rendered(status),
+                       what="the prefill's progress")
+        await pilot.press("escape")
+        gate.set()
+        await settle(app, pilot)
+        assert app.query(AssistantMessage).last().text == ""
+        assert "stopped: cancelled" in _stats_line(app)
+        assert "ready" in rendered(status) and "reading" not in rendered(status)
+
+
 async def test_a_refused_prompt_is_restored_and_the_transcript_stays(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)

@@ -10,6 +10,7 @@ from engine.errors import InvalidParameterError, PromptTooLongError
 from engine.outputs import (
     EngineWarning,
     FinishReason,
+    PrefillProgress,
     RequestFinished,
     RequestOutput,
     RequestStats,
@@ -55,6 +56,7 @@ class FakeEngine:
     warning: str | None = None              # one EngineWarning after the first delta
     gate: threading.Event | None = None     # each delta after the first waits for this event
     diverge_in: str | None = None           # a mode whose last token differs (a broken speculative path)
+    prefill_chunks: int = 0                 # PrefillProgress events (512 tokens each) before the first delta
     layout: dict[str, str] = field(default_factory=lambda: {"target": "fake-target on cpu (TP=1, 2 threads)",
                                                             "draft": "fake-draft on cpu"})
     calls: list[tuple[list[dict[str, str]], object, str]] = field(default_factory=list)
@@ -98,6 +100,13 @@ class FakeEngine:
         i = 0
         cut = params is not None and params.max_tokens < len(self.words)
         reason = FinishReason.LENGTH if cut else FinishReason.STOP
+        for j in range(1, self.prefill_chunks + 1):  # a long prompt, a chunk a step (gated as the deltas are)
+            yield PrefillProgress(request_id, 512 * j, 512 * self.prefill_chunks + 100)
+            if self.gate is not None:
+                self.gate.wait(5)
+            if cancel is not None and cancel.is_set():
+                words, reason = [], FinishReason.CANCELLED
+                break
         while i < len(words):
             if cancel is not None and cancel.is_set():
                 reason = FinishReason.CANCELLED
