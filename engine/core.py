@@ -194,8 +194,8 @@ class EngineCore:
     def _prefill(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
         """One chunk of prompt tokens, `prefill_chunk` at most in all, in admission order (the first prompt may
         take the whole chunk). A prompt whose last token runs samples its first token; the others only extend
-        their KV. A draft process starts its prefill with the prompt's first chunk (it runs while the target
-        does), the in-process draft after the last."""
+        their KV. A draft process gets the whole prompt with its first chunk (it prefills while the target runs
+        the chunks); the in-process draft prefills each chunk after the target."""
         budget, chunks = self.prefill_chunk, []
         for seq in seqs:
             if budget == 0:
@@ -219,9 +219,10 @@ class EngineCore:
                               [chunks[r].seq.generator for r in done]) if done else []
         outputs = {chunks[r].seq: StepOutput([t], [TokenSource.TARGET], chunks[r].end)
                    for r, t in zip(done, tokens, strict=True)}
-        own = self._by_drafter(last).get(self.drafter) if self.drafter is not None else None
+        own = self._by_drafter([c.seq for c in chunks]).get(self.drafter) if self.drafter is not None else None
         if own:
-            started |= self._start_draft(self.drafter, own)
+            ends = {c.seq: c.end for c in chunks}
+            started |= self.drafter.start(own, upto={seq: ends[seq] for seq in own})
         for seq, reused in started.items():
             if seq in outputs:
                 outputs[seq].draft_reused_tokens = reused

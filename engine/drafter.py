@@ -63,20 +63,28 @@ class Drafter:
     def pop_reused(self, seq: Sequence) -> int | None:
         return None  # reported by start() already
 
-    def start(self, seqs: list[Sequence], reserve_of: Callable[[Sequence], int] | None = None) -> dict[Sequence, int]:
-        """Prefill the draft's KV for new requests (sharing cached prefixes, as the target does).
-        Returns the prompt tokens each one reused from the draft's prefix cache."""
+    def start(self, seqs: list[Sequence], reserve_of: Callable[[Sequence], int] | None = None,
+              upto: dict[Sequence, int] | None = None) -> dict[Sequence, int]:
+        """Prefill the draft's KV for new requests (sharing cached prefixes, as the target does): all of each
+        prompt, or its first upto[seq] tokens, going on from where an earlier call stopped (the target's prefill
+        chunks). Returns, for each request whose prompt this call finished, the prompt tokens it reused from the
+        draft's prefix cache."""
         chunks = []
         for seq in seqs:
-            draft_seq = Sequence(seq.seq_id, list(seq.token_ids), seq.params)
-            self.blocks.allocate(draft_seq)
-            self.seqs[seq.seq_id] = draft_seq
-            chunks.append(Chunk(draft_seq, draft_seq.num_computed_tokens, len(draft_seq.token_ids)))
-        self.runner.run(chunks)
+            draft_seq = self.seqs.get(seq.seq_id)
+            if draft_seq is None:
+                draft_seq = self.seqs[seq.seq_id] = Sequence(seq.seq_id, list(seq.token_ids), seq.params)
+                self.blocks.allocate(draft_seq)
+            end = len(draft_seq.token_ids) if upto is None else upto[seq]
+            if end > draft_seq.num_computed_tokens:  # (its prefix cache may hold more than the target's chunk)
+                chunks.append(Chunk(draft_seq, draft_seq.num_computed_tokens, end))
+        if chunks:
+            self.runner.run(chunks)
         for c in chunks:
             c.seq.num_computed_tokens = c.end
             self.blocks.commit(c.seq)
-        return {seq: self.seqs[seq.seq_id].num_cached_tokens for seq in seqs}
+        return {seq: self.seqs[seq.seq_id].num_cached_tokens for seq in seqs
+                if upto is None or upto[seq] == len(seq.token_ids)}
 
     def guess(self, seq: Sequence, drafted: list[int], lookup: bool) -> int | None:
         """The context lookup's next token after `drafted` (greedy requests, with `lookup` on), or None."""

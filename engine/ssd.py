@@ -79,10 +79,11 @@ class SsdDrafter(Drafter):
         self.free_regions = list(range(max_num_seqs))
         self.region: dict[int, int] = {}               # request id -> its scratch region
 
-    def start(self, seqs: list[Sequence], reserve_of=None) -> dict[Sequence, int]:
+    def start(self, seqs: list[Sequence], reserve_of=None, upto=None) -> dict[Sequence, int]:
         for seq in seqs:
-            self.region[seq.seq_id] = self.free_regions.pop()
-        return super().start(seqs)
+            if seq.seq_id not in self.region:  # (a later chunk of its prompt)
+                self.region[seq.seq_id] = self.free_regions.pop()
+        return super().start(seqs, upto=upto)
 
     # -- answering ---------------------------------------------------------------------------------
     def answer(

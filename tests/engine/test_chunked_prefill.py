@@ -75,12 +75,16 @@ def test_a_long_prompt_reports_its_progress_a_chunk_at_a_time(chunked):
     assert not any(isinstance(e, PrefillProgress) for e in _events(chunked, SHORT))  # one chunk: nothing to report
 
 
-def test_cancel_between_chunks_stops_the_prefill_and_keeps_its_prefix(chunked):
-    chunked.speculation = SpeculationConfig(mode="ar")
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_cancel_between_chunks_stops_the_prefill_and_keeps_its_prefix(chunked, mode):
+    """In every mode: SD's and in-process SSD's draft prefills each chunk with the target, so it stops there too."""
+    chunked.speculation = SpeculationConfig(mode=mode, k=3)
     chunked.core.blocks.by_hash.clear()
+    draft = chunked.core.drafter
+    draft.blocks.by_hash.clear()
     prompt = [t + 1 for t in LONG]
     cancel, events = threading.Event(), []
-    before = chunked.num_forward_tokens
+    before, draft_before = chunked.num_forward_tokens, draft.runner.num_forward_tokens
     for event in chunked.stream(prompt, GREEDY, cancel=cancel):
         events.append(event)
         if isinstance(event, PrefillProgress) and event.done >= 3 * CHUNK:
@@ -88,9 +92,13 @@ def test_cancel_between_chunks_stops_the_prefill_and_keeps_its_prefix(chunked):
     out = events[-1].output
     assert out.finish_reason is FinishReason.CANCELLED and out.token_ids == []
     assert chunked.num_forward_tokens - before == 3 * CHUNK  # three chunks ran, then nothing
+    assert draft.runner.num_forward_tokens - draft_before == (0 if mode == "ar" else 3 * CHUNK)
     assert chunked.core.blocks.num_free_blocks == len(chunked.core.blocks.blocks)
+    assert draft.blocks.num_free_blocks == len(draft.blocks.blocks)
     again = chunked.generate([prompt], GREEDY)[0]  # the chunks' full blocks stay in the prefix cache
     assert again.stats.reused_prefix_tokens == 3 * CHUNK // 4 * 4
+    if mode != "ar":  # and the draft's too
+        assert again.stats.spec.draft_reused_prefix_tokens == 3 * CHUNK // 4 * 4
 
 
 def test_a_draft_process_prefills_while_the_target_chunks_and_frees_all_on_cancel(tiny_llama_dir, draft_dir):
