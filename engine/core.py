@@ -219,10 +219,9 @@ class EngineCore:
                               [chunks[r].seq.generator for r in done]) if done else []
         outputs = {chunks[r].seq: StepOutput([t], [TokenSource.TARGET], chunks[r].end)
                    for r, t in zip(done, tokens, strict=True)}
-        own = self._by_drafter([c.seq for c in chunks]).get(self.drafter) if self.drafter is not None else None
-        if own:
-            ends = {c.seq: c.end for c in chunks}
-            started |= self.drafter.start(own, upto={seq: ends[seq] for seq in own})
+        own = self._by_drafter([c.seq for c in chunks]).get(self.drafter)
+        if own:  # the in-process draft: the same chunks, right after the target's
+            started |= self.drafter.start(own, upto={c.seq: c.end for c in chunks})
         for seq, reused in started.items():
             if seq in outputs:
                 outputs[seq].draft_reused_tokens = reused
