@@ -66,3 +66,21 @@ def test_speculation_with_the_shipped_draft_is_exact_and_accepts_tokens(llm):
         steps = sum(out.stats.spec.num_steps for out in outs)
         emitted = sum(out.stats.spec.num_emitted for out in outs)
         assert emitted / steps > 1.5, (mode, emitted / steps)  # tau: a useful draft, not noise (1.0)
+
+
+def test_a_long_prompt_prefilled_in_chunks_gives_the_same_reply_in_every_mode(llm):
+    """A prompt of three chunks (256 tokens each on the CPU): the draft process prefills it whole while the target
+    runs the chunks, and greedy SD and SSD still equal AR."""
+    questions = [m[-1]["content"] for m in load_prompts(DEFAULT_PROMPTS.parent / "distill.jsonl", limit=60)]
+    prompt = llm.encode_chat([{"role": "user", "content": "Answer the last one:\n" + "\n".join(questions)}])[:700]
+    assert len(prompt) > 2 * llm.core.prefill_chunk
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    llm.speculation = SpeculationConfig(mode="ar")
+    expected = llm.generate([prompt], greedy)[0].token_ids
+    for mode in ("sd", "ssd"):
+        llm.core.blocks.by_hash.clear()  # every mode prefills the prompt afresh, chunk by chunk
+        llm.core.drafter.blocks.by_hash.clear()
+        llm.speculation = SpeculationConfig(mode=mode, k=4)
+        out = llm.generate([prompt], greedy)[0]
+        assert out.token_ids == expected, mode
+        assert out.stats.reused_prefix_tokens == 0
