@@ -117,9 +117,19 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self.push_screen(LoadingScreen(self.target, self.draft))
         self._load()
 
+    def restart_engine(self) -> None:
+        """Close the engine (a dead one too: its process and what it left) and load the models again, behind the
+        loading screen; the conversation and the settings stay. A failed load ends the app as a first one does."""
+        engine, self.engine = self.engine, None
+        gc.unfreeze()  # what the old engine holds (in this process: SSD_CHAT_ENGINE_PROCESS=0) can be collected
+        self.push_screen(LoadingScreen(self.target, self.draft))
+        self._load(closing=engine)
+
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _load(self) -> None:
+    def _load(self, closing: ChatEngine | None = None) -> None:
         try:
+            if closing is not None:
+                closing.close()
             engine = self.load_engine()
         except (EngineError, OSError) as err:
             self.post_message(EngineLoadFailed(str(err)))
@@ -202,6 +212,8 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         yield SystemCommand("Chats", "open, rename or delete saved conversations", self.action_chats)
         yield SystemCommand("Export to Markdown", "write this conversation to a .md file", lambda: self.export(""))
         yield SystemCommand("Keys and commands", "the help screen", self.action_help)
+        yield SystemCommand("Restart the engine", "close it and load the models again (the conversation stays)",
+                            lambda: self.slash_restart(""))
 
     # -- the status line and the panel ---------------------------------------------------------------
     @property
@@ -218,7 +230,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
         if self.buffer and self.prefill:
             state = "reading the prompt: {:,} / {:,} tokens… Esc stops".format(*self.prefill)
-        state = state if self.engine_alive else "engine stopped: restart"
+        state = state if self.engine_alive else "engine stopped: /restart"
         colours = " · colours on" if self.colours else ""
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
             f"[b]{s.mode.upper()}[/b] · {state} · k {s.k} · temp {s.temperature:g}{colours} · "

@@ -32,7 +32,8 @@ def key_label(key: str) -> str:
     return "+".join({"escape": "Esc", "ctrl": "Ctrl"}.get(p, p.upper() if len(p) <= 2 else p) for p in key.split("+"))
 
 
-ENGINE_STOPPED = "the engine's process stopped: quit and restart ssd-chat (your chats are saved)"
+ENGINE_STOPPED = ("the engine's process stopped: /restart, or Restart in the palette (Ctrl+P), loads it again"
+                  " (the conversation stays)")
 
 
 class ChatActions(_Base):
@@ -221,3 +222,11 @@ class ChatActions(_Base):
 
     def slash_help(self, arg: str) -> None:
         self.action_help()
+
+    def slash_restart(self, arg: str) -> None:
+        if self.engine is None:
+            self.notify("the model is still loading", severity="warning")
+        elif self.busy:
+            self.notify("a reply is running: Esc stops it", severity="warning")
+        else:
+            self.restart_engine()

@@ -27,6 +27,7 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("compare", "/compare", "replay the last prompt greedily in AR, SD and SSD and compare"),
     SlashSpec("colors", "/colors", "toggle token provenance colours"),
     SlashSpec("export", "/export [FILE]", "write this conversation as Markdown with a stats table"),
+    SlashSpec("restart", "/restart", "stop the engine and load the models again (the conversation stays)"),
     SlashSpec("help", "/help", "keys and commands"),
 )
 _BY_NAME = {c.name: c for c in SLASH_COMMANDS}

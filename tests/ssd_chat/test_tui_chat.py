@@ -8,6 +8,7 @@ import pytest
 from textual import events
 
 from engine.errors import PromptTooLongError
+from ssd_chat.tui.chat_actions import ENGINE_STOPPED
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
 from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript, UserMessage
@@ -412,12 +413,47 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
         engine._events = dying
         await send(app, pilot, "second")
         assert app.query_one(PromptArea).text == "second"
-        assert "restart ssd-chat" in list(app._notifications)[-1].message
-        assert "engine stopped: restart" in rendered(app.query_one("#status"))
+        assert list(app._notifications)[-1].message == ENGINE_STOPPED
+        assert "engine stopped: /restart" in rendered(app.query_one("#status"))
         calls = len(engine.calls)
         app.query_one("#status").update("stale")  # the refusal below shows the state again
         await send(app, pilot, "third")
-        assert "engine stopped: restart" in rendered(app.query_one("#status"))
-        assert len(engine.calls) == calls and "restart ssd-chat" in list(app._notifications)[-1].message
+        assert "engine stopped: /restart" in rendered(app.query_one("#status"))
+        assert len(engine.calls) == calls and list(app._notifications)[-1].message == ENGINE_STOPPED
         assert [m.content for m in app.session.messages] == ["first", REPLY]
+
+        fresh = FakeEngine()  # /restart: the dead engine is closed, a new one loads, the conversation stays
+        app.load_engine = lambda: fresh
+        await send(app, pilot, "/restart")
+        assert engine.closed and app.engine is fresh
+        assert "ready" in rendered(app.query_one("#status"))
+        assert [m.text for m in app.query(AssistantMessage)] == [REPLY]
+        await send(app, pilot, "third")
+        assert fresh.calls[0][0][-3:] == [{"role": "user", "content": "first"}, {"role": "assistant", "content": REPLY},
+                                          {"role": "user", "content": "third"}]
+        assert [m.content for m in app.session.messages] == ["first", REPLY, "third", REPLY]
+
+
+async def test_restart_waits_for_the_reply_and_the_load(tmp_path):
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.query_one(PromptArea).text = "Hi"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        app.query_one(PromptArea).text = "/restart"
+        await pilot.press("enter")
+        assert "Esc stops it" in list(app._notifications)[-1].message and app.engine is engine
+        gate.set()
+        await settle(app, pilot)
+        await send(app, pilot, "/restart")  # idle, and the engine alive: it restarts all the same
+        assert engine.closed and app.engine is engine  # (the fake loader hands back the same fake)
+        assert "ready" in rendered(app.query_one("#status"))
+        engine.closed = False
+        (restart,) = [c for c in app.get_system_commands(app.screen) if c.title == "Restart the engine"]
+        restart.callback()  # the palette's entry does the same
+        await settle(app, pilot)
+        assert engine.closed and "ready" in rendered(app.query_one("#status"))
 
