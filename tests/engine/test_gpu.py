@@ -115,3 +115,18 @@ def test_greedy_sd_and_ssd_equal_ar_on_cuda(pair, attention):
 def test_bf16_is_the_default_on_cuda(pair):
     with LLM(str(pair / "target"), device="cuda:0", max_model_len=128) as llm:
         assert next(llm.core.runner.model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("attention", ["sdpa", pytest.param("flashinfer", marks=needs_flashinfer)])
+def test_chunked_prefill_on_cuda_equals_ar_in_every_mode(pair, attention):
+    """A 300-token prompt in chunks of 64 (the paged prefill after a prefix, chunk after chunk), the draft's too:
+    greedy SD and SSD equal AR."""
+    prompt = [(37 * i + 11) % 250 + 3 for i in range(300)]  # the pair's vocabulary is a small BPE's
+    results = {}
+    with LLM(str(pair / "target"), draft=str(pair / "draft"), device="cuda:0", attention=attention,
+             max_model_len=1024, prefill_chunk_tokens=64, enable_prefix_caching=False) as llm:
+        for mode in ("ar", "sd", "ssd"):
+            llm.speculation = SpeculationConfig(mode=mode, k=4)
+            results[mode] = llm.generate([prompt], GREEDY)[0].token_ids
+        assert llm.core.prefill_chunk == 64
+    assert results["sd"] == results["ar"] and results["ssd"] == results["ar"]
