@@ -57,6 +57,7 @@ from ssd_chat.cli_options import (
 )
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import run_plain
+from ssd_chat.prefill_line import PrefillLine
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
@@ -324,14 +325,18 @@ def _check_writable(path: Path | None) -> None:
 def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) -> RequestOutput:
     """Write each delta to stdout as it arrives; return the final output. Leaving early (an error, a
     second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks."""
-    output = None
+    output, progress = None, PrefillLine(enabled=None if echo else False)
     with closing(events):
-        for event in events:
-            if isinstance(event, RequestFinished):
-                output = event.output
-            elif echo and isinstance(event, TokenDelta):
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+        try:
+            for event in events:
+                progress.update(event)  # a long prompt's prefill, on a terminal's stderr
+                if isinstance(event, RequestFinished):
+                    output = event.output
+                elif echo and isinstance(event, TokenDelta):
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        finally:
+            progress.clear()
     if echo:
         sys.stdout.write("\n")
     assert output is not None, "a stream ends with RequestFinished"

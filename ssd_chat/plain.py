@@ -22,6 +22,7 @@ from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import TurnStats
+from ssd_chat.prefill_line import PrefillLine
 
 
 class PlainEngine(Protocol):
@@ -91,15 +92,20 @@ def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params
 
 
 def _stream(console: Console, events: Iterator[Event]) -> RequestOutput:
-    """Write each delta as it arrives (no wrapping, no markup: the text stays byte-exact for pipes)."""
-    output = None
+    """Write each delta as it arrives (no wrapping, no markup: the text stays byte-exact for pipes); a long
+    prompt's prefill shows on a terminal's stderr until the reply starts (prefill_line.py)."""
+    output, progress = None, PrefillLine()
     with closing(events):  # type: ignore[type-var]
-        for event in events:
-            if isinstance(event, RequestFinished):
-                output = event.output
-            elif isinstance(event, TokenDelta) and event.text:
-                console.out(event.text, end="", highlight=False)
-                console.file.flush()
+        try:
+            for event in events:
+                progress.update(event)
+                if isinstance(event, RequestFinished):
+                    output = event.output
+                elif isinstance(event, TokenDelta) and event.text:
+                    console.out(event.text, end="", highlight=False)
+                    console.file.flush()
+        finally:
+            progress.clear()
     console.out("")
     assert output is not None, "a stream ends with RequestFinished"
     return output
