@@ -12,7 +12,16 @@ from ssd_chat.tui.chat_actions import ENGINE_STOPPED
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
 from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript, UserMessage
-from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
+from tests.ssd_chat.tui_fakes import (
+    FakeEngine,
+    first_delta,
+    make_app,
+    rendered,
+    send,
+    settle,
+    type_text,
+    wait_for,
+)
 
 pytestmark = pytest.mark.asyncio
 SIZE = (120, 40)
@@ -75,9 +84,7 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text(tmp_path):
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        app.query_one(PromptArea).text = "Hi"
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        await first_delta(app, pilot)
         assert "replying" in str(app.query_one("#status").render())
         await pilot.press("escape")
         assert app.buffer is not None and app.buffer.cancel.is_set()  # the engine sees it before its next step
@@ -154,9 +161,7 @@ async def test_quitting_mid_reply_keeps_the_partial_reply(tmp_path):
     app = make_app(FakeEngine(gate=gate), tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        app.query_one(PromptArea).text = "Hi"
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        await first_delta(app, pilot)
         threading.Timer(0.2, gate.set).start()  # the engine's next step, after the quit asked it to stop
         await pilot.press("ctrl+q")
     store = HistoryStore(tmp_path / "history.sqlite3")
@@ -337,9 +342,7 @@ async def test_the_status_line_stays_one_line_with_the_mode_and_state_first(tmp_
         await settle(app, pilot)
         await send(app, pilot, "/rename " + "x" * 300)
         await pilot.press("ctrl+t")
-        app.query_one(PromptArea).text = "Hi"
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        await first_delta(app, pilot)
         await pilot.pause()
         status = app.query_one("#status")
         line = status.render_line(0).text
@@ -434,15 +437,13 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
         assert [m.content for m in app.session.messages] == ["first", REPLY, "third", REPLY]
 
 
-async def test_restart_waits_for_the_reply_and_the_load(tmp_path):
+async def test_restart_is_refused_while_a_reply_runs_and_works_when_idle(tmp_path):
     gate = threading.Event()
     engine = FakeEngine(gate=gate)
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        app.query_one(PromptArea).text = "Hi"
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        await first_delta(app, pilot)
         app.query_one(PromptArea).text = "/restart"
         await pilot.press("enter")
         assert "Esc stops it" in list(app._notifications)[-1].message and app.engine is engine

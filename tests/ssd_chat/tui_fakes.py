@@ -217,6 +217,15 @@ async def send(app, pilot, text: str) -> None:
     await settle(app, pilot)
 
 
+async def first_delta(app, pilot, text: str = "Hi") -> None:
+    """Send `text` and wait for the reply's first delta (a FakeEngine with a gate then holds the rest)."""
+    from ssd_chat.tui.widgets.prompt_input import PromptArea
+
+    app.query_one(PromptArea).text = text
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+
+
 def rendered(widget) -> str:
     """A widget's content as plain text (tables included)."""
     from rich.console import Console
