@@ -141,9 +141,14 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
             return
         self.post_message(EngineReady(engine))
 
+    @property
+    def loading_screen(self) -> LoadingScreen | None:
+        """The loading screen, wherever it is in the stack (the help or the palette may be open over it)."""
+        return next((s for s in self.screen_stack if isinstance(s, LoadingScreen)), None)
+
     def on_engine_log_line(self, message: EngineLogLine) -> None:
-        if isinstance(self.screen, LoadingScreen):
-            self.screen.add_line(message.line)
+        if self.loading_screen is not None:
+            self.loading_screen.add_line(message.line)
         elif message.line:
             self.notify(message.line, severity="warning", timeout=6)
 
@@ -160,7 +165,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         # process, SSD_CHAT_ENGINE_PROCESS=0, between its kernels).
         gc.freeze()
         if isinstance(self.screen, LoadingScreen):
-            self.pop_screen()
+            self.pop_screen()  # (under a dialog it leaves as that closes: LoadingScreen.on_screen_resume)
         settings = self.session.settings
         if settings.mode not in available_modes(self.engine):
             self.notify(f"mode {settings.mode.upper()} needs a draft model: using AR", severity="warning")
@@ -177,7 +182,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
 
     async def action_quit(self) -> None:
         self.quitting = True
-        if self.engine is None and isinstance(self.screen, LoadingScreen) and not stop_loading():
+        if self.engine is None and self.loading_screen is not None and not stop_loading():
             # an engine loading in this process (SSD_CHAT_ENGINE_PROCESS=0) cannot be stopped half-way
             self.notify("quitting once the models have loaded (loading cannot stop half-way)", timeout=30)
         self.action_stop()

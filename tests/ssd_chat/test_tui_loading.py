@@ -12,6 +12,7 @@ from textual.widgets import Log, ProgressBar
 from engine.errors import WeightsUnavailableError
 from ssd_chat.history import ChatSettings
 from ssd_chat.tui.app import ChatApp
+from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.screens.loading import LoadingScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from tests.ssd_chat.tui_fakes import FakeEngine, wait_for
@@ -89,3 +90,31 @@ async def test_quitting_while_loading_stops_the_load_and_exits_cleanly(monkeypat
     assert stopped.is_set() and app.load_error is None and not app.return_code
     assert not [r for r in caplog.records if r.name.startswith("ssd_chat")]  # nothing logged: it did not fail
     assert not any("quitting once" in n.message for n in app._notifications)
+
+
+@pytest.mark.asyncio
+async def test_a_dialog_over_the_loading_screen_does_not_keep_it_up():
+    """F1 (or the palette) opened while loading: the log lines still reach the loading screen under it, and once
+    the dialog closes after the load, the chat is there (it stayed on the loading screen for good)."""
+    release = threading.Event()
+    engine = FakeEngine()
+
+    def load() -> FakeEngine:
+        release.wait(10)
+        logging.getLogger("engine.llm").info("loading fake-target (/models/fake) on cpu")
+        return engine
+
+    app = ChatApp(load, settings=ChatSettings(), target="fake-target", draft="fake-draft")
+    async with app.run_test(size=(120, 40)) as pilot:
+        loading = app.screen
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        release.set()
+        await wait_for(pilot, lambda: app.engine is not None, what="the engine")
+        await wait_for(pilot, lambda: any("loading fake-target" in line for line in loading.query_one(Log).lines),
+                       what="the log line on the loading screen")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not any(isinstance(s, LoadingScreen) for s in app.screen_stack),
+                       what="the chat screen")
+        assert app.focused is app.query_one(PromptArea)

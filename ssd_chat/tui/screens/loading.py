@@ -53,6 +53,11 @@ class LoadingScreen(Screen):
         self.set_interval(0.25, self._tick)
         self.add_line("starting the engine")
 
+    def on_screen_resume(self) -> None:
+        """Back on top after a dialog opened during the load (help, palette): leave if the engine is ready."""
+        if getattr(self.app, "engine", None) is not None:
+            self.dismiss()
+
     def _tick(self) -> None:
         self.query_one("#loading-elapsed", Static).update(f"{time.monotonic() - self.started:.1f} s")
 
