@@ -28,7 +28,7 @@ from textual.widgets import Footer, Header, Static
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from ssd_chat.history import ChatSettings, HistoryStore
-from ssd_chat.tui.chat_actions import ChatActions
+from ssd_chat.tui.chat_actions import ENGINE_STOPPED, ChatActions
 from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.engine_process import stop_loading
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes
@@ -44,6 +44,7 @@ from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript
 
 log = logging.getLogger(__name__)
 QUIT_WAIT_S = 1.0  # Ctrl+Q waits this long for the reply to stop at its next step, then stops the engine's process
+WATCH_S = 1.0  # how often the app checks that the engine's process is alive
 
 KEYS = [
     Binding("escape", "stop", "Stop"),
@@ -90,6 +91,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self._log_handler = ForwardToApp(self)
         self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
         self.quitting = False
+        self.told_stopped = False  # the notice that the engine's process died was shown (once per engine)
 
     # -- layout and start-up -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -116,6 +118,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
                 self.session.open(latest)
         self.push_screen(LoadingScreen(self.target, self.draft))
         self._load()
+        self.set_interval(WATCH_S, self._watch_engine)
 
     def restart_engine(self) -> None:
         """Close the engine (a dead one too: its process and what it left) and load the models again, behind the
@@ -159,7 +162,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self.exit(return_code=2)
 
     def on_engine_ready(self, message: EngineReady) -> None:
-        self.engine = message.engine
+        self.engine, self.told_stopped = message.engine, False
         # What is loaded now lives as long as the app: out of the garbage collector's full passes, which hold the GIL
         # for as long as they take to walk it (the reply thread waits for the GIL; so does an engine in this
         # process, SSD_CHAT_ENGINE_PROCESS=0, between its kernels).
@@ -225,6 +228,14 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
     def engine_alive(self) -> bool:
         """False once the engine's own process died (killed, out of memory): nothing more can be sent."""
         return self.engine is None or getattr(self.engine, "alive", True)
+
+    def _watch_engine(self) -> None:
+        """Say so when the engine's process dies while idle (killed, out of memory), not only at the next send (a
+        reply under way fails and says so itself)."""
+        if self.engine is not None and not self.engine_alive and not self.busy and not self.told_stopped:
+            self.told_stopped = True
+            self.notify(ENGINE_STOPPED, severity="error", timeout=30)
+            self.refresh_status()
 
     @property
     def busy(self) -> bool:

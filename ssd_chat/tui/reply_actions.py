@@ -125,5 +125,6 @@ class ReplyActions(_Base):
         self.query_one(Transcript).remove_last(2)
         self.query_one(PromptInput).set_text(self.session.drop_prompt())
         error = message.error if self.engine_alive else ENGINE_STOPPED
+        self.told_stopped |= not self.engine_alive
         self.notify(error, title="not sent", severity="error", timeout=10)
         self._end_reply()

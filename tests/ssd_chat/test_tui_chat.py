@@ -437,6 +437,24 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
         assert [m.content for m in app.session.messages] == ["first", REPLY, "third", REPLY]
 
 
+async def test_an_engine_that_dies_while_idle_is_reported_at_once(tmp_path, monkeypatch):
+    from ssd_chat.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "WATCH_S", 0.05)
+    engine = FakeEngine()
+    engine.alive = True
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        assert "ready" in rendered(app.query_one("#status"))
+        engine.alive = False  # killed while nothing runs
+        await wait_for(pilot, lambda: "engine stopped: /restart" in rendered(app.query_one("#status")),
+                       what="the status")
+        await pilot.pause(0.2)
+        assert [n.message for n in app._notifications].count(ENGINE_STOPPED) == 1  # once, not every check
+
+
 async def test_restart_is_refused_while_a_reply_runs_and_works_when_idle(tmp_path):
     gate = threading.Event()
     engine = FakeEngine(gate=gate)
