@@ -96,8 +96,11 @@ class TurnStats:
 
     def line(self) -> str:
         """One dim line under a reply (and after it in plain mode)."""
-        text = (f"{self.decode_tok_s:.1f} tok/s · TTFT {1000 * self.ttft_s:.0f} ms · {self.generated_tokens} tokens"
-                f" · prefix reused {self.reused_prefix_tokens}/{self.prompt_tokens}")
+        reused = f"prefix reused {self.reused_prefix_tokens}/{self.prompt_tokens}"
+        if not self.generated_tokens:  # stopped during the prompt's prefill: no speed, TTFT or tau to speak of
+            return f"0 tokens · {reused} · stopped: {self.finish_reason}"
+        text = f"{self.decode_tok_s:.1f} tok/s · TTFT {1000 * self.ttft_s:.0f} ms · {self.generated_tokens} tokens"
+        text += f" · {reused}"
         if self.tau is not None:
             text += f" · {self.mode} tau {self.tau:.2f} · accepted {self.acceptance_rate or 0.0:.0%}"
             if self.cache_hit_rate is not None:

@@ -3,11 +3,13 @@
 Reads one prompt per line, streams each reply as it arrives on stdout, then a dim stats line on stderr (decode
 tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and SSD): a pipe gets only the replies.
 The whole conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
-over, `/exit` or end of input quits; the first Ctrl-C stops a reply and keeps its partial text.
+over, `/exit` or end of input quits; the first Ctrl-C stops a reply and keeps its partial text (and drops
+the lines typed or pasted ahead).
 """
 
 from __future__ import annotations
 
+import array
 import signal
 import sys
 import threading
@@ -73,6 +75,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
             with sigint_flag() as cancel:
                 output = _stream(console, llm.chat(start + history[len(start) + window:], params, cancel=cancel))
+            if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
+                err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
             history.pop()
             err.print(f"error: {error} (/clear starts a new conversation)", markup=False, soft_wrap=True)
@@ -109,6 +113,24 @@ def _stream(console: Console, events: Iterator[Event]) -> RequestOutput:
     console.out("")
     assert output is not None, "a stream ends with RequestFinished"
     return output
+
+
+def discard_typed_ahead(fd: int) -> int:
+    """After Ctrl-C stopped a reply: drop what the terminal holds unread, as a shell does. A pasted text of many
+    lines is one prompt per line, and Ctrl-C must stop them all. Returns the bytes dropped (0 where `fd` is no
+    terminal)."""
+    try:
+        import fcntl
+        import termios
+    except ImportError:  # no termios (Windows)
+        return 0
+    pending = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, pending)
+        termios.tcflush(fd, termios.TCIFLUSH)
+    except (OSError, termios.error):  # no terminal: a pipe keeps its lines
+        return 0
+    return pending[0]
 
 
 @contextmanager

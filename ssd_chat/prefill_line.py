@@ -4,6 +4,7 @@ Nothing when stderr is not a terminal: a pipe or a log file keeps only the repli
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TextIO
 
@@ -24,7 +25,8 @@ class PrefillLine:
         if not self.enabled:
             return
         if isinstance(event, PrefillProgress):
-            self.stream.write(f"{ERASE}reading the prompt: {event.done:,} / {event.total:,} tokens (Ctrl-C stops)")
+            text = f"reading the prompt: {event.done:,} / {event.total:,} tokens (Ctrl-C stops)"
+            self.stream.write(ERASE + text[: _columns(self.stream) - 1])  # a wrapped line could not be rewritten
             self.stream.flush()
             self.shown = True
         else:
@@ -35,6 +37,13 @@ class PrefillLine:
             self.stream.write(ERASE)
             self.stream.flush()
             self.shown = False
+
+
+def _columns(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):  # no terminal size to read (a test's stream)
+        return 80
 
 
 def _is_terminal(stream: TextIO) -> bool:

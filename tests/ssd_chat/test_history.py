@@ -79,3 +79,5 @@ def test_titles_and_stats_lines():
     assert line == ("41.2 tok/s · TTFT 81 ms · 12 tokens · prefix reused 16/30 · ssd tau 2.75 · accepted 50%"
                     " · cache hits 80%")
     assert TurnStats("ar", 10, 0.1, 2, 5, 0, "cancelled").line().endswith("· stopped: cancelled")
+    stopped_in_prefill = TurnStats("sd", 0.0, 21.98, 0, 4478, 48, "cancelled", tau=0.0, acceptance_rate=0.0)
+    assert stopped_in_prefill.line() == "0 tokens · prefix reused 48/4478 · stopped: cancelled"  # no speed, TTFT, tau

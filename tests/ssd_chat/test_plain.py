@@ -11,7 +11,7 @@ from pathlib import Path
 from engine import LLM, SamplingParams
 from engine.errors import PromptTooLongError
 from engine.outputs import RequestFinished
-from ssd_chat.plain import run_plain
+from ssd_chat.plain import discard_typed_ahead, run_plain
 from tests.ssd_chat.tui_fakes import FakeEngine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -88,3 +88,25 @@ def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(tiny_llama_dir,
     assert len(errors) == 1 and errors[0].startswith("error: the text is not valid UTF-8")
     assert len([line for line in captured.err.splitlines() if "tok/s" in line]) == 2
     assert "tok/s" not in captured.out
+
+
+def test_ctrl_c_drops_the_lines_pasted_ahead_on_a_terminal_only():
+    """The plain mode reads one prompt per line: after Ctrl-C stopped a reply, the rest of a multi-line paste
+    (unread in the terminal) is dropped, so one Ctrl-C stops it all; a pipe keeps its lines."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"second line\nthird line\n")
+        select.select([slave], [], [], 5)
+        assert discard_typed_ahead(slave) == len(b"second line\nthird line\n")
+        assert select.select([slave], [], [], 0.1)[0] == []  # nothing left to read
+    finally:
+        os.close(master), os.close(slave)
+    read, write = os.pipe()
+    try:
+        os.write(write, b"next prompt\n")
+        assert discard_typed_ahead(read) == 0 and os.read(read, 100) == b"next prompt\n"
+    finally:
+        os.close(read), os.close(write)

@@ -4,6 +4,7 @@ starts or the request ends, and absent where stderr is a pipe or a file."""
 from __future__ import annotations
 
 import io
+import os
 
 from engine import SamplingParams
 from engine.outputs import PrefillProgress, TokenDelta
@@ -23,6 +24,15 @@ def test_the_line_is_rewritten_then_erased_by_the_reply():
     line.clear()
     assert out.getvalue() == (f"{ERASE}reading the prompt: 256 / 1,000 tokens (Ctrl-C stops)"
                               f"{ERASE}reading the prompt: 512 / 1,000 tokens (Ctrl-C stops){ERASE}")
+
+
+def test_the_line_is_cut_to_a_narrow_terminal(monkeypatch):
+    """A wrapped line could not be rewritten in place: each update would leave a line behind."""
+    monkeypatch.setattr("ssd_chat.prefill_line.os.get_terminal_size", lambda fd: os.terminal_size((30, 10)))
+    out = io.StringIO()
+    out.fileno = lambda: 2
+    PrefillLine(out, enabled=True).update(PrefillProgress(1, 256, 1000))
+    assert out.getvalue() == ERASE + "reading the prompt: 256 / 1,0"  # 29 columns
 
 
 def test_nothing_is_written_where_the_stream_is_no_terminal():
@@ -46,3 +56,4 @@ def test_the_plain_mode_shows_a_long_prompts_progress_on_a_terminal_only(monkeyp
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     assert capsys.readouterr().out == REPLY + "\n"  # stdout keeps the reply alone
     assert shown.getvalue().count("reading the prompt: ") == 2 and shown.getvalue().endswith(ERASE)
+
