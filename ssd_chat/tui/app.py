@@ -92,6 +92,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
         self.quitting = False
         self.told_stopped = False  # the notice that the engine's process died was shown (once per engine)
+        self.refused_prompt: str | None = None  # a prompt sent to a dead engine: back in the input after /restart
 
     # -- layout and start-up -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -174,6 +175,10 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
             self.notify(f"mode {settings.mode.upper()} needs a draft model: using AR", severity="warning")
             self.session.update_settings(mode="ar")
         self.show_conversation()
+        prompt = self.query_one(PromptInput)
+        if self.refused_prompt and not prompt.text.strip():
+            prompt.set_text(self.refused_prompt)
+        self.refused_prompt = None
         self.query_one(PromptArea).focus()
 
     def on_unmount(self) -> None:

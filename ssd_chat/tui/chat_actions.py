@@ -64,6 +64,8 @@ class ChatActions(_Base):
                 self.query_one(PromptInput).set_text(text)
             return
         if not self.ready_and_idle():
+            if not self.engine_alive:  # it stays in the input; /restart typed over it brings it back when loaded
+                self.refused_prompt = text
             return
         self.query_one(PromptInput).set_text("")
         self.send_prompt(text[1:] if text.startswith("//") else text)

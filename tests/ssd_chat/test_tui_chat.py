@@ -427,8 +427,9 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
 
         fresh = FakeEngine()  # /restart: the dead engine is closed, a new one loads, the conversation stays
         app.load_engine = lambda: fresh
-        await send(app, pilot, "/restart")
+        await send(app, pilot, "/restart")  # typed over the refused prompt, which comes back once loaded
         assert engine.closed and app.engine is fresh
+        assert app.query_one(PromptArea).text == "third"
         assert "ready" in rendered(app.query_one("#status"))
         assert [m.text for m in app.query(AssistantMessage)] == [REPLY]
         await send(app, pilot, "third")
