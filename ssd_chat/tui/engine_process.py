@@ -133,7 +133,23 @@ class EngineProcess:
 
     @property
     def alive(self) -> bool:
-        return self._proc.is_alive()
+        return self._exit_code() is None
+
+    def _exit_code(self) -> int | None:
+        """The child's exit code (negative: the signal that killed it), None while it runs. A dead child is not
+        reaped here: it stays a zombie, its pid taken, until close() or kill() reaps it and removes its
+        shared-memory blocks at once. Reaped earlier, another ssd-chat's sweep of dead leaders' blocks
+        (shm_channel.remove_stale_blocks) could remove them first, and they would stay registered with this app's
+        resource tracker, which warns of leaked blocks when the app exits."""
+        if not hasattr(os, "waitid"):  # macOS: no peek (exitcode reaps)
+            return self._proc.exitcode
+        try:
+            info = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped already (close, kill, or multiprocessing's sweep when a process starts)
+            return self._proc.exitcode
+        if info is None:
+            return None
+        return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
 
     def kill(self) -> None:
         """Stop the child now, mid-step: quitting while a long prompt's prefill runs, which is one step and cannot
@@ -172,15 +188,16 @@ class EngineProcess:
             try:
                 kind, payload = self._pipe.recv()
             except (EOFError, OSError) as exc:
-                raise RuntimeError(f"the engine process stopped (exit code {self._proc.exitcode})") from exc
+                raise RuntimeError(f"the engine process stopped (exit code {self._exit_code()})") from exc
             if kind != "log":
                 return kind, payload
             level, line = payload
             logging.getLogger(ENGINE_LOGGER).log(level, "%s", line)
 
     def _check_alive(self) -> None:
-        if not self._proc.is_alive() and not self._pipe.poll():
-            raise RuntimeError(f"the engine process stopped (exit code {self._proc.exitcode})")
+        code = self._exit_code()
+        if code is not None and not self._pipe.poll():
+            raise RuntimeError(f"the engine process stopped (exit code {code})")
 
 
 def _failure(kind: str, message: str) -> Exception:

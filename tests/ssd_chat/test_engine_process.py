@@ -193,3 +193,26 @@ def test_kill_stops_it_mid_stream_and_removes_its_shared_memory(tiny_llama_dir):
         list(stream)
     assert not list(Path("/dev/shm").glob(f"{shm_channel.PREFIX}{pid}_*"))
     engine.close()
+
+
+def test_a_dead_engine_process_keeps_its_pid_until_closed(tiny_llama_dir):
+    """`alive` peeks without reaping: a killed child stays a zombie, so another ssd-chat's sweep of dead leaders'
+    shared memory (which goes by the pid) leaves its blocks to this app, which removes and unregisters them when it
+    closes the child."""
+    import signal
+
+    from engine import shm_channel
+
+    engine = EngineProcess(str(tiny_llama_dir), max_model_len=128, threads=1)
+    pid = engine._proc.pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while engine.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.alive and engine._exit_code() == -signal.SIGKILL
+    assert shm_channel._running(pid)  # still a zombie: its blocks are not "stale" to other processes
+    with pytest.raises(RuntimeError, match="engine process is gone"):
+        list(engine.chat(MESSAGES, GREEDY))
+    assert shm_channel._running(pid)
+    engine.close()
+    assert not shm_channel._running(pid)
