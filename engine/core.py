@@ -24,8 +24,8 @@ from engine.ssd import AcceptanceEstimate, adaptive_fanout
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, blocks: BlockManager, *, max_model_len: int, max_num_seqs: int,
-                 eos_token_ids: frozenset[int], drafter: Drafter | None = None, ssd_drafter=None,
-                 prefill_chunk: int = 512):
+                 eos_token_ids: frozenset[int], prefill_chunk: int, drafter: Drafter | None = None,
+                 ssd_drafter=None):
         """`drafter` serves SD (and SSD unless `ssd_drafter`, a draft in its own process, is given). A prompt
         prefills `prefill_chunk` tokens a step at most (all requests together)."""
         self.runner = runner
