@@ -3,6 +3,8 @@ renames and deletes; --resume opens the latest conversation; new chat starts an 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from textual.widgets import DataTable
 
@@ -117,3 +119,12 @@ async def test_renaming_the_open_chat_in_the_picker_sticks(tmp_path):
         assert "Renamed" in rendered(app.query_one("#status"))
         await send(app, pilot, "more")
         assert HistoryStore(tmp_path / "history.sqlite3").load(chat_id).title == "Renamed"
+
+
+def test_the_chats_list_says_when_in_few_columns():
+    from ssd_chat.tui.screens.chats import when
+
+    now = time.mktime((2026, 12, 5, 10, 30, 0, 0, 0, -1))
+    assert when(time.mktime((2026, 12, 5, 9, 41, 0, 0, 0, -1)), now) == "09:41"
+    assert when(time.mktime((2026, 11, 28, 17, 2, 0, 0, 0, -1)), now) == "Nov 28 17:02"
+    assert when(time.mktime((2025, 3, 1, 8, 0, 0, 0, 0, -1)), now) == "2025-03-01"

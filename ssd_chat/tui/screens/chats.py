@@ -16,6 +16,14 @@ from ssd_chat.history import HistoryStore
 from ssd_chat.tui.screens.text_prompt import TextPrompt
 
 
+def when(timestamp: float, now: float | None = None) -> str:
+    """A chat's last change, short: the time today, the day and time this year, else the date."""
+    then, today = time.localtime(timestamp), time.localtime(now)
+    if then[:3] == today[:3]:
+        return time.strftime("%H:%M", then)
+    return time.strftime("%b %d %H:%M" if then.tm_year == today.tm_year else "%Y-%m-%d", then)
+
+
 class ChatsScreen(ModalScreen[int | None]):
     """Dismisses with the id of the conversation to open (None: stay)."""
 
@@ -37,7 +45,7 @@ class ChatsScreen(ModalScreen[int | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("title", "messages", "updated")
+        table.add_columns("updated", "messages", "title")  # the title last: a narrow screen cuts it, not the others
         self.refresh_rows()
         table.focus()
 
@@ -47,8 +55,7 @@ class ChatsScreen(ModalScreen[int | None]):
         table.clear()
         for summary in self.store.list():
             mark = "● " if summary.id == self.current_id else ""
-            updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.updated))
-            table.add_row(mark + summary.title, str(summary.num_messages), updated, key=str(summary.id))
+            table.add_row(when(summary.updated), str(summary.num_messages), mark + summary.title, key=str(summary.id))
         table.move_cursor(row=keep)
 
     def _selected(self) -> int | None:
