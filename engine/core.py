@@ -44,6 +44,7 @@ class EngineCore:
         row_cost = ROW_COST.get(runner.device.type, ROW_COST["cuda"])
         self.round_cost = {mode: RoundCost(row_cost) for mode in ("sd", "ssd")}  # measured, for the adaptive k
         self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report
+        self.part_prefilled: list[Sequence] = []      # the last step's prompts that ran a chunk and have more to go
 
     @property
     def has_work(self) -> bool:
@@ -125,6 +126,7 @@ class EngineCore:
         """Prefill the next chunk of the prompts still prefilling (newly admitted ones included), or else advance
         every running sequence by one AR or SD step. A step with no output leaves a prompt part-way prefilled."""
         self._admit()
+        self.part_prefilled = []
         prefilling = [s for s in self.running if s.num_computed_tokens < s.num_prompt_tokens]
         if prefilling:
             outputs = self._prefill(prefilling)
@@ -214,6 +216,7 @@ class EngineCore:
             if c.end < c.seq.num_prompt_tokens:  # more of the prompt to go: keep this chunk's KV (and share it)
                 c.seq.num_computed_tokens = c.end
                 self.blocks.commit(c.seq)
+                self.part_prefilled.append(c.seq)
         done = [row for row, c in enumerate(chunks) if c.end == c.seq.num_prompt_tokens]
         tokens = sample_batch(logits[done], [chunks[r].seq.params for r in done],
                               [chunks[r].seq.generator for r in done]) if done else []

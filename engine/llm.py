@@ -312,9 +312,8 @@ class LLM:
                 return
             outputs = self.core.step()
             self._report_warnings()
-            for state in self._requests.values():
-                if state.seq not in outputs:
-                    state.on_prefill_step()
+            for seq in self.core.part_prefilled:
+                self._requests[seq.seq_id].on_prefill_chunk()
             for seq, out in outputs.items():
                 state = self._requests[seq.seq_id]
                 keep = state.on_step(out)

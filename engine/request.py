@@ -16,7 +16,7 @@ from engine.outputs import (
     SpecStats,
     TokenDelta,
 )
-from engine.sequence import SeqStatus, Sequence, StepOutput
+from engine.sequence import Sequence, StepOutput
 
 
 class RequestState:
@@ -33,7 +33,6 @@ class RequestState:
         self.t_last: float | None = None
         self.output: RequestOutput | None = None
         self.spec = _SpecCounters(k) if mode != "ar" else None
-        self.prefilled = 0  # prompt tokens with KV, as last reported by a PrefillProgress
 
     @property
     def request_id(self) -> int:
@@ -55,12 +54,9 @@ class RequestState:
         self.events.append(TokenDelta(self.request_id, tuple(out.tokens[:keep]), text, tuple(out.sources[:keep])))
         return keep
 
-    def on_prefill_step(self) -> None:
-        """After a step that may have run a chunk of this prompt without finishing it: a PrefillProgress."""
-        seq = self.seq
-        if seq.status is SeqStatus.RUNNING and self.prefilled < seq.num_computed_tokens < seq.num_prompt_tokens:
-            self.prefilled = seq.num_computed_tokens
-            self.events.append(PrefillProgress(self.request_id, seq.num_computed_tokens, seq.num_prompt_tokens))
+    def on_prefill_chunk(self) -> None:
+        """A step ran a chunk of this prompt and more is to come: a PrefillProgress."""
+        self.events.append(PrefillProgress(self.request_id, self.seq.num_computed_tokens, self.seq.num_prompt_tokens))
 
     def _detokenize(self, token_ids: list[int]) -> tuple[int, str]:
         """Text of a step's tokens and how many of them to keep. With stop strings, tokens go in one at a
