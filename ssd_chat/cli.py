@@ -11,8 +11,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Generator, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +23,6 @@ from rich.table import Table
 from engine import LLM, SamplingParams
 from engine.config import DEFAULT_TARGET, SpeculationConfig
 from engine.errors import InvalidParameterError
-from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.registry import list_models
 from ssd_chat import __version__
 from ssd_chat.bench import BenchConfig, run_bench
@@ -56,8 +55,7 @@ from ssd_chat.cli_options import (
     user_errors,
 )
 from ssd_chat.defaults import Layout, apply_defaults
-from ssd_chat.plain import run_plain
-from ssd_chat.prefill_line import PrefillLine
+from ssd_chat.plain import print_stream, run_plain
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
@@ -230,7 +228,7 @@ def ask(
                        target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
                        attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
                        packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
-            output = _print_stream(llm.chat(messages, params), echo=not as_json)
+            output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))
 
@@ -320,27 +318,6 @@ def _check_writable(path: Path | None) -> None:
         raise BenchInputError(f"--json {path} is a directory: give a file name")
     if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
         raise BenchInputError(f"--json {path}: cannot write in {path.parent}: give a writable directory")
-
-
-def _print_stream(events: Generator[Event, None, None], *, echo: bool = True) -> RequestOutput:
-    """Write each delta to stdout as it arrives; return the final output. Leaving early (an error, a
-    second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks."""
-    output, progress = None, PrefillLine(enabled=None if echo else False)
-    with closing(events):
-        try:
-            for event in events:
-                progress.update(event)  # a long prompt's prefill, on a terminal's stderr
-                if isinstance(event, RequestFinished):
-                    output = event.output
-                elif echo and isinstance(event, TokenDelta):
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-        finally:
-            progress.clear()
-    if echo:
-        sys.stdout.write("\n")
-    assert output is not None, "a stream ends with RequestFinished"
-    return output
 
 
 run_repl = run_plain  # the plain mode's read-reply loop (ssd_chat/plain.py)

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, suppress
-from typing import Protocol
+from typing import Protocol, TextIO
 
 from rich.console import Console
 
@@ -74,7 +74,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             window = _window(llm, history, window, params, err)
             # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
             with sigint_flag() as cancel:
-                output = _stream(console, llm.chat(start + history[len(start) + window:], params, cancel=cancel))
+                output = print_stream(llm.chat(start + history[len(start) + window:], params, cancel=cancel),
+                                      console.file)
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
@@ -95,22 +96,25 @@ def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params
     return moved
 
 
-def _stream(console: Console, events: Iterator[Event]) -> RequestOutput:
-    """Write each delta as it arrives (no wrapping, no markup: the text stays byte-exact for pipes); a long
-    prompt's prefill shows on a terminal's stderr until the reply starts (prefill_line.py)."""
-    output, progress = None, PrefillLine()
+def print_stream(events: Iterator[Event], out: TextIO | None) -> RequestOutput:
+    """Write each delta to `out` as it arrives, then a newline (no wrapping, no markup: the text stays byte-exact
+    for pipes; None: write nothing), and return the final output. A long prompt's prefill shows on a terminal's
+    stderr until the reply starts (prefill_line.py). Leaving early (an error, a second Ctrl-C) closes `events`,
+    which cancels the request and frees its KV blocks."""
+    output, progress = None, PrefillLine(enabled=None if out is not None else False)
     with closing(events):  # type: ignore[type-var]
         try:
             for event in events:
                 progress.update(event)
                 if isinstance(event, RequestFinished):
                     output = event.output
-                elif isinstance(event, TokenDelta) and event.text:
-                    console.out(event.text, end="", highlight=False)
-                    console.file.flush()
+                elif out is not None and isinstance(event, TokenDelta) and event.text:
+                    out.write(event.text)
+                    out.flush()
         finally:
             progress.clear()
-    console.out("")
+    if out is not None:
+        out.write("\n")
     assert output is not None, "a stream ends with RequestFinished"
     return output
 

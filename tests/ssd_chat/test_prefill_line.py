@@ -51,7 +51,7 @@ def test_the_plain_mode_shows_a_long_prompts_progress_on_a_terminal_only(monkeyp
     assert piped.out == REPLY + "\n" and "reading the prompt" not in piped.err
 
     shown = io.StringIO()
-    monkeypatch.setattr(plain, "PrefillLine", lambda: PrefillLine(shown, enabled=True))
+    monkeypatch.setattr(plain, "PrefillLine", lambda **kwargs: PrefillLine(shown, enabled=True))
     _feed(monkeypatch, ["a long paste"])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     assert capsys.readouterr().out == REPLY + "\n"  # stdout keeps the reply alone
