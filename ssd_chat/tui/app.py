@@ -196,7 +196,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self.action_stop()
         waiting = asyncio.ensure_future(self.workers.wait_for_complete())  # the engine stops at its next step
         done, _ = await asyncio.wait({waiting}, timeout=QUIT_WAIT_S)
-        if not done and hasattr(self.engine, "kill"):  # a long prompt's prefill is one step: stop its process
+        if not done and hasattr(self.engine, "kill"):  # a step that runs long (a first compiled one): stop its process
             self.engine.kill()
         await waiting
         if self.finished is not None:  # the stopped reply: kept in the conversation, as Esc keeps it

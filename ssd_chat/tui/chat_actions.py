@@ -226,9 +226,7 @@ class ChatActions(_Base):
         self.action_help()
 
     def slash_restart(self, arg: str) -> None:
-        if self.engine is None:
-            self.notify("the model is still loading", severity="warning")
-        elif self.busy:
-            self.notify("a reply is running: Esc stops it", severity="warning")
-        else:
+        if self.engine is not None and not self.busy:  # a dead engine too: that is what it is for
             self.restart_engine()
+        else:
+            self.ready_and_idle()  # says why not (still loading, or a reply runs)

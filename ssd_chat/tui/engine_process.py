@@ -152,9 +152,9 @@ class EngineProcess:
         return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
 
     def kill(self) -> None:
-        """Stop the child now, mid-step: quitting while a long prompt's prefill runs, which is one step and cannot
-        be cancelled. Its draft and TP processes follow it; its shared-memory blocks are removed here. A stream
-        under way then raises RuntimeError."""
+        """Stop the child now, mid-step: quitting while a step runs long (a cancel lands only between steps). Its
+        draft and TP processes follow it; its shared-memory blocks are removed here. A stream under way then raises
+        RuntimeError."""
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)

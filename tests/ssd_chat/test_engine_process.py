@@ -172,7 +172,7 @@ def test_stop_loading_kills_an_engine_process_that_is_still_loading(tiny_llama_d
 
 
 def test_kill_stops_it_mid_stream_and_removes_its_shared_memory(tiny_llama_dir):
-    """Quitting during a long prefill: kill() stops the process (and its draft process) at once; its SSD block is
+    """Quitting during a step that runs long: kill() stops the process (and its draft process) at once; its SSD block is
     unlinked and dropped from the resource tracker; the stream under way raises."""
     from pathlib import Path
 
