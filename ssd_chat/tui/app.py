@@ -237,7 +237,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
     def _watch_engine(self) -> None:
         """Say so when the engine's process dies while idle (killed, out of memory), not only at the next send (a
         reply under way fails and says so itself)."""
-        if self.engine is not None and not self.engine_alive and not self.busy and not self.told_stopped:
+        if self.engine is not None and not self.told_stopped and not self.busy and not self.engine_alive:
             self.told_stopped = True
             self.notify(ENGINE_STOPPED, severity="error", timeout=30)
             self.refresh_status()
