@@ -23,6 +23,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, Index, SeqSpan
 from engine.attention.sdpa import SdpaBackend, attend, causal_rows, row_kernel
+from engine.layers import panel
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class CompiledDecode:
         self.available = isinstance(backend, SdpaBackend) and torch.device(device).type == "cpu"
         self.rows = rows
         self.backend = SliceSdpa(backend) if self.available else None
+        torch.compiler.assume_constant_result(panel.ready)  # marks the function itself (see panel.ready)
         self.step = torch.compile(forward, fullgraph=True, options={"cpp_wrapper": True}) if self.available else None
         self.num_runs = 0  # tests check that the compiled path really ran
         # Every model in the process shares CausalLM.forward's graph cache: a target and a draft take 2 graphs each

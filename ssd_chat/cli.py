@@ -25,7 +25,6 @@ from engine.config import DEFAULT_TARGET, SpeculationConfig
 from engine.errors import InvalidParameterError
 from engine.registry import list_models
 from ssd_chat import __version__
-from ssd_chat.bench import BenchConfig, run_bench
 from ssd_chat.bench_table import render_table, round_lines
 from ssd_chat.cli_make import distill, make_pair
 from ssd_chat.cli_options import (
@@ -286,6 +285,8 @@ def bench(
     limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.")] = None,
 ) -> None:
     """Greedy fixed-length decode speed and TTFT per mode over a prompt set."""
+    from ssd_chat.bench import BenchConfig, run_bench  # here: it imports transformers' models, 0.3 s of every start
+
     err_console = Console(stderr=True, highlight=False)
     with user_errors():
         _check_writable(json_out)  # now, not after the whole run

@@ -38,9 +38,10 @@ def available() -> bool:
     return native.library() is not None
 
 
-@torch.compiler.assume_constant_result  # a compiled step asks once, at trace time (it reads /proc/cpuinfo)
 def ready() -> bool:
-    """`available()`, callable inside a compiled step: the norm and attention kernels' switch."""
+    """`available()`, callable inside a compiled step: the norm and attention kernels' switch. engine.compiled_decode
+    marks it `torch.compiler.assume_constant_result` before it compiles (a step asks once, at trace time: it reads
+    /proc/cpuinfo); marking it here would import torch._dynamo, about 1 s of every start, compiled or not."""
     return available()
 
 
