@@ -32,7 +32,7 @@ from engine.remote_drafter import RemoteDrafter
 from engine.request import RequestState
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.startup import Sizes, load_tokenizer, start_engine
+from engine.startup import Sizes, load_tokenizer, same_tokenizer_files, start_engine
 from engine.tp_worker import BroadcastingRunner
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,9 @@ class LLM:
         if config.draft is not None:
             self.draft_path = resolve_model(config.draft)
             inspect_model_dir(self.draft_path)  # a directory that is no model: one line naming the fix
-            check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_path), target=config.target,
-                                 draft=config.draft)
+            if not same_tokenizer_files(self.model_path, self.draft_path):
+                check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_path), target=config.target,
+                                     draft=config.draft)
         try:
             self._pin(leader.cores, self.placement.threads_for(leader))
             self._threads = self._step_threads = torch.get_num_threads()

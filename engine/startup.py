@@ -123,6 +123,29 @@ def load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path)
 
 
+IGNORED_CONFIG_KEYS = ("local_files_only", "name_or_path", "_name_or_path")  # how it was loaded, not the vocabulary
+
+
+def same_tokenizer_files(a: Path, b: Path) -> bool:
+    """Whether two model directories tokenize alike by their files alone: the same tokenizer.json bytes and the
+    same tokenizer_config.json (added tokens, special tokens) but for how each was loaded. False says nothing:
+    compare the loaded vocabularies then. Loading the draft's tokenizer only to compare it took 0.3 s a start."""
+    if not ((a / "tokenizer.json").is_file() and (b / "tokenizer.json").is_file()):
+        return False
+    if (a / "tokenizer.json").read_bytes() != (b / "tokenizer.json").read_bytes():
+        return False
+    configs = []
+    for directory in (a, b):
+        path = directory / "tokenizer_config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except (OSError, ValueError):
+            return False
+        configs.append({k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS} if isinstance(config, dict)
+                       else config)
+    return configs[0] == configs[1]
+
+
 def eos_ids(path: Path, from_config: tuple[int, ...], tokenizer) -> frozenset[int]:
     """The ids that end a reply: the model config's, generation_config.json's and the tokenizer's."""
     ids = set(from_config)
