@@ -45,6 +45,23 @@ def test_other_weights_keep_float32_panels():
     assert isinstance(packed.pack(nearly, "panel4"), torch.Tensor)
 
 
+def test_a_wide_copy_is_checked_on_its_first_panels():
+    """same_products reads the first CHECKED_PANELS panels of a wider copy (a head's 1536): a bad one there is
+    refused, in either low-bit kind or the float32 panels; past them it is not read (the start-up cost it saves)."""
+    generator = torch.Generator().manual_seed(5)
+    width = (packed.CHECKED_PANELS + 4) * panel.WIDTH
+    for form, kind in ((q8_form, panel8.Panel8), (q4_form, panel4.Panel4), (None, torch.Tensor)):
+        weight = torch.randn(width, 64, generator=generator)
+        weight = form(weight) if form else weight
+        copy = packed.pack(weight, "panel4")
+        assert isinstance(copy, kind) and packed.same_products(weight, copy, "panel4")
+        inside, outside = weight.clone(), weight.clone()
+        inside[5, 3] += 1.0  # in panel 0
+        outside[-5, 3] += 1.0  # in the last panel
+        assert not packed.same_products(inside, copy, "panel4")
+        assert packed.same_products(outside, copy, "panel4")
+
+
 @pytest.fixture(scope="module")
 def low_bit_model(tiny_llama_dir, tmp_path_factory):
     """The tiny Llama with its layers in the Q4_1 form and its embedding and head in the Q8_0 form."""
