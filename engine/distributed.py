@@ -49,13 +49,23 @@ class RankSpec:
     threads: int
 
 
+def host_store(port: int, world_size: int) -> dist.TCPStore:
+    """The leader's TCP store on `port`, for `make_group(..., store=)`: hosted before the ranks start, a rank can
+    check in while the leader is still busy (loading the target)."""
+    return dist.TCPStore("127.0.0.1", port, world_size, True, timeout=datetime.timedelta(seconds=1),
+                         wait_for_workers=False)
+
+
 def make_group(
-    port: int, rank: int, world_size: int, timeout: datetime.timedelta, children: list[mp.Process] | None = None
+    port: int, rank: int, world_size: int, timeout: datetime.timedelta, children: list[mp.Process] | None = None,
+    store: dist.TCPStore | None = None,
 ) -> dist.ProcessGroup:
-    """A gloo group over a TCP store the leader hosts on `port`. The leader waits for every rank to check in
-    and gives up at once if one of its `children` dies first (a bad device, a crash while importing)."""
-    store = dist.TCPStore("127.0.0.1", port, world_size, rank == LEADER, timeout=datetime.timedelta(seconds=1),
-                          wait_for_workers=False)
+    """A gloo group over a TCP store the leader hosts on `port` (`store`: the leader's, hosted earlier by
+    `host_store`). The leader waits for every rank to check in and gives up at once if one of its `children` dies
+    first (a bad device, a crash while importing)."""
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, world_size, rank == LEADER, timeout=datetime.timedelta(seconds=1),
+                              wait_for_workers=False)
     if rank != LEADER:
         store.set(f"up{rank}", "1")
     else:

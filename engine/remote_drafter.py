@@ -21,7 +21,7 @@ import torch
 
 from engine import shm_channel
 from engine.config import BACKUPS
-from engine.distributed import Channel, RankSpec, float_bits, free_port, make_group, spawn_rank
+from engine.distributed import Channel, RankSpec, float_bits, free_port, host_store, make_group, spawn_rank
 from engine.draft_server import (
     FINISH,
     NO_OUTCOME,
@@ -50,35 +50,50 @@ class DraftLost(RuntimeError):
 
 
 class RemoteDrafter:
-    def __init__(self, spec: DraftSpec, rank: RankSpec, *, vocab_size: int, timeout_s: float = 120.0):
-        """`timeout_s`: how long any one exchange may take before the draft counts as lost."""
+    def __init__(self, spec: DraftSpec, rank: RankSpec, *, timeout_s: float = 120.0):
+        """Start the draft process, which loads the draft while the caller goes on (loading the target: the two
+        overlap, 2.5 s of a start on a 2-core CPU); `connect` then waits for it. `timeout_s`: how long any one
+        exchange may take before the draft counts as lost."""
         self.spec = spec
-        self.vocab_size = vocab_size
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
-        port = free_port()
-        block = _shm_block()
-        spec = spec if block is None else dataclasses.replace(spec, shm=block.name)
-        self.proc = spawn_rank(serve, rank, port, 2, spec, load=load)
+        self.timeout_s = timeout_s
+        self.port = free_port()
+        self.store = host_store(self.port, 2)
+        self.block = _shm_block()
+        spec = spec if self.block is None else dataclasses.replace(spec, shm=self.block.name)
+        self.proc = spawn_rank(serve, rank, self.port, 2, spec, load=load)
         self.alive = False
-        try:
-            self.group = make_group(port, 0, 2, datetime.timedelta(seconds=timeout_s), [self.proc])
-            gloo = Channel(self.group, DRAFT_RANK)  # the draft rank joins once its model is loaded
-        except BaseException as exc:
-            self.proc.kill()
-            if block is not None:
-                block.close()
-                block.unlink()
-            if isinstance(exc, RuntimeError):
-                raise DraftLost(f"the draft process did not start: {_first_line(exc)}") from exc
-            raise
-        self.channel = gloo if block is None else shm_channel.ShmChannel(
-            block, 0, gloo, owner=True, alive=self.proc.is_alive, timeout_s=timeout_s)
-        self.alive = True
+        self.channel: Channel | shm_channel.ShmChannel | None = None  # connect's
         self.seqs: dict[int, int] = {}                       # request id -> draft blocks reserved for it
         self.outcome: dict[int, tuple[int, int, int, int]] = {}  # request id -> (drafted, accepted, t*, length)
         self.reused: dict[int, int] = {}
         self.last_idle_s = 0.0
+
+    def connect(self, vocab_size: int) -> None:
+        """Wait for the draft process to load its draft and join; DraftLost if it died first (then it is gone)."""
+        self.vocab_size = vocab_size
+        try:
+            self.group = make_group(self.port, 0, 2, datetime.timedelta(seconds=self.timeout_s), [self.proc],
+                                    store=self.store)
+            gloo = Channel(self.group, DRAFT_RANK)  # the draft rank joins once its model is loaded
+        except BaseException as exc:
+            self._abandon()
+            if isinstance(exc, RuntimeError):
+                raise DraftLost(f"the draft process did not start: {_first_line(exc)}") from exc
+            raise
+        self.channel = gloo if self.block is None else shm_channel.ShmChannel(
+            self.block, 0, gloo, owner=True, alive=self.proc.is_alive, timeout_s=self.timeout_s)
+        self.alive = True
+
+    def _abandon(self) -> None:
+        """Stop a draft process that never connected (it failed, or the leader's start did) and free its block."""
+        self.proc.kill()
+        self.proc.join(5.0)
+        if self.block is not None:
+            self.block.close()
+            self.block.unlink()
+            self.block = None
 
     # -- admission (a conservative count: the draft's prefix sharing is not known here) ---------
     def admission_budget(self, running: list[Sequence], reserve_of: Callable[[Sequence], int]) -> int:
@@ -148,6 +163,9 @@ class RemoteDrafter:
         return free, total, live
 
     def close(self, timeout_s: float = 10.0) -> None:
+        if self.channel is None:  # never connected
+            self._abandon()
+            return
         if self.alive:
             try:
                 self._send([SHUTDOWN])

@@ -53,7 +53,28 @@ class Sizes:
 def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, model_path: Path,
                  draft_path: Path | None, tokenizer, sizes: Sizes, workers: list) -> Started:
     """Load the target (rank 0 here, TP ranks 1.. in their processes, appended to `workers`), the draft, and
-    the draft process."""
+    the draft process: started first, it loads its draft while this process loads the target."""
+    def spec(on: torch.device) -> DraftSpec:
+        return DraftSpec(str(draft_path), sizes.num_blocks, config.block_size, sizes.max_model_len,
+                         config.max_num_seqs, config.enable_prefix_caching, config.dtype, str(on),
+                         config.fast_path, str(model_path))
+
+    remote = None
+    if config.draft is not None and placement.draft is not None:
+        log.info("starting the draft process on %s", placement.draft)
+        remote = RemoteDrafter(spec(torch.device(placement.draft.torch_device)),
+                               RankSpec(1, placement.draft.cores, placement.threads_for(placement.draft) or 1),
+                               timeout_s=config.draft_timeout_s)
+    try:
+        return _start(config, placement, files, model_path, tokenizer, sizes, workers, spec, remote)
+    except BaseException:
+        if remote is not None:
+            remote.close()
+        raise
+
+
+def _start(config: EngineConfig, placement: Placement, files: ModelFiles, model_path: Path, tokenizer,
+           sizes: Sizes, workers: list, spec, remote: RemoteDrafter | None) -> Started:
     device = torch.device(placement.target[0].torch_device)
     tp = TensorParallel()
     if placement.tp > 1:
@@ -82,38 +103,23 @@ def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, 
     else:
         runner = ModelRunner(model, backend, **kwargs)
     eos_token_ids = eos_ids(model_path, model.args.eos_token_ids, tokenizer)
-    drafter, remote = None, None
+    drafter = None
     if config.draft is not None:
-        def spec(on: torch.device) -> DraftSpec:
-            return DraftSpec(str(draft_path), sizes.num_blocks, config.block_size, sizes.max_model_len,
-                             config.max_num_seqs, config.enable_prefix_caching, config.dtype, str(on),
-                             config.fast_path, str(model_path))
-
         drafter = build_drafter(spec(device))
         if drafter.runner.model.args.vocab_size != model.args.vocab_size:
             raise EngineError(
                 f"draft {config.draft} has a vocabulary of {drafter.runner.model.args.vocab_size}, the target"
                 f" {model.args.vocab_size}: pick a draft of the same model family"
             )
-        if placement.draft is not None:
-            log.info("starting the draft process on %s", placement.draft)
-            try:
-                remote = RemoteDrafter(
-                    spec(torch.device(placement.draft.torch_device)),
-                    RankSpec(1, placement.draft.cores, placement.threads_for(placement.draft) or 1),
-                    vocab_size=model.args.vocab_size, timeout_s=config.draft_timeout_s,
-                )
-            except DraftLost as exc:
-                raise EngineError(f"{exc}: check --draft-device, or run without it (draft in-process)") from exc
-    try:
-        blocks = BlockManager(sizes.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
-        core = EngineCore(runner, blocks, max_model_len=sizes.max_model_len, max_num_seqs=config.max_num_seqs,
-                          eos_token_ids=eos_token_ids, drafter=drafter, ssd_drafter=remote,
-                          prefill_chunk=config.prefill_chunk)
-    except BaseException:
-        if remote is not None:
-            remote.close()
-        raise
+    if remote is not None:
+        try:
+            remote.connect(model.args.vocab_size)
+        except DraftLost as exc:
+            raise EngineError(f"{exc}: check --draft-device, or run without it (draft in-process)") from exc
+    blocks = BlockManager(sizes.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+    core = EngineCore(runner, blocks, max_model_len=sizes.max_model_len, max_num_seqs=config.max_num_seqs,
+                      eos_token_ids=eos_token_ids, drafter=drafter, ssd_drafter=remote,
+                      prefill_chunk=config.prefill_chunk)
     return Started(core, model.args, eos_token_ids, remote)
 
 
