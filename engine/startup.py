@@ -123,10 +123,29 @@ def _start(config: EngineConfig, placement: Placement, files: ModelFiles, model_
     return Started(core, model.args, eos_token_ids, remote)
 
 
+BACKEND = "TokenizersBackend"  # transformers' class for a tokenizer.json (what its saves and our conversions name)
+
+
 def load_tokenizer(path: Path):
+    """The model directory's tokenizer, as AutoTokenizer loads it. Files that name transformers' TokenizersBackend
+    (and no code of their own) load that class directly: AutoTokenizer picks the same class for them (a test
+    checks, model by model) after importing its whole class map and the model's config, 1.7 s of every start."""
+    if _names_backend(path):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(path)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+def _names_backend(path: Path) -> bool:
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and config.get("tokenizer_class") == BACKEND and "auto_map" not in config
+            and (path / "tokenizer.json").is_file())
 
 
 IGNORED_CONFIG_KEYS = ("local_files_only", "name_or_path", "_name_or_path")  # how it was loaded, not the vocabulary

@@ -11,7 +11,7 @@ import pytest
 
 from engine import LLM
 from engine.errors import EngineError
-from engine.startup import same_tokenizer_files
+from engine.startup import load_tokenizer, same_tokenizer_files
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -67,3 +67,49 @@ def test_a_draft_with_reformatted_files_still_loads(tiny_llama_dir: Path, tmp_pa
     assert not same_tokenizer_files(tiny_llama_dir, draft)
     with LLM(str(tiny_llama_dir), draft=str(draft), max_model_len=128, block_size=4) as llm:
         assert llm.draft_path == draft
+
+
+def _alike(a, b) -> None:
+    text = "Hi <|im_start|>there, 東京 😀\n  def f(x):"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    assert type(a) is type(b)
+    assert a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+    assert (a.eos_token_id, a.bos_token_id, a.pad_token_id) == (b.eos_token_id, b.bos_token_id, b.pad_token_id)
+    assert a(text)["input_ids"] == b(text)["input_ids"]
+    assert a.apply_chat_template(messages, add_generation_prompt=True) == \
+        b.apply_chat_template(messages, add_generation_prompt=True)
+    ids = a(text)["input_ids"]
+    assert a.decode(ids, skip_special_tokens=True) == b.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen3_dir"])
+def test_the_direct_load_is_what_auto_tokenizer_loads(fixture, request) -> None:
+    """load_tokenizer skips AutoTokenizer for files naming TokenizersBackend: the same class and behaviour."""
+    from transformers import AutoTokenizer
+
+    path = request.getfixturevalue(fixture)
+    assert json.loads((path / "tokenizer_config.json").read_text())["tokenizer_class"] == "TokenizersBackend"
+    _alike(load_tokenizer(path), AutoTokenizer.from_pretrained(path))
+
+
+def test_the_shipped_pair_loads_directly_as_auto_tokenizer_would() -> None:
+    from transformers import AutoTokenizer
+
+    from engine.registry import SHIPPED_DRAFT_DIR, resolve_model
+
+    for path in (SHIPPED_DRAFT_DIR, resolve_model("smollm2-135m")):
+        _alike(load_tokenizer(path), AutoTokenizer.from_pretrained(path))
+
+
+def test_other_classes_go_through_auto_tokenizer(tiny_llama_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """A tokenizer_config naming another class (or code of its own) is AutoTokenizer's to resolve."""
+    import transformers
+
+    calls = []
+    auto = transformers.AutoTokenizer.from_pretrained
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda p: calls.append(p) or auto(p))
+    other = _copy(tiny_llama_dir, tmp_path / "other")
+    _edit_json(other / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+    load_tokenizer(other)
+    load_tokenizer(tiny_llama_dir)
+    assert calls == [other]
