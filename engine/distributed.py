@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from engine.affinity import pin
+from engine.affinity import pin, started_on
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,8 @@ def spawn_rank(
     ensure_resource_tracker()
     proc = ctx.Process(target=_child, args=(main, load, spec, port, world_size, os.getpid(), args), daemon=True,
                        name=f"ssd-chat-rank{spec.rank}")
-    proc.start()
+    with started_on(spec.cores):
+        proc.start()
     return proc
 
 
