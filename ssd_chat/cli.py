@@ -164,17 +164,31 @@ def root(
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
             return
+        load_engine = _engine_loader(target, engine_kwargs)  # loading from here on, beside the app's start
         from ssd_chat.history import ChatSettings
         from ssd_chat.tui import run_tui
 
         settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
                                 max_tokens=max_tokens, system=system)
-        from ssd_chat.tui.engine_process import EngineProcess, enabled
-
-        engine_class = EngineProcess if enabled() else LLM  # its own process: no GIL shared with the UI
-        code = run_tui(lambda: engine_class(target=target, **engine_kwargs), settings=settings, target=target,
-                       draft=lay.draft, resume=resume, speculation=spec)
+        code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
+                       speculation=spec)
     raise typer.Exit(code)
+
+
+def _engine_loader(target: str, engine_kwargs: dict):
+    """The chat app's engine loader. The engine process (SSD_CHAT_ENGINE_PROCESS, on by default: no GIL shared with
+    the UI) starts now, before the app imports and draws its UI, and the app's first load waits for it; a
+    restart starts another. With the engine in the app's process, each load builds an LLM then."""
+    from ssd_chat.tui.engine_process import EngineProcess, enabled
+
+    if not enabled():
+        return lambda: LLM(target=target, **engine_kwargs)
+    first = [EngineProcess.start(target, **engine_kwargs)]
+
+    def load():
+        return first.pop().wait_ready() if first else EngineProcess(target, **engine_kwargs)
+
+    return load
 
 
 def _in_a_terminal() -> bool:

@@ -58,6 +58,19 @@ class EngineProcess:
     the child's engine log lines to this process's "engine" logger and raises EngineError if loading failed."""
 
     def __init__(self, target: str, **kwargs: Any) -> None:
+        """Start the child and wait until it has loaded (`start`, then `wait_ready`)."""
+        self._start(target, kwargs)
+        self.wait_ready()
+
+    @classmethod
+    def start(cls, target: str, **kwargs: Any) -> EngineProcess:
+        """The child started, loading: call `wait_ready` before anything else. The chat app starts its engine so
+        before its own UI loads, and the two loads overlap."""
+        engine = cls.__new__(cls)
+        engine._start(target, kwargs)
+        return engine
+
+    def _start(self, target: str, kwargs: dict) -> None:
         ensure_resource_tracker()
         self._pipe, child_end = mp.Pipe()
         self._proc = mp.get_context("spawn").Process(target=_serve, args=(child_end, os.getpid(), target, kwargs),
@@ -69,17 +82,22 @@ class EngineProcess:
         self._lock = threading.Lock()  # one exchange at a time (the app runs one request at a time)
         self._send_lock = threading.Lock()  # a close from the UI thread may send while a reply streams
         atexit.register(self.close)
+
+    def wait_ready(self) -> EngineProcess:
+        """Wait for the child's load, forwarding its log lines; EngineError (or RuntimeError) if it failed, or was
+        stopped (stop_loading), and then it is closed."""
         try:
             kind, payload = self._receive()
             if kind != "ready":
                 raise _failure(kind, payload)
-        except (EngineError, RuntimeError):  # it failed to load, or it was stopped (stop_loading)
+        except (EngineError, RuntimeError):
             self.close()
             raise
         finally:
             with _loading_lock:
                 _loading.discard(self._proc)
         self.config, self.max_model_len, self._speculation, self.layout, self.tokenizer = payload
+        return self
 
     # -- ChatEngine ----------------------------------------------------------------------------------
     @property

@@ -127,8 +127,18 @@ def test_the_chat_app_gets_an_idle_draft_process_for_ssd(shipped, monkeypatch):
     from ssd_chat.tui import engine_process
 
     seen: dict = {}
+
+    class Started:  # the app's engine, started before the app
+        @classmethod
+        def start(cls, target, **kwargs):
+            seen.update(kwargs)
+            return cls()
+
+        def wait_ready(self):
+            return None
+
     monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: load_engine() or 0)
-    monkeypatch.setattr(engine_process, "EngineProcess", lambda **kwargs: seen.update(kwargs))  # the app's engine
+    monkeypatch.setattr(engine_process, "EngineProcess", Started)
     monkeypatch.setattr(cli, "LLM", lambda **kwargs: pytest.fail("the chat app's engine runs in its own process"))
     monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
     monkeypatch.setattr(defaults.affinity, "usable", lambda: {0, 1})

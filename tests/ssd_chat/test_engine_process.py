@@ -217,3 +217,26 @@ def test_a_dead_engine_process_keeps_its_pid_until_closed(tiny_llama_dir):
     assert shm_channel._running(pid)
     engine.close()
     assert not shm_channel._running(pid)
+
+
+def test_the_chat_apps_engine_starts_before_the_app_and_a_restart_starts_another(tiny_llama_dir, monkeypatch):
+    """cli._engine_loader starts the engine process at once (it loads while the app starts); the app's first load
+    waits for that one, a later load (/restart) starts a new one."""
+    from ssd_chat import cli
+    from ssd_chat.tui import engine_process
+
+    load = cli._engine_loader(str(tiny_llama_dir), dict(threads=1, max_model_len=128))
+    (started,) = list(engine_process._loading)  # spawned by the loader, before any load was asked for
+    first = load()
+    assert first._proc is started and not engine_process._loading
+    want = _final(first.chat(MESSAGES, GREEDY)).token_ids
+    second = load()
+    try:
+        assert second._proc is not started and _final(second.chat(MESSAGES, GREEDY)).token_ids == want
+    finally:
+        first.close()
+        second.close()
+    monkeypatch.setenv(engine_process.ENV, "0")  # the engine in the app's process: an LLM, built by each load
+    llm = cli._engine_loader(str(tiny_llama_dir), dict(threads=1, max_model_len=128))()
+    with llm:
+        assert isinstance(llm, LLM) and not engine_process._loading
