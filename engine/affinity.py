@@ -10,8 +10,6 @@ import functools
 import logging
 import os
 
-import torch
-
 log = logging.getLogger(__name__)
 
 
@@ -39,6 +37,8 @@ def pin(cores: tuple[int, ...] | set[int] | None, threads: int | None) -> None:
         else:
             _cannot_pin()
     if threads is not None:
+        import torch  # here: the chat app's process reads its cores (ssd_chat.defaults) without torch
+
         torch.set_num_threads(threads)
 
 

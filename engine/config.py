@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
-from engine.layers import low_bits, packed
 
 DEFAULT_TARGET = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer")
-DRAFT_WEIGHTS = low_bits.KINDS
-PACKED_KERNELS = ("auto", *packed.KERNELS)
+# (no torch here: the chat app's process imports this module before it starts the engine's)
+DRAFT_WEIGHTS = ("float32", "float16", "int8")  # engine.layers.low_bits's kinds
+CPU_MATMULS = ("mkl", "onednn", "panel", "panel4", "q8")  # engine.layers.packed's kernels
+PACKED_KERNELS = ("auto", *CPU_MATMULS)
 # Prompt tokens per prefill step. CPU: 256 let a cancel land within about a second even on one core of the
 # 2-vCPU VM, at no measurable cost in prefill speed on one core and ~5% on two (README, "Chunked prefill");
 # CUDA: not measured yet, vLLM's order of magnitude.
@@ -73,6 +74,8 @@ class EngineConfig:
         # only speculation runs several-row steps often enough to pay for the packed copies' memory (or, where
         # one-row steps gain from them too, every step: engine.layers.packed.one_row_pays); the compiled steps
         # (--compile) run MKL's GEMM, or the panel kernel as an op (engine.layers.panel.linear_op)
+        from engine.layers import packed
+
         few_rows = self.draft is not None or packed.one_row_pays(self.packed_kernel)
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
                         packed=self.packed_weights and few_rows
@@ -104,7 +107,7 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"packed kernel (--cpu-matmul) must be one of {', '.join(PACKED_KERNELS)}, got {self.packed_kernel!r}"
             )
-        if self.packed_kernel == "q8" and not self.on_cuda and not packed.available("q8"):
+        if self.packed_kernel == "q8" and not self.on_cuda and not _q8_builds():
             raise InvalidParameterError(
                 "--cpu-matmul q8 needs an x86 CPU with AVX2 and FMA and a C++ compiler: use --cpu-matmul auto"
             )
@@ -167,3 +170,9 @@ class SpeculationConfig:
             raise InvalidParameterError(f"backup must be one of {', '.join(BACKUPS)}, got {self.backup!r}")
         if self.draft_temperature is not None and not (0.0 <= self.draft_temperature <= 100.0):
             raise InvalidParameterError(f"draft_temperature must be between 0 and 100, got {self.draft_temperature}")
+
+
+def _q8_builds() -> bool:
+    from engine.layers import packed
+
+    return packed.available("q8")

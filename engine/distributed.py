@@ -17,7 +17,6 @@ import logging
 import multiprocessing as mp
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from engine.affinity import pin, started_on
+from engine.resource_tracker import ensure_resource_tracker
 
 log = logging.getLogger(__name__)
 
@@ -104,27 +104,6 @@ def make_collective_group(
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout
     return dist.ProcessGroupNCCL(store, rank, world_size, options)
-
-
-def ensure_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker (every spawned process and shared-memory block uses it) if it is not
-    running. Its start passes sys.stderr's file descriptor to the tracker process, and fails ("bad value(s) in
-    fds_to_keep") when an app has put a stream whose fileno() is -1 in sys.stderr, as Textual does while it runs:
-    then the process's real stderr goes instead."""
-    from multiprocessing import resource_tracker
-
-    stderr = sys.stderr
-    try:
-        replaced = stderr is not None and stderr.fileno() < 0 and sys.__stderr__ is not None
-    except (AttributeError, OSError, ValueError):  # no descriptor at all: the tracker start copes with that
-        replaced = False
-    if replaced:
-        sys.stderr = sys.__stderr__
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        if replaced:
-            sys.stderr = stderr
 
 
 def spawn_rank(

@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import torch
-
 from engine import affinity
 from engine.errors import InvalidParameterError
 
@@ -133,6 +131,8 @@ def _parse(text: str, option: str) -> tuple[str, list[int] | None]:
                 f"{option}: core {missing[0]} does not exist here (usable cores: {ranges(_cpus())})"
             )
     if kind == "cuda":
+        import torch  # here: plain CPU placements are read without it (ssd_chat.defaults, in the chat app's process)
+
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
             raise InvalidParameterError(f"{option} {text}: this machine has no CUDA device; use cpu:N instead")

@@ -24,11 +24,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine import smollm2
 from engine.errors import InvalidParameterError
+
+if TYPE_CHECKING:  # torch imports where a pair is built or measured: the registry lists the aliases without it
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +204,8 @@ def projection_shapes(s: PairShape) -> dict[str, tuple[int, int]]:
 
 def target_state_dict(settings: PairSettings, vocab_size: int) -> dict[str, torch.Tensor]:
     """The target's tensors, drawn in a fixed order from a generator seeded with ``settings.seed``."""
+    import torch
+
     s = settings.shape
     per_layer = projection_shapes(s)
     generator = torch.Generator().manual_seed(settings.seed)
@@ -236,6 +240,7 @@ def draft_state_dict(target: dict[str, torch.Tensor], draft_layers: int) -> dict
 
 def _save(out: Path, shape: PairShape, vocab_size: int, num_layers: int, tensors: dict[str, torch.Tensor], *,
           tied: bool, reduced_head: bool) -> None:
+    import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -282,28 +287,30 @@ def num_params(model_dir: Path) -> int:
     return total
 
 
-@torch.inference_mode()
 def greedy_agreement(target_dir: Path, draft_dir: Path, prompts: Sequence[str], num_tokens: int) -> float:
     """Fraction of positions where the draft's argmax equals the target's, teacher-forced along the
     target's own greedy continuation (``num_tokens`` per prompt, chat template applied) of each prompt."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not prompts or num_tokens < 1:
         raise InvalidParameterError("greedy_agreement needs at least one prompt and num_tokens >= 1")
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    with quiet_transformers():
-        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-        draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
-    matches = 0
-    for prompt in prompts:
-        prompt_ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=False, return_tensors="pt"
-        )  # [1, P]
-        sequence = target.generate(
-            prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
-            max_new_tokens=num_tokens, min_new_tokens=num_tokens, pad_token_id=PAD_ID,
-        )  # [1, P + N]
-        continuation = sequence[0, prompt_ids.shape[1]:]  # [N]: the target's greedy tokens
-        draft_logits = draft(sequence[:, :-1]).logits[0, prompt_ids.shape[1] - 1:]  # [N, V]
-        matches += int((draft_logits.argmax(-1) == continuation).sum())
-    return matches / (len(prompts) * num_tokens)
+    with torch.inference_mode():
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        with quiet_transformers():
+            target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+            draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+        matches = 0
+        for prompt in prompts:
+            prompt_ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=False,
+                return_tensors="pt",
+            )  # [1, P]
+            sequence = target.generate(
+                prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
+                max_new_tokens=num_tokens, min_new_tokens=num_tokens, pad_token_id=PAD_ID,
+            )  # [1, P + N]
+            continuation = sequence[0, prompt_ids.shape[1]:]  # [N]: the target's greedy tokens
+            draft_logits = draft(sequence[:, :-1]).logits[0, prompt_ids.shape[1] - 1:]  # [N, V]
+            matches += int((draft_logits.argmax(-1) == continuation).sum())
+        return matches / (len(prompts) * num_tokens)

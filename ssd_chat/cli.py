@@ -14,13 +14,13 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.config import DEFAULT_TARGET, SpeculationConfig
 from engine.errors import InvalidParameterError
 from engine.registry import list_models
@@ -56,6 +56,9 @@ from ssd_chat.cli_options import (
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import print_stream, run_plain
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError
+
+if TYPE_CHECKING:
+    import engine.llm
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
                 "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul", "backup", "fixed_k",
@@ -93,8 +96,16 @@ def _speculation(
                              adaptive_k=not fixed_k, lookup=not no_lookup)
 
 
+def LLM(**kwargs) -> engine.llm.LLM:  # the engine's class, imported on first use
+    """engine.LLM(**kwargs). torch and the models import here, not with the CLI: the chat app's process never
+    needs them (its engine runs in a process of its own, started before the app's UI loads)."""
+    from engine.llm import LLM as EngineLLM
+
+    return EngineLLM(**kwargs)
+
+
 @contextmanager
-def _open_llm(target: str, **engine_kwargs) -> Iterator[LLM]:
+def _open_llm(target: str, **engine_kwargs) -> Iterator[engine.llm.LLM]:
     llm = LLM(target=target, **engine_kwargs)
     try:
         yield llm

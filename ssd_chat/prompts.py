@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine import LLM
+if TYPE_CHECKING:
+    from engine import LLM
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 DEFAULT_PROMPTS = PROMPTS_DIR / "chat.jsonl"  # the held-out benchmark set

@@ -32,12 +32,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from engine.config import DRAFT_WEIGHTS
 from engine.layers import native, panel, panel8
 from engine.layers.packed import EVERY_STEP, bias_free_matmuls
 
 log = logging.getLogger(__name__)
 
-KINDS = ("float32", "float16", "int8")
+KINDS = DRAFT_WEIGHTS
 PANELS = os.environ.get("SSD_CHAT_DRAFT_PANELS", "1") != "0"  # int8 drafts on the panel kernels where they run
 
 LowBitsLinear = Callable[[torch.Tensor], torch.Tensor]  # x [..., K] -> [..., N]

@@ -83,11 +83,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_info
+from engine.config import CPU_MATMULS
 from engine.layers import native, panel, panel4, panel8, panel_cache
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("mkl", "onednn", "panel", "panel4", "q8")  # panel4: panel, with 4-bit copies of 4-bit weights (panel4.py)
+KERNELS = CPU_MATMULS  # panel4: panel, with 4-bit copies of 4-bit weights (panel4.py)
 # rows beyond these run faster on the plain GEMM (tables above)
 MAX_ROWS = {"mkl": 8, "onednn": 32, "panel": 32, "panel4": 32, "q8": 32}
 PANELS = ("panel", "panel4", "q8")  # the kernels that run engine.layers.panel's kernels

@@ -23,11 +23,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from engine.config import SpeculationConfig
-from engine.distributed import ensure_resource_tracker
 from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished
+from engine.resource_tracker import ensure_resource_tracker
 from engine.sampling_params import SamplingParams
-from engine.shm_channel import release_blocks_of
 
 ENV = "SSD_CHAT_ENGINE_PROCESS"
 ENGINE_LOGGER = "engine"
@@ -176,6 +175,8 @@ class EngineProcess:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+        from engine.shm_channel import release_blocks_of  # (torch: not imported before the engine starts)
+
         release_blocks_of(self._proc.pid)
 
     # -- the wire --------------------------------------------------------------------------------------

@@ -1,0 +1,54 @@
+"""Start-up: the chat app's process imports neither torch nor transformers (its engine runs in a process of its
+own), and it starts that process before it imports Textual, so that the engine loads while the app starts. Each
+check runs in a fresh interpreter: this one has imported everything already."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+HEAVY = ("torch", "transformers", "textual")
+
+
+def _run(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_cli_and_the_chat_app_import_no_torch():
+    loaded = _run(f"""
+        import json, sys
+        import ssd_chat.cli, ssd_chat.tui, ssd_chat.tui.app, ssd_chat.tui.engine_process
+        print(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))
+    """)
+    assert loaded == {"torch": False, "transformers": False, "textual": True}
+
+
+def test_the_engine_process_starts_before_the_app_imports_textual():
+    seen = _run(f"""
+        import json, sys
+        from ssd_chat import cli
+        from ssd_chat.tui import engine_process
+
+        seen = {{}}
+
+        class Started:
+            @classmethod
+            def start(cls, target, **kwargs):
+                seen.update({{m: m in sys.modules for m in {HEAVY!r}}}, target=target)
+                raise SystemExit(0)
+
+        engine_process.EngineProcess = Started
+        cli._in_a_terminal = lambda: True
+        sys.argv = ["ssd-chat"]
+        try:
+            cli.main()
+        except SystemExit:
+            pass
+        print(json.dumps(seen))
+    """)
+    assert seen == {"torch": False, "transformers": False, "textual": False, "target": "smollm2-135m"}
