@@ -24,10 +24,14 @@ from array import array
 from collections.abc import Callable
 from multiprocessing import shared_memory
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from engine.resource_tracker import ensure_resource_tracker
 
-from engine.distributed import Channel, ensure_resource_tracker
+if TYPE_CHECKING:  # no torch at run time: the chat app's process removes a killed engine's blocks (release_blocks_of)
+    import torch
+
+    from engine.distributed import Channel
 
 CAPACITY = 1 << 16        # int64 payload slots a mailbox (512 KB)
 SPIN_S = 0.05             # spin this long (letting other threads run between checks: the chat app's UI), then

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -27,6 +28,7 @@ from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished
 from engine.resource_tracker import ensure_resource_tracker
 from engine.sampling_params import SamplingParams
+from engine.shm_channel import release_blocks_of
 
 ENV = "SSD_CHAT_ENGINE_PROCESS"
 ENGINE_LOGGER = "engine"
@@ -175,8 +177,6 @@ class EngineProcess:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
-        from engine.shm_channel import release_blocks_of  # (torch: not imported before the engine starts)
-
         release_blocks_of(self._proc.pid)
 
     # -- the wire --------------------------------------------------------------------------------------
@@ -277,6 +277,17 @@ def _serve(pipe, parent: int, target: str, kwargs: dict) -> None:
         pass  # the app is gone
     finally:
         llm.close()
+        _exit_now()
+
+
+def _exit_now() -> None:
+    """End the child once its engine is closed (its ranks stopped, its shared memory removed), skipping the
+    interpreter's teardown: freeing torch's and the models' objects one by one took 1.6 s of every quit."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _stream(llm, pipe, messages, params, pending: deque) -> bool:

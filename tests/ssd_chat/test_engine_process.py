@@ -11,10 +11,11 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, shm_channel
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.outputs import FinishReason, PrefillProgress, RequestFinished, TokenDelta
@@ -142,6 +143,8 @@ def test_ssd_with_a_draft_process_runs_inside_it(tiny_llama_dir):
     finally:
         engine.close()
     assert not engine._proc.is_alive()
+    assert engine._proc.exitcode == 0  # it closed its engine and ended itself (_exit_now), not killed by close()
+    assert not list(Path("/dev/shm").glob(f"{shm_channel.PREFIX}{engine._proc.pid}_*"))
 
 
 def test_stop_loading_kills_an_engine_process_that_is_still_loading(tiny_llama_dir):
