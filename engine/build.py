@@ -45,7 +45,7 @@ def build_drafter(spec: DraftSpec) -> SsdDrafter:
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
                         device=device, embedding_files=borrowed, k_major=spec.fast.k_major,
                         packed=spec.fast.packed, packed_kernel=spec.fast.packed_kernel,
-                        low_bits=spec.fast.draft_weights)
+                        low_bits=spec.fast.draft_weights, release=not spec.fast.compile)
     runner = ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
                          block_size=spec.block_size, device=device, dtype=dtype,
                          extra_slots=spec.max_num_seqs * SCRATCH_SLOTS,
@@ -63,7 +63,7 @@ def build_target_shard(spec: TargetShardSpec, group) -> ModelRunner:
         make_collective_group(spec.nccl_port, spec.rank, spec.tp, device, WORKER_TIMEOUT)
     model = build_model(files.config, files.weight_files, max_positions=spec.max_model_len, dtype=dtype,
                         device=device, tp=TensorParallel(spec.rank, spec.tp, collective), k_major=spec.fast.k_major,
-                        packed=spec.fast.packed, packed_kernel=spec.fast.packed_kernel)
+                        packed=spec.fast.packed, packed_kernel=spec.fast.packed_kernel, release=not spec.fast.compile)
     return ModelRunner(model, make_backend(spec.fast.attention, device, dtype), num_blocks=spec.num_blocks,
                        block_size=spec.block_size, device=device, dtype=dtype,
                        **fast_kwargs(spec.fast, device, tp=spec.tp, max_keys=spec.max_model_len))

@@ -174,10 +174,11 @@ class LLM:
         from engine.layers import packed
 
         model = self.core.runner.model
-        total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied tensor counted once
+        held = {id(p): p.numel() * p.element_size() for p in model.parameters()}  # a tied tensor counted once
         low_bit = {id(m.weight): m for m in packed.bias_free_matmuls(model)
                    if isinstance(getattr(m, "packed", None), packed.LOW_BIT)}
-        return total + sum(m.packed.nbytes - m.weight.numel() * m.weight.element_size() for m in low_bit.values())
+        # a low-bit copy's panels in place of its float32 weight (held, or released at load: engine.layers.unread)
+        return sum(held.values()) + sum(m.packed.nbytes - held.get(key, 0) for key, m in low_bit.items())
 
     @property
     def layout(self) -> dict[str, str]:

@@ -21,6 +21,7 @@ from engine.layers.linear import to_k_major
 from engine.layers.low_bits import quantize_weights
 from engine.layers.packed import pack_weights
 from engine.layers.parallel import SINGLE, TensorParallel
+from engine.layers.unread import release_unread
 from engine.models.args import ModelArgs
 from engine.models.llama import PACKED, CausalLM
 
@@ -120,8 +121,10 @@ def _missing(model: CausalLM, loaded: set[str]) -> list[str]:
 def build_model(
     config: dict, weight_files: Iterable[Path], *, max_positions: int, dtype: torch.dtype,
     device: torch.device, tp: TensorParallel = SINGLE, embedding_files: Iterable[Path] = (), k_major: bool = True,
-    packed: bool = False, packed_kernel: str = "auto", low_bits: str = "float32",
+    packed: bool = False, packed_kernel: str = "auto", low_bits: str = "float32", release: bool = False,
 ) -> CausalLM:
+    """The model, loaded; on the CPU with its fast copies (K-major, packed, fewer-bit); `release`: then without
+    the float32 weights no eager step reads (engine.layers.unread; not for compiled steps)."""
     args = ModelArgs.from_hf_config(config)
     with torch.device(device):
         model = CausalLM(args, max_positions=max_positions, tp=tp)
@@ -134,4 +137,6 @@ def build_model(
     fewer_bits = dtype == torch.float32 and quantize_weights(model, low_bits) > 0
     if packed and not fewer_bits and torch.device(device).type == "cpu":
         pack_weights(model, packed_kernel)
+    if release and torch.device(device).type == "cpu":
+        release_unread(model)
     return model.eval()

@@ -93,7 +93,7 @@ def _start(config: EngineConfig, placement: Placement, files: ModelFiles, model_
     log.info("loading %s (%s) on %s", config.target, model_path, device)
     model = build_model(files.config, files.weight_files, max_positions=sizes.max_model_len, dtype=sizes.dtype,
                         device=device, tp=tp, k_major=config.k_major_weights, packed=config.fast_path.packed,
-                        packed_kernel=config.packed_kernel)
+                        packed_kernel=config.packed_kernel, release=not config.compile)
     kwargs = dict(num_blocks=sizes.num_blocks, block_size=config.block_size, device=device, dtype=sizes.dtype,
                   **fast_kwargs(config.fast_path, device, tp=placement.tp, max_keys=sizes.max_model_len,
                                 rows=config.draft is not None))

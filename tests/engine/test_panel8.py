@@ -11,6 +11,7 @@ import torch
 from engine import LLM
 from engine.config import SpeculationConfig
 from engine.layers import packed, panel, panel4, panel8
+from engine.layers.unread import Released
 from tests.engine.test_panel4 import GREEDY, PROMPTS, assert_float32_panel_bits, q4_form, rewritten
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
@@ -96,6 +97,8 @@ def test_compiled_steps_on_an_8bit_head_keep_greedy_ar(low_bit_model, tiny_llama
     with LLM(str(low_bit_model), draft=str(tiny_llama_dir), packed_kernel="panel4", compile=True,
              block_size=4) as llm:
         assert llm.core.runner.compiled is not None and _low_bit(llm, panel8.Panel8)
+        # a compiled step's panel op takes the weights: none released
+        assert not any(isinstance(getattr(m, "weight", None), Released) for m in llm.core.runner.model.modules())
         for mode in ("ar", "sd"):
             llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
             runs = llm.core.runner.compiled.num_runs

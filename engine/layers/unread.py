@@ -1,0 +1,87 @@
+"""Releasing the float32 weights that no step reads.
+
+On the CPU most matmuls of the embedded pair run from copies made at load: the target's 4-bit and 8-bit panels
+(engine.layers.packed, panel4 and q8, for every row count) and the draft's int8 or float16 products
+(engine.layers.low_bits). The float32 weight they were made from then only sat in memory: 425 MB of SmolLM2's
+layers in the engine process, 71 MB of the draft's in each process that holds it.
+
+`release_unread` swaps such a weight for a `Released` tensor: its shape, dtype and sizes stay for whoever reads
+them (the fused layers, the stats), and anything else, a read of its values above all, raises. (A bare meta tensor
+would not do: F.linear of a CPU input and a meta weight returns a CPU tensor of whatever memory held.) A weight the
+embedding shares (a tied head) stays: the lookups read it. Not under --compile: a compiled step's panel op takes
+the weight as an operand (engine.layers.panel.linear_op).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import sys
+
+import torch
+from torch import nn
+
+from engine.layers import packed as packed_copies
+
+log = logging.getLogger(__name__)
+
+
+class Released(torch.Tensor):
+    """A released weight: no storage, and an error for any use but its shape, dtype and sizes."""
+
+    METADATA = frozenset((torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.ndim.__get__,
+                          torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.element_size))
+
+    @staticmethod
+    def like(weight: torch.Tensor) -> Released:
+        return torch.Tensor._make_subclass(Released, torch.empty(weight.shape, dtype=weight.dtype, device="meta"))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in cls.METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", str(func))
+        raise RuntimeError(f"{name} read a float32 weight released at load (engine.layers.unread): a step that reads "
+                           "it needs release=False")
+
+
+def unread(module: nn.Module) -> bool:
+    """Whether every eager step of the module takes another copy than its float32 weight: a fewer-bit product,
+    or a low-bit panel copy for every row count."""
+    if getattr(module, "low_bits", None) is not None:
+        return True
+    copy = getattr(module, "packed", None)
+    return isinstance(copy, packed_copies.LOW_BIT) and module.packed_min_rows <= 1 \
+        and module.packed_rows >= packed_copies.EVERY_STEP
+
+
+def release_unread(model: nn.Module) -> int:
+    """Swap every unread float32 matmul weight of a CPU model for a `Released` of its shape; returns the bytes
+    released."""
+    from engine.layers.embedding import VocabParallelEmbedding
+
+    looked_up = {id(m.weight) for m in model.modules() if type(m) is VocabParallelEmbedding}
+    released = 0
+    for module in packed_copies.bias_free_matmuls(model):
+        weight = module.weight
+        if weight.device.type != "cpu" or id(weight) in looked_up or not unread(module):
+            continue
+        released += weight.numel() * weight.element_size()
+        del module.weight  # a parameter no longer: the model's parameters are the weights it holds
+        module.weight = Released.like(weight)
+    if released:
+        log.info("released %.0f MB of float32 weights that no step reads", released / 1e6)
+    return_freed_memory()
+    return released
+
+
+def return_freed_memory() -> None:
+    """Hand the C heap's free memory back to the OS (glibc's malloc_trim; elsewhere nothing). glibc keeps what a
+    load freed (its weights' transient copies, the released weights) for later allocations: 350 MB of the
+    engine's resident memory after SmolLM2's load."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
