@@ -42,22 +42,6 @@ def pin(cores: tuple[int, ...] | set[int] | None, threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-@contextlib.contextmanager
-def started_on(cores: tuple[int, ...] | None):
-    """Around a child process's start: the calling thread's affinity is `cores`, which the child inherits from its
-    first instruction (Linux), so that its imports run on its own cores. Pinned only once they were done, a draft
-    process's 1.4 s of imports ran on the leader's core, beside the target's load."""
-    if cores is None or not can_pin():
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, set(cores))
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 @functools.cache
 def _cannot_pin() -> None:
     log.info("this OS does not pin threads to cores: cpu:N placements set thread counts only")

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from engine.affinity import pin, started_on
-from engine.resource_tracker import ensure_resource_tracker
+from engine.affinity import pin
+from engine.spawning import ensure_resource_tracker, interrupts_blocked, started_on
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def spawn_rank(
     ensure_resource_tracker()
     proc = ctx.Process(target=_child, args=(main, load, spec, port, world_size, os.getpid(), args), daemon=True,
                        name=f"ssd-chat-rank{spec.rank}")
-    with started_on(spec.cores):
+    with started_on(spec.cores), interrupts_blocked():  # the leader takes a Ctrl-C and stops its ranks
         proc.start()
     return proc
 

@@ -26,7 +26,7 @@ from multiprocessing import shared_memory
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.resource_tracker import ensure_resource_tracker
+from engine.spawning import ensure_resource_tracker
 
 if TYPE_CHECKING:  # no torch at run time: the chat app's process removes a killed engine's blocks (release_blocks_of)
     import torch

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
-from engine.resource_tracker import ensure_resource_tracker
+from engine.spawning import ensure_resource_tracker
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.engine_worker import ChatEngine
 

@@ -26,9 +26,9 @@ from typing import Any
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished
-from engine.resource_tracker import ensure_resource_tracker
 from engine.sampling_params import SamplingParams
 from engine.shm_channel import release_blocks_of
+from engine.spawning import ensure_resource_tracker, interrupts_blocked
 
 ENV = "SSD_CHAT_ENGINE_PROCESS"
 ENGINE_LOGGER = "engine"
@@ -76,7 +76,7 @@ class EngineProcess:
         self._pipe, child_end = mp.Pipe()
         self._proc = mp.get_context("spawn").Process(target=_serve, args=(child_end, os.getpid(), target, kwargs),
                                                      name="ssd-chat-engine")
-        with _loading_lock:
+        with _loading_lock, interrupts_blocked():  # a Ctrl-C before Textual has the terminal is the app's to take
             self._proc.start()
             _loading.add(self._proc)
         child_end.close()
@@ -143,7 +143,10 @@ class EngineProcess:
     def close(self) -> None:
         """Stop the child (its engine closes its draft and TP processes). Idempotent."""
         atexit.unregister(self.close)
-        if self._proc.is_alive():
+        with _loading_lock:
+            loading = self._proc in _loading
+            _loading.discard(self._proc)
+        if self._proc.is_alive() and not loading:  # one still loading reads no message before it is done: killed
             with contextlib.suppress(RuntimeError):
                 self._send(("close",))  # a reply under way is cancelled first
             self._proc.join(10)

@@ -65,19 +65,3 @@ def test_the_embedded_pair_splits_the_cores_without_affinity_calls(no_affinity_c
     if os.cpu_count() >= 2:  # SSD's draft process gets the last core, the target the others
         assert layout.draft_device == f"cpu:{os.cpu_count() - 1}" and layout.target_devices is not None
 
-
-@pytest.mark.skipif(not affinity.can_pin() or len(affinity.usable()) < 2, reason="needs two cores and pinning")
-def test_a_child_starts_on_its_own_cores_and_the_caller_keeps_its_own():
-    """started_on: the child runs on its cores from its first instruction (its imports too), the caller's thread
-    gets its affinity back."""
-    import subprocess
-
-    before = os.sched_getaffinity(0)
-    last = max(before)
-    with affinity.started_on((last,)):
-        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
-                               capture_output=True, text=True, check=True)
-    assert child.stdout.strip() == f"[{last}]"
-    assert os.sched_getaffinity(0) == before
-    with affinity.started_on(None):  # unpinned: nothing changes
-        assert os.sched_getaffinity(0) == before

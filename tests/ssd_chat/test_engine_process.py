@@ -243,3 +243,14 @@ def test_the_chat_apps_engine_starts_before_the_app_and_a_restart_starts_another
     llm = cli._engine_loader(str(tiny_llama_dir), dict(threads=1, max_model_len=128))()
     with llm:
         assert isinstance(llm, LLM) and not engine_process._loading
+
+
+def test_closing_an_engine_that_is_still_loading_kills_it(tiny_llama_dir):
+    """A child still loading reads no message until it is done: close() (the app's exit on a Ctrl-C before its UI
+    is up) kills it rather than waiting for its load and then its close."""
+    from ssd_chat.tui import engine_process
+
+    engine = EngineProcess.start(str(tiny_llama_dir), threads=1)  # spawned: importing torch for a second or more
+    engine.close()
+    assert not engine._proc.is_alive() and engine._proc.exitcode == -9
+    assert engine._proc not in engine_process._loading

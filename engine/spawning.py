@@ -1,0 +1,65 @@
+"""What a child process starts with: the resource tracker it shares, its cores, and no Ctrl-C.
+
+No torch here: the chat app's process starts its engine's process with these, and imports no torch itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+from engine.affinity import can_pin
+
+
+def ensure_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (every spawned process and shared-memory block uses it) if it is not
+    running. Its start passes sys.stderr's file descriptor to the tracker process, and fails ("bad value(s) in
+    fds_to_keep") when an app has put a stream whose fileno() is -1 in sys.stderr, as Textual does while it runs:
+    then the process's real stderr goes instead."""
+    from multiprocessing import resource_tracker
+
+    stderr = sys.stderr
+    try:
+        replaced = stderr is not None and stderr.fileno() < 0 and sys.__stderr__ is not None
+    except (AttributeError, OSError, ValueError):  # no descriptor at all: the tracker start copes with that
+        replaced = False
+    if replaced:
+        sys.stderr = sys.__stderr__
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if replaced:
+            sys.stderr = stderr
+
+
+@contextlib.contextmanager
+def started_on(cores: tuple[int, ...] | None):
+    """Around a child process's start: the calling thread's affinity is `cores`, which the child inherits from its
+    first instruction (Linux), so that its imports run on its own cores. Pinned only once they were done, a draft
+    process's 1.4 s of imports ran on the leader's core, beside the target's load."""
+    if cores is None or not can_pin():
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cores))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextlib.contextmanager
+def interrupts_blocked():
+    """Around a child process's start: SIGINT blocked in the calling thread, so the child starts with it blocked
+    (the mask survives exec). A Ctrl-C in the terminal reaches the whole process group; the leader takes it and
+    stops its children (a draft process still importing torch printed a traceback and was reported as failed)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
