@@ -3,7 +3,7 @@
 On the CPU most matmuls of the embedded pair run from copies made at load: the target's 4-bit and 8-bit panels
 (engine.layers.packed, panel4 and q8, for every row count) and the draft's int8 or float16 products
 (engine.layers.low_bits). The float32 weight they were made from then only sat in memory: 425 MB of SmolLM2's
-layers in the engine process, 71 MB of the draft's in each process that holds it.
+layers in the engine process, 75 MB of the draft's in each process that holds it.
 
 `release_unread` swaps such a weight for a `Released` tensor: its shape, dtype and sizes stay for whoever reads
 them (the fused layers, the stats), and anything else, a read of its values above all, raises. (A bare meta tensor
