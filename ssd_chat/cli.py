@@ -175,14 +175,16 @@ def root(
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
             return
-        load_engine = _engine_loader(target, engine_kwargs)  # loading from here on, beside the app's start
-        from ssd_chat.history import ChatSettings
-        from ssd_chat.tui import run_tui
+        from ssd_chat.tui import keys_reach_the_app, run_tui
 
-        settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
-                                max_tokens=max_tokens, system=system)
-        code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
-                       speculation=spec)
+        with keys_reach_the_app():
+            load_engine = _engine_loader(target, engine_kwargs)  # loading from here on, beside the app's start
+            from ssd_chat.history import ChatSettings
+
+            settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
+                                    max_tokens=max_tokens, system=system)
+            code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
+                           speculation=spec)
     raise typer.Exit(code)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
-from collections.abc import Callable
+import sys
+import termios
+from collections.abc import Callable, Iterator
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
@@ -35,4 +38,26 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
     return app.return_code or 0
 
 
-__all__ = ["run_tui"]
+@contextlib.contextmanager
+def keys_reach_the_app() -> Iterator[None]:
+    """Until the app has the terminal: its flow control (IXON) off, so that a Ctrl+Q pressed while the app still
+    starts waits in the input for the app (which quits on it) instead of being taken by the terminal as XON
+    (it was lost: the app loaded to "ready"). The terminal's settings are restored after."""
+    try:
+        fd = sys.stdin.fileno()
+        before = termios.tcgetattr(fd)
+    except (AttributeError, OSError, ValueError, termios.error):  # not a terminal
+        yield
+        return
+    changed = list(before)
+    changed[0] &= ~termios.IXON  # iflag
+    with contextlib.suppress(termios.error):
+        termios.tcsetattr(fd, termios.TCSANOW, changed)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(termios.error):
+            termios.tcsetattr(fd, termios.TCSANOW, before)
+
+
+__all__ = ["keys_reach_the_app", "run_tui"]

@@ -52,3 +52,31 @@ def test_the_engine_process_starts_before_the_app_imports_textual():
         print(json.dumps(seen))
     """)
     assert seen == {"torch": False, "transformers": False, "textual": False, "target": "smollm2-135m"}
+
+
+def test_a_ctrl_q_before_the_app_has_the_terminal_waits_for_it(monkeypatch):
+    """keys_reach_the_app: the terminal's flow control (IXON, which takes Ctrl+Q as XON) is off until the app runs,
+    so an early Ctrl+Q reaches it; the settings are restored after, and a stdin that is no terminal is left be."""
+    import io
+    import os
+    import termios
+
+    from ssd_chat.tui import keys_reach_the_app
+
+    leader, follower = os.openpty()
+    try:
+        attrs = termios.tcgetattr(follower)
+        attrs[0] |= termios.IXON
+        termios.tcsetattr(follower, termios.TCSANOW, attrs)
+        monkeypatch.setattr(sys, "stdin", os.fdopen(follower, "r", closefd=False))
+        with keys_reach_the_app():
+            assert not termios.tcgetattr(follower)[0] & termios.IXON
+            os.write(leader, b"\x11\n")  # Ctrl+Q stays in the input (a terminal's XON would take it: b"\n")
+            assert os.read(follower, 16) == b"\x11\n"
+        assert termios.tcgetattr(follower) == attrs
+    finally:
+        os.close(leader)
+        os.close(follower)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("piped"))
+    with keys_reach_the_app():
+        pass
