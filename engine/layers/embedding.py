@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelFilesError
+from engine.layers import panel8
 from engine.layers.packed import linear
 from engine.layers.parallel import SINGLE, TensorParallel
 
@@ -29,7 +30,11 @@ class VocabParallelEmbedding(nn.Module):
         part = full[self.vocab_start : self.vocab_start + self.vocab_local]
         param.data[: part.shape[0]].copy_(part)
 
+    rows8: panel8.Panel8 | None = None  # its 8-bit copy, for lookups once the weight is released (layers.unread)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [N] -> [N, D]
+        if self.rows8 is not None:
+            return panel8.rows(self.rows8, ids)
         if self.tp.size == 1:
             return F.embedding(ids, self.weight)
         local = ids - self.vocab_start

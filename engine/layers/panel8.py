@@ -93,6 +93,15 @@ def compress(weight: torch.Tensor) -> Panel8 | None:
     return from_rows(q.view(n, k).to(torch.int8), d.view(n, k // BLOCK))
 
 
+def rows(copy: Panel8, ids: torch.Tensor) -> torch.Tensor:
+    """ids [N] (long) -> the weight's rows [N, K] float32, the very bits it was compressed from (d * q is exact in
+    float32: 11 significant bits times 7): an embedding's lookups from its 8-bit copy (engine.layers.unread)."""
+    p, c = ids // panel.WIDTH, ids % panel.WIDTH
+    q, d = copy.q[p, :, c], copy.d[p, :, c]  # [N, K] int8, [N, K / 32] float32
+    n, k = q.shape
+    return (q.float().view(n, k // BLOCK, BLOCK) * d.unsqueeze(-1)).view(n, k)
+
+
 def from_rows(q: torch.Tensor, d: torch.Tensor, q8: bool = False) -> Panel8:
     """q [N, K] int8 and d [N, K / 32] float32 (a scale per 32 inputs of each output; N, K whole panels and
     blocks) -> their panels."""

@@ -10,6 +10,10 @@ them (the fused layers, the stats), and anything else, a read of its values abov
 would not do: F.linear of a CPU input and a meta weight returns a CPU tensor of whatever memory held.) A weight the
 embedding shares (a tied head) stays: the lookups read it. Not under --compile: a compiled step's panel op takes
 the weight as an operand (engine.layers.panel.linear_op).
+
+The embedding's float32 weight goes too where it is 8-bit values: its lookups then read the rows from an 8-bit
+copy, the same bits (the head's copy where the two are tied; 113 MB of SmolLM2's, in the engine process, the
+draft's there and in the draft process).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from torch import nn
 
 from engine.layers import packed as packed_copies
+from engine.layers import panel8, panel_cache
 
 log = logging.getLogger(__name__)
 
@@ -58,25 +63,47 @@ def unread(module: nn.Module) -> bool:
 
 
 def release_unread(model: nn.Module) -> int:
-    """Swap every unread float32 matmul weight of a CPU model for a `Released` of its shape; returns the bytes
-    released."""
+    """Swap every unread float32 matmul weight of a CPU model for a `Released` of its shape, and the embedding's
+    where its rows can come from an 8-bit copy (`_lookups_from_8_bits`); returns the bytes released."""
     from engine.layers.embedding import VocabParallelEmbedding
 
-    looked_up = {id(m.weight) for m in model.modules() if type(m) is VocabParallelEmbedding}
-    released = 0
-    for module in packed_copies.bias_free_matmuls(model):
+    embeddings = [m for m in model.modules() if type(m) is VocabParallelEmbedding]
+    looked_up = {id(m.weight) for m in embeddings if not _lookups_from_8_bits(m, model)}
+    released, done = 0, {}
+    for module in [*packed_copies.bias_free_matmuls(model), *embeddings]:
         weight = module.weight
-        if weight.device.type != "cpu" or id(weight) in looked_up or not unread(module):
+        if isinstance(weight, Released) or weight.device.type != "cpu" or id(weight) in looked_up:
             continue
-        released += weight.numel() * weight.element_size()
+        if type(module) is not VocabParallelEmbedding and not unread(module):
+            continue
+        if id(weight) not in done:
+            released += weight.numel() * weight.element_size()
+            done[id(weight)] = Released.like(weight)
         del module.weight  # a parameter no longer: the model's parameters are the weights it holds
-        module.weight = Released.like(weight)
+        module.weight = done[id(weight)]
     if released:
         log.info("released %.0f MB of float32 weights that no step reads", released / 1e6)
     return_freed_memory()
     return released
 
 
+def _lookups_from_8_bits(embedding: nn.Module, model: nn.Module) -> bool:
+    """Give a one-rank CPU embedding whose weight is 8-bit values (SmolLM2's, Q8_0) its lookups from an 8-bit copy
+    (`rows8`, the same float32 bits): the copy of the head it is tied to, whose steps all read that copy, or else
+    one of its own (engine.layers.panel_cache: made once, then read from disk; 34 MB against 113). Whether it did."""
+    weight = embedding.weight
+    if embedding.tp.size != 1 or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return False
+    tied = [m for m in packed_copies.bias_free_matmuls(model) if m.weight is weight]
+    if tied:
+        head = tied[0]
+        copy = head.packed if unread(head) and getattr(head, "low_bits", None) is None else None
+    else:
+        copy = panel_cache.low_bit(weight)
+    if not isinstance(copy, panel8.Panel8):
+        return False
+    embedding.rows8 = copy
+    return True
 def return_freed_memory() -> None:
     """Hand the C heap's free memory back to the OS (glibc's malloc_trim; elsewhere nothing). glibc keeps what a
     load freed (its weights' transient copies, the released weights) for later allocations: 350 MB of the

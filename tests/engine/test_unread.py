@@ -1,6 +1,7 @@
-"""Float32 weights that no step reads are released at load (engine.layers.unread): the target's layers and untied
-head on low-bit panels, the draft's fewer-bit matmuls; a tied head stays (the embedding's lookups read it), as does
-every weight under --compile; a released weight keeps its shape and raises on any other use."""
+"""Float32 weights that no step reads are released at load (engine.layers.unread): the target's layers and head on
+low-bit panels, the draft's fewer-bit matmuls, and an embedding of 8-bit values, whose lookups then read the same
+bits from an 8-bit copy (the tied head's, or its own); every weight stays under --compile; a released weight keeps
+its shape and raises on any other use."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import torch.nn.functional as F
 
 from engine import LLM
 from engine.config import SpeculationConfig
-from engine.layers import packed, panel
+from engine.layers import packed, panel, panel8
 from engine.layers.embedding import VocabParallelEmbedding
 from engine.layers.unread import Released, release_unread, unread
-from tests.engine.test_panel4 import GREEDY, PROMPTS
-from tests.engine.test_panel8 import low_bit_model  # noqa: F401 (a fixture)
+from tests.engine.test_panel4 import GREEDY, PROMPTS, q4_form, rewritten
+from tests.engine.test_panel8 import low_bit_model, q8_form  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
@@ -39,8 +40,9 @@ def test_the_low_bit_target_and_the_int8_draft_release_their_float32_weights(low
         target = llm.core.runner.model
         matmuls = packed.bias_free_matmuls(target)
         assert all(unread(m) for m in matmuls)  # every layer and the untied head on low-bit panels
-        assert sorted(_released(target)) == sorted(n for n, m in target.named_modules() if m in matmuls)
-        assert not isinstance(target.model.embed_tokens.weight, Released)  # the lookups read it
+        embed = target.model.embed_tokens  # untied, of 8-bit values: its lookups from a copy of its own
+        assert sorted(_released(target)) == sorted(n for n, m in target.named_modules() if m in [*matmuls, embed])
+        assert isinstance(embed.rows8, panel8.Panel8) and embed.rows8 is not target.lm_head.packed
         draft = llm.core.drafter.runner.model
         assert _released(draft) and all(isinstance(m.weight, Released) for m in packed.bias_free_matmuls(draft)
                                          if type(m) is not VocabParallelEmbedding and unread(m))
@@ -48,17 +50,56 @@ def test_the_low_bit_target_and_the_int8_draft_release_their_float32_weights(low
         for mode in ("ar", "sd"):
             llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
             got[mode] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-    with LLM(str(low_bit_model), packed_kernel="panel", threads=1) as whole:  # float32 panels: nothing released
-        assert _released(whole.core.runner.model) == []
+    with LLM(str(low_bit_model), packed_kernel="panel", threads=1) as whole:  # float32 panels, read by the steps
+        assert _released(whole.core.runner.model) == ["model.embed_tokens"]  # its lookups still from 8 bits
         want = [o.token_ids for o in whole.generate(PROMPTS, GREEDY)]
     assert got["ar"] == got["sd"] == want
 
 
-def test_a_tied_head_stays_and_a_model_without_low_bit_copies_keeps_everything(tiny_qwen3_dir, tiny_llama_dir):
+def test_an_8bit_copy_gives_the_embeddings_rows_bit_for_bit():
+    weight = q8_form(torch.randn(320, 64, generator=torch.Generator().manual_seed(7)))
+    copy = panel8.compress(weight)
+    ids = torch.tensor([0, 31, 32, 319, 5, 5, 200])
+    assert torch.equal(panel8.rows(copy, ids).view(torch.int32), weight[ids].view(torch.int32))
+    assert torch.equal(panel8.rows(copy, torch.arange(320)).view(torch.int32), weight.view(torch.int32))
+
+
+def test_a_tied_8bit_head_gives_the_lookups_and_both_go(tiny_qwen3_dir, tiny_llama_dir, tmp_path):
+    tied = rewritten(tiny_qwen3_dir, tmp_path, lambda name, w: q4_form(w) if "proj" in name else q8_form(w))
+    outputs = {}
+    for kernel in ("panel", "panel4"):  # float32 panels (nothing released), then the low-bit copies
+        with LLM(str(tied), draft=str(tiny_llama_dir), packed_kernel=kernel, threads=1) as llm:
+            model = llm.core.runner.model
+            embed, head = model.model.embed_tokens, model.lm_head
+            if kernel == "panel4":
+                assert embed.rows8 is head.packed and isinstance(head.packed, panel8.Panel8)
+                assert isinstance(embed.weight, Released) and embed.weight is head.weight
+                assert not [n for n, _ in model.named_parameters() if "embed" in n or "lm_head" in n]
+            else:
+                assert embed.rows8 is None and _released(model) == []
+            for mode in ("ar", "sd"):
+                llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
+                outputs[kernel, mode] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert len(set(map(str, outputs.values()))) == 1
+
+
+def test_a_model_without_8bit_values_keeps_its_weights(tiny_qwen3_dir):
     with LLM(str(tiny_qwen3_dir), threads=1) as llm:  # random float32 weights: float32 panels, read by the steps
         model = llm.core.runner.model
-        assert _released(model) == [] and release_unread(model) == 0
-        head = model.lm_head
-        head.packed, head.packed_min_rows, head.packed_rows = object(), 1, packed.EVERY_STEP  # as if low-bit
-        head.low_bits = True  # any fewer-bit product
-        assert unread(head) and release_unread(model) == 0  # tied to the embedding: kept
+        assert _released(model) == [] and release_unread(model) == 0 and model.model.embed_tokens.rows8 is None
+
+
+@pytest.mark.slow  # reads SmolLM2-135M's embedding
+def test_smollm2s_lookups_from_its_head_copy_are_its_embeddings_bits():
+    from safetensors import safe_open
+
+    from engine.registry import resolve_model
+
+    path = resolve_model("smollm2-135m")
+    with LLM(str(path), threads=1) as llm:
+        embed = llm.core.runner.model.model.embed_tokens
+        assert isinstance(embed.weight, Released) and embed.rows8 is not None
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            weight = f.get_tensor("model.embed_tokens.weight").float()
+        for ids in torch.arange(weight.shape[0]).split(8192):
+            assert torch.equal(embed(ids).view(torch.int32), weight[ids].view(torch.int32))
