@@ -65,7 +65,8 @@ class EngineConfig:
     eager: bool = False              # CUDA: no decode CUDA graphs
     compile: bool = False            # CPU: compiled one-sequence decode step; CUDA: torch.compile the forward
     k_major_weights: bool = True     # CPU: K-major matmul weights (faster small-batch GEMM); False: as loaded
-    packed_weights: bool = True      # CPU with a draft (or one_row_pays): packed weight copies (more memory)
+    packed_weights: bool = True      # CPU with a draft (or one_row_pays): packed weight copies (float32 ones: more
+    #                                  memory; 4- and 8-bit ones: less, the weights they replace are released)
     packed_kernel: str = "auto"      # CPU: the packed copies' GEMM: auto | mkl | onednn | panel | panel4 | q8
     draft_weights: str = "int8"      # CPU: the draft's matmul weights (float32 | float16 | int8); never the target's
 

@@ -66,10 +66,11 @@ model's bits (about 0.6% of a product's size off; greedy SD/SSD stay token-ident
 products are still the same bits at any row count). The 8-bit head takes the same arithmetic (panel8's copies);
 every other weight runs as under panel4 (float32 panels, the same bits).
 
-Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory: the packed copies are about
-the size of the float32 weights, so the engine packs only when a draft is loaded, or where one-row steps gain,
-and not for compiled steps unless the kernel is the panel one, which they call as an op
-(``EngineConfig.fast_path``, ``panel.linear_op``).
+Layers with a bias stay unpacked (MKL adds it in another order). The cost is memory where the copies are float32
+(mkl, onednn, panel: about the size of the weights), so the engine packs only when a draft is loaded, or where
+one-row steps gain, and not for compiled steps unless the kernel is the panel one, which they call as an op
+(``EngineConfig.fast_path``, ``panel.linear_op``). The 4- and 8-bit copies cost less than nothing: the float32
+weights they replace are released at load (engine.layers.unread).
 """
 
 from __future__ import annotations
