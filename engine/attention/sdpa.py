@@ -60,7 +60,10 @@ class SdpaBackend(AttentionBackend):
             o = attend(q.view(1, h, 1, d), _read(k_cache, span.key_slots), _read(v_cache, span.key_slots),
                        mask=None, causal=False, scale=scale)
             return o.view(1, h * d)
-        if meta.batched_decode is not None:  # several sequences, one query each: q [B, H, D]
+        # several sequences, one query each: q [B, H, D]. Where the row kernel runs, each goes through it below,
+        # the bits it gets alone (the padded batch's last bits differ: under q8 they flipped tokens; 3-10% of a
+        # batch's decode speed on the 2-vCPU VM, 4-64 sequences)
+        if meta.batched_decode is not None and not kernel:
             gather = meta.batched_decode
             b, t = gather.key_mask.shape[0], gather.key_mask.shape[-1]
             kvh = k_cache.shape[0]

@@ -1,5 +1,7 @@
-"""A decode step of several sequences attends as one padded batch (engine.attention.base.BatchedDecode): each
-sequence's output must be the one it gets attended alone, whatever its length and wherever its slots are."""
+"""A decode step of several sequences: on a CPU where the row kernel runs, each sequence through it, the very bits
+it gets alone (so a prompt decodes in a batch as alone, at any --cpu-matmul: under q8 the padded batch's last-bit
+differences flipped tokens); elsewhere as one padded batch (engine.attention.base.BatchedDecode), each sequence's
+output the one it gets alone to rounding, whatever its length and wherever its slots are."""
 
 import pytest
 import torch
@@ -8,8 +10,16 @@ from engine.attention import SdpaBackend, SeqSpan, build_metadata
 from engine.attention.base import as_index
 
 
+@pytest.mark.parametrize("row_kernel", [True, False])
 @pytest.mark.parametrize("head_dim", [16, 64])  # 16: attend()'s matmul route; 64: torch's SDPA kernel
-def test_a_batched_decode_step_equals_each_sequence_alone(head_dim):
+def test_a_batched_decode_step_equals_each_sequence_alone(head_dim, row_kernel, monkeypatch):
+    from engine.attention import sdpa
+    from engine.layers import panel
+
+    if row_kernel and not panel.available():
+        pytest.skip("the row kernel needs AVX-512, AVX2 or NEON and a C++ compiler")
+    if not row_kernel:
+        monkeypatch.setattr(sdpa, "row_kernel", lambda q, k_cache: False)
     torch.manual_seed(0)
     heads, kv_heads, num_slots = 6, 2, 64
     backend = SdpaBackend()
@@ -30,7 +40,10 @@ def test_a_batched_decode_step_equals_each_sequence_alone(head_dim):
         alone_span = SeqSpan(0, 1, span.key_slots, span.num_keys)  # its one query is row 0 of q[i : i + 1]
         alone = backend.forward(0, q[i : i + 1], k[i : i + 1], v[i : i + 1],
                                 build_metadata([write[i]], [alone_span]), scale=head_dim**-0.5)
-        torch.testing.assert_close(batched[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+        if row_kernel:
+            assert torch.equal(batched[i : i + 1], alone)
+        else:
+            torch.testing.assert_close(batched[i : i + 1], alone, rtol=1e-5, atol=1e-5)
         # and plain softmax attention, query head j reading KV head j // (heads / kv_heads)
         keys = backend.k[0][:, key_slots[i]].repeat_interleave(heads // kv_heads, dim=0)  # [H, T, D]
         values = backend.v[0][:, key_slots[i]].repeat_interleave(heads // kv_heads, dim=0)

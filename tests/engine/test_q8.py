@@ -168,6 +168,19 @@ def test_speculation_under_q8_equals_its_ar_fused_or_eager(q4_wide, monkeypatch)
     assert 1 in rows and 5 in rows  # fused decode steps and k + 1 = 5-row verifies ran (layer.cpp's kind 5)
 
 
+@pytest.mark.slow  # SmolLM2-135M: the tiny models flip no token
+@pytest.mark.parametrize("kernel", ["q8", "panel4"])
+def test_prompts_decode_in_a_batch_as_alone(kernel):
+    """A batch's decode steps attend each sequence through the row kernel (engine.attention.sdpa), the bits it gets
+    alone: the padded batch's last-bit differences, which q8's rounding of the activations amplifies, flipped the
+    5th token of the first prompt here (QA, 2026-12-05)."""
+    prompts = ["The capital of France is", "def fib(n):", "Once upon a time", "1, 2, 3, 4,"]
+    with LLM("smollm2-135m", packed_kernel=kernel, threads=1) as llm:
+        batch = [out.token_ids for out in llm.generate(prompts, GREEDY)]
+        alone = [llm.generate(p, GREEDY)[0].token_ids for p in prompts]
+    assert batch == alone
+
+
 def test_the_layout_says_q8_only_where_it_runs(wide_heads_dir, q4_wide):
     with LLM(str(wide_heads_dir), packed_kernel="q8", max_model_len=64) as random_weights:  # no 4- or 8-bit values
         assert "q8" not in random_weights.layout["target"]  # the float32 panels: the float32 model's bits
