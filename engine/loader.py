@@ -138,5 +138,5 @@ def build_model(
     if packed and not fewer_bits and torch.device(device).type == "cpu":
         pack_weights(model, packed_kernel)
     if release and torch.device(device).type == "cpu":
-        release_unread(model)
+        release_unread(model, exact_copies=not fewer_bits)
     return model.eval()

@@ -62,48 +62,52 @@ def unread(module: nn.Module) -> bool:
         and module.packed_rows >= packed_copies.EVERY_STEP
 
 
-def release_unread(model: nn.Module) -> int:
-    """Swap every unread float32 matmul weight of a CPU model for a `Released` of its shape, and the embedding's
-    where its rows can come from an 8-bit copy (`_lookups_from_8_bits`); returns the bytes released."""
+def release_unread(model: nn.Module, *, exact_copies: bool = True) -> int:
+    """Swap every unread float32 matmul weight of a CPU model for a `Released` of its shape, and an embedding's
+    where its rows can come from an 8-bit copy (`_lookups_from_8_bits`); returns the bytes released.
+    `exact_copies`: the low-bit copies hold the weights' own values (packed at load: panel4 / panel8 compress
+    only those), not a draft's int8 rounding (engine.layers.low_bits), which a lookup must not read."""
     from engine.layers.embedding import VocabParallelEmbedding
 
     embeddings = [m for m in model.modules() if type(m) is VocabParallelEmbedding]
-    looked_up = {id(m.weight) for m in embeddings if not _lookups_from_8_bits(m, model)}
-    released, done = 0, {}
-    for module in [*packed_copies.bias_free_matmuls(model), *embeddings]:
+    read = {id(m.weight) for m in embeddings if not _lookups_from_8_bits(m, model, exact_copies)}  # by lookups
+    unused = [m for m in [*packed_copies.bias_free_matmuls(model), *embeddings]
+              if not isinstance(m.weight, Released) and id(m.weight) not in read
+              and (m in embeddings or unread(m))]
+    stand_ins: dict[int, Released] = {}  # a tied weight's one stand-in
+    for module in unused:
         weight = module.weight
-        if isinstance(weight, Released) or weight.device.type != "cpu" or id(weight) in looked_up:
-            continue
-        if type(module) is not VocabParallelEmbedding and not unread(module):
-            continue
-        if id(weight) not in done:
-            released += weight.numel() * weight.element_size()
-            done[id(weight)] = Released.like(weight)
+        stand_ins.setdefault(id(weight), Released.like(weight))
         del module.weight  # a parameter no longer: the model's parameters are the weights it holds
-        module.weight = done[id(weight)]
+        module.weight = stand_ins[id(weight)]
+    released = sum(r.numel() * r.element_size() for r in stand_ins.values())
     if released:
         log.info("released %.0f MB of float32 weights that no step reads", released / 1e6)
     return_freed_memory()
     return released
 
 
-def _lookups_from_8_bits(embedding: nn.Module, model: nn.Module) -> bool:
+def _lookups_from_8_bits(embedding: nn.Module, model: nn.Module, exact_copies: bool) -> bool:
     """Give a one-rank CPU embedding whose weight is 8-bit values (SmolLM2's, Q8_0) its lookups from an 8-bit copy
-    (`rows8`, the same float32 bits): the copy of the head it is tied to, whose steps all read that copy, or else
-    one of its own (engine.layers.panel_cache: made once, then read from disk; 34 MB against 113). Whether it did."""
+    (`rows8`, the same float32 bits), where no step reads the weight: the copy of the head it is tied to, where
+    that copy is exact, or else one of its own (engine.layers.panel_cache: made once, then read from disk; 34 MB
+    against 113). Whether it did."""
     weight = embedding.weight
+    if isinstance(weight, Released):
+        return embedding.rows8 is not None
     if embedding.tp.size != 1 or weight.device.type != "cpu" or weight.dtype != torch.float32:
         return False
     tied = [m for m in packed_copies.bias_free_matmuls(model) if m.weight is weight]
-    if tied:
-        head = tied[0]
-        copy = head.packed if unread(head) and getattr(head, "low_bits", None) is None else None
-    else:
-        copy = panel_cache.low_bit(weight)
+    if tied and not unread(tied[0]):  # the head reads the weight: it stays, and the lookups with it
+        return False
+    exact_head = tied and exact_copies and getattr(tied[0], "low_bits", None) is None
+    copy = tied[0].packed if exact_head else panel_cache.low_bit(weight)
     if not isinstance(copy, panel8.Panel8):
         return False
     embedding.rows8 = copy
     return True
+
+
 def return_freed_memory() -> None:
     """Hand the C heap's free memory back to the OS (glibc's malloc_trim; elsewhere nothing). glibc keeps what a
     load freed (its weights' transient copies, the released weights) for later allocations: 350 MB of the

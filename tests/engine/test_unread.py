@@ -103,3 +103,24 @@ def test_smollm2s_lookups_from_its_head_copy_are_its_embeddings_bits():
             weight = f.get_tensor("model.embed_tokens.weight").float()
         for ids in torch.arange(weight.shape[0]).split(8192):
             assert torch.equal(embed(ids).view(torch.int32), weight[ids].view(torch.int32))
+
+
+def test_a_tied_draft_on_int8_panels_looks_up_its_own_bits(tiny_qwen3_dir, tmp_path):
+    """A draft's int8 head panels hold its weight rounded per row (engine.layers.low_bits), not the embedding's
+    values: the tied embedding's lookups must come from an exact copy of its own, not from the head's."""
+    from safetensors import safe_open
+
+    from engine.layers import native
+
+    if not native.q8_vnni():
+        pytest.skip("the draft's int8 matmuls run on the panels with AVX-512 VNNI only")
+    tied = rewritten(tiny_qwen3_dir, tmp_path, lambda name, w: q4_form(w) if "proj" in name else q8_form(w))
+    with LLM(str(tied), draft=str(tied), packed_kernel="panel4", threads=1) as llm:
+        draft = llm.core.drafter.runner.model
+        embed, head = draft.model.embed_tokens, draft.lm_head
+        assert isinstance(head.packed, panel8.Panel8) and head.packed.q8  # the int8-rounded head
+        assert embed.rows8 is not head.packed
+        with safe_open(str(tied / "model.safetensors"), "pt") as f:
+            weight = f.get_tensor("model.embed_tokens.weight").float()
+        ids = torch.arange(weight.shape[0])
+        assert torch.equal(embed(ids).view(torch.int32), weight.view(torch.int32))
