@@ -206,22 +206,16 @@ class EngineCore:
             chunks.append(Chunk(seq, seq.num_computed_tokens, end))
             budget -= end - seq.num_computed_tokens
         first = [c.seq for c in chunks if c.start == c.seq.num_cached_tokens]
-        last = [c.seq for c in chunks if c.end == c.seq.num_prompt_tokens]
         started: dict[Sequence, int] = {}
         for drafter, own in self._by_drafter(first).items():
             if drafter is not self.drafter:  # start only sends: the draft process prefills while the target does
                 started |= self._start_draft(drafter, own)
-        logits = self.runner.run(chunks, greedy=all(s.params.is_greedy for s in last))  # [len(chunks), V]
+        outputs = self._run_and_sample(chunks, [r for r, c in enumerate(chunks) if c.end == c.seq.num_prompt_tokens])
         for c in chunks:
             if c.end < c.seq.num_prompt_tokens:  # more of the prompt to go: keep this chunk's KV (and share it)
                 c.seq.num_computed_tokens = c.end
                 self.blocks.commit(c.seq)
                 self.part_prefilled.append(c.seq)
-        done = [row for row, c in enumerate(chunks) if c.end == c.seq.num_prompt_tokens]
-        tokens = sample_batch(logits[done], [chunks[r].seq.params for r in done],
-                              [chunks[r].seq.generator for r in done]) if done else []
-        outputs = {chunks[r].seq: StepOutput([t], [TokenSource.TARGET], chunks[r].end)
-                   for r, t in zip(done, tokens, strict=True)}
         own = self._by_drafter([c.seq for c in chunks]).get(self.drafter)
         if own:  # the in-process draft: the same chunks, right after the target's
             started |= self.drafter.start(own, upto={c.seq: c.end for c in chunks})
@@ -250,11 +244,17 @@ class EngineCore:
             self.blocks.ensure_capacity(s, len(s.token_ids))
         return self._run_and_sample([Chunk(s, len(s.token_ids) - 1, len(s.token_ids)) for s in seqs])
 
-    def _run_and_sample(self, chunks: list[Chunk]) -> dict[Sequence, StepOutput]:
-        seqs = [c.seq for c in chunks]
-        logits = self.runner.run(chunks, greedy=all(s.params.is_greedy for s in seqs))  # [B, V]
-        tokens = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return {c.seq: StepOutput([t], [TokenSource.TARGET], c.end) for c, t in zip(chunks, tokens, strict=True)}
+    def _run_and_sample(self, chunks: list[Chunk], rows: list[int] | None = None) -> dict[Sequence, StepOutput]:
+        """Run the chunks and sample a token for each of `rows` (chunk indices; None: every chunk). A prefill
+        samples only the prompts its chunks finish."""
+        picked = chunks if rows is None else [chunks[r] for r in rows]
+        logits = self.runner.run(chunks, greedy=all(c.seq.params.is_greedy for c in picked))  # [len(chunks), V]
+        if not picked:
+            return {}
+        if rows is not None:
+            logits = logits[rows]  # [len(rows), V]
+        tokens = sample_batch(logits, [c.seq.params for c in picked], [c.seq.generator for c in picked])
+        return {c.seq: StepOutput([t], [TokenSource.TARGET], c.end) for c, t in zip(picked, tokens, strict=True)}
 
     def _commit(self, outputs: dict[Sequence, StepOutput]) -> dict[Sequence, StepOutput]:
         """Append each step's tokens up to the first stop, record the KV they cover, end what stopped."""
