@@ -49,10 +49,10 @@ class RankSpec:
     threads: int
 
 
-def host_store(port: int, world_size: int) -> dist.TCPStore:
-    """The leader's TCP store on `port`, for `make_group(..., store=)`: hosted before the ranks start, a rank can
-    check in while the leader is still busy (loading the target)."""
-    return dist.TCPStore("127.0.0.1", port, world_size, True, timeout=datetime.timedelta(seconds=1),
+def host_store(port: int, world_size: int, *, leader: bool = True) -> dist.TCPStore:
+    """The group's TCP store on `port`: hosted by the leader (for `make_group(..., store=)`: hosted before the
+    ranks start, a rank can check in while the leader is still busy loading the target), joined by the others."""
+    return dist.TCPStore("127.0.0.1", port, world_size, leader, timeout=datetime.timedelta(seconds=1),
                          wait_for_workers=False)
 
 
@@ -64,8 +64,7 @@ def make_group(
     `host_store`). The leader waits for every rank to check in and gives up at once if one of its `children` dies
     first (a bad device, a crash while importing)."""
     if store is None:
-        store = dist.TCPStore("127.0.0.1", port, world_size, rank == LEADER, timeout=datetime.timedelta(seconds=1),
-                              wait_for_workers=False)
+        store = host_store(port, world_size, leader=rank == LEADER)
     if rank != LEADER:
         store.set(f"up{rank}", "1")
     else:

@@ -140,12 +140,19 @@ def load_tokenizer(path: Path):
 
 
 def _names_backend(path: Path) -> bool:
-    try:
-        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return (isinstance(config, dict) and config.get("tokenizer_class") == BACKEND and "auto_map" not in config
+    config = _tokenizer_config(path)
+    return (config is not None and config.get("tokenizer_class") == BACKEND and "auto_map" not in config
             and (path / "tokenizer.json").is_file())
+
+
+def _tokenizer_config(path: Path) -> dict | None:
+    """tokenizer_config.json's settings: {} where there is none, None where it cannot be read as a JSON object."""
+    file = path / "tokenizer_config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 IGNORED_CONFIG_KEYS = ("local_files_only", "name_or_path", "_name_or_path")  # how it was loaded, not the vocabulary
@@ -159,16 +166,11 @@ def same_tokenizer_files(a: Path, b: Path) -> bool:
         return False
     if (a / "tokenizer.json").read_bytes() != (b / "tokenizer.json").read_bytes():
         return False
-    configs = []
-    for directory in (a, b):
-        path = directory / "tokenizer_config.json"
-        try:
-            config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        except (OSError, ValueError):
-            return False
-        configs.append({k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS} if isinstance(config, dict)
-                       else config)
-    return configs[0] == configs[1]
+    configs = [_tokenizer_config(a), _tokenizer_config(b)]
+    if None in configs:
+        return False
+    first, second = ({k: v for k, v in c.items() if k not in IGNORED_CONFIG_KEYS} for c in configs)
+    return first == second
 
 
 def eos_ids(path: Path, from_config: tuple[int, ...], tokenizer) -> frozenset[int]:
