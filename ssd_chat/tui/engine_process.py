@@ -285,7 +285,7 @@ def _serve(pipe, parent: int, target: str, kwargs: dict) -> None:
 
 def _exit_now() -> None:
     """End the child once its engine is closed (its ranks stopped, its shared memory removed), skipping the
-    interpreter's teardown: freeing torch's and the models' objects one by one took 1.6 s of every quit."""
+    interpreter's teardown: freeing torch's and the models' objects one by one took 0.5 s of every quit."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
