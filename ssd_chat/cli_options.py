@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from engine import EngineError
+from engine.config import PREFILL_CHUNK
 from ssd_chat.prompts import BenchInputError
 
 EXIT_USER_ERROR = 2
@@ -79,8 +80,8 @@ Attention = Annotated[
     str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).")
 ]
 PrefillChunk = Annotated[int | None, typer.Option(
-    help="Prompt tokens per prefill step (default: 256 on the CPU, 2048 on CUDA): a cancel lands between two "
-    "steps.", min=1)]
+    help=f"Prompt tokens per prefill step (default: {PREFILL_CHUNK['cpu']} on the CPU, {PREFILL_CHUNK['cuda']} on "
+    "CUDA): a cancel lands between two steps.", min=1)]
 DraftWeights = Annotated[str, typer.Option(
     help="CPU: the draft's matmul weights: int8, float16 or float32 (the target's stay in --dtype; the draft "
     "only proposes, so this never changes the output).")]
