@@ -115,8 +115,14 @@ def spawn_rank(
     ensure_resource_tracker()
     proc = ctx.Process(target=_child, args=(main, load, spec, port, world_size, os.getpid(), args), daemon=True,
                        name=f"ssd-chat-rank{spec.rank}")
-    with started_on(spec.cores), interrupts_blocked():  # the leader takes a Ctrl-C and stops its ranks
-        proc.start()
+    try:
+        with started_on(spec.cores), interrupts_blocked():  # the leader takes a Ctrl-C and stops its ranks
+            proc.start()
+    except BaseException:  # a Ctrl-C held during the start: the child must not outlive it
+        if proc.pid is not None:
+            proc.kill()
+            proc.join(5.0)
+        raise
     return proc
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from engine import interrupts
 from engine.affinity import pin, usable
 from engine.build import check_tp, resolve_dtype
 from engine.chat import check_text, encode_chat
@@ -308,7 +309,9 @@ class LLM:
         # and crawl with two threads on SSD's one core
         if torch.get_num_threads() != self._step_threads:
             torch.set_num_threads(self._step_threads)
-        with self._stepping:  # close() from another thread waits for this step
+        # close() from another thread waits for this step; a Ctrl-C lands between steps (engine.interrupts), so
+        # the engine stays whole (SSD's draft process mid-round went out of step: close() then waited 2 minutes)
+        with self._stepping, interrupts.held():
             if not self._open:  # closed from another thread since the last step: the requests end as cancelled
                 self._cancel_all()
                 return

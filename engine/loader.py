@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from engine import interrupts
 from engine.errors import ModelFilesError
 from engine.layers.linear import to_k_major
 from engine.layers.low_bits import quantize_weights
@@ -38,14 +39,21 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.float()[:, None]
 
 
+def get_tensor(f, name: str) -> torch.Tensor:
+    """f.get_tensor(name) with a Ctrl-C held until it returns (engine.interrupts: safetensors turned one into an
+    unrelated error)."""
+    with interrupts.held():
+        return f.get_tensor(name)
+
+
 def read_tensor(f, name: str) -> torch.Tensor:
     """Tensor `name` of an open safetensors file, int8 weights dequantized with their row scales."""
-    tensor = f.get_tensor(name)
+    tensor = get_tensor(f, name)
     if tensor.dtype == torch.int8:
         if name + SCALE_SUFFIX not in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             raise ModelFilesError(f"int8 tensor {name} has no {name + SCALE_SUFFIX}: the weights are not ssd-chat's "
                                   "int8 format")
-        tensor = dequantize(tensor, f.get_tensor(name + SCALE_SUFFIX))
+        tensor = dequantize(tensor, get_tensor(f, name + SCALE_SUFFIX))
     return tensor
 
 
@@ -76,7 +84,7 @@ def load_weights(model: CausalLM, weight_files: Iterable[Path], embedding_files:
                     if name.endswith((*_IGNORED_SUFFIXES, SCALE_SUFFIX)) or (only is not None and name != only):
                         continue
                     if name == VOCAB_IDS and hasattr(model.lm_head, "set_vocab_ids"):
-                        model.lm_head.set_vocab_ids(f.get_tensor(name))
+                        model.lm_head.set_vocab_ids(get_tensor(f, name))
                         continue
                     target, shard_id = _target_name(name)
                     param = params.get(target)

@@ -43,6 +43,7 @@ from engine.sequence import Sequence
 log = logging.getLogger(__name__)
 
 DRAFT_RANK = 1
+CLOSE_WAIT_S = 5.0  # the longest close() waits for the draft process's answer to SHUTDOWN before killing it
 
 
 class DraftLost(RuntimeError):
@@ -61,8 +62,12 @@ class RemoteDrafter:
         self.port = free_port()
         self.store = host_store(self.port, 2)
         self.block = _shm_block()
-        spec = spec if self.block is None else dataclasses.replace(spec, shm=self.block.name)
-        self.proc = spawn_rank(serve, rank, self.port, 2, spec, load=load)
+        try:  # (a Ctrl-C or SIGTERM during the spawn: the block must not outlive it)
+            spec = spec if self.block is None else dataclasses.replace(spec, shm=self.block.name)
+            self.proc = spawn_rank(serve, rank, self.port, 2, spec, load=load)
+        except BaseException:
+            self._free_block()
+            raise
         self.alive = False
         self.channel: Channel | shm_channel.ShmChannel | None = None  # connect's
         self.seqs: dict[int, int] = {}                       # request id -> draft blocks reserved for it
@@ -90,6 +95,9 @@ class RemoteDrafter:
         """Stop a draft process that never connected (it failed, or the leader's start did) and free its block."""
         self.proc.kill()
         self.proc.join(5.0)
+        self._free_block()
+
+    def _free_block(self) -> None:
         if self.block is not None:
             self.block.close()
             self.block.unlink()
@@ -167,6 +175,8 @@ class RemoteDrafter:
             self._abandon()
             return
         if self.alive:
+            if isinstance(self.channel, shm_channel.ShmChannel):  # an idle draft answers in ms: do not wait minutes
+                self.channel.timeout_s = min(self.channel.timeout_s or CLOSE_WAIT_S, CLOSE_WAIT_S)
             try:
                 self._send([SHUTDOWN])
                 self._call(self.channel.recv_ints)

@@ -1,4 +1,4 @@
-"""What a child process starts with: the resource tracker it shares, its cores, and no Ctrl-C.
+"""What a child process starts with: the resource tracker it shares, its cores, and no Ctrl-C or hangup.
 
 No torch here: the chat app's process starts its engine's process with these, and imports no torch itself.
 """
@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 
+from engine import interrupts
 from engine.affinity import can_pin
 
 
@@ -17,7 +18,8 @@ def ensure_resource_tracker() -> None:
     """Start multiprocessing's resource tracker (every spawned process and shared-memory block uses it) if it is not
     running. Its start passes sys.stderr's file descriptor to the tracker process, and fails ("bad value(s) in
     fds_to_keep") when an app has put a stream whose fileno() is -1 in sys.stderr, as Textual does while it runs:
-    then the process's real stderr goes instead."""
+    then the process's real stderr goes instead. It starts with SIGHUP blocked (`interrupts_blocked`): a closed
+    terminal ended it with the rest of the process group, leaving SSD's shared-memory block in /dev/shm."""
     from multiprocessing import resource_tracker
 
     stderr = sys.stderr
@@ -28,7 +30,8 @@ def ensure_resource_tracker() -> None:
     if replaced:
         sys.stderr = sys.__stderr__
     try:
-        resource_tracker.ensure_running()
+        with interrupts_blocked():
+            resource_tracker.ensure_running()
     finally:
         if replaced:
             sys.stderr = stderr
@@ -52,14 +55,19 @@ def started_on(cores: tuple[int, ...] | None):
 
 @contextlib.contextmanager
 def interrupts_blocked():
-    """Around a child process's start: SIGINT blocked in the calling thread, so the child starts with it blocked
-    (the mask survives exec). A Ctrl-C in the terminal reaches the whole process group; the leader takes it and
-    stops its children (a draft process still importing torch printed a traceback and was reported as failed)."""
+    """Around a child process's start: SIGINT, SIGHUP and SIGTERM blocked, so the child starts with them blocked
+    (the mask survives exec). A Ctrl-C in the terminal, or its closing (the shell passes its SIGHUP to its job), or
+    a `pkill`, reaches every process; the leader takes it and stops its children (a draft process still importing
+    torch printed a traceback and was reported as failed; ssd_chat.stop_signals). A child is stopped by its leader,
+    or kill -9; it ends when its leader dies anyway. The caller's own start is not cut short either
+    (`interrupts.held`: an interrupt between the child's spawn and the writing of its start-up data left the child
+    a traceback, "Ran out of input")."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    with interrupts.held():
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, set(interrupts.STOP_SIGNALS))
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)

@@ -76,10 +76,19 @@ class EngineProcess:
         self._pipe, child_end = mp.Pipe()
         self._proc = mp.get_context("spawn").Process(target=_serve, args=(child_end, os.getpid(), target, kwargs),
                                                      name="ssd-chat-engine")
-        with _loading_lock, interrupts_blocked():  # a Ctrl-C before Textual has the terminal is the app's to take
-            self._proc.start()
-            _loading.add(self._proc)
-        child_end.close()
+        try:
+            with _loading_lock, interrupts_blocked():  # a Ctrl-C before Textual has the terminal is the app's
+                self._proc.start()
+                _loading.add(self._proc)
+        except BaseException:  # a Ctrl-C held during the start: the child must not outlive it
+            with _loading_lock:
+                _loading.discard(self._proc)
+            if self._proc.pid is not None:
+                self._proc.kill()
+                self._proc.join(5.0)
+            raise
+        finally:
+            child_end.close()
         self._lock = threading.Lock()  # one exchange at a time (the app runs one request at a time)
         self._send_lock = threading.Lock()  # a close from the UI thread may send while a reply streams
         atexit.register(self.close)

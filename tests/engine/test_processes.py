@@ -94,6 +94,36 @@ def test_the_draft_process_keeps_its_prefix_cache_across_turns(remote):
     assert again.stats.spec.draft_reused_prefix_tokens >= len(first.prompt_token_ids) - 4
 
 
+def test_a_ctrl_c_mid_round_lands_between_steps_and_the_draft_stays_in_step(remote, monkeypatch):
+    """A Ctrl-C while the leader waits for the draft process's answer is handled once the step is done
+    (engine.interrupts): cut there, the answer stayed unread, the next round read it as its own, and close() waited
+    for the draft process for minutes. The next request still equals AR, with the same draft process."""
+    ar = _outputs(remote, SpeculationConfig(mode="ar"))
+    drafter = remote.remote
+    monkeypatch.setattr(drafter.channel, "timeout_s", 10.0)  # out of step, the test fails in seconds, not minutes
+    receive = drafter.channel.recv_ints
+    waits = []
+
+    def ctrl_c_then_receive(*args):
+        if not waits:
+            waits.append(1)
+            signal.raise_signal(signal.SIGINT)  # (Python runs the handler at once)
+        return receive(*args)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(drafter.channel, "recv_ints", ctrl_c_then_receive)
+    remote.speculation = SpeculationConfig(mode="ssd", k=4)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            list(remote.stream(PROMPTS[0], GREEDY))
+    finally:
+        signal.signal(signal.SIGINT, before)
+    monkeypatch.setattr(drafter.channel, "recv_ints", receive)
+    assert waits and drafter.alive
+    assert _outputs(remote, SpeculationConfig(mode="ssd", k=4)) == ar
+    assert remote.remote is drafter and drafter.alive
+
+
 def test_cancel_frees_blocks_on_every_rank(remote):
     remote.speculation = SpeculationConfig(mode="ssd", k=3)
     cancel = threading.Event()

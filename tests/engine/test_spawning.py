@@ -1,5 +1,6 @@
-"""What a child process starts with (engine.spawning): its own cores from its first instruction, and SIGINT
-blocked (the leader takes a Ctrl-C and stops its children); the caller's thread gets its own back."""
+"""What a child process starts with (engine.spawning): its own cores from its first instruction, and SIGINT and
+SIGHUP blocked (the leader takes a Ctrl-C or a closed terminal and stops its children); the caller's thread gets
+its own back."""
 
 from __future__ import annotations
 
@@ -38,10 +39,22 @@ def test_a_child_starts_with_ctrl_c_blocked_and_the_caller_keeps_its_mask():
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     with spawning.interrupts_blocked():
         child = subprocess.run([sys.executable, "-c", SHOW_MASK], capture_output=True, text=True, check=True)
-    assert int(signal.SIGINT) in eval(child.stdout)
+    assert {int(signal.SIGINT), int(signal.SIGHUP)} <= set(eval(child.stdout))
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
     plain = subprocess.run([sys.executable, "-c", SHOW_MASK], capture_output=True, text=True, check=True)
     assert int(signal.SIGINT) not in eval(plain.stdout)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_the_resource_tracker_outlives_a_hangup():
+    """A closed terminal's SIGHUP reaches the whole process group: the tracker, blocking it, stays to remove the
+    shared memory its processes leave."""
+    script = ("from multiprocessing import resource_tracker as r; from engine.spawning import ensure_resource_tracker;"
+              "ensure_resource_tracker(); print(open(f'/proc/{r._resource_tracker._pid}/status').read())")
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    blocked = int(next(line for line in child.stdout.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+    assert blocked >> (int(signal.SIGHUP) - 1) & 1
 
 
 def test_a_rank_process_ignores_the_terminals_ctrl_c(tmp_path):
