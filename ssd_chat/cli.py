@@ -24,7 +24,7 @@ from engine import SamplingParams
 from engine.config import DEFAULT_TARGET, SpeculationConfig
 from engine.errors import InvalidParameterError
 from engine.registry import list_models
-from ssd_chat import __version__
+from ssd_chat import __version__, stop_signals
 from ssd_chat.bench_table import render_table, round_lines
 from ssd_chat.cli_make import distill, make_pair
 from ssd_chat.cli_options import (
@@ -73,14 +73,20 @@ app.command()(distill)
 
 
 def main() -> None:
-    """Console-script entry: typer's own usage errors become one `error:` line too."""
+    """Console-script entry: typer's own usage errors become one `error:` line too. SIGTERM and SIGHUP stop a
+    command as Ctrl-C does (ssd_chat.stop_signals)."""
+    stop_signals.install()
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as err:  # typer's usage errors: bad value, missing argument, unknown option
         code = report(err.format_message())
     except typer.Abort:
         code = 130
-    sys.exit(code if isinstance(code, int) else 0)
+    except Exception:
+        if stop_signals.received() is None:
+            raise
+        code = 0  # an error on the way out of a run SIGTERM or SIGHUP stopped: its exit code says what happened
+    sys.exit(stop_signals.exit_code(code if isinstance(code, int) else 0))
 
 
 def _speculation(

@@ -27,6 +27,7 @@ from textual.widgets import Footer, Header, Static
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
+from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED, ChatActions
 from ssd_chat.tui.compare_actions import CompareActions
@@ -91,6 +92,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self._log_handler = ForwardToApp(self)
         self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
         self.quitting = False
+        self._restore_signals: Callable[[], None] = lambda: None  # (on_mount: stop signals quit the app)
         self.told_stopped = False  # the notice that the engine's process died was shown (once per engine)
         self.refused_prompt: str | None = None  # a prompt sent to a dead engine: back in the input after /restart
 
@@ -120,6 +122,9 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self.push_screen(LoadingScreen(self.target, self.draft))
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
+        # `kill` or a closed terminal quits as Ctrl+Q does: the reply under way is kept, the engine stopped
+        self._restore_signals = stop_signals.call_in_loop(asyncio.get_running_loop(),
+                                                          lambda _: self.quitting or self.call_next(self.action_quit))
 
     def restart_engine(self) -> None:
         """Close the engine (a dead one too: its process and what it left) and load the models again, behind the
@@ -183,6 +188,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
 
     def on_unmount(self) -> None:
         self._close_engine()  # when the app ended some other way than action_quit
+        self._restore_signals()
         engine_log = logging.getLogger(ENGINE_LOGGER)
         engine_log.removeHandler(self._log_handler)
         engine_log.setLevel(self._saved_log_state[0])
@@ -202,6 +208,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         if self.finished is not None:  # the stopped reply: kept in the conversation, as Esc keeps it
             await self.on_reply_done(ReplyDone(self.finished))
         self._close_engine()
+        stop_signals.exit_if_hung_up()
         self.exit()
 
     def _close_engine(self) -> None:

@@ -1,0 +1,120 @@
+"""SIGTERM (`kill`) and SIGHUP (the terminal closed) stop ssd-chat the way Ctrl-C does.
+
+By default either signal ended the process at once: the chat app lost the reply it was writing, and a closed
+terminal (SIGHUP reaches the whole process group) also ended multiprocessing's resource tracker before it could
+remove SSD's shared-memory block. Now the leader takes them: in the CLI commands they raise KeyboardInterrupt
+(whatever Ctrl-C stops and cleans up, they do too), in the chat app they quit as Ctrl+Q does (ChatApp), and the
+children start with SIGHUP blocked (engine.spawning.interrupts_blocked) so that the leader can stop them. The
+exit code is 128 + the signal's number, as for a process the signal ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import stat
+import threading
+from collections.abc import Callable
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+HANGUP_EXIT_S = 5.0  # after a hangup the process ends by this time, whatever it waits on
+_received: int | None = None  # the first stop signal that came
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    global _received
+    if _received is not None:  # once: a second signal must not break the cleanup the first one started
+        return
+    _received = signum
+    if hung_up():
+        detach_terminal()
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """From now on a stop signal raises KeyboardInterrupt in the main thread (once)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _raise_interrupt)
+
+
+def note(signum: int) -> None:
+    """Record a stop signal that some other handler took (the chat app's)."""
+    global _received
+    if _received is None:
+        _received = signum
+
+
+def hung_up() -> bool:
+    return _received is not None and _received == getattr(signal, "SIGHUP", None)
+
+
+def detach_terminal() -> None:
+    """After a hangup: stdout and stderr, where they are the terminal, go to /dev/null, since writes to the closed
+    terminal fail (EIO). A pipe or a file keeps what comes."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    for target in (1, 2):
+        with contextlib.suppress(OSError):
+            if stat.S_ISCHR(os.fstat(target).st_mode):
+                os.dup2(fd, target)
+    os.close(fd)
+
+
+def exit_if_hung_up() -> None:
+    """After a hangup, once the engine is stopped and the conversation saved: end the process without the
+    terminal's restoring (there is none). Textual's shutdown wrote to it, and its writer thread, dead of EIO, or
+    its SIGCONT handler, restarting the screen, left the app hung with a full queue."""
+    if hung_up():
+        logging.shutdown()
+        os._exit(128 + _received)
+
+
+def _exit_later(seconds: float) -> None:
+    """The last resort after a hangup: whatever the app's quit waits on, the process ends (its engine's process,
+    its pipe closed, ends too, and the resource tracker removes what it left)."""
+    timer = threading.Timer(seconds, lambda: os._exit(128 + (_received or 0)))
+    timer.daemon = True
+    timer.start()
+
+
+def call_in_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[int], object]) -> Callable[[], None]:
+    """While an event loop runs in the main thread (the chat app's): a stop signal calls `callback(signum)` in it
+    instead of raising. A hangup first sends the output to /dev/null, removes the SIGCONT handler (Textual's, which
+    the closed terminal's SIGCONT would run to restart the screen) and starts `_exit_later`. Returns what puts the
+    handlers before back. Outside the main thread it does nothing (a test's loop)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    def taken(signum: int, frame: object) -> None:
+        if _received is not None:
+            return
+        note(signum)
+        if hung_up():  # (a Python handler: it runs before SIGCONT's, which comes with it and has a higher number)
+            detach_terminal()
+            signal.signal(signal.SIGCONT, signal.SIG_DFL)
+            _exit_later(HANGUP_EXIT_S)
+        loop.call_soon_threadsafe(callback, signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, taken)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def received() -> int | None:
+    """The first stop signal that came (None: none)."""
+    return _received
+
+
+def exit_code(code: int) -> int:
+    """`code`, or 128 + the stop signal's number when one stopped the run."""
+    return code if _received is None else 128 + _received

@@ -1,0 +1,194 @@
+"""SIGTERM and SIGHUP stop ssd-chat as Ctrl-C does (ssd_chat.stop_signals): the CLI cleans up and exits 128 + the
+signal's number, the chat app keeps the reply under way, and a closed terminal leaves no process or shared-memory
+block behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ssd_chat import stop_signals
+from tests.ssd_chat.tui_fakes import FakeEngine, first_delta, make_app, settle, wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHM = Path("/dev/shm")
+needs_posix = pytest.mark.skipif(not hasattr(signal, "SIGHUP") or not SHM.is_dir(), reason="POSIX signals and shm")
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """No stop signal received yet; the process's handlers put back after the test."""
+    monkeypatch.setattr(stop_signals, "_received", None)
+    before = {sig: signal.getsignal(sig) for sig in stop_signals.STOP_SIGNALS}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+@needs_posix
+def test_a_stop_signal_raises_keyboard_interrupt_once_and_sets_the_exit_code(fresh):
+    stop_signals.install()
+    assert stop_signals.exit_code(0) == 0
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGTERM)
+    signal.raise_signal(signal.SIGTERM)  # a second one must not break the cleanup the first one started
+    assert stop_signals.received() == signal.SIGTERM
+    assert stop_signals.exit_code(0) == 128 + signal.SIGTERM == 143
+
+
+@needs_posix
+@pytest.mark.asyncio
+async def test_sigterm_quits_the_chat_app_and_keeps_the_reply_under_way(fresh, tmp_path):
+    from ssd_chat.history import HistoryStore
+
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate)
+    app = make_app(engine, tmp_path)
+    before = signal.getsignal(signal.SIGTERM)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await first_delta(app, pilot)
+        signal.raise_signal(signal.SIGTERM)
+        await wait_for(pilot, lambda: app.quitting, what="the quit")
+        gate.set()  # the engine's next step: it sees the stop
+        await wait_for(pilot, lambda: engine.closed, what="the engine closed")  # the quit's last step
+    assert stop_signals.received() == signal.SIGTERM
+    saved = HistoryStore(tmp_path / "history.sqlite3").latest()
+    assert [(m.role, m.content) for m in saved.messages] == [("user", "Hi"), ("assistant", "Hello")]
+    assert signal.getsignal(signal.SIGTERM) is before  # the app's handler is gone with it
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _blocks_of(pids: set[int]) -> list[str]:
+    return sorted(p.name for p in SHM.glob("ssdchat_*") if int(p.name.split("_")[1]) in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@needs_posix
+@pytest.mark.parametrize(("sig", "when"), [("SIGTERM", "starting"), ("SIGHUP", "starting"), ("SIGTERM", "replying")])
+def test_ask_in_ssd_stopped_by_a_signal_cleans_up_and_exits_128_plus_it(sig, when, tiny_llama_dir):
+    """The leader takes the signal as a Ctrl-C: its draft process stops, its shared-memory block is removed, and
+    nothing is printed on stderr (not the resource tracker's "leaked shared_memory" warning, nor a child's
+    traceback). "starting": as soon as the block exists (the draft process is being spawned); "replying": once the
+    reply's first text is out."""
+    tiny = str(tiny_llama_dir)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ssd_chat", "ask", "Paris is", "--target", tiny, "--draft", tiny, "--mode", "ssd",
+         "--draft-device", "cpu", "--max-tokens", "100000"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    seen: set[int] = set()
+
+    def started() -> bool:
+        seen.update(_descendants(proc.pid))
+        return bool(_blocks_of(seen | {proc.pid})) or proc.poll() is not None
+
+    _wait_until(started, 120, "the SSD block")
+    if when == "replying":
+        assert proc.stdout.read(1)  # (blocks until the reply's first byte)
+        seen.update(_descendants(proc.pid))
+    proc.send_signal(getattr(signal, sig))
+    _, stderr = proc.communicate(timeout=60)
+    stderr = stderr.decode()
+    assert proc.returncode == 128 + getattr(signal, sig), stderr
+    assert stderr.strip() == ""
+    assert _blocks_of(seen | {proc.pid}) == []
+    _wait_until(lambda: not any(_alive(p) for p in seen), 10, "its processes to end")
+
+
+@needs_posix
+def test_closing_the_terminal_mid_reply_keeps_the_reply_and_leaves_nothing_behind(tiny_llama_dir, tmp_path):
+    """The chat app in SSD on a real pseudo-terminal, closed while a reply streams as a terminal window is: SIGHUP
+    reaches the app and, as a shell passes it on to its job, the app's whole process group (tmux's kill-server did
+    that too, and the SSD block was left behind). The app stops the engine, saves the reply and exits 129; its
+    processes and the SSD block are gone."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    tiny = str(tiny_llama_dir)
+    argv = [sys.executable, "-m", "ssd_chat", "--target", tiny, "--draft", tiny, "--mode", "ssd", "--draft-device",
+            "cpu", "--max-tokens", "2000", "--temperature", "0"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SSD_CHAT_DATA": str(tmp_path), "TERM": "xterm-256color"}
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a new session whose controlling terminal is the pty
+        os.chdir(REPO_ROOT)
+        os.execve(sys.executable, argv, env)
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    screen = bytearray()
+    seen: set[int] = set()
+
+    def shows(text: bytes) -> bool:
+        seen.update(_descendants(pid))
+        while select.select([master], [], [], 0.05)[0]:
+            try:
+                screen.extend(os.read(master, 65536))
+            except OSError:
+                break
+        return text in screen
+
+    try:
+        _wait_until(lambda: shows(" · ready · k".encode()), 120, "the app to be ready")
+        os.write(master, b"Tell me a long story\r")
+        _wait_until(lambda: shows("replying…".encode()), 60, "the reply")
+    finally:
+        os.close(master)  # the terminal is gone: the kernel's SIGHUP (and SIGCONT) to the session's leader, the app
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGHUP)  # and the shell's to its job: the app's whole process group
+    status: list[int] = []
+
+    def ended() -> bool:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status.append(code)
+        return bool(done)
+
+    _wait_until(ended, 15, "the app to exit")
+    assert os.waitstatus_to_exitcode(status[0]) == 128 + signal.SIGHUP
+    assert _blocks_of(seen | {pid}) == []
+    _wait_until(lambda: not any(_alive(p) for p in seen), 10, "its processes to end")
+    db = sqlite3.connect(tmp_path / "history.sqlite3")
+    roles = [row[0] for row in db.execute("SELECT role FROM messages ORDER BY position")]
+    assert roles == ["user", "assistant"]  # the reply under way, kept
