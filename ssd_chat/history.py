@@ -131,6 +131,7 @@ class ConversationSummary:
     title: str
     updated: float
     num_messages: int
+    match: str = ""  # a search's: the first message that matched, around the match ("" when the title did)
 
 
 def default_db_path() -> Path:
@@ -147,6 +148,7 @@ class HistoryStore:
         self._db = sqlite3.connect(self.path)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(_SCHEMA)
+        self._db.create_function("folded", 1, _folded, deterministic=True)
 
     def close(self) -> None:
         self._db.close()
@@ -197,6 +199,26 @@ class HistoryStore:
         ).fetchall()
         return [ConversationSummary(*row) for row in rows]
 
+    def search(self, text: str) -> list[ConversationSummary]:
+        """The conversations where every word of `text` is in the title or a message (any case), the most recently
+        updated first, each with the first message that holds the first word where the title does not. No words:
+        every conversation."""
+        words = _folded(text).split()
+        if not words:
+            return self.list()
+        holds = ("(instr(folded(c.title), ?) OR EXISTS (SELECT 1 FROM messages w WHERE w.conversation_id = c.id"
+                 " AND instr(folded(w.content), ?)))")
+        rows = self._db.execute(
+            "SELECT c.id, c.title, c.updated, (SELECT COUNT(*) FROM messages n WHERE n.conversation_id = c.id),"
+            " (SELECT content FROM messages m WHERE m.conversation_id = c.id AND instr(folded(m.content), ?)"
+            "  ORDER BY m.position LIMIT 1)"
+            f" FROM conversations c WHERE {' AND '.join([holds] * len(words))} ORDER BY c.updated DESC, c.id DESC",
+            [words[0], *(w for word in words for w in (word, word))],
+        ).fetchall()
+        return [ConversationSummary(i, title, updated, n, excerpt(content, words[0])
+                                    if content is not None and words[0] not in _folded(title) else "")
+                for i, title, updated, n, content in rows]
+
     def latest(self) -> Conversation | None:
         summaries = self.list()
         return self.load(summaries[0].id) if summaries else None
@@ -208,6 +230,27 @@ class HistoryStore:
     def delete(self, conversation_id: int) -> None:
         with self._db:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+
+def _folded(text: str | None) -> str:
+    """Text for a search that ignores case (Unicode's case folding: "Straße" holds "STRASSE")."""
+    return "" if text is None else text.casefold()
+
+
+def excerpt(content: str, word: str, width: int = 60) -> str:
+    """A line of `content` around the first place that holds `word` (any case), cut at `width` characters."""
+    line = " ".join(content.split())
+    at = 0  # (where folding changed the line's length, its places are not the line's: from the start)
+    for fold in (str.lower, str.casefold):
+        folded = fold(line)
+        if len(folded) == len(line) and folded.find(word) >= 0:
+            at = folded.find(word)
+            break
+    start = max(0, min(at - width // 3, len(line) - width))
+    if start and (space := line.find(" ", start, at)) >= 0:  # from a word's start
+        start = space + 1
+    text = line[start:start + width]
+    return ("…" if start else "") + text + ("…" if start + width < len(line) else "")
 
 
 def title_from(prompt: str, limit: int = 48) -> str:

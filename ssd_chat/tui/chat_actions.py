@@ -122,7 +122,7 @@ class ChatActions(_Base):
             self.session.new()
             self.show_conversation()
 
-    def action_chats(self) -> None:
+    def action_chats(self, search: str = "") -> None:
         if not self.ready_and_idle() or self.session.store is None:
             return
         self.session.save()
@@ -141,7 +141,7 @@ class ChatActions(_Base):
                     self.session.conversation.title = current.title
                     self.refresh_status()
 
-        self.push_screen(ChatsScreen(self.session.store, self.session.conversation.id), opened)
+        self.push_screen(ChatsScreen(self.session.store, self.session.conversation.id, search), opened)
 
     def action_regenerate(self) -> None:
         if self.ready_and_idle():
@@ -199,7 +199,7 @@ class ChatActions(_Base):
         self.action_new_chat()
 
     def slash_chats(self, arg: str) -> None:
-        self.action_chats()
+        self.action_chats(arg)
 
     def slash_rename(self, arg: str) -> None:
         if not arg:

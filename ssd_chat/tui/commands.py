@@ -20,7 +20,7 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("system", "/system TEXT", "set the system prompt (no text: remove it)"),
     SlashSpec("clear", "/clear", "clear this conversation's turns"),
     SlashSpec("new", "/new", "start a new conversation (the current one stays in history)"),
-    SlashSpec("chats", "/chats", "open, rename or delete saved conversations"),
+    SlashSpec("chats", "/chats [TEXT]", "open, search, rename or delete saved conversations (TEXT: search for it)"),
     SlashSpec("rename", "/rename TITLE", "rename this conversation"),
     SlashSpec("regen", "/regen", "regenerate the last reply"),
     SlashSpec("edit", "/edit", "put the last prompt back in the input to edit and resend"),

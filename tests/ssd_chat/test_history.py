@@ -81,3 +81,37 @@ def test_titles_and_stats_lines():
     assert TurnStats("ar", 10, 0.1, 2, 5, 0, "cancelled").line().endswith("· stopped: cancelled")
     stopped_in_prefill = TurnStats("sd", 0.0, 21.98, 0, 4478, 48, "cancelled", tau=0.0, acceptance_rate=0.0)
     assert stopped_in_prefill.line() == "0 tokens · prefix reused 48/4478 · stopped: cancelled"  # no speed, TTFT, tau
+
+
+def test_search_finds_every_word_in_titles_and_messages_in_any_case(tmp_path):
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    tea = store.save(_conversation())  # "Tea": a haiku about tea, with a code block
+    rivers = store.save(Conversation(None, "Rivers", ChatSettings(), [
+        ChatMessage("user", "Name three long rivers."),
+        ChatMessage("assistant", "The Nile, the Amazon and the Yangtze. " + "They flow far. " * 10 + "Straße."),
+    ]))
+    assert [s.id for s in store.search("")] == [rivers, tea]  # no words: every chat, as list() gives them
+    assert [s.id for s in store.search("  ")] == [rivers, tea]
+    assert [s.id for s in store.search("AMAZON")] == [rivers]
+    assert [s.id for s in store.search("tea")] == [tea]  # in the title and the messages
+    assert [s.id for s in store.search("print")] == [tea]  # in its code block
+    assert [s.id for s in store.search("print nile")] == []  # every word in one chat: each is in another
+    assert [s.id for s in store.search("nile yangtze")] == [rivers]
+    assert [s.id for s in store.search("strasse")] == [rivers]  # Unicode case folding
+    assert store.search("%") == [] and store.search("_") == []  # no LIKE wildcards
+    hit = store.search("yangtze")[0]
+    assert hit.title == "Rivers" and hit.num_messages == 2
+    assert "Yangtze" in hit.match and hit.match.startswith("…") and len(hit.match) <= 62
+    assert store.search("long")[0].match == "Name three long rivers."  # the first message that holds it
+    assert store.search("haiku")[0].match == "Write a haiku about tea."
+    assert store.search("rivers")[0].match == ""  # the title holds it: nothing more to show
+
+
+def test_excerpt_cuts_around_the_word():
+    from ssd_chat.history import excerpt
+
+    assert excerpt("short  line\nhere", "line") == "short line here"
+    long = "a " * 50 + "needle" + " b" * 50
+    cut = excerpt(long, "needle", width=30)
+    assert cut.startswith("…") and cut.endswith("…") and "needle" in cut and len(cut) == 32
+    assert excerpt("needle" + " b" * 40, "needle", width=20).startswith("needle")

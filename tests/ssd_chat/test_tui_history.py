@@ -128,3 +128,48 @@ def test_the_chats_list_says_when_in_few_columns():
     assert when(time.mktime((2026, 12, 5, 9, 41, 0, 0, 0, -1)), now) == "09:41"
     assert when(time.mktime((2026, 11, 28, 17, 2, 0, 0, 0, -1)), now) == "Nov 28 17:02"
     assert when(time.mktime((2025, 3, 1, 8, 0, 0, 0, 0, -1)), now) == "2025-03-01"
+
+
+@pytest.mark.asyncio
+async def test_the_chats_picker_searches_titles_and_messages(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "About bananas")
+        bananas = app.session.conversation.id
+        await pilot.press("ctrl+n")
+        await send(app, pilot, "Rivers of Europe")
+        await pilot.press("ctrl+n")
+        await send(app, pilot, "Something else")
+
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 3 and app.focused is table
+        await pilot.press("slash")
+        await type_text(pilot, "FAKE")  # the fake engine's reply, in every chat: shown where it matched
+        await pilot.pause()
+        assert table.row_count == 3 and all("**fake** engine" in str(table.get_row_at(i)[2]) for i in range(3))
+        await type_text(pilot, " banana")  # every word: "fake" and "banana" (a title)
+        await pilot.pause()
+        assert table.row_count == 1 and str(table.get_row_at(0)[2]).startswith("About bananas")
+        await type_text(pilot, "zz")
+        await pilot.pause()
+        assert table.row_count == 0 and "no chat holds" in rendered(app.screen.query_one("#chats-none"))
+        await pilot.press("escape")  # clears the search: every chat again
+        await pilot.pause()
+        assert table.row_count == 3 and app.screen.query_one("Input").value == ""
+        await type_text(pilot, "bananas")
+        await pilot.press("enter")  # to the list, then Enter opens the match
+        await pilot.pause()
+        assert app.focused is table
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="chat opened")
+        assert app.session.conversation.id == bananas
+
+        await send(app, pilot, "/chats rivers")  # the picker, searching already
+        assert isinstance(app.screen, ChatsScreen)
+        assert app.screen.query_one(DataTable).row_count == 1
+        await pilot.press("escape")  # the list has the focus: Esc goes back
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="picker closed")
+        assert app.session.conversation.id == bananas

@@ -1,16 +1,18 @@
-"""The saved conversations: Enter opens one, r renames, d twice deletes, Esc goes back."""
+"""The saved conversations: Enter opens one, / searches their titles and messages, r renames, d twice deletes, Esc
+goes back."""
 
 from __future__ import annotations
 
 import time
 from typing import ClassVar
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from ssd_chat.history import HistoryStore
 from ssd_chat.tui.screens.text_prompt import TextPrompt
@@ -28,20 +30,23 @@ class ChatsScreen(ModalScreen[int | None]):
     """Dismisses with the id of the conversation to open (None: stay)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "dismiss(None)", "Back"),
+        Binding("escape", "back", "Back"),
+        Binding("slash", "search", "Search"),
         Binding("r", "rename", "Rename"),
         Binding("d", "delete", "Delete"),
     ]
 
-    def __init__(self, store: HistoryStore, current_id: int | None) -> None:
+    def __init__(self, store: HistoryStore, current_id: int | None, search: str = "") -> None:
         super().__init__(classes="modal", id="chats")
-        self.store, self.current_id = store, current_id
+        self.store, self.current_id, self.search = store, current_id, search
         self.armed: int | None = None  # the conversation a first `d` asked about: a second `d` deletes it
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
-            yield Static("[b]Chats[/b]  Enter open · r rename · d d delete · Esc back")
+            yield Static("[b]Chats[/b]  Enter open · / search · r rename · d d delete · Esc back")
+            yield Input(self.search, placeholder="/ search titles and messages", id="chats-search")
             yield DataTable(id="chats-table", cursor_type="row", zebra_stripes=True)
+            yield Static(id="chats-none")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
@@ -51,12 +56,46 @@ class ChatsScreen(ModalScreen[int | None]):
 
     def refresh_rows(self) -> None:
         table = self.query_one(DataTable)
-        keep = min(table.cursor_row, max(0, len(self.store.list()) - 1))
+        found = self.store.search(self.search)
+        keep = min(table.cursor_row, max(0, len(found) - 1))
         table.clear()
-        for summary in self.store.list():
-            mark = "● " if summary.id == self.current_id else ""
-            table.add_row(when(summary.updated), str(summary.num_messages), mark + summary.title, key=str(summary.id))
+        for summary in found:
+            title = Text(("● " if summary.id == self.current_id else "") + summary.title)
+            if summary.match:
+                title.append("  " + summary.match, style="dim")
+            table.add_row(when(summary.updated), str(summary.num_messages), title, key=str(summary.id))
         table.move_cursor(row=keep)
+        none = self.query_one("#chats-none", Static)
+        none.update(f"no chat holds “{self.search.strip()}”" if self.search.strip() and not found else "")
+        none.display = bool(self.search.strip() and not found)
+
+    # -- search: `/` focuses the field, typing filters, Enter or Down goes to the list, Esc clears it ----------------
+    def action_search(self) -> None:
+        self.query_one(Input).focus()
+
+    @on(Input.Changed, "#chats-search")
+    def _filter(self, event: Input.Changed) -> None:
+        self.search = event.value
+        self.armed = None
+        self.refresh_rows()
+
+    @on(Input.Submitted, "#chats-search")
+    def _to_list(self) -> None:
+        self.query_one(DataTable).focus()
+
+    def on_key(self, event) -> None:
+        if event.key == "down" and self.focused is self.query_one(Input):
+            event.stop()
+            self.query_one(DataTable).focus()
+
+    def action_back(self) -> None:
+        field = self.query_one(Input)
+        if self.focused is field and field.value:
+            field.value = ""  # (Input.Changed lists every chat again)
+        elif self.focused is field:
+            self.query_one(DataTable).focus()
+        else:
+            self.dismiss(None)
 
     def _selected(self) -> int | None:
         table = self.query_one(DataTable)
