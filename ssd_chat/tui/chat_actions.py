@@ -213,6 +213,14 @@ class ChatActions(_Base):
     def slash_edit(self, arg: str) -> None:
         self.action_edit_last()
 
+    def slash_undo(self, arg: str) -> None:
+        if self.ready_and_idle():
+            if self.session.pop_turn() is None:
+                self.notify("no turn to remove yet", severity="warning")
+                return
+            self.show_conversation()
+            self.notify("the last prompt and its reply are removed", timeout=2)
+
     def slash_compare(self, arg: str) -> None:
         self.action_compare()
 

@@ -24,6 +24,7 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("rename", "/rename TITLE", "rename this conversation"),
     SlashSpec("regen", "/regen", "regenerate the last reply"),
     SlashSpec("edit", "/edit", "put the last prompt back in the input to edit and resend"),
+    SlashSpec("undo", "/undo", "remove the last prompt and its reply from the conversation"),
     SlashSpec("compare", "/compare", "replay the last prompt greedily in AR, SD and SSD and compare"),
     SlashSpec("colors", "/colors", "toggle token provenance colours"),
     SlashSpec("export", "/export [FILE]", "write this conversation as Markdown with a stats table"),

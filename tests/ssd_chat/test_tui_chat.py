@@ -234,6 +234,29 @@ async def test_regenerate_and_edit_the_last_turn(tmp_path):
         assert [m.content for m in app.session.messages][-2:] == ["second edited", "Another answer"]
 
 
+async def test_undo_removes_the_last_turn_everywhere(tmp_path):
+    from ssd_chat.history import HistoryStore
+
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await send(app, pilot, "second")
+        await send(app, pilot, "/undo")
+        assert [m.content for m in app.session.messages] == ["first", REPLY]
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["first"] and len(app.query(AssistantMessage)) == 1
+        saved = HistoryStore(tmp_path / "history.sqlite3").load(app.session.conversation.id)
+        assert [m.content for m in saved.messages] == ["first", REPLY]
+        await send(app, pilot, "third")  # the model no longer sees the removed turn
+        assert [m["content"] for m in engine.calls[-1][0]] == ["first", REPLY, "third"]
+        await send(app, pilot, "/undo")
+        await send(app, pilot, "/undo")
+        assert app.session.messages == [] and not app.query(UserMessage)
+        await send(app, pilot, "/undo")
+        assert any("no turn to remove" in n.message for n in app._notifications)
+
+
 async def test_token_colours_toggle_shows_provenance_and_a_legend(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path, settings=None)
