@@ -388,7 +388,12 @@ def test_ctrl_c_while_the_modules_import_exits_130_without_a_traceback(monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(entry.importlib, "import_module", interrupted)
-    with pytest.raises(SystemExit) as exit_info:
-        entry.main()
+    handlers = {sig: signal.getsignal(sig) for sig in entry.stop_signals.STOP_SIGNALS}  # main() installs its own
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            entry.main()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     assert exit_info.value.code == 130
     assert "Traceback" not in capsys.readouterr().err
