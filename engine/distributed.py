@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from engine import spawning
 from engine.affinity import pin
-from engine.spawning import ensure_resource_tracker, interrupts_blocked, started_on
+from engine.spawning import ensure_resource_tracker
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +116,7 @@ def spawn_rank(
     ensure_resource_tracker()
     proc = ctx.Process(target=_child, args=(main, load, spec, port, world_size, os.getpid(), args), daemon=True,
                        name=f"ssd-chat-rank{spec.rank}")
-    try:
-        with started_on(spec.cores), interrupts_blocked():  # the leader takes a Ctrl-C and stops its ranks
-            proc.start()
-    except BaseException:  # a Ctrl-C held during the start: the child must not outlive it
-        if proc.pid is not None:
-            proc.kill()
-            proc.join(5.0)
-        raise
+    spawning.start(proc, spec.cores)  # the leader takes a Ctrl-C and stops its ranks
     return proc
 
 

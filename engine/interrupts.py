@@ -15,7 +15,7 @@ import signal
 import threading
 from collections.abc import Iterator
 
-STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGHUP", "SIGTERM") if hasattr(signal, name)
 )
 
@@ -23,24 +23,32 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """Signals that come inside the block are handled once it ends (in the main thread; elsewhere the main thread's
-    handlers run anyway, so there is nothing to hold)."""
+    handlers run anyway, so there is nothing to hold). A handler that a signal racing the block's end leaves in
+    place passes every later signal on to the one it stood in for."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    handlers = {sig: h for sig in STOP_SIGNALS if callable(h := signal.getsignal(sig))}
+    handlers = {sig: h for sig in SIGNALS if callable(h := signal.getsignal(sig))}
     came: list[int] = []
+    holding = [True]
 
     def record(signum: int, frame: object) -> None:
+        if not holding[0]:  # left in place: as if it were not there
+            handlers[signum](signum, frame)
+            return
         came.append(signum)
         if signum == signal.SIGINT and len(came) > 1:  # a second Ctrl-C: now (a first compiled step takes long)
             handlers[signum](signum, frame)
 
-    for sig in handlers:
-        signal.signal(sig, record)
+    installed = []
     try:
+        for sig in handlers:
+            signal.signal(sig, record)
+            installed.append(sig)
         yield
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+        holding[0] = False
+        for sig in installed:
+            signal.signal(sig, handlers[sig])
     if came:
         handlers[came[0]](came[0], None)  # e.g. KeyboardInterrupt, now that the step is whole

@@ -315,7 +315,12 @@ class LLM:
             if not self._open:  # closed from another thread since the last step: the requests end as cancelled
                 self._cancel_all()
                 return
-            outputs = self.core.step()
+            try:
+                outputs = self.core.step()
+            except KeyboardInterrupt:  # a second Ctrl-C cut the step: SSD's draft process may be mid-exchange
+                if self.remote is not None:
+                    self.remote.drop()
+                raise
             self._report_warnings()
             for seq in self.core.part_prefilled:
                 self._requests[seq.seq_id].on_prefill_chunk()

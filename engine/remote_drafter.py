@@ -170,6 +170,13 @@ class RemoteDrafter:
         free, total, live = self._call(self.channel.recv_ints)
         return free, total, live
 
+    def drop(self) -> None:
+        """Give up on a draft process whose exchange was cut half-way (a second Ctrl-C): it is out of step. It is
+        killed; its requests go on in AR (DraftLost), and close() does not wait for it."""
+        self.alive = False
+        if self.proc.is_alive():
+            self.proc.kill()
+
     def close(self, timeout_s: float = 10.0) -> None:
         if self.channel is None:  # never connected
             self._abandon()

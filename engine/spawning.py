@@ -55,19 +55,32 @@ def started_on(cores: tuple[int, ...] | None):
 
 @contextlib.contextmanager
 def interrupts_blocked():
-    """Around a child process's start: SIGINT, SIGHUP and SIGTERM blocked, so the child starts with them blocked
-    (the mask survives exec). A Ctrl-C in the terminal, or its closing (the shell passes its SIGHUP to its job), or
-    a `pkill`, reaches every process; the leader takes it and stops its children (a draft process still importing
-    torch printed a traceback and was reported as failed; ssd_chat.stop_signals). A child is stopped by its leader,
-    or kill -9; it ends when its leader dies anyway. The caller's own start is not cut short either
+    """Around a child process's start: SIGINT and SIGHUP blocked, so the child starts with them blocked (the mask
+    survives exec). A Ctrl-C in the terminal, or its closing (the shell passes its SIGHUP to its job), reaches the
+    whole process group; the leader takes it and stops its children (a draft process still importing torch printed
+    a traceback and was reported as failed; ssd_chat.stop_signals). SIGTERM stays open: multiprocessing's exit
+    stops a daemon child with it. The caller's own start is not cut short by any of the three either
     (`interrupts.held`: an interrupt between the child's spawn and the writing of its start-up data left the child
     a traceback, "Ran out of input")."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
     with interrupts.held():
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, set(interrupts.STOP_SIGNALS))
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})
         try:
             yield
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def start(proc, cores: tuple[int, ...] | None = None) -> None:
+    """proc.start() on `cores`, with interrupts blocked; a Ctrl-C held during the start kills the child (it must
+    not outlive the start) and is then raised."""
+    try:
+        with started_on(cores), interrupts_blocked():
+            proc.start()
+    except BaseException:
+        if proc.pid is not None:
+            proc.kill()
+            proc.join(5.0)
+        raise

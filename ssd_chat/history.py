@@ -21,6 +21,7 @@ from engine.outputs import RequestOutput
 DATA_ENV = "SSD_CHAT_DATA"
 DB_NAME = "history.sqlite3"
 UNTITLED = "New chat"
+MAX_SEARCH_WORDS = 8  # a search's words past these are not looked for (each is a condition: a paste was thousands)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -200,10 +201,11 @@ class HistoryStore:
         return [ConversationSummary(*row) for row in rows]
 
     def search(self, text: str) -> list[ConversationSummary]:
-        """The conversations where every word of `text` is in the title or a message (any case), the most recently
+        """The conversations where every word of `text` (its first MAX_SEARCH_WORDS) is in the title or a message (any
+        case), the most recently
         updated first, each with the first message that holds the first word where the title does not. No words:
         every conversation."""
-        words = _folded(text).split()
+        words = list(dict.fromkeys(_folded(text).split()))[:MAX_SEARCH_WORDS]
         if not words:
             return self.list()
         holds = ("(instr(folded(c.title), ?) OR EXISTS (SELECT 1 FROM messages w WHERE w.conversation_id = c.id"
@@ -240,12 +242,8 @@ def _folded(text: str | None) -> str:
 def excerpt(content: str, word: str, width: int = 60) -> str:
     """A line of `content` around the first place that holds `word` (any case), cut at `width` characters."""
     line = " ".join(content.split())
-    at = 0  # (where folding changed the line's length, its places are not the line's: from the start)
-    for fold in (str.lower, str.casefold):
-        folded = fold(line)
-        if len(folded) == len(line) and folded.find(word) >= 0:
-            at = folded.find(word)
-            break
+    folded = line.casefold()  # (where folding changed the length, "ß" -> "ss", its places are not the line's)
+    at = max(0, folded.find(word) if len(folded) == len(line) else line.lower().find(word))
     start = max(0, min(at - width // 3, len(line) - width))
     if start and (space := line.find(" ", start, at)) >= 0:  # from a word's start
         start = space + 1

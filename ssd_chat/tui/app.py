@@ -122,9 +122,12 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         self.push_screen(LoadingScreen(self.target, self.draft))
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
-        # `kill` or a closed terminal quits as Ctrl+Q does: the reply under way is kept, the engine stopped
-        self._restore_signals = stop_signals.call_in_loop(asyncio.get_running_loop(),
-                                                          lambda _: self.quitting or self.call_next(self.action_quit))
+        self._restore_signals = stop_signals.call_in_loop(asyncio.get_running_loop(), self._stop_signal)
+
+    def _stop_signal(self, signum: int) -> None:
+        """`kill` or a closed terminal: quit as Ctrl+Q does (the reply under way kept, the engine stopped)."""
+        if not self.quitting:
+            self.call_next(self.action_quit)
 
     def restart_engine(self) -> None:
         """Close the engine (a dead one too: its process and what it left) and load the models again, behind the

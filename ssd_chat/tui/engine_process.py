@@ -23,12 +23,13 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+from engine import spawning
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished
 from engine.sampling_params import SamplingParams
 from engine.shm_channel import release_blocks_of
-from engine.spawning import ensure_resource_tracker, interrupts_blocked
+from engine.spawning import ensure_resource_tracker
 
 ENV = "SSD_CHAT_ENGINE_PROCESS"
 ENGINE_LOGGER = "engine"
@@ -77,16 +78,9 @@ class EngineProcess:
         self._proc = mp.get_context("spawn").Process(target=_serve, args=(child_end, os.getpid(), target, kwargs),
                                                      name="ssd-chat-engine")
         try:
-            with _loading_lock, interrupts_blocked():  # a Ctrl-C before Textual has the terminal is the app's
-                self._proc.start()
-                _loading.add(self._proc)
-        except BaseException:  # a Ctrl-C held during the start: the child must not outlive it
             with _loading_lock:
-                _loading.discard(self._proc)
-            if self._proc.pid is not None:
-                self._proc.kill()
-                self._proc.join(5.0)
-            raise
+                spawning.start(self._proc)  # a Ctrl-C before Textual has the terminal is the app's to take
+                _loading.add(self._proc)
         finally:
             child_end.close()
         self._lock = threading.Lock()  # one exchange at a time (the app runs one request at a time)

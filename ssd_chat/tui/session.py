@@ -69,6 +69,8 @@ class ChatSession:
         if not self.messages:
             return None
         prompt = self.messages.pop().content
+        # the model's view starts at the latest prompt at the latest (the next send's fit moves it on if need be)
+        self.window = min(self.window, max((i for i, m in enumerate(self.messages) if m.role == "user"), default=0))
         self.save()
         return prompt
 

@@ -81,3 +81,13 @@ def test_outside_the_main_thread_nothing_is_held(raising_sigterm):
     thread.start()
     thread.join()
     assert seen == [raising_sigterm]
+
+
+def test_a_handler_left_in_place_by_a_race_passes_signals_on(raising_sigterm):
+    """A signal racing the block's end can leave its stand-in installed; it must act as the handler it stood in for
+    (it recorded into a list nobody read: every later SIGTERM was lost)."""
+    with interrupts.held():
+        stand_in = signal.getsignal(signal.SIGTERM)
+    assert stand_in is not raising_sigterm
+    with pytest.raises(KeyboardInterrupt):
+        stand_in(signal.SIGTERM, None)

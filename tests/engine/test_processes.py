@@ -124,6 +124,49 @@ def test_a_ctrl_c_mid_round_lands_between_steps_and_the_draft_stays_in_step(remo
     assert remote.remote is drafter and drafter.alive
 
 
+def test_a_step_cut_by_a_second_ctrl_c_drops_the_draft_process(tiny_llama_dir, draft_dir, monkeypatch):
+    """A second Ctrl-C acts at once, inside the step: the draft process may be mid-exchange, out of step. It is
+    killed (close() does not wait for it: on gloo that was the 120 s timeout) and the next request runs AR."""
+    llm = LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
+              threads=1, mode="ssd")
+    try:
+        ar = llm.generate(PROMPTS[0], GREEDY)  # (ssd): the reference below is AR's, as every mode must match it
+        drafter = llm.remote
+
+        def cut(*args):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(drafter.channel, "recv_ints", cut)
+        with pytest.raises(KeyboardInterrupt):
+            list(llm.stream(PROMPTS[0], GREEDY))
+        assert not drafter.alive
+        drafter.proc.join(10)
+        assert not drafter.proc.is_alive()
+        events = list(llm.stream(PROMPTS[0], GREEDY))
+        assert any(isinstance(e, EngineWarning) for e in events)  # the draft is lost: AR from here
+        assert events[-1].output.token_ids == ar[0].token_ids
+    finally:
+        started = time.perf_counter()
+        llm.close()
+    assert time.perf_counter() - started < 5
+
+
+def test_an_ssd_engine_left_open_at_exit_lets_the_process_end(tiny_llama_dir, tmp_path):
+    """multiprocessing's exit stops a daemon child with SIGTERM and waits for it: a draft process that blocked
+    SIGTERM kept a script that never closed its LLM from ending."""
+    script = tmp_path / "open_at_exit.py"
+    script.write_text(textwrap.dedent(f"""
+        from engine import LLM
+        if __name__ == "__main__":
+            llm = LLM({str(tiny_llama_dir)!r}, draft={str(tiny_llama_dir)!r}, mode="ssd", draft_device="cpu")
+            print("open", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0 and "open" in done.stdout, done.stderr
+
+
 def test_cancel_frees_blocks_on_every_rank(remote):
     remote.speculation = SpeculationConfig(mode="ssd", k=3)
     cancel = threading.Event()

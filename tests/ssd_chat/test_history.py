@@ -115,3 +115,17 @@ def test_excerpt_cuts_around_the_word():
     cut = excerpt(long, "needle", width=30)
     assert cut.startswith("…") and cut.endswith("…") and "needle" in cut and len(cut) == 32
     assert excerpt("needle" + " b" * 40, "needle", width=20).startswith("needle")
+
+
+def test_a_pasted_search_of_thousands_of_words_is_answered(tmp_path):
+    """Each word is a condition: a long paste failed ("Expression tree is too large"). Past MAX_SEARCH_WORDS the
+    words are not looked for."""
+    from ssd_chat.history import MAX_SEARCH_WORDS
+
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    tea = store.save(_conversation())
+    assert [s.id for s in store.search("tea haiku " + "word " * 3000)] == []  # "word" is one of the first words
+    assert [s.id for s in store.search("tea " * 3000 + "haiku")] == [tea]  # repeats count once
+    eight = "tea haiku cup steam over the python print"  # each in the tea chat
+    assert len(eight.split()) == MAX_SEARCH_WORDS
+    assert [s.id for s in store.search(eight + " nosuchword")] == [tea]  # the ninth word is not looked for

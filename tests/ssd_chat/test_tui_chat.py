@@ -255,6 +255,28 @@ async def test_undo_removes_the_last_turn_everywhere(tmp_path):
         assert app.session.messages == [] and not app.query(UserMessage)
         await send(app, pilot, "/undo")
         assert any("no turn to remove" in n.message for n in app._notifications)
+        assert app.session.conversation.title == "New chat"  # emptied, it is named by its next prompt again
+        await send(app, pilot, "fourth")
+        assert app.session.conversation.title == "fourth"
+
+
+async def test_undo_keeps_the_last_turn_in_the_models_view(tmp_path):
+    """The context window had moved past old turns (session.window): after /undo the latest turn is still in it,
+    so /compare replays it."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        for text in ("one", "two", "three"):
+            await send(app, pilot, text)
+        app.session.window = 4  # the model sees from "three" on
+        await send(app, pilot, "/undo")
+        assert app.session.window == 2  # from "two", the latest prompt left
+        assert app.session.engine_messages(app.session.window)[0]["content"] == "two"
+        await send(app, pilot, "/rename Kept")
+        await send(app, pilot, "/undo")
+        await send(app, pilot, "/undo")
+        assert app.session.conversation.title == "Kept"  # a chosen title stays
 
 
 async def test_token_colours_toggle_shows_provenance_and_a_legend(tmp_path):

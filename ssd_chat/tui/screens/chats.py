@@ -65,9 +65,10 @@ class ChatsScreen(ModalScreen[int | None]):
                 title.append("  " + summary.match, style="dim")
             table.add_row(when(summary.updated), str(summary.num_messages), title, key=str(summary.id))
         table.move_cursor(row=keep)
+        missing = bool(self.search.strip()) and not found
         none = self.query_one("#chats-none", Static)
-        none.update(f"no chat holds “{self.search.strip()}”" if self.search.strip() and not found else "")
-        none.display = bool(self.search.strip() and not found)
+        none.update(f"no chat holds “{self.search.strip()}”" if missing else "")
+        none.display = missing
 
     # -- search: `/` focuses the field, typing filters, Enter or Down goes to the list, Esc clears it ----------------
     def action_search(self) -> None:
