@@ -32,7 +32,7 @@ from engine.registry import resolve_model
 from engine.remote_drafter import RemoteDrafter
 from engine.request import RequestState
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import SeqStatus, Sequence
 from engine.startup import Sizes, load_tokenizer, same_tokenizer_files, start_engine
 from engine.tp_worker import BroadcastingRunner
 
@@ -60,6 +60,7 @@ class LLM:
         self._threads = self._step_threads = torch.get_num_threads()  # until the pin below sets them
         self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
         self._open = True
+        self._cut = False  # a second Ctrl-C stopped a step half-way: the scheduler's state is unknown from then on
         self._stepping = threading.RLock()  # a step's; close() from another thread waits for the step to end
         self._workers: list = []
         self.remote: RemoteDrafter | None = None
@@ -206,7 +207,7 @@ class LLM:
         """Cancel open requests, stop the draft and TP processes, and unpin this process. Idempotent; from another
         thread than the one stepping a request, it waits for the step under way (the request ends as cancelled)."""
         self._open = False
-        with self._stepping:
+        with self._stepping, interrupts.held():  # a Ctrl-C waits for the close (a second one: not)
             self._close()
 
     def _close(self) -> None:
@@ -262,6 +263,9 @@ class LLM:
     def _add(self, token_ids: list[int], params: SamplingParams) -> RequestState:
         if not self._open:
             raise EngineError("the engine was closed: start a new one")
+        if self._cut:
+            raise EngineError("a second Ctrl-C stopped the engine in the middle of a step: close it and start a new "
+                              "one")
         if not token_ids:
             raise InvalidParameterError("the prompt is empty: type something")
         vocab = self.model_args.vocab_size
@@ -317,7 +321,8 @@ class LLM:
                 return
             try:
                 outputs = self.core.step()
-            except KeyboardInterrupt:  # a second Ctrl-C cut the step: SSD's draft process may be mid-exchange
+            except KeyboardInterrupt:  # a second Ctrl-C cut the step: its lists and SSD's draft process half-way
+                self._cut = True
                 if self.remote is not None:
                     self.remote.drop()
                 raise
@@ -338,7 +343,11 @@ class LLM:
             self._finish(state, FinishReason.CANCELLED)
 
     def _finish(self, state: RequestState, reason: FinishReason) -> None:
-        self.core.finish(state.seq, reason)
+        if not self._cut:
+            with interrupts.held():  # (a second Ctrl-C in a cancel's bookkeeping: after it, as in a step)
+                self.core.finish(state.seq, reason)
+        elif not state.seq.is_finished:  # the scheduler's lists are not to be trusted: only the request ends
+            state.seq.status, state.seq.finish_reason = SeqStatus.FINISHED, reason
         if self._requests.pop(state.request_id, None) is not None:
             state.finalize()
 

@@ -172,7 +172,7 @@ class RemoteDrafter:
 
     def drop(self) -> None:
         """Give up on a draft process whose exchange was cut half-way (a second Ctrl-C): it is out of step. It is
-        killed; its requests go on in AR (DraftLost), and close() does not wait for it."""
+        killed, and close() does not wait for it."""
         self.alive = False
         if self.proc.is_alive():
             self.proc.kill()

@@ -80,12 +80,13 @@ def main() -> None:
         code = app(standalone_mode=False)
     except typer.TyperException as err:  # typer's usage errors: bad value, missing argument, unknown option
         code = report(err.format_message())
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):  # (a second Ctrl-C can land in click's own handling of the first)
         code = 130
     except Exception:
         if stop_signals.received() is None:
             raise
         code = 0  # an error on the way out of a run SIGTERM or SIGHUP stopped: its exit code says what happened
+    stop_signals.exiting()
     sys.exit(stop_signals.exit_code(code if isinstance(code, int) else 0))
 
 

@@ -110,6 +110,12 @@ def call_in_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[int], obje
     return restore
 
 
+def exiting() -> None:
+    """The run is over and cleaned up: a late Ctrl-C (or stop signal) must not print a traceback over the exit."""
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def received() -> int | None:
     """The first stop signal that came (None: none)."""
     return _received
