@@ -18,14 +18,17 @@ from collections.abc import Iterator
 SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGHUP", "SIGTERM") if hasattr(signal, name)
 )
+_holding = False  # a held() block is open (in the main thread): one inside it holds nothing more
 
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """Signals that come inside the block are handled once it ends (in the main thread; elsewhere the main thread's
     handlers run anyway, so there is nothing to hold). A handler that a signal racing the block's end leaves in
-    place passes every later signal on to the one it stood in for."""
-    if threading.current_thread() is not threading.main_thread():
+    place passes every later signal on to the one it stood in for. Inside another held() block it adds nothing
+    (a step's cancels, a close's): the outer one handles what comes when it ends."""
+    global _holding
+    if _holding or threading.current_thread() is not threading.main_thread():
         yield
         return
     handlers = {sig: h for sig in SIGNALS if callable(h := signal.getsignal(sig))}
@@ -41,13 +44,14 @@ def held() -> Iterator[None]:
             handlers[signum](signum, frame)
 
     installed = []
+    _holding = True
     try:
         for sig in handlers:
             signal.signal(sig, record)
             installed.append(sig)
         yield
     finally:
-        holding[0] = False
+        _holding = holding[0] = False
         for sig in installed:
             signal.signal(sig, handlers[sig])
     if came:

@@ -202,9 +202,8 @@ class HistoryStore:
 
     def search(self, text: str) -> list[ConversationSummary]:
         """The conversations where every word of `text` (its first MAX_SEARCH_WORDS) is in the title or a message (any
-        case), the most recently
-        updated first, each with the first message that holds the first word where the title does not. No words:
-        every conversation."""
+        case), the most recently updated first, each with the first message that holds the first word where the
+        title does not. No words: every conversation."""
         words = list(dict.fromkeys(_folded(text).split()))[:MAX_SEARCH_WORDS]
         if not words:
             return self.list()

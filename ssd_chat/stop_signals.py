@@ -29,14 +29,21 @@ HANGUP_EXIT_S = 5.0  # after a hangup the process ends by this time, whatever it
 _received: int | None = None  # the first stop signal that came
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+def _first(signum: int) -> bool:
+    """Record `signum` if it is the first stop signal (a second must not break the cleanup the first started);
+    after a hangup, the output leaves the closed terminal. Whether it was the first."""
     global _received
-    if _received is not None:  # once: a second signal must not break the cleanup the first one started
-        return
+    if _received is not None:
+        return False
     _received = signum
     if hung_up():
         detach_terminal()
-    raise KeyboardInterrupt
+    return True
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    if _first(signum):
+        raise KeyboardInterrupt
 
 
 def install() -> None:
@@ -45,15 +52,8 @@ def install() -> None:
         signal.signal(sig, _raise_interrupt)
 
 
-def note(signum: int) -> None:
-    """Record a stop signal that some other handler took (the chat app's)."""
-    global _received
-    if _received is None:
-        _received = signum
-
-
 def hung_up() -> bool:
-    return _received is not None and _received == getattr(signal, "SIGHUP", None)
+    return _received == getattr(signal, "SIGHUP", None)
 
 
 def detach_terminal() -> None:
@@ -86,19 +86,17 @@ def _exit_later(seconds: float) -> None:
 
 def call_in_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[int], object]) -> Callable[[], None]:
     """While an event loop runs in the main thread (the chat app's): a stop signal calls `callback(signum)` in it
-    instead of raising. A hangup first sends the output to /dev/null, removes the SIGCONT handler (Textual's, which
-    the closed terminal's SIGCONT would run to restart the screen) and starts `_exit_later`. Returns what puts the
-    handlers before back. Outside the main thread it does nothing (a test's loop)."""
+    instead of raising. A hangup first sends the output to /dev/null (`_first`), removes the SIGCONT handler
+    (Textual's, which the closed terminal's SIGCONT would run to restart the screen) and starts `_exit_later`.
+    Returns what puts the handlers before back. Outside the main thread it does nothing (a test's loop)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def taken(signum: int, frame: object) -> None:
-        if _received is not None:
+        if not _first(signum):
             return
-        note(signum)
         if hung_up():  # (a Python handler: it runs before SIGCONT's, which comes with it and has a higher number)
-            detach_terminal()
             signal.signal(signal.SIGCONT, signal.SIG_DFL)
             _exit_later(HANGUP_EXIT_S)
         loop.call_soon_threadsafe(callback, signum)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from engine import interrupts
 from engine.layers import panel4, panel8
 
 log = logging.getLogger(__name__)
@@ -76,16 +77,14 @@ def _read(path: Path, weight: torch.Tensor) -> tuple[LowBit | None] | None:
     """(the cached result,) or None on a miss or an entry that does not fit the weight (rebuilt)."""
     from safetensors import safe_open
 
-    from engine.loader import get_tensor
-
     if path.with_suffix(".none").is_file():
         return (None,)
     file = path.with_suffix(".safetensors")
     if not file.is_file():
         return None
     try:
-        with safe_open(str(file), "pt") as f:
-            kind, t = f.metadata().get("kind"), {name: get_tensor(f, name) for name in f.keys()}  # noqa: SIM118
+        with safe_open(str(file), "pt") as f, interrupts.held():  # (engine.interrupts: a Ctrl-C in a read)
+            kind, t = f.metadata().get("kind"), {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
         n, k = weight.shape
         blocks = (n // 32, k // 32, 32)
         if kind == "4" and t["q"].shape == (n // 32, k, 16) and t["d"].shape == t["m"].shape == blocks:

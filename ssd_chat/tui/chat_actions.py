@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
-from ssd_chat.history import UNTITLED, title_from
 from ssd_chat.tui.commands import SlashError, is_slash, parse_fanout, parse_number, parse_slash
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.export import export_path, to_markdown
@@ -216,12 +215,9 @@ class ChatActions(_Base):
 
     def slash_undo(self, arg: str) -> None:
         if self.ready_and_idle():
-            prompt = self.session.pop_turn()
-            if prompt is None:
+            if self.session.pop_turn() is None:
                 self.notify("no turn to remove yet", severity="warning")
                 return
-            if not self.session.messages and self.session.conversation.title == title_from(prompt):
-                self.session.rename(UNTITLED)  # the next prompt names it, as in a new chat
             self.show_conversation()
             self.notify("the last prompt and its reply are removed", timeout=2)
 

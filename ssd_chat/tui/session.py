@@ -71,6 +71,8 @@ class ChatSession:
         prompt = self.messages.pop().content
         # the model's view starts at the latest prompt at the latest (the next send's fit moves it on if need be)
         self.window = min(self.window, max((i for i, m in enumerate(self.messages) if m.role == "user"), default=0))
+        if not self.messages and self.conversation.title == title_from(prompt):
+            self.conversation.title = UNTITLED  # emptied: the next prompt names it, as in a new chat
         self.save()
         return prompt
 

@@ -91,3 +91,14 @@ def test_a_handler_left_in_place_by_a_race_passes_signals_on(raising_sigterm):
     assert stand_in is not raising_sigterm
     with pytest.raises(KeyboardInterrupt):
         stand_in(signal.SIGTERM, None)
+
+
+def test_a_block_inside_another_holds_until_the_outer_one_ends(raising_sigterm):
+    """A step's cancels and a close's run inside held() blocks of their own: the signal waits for the outer end."""
+    done = []
+    with pytest.raises(KeyboardInterrupt), interrupts.held():
+        with interrupts.held():
+            signal.raise_signal(signal.SIGTERM)
+        done.append("after the inner block")
+    assert done == ["after the inner block"]
+    assert signal.getsignal(signal.SIGTERM) is raising_sigterm

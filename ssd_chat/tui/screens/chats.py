@@ -38,13 +38,13 @@ class ChatsScreen(ModalScreen[int | None]):
 
     def __init__(self, store: HistoryStore, current_id: int | None, search: str = "") -> None:
         super().__init__(classes="modal", id="chats")
-        self.store, self.current_id, self.search = store, current_id, search
+        self.store, self.current_id, self.first_search = store, current_id, search
         self.armed: int | None = None  # the conversation a first `d` asked about: a second `d` deletes it
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
             yield Static("[b]Chats[/b]  Enter open · / search · r rename · d d delete · Esc back")
-            yield Input(self.search, placeholder="/ search titles and messages", id="chats-search")
+            yield Input(self.first_search, placeholder="/ search titles and messages", id="chats-search")
             yield DataTable(id="chats-table", cursor_type="row", zebra_stripes=True)
             yield Static(id="chats-none")
 
@@ -56,7 +56,8 @@ class ChatsScreen(ModalScreen[int | None]):
 
     def refresh_rows(self) -> None:
         table = self.query_one(DataTable)
-        found = self.store.search(self.search)
+        search = self.query_one(Input).value.strip()
+        found = self.store.search(search)
         keep = min(table.cursor_row, max(0, len(found) - 1))
         table.clear()
         for summary in found:
@@ -65,9 +66,9 @@ class ChatsScreen(ModalScreen[int | None]):
                 title.append("  " + summary.match, style="dim")
             table.add_row(when(summary.updated), str(summary.num_messages), title, key=str(summary.id))
         table.move_cursor(row=keep)
-        missing = bool(self.search.strip()) and not found
+        missing = bool(search) and not found
         none = self.query_one("#chats-none", Static)
-        none.update(f"no chat holds “{self.search.strip()}”" if missing else "")
+        none.update(f"no chat holds “{search}”" if missing else "")
         none.display = missing
 
     # -- search: `/` focuses the field, typing filters, Enter or Down goes to the list, Esc clears it ----------------
@@ -75,8 +76,7 @@ class ChatsScreen(ModalScreen[int | None]):
         self.query_one(Input).focus()
 
     @on(Input.Changed, "#chats-search")
-    def _filter(self, event: Input.Changed) -> None:
-        self.search = event.value
+    def _filter(self) -> None:
         self.armed = None
         self.refresh_rows()
 
