@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -146,10 +147,9 @@ class HistoryStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_db_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path)
+        self._db = _connect(self.path)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(_SCHEMA)
-        self._db.create_function("folded", 1, _folded, deterministic=True)
 
     def close(self) -> None:
         self._db.close()
@@ -194,31 +194,13 @@ class HistoryStore:
 
     def list(self) -> list[ConversationSummary]:
         """Every conversation, the most recently updated first."""
-        rows = self._db.execute(
-            "SELECT c.id, c.title, c.updated, COUNT(m.position) FROM conversations c"
-            " LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
-        ).fetchall()
-        return [ConversationSummary(*row) for row in rows]
+        return _list(self._db)
 
     def search(self, text: str) -> list[ConversationSummary]:
         """The conversations where every word of `text` (its first MAX_SEARCH_WORDS) is in the title or a message (any
         case), the most recently updated first, each with the first message that holds the first word where the
         title does not. No words: every conversation."""
-        words = list(dict.fromkeys(_folded(text).split()))[:MAX_SEARCH_WORDS]
-        if not words:
-            return self.list()
-        holds = ("(instr(folded(c.title), ?) OR EXISTS (SELECT 1 FROM messages w WHERE w.conversation_id = c.id"
-                 " AND instr(folded(w.content), ?)))")
-        rows = self._db.execute(
-            "SELECT c.id, c.title, c.updated, (SELECT COUNT(*) FROM messages n WHERE n.conversation_id = c.id),"
-            " (SELECT content FROM messages m WHERE m.conversation_id = c.id AND instr(folded(m.content), ?)"
-            "  ORDER BY m.position LIMIT 1)"
-            f" FROM conversations c WHERE {' AND '.join([holds] * len(words))} ORDER BY c.updated DESC, c.id DESC",
-            [words[0], *(w for word in words for w in (word, word))],
-        ).fetchall()
-        return [ConversationSummary(i, title, updated, n, excerpt(content, words[0])
-                                    if content is not None and words[0] not in _folded(title) else "")
-                for i, title, updated, n, content in rows]
+        return _search(self._db, text) if text.split() else self.list()
 
     def latest(self) -> Conversation | None:
         summaries = self.list()
@@ -231,6 +213,68 @@ class HistoryStore:
     def delete(self, conversation_id: int) -> None:
         with self._db:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+
+class Searcher:
+    """Searches a history file off the UI thread, each search on a connection of its own (a connection belongs to
+    the thread that made it); a newer search, or `interrupt()`, stops the one in flight (SQLite's interrupt)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._running: set[sqlite3.Connection] = set()
+
+    def search(self, text: str) -> list[ConversationSummary] | None:
+        """HistoryStore.search's answer, or None where a newer search or `interrupt()` stopped this one."""
+        self.interrupt()
+        db = _connect(self.path)
+        with self._lock:
+            self._running.add(db)
+        try:
+            return _search(db, text) if text.split() else _list(db)
+        except sqlite3.OperationalError as e:
+            if "interrupted" in str(e):
+                return None
+            raise
+        finally:
+            with self._lock:
+                self._running.discard(db)
+            db.close()
+
+    def interrupt(self) -> None:
+        with self._lock:
+            for db in self._running:
+                db.interrupt()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path)
+    db.create_function("folded", 1, _folded, deterministic=True)
+    return db
+
+
+def _list(db: sqlite3.Connection) -> list[ConversationSummary]:
+    rows = db.execute(
+        "SELECT c.id, c.title, c.updated, COUNT(m.position) FROM conversations c"
+        " LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
+    ).fetchall()
+    return [ConversationSummary(*row) for row in rows]
+
+
+def _search(db: sqlite3.Connection, text: str) -> list[ConversationSummary]:
+    words = list(dict.fromkeys(_folded(text).split()))[:MAX_SEARCH_WORDS]
+    holds = ("(instr(folded(c.title), ?) OR EXISTS (SELECT 1 FROM messages w WHERE w.conversation_id = c.id"
+             " AND instr(folded(w.content), ?)))")
+    rows = db.execute(
+        "SELECT c.id, c.title, c.updated, (SELECT COUNT(*) FROM messages n WHERE n.conversation_id = c.id),"
+        " (SELECT content FROM messages m WHERE m.conversation_id = c.id AND instr(folded(m.content), ?)"
+        "  ORDER BY m.position LIMIT 1)"
+        f" FROM conversations c WHERE {' AND '.join([holds] * len(words))} ORDER BY c.updated DESC, c.id DESC",
+        [words[0], *(w for word in words for w in (word, word))],
+    ).fetchall()
+    return [ConversationSummary(i, title, updated, n, excerpt(content, words[0])
+                                if content is not None and words[0] not in _folded(title) else "")
+            for i, title, updated, n, content in rows]
 
 
 def _folded(text: str | None) -> str:

@@ -129,3 +129,37 @@ def test_a_pasted_search_of_thousands_of_words_is_answered(tmp_path):
     eight = "tea haiku cup steam over the python print"  # each in the tea chat
     assert len(eight.split()) == MAX_SEARCH_WORDS
     assert [s.id for s in store.search(eight + " nosuchword")] == [tea]  # the ninth word is not looked for
+
+
+def test_a_searcher_answers_as_the_store_and_stops_when_interrupted(tmp_path, monkeypatch):
+    """The chats picker searches off the UI thread with a Searcher: the store's answer, on its own connection; an
+    interrupt (a newer keystroke's search) stops a search in flight, which then answers None."""
+    import threading
+
+    from ssd_chat import history
+
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    for _ in range(20):  # rows to go after the held one (SQLite looks for an interrupt as it steps)
+        store.save(_conversation())
+    searcher = history.Searcher(store.path)
+    assert searcher.search("haiku") == store.search("haiku") and searcher.search("") == store.list()
+
+    started, go, answers = threading.Event(), threading.Event(), []
+    fold = history._folded
+
+    def held_fold(text):  # a row's fold (not the search text's) waits: the query is in flight
+        if text != "haiku":
+            started.set()
+            assert go.wait(10)
+        return fold(text)
+
+    monkeypatch.setattr(history, "_folded", held_fold)
+    worker = threading.Thread(target=lambda: answers.append(searcher.search("haiku")))
+    worker.start()
+    assert started.wait(10)
+    searcher.interrupt()
+    go.set()
+    worker.join(10)
+    assert answers == [None]
+    monkeypatch.setattr(history, "_folded", fold)
+    assert searcher.search("haiku") == store.search("haiku")  # the next one is answered

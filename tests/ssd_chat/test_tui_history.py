@@ -148,18 +148,19 @@ async def test_the_chats_picker_searches_titles_and_messages(tmp_path):
         assert table.row_count == 3 and app.focused is table
         await pilot.press("slash")
         await type_text(pilot, "FAKE")  # the fake engine's reply, in every chat: shown where it matched
-        await pilot.pause()
+        await wait_for(pilot, lambda: "**fake** engine" in str(table.get_row_at(0)[2]), what="the search's rows")
         assert table.row_count == 3 and all("**fake** engine" in str(table.get_row_at(i)[2]) for i in range(3))
         await type_text(pilot, " banana")  # every word: "fake" and "banana" (a title)
-        await pilot.pause()
-        assert table.row_count == 1 and str(table.get_row_at(0)[2]).startswith("About bananas")
+        await wait_for(pilot, lambda: table.row_count == 1, what="one chat")
+        assert str(table.get_row_at(0)[2]).startswith("About bananas")
         await type_text(pilot, "zz")
-        await pilot.pause()
-        assert table.row_count == 0 and "no chat holds" in rendered(app.screen.query_one("#chats-none"))
+        await wait_for(pilot, lambda: table.row_count == 0, what="no chat")
+        assert "no chat holds" in rendered(app.screen.query_one("#chats-none"))
         await pilot.press("escape")  # clears the search: every chat again
-        await pilot.pause()
-        assert table.row_count == 3 and app.screen.query_one("Input").value == ""
+        await wait_for(pilot, lambda: table.row_count == 3, what="every chat")
+        assert app.screen.query_one("Input").value == ""
         await type_text(pilot, "bananas")
+        await wait_for(pilot, lambda: table.row_count == 1, what="the bananas chat")
         await pilot.press("enter")  # to the list, then Enter opens the match
         await pilot.pause()
         assert app.focused is table
@@ -173,3 +174,46 @@ async def test_the_chats_picker_searches_titles_and_messages(tmp_path):
         await pilot.press("escape")  # the list has the focus: Esc goes back
         await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="picker closed")
         assert app.session.conversation.id == bananas
+
+
+@pytest.mark.asyncio
+async def test_a_slow_search_neither_blocks_typing_nor_shows_late(tmp_path, monkeypatch):
+    """Searches run off the UI thread: one held up keeps the field and the list live, and its answer, late for the
+    text in the field by then, is dropped."""
+    import threading
+
+    from ssd_chat import history
+
+    release, answered = threading.Event(), threading.Event()
+    real = history._search
+
+    def search(db, text):
+        if text == "rivers":
+            assert release.wait(10)
+            found = real(db, text)
+            answered.set()
+            return found
+        return real(db, text)
+
+    monkeypatch.setattr(history, "_search", search)
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "About bananas")
+        await pilot.press("ctrl+n")
+        await send(app, pilot, "Rivers of Europe")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        await pilot.press("slash")
+        await type_text(pilot, "rivers")  # its search is held up
+        await pilot.press(*["backspace"] * 6)
+        await type_text(pilot, "bananas")
+        await wait_for(pilot, lambda: table.row_count == 1, what="the bananas chat, with the rivers search held")
+        assert app.screen.query_one("Input").value == "bananas" and not answered.is_set()
+        release.set()
+        await wait_for(pilot, answered.is_set, what="the held search's answer")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        await pilot.pause()
+        assert table.row_count == 1 and str(table.get_row_at(0)[2]).startswith("About bananas")

@@ -4,17 +4,19 @@ goes back."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
-from ssd_chat.history import HistoryStore
+from ssd_chat.history import ConversationSummary, HistoryStore, Searcher
 from ssd_chat.tui.screens.text_prompt import TextPrompt
 
 
@@ -40,6 +42,7 @@ class ChatsScreen(ModalScreen[int | None]):
         super().__init__(classes="modal", id="chats")
         self.store, self.current_id, self.first_search = store, current_id, search
         self.armed: int | None = None  # the conversation a first `d` asked about: a second `d` deletes it
+        self.searcher = Searcher(store.path)  # typing searches off the UI thread (0.1 s and more on a long history)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
@@ -55,9 +58,12 @@ class ChatsScreen(ModalScreen[int | None]):
         table.focus()
 
     def refresh_rows(self) -> None:
-        table = self.query_one(DataTable)
+        """The rows for the search in the field, now (on opening, and after a rename or a delete)."""
         search = self.query_one(Input).value.strip()
-        found = self.store.search(search)
+        self._show(search, self.store.search(search))
+
+    def _show(self, search: str, found: list[ConversationSummary]) -> None:
+        table = self.query_one(DataTable)
         keep = min(table.cursor_row, max(0, len(found) - 1))
         table.clear()
         for summary in found:
@@ -71,14 +77,35 @@ class ChatsScreen(ModalScreen[int | None]):
         none.update(f"no chat holds “{search}”" if missing else "")
         none.display = missing
 
+    @dataclass
+    class Found(Message):
+        """A search's answer, from its thread."""
+
+        search: str
+        found: list[ConversationSummary]
+
+    @work(thread=True, exclusive=True, group="search")
+    def _search(self, search: str) -> None:
+        found = self.searcher.search(search)  # (None: a newer keystroke's search stopped it)
+        if found is not None:
+            self.post_message(self.Found(search, found))  # (thread-safe, and never waits on a closing app)
+
+    @on(Found)
+    def _found(self, event: Found) -> None:
+        if event.search == self.query_one(Input).value.strip():  # else a newer search's answer is coming
+            self._show(event.search, event.found)
+
+    def on_unmount(self) -> None:
+        self.searcher.interrupt()
+
     # -- search: `/` focuses the field, typing filters, Enter or Down goes to the list, Esc clears it ----------------
     def action_search(self) -> None:
         self.query_one(Input).focus()
 
     @on(Input.Changed, "#chats-search")
-    def _filter(self) -> None:
+    def _filter(self, event: Input.Changed) -> None:
         self.armed = None
-        self.refresh_rows()
+        self._search(event.value.strip())
 
     @on(Input.Submitted, "#chats-search")
     def _to_list(self) -> None:
