@@ -215,22 +215,28 @@ class LLM:
             self._cancel_all()
             if self.remote is not None:
                 self.remote.close()
-            if self._workers:
-                runner = getattr(getattr(self, "core", None), "runner", None)
-                if isinstance(runner, BroadcastingRunner):
-                    with contextlib.suppress(RuntimeError):
-                        runner.stop_workers()
-                for proc in self._workers:
-                    proc.join(10)
-                    if proc.is_alive():
-                        proc.kill()
-                self._workers = []
+            self._stop_workers()
         finally:
             if self._yielded:
                 self._pin(self._affinity, self._threads)
                 self._yielded = False
             elif self.placement.target[0].cores is not None:
                 self._pin(self._affinity, None)
+
+    def _stop_workers(self) -> None:
+        """Stop the TP ranks: told to, or killed at once after a cut step (each is mid-collective: a STOP would
+        meet its all-reduce and wait there)."""
+        runner = getattr(getattr(self, "core", None), "runner", None)
+        if self._workers and not self._cut and isinstance(runner, BroadcastingRunner):
+            with contextlib.suppress(RuntimeError):
+                runner.stop_workers()
+        for proc in self._workers:
+            if self._cut:
+                proc.kill()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+        self._workers = []
 
     def __enter__(self) -> LLM:
         return self
@@ -325,6 +331,7 @@ class LLM:
                 self._cut = True
                 if self.remote is not None:
                     self.remote.drop()
+                self._stop_workers()
                 raise
             self._report_warnings()
             for seq in self.core.part_prefilled:

@@ -255,6 +255,35 @@ def test_tp2_equals_tp1(tiny_llama_dir):
     assert procs and not any(p.is_alive() for p in procs)  # close() stopped the TP rank
 
 
+def test_a_tp_step_cut_by_a_second_ctrl_c_stops_the_ranks_at_once(tiny_llama_dir, monkeypatch):
+    """A second Ctrl-C inside a TP forward leaves the ranks mid-collective: STOP, broadcast to them as at a normal
+    close, would meet a rank's all-reduce. The ranks are killed at once and the engine refuses more requests."""
+    from engine.errors import EngineError
+    from engine.layers.parallel import TensorParallel
+
+    llm = LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, tp=2, target_devices="cpu", threads=1)
+    procs = list(llm._workers)
+    try:
+        real, calls = TensorParallel.all_reduce, []
+
+        def cut(self, x):  # the leader's third all-reduce: its ranks have the forward's inputs and are in it too
+            calls.append(x.shape)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return real(self, x)
+
+        monkeypatch.setattr(TensorParallel, "all_reduce", cut)
+        with pytest.raises(KeyboardInterrupt):
+            list(llm.stream(PROMPTS[0], GREEDY))
+        with pytest.raises(EngineError, match="second Ctrl-C"):
+            llm.generate(PROMPTS[0], GREEDY)
+    finally:
+        started = time.perf_counter()
+        llm.close()
+    assert time.perf_counter() - started < 5
+    assert procs and not any(p.is_alive() for p in procs)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(tp=64, target_devices="cpu"), "needs at least 64 cores"),
     (dict(target_devices="cpu:999"), "core 999 does not exist"),
