@@ -206,6 +206,15 @@ class HistoryStore:
         summaries = self.list()
         return self.load(summaries[0].id) if summaries else None
 
+    def restore(self, conversation: Conversation) -> None:
+        """Put a deleted conversation back, under its id (no other takes it: ids are AUTOINCREMENT)."""
+        assert conversation.id is not None
+        with self._db:
+            now = time.time()
+            self._db.execute("INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
+                             (conversation.id, conversation.title, now, now, json.dumps(asdict(conversation.settings))))
+        self.save(conversation)
+
     def rename(self, conversation_id: int, title: str) -> None:
         with self._db:
             self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))

@@ -31,6 +31,7 @@ from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED, ChatActions
 from ssd_chat.tui.compare_actions import CompareActions
+from ssd_chat.tui.edit_actions import EditActions
 from ssd_chat.tui.engine_process import stop_loading
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes
 from ssd_chat.tui.flush_pacer import FlushPacer
@@ -48,7 +49,7 @@ QUIT_WAIT_S = 1.0  # Ctrl+Q waits this long for the reply to stop at its next st
 WATCH_S = 1.0  # how often the app checks that the engine's process is alive
 
 KEYS = [
-    Binding("escape", "stop", "Stop"),
+    Binding("escape", "escape", "Stop"),
     Binding("ctrl+g", "cycle_mode", "Mode"),
     Binding("ctrl+t", "toggle_colours", "Colours"),
     Binding("ctrl+r", "compare", "Compare"),
@@ -60,7 +61,7 @@ KEYS = [
 ]
 
 
-class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
+class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "ssd-chat"
     BINDINGS = KEYS
@@ -118,7 +119,7 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         if self.resume and self.session.store is not None:
             latest = self.session.store.latest()
             if latest is not None:
-                self.session.open(latest)
+                self.refused_prompt = self.session.open(latest)  # (an unanswered prompt: in the input once loaded)
         self.push_screen(LoadingScreen(self.target, self.draft))
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
@@ -262,6 +263,8 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
         if self.buffer and self.prefill:
             state = "reading the prompt: {:,} / {:,} tokens… Esc stops".format(*self.prefill)
         state = state if self.engine_alive else "engine stopped: /restart"
+        if state == "ready" and self.current_edit() is not None:
+            state = "editing the last prompt: Esc cancels"
         colours = " · colours on" if self.colours else ""
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
             f"[b]{s.mode.upper()}[/b] · {state} · k {s.k} · temp {s.temperature:g}{colours} · "
@@ -288,6 +291,13 @@ class ChatApp(ReplyActions, ChatActions, CompareActions, App[None]):
             self.buffer.cancel.set()
         if self.compare_cancel is not None:
             self.compare_cancel.set()
+
+    def action_escape(self) -> None:
+        """Esc: stop the reply or the comparison under way, else cancel an edit of the last prompt."""
+        if self.busy:
+            self.action_stop()
+        else:
+            self.cancel_edit()
 
     # -- colours -----------------------------------------------------------------------------------
     def action_toggle_colours(self) -> None:

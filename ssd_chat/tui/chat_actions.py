@@ -68,7 +68,11 @@ class ChatActions(_Base):
                 self.refused_prompt = text
             return
         self.query_one(PromptInput).set_text("")
-        self.send_prompt(text[1:] if text.startswith("//") else text)
+        text = text[1:] if text.startswith("//") else text
+        if self.current_edit() is not None:
+            self.send_edit(text)
+        else:
+            self.send_prompt(text)
 
     def speculation(self) -> SpeculationConfig:
         """The run's configuration (--backup, --fixed-k, ...) with this chat's mode, k and fan-out."""
@@ -130,8 +134,11 @@ class ChatActions(_Base):
         def opened(conversation_id: int | None) -> None:
             store = self.session.store
             if conversation_id is not None and store is not None and (found := store.load(conversation_id)):
-                self.session.open(found)
+                unanswered = self.session.open(found)
                 self.show_conversation()
+                prompt = self.query_one(PromptInput)
+                if unanswered and not prompt.text.strip():
+                    prompt.set_text(unanswered)
             elif self.session.conversation.id is not None and store is not None:
                 current = store.load(self.session.conversation.id)
                 if current is None:
@@ -145,21 +152,13 @@ class ChatActions(_Base):
 
     def action_regenerate(self) -> None:
         if self.ready_and_idle():
+            before = len(self.session.messages)
             prompt = self.session.pop_turn()
             if prompt is None:
                 self.notify("nothing to regenerate yet", severity="warning")
                 return
-            self.query_one(Transcript).remove_last(2)
+            self.query_one(Transcript).remove_last(before - len(self.session.messages))
             self.send_prompt(prompt)
-
-    def action_edit_last(self) -> None:
-        if self.ready_and_idle():
-            prompt = self.session.pop_turn()
-            if prompt is None:
-                self.notify("no prompt to edit yet", severity="warning")
-                return
-            self.query_one(Transcript).remove_last(2)
-            self.query_one(PromptInput).set_text(prompt)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen([(key_label(b.key), b.description) for b in self.BINDINGS]))

@@ -123,7 +123,10 @@ class ReplyActions(_Base):
 
     def on_reply_failed(self, message: ReplyFailed) -> None:
         self.query_one(Transcript).remove_last(2)
-        self.query_one(PromptInput).set_text(self.session.drop_prompt())
+        prompt = self.session.drop_prompt()
+        self.query_one(PromptInput).set_text(prompt)
+        if not self.engine_alive:  # /restart, typed over it, brings it back once loaded
+            self.refused_prompt = prompt
         error = message.error if self.engine_alive else ENGINE_STOPPED
         self.told_stopped |= not self.engine_alive
         self.notify(error, title="not sent", severity="error", timeout=10)

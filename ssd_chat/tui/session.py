@@ -94,12 +94,25 @@ class ChatSession:
         self.conversation = Conversation(None, settings=self.settings)
         self.window = 0
 
-    def open(self, conversation: Conversation) -> None:
+    def open(self, conversation: Conversation) -> str | None:
+        """Make `conversation` the open one; returns a last prompt it held with no reply (saved by an earlier version
+        while a reply ran), taken out of it for the input (two prompts in a row would confuse the model and F5)."""
         conversation.settings = replace(conversation.settings, max_tokens=self.max_tokens)
         self.conversation = conversation
         self.window = 0
+        self._titled = False
+        if self.messages and self.messages[-1].role == "user":
+            return self.messages.pop().content
+        return None
 
     def save(self) -> None:
-        """Persist once the conversation has a turn (an empty new chat is not worth a history entry)."""
-        if self.store is not None and (self.conversation.id is not None or self.messages):
-            self.store.save(self.conversation)
+        """Persist once the conversation has a turn (an empty new chat is not worth a history entry). A prompt
+        whose reply is under way is not written: were the reply to fail, or the app to die, the history would hold
+        a prompt that was never answered (a settings change mid-reply saves)."""
+        if self.store is None:
+            return
+        saved = self.conversation
+        if self.messages and self.messages[-1].role == "user":
+            saved = replace(saved, messages=self.messages[:-1], title=UNTITLED if self._titled else saved.title)
+        if saved.id is not None or saved.messages:
+            self.conversation.id = self.store.save(saved)

@@ -225,13 +225,101 @@ async def test_regenerate_and_edit_the_last_turn(tmp_path):
 
         await pilot.press("f4")
         await pilot.pause()
-        assert app.query_one(PromptArea).text == "second"
-        assert [m.content for m in app.session.messages] == ["first", REPLY]
-        assert len(app.query(UserMessage)) == 1
+        assert app.query_one(PromptArea).text == "second"  # the turn stays until the edit is sent
+        assert [m.content for m in app.session.messages] == ["first", REPLY, "second", "Another answer"]
+        views = list(app.query_one(Transcript).children)
+        assert [v.has_class("replaced") for v in views] == [False, False, True, True]
+        assert "editing the last prompt" in rendered(app.query_one("#status"))
         await type_text(pilot, " edited")
         await pilot.press("enter")
         await settle(app, pilot)
-        assert [m.content for m in app.session.messages][-2:] == ["second edited", "Another answer"]
+        assert [m.content for m in app.session.messages] == ["first", REPLY, "second edited", "Another answer"]
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["first", "second edited"]
+        assert not any(v.has_class("replaced") for v in app.query_one(Transcript).children)
+        assert engine.calls[-1][0][-1] == {"role": "user", "content": "second edited"} and len(engine.calls[-1][0]) == 3
+
+
+async def test_an_edit_loses_neither_the_turn_nor_a_typed_draft(tmp_path):
+    """F4 used to take the turn out of the chat and the history at once, and to overwrite what was typed: a quit
+    (or a second F4) then lost them. Now the turn stays until the edit is sent, Esc cancels, and a draft comes
+    back after the edit."""
+    from ssd_chat.history import HistoryStore
+
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "Say hi.")
+        await send(app, pilot, "Say bye.")
+        await type_text(pilot, "my draft")
+        await pilot.press("f4")
+        await pilot.press("f4")  # a second F4: still the same edit
+        await pilot.pause()
+        assert app.query_one(PromptArea).text == "Say bye."
+        assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say bye.", REPLY]
+        saved = HistoryStore(tmp_path / "history.sqlite3").load(app.session.conversation.id)
+        assert [m.content for m in saved.messages] == ["Say hi.", REPLY, "Say bye.", REPLY]
+        await pilot.press("escape")  # cancel: the draft is back, the turn unmarked
+        await pilot.pause()
+        assert app.query_one(PromptArea).text == "my draft" and app.edit is None
+        assert not any(v.has_class("replaced") for v in app.query_one(Transcript).children)
+        assert "ready" in rendered(app.query_one("#status"))
+
+        await pilot.press("f4")
+        app.query_one(PromptArea).text = "Say goodbye."
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say goodbye.", REPLY]
+        assert app.query_one(PromptArea).text == "my draft"  # back once the edit went
+        await pilot.press("f4")
+        await pilot.press("f5")  # a regenerate replaces the turn itself: the edit ends, the turn is new
+        await settle(app, pilot)
+        assert app.current_edit() is None
+        assert not any(v.has_class("replaced") for v in app.query_one(Transcript).children)
+        app.query_one(PromptArea).text = "next"
+        await pilot.press("enter")  # an ordinary send: nothing replaced
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say goodbye.", REPLY, "next", REPLY]
+
+
+async def test_a_settings_change_mid_reply_saves_no_unanswered_prompt(tmp_path):
+    """A settings change saves the chat; mid-reply that wrote the pending prompt, which stayed in the history when
+    the reply then failed or the app died. A chat saved so by an earlier version opens with it in the input."""
+    from ssd_chat.history import ChatMessage, HistoryStore
+
+    engine = FakeEngine(gate=threading.Event())
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        engine.gate.set()
+        await settle(app, pilot)
+        await send(app, pilot, "Name a fruit.")
+        engine.gate.clear()
+        await first_delta(app, pilot, "Write an essay.")
+        app.query_one(PromptArea).text = "/temp 0.5"  # (send() would wait for the reply)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.busy
+        store = HistoryStore(tmp_path / "history.sqlite3")
+        saved = store.load(app.session.conversation.id)
+        assert saved.settings.temperature == 0.5
+        assert [m.content for m in saved.messages] == ["Name a fruit.", REPLY]
+        engine.gate.set()
+        await settle(app, pilot)
+        assert [m.content for m in store.load(app.session.conversation.id).messages][-2:] == ["Write an essay.", REPLY]
+
+        old = store.load(app.session.conversation.id)  # as an earlier version left it
+        old.messages.append(ChatMessage("user", "never answered"))
+        store.save(old)
+        await pilot.press("ctrl+n")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.session.conversation.id == old.id, what="the old chat")
+        assert app.query_one(PromptArea).text == "never answered"
+        assert app.session.messages[-1].role == "assistant"
+        await pilot.press("f5")  # one turn regenerated: the view matches what the model sees
+        await settle(app, pilot)
+        assert len(app.query(UserMessage)) == 2 and len(app.query(AssistantMessage)) == 2
 
 
 async def test_undo_removes_the_last_turn_everywhere(tmp_path):
@@ -481,6 +569,32 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
         assert fresh.calls[0][0][-3:] == [{"role": "user", "content": "first"}, {"role": "assistant", "content": REPLY},
                                           {"role": "user", "content": "third"}]
         assert [m.content for m in app.session.messages] == ["first", REPLY, "third", REPLY]
+
+
+async def test_the_prompt_a_dying_engine_was_answering_comes_back_after_restart(tmp_path):
+    """The prompt goes back into the input; /restart, typed over it as the notice says, brought back only a prompt
+    sent after the death, and this one was lost."""
+    engine = FakeEngine(crash_after=2)
+    engine.alive = True
+    events = engine._events
+
+    def dying(*args, **kwargs):
+        try:
+            yield from events(*args, **kwargs)
+        except RuntimeError:
+            engine.alive = False
+            raise
+
+    engine._events = dying
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "What is 2+2?")
+        assert app.query_one(PromptArea).text == "What is 2+2?" and not app.session.messages
+        app.load_engine = FakeEngine
+        await send(app, pilot, "/restart")
+        await settle(app, pilot)
+        assert app.engine is not engine and app.query_one(PromptArea).text == "What is 2+2?"
 
 
 async def test_an_engine_that_dies_while_idle_is_reported_at_once(tmp_path, monkeypatch):

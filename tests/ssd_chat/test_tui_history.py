@@ -217,3 +217,39 @@ async def test_a_slow_search_neither_blocks_typing_nor_shows_late(tmp_path, monk
         await pilot.pause()
         await pilot.pause()
         assert table.row_count == 1 and str(table.get_row_at(0)[2]).startswith("About bananas")
+
+
+@pytest.mark.asyncio
+async def test_the_picker_closes_on_a_second_esc_and_a_delete_can_be_undone(tmp_path):
+    """After a search, the third Esc closed the picker: the second only moved the focus, and what was typed next went
+    into the list, where two d's delete. Now Esc clears, Esc closes; a delete needs two d's in a row, and u undoes."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "Keep me")
+        kept = app.session.conversation
+        await pilot.press("ctrl+n")
+        await send(app, pilot, "Other")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("slash")
+        await type_text(pilot, "keep")
+        await pilot.press("escape", "escape")  # clears, then closes
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="picker closed")
+
+        store = HistoryStore(tmp_path / "history.sqlite3")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("down", "d", "x", "d")  # not in a row: asks twice, deletes nothing
+        await pilot.pause()
+        assert len(store.list()) == 2
+        await pilot.press("d")
+        await wait_for(pilot, lambda: store.load(kept.id) is None, what="the delete")
+        await pilot.press("u")
+        await wait_for(pilot, lambda: store.load(kept.id) is not None, what="the undelete")
+        back = store.load(kept.id)
+        assert (back.title, back.messages) == ("Keep me", kept.messages)
+        assert app.screen.query_one(DataTable).row_count == 2
+        await pilot.press("enter")  # back at the top (changed last), it opens as before
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="chat opened")
+        assert app.session.conversation.id == kept.id and app.session.messages[0].content == "Keep me"

@@ -1,5 +1,5 @@
-"""The saved conversations: Enter opens one, / searches their titles and messages, r renames, d twice deletes, Esc
-goes back."""
+"""The saved conversations: Enter opens one, / searches their titles and messages, r renames, d twice deletes (u
+brings it back), Esc goes back."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
-from ssd_chat.history import ConversationSummary, HistoryStore, Searcher
+from ssd_chat.history import Conversation, ConversationSummary, HistoryStore, Searcher
 from ssd_chat.tui.screens.text_prompt import TextPrompt
 
 
@@ -36,17 +36,19 @@ class ChatsScreen(ModalScreen[int | None]):
         Binding("slash", "search", "Search"),
         Binding("r", "rename", "Rename"),
         Binding("d", "delete", "Delete"),
+        Binding("u", "undelete", "Undo delete"),
     ]
 
     def __init__(self, store: HistoryStore, current_id: int | None, search: str = "") -> None:
         super().__init__(classes="modal", id="chats")
         self.store, self.current_id, self.first_search = store, current_id, search
         self.armed: int | None = None  # the conversation a first `d` asked about: a second `d` deletes it
+        self.deleted: Conversation | None = None  # the last chat deleted here: `u` brings it back
         self.searcher = Searcher(store.path)  # typing searches off the UI thread (0.1 s and more on a long history)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
-            yield Static("[b]Chats[/b]  Enter open · / search · r rename · d d delete · Esc back")
+            yield Static("[b]Chats[/b]  Enter open · / search · r rename · d d delete · u undo delete · Esc back")
             yield Input(self.first_search, placeholder="/ search titles and messages", id="chats-search")
             yield DataTable(id="chats-table", cursor_type="row", zebra_stripes=True)
             yield Static(id="chats-none")
@@ -115,15 +117,15 @@ class ChatsScreen(ModalScreen[int | None]):
         if event.key == "down" and self.focused is self.query_one(Input):
             event.stop()
             self.query_one(DataTable).focus()
+        elif event.key not in ("d", "u"):
+            self.armed = None  # a delete is two `d`s in a row
 
     def action_back(self) -> None:
         field = self.query_one(Input)
         if self.focused is field and field.value:
             field.value = ""  # (Input.Changed lists every chat again)
-        elif self.focused is field:
-            self.query_one(DataTable).focus()
-        else:
-            self.dismiss(None)
+        else:  # (from an empty field too: a further Esc that only moved the focus looked like nothing, and what
+            self.dismiss(None)  # was typed next, meant for the chat, went into the list)
 
     def _selected(self) -> int | None:
         table = self.query_one(DataTable)
@@ -158,6 +160,15 @@ class ChatsScreen(ModalScreen[int | None]):
             self.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4)
             return
         self.armed = None
+        self.deleted = self.store.load(selected)
         self.store.delete(selected)
-        self.notify("conversation deleted")
+        self.notify("conversation deleted: u brings it back", timeout=6)
+        self.refresh_rows()
+
+    def action_undelete(self) -> None:
+        if self.deleted is None:
+            return
+        self.store.restore(self.deleted)
+        self.notify(f"“{self.deleted.title}” is back", timeout=3)
+        self.deleted = None
         self.refresh_rows()

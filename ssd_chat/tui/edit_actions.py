@@ -1,0 +1,103 @@
+"""Editing the last prompt (F4, /edit): the prompt comes back into the input and its turn stays, marked, until
+the edit is sent (the turn is replaced then) or Esc cancels it (whatever was typed before comes back). Nothing is
+lost on the way: not the turn, which an edit that is never sent leaves in the history, and not a half-typed
+message, which waits for the edit to end. A mixin of ChatApp."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ssd_chat.history import ChatMessage, Conversation
+from ssd_chat.tui.widgets.prompt_input import PromptInput
+from ssd_chat.tui.widgets.transcript import Transcript
+
+if TYPE_CHECKING:
+    from ssd_chat.tui.app import ChatApp
+
+    _Base = ChatApp
+else:
+    _Base = object
+
+EDITING = "editing the last prompt: Enter sends it in place of the last turn, Esc cancels"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """An edit under way: the turn it replaces (the very message objects) and the input's text before it."""
+
+    conversation: Conversation
+    turn: tuple[ChatMessage, ...]
+    draft: str
+
+    def applies_to(self, conversation: Conversation, messages: list[ChatMessage]) -> bool:
+        """The conversation still ends with that turn (a regenerate, an undo or another chat end the edit)."""
+        tail = messages[len(messages) - len(self.turn):]
+        return (conversation is self.conversation and len(tail) == len(self.turn)
+                and all(a is b for a, b in zip(tail, self.turn, strict=True)))
+
+
+def last_turn(messages: list[ChatMessage]) -> tuple[ChatMessage, ...]:
+    """The last prompt and what came after it (its reply); () when there is no prompt."""
+    starts = [i for i, m in enumerate(messages) if m.role == "user"]
+    return tuple(messages[starts[-1]:]) if starts else ()
+
+
+class EditActions(_Base):
+    edit: Edit | None = None
+
+    def action_edit_last(self) -> None:
+        if not self.ready_and_idle():
+            return
+        if self.current_edit() is not None:
+            self.notify(EDITING, timeout=4)
+            return
+        turn = last_turn(self.session.messages)
+        if not turn:
+            self.notify("no prompt to edit yet", severity="warning")
+            return
+        prompt = self.query_one(PromptInput)
+        self.edit = Edit(self.session.conversation, turn, prompt.text)
+        prompt.set_text(turn[0].content)
+        self._mark_turn(True)
+        self.notify(EDITING, timeout=4)
+        self.refresh_status()
+
+    def current_edit(self) -> Edit | None:
+        """The edit under way, if the conversation still ends with its turn (else it is dropped)."""
+        if self.edit is not None and not self.edit.applies_to(self.session.conversation, self.session.messages):
+            self._mark_turn(False)
+            self.edit = None
+        return self.edit
+
+    def cancel_edit(self) -> bool:
+        """Esc while editing: the turn stays and the input gets back what it held before F4. False: no edit."""
+        edit = self.current_edit()
+        if edit is None:
+            return False
+        self._mark_turn(False)
+        self.edit = None
+        self.query_one(PromptInput).set_text(edit.draft)
+        self.notify("edit cancelled: the last turn stays", timeout=2)
+        self.refresh_status()
+        return True
+
+    def send_edit(self, text: str) -> None:
+        """Send `text` in place of the edited turn, then give the input back what it held before F4."""
+        edit = self.current_edit()
+        assert edit is not None
+        self._mark_turn(False)
+        self.edit = None
+        before = len(self.session.messages)
+        self.session.pop_turn()
+        self.query_one(Transcript).remove_last(before - len(self.session.messages))
+        self.send_prompt(text)
+        if edit.draft.strip():
+            self.query_one(PromptInput).set_text(edit.draft)
+
+    def _mark_turn(self, on: bool) -> None:
+        """Dim the turn an edit would replace (its views are the transcript's last ones)."""
+        if self.edit is None:
+            return
+        for view in list(self.query_one(Transcript).children)[-len(self.edit.turn):]:
+            view.set_class(on, "replaced")
