@@ -293,11 +293,14 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
             self.compare_cancel.set()
 
     def action_escape(self) -> None:
-        """Esc: stop the reply or the comparison under way, else cancel an edit of the last prompt."""
+        """Esc: stop the reply or the comparison under way, else cancel an edit of the last prompt, else clear the
+        input (undoably: a refused paste of thousands of lines had no other quick way out)."""
+        area = self.query_one(PromptArea)
         if self.busy:
             self.action_stop()
-        else:
-            self.cancel_edit()
+        elif not self.cancel_edit() and area.text:
+            area.clear()
+            self.notify("input cleared: Ctrl+Z brings it back", timeout=3)
 
     # -- colours -----------------------------------------------------------------------------------
     def action_toggle_colours(self) -> None:

@@ -636,3 +636,18 @@ async def test_restart_is_refused_while_a_reply_runs_and_works_when_idle(tmp_pat
         await settle(app, pilot)
         assert engine.closed and "ready" in rendered(app.query_one("#status"))
 
+
+
+async def test_esc_with_no_reply_clears_the_input_undoably(tmp_path):
+    """A refused paste of thousands of lines came back into the input with no quick way to clear it."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        pasted = "line of a long paste\n" * 2000
+        app.query_one(PromptArea).text = pasted
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.query_one(PromptArea).text == ""
+        await pilot.press("ctrl+z")
+        await pilot.pause()
+        assert app.query_one(PromptArea).text == pasted
