@@ -179,6 +179,9 @@ def root(
                              compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul,
                              prefill_chunk_tokens=prefill_chunk)
         if not app_runs:
+            if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
+                raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
+                                      "pipe or a file)")
             with _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
             return
@@ -212,7 +215,7 @@ def _engine_loader(target: str, engine_kwargs: dict):
 
 
 def _in_a_terminal() -> bool:
-    return sys.stdout.isatty() and sys.stdin.isatty()
+    return all(stream is not None and stream.isatty() for stream in (sys.stdout, sys.stdin))  # None: fd closed
 
 
 @app.command()
@@ -252,7 +255,7 @@ def ask(
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
-        text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
+        text = _read_stdin().rstrip("\n") if prompt == "-" else prompt
         if not text.strip():
             raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")
         messages = [{"role": "system", "content": system}] if system is not None else []
@@ -264,6 +267,12 @@ def ask(
             output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
     if as_json:
         typer.echo(json.dumps(output.to_dict()))
+
+
+def _read_stdin() -> str:
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise BenchInputError("stdin is closed: give the prompt as an argument, or - and the prompt on stdin")
+    return sys.stdin.read()
 
 
 @app.command()

@@ -312,6 +312,19 @@ def test_load_prompts_reads_plain_lines_and_jsonl(tmp_path):
         load_prompts(path)
 
 
+@pytest.mark.parametrize("args", [["ask", "-"], ["--plain"], []], ids=["ask -", "plain", "piped chat"])
+def test_a_closed_stdin_is_a_one_line_error(args, tiny_llama_dir):
+    """`ssd-chat ask - <&-`: Python's sys.stdin is None, and the prompt (or the plain mode's lines) cannot come."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ssd_chat", *args, "--target", str(tiny_llama_dir)], cwd=REPO_ROOT,
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: stdin is closed"), result.stderr
+
+
 def test_shipped_prompt_set_loads():
     prompts = load_prompts(REPO_ROOT / "assets" / "prompts" / "chat.jsonl")
     assert len(prompts) >= 16
