@@ -120,6 +120,17 @@ def _open_llm(target: str, **engine_kwargs) -> Iterator[engine.llm.LLM]:
         llm.close()
 
 
+@contextmanager
+def _quiet_when_the_reader_goes() -> Iterator[None]:
+    """`... | head`: a write to stdout after its reader went away ends the command quietly with 128 + SIGPIPE, as
+    SIGPIPE ends a filter (stop_signals.reader_gone), once what it opened is closed (the exception left those
+    `with` blocks). Click's own handling of it would exit with 1."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise typer.Exit(stop_signals.reader_gone()) from None
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"ssd-chat {__version__}")
@@ -182,7 +193,7 @@ def root(
             if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
                 raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
                                       "pipe or a file)")
-            with _open_llm(target, **engine_kwargs) as llm:
+            with _quiet_when_the_reader_goes(), _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
             return
         from ssd_chat.tui import keys_reach_the_app, run_tui
@@ -251,7 +262,7 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
-    with user_errors():
+    with user_errors(), _quiet_when_the_reader_goes():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
@@ -265,8 +276,8 @@ def ask(
                        attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
                        packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
             output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
-    if as_json:
-        typer.echo(json.dumps(output.to_dict()))
+        if as_json:
+            typer.echo(json.dumps(output.to_dict()))
 
 
 def _read_stdin() -> str:

@@ -22,6 +22,7 @@ from ssd_chat.prompts import BenchInputError, load_prompts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
+BUFFERED_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout as a user's: buffered
 
 
 def _greedy_chat(model_dir: Path, prompt: str, max_tokens: int):
@@ -323,6 +324,26 @@ def test_a_closed_stdin_is_a_one_line_error(args, tiny_llama_dir):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: stdin is closed"), result.stderr
+
+
+@pytest.mark.parametrize("args", [["ask", "Paris is"], ["ask", "Paris is", "--json"], ["--plain"]],
+                         ids=["ask", "ask --json", "plain"])
+def test_a_reader_gone_ends_it_quietly_as_sigpipe_would(args, tiny_llama_dir):
+    """`ssd-chat ask ... | head -c 10`: the write after stdout's reader went away (here before the first write:
+    the same BrokenPipeError) ends it with 128 + SIGPIPE, and no traceback (the same mid-reply in SSD:
+    test_stop_signals)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ssd_chat", *args, "--target", str(tiny_llama_dir), "--max-tokens", "8"],
+            cwd=REPO_ROOT, input="Paris is\n", stdout=write, stderr=subprocess.PIPE, text=True,
+            env={**BUFFERED_ENV, "HF_HUB_OFFLINE": "1"}, timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 128 + signal.SIGPIPE, proc.stderr
+    assert proc.stderr == ""
 
 
 def test_shipped_prompt_set_loads():
