@@ -22,7 +22,7 @@ from engine.affinity import pin, usable
 from engine.build import check_tp, resolve_dtype
 from engine.chat import check_text, encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
-from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder
+from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder, make_tail_check
 from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
 from engine.layers.packed import one_row_pays, resolve_kernel, runs_q8
 from engine.model_dir import inspect_model_dir
@@ -107,6 +107,7 @@ class LLM:
             self.close()
             raise
         self._decode = make_decoder(self.tokenizer)
+        self._ends_inside_a_character = make_tail_check(self.tokenizer)
         self._ids = itertools.count()
         self._requests: dict[int, RequestState] = {}
         # a sampled request without a seed of its own draws from here: other draws in every run unless config.seed
@@ -291,8 +292,8 @@ class LLM:
         seq = Sequence(next(self._ids), list(token_ids), params, generator)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         spec = self.speculation
-        state = RequestState(seq, IncrementalDetokenizer(self._decode, params.stop), mode=spec.mode,
-                             stop_ids=stop_ids, k=spec.k)
+        detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
+        state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=spec.k)
         self._requests[seq.seq_id] = state
         self.core.add(seq, spec)
         self._report_warnings()

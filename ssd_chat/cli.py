@@ -120,6 +120,17 @@ def _open_llm(target: str, **engine_kwargs) -> Iterator[engine.llm.LLM]:
         llm.close()
 
 
+@contextmanager
+def _quiet_when_the_reader_goes() -> Iterator[None]:
+    """`... | head`: a write to stdout after its reader went away ends the command quietly with 128 + SIGPIPE, as
+    SIGPIPE ends a filter (stop_signals.reader_gone), once what it opened is closed (the exception left those
+    `with` blocks). Click's own handling of it would exit with 1."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise typer.Exit(stop_signals.reader_gone()) from None
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"ssd-chat {__version__}")
@@ -179,7 +190,10 @@ def root(
                              compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul,
                              prefill_chunk_tokens=prefill_chunk)
         if not app_runs:
-            with _open_llm(target, **engine_kwargs) as llm:
+            if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
+                raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
+                                      "pipe or a file)")
+            with _quiet_when_the_reader_goes(), _open_llm(target, **engine_kwargs) as llm:
                 run_repl(llm, params, system)
             return
         from ssd_chat.tui import keys_reach_the_app, run_tui
@@ -212,7 +226,7 @@ def _engine_loader(target: str, engine_kwargs: dict):
 
 
 def _in_a_terminal() -> bool:
-    return sys.stdout.isatty() and sys.stdin.isatty()
+    return all(stream is not None and stream.isatty() for stream in (sys.stdout, sys.stdin))  # None: fd closed
 
 
 @app.command()
@@ -248,11 +262,11 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
-    with user_errors():
+    with user_errors(), _quiet_when_the_reader_goes():
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = _speculation(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
-        text = sys.stdin.read().rstrip("\n") if prompt == "-" else prompt
+        text = _read_stdin().rstrip("\n") if prompt == "-" else prompt
         if not text.strip():
             raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")
         messages = [{"role": "system", "content": system}] if system is not None else []
@@ -262,8 +276,14 @@ def ask(
                        attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
                        packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
             output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
-    if as_json:
-        typer.echo(json.dumps(output.to_dict()))
+        if as_json:
+            typer.echo(json.dumps(output.to_dict()))
+
+
+def _read_stdin() -> str:
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise BenchInputError("stdin is closed: give the prompt as an argument, or - and the prompt on stdin")
+    return sys.stdin.read()
 
 
 @app.command()

@@ -3,8 +3,9 @@
 Reads one prompt per line, streams each reply as it arrives on stdout, then a dim stats line on stderr (decode
 tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and SSD): a pipe gets only the replies.
 The whole conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
-over, `/exit` or end of input quits; the first Ctrl-C stops a reply and keeps its partial text (and drops
-the lines typed or pasted ahead).
+over, `/exit` or end of input quits; any other line that starts with one `/` is an unknown command (one line on
+stderr), and `//` sends a literal `/`, as in the chat app. The first Ctrl-C stops a reply and keeps its partial
+text (and drops the lines typed or pasted ahead).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
+from ssd_chat.tui.commands import is_slash
 
 
 class PlainEngine(Protocol):
@@ -61,14 +63,20 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             if interactive:
                 console.print()
             return
-        if line in ("/exit", "/quit"):
-            return
-        if line == "/clear":
-            history, window = list(start), 0
-            err.print("conversation cleared", style="dim")
+        if is_slash(line):  # the chat app's rule: one / starts a command, // a prompt that begins with /
+            command = command_name(line)
+            if command in ("exit", "quit"):  # (/quit: /exit's other name)
+                return
+            if command == "clear":
+                history, window = list(start), 0
+                err.print("conversation cleared", style="dim")
+            else:
+                err.print(f"error: unknown command /{command}: plain mode knows /clear and /exit; start a line "
+                          "with // to send one that begins with /", markup=False, soft_wrap=True)
             continue
         if not line:
             continue
+        line = line[1:] if line.startswith("//") else line
         history.append({"role": "user", "content": line})
         try:
             window = _window(llm, history, window, params, err)
@@ -84,6 +92,13 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             continue
         history.append({"role": "assistant", "content": output.text})
         err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
+
+
+def command_name(line: str) -> str:
+    """The command a line that starts with / names, as the chat app reads it (ssd_chat.tui.commands.parse_slash):
+    the word after the slash, in lower case; the rest of the line is ignored."""
+    parts = line[1:].split(maxsplit=1)
+    return parts[0].lower() if parts else ""
 
 
 def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params: SamplingParams,

@@ -122,6 +122,21 @@ def received() -> int | None:
     return _received
 
 
+def reader_gone() -> int:
+    """stdout's reader went away (`ssd-chat ask ... | head`): the run ends as a filter that SIGPIPE ended, quietly
+    with 128 + SIGPIPE. (Python ignores SIGPIPE, so the write raised BrokenPipeError instead.) Call it once the run
+    is cleaned up. stdout, and stderr where it is the same pipe, go to /dev/null: the interpreter's last flush of
+    what is still buffered would fail again and print "Exception ignored ... BrokenPipeError". Returns the code."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    with contextlib.suppress(OSError):
+        same = os.path.sameopenfile(1, 2)
+        os.dup2(fd, 1)
+        if same:
+            os.dup2(fd, 2)
+    os.close(fd)
+    return 128 + getattr(signal, "SIGPIPE", 13)
+
+
 def exit_code(code: int) -> int:
     """`code`, or 128 + the stop signal's number when one stopped the run."""
     return code if _received is None else 128 + _received

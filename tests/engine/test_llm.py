@@ -72,7 +72,8 @@ def test_streamed_deltas_concatenate_to_the_full_text(llm):
         deltas = [e for e in events if isinstance(e, TokenDelta)]
         assert "".join(d.text for d in deltas) == out.text
         assert [t for d in deltas for t in d.token_ids] == out.token_ids
-        assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        full = llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        assert out.text in (full, full.removesuffix("\ufffd"))  # (less a character the length limit cut)
 
 
 def test_multibyte_character_is_held_until_complete(llm):
@@ -82,6 +83,23 @@ def test_multibyte_character_is_held_until_complete(llm):
     detok = IncrementalDetokenizer(make_decoder(llm.tokenizer))
     pieces = [detok.push([i]) for i in ids]
     assert pieces == ["", "", "", "😀"]
+
+
+def test_a_reply_cut_inside_a_character_ends_before_it(tiny_llama_dir):
+    """The model made to write byte F0 (a 4-byte character's first) again and again: each F0 after another is an
+    invalid byte, a U+FFFD in the text; the last, cut by max_tokens, is no part of it (its token id stays)."""
+    # the head is edited in place below, which packed weight copies (engine.layers.packed) would not see
+    llm = LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, packed_weights=False)
+    lead = llm.tokenizer.convert_tokens_to_ids("ð")
+    with torch.no_grad():
+        head = llm.core.runner.model.lm_head.weight
+        head[lead] = head.abs().max() * 50 * torch.sign(llm.core.runner.model.model.norm.weight)
+    events = list(llm.stream("Paris", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)))
+    out = events[-1].output
+    assert out.token_ids[1:] == [lead] * 3  # (the first, the prefill step's, need not follow the edit)
+    full = llm.tokenizer.decode(out.token_ids)
+    assert full.endswith("\ufffd" * 3) and out.text == full[:-1]
+    assert "".join(e.text for e in events if isinstance(e, TokenDelta)) == out.text
 
 
 def test_seeded_sampling_is_reproducible(llm):

@@ -22,6 +22,7 @@ from ssd_chat.prompts import BenchInputError, load_prompts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
+BUFFERED_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout as a user's: buffered
 
 
 def _greedy_chat(model_dir: Path, prompt: str, max_tokens: int):
@@ -310,6 +311,39 @@ def test_load_prompts_reads_plain_lines_and_jsonl(tmp_path):
     path.write_text('{"prompt": 3}\n')
     with pytest.raises(BenchInputError, match=r"prompts.txt:1"):
         load_prompts(path)
+
+
+@pytest.mark.parametrize("args", [["ask", "-"], ["--plain"], []], ids=["ask -", "plain", "piped chat"])
+def test_a_closed_stdin_is_a_one_line_error(args, tiny_llama_dir):
+    """`ssd-chat ask - <&-`: Python's sys.stdin is None, and the prompt (or the plain mode's lines) cannot come."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ssd_chat", *args, "--target", str(tiny_llama_dir)], cwd=REPO_ROOT,
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: stdin is closed"), result.stderr
+
+
+@pytest.mark.parametrize("args", [["ask", "Paris is"], ["ask", "Paris is", "--json"], ["--plain"]],
+                         ids=["ask", "ask --json", "plain"])
+def test_a_reader_gone_ends_it_quietly_as_sigpipe_would(args, tiny_llama_dir):
+    """`ssd-chat ask ... | head -c 10`: the write after stdout's reader went away (here before the first write:
+    the same BrokenPipeError) ends it with 128 + SIGPIPE, and no traceback (the same mid-reply in SSD:
+    test_stop_signals)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ssd_chat", *args, "--target", str(tiny_llama_dir), "--max-tokens", "8"],
+            cwd=REPO_ROOT, input="Paris is\n", stdout=write, stderr=subprocess.PIPE, text=True,
+            env={**BUFFERED_ENV, "HF_HUB_OFFLINE": "1"}, timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 128 + signal.SIGPIPE, proc.stderr
+    assert proc.stderr == ""
 
 
 def test_shipped_prompt_set_loads():

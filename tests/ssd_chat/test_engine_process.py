@@ -121,6 +121,35 @@ def test_the_engine_process_ends_with_the_app(tiny_llama_dir):
     assert not _alive(pid)
 
 
+def test_killed_mid_reply_the_app_leaves_an_engine_process_that_closes_quietly(tiny_llama_dir):
+    """`kill -9` of the chat app while a reply streams in SSD: the engine process's next write meets the broken
+    pipe; it closes its engine (the draft process, the shared-memory block) and ends without a word. run() returns
+    once every process holding the app's stderr (the engine's, its draft's, the resource tracker) has ended."""
+    tiny = str(tiny_llama_dir)
+    core = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    script = textwrap.dedent(f"""
+        import os, signal
+        from engine import SamplingParams
+        from engine.config import SpeculationConfig
+        from engine.outputs import TokenDelta
+        from ssd_chat.tui.engine_process import EngineProcess
+        engine = EngineProcess({tiny!r}, draft={tiny!r}, max_model_len=512, threads=1, draft_device="cpu:{core}")
+        engine.speculation = SpeculationConfig(mode="ssd", k=3)
+        params = SamplingParams(temperature=0.0, max_tokens=100000, ignore_eos=True)
+        stream = engine.chat([{{"role": "user", "content": "Paris is"}}], params)
+        next(e for e in stream if isinstance(e, TokenDelta))
+        print(engine._proc.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == -9, out.stderr
+    pid = int(out.stdout.split()[0])
+    assert out.stderr == ""  # no "the engine failed" and its BrokenPipeError, no leaked-block warning
+    assert not _alive(pid)
+    assert not list(Path("/dev/shm").glob(f"{shm_channel.PREFIX}{pid}_*"))
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -43,6 +43,21 @@ def test_plain_streams_replies_with_a_stats_line(monkeypatch, capsys):
     assert engine.calls[1][0][2] == {"role": "assistant", "content": REPLY}
 
 
+def test_plain_refuses_an_unknown_command_and_sends_a_doubled_slash_as_a_prompt(monkeypatch, capsys):
+    """The chat app's rule: a line that starts with one / is a command (a path too); // sends a literal /."""
+    engine = FakeEngine()
+    _feed(monkeypatch, ["/mode ar", "/temp 0", "/foo", "/usr/bin/foo is a path", "//usr/bin/foo is a path", "hi",
+                        "/CLEAR", "again"])
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: unknown command /{name}: plain mode knows /clear and /exit; start a line with // to "
+                      "send one that begins with /" for name in ("mode", "temp", "foo", "usr/bin/foo")]
+    assert [[m["content"] for m in messages if m["role"] == "user"] for messages, _, _ in engine.calls] == [
+        ["/usr/bin/foo is a path"], ["/usr/bin/foo is a path", "hi"], ["again"]]  # /CLEAR: /clear
+    assert captured.out == 3 * (REPLY + "\n")
+
+
 def test_plain_reports_an_engine_error_in_one_line_and_goes_on(monkeypatch, capsys):
     engine = FakeEngine()
     _feed(monkeypatch, ["too long", "fine"])

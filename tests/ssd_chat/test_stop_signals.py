@@ -138,6 +138,32 @@ def test_ask_in_ssd_stopped_by_a_signal_cleans_up_and_exits_128_plus_it(sig, whe
 
 
 @needs_posix
+def test_ask_in_ssd_whose_reader_goes_mid_reply_cleans_up_and_exits_as_sigpipe_would(tiny_llama_dir):
+    """`ssd-chat ask ... --mode ssd | head -c 1`: the reader goes after the reply's first byte; the next write's
+    BrokenPipeError ends the run as SIGPIPE ends a filter (128 + 13), once the draft process is stopped and its
+    block removed, and nothing is printed."""
+    from engine import shm_channel
+
+    tiny = str(tiny_llama_dir)
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ssd_chat", "ask", "Paris is", "--target", tiny, "--draft", tiny, "--mode", "ssd",
+         "--draft-device", "cpu", "--max-tokens", "100000"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env={**buffered, "HF_HUB_OFFLINE": "1"},  # stdout buffered, as a user's
+    )
+    assert proc.stdout.read(1)  # (blocks until the reply's first byte)
+    seen = _descendants(proc.pid)
+    assert _blocks_of(seen | {proc.pid}) or not shm_channel.available()  # SSD's block: there is one to remove
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=60)
+    stderr = stderr.decode()
+    assert proc.returncode == 128 + signal.SIGPIPE, stderr
+    assert stderr.strip() == ""
+    assert _blocks_of(seen | {proc.pid}) == []
+    _wait_until(lambda: not any(_alive(p) for p in seen), 10, "its processes to end")
+
+
+@needs_posix
 def test_closing_the_terminal_mid_reply_keeps_the_reply_and_leaves_nothing_behind(tiny_llama_dir, tmp_path):
     """The chat app in SSD on a real pseudo-terminal, closed while a reply streams as a terminal window is: SIGHUP
     reaches the app and, as a shell passes it on to its job, the app's whole process group (tmux's kill-server did
