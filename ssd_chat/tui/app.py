@@ -95,7 +95,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self.quitting = False
         self._restore_signals: Callable[[], None] = lambda: None  # (on_mount: stop signals quit the app)
         self.told_stopped = False  # the notice that the engine's process died was shown (once per engine)
-        self.refused_prompt: str | None = None  # a prompt sent to a dead engine: back in the input after /restart
+        self.prompt_to_restore: str | None = None  # for the input once loaded (refused by a dead engine; unanswered)
 
     # -- layout and start-up -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -119,7 +119,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         if self.resume and self.session.store is not None:
             latest = self.session.store.latest()
             if latest is not None:
-                self.refused_prompt = self.session.open(latest)  # (an unanswered prompt: in the input once loaded)
+                self.prompt_to_restore = self.session.open(latest)  # (an unanswered prompt: in the input once loaded)
         self.push_screen(LoadingScreen(self.target, self.draft))
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
@@ -133,6 +133,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
     def restart_engine(self) -> None:
         """Close the engine (a dead one too: its process and what it left) and load the models again, behind the
         loading screen; the conversation and the settings stay. A failed load ends the app as a first one does."""
+        self.cancel_edit()  # (the views are rebuilt once loaded)
         engine, self.engine = self.engine, None
         gc.unfreeze()  # what the old engine holds (in this process: SSD_CHAT_ENGINE_PROCESS=0) can be collected
         self.push_screen(LoadingScreen(self.target, self.draft))
@@ -185,9 +186,9 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
             self.session.update_settings(mode="ar")
         self.show_conversation()
         prompt = self.query_one(PromptInput)
-        if self.refused_prompt and not prompt.text.strip():
-            prompt.set_text(self.refused_prompt)
-        self.refused_prompt = None
+        if self.prompt_to_restore and not prompt.text.strip():
+            prompt.set_text(self.prompt_to_restore)
+        self.prompt_to_restore = None
         self.query_one(PromptArea).focus()
 
     def on_unmount(self) -> None:

@@ -65,7 +65,7 @@ class ChatActions(_Base):
             return
         if not self.ready_and_idle():
             if not self.engine_alive:  # it stays in the input; /restart typed over it brings it back when loaded
-                self.refused_prompt = text
+                self.prompt_to_restore = text
             return
         self.query_one(PromptInput).set_text("")
         text = text[1:] if text.startswith("//") else text
@@ -123,12 +123,14 @@ class ChatActions(_Base):
 
     def action_new_chat(self) -> None:
         if self.ready_and_idle():
+            self.cancel_edit()
             self.session.new()
             self.show_conversation()
 
     def action_chats(self, search: str = "") -> None:
         if not self.ready_and_idle() or self.session.store is None:
             return
+        self.cancel_edit()
         self.session.save()
 
         def opened(conversation_id: int | None) -> None:
@@ -136,9 +138,11 @@ class ChatActions(_Base):
             if conversation_id is not None and store is not None and (found := store.load(conversation_id)):
                 unanswered = self.session.open(found)
                 self.show_conversation()
-                prompt = self.query_one(PromptInput)
-                if unanswered and not prompt.text.strip():
-                    prompt.set_text(unanswered)
+                if unanswered:  # (saved so by an earlier version)
+                    typed = self.query_one(PromptInput).text.strip()
+                    self.query_one(PromptInput).replace_text(unanswered)
+                    self.notify("the chat's last prompt had no reply: it is in the input"
+                                + (" (Ctrl+Z brings back what you had typed)" if typed else ""), timeout=6)
             elif self.session.conversation.id is not None and store is not None:
                 current = store.load(self.session.conversation.id)
                 if current is None:
@@ -152,6 +156,7 @@ class ChatActions(_Base):
 
     def action_regenerate(self) -> None:
         if self.ready_and_idle():
+            self.cancel_edit()
             before = len(self.session.messages)
             prompt = self.session.pop_turn()
             if prompt is None:
@@ -191,6 +196,7 @@ class ChatActions(_Base):
 
     def slash_clear(self, arg: str) -> None:
         if self.ready_and_idle():
+            self.cancel_edit()
             self.session.clear()
             self.show_conversation()
 
@@ -214,6 +220,7 @@ class ChatActions(_Base):
 
     def slash_undo(self, arg: str) -> None:
         if self.ready_and_idle():
+            self.cancel_edit()
             if self.session.pop_turn() is None:
                 self.notify("no turn to remove yet", severity="warning")
                 return

@@ -45,6 +45,7 @@ def last_turn(messages: list[ChatMessage]) -> tuple[ChatMessage, ...]:
 
 class EditActions(_Base):
     edit: Edit | None = None
+    replacing: Edit | None = None  # an edit sent, its reply under way (a failure brings the edit back)
 
     def action_edit_last(self) -> None:
         if not self.ready_and_idle():
@@ -58,7 +59,7 @@ class EditActions(_Base):
             return
         prompt = self.query_one(PromptInput)
         self.edit = Edit(self.session.conversation, turn, prompt.text)
-        prompt.set_text(turn[0].content)
+        prompt.replace_text(turn[0].content)
         self._mark_turn(True)
         self.notify(EDITING, timeout=4)
         self.refresh_status()
@@ -70,30 +71,44 @@ class EditActions(_Base):
             self.edit = None
         return self.edit
 
-    def cancel_edit(self) -> bool:
-        """Esc while editing: the turn stays and the input gets back what it held before F4. False: no edit."""
-        edit = self.current_edit()
+    def cancel_edit(self, notice: str = "edit cancelled: the last turn stays") -> bool:
+        """Esc while editing (and before anything else that changes the chat: regenerate, undo, clear, a new or
+        another chat, a restart): the turn stays and the input gets back what it held before F4, undoably.
+        False: no edit."""
+        edit = self.edit
         if edit is None:
             return False
         self._mark_turn(False)
         self.edit = None
-        self.query_one(PromptInput).set_text(edit.draft)
-        self.notify("edit cancelled: the last turn stays", timeout=2)
+        self.query_one(PromptInput).replace_text(edit.draft)
+        self.notify(notice, timeout=3)
         self.refresh_status()
         return True
 
     def send_edit(self, text: str) -> None:
-        """Send `text` in place of the edited turn, then give the input back what it held before F4."""
+        """Send `text` in place of the edited turn (ChatSession.replace_turn), then give the input back what it held
+        before F4."""
         edit = self.current_edit()
         assert edit is not None
         self._mark_turn(False)
-        self.edit = None
-        before = len(self.session.messages)
-        self.session.pop_turn()
-        self.query_one(Transcript).remove_last(before - len(self.session.messages))
-        self.send_prompt(text)
+        self.edit, self.replacing = None, edit
+        self.query_one(Transcript).remove_last(len(edit.turn))
+        self.send_prompt(text, replace=True)
         if edit.draft.strip():
             self.query_one(PromptInput).set_text(edit.draft)
+
+    def edit_failed(self, prompt: str) -> None:
+        """The reply to a sent edit failed: the session put the turn back; so do the views, and the edit goes on
+        (the edited prompt in the input, the draft kept for after it)."""
+        edit, self.replacing = self.replacing, None
+        if edit is None:
+            return
+        turn = last_turn(self.session.messages)
+        self.show_conversation()
+        self.edit = Edit(self.session.conversation, turn, edit.draft)
+        self._mark_turn(True)
+        self.query_one(PromptInput).set_text(prompt)
+        self.refresh_status()
 
     def _mark_turn(self, on: bool) -> None:
         """Dim the turn an edit would replace (its views are the transcript's last ones)."""

@@ -38,11 +38,15 @@ UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it sta
 
 
 class ReplyActions(_Base):
-    def send_prompt(self, text: str) -> None:
-        """Add `text` as the next turn and stream the reply (the caller checked we are idle)."""
+    def send_prompt(self, text: str, *, replace: bool = False) -> None:
+        """Add `text` as the next turn (`replace`: in place of the last one, whose views the caller removed) and
+        stream the reply (the caller checked we are idle)."""
         params = SamplingParams(temperature=self.session.settings.temperature,
                                 max_tokens=self.session.settings.max_tokens)
-        self.session.add_prompt(text)
+        if replace:
+            self.session.replace_turn(text)
+        else:
+            self.session.add_prompt(text)
         transcript = self.query_one(Transcript)
         transcript.add_user(text)
         self.reply_view = transcript.add_assistant(colours=self.colours)
@@ -117,6 +121,7 @@ class ReplyActions(_Base):
         self.reply_view.finish(output.text, stats.line())
         self.query_one(StatsPanel).show(self.buffer.stats.final(output))
         self.session.add_reply(output.text, stats)
+        self.replacing = None
         if output.finish_reason is FinishReason.CANCELLED:
             self.notify("reply stopped; the partial text is kept", timeout=3)
         self._end_reply()
@@ -125,8 +130,9 @@ class ReplyActions(_Base):
         self.query_one(Transcript).remove_last(2)
         prompt = self.session.drop_prompt()
         self.query_one(PromptInput).set_text(prompt)
-        if not self.engine_alive:  # /restart, typed over it, brings it back once loaded
-            self.refused_prompt = prompt
+        self.edit_failed(prompt)  # (a sent edit: its turn is back, and the edit goes on)
+        if not self.engine_alive or "engine process stopped" in message.error:  # (its pipe can tell first)
+            self.prompt_to_restore = prompt  # /restart, typed over it, brings it back once loaded
         error = message.error if self.engine_alive else ENGINE_STOPPED
         self.told_stopped |= not self.engine_alive
         self.notify(error, title="not sent", severity="error", timeout=10)

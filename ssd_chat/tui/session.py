@@ -25,6 +25,7 @@ class ChatSession:
         self.conversation = Conversation(None, settings=settings)
         self.max_tokens = settings.max_tokens  # the run's (--max-tokens), not a chat's: a reopened chat takes it too
         self._titled = False  # the pending prompt gave the conversation its title
+        self._replaced: tuple[list[ChatMessage], str] | None = None  # the turn (and title) a pending edit replaces
         self.window = 0  # the first message the model still sees (ssd_chat.context_window)
 
     # -- reading -----------------------------------------------------------------------------------
@@ -53,28 +54,51 @@ class ChatSession:
 
     def add_reply(self, text: str, stats: TurnStats | None) -> None:
         self.messages.append(ChatMessage("assistant", text, stats))
+        self._replaced = None
         self.save()
 
     def drop_prompt(self) -> str:
-        """Undo `add_prompt` (the request failed): returns the prompt to put back in the input."""
+        """Undo `add_prompt` (the request failed): returns the prompt to put back in the input. A turn the prompt
+        was to replace (`replace_turn`) comes back."""
         assert self.messages and self.messages[-1].role == "user", "no pending prompt"
         if self._titled:
             self.conversation.title = UNTITLED
-        return self.messages.pop().content
+        prompt = self.messages.pop().content
+        if self._replaced is not None:
+            turn, self.conversation.title = self._replaced
+            self.messages.extend(turn)
+            self._replaced = None
+        return prompt
+
+    def replace_turn(self, text: str) -> None:
+        """`text` as the next prompt in place of the last turn, which stays in the history until the reply comes
+        (and comes back if the request fails: drop_prompt)."""
+        title = self.conversation.title
+        turn = self._pop_turn()
+        assert turn, "no turn to replace"
+        self._replaced = (turn, title)
+        self.add_prompt(text)
 
     def pop_turn(self) -> str | None:
         """Remove the last prompt and its reply; returns the prompt (None when there is no turn)."""
-        while self.messages and self.messages[-1].role != "user":
-            self.messages.pop()
-        if not self.messages:
+        turn = self._pop_turn()
+        if not turn:
             return None
-        prompt = self.messages.pop().content
-        # the model's view starts at the latest prompt at the latest (the next send's fit moves it on if need be)
-        self.window = min(self.window, max((i for i, m in enumerate(self.messages) if m.role == "user"), default=0))
-        if not self.messages and self.conversation.title == title_from(prompt):
-            self.conversation.title = UNTITLED  # emptied: the next prompt names it, as in a new chat
         self.save()
-        return prompt
+        return turn[0].content
+
+    def _pop_turn(self) -> list[ChatMessage]:
+        """Take the last prompt and what follows it out of the conversation; returns them ([]: no prompt)."""
+        starts = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        if not starts:
+            return []
+        turn = self.messages[starts[-1]:]
+        del self.messages[starts[-1]:]
+        # the model's view starts at the latest prompt at the latest (the next send's fit moves it on if need be)
+        self.window = min(self.window, starts[-2] if len(starts) > 1 else 0)
+        if not self.messages and self.conversation.title == title_from(turn[0].content):
+            self.conversation.title = UNTITLED  # emptied: the next prompt names it, as in a new chat
+        return turn
 
     def clear(self) -> None:
         self.messages.clear()
@@ -100,7 +124,7 @@ class ChatSession:
         conversation.settings = replace(conversation.settings, max_tokens=self.max_tokens)
         self.conversation = conversation
         self.window = 0
-        self._titled = False
+        self._titled, self._replaced = False, None
         if self.messages and self.messages[-1].role == "user":
             return self.messages.pop().content
         return None
@@ -112,7 +136,10 @@ class ChatSession:
         if self.store is None:
             return
         saved = self.conversation
-        if self.messages and self.messages[-1].role == "user":
+        if self._replaced is not None:  # an edit's reply is under way: the turn it replaces is still the history's
+            turn, title = self._replaced
+            saved = replace(saved, messages=self.messages[:-1] + turn, title=title)
+        elif self.messages and self.messages[-1].role == "user":
             saved = replace(saved, messages=self.messages[:-1], title=UNTITLED if self._titled else saved.title)
         if saved.id is not None or saved.messages:
             self.conversation.id = self.store.save(saved)

@@ -259,9 +259,14 @@ async def test_an_edit_loses_neither_the_turn_nor_a_typed_draft(tmp_path):
         assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say bye.", REPLY]
         saved = HistoryStore(tmp_path / "history.sqlite3").load(app.session.conversation.id)
         assert [m.content for m in saved.messages] == ["Say hi.", REPLY, "Say bye.", REPLY]
+        await type_text(pilot, " Now")
         await pilot.press("escape")  # cancel: the draft is back, the turn unmarked
         await pilot.pause()
         assert app.query_one(PromptArea).text == "my draft" and app.edit is None
+        await pilot.press("ctrl+z")  # the cancelled edit's text can be taken back
+        await pilot.pause()
+        assert app.query_one(PromptArea).text == "Say bye. Now"
+        app.query_one(PromptArea).text = "my draft"
         assert not any(v.has_class("replaced") for v in app.query_one(Transcript).children)
         assert "ready" in rendered(app.query_one("#status"))
 
@@ -272,14 +277,72 @@ async def test_an_edit_loses_neither_the_turn_nor_a_typed_draft(tmp_path):
         assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say goodbye.", REPLY]
         assert app.query_one(PromptArea).text == "my draft"  # back once the edit went
         await pilot.press("f4")
-        await pilot.press("f5")  # a regenerate replaces the turn itself: the edit ends, the turn is new
+        await pilot.press("f5")  # a regenerate cancels the edit first: the draft comes back
         await settle(app, pilot)
-        assert app.current_edit() is None
+        assert app.current_edit() is None and app.query_one(PromptArea).text == "my draft"
         assert not any(v.has_class("replaced") for v in app.query_one(Transcript).children)
+        await pilot.press("f4")
+        await pilot.press("ctrl+n")  # so does a new chat
+        await pilot.pause()
+        assert app.edit is None and app.query_one(PromptArea).text == "my draft"
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("enter")  # back to the chat
+        await wait_for(pilot, lambda: len(app.session.messages) == 4, what="the chat again")
+        app.query_one(PromptArea).text = ""
         app.query_one(PromptArea).text = "next"
         await pilot.press("enter")  # an ordinary send: nothing replaced
         await settle(app, pilot)
         assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say goodbye.", REPLY, "next", REPLY]
+
+
+async def test_a_sent_edit_whose_reply_fails_keeps_the_turn_and_the_edit(tmp_path):
+    """The edit replaced the turn in the history before its reply came: a failed reply lost the turn, and the
+    draft typed before F4 too. Now the turn stays in the history until the reply comes, and a failure brings the
+    edit back (the edited prompt in the input, the turn dimmed, the draft for later)."""
+    from ssd_chat.history import HistoryStore
+
+    engine = FakeEngine(gate=threading.Event())
+    app = make_app(engine, tmp_path)
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    async with app.run_test(size=SIZE) as pilot:
+        engine.gate.set()
+        await settle(app, pilot)
+        await send(app, pilot, "Say hi.")
+        await send(app, pilot, "Say bye.")
+        turns = ["Say hi.", REPLY, "Say bye.", REPLY]
+        await type_text(pilot, "my draft")
+        await pilot.press("f4")
+        app.query_one(PromptArea).text = "Say goodbye."
+        engine.gate.clear()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "Hello", what="1st delta")
+        assert app.query_one(PromptArea).text == "my draft"  # back in the input once the edit went
+        app.change_settings(temperature=0.5)  # as /temp does: a save mid-reply
+        assert [m.content for m in store.load(app.session.conversation.id).messages] == turns
+        engine.error = PromptTooLongError("the prompt has 9999 tokens but the context limit is 512: shorten it")
+        engine.gate.set()
+        await settle(app, pilot)  # (this one succeeds: the error is for the next request)
+        assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say goodbye.", REPLY]
+        assert app.query_one(PromptArea).text == "my draft"
+
+        await pilot.press("f4")
+        app.query_one(PromptArea).text = "Say farewell."
+        await pilot.press("enter")  # refused
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say goodbye.", REPLY]
+        assert [m.content for m in store.load(app.session.conversation.id).messages] == app_contents(app)
+        assert app.query_one(PromptArea).text == "Say farewell." and app.current_edit() is not None
+        assert [v.has_class("replaced") for v in app.query_one(Transcript).children] == [False, False, True, True]
+        engine.error = None
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["Say hi.", REPLY, "Say farewell.", REPLY]
+        assert app.query_one(PromptArea).text == "my draft"
+
+
+def app_contents(app) -> list[str]:
+    return [m.content for m in app.session.messages]
 
 
 async def test_a_settings_change_mid_reply_saves_no_unanswered_prompt(tmp_path):

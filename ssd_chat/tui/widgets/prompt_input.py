@@ -77,6 +77,12 @@ class PromptInput(Vertical):
         self.area.move_cursor(self.area.document.end)
         self.area.focus()
 
+    def replace_text(self, text: str) -> None:
+        """set_text, as an edit Ctrl+Z takes back (set_text clears the undo history)."""
+        self.area.replace(text, (0, 0), self.area.document.end, maintain_selection_offset=False)
+        self.area.move_cursor(self.area.document.end)
+        self.area.focus()
+
     @on(TextArea.Changed, "#prompt")
     def _show_completions(self) -> None:
         hints = self.query_one("#completions", Static)
