@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
-import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -18,11 +16,11 @@ from pathlib import Path
 from platformdirs import user_data_dir
 
 from engine.outputs import RequestOutput
+from ssd_chat.history_search import ConversationSummary, connect, list_all, search
 
 DATA_ENV = "SSD_CHAT_DATA"
 DB_NAME = "history.sqlite3"
 UNTITLED = "New chat"
-MAX_SEARCH_WORDS = 8  # a search's words past these are not looked for (each is a condition: a paste was thousands)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -128,12 +126,12 @@ class Conversation:
 
 
 @dataclass(frozen=True)
-class ConversationSummary:
-    id: int
-    title: str
+class Deleted:
+    """A deleted conversation, as HistoryStore.restore puts it back."""
+
+    conversation: Conversation
+    created: float
     updated: float
-    num_messages: int
-    match: str = ""  # a search's: the first message that matched, around the match ("" when the title did)
 
 
 def default_db_path() -> Path:
@@ -147,7 +145,7 @@ class HistoryStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_db_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = _connect(self.path)
+        self._db = connect(self.path)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(_SCHEMA)
 
@@ -171,12 +169,15 @@ class HistoryStore:
                     (conversation.title, now, settings, conversation.id),
                 )
                 self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation.id,))
-            self._db.executemany(
-                "INSERT INTO messages (conversation_id, position, role, content, stats) VALUES (?, ?, ?, ?, ?)",
-                [(conversation.id, i, m.role, m.content, None if m.stats is None else json.dumps(asdict(m.stats)))
-                 for i, m in enumerate(conversation.messages)],
-            )
+            self._write_messages(conversation)
         return conversation.id
+
+    def _write_messages(self, conversation: Conversation) -> None:
+        self._db.executemany(
+            "INSERT INTO messages (conversation_id, position, role, content, stats) VALUES (?, ?, ?, ?, ?)",
+            [(conversation.id, i, m.role, m.content, None if m.stats is None else json.dumps(asdict(m.stats)))
+             for i, m in enumerate(conversation.messages)],
+        )
 
     def load(self, conversation_id: int) -> Conversation | None:
         row = self._db.execute(
@@ -194,113 +195,38 @@ class HistoryStore:
 
     def list(self) -> list[ConversationSummary]:
         """Every conversation, the most recently updated first."""
-        return _list(self._db)
+        return list_all(self._db)
 
     def search(self, text: str) -> list[ConversationSummary]:
         """The conversations where every word of `text` (its first MAX_SEARCH_WORDS) is in the title or a message (any
         case), the most recently updated first, each with the first message that holds the first word where the
         title does not. No words: every conversation."""
-        return _search(self._db, text) if text.split() else self.list()
+        return search(self._db, text) if text.split() else self.list()
 
     def latest(self) -> Conversation | None:
         summaries = self.list()
         return self.load(summaries[0].id) if summaries else None
 
-    def restore(self, conversation: Conversation) -> None:
-        """Put a deleted conversation back, under its id (no other takes it: ids are AUTOINCREMENT)."""
-        assert conversation.id is not None
+    def restore(self, deleted: Deleted) -> None:
+        """Put a deleted conversation back as it was: its id (no other took it: ids are AUTOINCREMENT), its times."""
+        c = deleted.conversation
         with self._db:
-            now = time.time()
             self._db.execute("INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
-                             (conversation.id, conversation.title, now, now, json.dumps(asdict(conversation.settings))))
-        self.save(conversation)
+                             (c.id, c.title, deleted.created, deleted.updated, json.dumps(asdict(c.settings))))
+            self._write_messages(c)
 
     def rename(self, conversation_id: int, title: str) -> None:
         with self._db:
             self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
 
-    def delete(self, conversation_id: int) -> None:
+    def delete(self, conversation_id: int) -> Deleted | None:
+        """Delete a conversation; returns what `restore` needs to put it back (None: there was none)."""
+        conversation = self.load(conversation_id)
+        times = self._db.execute("SELECT created, updated FROM conversations WHERE id = ?",
+                                 (conversation_id,)).fetchone()
         with self._db:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
-
-
-class Searcher:
-    """Searches a history file off the UI thread, each search on a connection of its own (a connection belongs to
-    the thread that made it); a newer search, or `interrupt()`, stops the one in flight (SQLite's interrupt)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._running: set[sqlite3.Connection] = set()
-
-    def search(self, text: str) -> list[ConversationSummary] | None:
-        """HistoryStore.search's answer, or None where a newer search or `interrupt()` stopped this one."""
-        self.interrupt()
-        db = _connect(self.path)
-        with self._lock:
-            self._running.add(db)
-        try:
-            return _search(db, text) if text.split() else _list(db)
-        except sqlite3.OperationalError as e:
-            if "interrupted" in str(e):
-                return None
-            raise
-        finally:
-            with self._lock:
-                self._running.discard(db)
-            db.close()
-
-    def interrupt(self) -> None:
-        with self._lock:
-            for db in self._running:
-                db.interrupt()
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path)
-    db.create_function("folded", 1, _folded, deterministic=True)
-    return db
-
-
-def _list(db: sqlite3.Connection) -> list[ConversationSummary]:
-    rows = db.execute(
-        "SELECT c.id, c.title, c.updated, COUNT(m.position) FROM conversations c"
-        " LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
-    ).fetchall()
-    return [ConversationSummary(*row) for row in rows]
-
-
-def _search(db: sqlite3.Connection, text: str) -> list[ConversationSummary]:
-    words = list(dict.fromkeys(_folded(text).split()))[:MAX_SEARCH_WORDS]
-    holds = ("(instr(folded(c.title), ?) OR EXISTS (SELECT 1 FROM messages w WHERE w.conversation_id = c.id"
-             " AND instr(folded(w.content), ?)))")
-    rows = db.execute(
-        "SELECT c.id, c.title, c.updated, (SELECT COUNT(*) FROM messages n WHERE n.conversation_id = c.id),"
-        " (SELECT content FROM messages m WHERE m.conversation_id = c.id AND instr(folded(m.content), ?)"
-        "  ORDER BY m.position LIMIT 1)"
-        f" FROM conversations c WHERE {' AND '.join([holds] * len(words))} ORDER BY c.updated DESC, c.id DESC",
-        [words[0], *(w for word in words for w in (word, word))],
-    ).fetchall()
-    return [ConversationSummary(i, title, updated, n, excerpt(content, words[0])
-                                if content is not None and words[0] not in _folded(title) else "")
-            for i, title, updated, n, content in rows]
-
-
-def _folded(text: str | None) -> str:
-    """Text for a search that ignores case (Unicode's case folding: "Straße" holds "STRASSE")."""
-    return "" if text is None else text.casefold()
-
-
-def excerpt(content: str, word: str, width: int = 60) -> str:
-    """A line of `content` around the first place that holds `word` (any case), cut at `width` characters."""
-    line = " ".join(content.split())
-    folded = line.casefold()  # (where folding changed the length, "ß" -> "ss", its places are not the line's)
-    at = max(0, folded.find(word) if len(folded) == len(line) else line.lower().find(word))
-    start = max(0, min(at - width // 3, len(line) - width))
-    if start and (space := line.find(" ", start, at)) >= 0:  # from a word's start
-        start = space + 1
-    text = line[start:start + width]
-    return ("…" if start else "") + text + ("…" if start + width < len(line) else "")
+        return None if conversation is None or times is None else Deleted(conversation, *times)
 
 
 def title_from(prompt: str, limit: int = 48) -> str:

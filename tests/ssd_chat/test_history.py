@@ -108,7 +108,7 @@ def test_search_finds_every_word_in_titles_and_messages_in_any_case(tmp_path):
 
 
 def test_excerpt_cuts_around_the_word():
-    from ssd_chat.history import excerpt
+    from ssd_chat.history_search import excerpt
 
     assert excerpt("short  line\nhere", "line") == "short line here"
     long = "a " * 50 + "needle" + " b" * 50
@@ -120,7 +120,7 @@ def test_excerpt_cuts_around_the_word():
 def test_a_pasted_search_of_thousands_of_words_is_answered(tmp_path):
     """Each word is a condition: a long paste failed ("Expression tree is too large"). Past MAX_SEARCH_WORDS the
     words are not looked for."""
-    from ssd_chat.history import MAX_SEARCH_WORDS
+    from ssd_chat.history_search import MAX_SEARCH_WORDS
 
     store = HistoryStore(tmp_path / "h.sqlite3")
     tea = store.save(_conversation())
@@ -136,7 +136,7 @@ def test_a_searcher_answers_as_the_store_and_stops_when_interrupted(tmp_path, mo
     interrupt (a newer keystroke's search) stops a search in flight, which then answers None."""
     import threading
 
-    from ssd_chat import history
+    from ssd_chat import history_search as history
 
     store = HistoryStore(tmp_path / "h.sqlite3")
     for _ in range(20):  # rows to go after the held one (SQLite looks for an interrupt as it steps)

@@ -182,10 +182,10 @@ async def test_a_slow_search_neither_blocks_typing_nor_shows_late(tmp_path, monk
     text in the field by then, is dropped."""
     import threading
 
-    from ssd_chat import history
+    from ssd_chat import history_search
 
     release, answered = threading.Event(), threading.Event()
-    real = history._search
+    real = history_search.search
 
     def search(db, text):
         if text == "rivers":
@@ -195,7 +195,7 @@ async def test_a_slow_search_neither_blocks_typing_nor_shows_late(tmp_path, monk
             return found
         return real(db, text)
 
-    monkeypatch.setattr(history, "_search", search)
+    monkeypatch.setattr(history_search, "search", search)
     app = make_app(FakeEngine(), tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
@@ -250,6 +250,45 @@ async def test_the_picker_closes_on_a_second_esc_and_a_delete_can_be_undone(tmp_
         back = store.load(kept.id)
         assert (back.title, back.messages) == ("Keep me", kept.messages)
         assert app.screen.query_one(DataTable).row_count == 2
-        await pilot.press("enter")  # back at the top (changed last), it opens as before
+        assert store.list()[1].id == kept.id  # in its place: its times are its own
+        await pilot.press("down", "enter")  # it opens as before
         await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="chat opened")
         assert app.session.conversation.id == kept.id and app.session.messages[0].content == "Keep me"
+
+
+@pytest.mark.asyncio
+async def test_a_search_answered_before_a_delete_does_not_bring_the_chat_back(tmp_path, monkeypatch):
+    """A search read before a delete and answered after it showed the deleted chat again."""
+    import threading
+
+    from ssd_chat import history_search
+
+    read, release = threading.Event(), threading.Event()
+    real = history_search.list_all
+
+    def list_all(db):  # the empty search's rows, read, then held
+        rows = real(db)
+        if threading.current_thread() is not threading.main_thread():
+            read.set()
+            assert release.wait(10)
+        return rows
+
+    monkeypatch.setattr(history_search, "list_all", list_all)
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "Keep me")
+        await pilot.press("ctrl+n")
+        await send(app, pilot, "Other")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        await pilot.press("slash", "k", "backspace")  # the empty search: read off the UI thread, held
+        await wait_for(pilot, read.is_set, what="the held search's read")
+        await pilot.press("down", "d", "d")  # to the list, delete the first chat
+        await wait_for(pilot, lambda: table.row_count == 1, what="the delete")
+        release.set()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        await pilot.pause()
+        assert table.row_count == 1

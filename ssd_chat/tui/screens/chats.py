@@ -16,7 +16,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
-from ssd_chat.history import Conversation, ConversationSummary, HistoryStore, Searcher
+from ssd_chat.history import Deleted, HistoryStore
+from ssd_chat.history_search import ConversationSummary, Searcher
 from ssd_chat.tui.screens.text_prompt import TextPrompt
 
 
@@ -43,8 +44,9 @@ class ChatsScreen(ModalScreen[int | None]):
         super().__init__(classes="modal", id="chats")
         self.store, self.current_id, self.first_search = store, current_id, search
         self.armed: int | None = None  # the conversation a first `d` asked about: a second `d` deletes it
-        self.deleted: Conversation | None = None  # the last chat deleted here: `u` brings it back
+        self.deleted: Deleted | None = None  # the last chat deleted here: `u` brings it back
         self.searcher = Searcher(store.path)  # typing searches off the UI thread (0.1 s and more on a long history)
+        self.generation = 0  # of the list's contents: each search and each change of the list takes the next
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
@@ -62,6 +64,7 @@ class ChatsScreen(ModalScreen[int | None]):
     def refresh_rows(self) -> None:
         """The rows for the search in the field, now (on opening, and after a rename or a delete)."""
         search = self.query_one(Input).value.strip()
+        self.generation += 1  # a search answered after this (begun before a delete, say) is out of date
         self._show(search, self.store.search(search))
 
     def _show(self, search: str, found: list[ConversationSummary]) -> None:
@@ -85,16 +88,17 @@ class ChatsScreen(ModalScreen[int | None]):
 
         search: str
         found: list[ConversationSummary]
+        generation: int
 
     @work(thread=True, exclusive=True, group="search")
-    def _search(self, search: str) -> None:
+    def _search(self, search: str, generation: int) -> None:
         found = self.searcher.search(search)  # (None: a newer keystroke's search stopped it)
         if found is not None:
-            self.post_message(self.Found(search, found))  # (thread-safe, and never waits on a closing app)
+            self.post_message(self.Found(search, found, generation))  # (thread-safe, and never waits on a closing app)
 
     @on(Found)
     def _found(self, event: Found) -> None:
-        if event.search == self.query_one(Input).value.strip():  # else a newer search's answer is coming
+        if event.generation == self.generation:  # else the list changed since, or a newer answer is coming
             self._show(event.search, event.found)
 
     def on_unmount(self) -> None:
@@ -107,7 +111,8 @@ class ChatsScreen(ModalScreen[int | None]):
     @on(Input.Changed, "#chats-search")
     def _filter(self, event: Input.Changed) -> None:
         self.armed = None
-        self._search(event.value.strip())
+        self.generation += 1
+        self._search(event.value.strip(), self.generation)
 
     @on(Input.Submitted, "#chats-search")
     def _to_list(self) -> None:
@@ -160,8 +165,7 @@ class ChatsScreen(ModalScreen[int | None]):
             self.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4)
             return
         self.armed = None
-        self.deleted = self.store.load(selected)
-        self.store.delete(selected)
+        self.deleted = self.store.delete(selected)
         self.notify("conversation deleted: u brings it back", timeout=6)
         self.refresh_rows()
 
@@ -169,6 +173,6 @@ class ChatsScreen(ModalScreen[int | None]):
         if self.deleted is None:
             return
         self.store.restore(self.deleted)
-        self.notify(f"“{self.deleted.title}” is back", timeout=3)
+        self.notify(f"“{self.deleted.conversation.title}” is back", timeout=3)
         self.deleted = None
         self.refresh_rows()
