@@ -39,6 +39,14 @@ class PlainEngine(Protocol):
              cancel: threading.Event | None = None) -> Iterator[Event]: ...
 
 
+class PipeConsole(Console):
+    """A Console whose write to a reader that went away is a BrokenPipeError, as print's is (cli ends the run with
+    128 + SIGPIPE): rich's own handling exits with 1."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def stats_line(output: RequestOutput) -> str:
     return TurnStats.from_output(output).line()
 
@@ -47,8 +55,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
     """The read-reply loop until /exit, end of input, or Ctrl-C at the prompt."""
     with suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
-    console = console or Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    console = console or PipeConsole(highlight=False)
+    err = PipeConsole(stderr=True, highlight=False)
     interactive = sys.stdin.isatty()
     start = [{"role": "system", "content": system}] if system is not None else []
     history = list(start)

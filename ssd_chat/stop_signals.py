@@ -128,11 +128,13 @@ def reader_gone() -> int:
     is cleaned up. stdout, and stderr where it is the same pipe, go to /dev/null: the interpreter's last flush of
     what is still buffered would fail again and print "Exception ignored ... BrokenPipeError". Returns the code."""
     fd = os.open(os.devnull, os.O_WRONLY)
-    with contextlib.suppress(OSError):
+    try:
         same = os.path.sameopenfile(1, 2)
-        os.dup2(fd, 1)
-        if same:
-            os.dup2(fd, 2)
+    except OSError:  # (stderr closed: `2>&-`)
+        same = False
+    os.dup2(fd, 1)
+    if same:
+        os.dup2(fd, 2)
     os.close(fd)
     return 128 + getattr(signal, "SIGPIPE", 13)
 
