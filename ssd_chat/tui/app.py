@@ -180,10 +180,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         gc.freeze()
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()  # (under a dialog it leaves as that closes: LoadingScreen.on_screen_resume)
-        settings = self.session.settings
-        if settings.mode not in available_modes(self.engine):
-            self.notify(f"mode {settings.mode.upper()} needs a draft model: using AR", severity="warning")
-            self.session.update_settings(mode="ar")
+        self.fit_mode()
         self.show_conversation()
         prompt = self.query_one(PromptInput)
         if self.prompt_to_restore and not prompt.text.strip():

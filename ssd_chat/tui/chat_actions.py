@@ -111,11 +111,21 @@ class ChatActions(_Base):
         self.refresh_status()
 
     # -- key actions -------------------------------------------------------------------------------
+    def fit_mode(self) -> None:
+        """A chat saved in SD or SSD, opened where no draft is loaded (--resume, Ctrl+O): AR, with a notice (its
+        every send was refused, and Ctrl+G could not leave the mode)."""
+        mode = self.session.settings.mode
+        if self.engine is not None and mode not in available_modes(self.engine):
+            self.notify(f"mode {mode.upper()} needs a draft model: using AR", severity="warning")
+            self.session.update_settings(mode="ar")
+            self.refresh_status()
+
     def action_cycle_mode(self) -> None:
         if self.engine is None:
             return
         modes = available_modes(self.engine)
         if len(modes) == 1:
+            self.fit_mode()
             self.notify("only AR: start with --draft to use SD and SSD", severity="warning")
             return
         current = self.session.settings.mode
@@ -137,6 +147,7 @@ class ChatActions(_Base):
             store = self.session.store
             if conversation_id is not None and store is not None and (found := store.load(conversation_id)):
                 unanswered = self.session.open(found)
+                self.fit_mode()
                 self.show_conversation()
                 if unanswered:  # (saved so by an earlier version)
                     typed = self.query_one(PromptInput).text.strip()

@@ -292,3 +292,25 @@ async def test_a_search_answered_before_a_delete_does_not_bring_the_chat_back(tm
         await pilot.pause()
         await pilot.pause()
         assert table.row_count == 1
+
+
+@pytest.mark.asyncio
+async def test_a_chat_saved_in_ssd_opens_in_ar_where_no_draft_is_loaded(tmp_path):
+    """--resume fell back to AR; Ctrl+O kept SSD, every send was refused, and Ctrl+G could not leave it."""
+    from ssd_chat.history import ChatMessage, Conversation
+
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    saved = store.save(Conversation(None, "Fast chat", ChatSettings(mode="ssd", k=6),
+                                    [ChatMessage("user", "hi"), ChatMessage("assistant", "hello")]))
+    engine = FakeEngine(draft=None)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.session.conversation.id == saved, what="the chat opened")
+        assert app.session.settings.mode == "ar" and "AR" in rendered(app.query_one("#status"))
+        assert any("needs a draft model: using AR" in n.message for n in app._notifications)
+        await send(app, pilot, "more")
+        assert engine.calls[-1][2] == "ar" and app.session.messages[-1].role == "assistant"
