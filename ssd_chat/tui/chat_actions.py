@@ -180,7 +180,11 @@ class ChatActions(_Base):
         self.push_screen(HelpScreen([(key_label(b.key), b.description) for b in self.BINDINGS]))
 
     def export(self, arg: str) -> Path:
-        path = Path(arg).expanduser() if arg else export_path(self.session.conversation, self.export_dir)
+        if len(arg) > 1 and arg[0] == arg[-1] and arg[0] in "'\"":  # a quoted name (spaces are fine without)
+            arg = arg[1:-1]
+        path = Path(arg).expanduser() if arg else self.export_dir
+        if path.is_dir():  # a folder: a new file there, named from the title
+            path = export_path(self.session.conversation, path)
         try:
             path.write_text(to_markdown(self.session.conversation), encoding="utf-8")
         except OSError as err:

@@ -8,6 +8,7 @@ from pathlib import Path
 from ssd_chat.history import ChatMessage, Conversation, TurnStats
 
 _HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")  # CommonMark's fenced code block markers
 
 
 def to_markdown(conversation: Conversation) -> str:
@@ -20,11 +21,27 @@ def to_markdown(conversation: Conversation) -> str:
     for message in conversation.messages:
         if message.role == "system":
             continue
-        lines += [f"## {_HEADINGS.get(message.role, message.role)}", "", message.content, ""]
+        lines += [f"## {_HEADINGS.get(message.role, message.role)}", "", closed_fences(message.content), ""]
     replies = [m for m in conversation.messages if m.role == "assistant" and m.stats is not None]
     if replies:
         lines += ["## Stats", "", *_stats_table(replies), ""]
     return "\n".join(lines)
+
+
+def closed_fences(text: str) -> str:
+    """`text` with a code fence it left open closed (a reply cut by the length limit inside a code block: the rest
+    of the document, headings and the stats table, read as code)."""
+    fence = None  # the open fence's marker, e.g. "```"
+    for line in text.splitlines():
+        found = _FENCE.match(line)
+        if found is None:
+            continue
+        marker = found.group(1)
+        if fence is None:
+            fence = marker
+        elif marker[0] == fence[0] and len(marker) >= len(fence) and not line.strip()[len(marker):].strip():
+            fence = None
+    return text if fence is None else text.rstrip("\n") + "\n" + fence
 
 
 def _stats_table(replies: list[ChatMessage]) -> list[str]:

@@ -163,3 +163,20 @@ def test_a_searcher_answers_as_the_store_and_stops_when_interrupted(tmp_path, mo
     assert answers == [None]
     monkeypatch.setattr(history, "_folded", fold)
     assert searcher.search("haiku") == store.search("haiku")  # the next one is answered
+
+
+def test_the_export_closes_a_code_fence_a_cut_reply_left_open():
+    """A reply cut by the length limit inside a code block: the rest of the document read as code."""
+    from ssd_chat.tui.export import closed_fences
+
+    cut = "Here:\n\n```python\nclass Account:\n    def deposit(self, amount):\n        if amount <="
+    assert closed_fences(cut) == cut + "\n```"
+    assert closed_fences("```\ncode\n```\ntext") == "```\ncode\n```\ntext"  # closed: as it was
+    assert closed_fences("~~~~\na\n```\nb\n") == "~~~~\na\n```\nb\n~~~~"  # only its own marker closes it
+    assert closed_fences("````\n```\n````") == "````\n```\n````"
+    assert closed_fences("no code") == "no code"
+    conversation = Conversation(None, "Cut", ChatSettings(), [ChatMessage("user", "code please"),
+                                                               ChatMessage("assistant", cut)])
+    from ssd_chat.tui.export import to_markdown
+
+    assert to_markdown(conversation).count("```") == 2

@@ -138,6 +138,9 @@ async def test_clear_export_and_help(tmp_path):
         assert "| 1 | sd | 6 | 100.0 | 50 | 2.50 | 38% |" in text
         await send(app, pilot, f"/export {tmp_path / 'mine.md'}")
         assert (tmp_path / "mine.md").read_text() == text
+        (tmp_path / "out dir").mkdir()
+        await send(app, pilot, f'/export "{tmp_path / "out dir"}"')  # a folder, quoted: a named file in it
+        assert (tmp_path / "out dir" / "what-is-ssd.md").read_text() == text
 
         await send(app, pilot, "/clear")
         assert not app.query(AssistantMessage) and app.session.messages == []
