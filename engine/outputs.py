@@ -52,9 +52,11 @@ class SpecStats:
         return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
 
     @property
-    def per_position_acceptance(self) -> tuple[float, ...]:
-        return tuple(a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position,
-                                                          strict=True))
+    def per_position_acceptance(self) -> tuple[float | None, ...]:
+        """The share of drafted tokens accepted at each draft position; None at a position never drafted (the
+        adaptive length stayed below it), which is no rejection."""
+        return tuple(a / d if d else None for a, d in zip(self.accepted_per_position, self.drafted_per_position,
+                                                           strict=True))
 
     @property
     def cache_hit_rate(self) -> float | None:

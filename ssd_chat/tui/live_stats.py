@@ -29,7 +29,7 @@ class PanelData:
     acceptance_rate: float | None = None
     histogram: tuple[int, ...] = ()            # [k+1]: verify steps with drafts that accepted 0..k of them
     plain_steps: int = 0                       # SD steps without drafts (adaptive k = 0: drafting did not pay)
-    per_position: tuple[float, ...] = ()       # [k]: acceptance rate of the i-th draft token
+    per_position: tuple[float | None, ...] = ()  # [k]: acceptance rate of the i-th draft token (None: never drafted)
     cache_hit_rate: float | None = None
     tau_on_hit: float | None = None
     tau_on_miss: float | None = None
@@ -130,7 +130,7 @@ class LiveStats:
             acceptance_rate=self.num_accepted / self.num_drafted if spec and self.num_drafted else None,
             histogram=tuple(self.histogram) if spec else (),
             plain_steps=self.plain_steps if spec else 0,
-            per_position=tuple(a / d if d else 0.0 for a, d in zip(
+            per_position=tuple(a / d if d else None for a, d in zip(
                 self.accepted_per_position, self.drafted_per_position, strict=True)) if spec else (),
             cache_hit_rate=self.hit_steps / self.num_steps if spec and self.saw_cache else None,
             tau_on_hit=self.hit_emitted / self.hit_steps if self.saw_cache and self.hit_steps else None,
@@ -148,6 +148,7 @@ class LiveStats:
             tau=None if spec is None else spec.tau,
             acceptance_rate=None if spec is None else spec.acceptance_rate,
             histogram=tuple(self.histogram) if spec is not None else (),
+            plain_steps=self.plain_steps if spec is not None else 0,  # (the engine's stats do not count them)
             per_position=() if spec is None else spec.per_position_acceptance,
             cache_hit_rate=None if spec is None else spec.cache_hit_rate,
             tau_on_hit=None if spec is None else spec.tau_on_hit,

@@ -27,3 +27,25 @@ def test_no_line_when_every_step_drafts():
     stats.on_step(StepStats(1, 2, 1, verify_time_s=0.01, draft_time_s=0.002))
     data = stats.snapshot()
     assert data.plain_steps == 0 and "without drafts" not in str(StatsPanel._spec_text(data))
+
+
+def test_the_final_panel_keeps_plain_steps_and_never_drafted_positions_show_no_rate():
+    """The finished reply's panel dropped the steps-without-drafts line (its histogram then summed to fewer steps
+    than tau counted), and a position the adaptive length never reached read 0%, as if always rejected."""
+    from engine.outputs import FinishReason, RequestOutput, RequestStats, SpecStats
+
+    stats = LiveStats(mode="ssd", k=4, started=0.0)
+    for drafted, accepted in [(1, 1), (0, 0), (1, 0)]:
+        stats.on_step(StepStats(1, drafted, accepted, verify_time_s=0.01, draft_time_s=0.002))
+    live = stats.snapshot()
+    assert live.per_position == (1 / 2, None, None, None)
+    spec = SpecStats(num_steps=3, num_drafted=2, num_accepted=1, num_emitted=4, accepted_per_position=(1, 0, 0, 0),
+                     drafted_per_position=(2, 0, 0, 0))
+    assert spec.per_position_acceptance == (1 / 2, None, None, None)
+    output = RequestOutput(1, [1], [1, 2, 3, 4], "text", FinishReason.LENGTH,
+                           RequestStats(mode="ssd", prompt_tokens=1, reused_prefix_tokens=0, prefill_tokens=1,
+                                        generated_tokens=4, ttft_s=0.1, decode_time_s=0.1, total_time_s=0.2, spec=spec))
+    final = stats.final(output)
+    assert final.plain_steps == 1 and "1 steps without drafts" in str(StatsPanel._spec_text(final))
+    positions = str(StatsPanel._positions(final)).splitlines()
+    assert positions[0].endswith("50%") and all(p.endswith("–") and "%" not in p for p in positions[1:])

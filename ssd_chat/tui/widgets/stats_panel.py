@@ -105,5 +105,6 @@ class StatsPanel(VerticalScroll):
     def _positions(data: PanelData) -> Text:
         if not data.per_position:
             return Text("–")
-        rows = [f"{i + 1:>2} {_bar(rate)} {rate:.0%}" for i, rate in enumerate(data.per_position)]
+        rows = [f"{i + 1:>2} {_bar(rate)} {rate:.0%}" if rate is not None else f"{i + 1:>2} {' ' * BAR_WIDTH} –"
+                for i, rate in enumerate(data.per_position)]  # (–: never drafted, the adaptive length below it)
         return Text("\n".join(rows))
