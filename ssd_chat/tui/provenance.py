@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 from rich.style import Style
 from rich.text import Text
+from textual.color import Color
 from textual.theme import Theme
 
 from engine.outputs import TokenSource
@@ -19,9 +22,39 @@ _LEGEND = {
 }
 
 
+MIN_CONTRAST = 4.5  # WCAG's for text: the light theme's warning and success colours were 1.4:1 and 1.6:1
+
+
 def source_style(source: TokenSource, theme: Theme) -> Style:
     colour = getattr(theme, _LEGEND[source][1], None) or theme.foreground
-    return Style(color=colour) if colour else Style()
+    if not colour:
+        return Style()
+    return Style(color=readable(colour, theme.surface or theme.background or ("#000000" if theme.dark else "#ffffff")))
+
+
+@cache
+def readable(colour: str, background: str) -> str:
+    """`colour`, darkened on a light background (lightened on a dark one) until it reads as text on it."""
+    fg, bg = Color.parse(colour), Color.parse(background)
+    toward = Color(0, 0, 0) if _luminance(bg) > 0.5 else Color(255, 255, 255)
+    for step in range(21):
+        c = fg.blend(toward, step / 20)
+        if _contrast(c, bg) >= MIN_CONTRAST:
+            return c.hex6
+    return toward.hex6
+
+
+def _contrast(a: Color, b: Color) -> float:
+    hi, lo = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def _luminance(c: Color) -> float:
+    """WCAG's relative luminance of an sRGB colour."""
+    def linear(v: int) -> float:
+        x = v / 255
+        return x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4
+    return 0.2126 * linear(c.r) + 0.7152 * linear(c.g) + 0.0722 * linear(c.b)
 
 
 def colour_text(pieces: list[tuple[str, TokenSource]], theme: Theme) -> Text:

@@ -49,3 +49,22 @@ def test_the_final_panel_keeps_plain_steps_and_never_drafted_positions_show_no_r
     assert final.plain_steps == 1 and "1 steps without drafts" in str(StatsPanel._spec_text(final))
     positions = str(StatsPanel._positions(final)).splitlines()
     assert positions[0].endswith("50%") and all(p.endswith("–") and "%" not in p for p in positions[1:])
+
+
+def test_token_colours_read_as_text_in_every_builtin_theme():
+    """In the light theme the cache-hit and cache-miss colours (success, warning) were 1.6:1 and 1.4:1 against its
+    surface: most of an SSD reply was hard to read with Ctrl+T's colours on."""
+    from textual.color import Color
+    from textual.theme import BUILTIN_THEMES
+
+    from engine.outputs import TokenSource
+    from ssd_chat.tui.provenance import MIN_CONTRAST, _contrast, source_style
+
+    sources = [TokenSource.ACCEPTED_HIT, TokenSource.ACCEPTED_MISS, TokenSource.ACCEPTED, TokenSource.RECOVERY]
+    for name, theme in BUILTIN_THEMES.items():
+        background = Color.parse(theme.surface or theme.background or ("#000000" if theme.dark else "#ffffff"))
+        colours = [Color(*source_style(s, theme).color.get_truecolor()) for s in sources]
+        assert all(_contrast(c, background) >= MIN_CONTRAST for c in colours), name
+        assert len({c.hex6 for c in colours}) == len(colours), name  # still four colours
+    dark = BUILTIN_THEMES["textual-dark"]
+    assert Color(*source_style(TokenSource.ACCEPTED_HIT, dark).color.get_truecolor()) == Color.parse(dark.success)
