@@ -204,8 +204,10 @@ def root(
 
             settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
                                     max_tokens=max_tokens, system=system)
+            given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "system")
+                              if ctx.get_parameter_source(n).name == "COMMANDLINE")
             code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
-                           speculation=spec)
+                           speculation=spec, given=given)
     raise typer.Exit(code)
 
 

@@ -72,11 +72,14 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
         target: str = "", draft: str | None = None, resume: bool = False, export_dir: Path | None = None,
         clock: Callable[[], float] = time.perf_counter, speculation: SpeculationConfig | None = None,
+        given: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         self.load_engine = load_engine
         self.session = ChatSession(store, settings)
         self.target, self.draft, self.resume = target, draft, resume
+        self.given = {name: getattr(settings, name) for name in given}  # settings from the command line: they win
+        # over a resumed chat's (--resume --mode ssd: that chat, in SSD)
         # The run's settings besides a chat's own mode, k and fan-out (--backup, --fixed-k): every reply keeps them.
         self.base_speculation = speculation or SpeculationConfig()
         self.export_dir = export_dir or Path.cwd()
@@ -120,6 +123,8 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
             latest = self.session.store.latest()
             if latest is not None:
                 self.prompt_to_restore = self.session.open(latest)  # (an unanswered prompt: in the input once loaded)
+                if self.given:
+                    self.session.update_settings(**self.given)
         self.push_screen(LoadingScreen(self.target, self.draft))
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)

@@ -97,6 +97,14 @@ async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
         await send(app, pilot, "/new")
         await send(app, pilot, "fresh")
         assert engine.calls[1][1].max_tokens == 3
+    # settings given on the command line win over the chat's (--resume --mode ar --temperature 0.3); the rest stay
+    settings = ChatSettings(mode="ar", k=4, temperature=0.3, max_tokens=3)
+    app = make_app(FakeEngine(), tmp_path, settings=settings, resume=True, given=frozenset({"mode", "temperature"}))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        s = app.session.settings
+        assert (s.mode, s.temperature, s.k) == ("ar", 0.3, 2)
+        assert "AR" in rendered(app.query_one("#status"))
 
 
 @pytest.mark.asyncio
