@@ -192,7 +192,8 @@ class LLM:
         compiled = self.core.runner.compiled
         fast = ", compiled" if compiled is not None and compiled.available else ""
         fast += ", 8-bit activations (q8)" if runs_q8(self.core.runner.model) else ""  # not the float32 bits
-        out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {threads} threads per rank{fast})"}
+        per_rank = f"{threads} thread{'s' * (threads != 1)} per rank"
+        out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {per_rank}{fast})"}
         if self.config.draft is not None:
             where = f"in the target's process (SD) and in its own process on {p.draft} (SSD)" if self.remote \
                 else "in the target's process"
@@ -283,7 +284,7 @@ class LLM:
             more = f", or raise --max-model-len (up to {self._model_max})" if lowered else ""
             raise PromptTooLongError(
                 f"the prompt has {len(token_ids)} tokens but the context limit is {self.max_model_len}:"
-                f" shorten it or clear the conversation{more}"
+                f" shorten it{more}"
             )
         generator = None
         if not params.is_greedy:

@@ -53,7 +53,7 @@ from ssd_chat.cli_options import (
     report,
     user_errors,
 )
-from ssd_chat.defaults import Layout, apply_defaults
+from ssd_chat.defaults import NO_DRAFT, Layout, apply_defaults
 from ssd_chat.plain import print_stream, run_plain
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError
 
@@ -346,8 +346,10 @@ def bench(
     err_console = Console(stderr=True, highlight=False)
     with user_errors():
         _check_writable(json_out)  # now, not after the whole run
-        config = BenchConfig(
-            target=target, prompts_file=prompts, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+        draft = None if draft is not None and draft.lower() == NO_DRAFT else draft  # (as the chat reads it)
+        config = BenchConfig(  # (a mode named twice runs once)
+            target=target, prompts_file=prompts, modes=tuple(dict.fromkeys(m.strip() for m in modes.split(",")
+                                                                           if m.strip())),
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
             fanout=_speculation(draft, None, k, fanout).fanout, backup=backup, tp=tp, target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,

@@ -110,6 +110,7 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
      "missing tokenizer", "core that does not exist", "more TP ranks than cores", "bad device syntax",
      "unknown draft weights", "unknown cpu matmul", "prompt not UTF-8", "draft that is no model", "empty prompt",
      "bench json in a missing directory", "bench json a directory", "prompt file not UTF-8", "unknown bench mode",
+     "bench sd with no draft",
      "distill target that is no model", "backwards core range", "seed out of range", "bench unknown model",
      "distill target that is a draft", "distill out is a file", "prefill chunk of zero"],
 )
@@ -137,6 +138,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "bench json a directory": [*bench, "--json", str(tmp_path)],
         "prompt file not UTF-8": [*bench, "--prompts", str(tmp_path / "latin1.txt")],
         "unknown bench mode": [*bench, "--modes", "xx"],
+        "bench sd with no draft": [*bench, "--modes", "sd", "--draft", "none"],  # ("none": no draft, as in the chat)
         "distill target that is no model": ["distill", "--target", str(tmp_path / "empty"), "--out",
                                             str(tmp_path / "d")],
         "backwards core range": ["ask", "hi", "--target", tiny, "--target-devices", "cpu:1-0"],
@@ -171,6 +173,8 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         assert "hf download Qwen/Qwen3-0.6B" in lines[0]
     if case == "unknown bench mode":
         assert "unknown mode(s) xx" in lines[0]
+    if case == "bench sd with no draft":
+        assert "draft" in lines[0] and "unknown model" not in lines[0] and "loading" not in result.stderr
     if case.startswith("bench json"):
         assert "loading" not in result.stderr  # refused before the run
 
@@ -279,11 +283,12 @@ def test_bench_every_core_row_keeps_the_fast_path_options(tiny_llama_dir, tmp_pa
         return LLM(**{**kwargs, "compile": False})  # the options arrive; no compile in this test
 
     monkeypatch.setattr(bench, "LLM", recording_llm)
-    args = ["bench", "--target", str(tiny_llama_dir), "--modes", "ar,ar-all", "--max-tokens", "4", "--limit", "1",
+    args = ["bench", "--target", str(tiny_llama_dir), "--modes", "ar,ar-all,ar", "--max-tokens", "4", "--limit", "1",
             "--compile", "--dtype", "float32", "--json", str(tmp_path / "b.json")]
     result = runner.invoke(cli.app, args)
     assert result.exit_code == 0, result.output
-    assert len(seen) == 2 and all(k["compile"] and k["dtype"] == "float32" for k in seen)
+    assert len(seen) == 2 and all(k["compile"] and k["dtype"] == "float32" for k in seen)  # (ar named twice: once)
+    assert [r["mode"] for r in json.loads((tmp_path / "b.json").read_text())["results"]] == ["ar", "ar-all"]
 
 
 def test_ask_with_a_draft_reports_speculation_stats(tiny_llama_dir):
