@@ -163,6 +163,9 @@ def _build_atomically(settings: PairSettings, tokenizer_dir: Path, out_dir: Path
         started = time.perf_counter()
         logger.info("building a synthetic pair in %s (%s)", out_dir, settings)
         vocab_size = _vocab_size(tokenizer_dir / "tokenizer.json")
+        if settings.head_vocab > vocab_size:
+            raise InvalidParameterError(f"head_vocab must be at most the vocabulary's {vocab_size} tokens (0: all), "
+                                        f"got {settings.head_vocab}")
         target = target_state_dict(settings, vocab_size)
         draft = draft_state_dict(target, settings.draft_layers)
         tied = not settings.head_vocab
