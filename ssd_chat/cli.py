@@ -299,7 +299,7 @@ def models() -> None:
     table.add_column("local", justify="center")
     for spec, is_local in list_models():
         table.add_row(spec.alias, spec.repo_id, spec.num_params, spec.family, "yes" if is_local else "no")
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)  # a pipe: whole repo ids, not 80 columns
 
 
 @app.command()

@@ -102,6 +102,17 @@ class DistillConfig:
                                         f"prompt file (default {DISTILL_PROMPTS.name})")
 
 
+def _refuse_held_out(prompts: list, path: Path) -> None:
+    """A prompt file that holds a held-out benchmark prompt (a copy of chat.jsonl under another name, say): tau on
+    that set would then measure memory, not drafting."""
+    train = {data.conversation_turns(p) for p in prompts}
+    for held in HELD_OUT_SETS:
+        shared = sum(data.conversation_turns(p) in train for p in load_prompts(held))
+        if shared:
+            raise InvalidParameterError(f"{path.name} holds {shared} prompt(s) of the held-out benchmark set "
+                                        f"{held.name}: take them out, or train on another prompt file")
+
+
 @dataclass(frozen=True)
 class DistillResult:
     out: Path
@@ -132,6 +143,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
         raise InvalidParameterError(f"--draft-layers {config.draft_layers} is more than the target's {num_layers} "
                                     f"layers: pick 1..{num_layers}")
     prompts = load_prompts(Path(config.prompts_file), limit=config.max_prompts)
+    _refuse_held_out(prompts, Path(config.prompts_file))
     if len(prompts) < 2 and config.eval_prompts:
         raise InvalidParameterError(f"{config.prompts_file} holds {len(prompts)} prompt: give at least 2 "
                                     "(some are held out), or --eval-prompts 0")

@@ -112,7 +112,8 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
      "bench json in a missing directory", "bench json a directory", "prompt file not UTF-8", "unknown bench mode",
      "bench sd with no draft",
      "distill target that is no model", "backwards core range", "seed out of range", "bench unknown model",
-     "distill target that is a draft", "distill out is a file", "prefill chunk of zero"],
+     "distill target that is a draft", "distill out is a file", "prefill chunk of zero",
+     "distill on a held-out set under another name"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -129,6 +130,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         (broken / "tokenizer_config.json").unlink()
     (tmp_path / "empty").mkdir()
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 au lait\n")
+    (tmp_path / "mine.jsonl").write_text("A prompt of my own\n" + (REPO_ROOT / "assets/prompts/chat.jsonl").read_text())
     bench = ["bench", "--target", tiny, "--max-tokens", "2", "--limit", "1"]
     args = {
         "prompt not UTF-8": ["ask", "bad \udcff\udcfe bytes", "--target", tiny],  # argv bytes b"\xff\xfe"
@@ -147,6 +149,9 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "distill target that is a draft": ["distill", "--target", str(REPO_ROOT / "assets/drafts/smollm2-135m-draft"),
                                            "--out", str(tmp_path / "d2")],
         "distill out is a file": ["distill", "--target", tiny, "--out", str(tmp_path / "latin1.txt")],
+        "distill on a held-out set under another name": ["distill", "--target", tiny, "--out", str(tmp_path / "d3"),
+                                                          "--prompts", str(tmp_path / "mine.jsonl"),
+                                                          "--draft-layers", "1"],
         "unknown alias": ["ask", "hi", "--target", "no-such-model"],
         "missing directory": ["ask", "hi", "--target", str(tmp_path / "missing")],
         "negative temperature": ["ask", "hi", "--target", tiny, "--temperature", "-1"],
@@ -173,6 +178,8 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         assert "hf download Qwen/Qwen3-0.6B" in lines[0]
     if case == "unknown bench mode":
         assert "unknown mode(s) xx" in lines[0]
+    if case == "distill on a held-out set under another name":
+        assert "held-out benchmark set chat.jsonl" in lines[0] and not (tmp_path / "d3").exists()
     if case == "bench sd with no draft":
         assert "draft" in lines[0] and "unknown model" not in lines[0] and "loading" not in result.stderr
     if case.startswith("bench json"):
