@@ -593,23 +593,29 @@ async def test_quitting_during_a_step_that_never_ends_stops_the_engine_process(t
     assert killed.is_set() and engine.closed
 
 
+def dies_mid_reply(engine: FakeEngine) -> FakeEngine:
+    """The engine's process is killed (kill -9, out of memory) after a reply's second delta: it is no longer alive."""
+    engine.crash_after, engine.alive = 2, True
+    events = engine._events
+
+    def dying(*args, **kwargs):
+        try:
+            yield from events(*args, **kwargs)
+        except RuntimeError:
+            engine.alive = False
+            raise
+
+    engine._events = dying
+    return engine
+
+
 async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "first")
-        engine.crash_after, engine.alive = 2, True
-        events = engine._events
-
-        def dying(*args, **kwargs):  # the process is killed (kill -9, out of memory) mid-reply
-            try:
-                yield from events(*args, **kwargs)
-            except RuntimeError:
-                engine.alive = False
-                raise
-
-        engine._events = dying
+        dies_mid_reply(engine)
         await send(app, pilot, "second")
         assert app.query_one(PromptArea).text == "second"
         assert list(app._notifications)[-1].message == ENGINE_STOPPED
@@ -637,18 +643,7 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
 async def test_the_prompt_a_dying_engine_was_answering_comes_back_after_restart(tmp_path):
     """The prompt goes back into the input; /restart, typed over it as the notice says, brought back only a prompt
     sent after the death, and this one was lost."""
-    engine = FakeEngine(crash_after=2)
-    engine.alive = True
-    events = engine._events
-
-    def dying(*args, **kwargs):
-        try:
-            yield from events(*args, **kwargs)
-        except RuntimeError:
-            engine.alive = False
-            raise
-
-    engine._events = dying
+    engine = dies_mid_reply(FakeEngine())
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)

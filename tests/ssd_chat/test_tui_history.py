@@ -184,6 +184,17 @@ async def test_the_chats_picker_searches_titles_and_messages(tmp_path):
         assert app.session.conversation.id == bananas
 
 
+async def two_chats_in_the_picker(app, pilot, first: str, second: str) -> DataTable:
+    """Two chats, `first` and `second`, and the chats picker open on them; returns its list."""
+    await settle(app, pilot)
+    await send(app, pilot, first)
+    await pilot.press("ctrl+n")
+    await send(app, pilot, second)
+    await pilot.press("ctrl+o")
+    await pilot.pause()
+    return app.screen.query_one(DataTable)
+
+
 @pytest.mark.asyncio
 async def test_a_slow_search_neither_blocks_typing_nor_shows_late(tmp_path, monkeypatch):
     """Searches run off the UI thread: one held up keeps the field and the list live, and its answer, late for the
@@ -206,13 +217,7 @@ async def test_a_slow_search_neither_blocks_typing_nor_shows_late(tmp_path, monk
     monkeypatch.setattr(history_search, "search", search)
     app = make_app(FakeEngine(), tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        await send(app, pilot, "About bananas")
-        await pilot.press("ctrl+n")
-        await send(app, pilot, "Rivers of Europe")
-        await pilot.press("ctrl+o")
-        await pilot.pause()
-        table = app.screen.query_one(DataTable)
+        table = await two_chats_in_the_picker(app, pilot, "About bananas", "Rivers of Europe")
         await pilot.press("slash")
         await type_text(pilot, "rivers")  # its search is held up
         await pilot.press(*["backspace"] * 6)
@@ -284,13 +289,7 @@ async def test_a_search_answered_before_a_delete_does_not_bring_the_chat_back(tm
     monkeypatch.setattr(history_search, "list_all", list_all)
     app = make_app(FakeEngine(), tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        await send(app, pilot, "Keep me")
-        await pilot.press("ctrl+n")
-        await send(app, pilot, "Other")
-        await pilot.press("ctrl+o")
-        await pilot.pause()
-        table = app.screen.query_one(DataTable)
+        table = await two_chats_in_the_picker(app, pilot, "Keep me", "Other")
         await pilot.press("slash", "k", "backspace")  # the empty search: read off the UI thread, held
         await wait_for(pilot, read.is_set, what="the held search's read")
         await pilot.press("down", "d", "d")  # to the list, delete the first chat
