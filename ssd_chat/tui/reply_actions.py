@@ -81,7 +81,7 @@ class ReplyActions(_Base):
         if start > session.window:
             self.call_from_thread(self.notify, moved_notice(self.engine.max_model_len, start) + " (all stay here)",
                                   timeout=8)
-        session.window = start
+        session.set_window(start)
         return session.engine_messages(start)
 
     async def _flush_tick(self) -> None:

@@ -25,8 +25,9 @@ class ChatSession:
         self.conversation = Conversation(None, settings=settings)
         self.max_tokens = settings.max_tokens  # the run's (--max-tokens), not a chat's: a reopened chat takes it too
         self._titled = False  # the pending prompt gave the conversation its title
-        self._replaced: tuple[list[ChatMessage], str] | None = None  # the turn (and title) a pending edit replaces
+        self._replaced: tuple[list[ChatMessage], str, int] | None = None  # a pending edit's turn, title and window
         self.window = 0  # the first message the model still sees (ssd_chat.context_window)
+        self._answered_from: dict[int, int] = {}  # a prompt's index -> the window its reply was generated with
 
     # -- reading -----------------------------------------------------------------------------------
     @property
@@ -65,18 +66,24 @@ class ChatSession:
             self.conversation.title = UNTITLED
         prompt = self.messages.pop().content
         if self._replaced is not None:
-            turn, self.conversation.title = self._replaced
+            turn, self.conversation.title, self.window = self._replaced
+            self._answered_from[len(self.messages)] = self.window
             self.messages.extend(turn)
             self._replaced = None
         return prompt
 
+    def set_window(self, start: int) -> None:
+        """The pending prompt's reply is generated with messages `start`.. in view (ssd_chat.context_window)."""
+        self.window = start
+        self._answered_from[len(self.messages) - 1] = start
+
     def replace_turn(self, text: str) -> None:
         """`text` as the next prompt in place of the last turn, which stays in the history until the reply comes
         (and comes back if the request fails: drop_prompt)."""
-        title = self.conversation.title
+        title, window = self.conversation.title, self.window
         turn = self._pop_turn()
         assert turn, "no turn to replace"
-        self._replaced = (turn, title)
+        self._replaced = (turn, title, window)
         self.add_prompt(text)
 
     def pop_turn(self) -> str | None:
@@ -94,15 +101,17 @@ class ChatSession:
             return []
         turn = self.messages[starts[-1]:]
         del self.messages[starts[-1]:]
-        # the model's view starts at the latest prompt at the latest (the next send's fit moves it on if need be)
-        self.window = min(self.window, starts[-2] if len(starts) > 1 else 0)
+        # the view the now last reply was generated with (/compare replays it; the next send's fit moves it on if
+        # need be); at the latest prompt at the latest
+        last = starts[-2] if len(starts) > 1 else 0
+        self.window = self._answered_from.get(last, min(self.window, last))
         if not self.messages and self.conversation.title == title_from(turn[0].content):
             self.conversation.title = UNTITLED  # emptied: the next prompt names it, as in a new chat
         return turn
 
     def clear(self) -> None:
         self.messages.clear()
-        self.window = 0
+        self.window, self._answered_from = 0, {}
         self.save()
 
     def update_settings(self, **changes) -> ChatSettings:
@@ -116,14 +125,14 @@ class ChatSession:
 
     def new(self) -> None:
         self.conversation = Conversation(None, settings=self.settings)
-        self.window = 0
+        self.window, self._answered_from = 0, {}
 
     def open(self, conversation: Conversation) -> str | None:
         """Make `conversation` the open one; returns a last prompt it held with no reply (saved by an earlier version
         while a reply ran), taken out of it for the input (two prompts in a row would confuse the model and F5)."""
         conversation.settings = replace(conversation.settings, max_tokens=self.max_tokens)
         self.conversation = conversation
-        self.window = 0
+        self.window, self._answered_from = 0, {}
         self._titled, self._replaced = False, None
         if self.messages and self.messages[-1].role == "user":
             return self.messages.pop().content
@@ -137,7 +146,7 @@ class ChatSession:
             return
         saved = self.conversation
         if self._replaced is not None:  # an edit's reply is under way: the turn it replaces is still the history's
-            turn, title = self._replaced
+            turn, title, _ = self._replaced
             saved = replace(saved, messages=self.messages[:-1] + turn, title=title)
         elif self.messages and self.messages[-1].role == "user":
             saved = replace(saved, messages=self.messages[:-1], title=UNTITLED if self._titled else saved.title)

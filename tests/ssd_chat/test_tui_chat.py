@@ -411,19 +411,26 @@ async def test_undo_removes_the_last_turn_everywhere(tmp_path):
         assert app.session.conversation.title == "fourth"
 
 
-async def test_undo_keeps_the_last_turn_in_the_models_view(tmp_path):
-    """The context window had moved past old turns (session.window): after /undo the latest turn is still in it,
-    so /compare replays it."""
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
+async def test_undo_gives_back_the_view_the_last_reply_had(tmp_path):
+    """The context window moved at the third turn: after /undo the view is the one the second reply was generated
+    with (/compare replays it), not the third's clamped to the second prompt (then /compare replayed "two" without
+    "one", which its reply had seen)."""
+    from ssd_chat.history import ChatSettings
+
+    engine = FakeEngine(max_model_len=32)
+    app = make_app(engine, tmp_path, settings=ChatSettings(mode="sd", temperature=0.0, max_tokens=6))
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
+        windows = []
         for text in ("one", "two", "three"):
             await send(app, pilot, text)
-        app.session.window = 4  # the model sees from "three" on
+            windows.append(app.session.window)
+        assert windows[0] == windows[1] == 0 < windows[2]  # (the third prompt did not fit with the first turn)
+        assert len(engine.calls[1][0]) == 3 and engine.calls[1][0][0]["content"] == "one"
         await send(app, pilot, "/undo")
-        assert app.session.window == 2  # from "two", the latest prompt left
-        assert app.session.engine_messages(app.session.window)[0]["content"] == "two"
+        assert app.session.window == 0
+        assert app.session.engine_messages(app.session.window) == engine.calls[1][0] + [
+            {"role": "assistant", "content": REPLY}]
         await send(app, pilot, "/rename Kept")
         await send(app, pilot, "/undo")
         await send(app, pilot, "/undo")
