@@ -99,3 +99,18 @@ def test_run_compare_restores_the_mode_even_when_a_mode_fails():
     report = run_compare(FakeEngine(draft=None), [{"role": "user", "content": "hi"}], max_tokens=8,
                          cancel=threading.Event())
     assert [r.mode for r in report.rows] == ["ar"] and report.identical is None
+
+
+@pytest.mark.asyncio
+async def test_compare_fits_a_60_column_terminal(tmp_path):
+    """At 60 columns the long headers cut the speed-up column off: the table takes short ones there."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=(60, 30)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hello")
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        table = app.screen.query_one(DataTable)
+        assert [str(c.label) for c in table.columns.values()][-1] == "vs AR"
+        await pilot.pause()
+        assert _rows(app.screen)[1][6] == "1.00x" and table.virtual_size.width <= table.size.width

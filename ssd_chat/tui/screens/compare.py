@@ -14,6 +14,8 @@ from textual.widgets import DataTable, Static
 from ssd_chat.tui.compare import CompareReport
 
 COLUMNS = ("mode", "decode tok/s", "TTFT ms", "tokens", "tau", "cache hits", "speed-up vs AR")
+NARROW_COLUMNS = ("mode", "tok/s", "TTFT", "tokens", "tau", "hits", "vs AR")  # under NARROW terminal columns
+NARROW = 90  # (at 60 the long headers cut the speed-up column off)
 
 
 class CompareScreen(ModalScreen[None]):
@@ -32,7 +34,7 @@ class CompareScreen(ModalScreen[None]):
             yield Static("starting…", id="compare-status")
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns(*COLUMNS)
+        self.query_one(DataTable).add_columns(*(NARROW_COLUMNS if self.app.size.width < NARROW else COLUMNS))
 
     def running(self, mode: str) -> None:
         self.query_one("#compare-status", Static).update(f"running {mode.upper()}… (Esc stops)")
