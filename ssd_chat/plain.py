@@ -26,7 +26,7 @@ from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
-from ssd_chat.tui.commands import is_slash
+from ssd_chat.tui.commands import is_slash, split_slash
 
 
 class PlainEngine(Protocol):
@@ -72,7 +72,7 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
                 console.print()
             return
         if is_slash(line):  # the chat app's rule: one / starts a command, // a prompt that begins with /
-            command = command_name(line)
+            command, _ = split_slash(line)
             if command in ("exit", "quit"):  # (/quit: /exit's other name)
                 return
             if command == "clear":
@@ -100,13 +100,6 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             continue
         history.append({"role": "assistant", "content": output.text})
         err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
-
-
-def command_name(line: str) -> str:
-    """The command a line that starts with / names, as the chat app reads it (ssd_chat.tui.commands.parse_slash):
-    the word after the slash, in lower case; the rest of the line is ignored."""
-    parts = line[1:].split(maxsplit=1)
-    return parts[0].lower() if parts else ""
 
 
 def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params: SamplingParams,

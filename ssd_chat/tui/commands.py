@@ -48,9 +48,14 @@ def is_slash(text: str) -> bool:
     return text.startswith("/") and not text.startswith("//")
 
 
+def split_slash(text: str) -> tuple[str, str]:
+    """A slash line's command name (lower case; it ends at any whitespace, a newline too) and the rest."""
+    parts = text.strip()[1:].split(maxsplit=1)
+    return (parts[0].lower() if parts else ""), (parts[1] if len(parts) > 1 else "")
+
+
 def parse_slash(text: str) -> SlashCommand:
-    parts = text.strip()[1:].split(maxsplit=1)  # the name ends at any whitespace (a newline too)
-    name, rest = (parts[0].lower() if parts else ""), (parts[1] if len(parts) > 1 else "")
+    name, rest = split_slash(text)
     if name not in _BY_NAME:
         matches = completions("/" + name)
         hint = f" (did you mean {matches[0].usage}?)" if len(matches) == 1 else " (/help lists them)"
