@@ -201,7 +201,7 @@ class HistoryStore:
         """The conversations where every word of `text` (its first MAX_SEARCH_WORDS) is in the title or a message (any
         case), the most recently updated first, each with the first message that holds the first word where the
         title does not. No words: every conversation."""
-        return search(self._db, text) if text.split() else self.list()
+        return search(self._db, text)
 
     def latest(self) -> Conversation | None:
         summaries = self.list()

@@ -43,7 +43,7 @@ class Searcher:
         with self._lock:
             self._running.add(db)
         try:
-            return search(db, text) if text.split() else list_all(db)
+            return search(db, text)
         except sqlite3.OperationalError as e:
             if "interrupted" in str(e):
                 return None
@@ -68,7 +68,10 @@ def list_all(db: sqlite3.Connection) -> list[ConversationSummary]:
 
 
 def search(db: sqlite3.Connection, text: str) -> list[ConversationSummary]:
+    """HistoryStore.search's answer (no words: every conversation)."""
     words = list(dict.fromkeys(_folded(text).split()))[:MAX_SEARCH_WORDS]
+    if not words:
+        return list_all(db)
     holds = ("(instr(folded(c.title), ?) OR EXISTS (SELECT 1 FROM messages w WHERE w.conversation_id = c.id"
              " AND instr(folded(w.content), ?)))")
     rows = db.execute(
