@@ -59,11 +59,19 @@ def hung_up() -> bool:
 def detach_terminal() -> None:
     """After a hangup: stdout and stderr, where they are the terminal, go to /dev/null, since writes to the closed
     terminal fail (EIO). A pipe or a file keeps what comes."""
-    fd = os.open(os.devnull, os.O_WRONLY)
+    ttys = []
     for target in (1, 2):
         with contextlib.suppress(OSError):
             if stat.S_ISCHR(os.fstat(target).st_mode):
-                os.dup2(fd, target)
+                ttys.append(target)
+    _devnull_over(ttys)
+
+
+def _devnull_over(fds: list[int]) -> None:
+    """/dev/null in place of each of `fds` (writes there then succeed, and vanish)."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    for target in fds:
+        os.dup2(fd, target)
     os.close(fd)
 
 
@@ -127,15 +135,11 @@ def reader_gone() -> int:
     with 128 + SIGPIPE. (Python ignores SIGPIPE, so the write raised BrokenPipeError instead.) Call it once the run
     is cleaned up. stdout, and stderr where it is the same pipe, go to /dev/null: the interpreter's last flush of
     what is still buffered would fail again and print "Exception ignored ... BrokenPipeError". Returns the code."""
-    fd = os.open(os.devnull, os.O_WRONLY)
     try:
         same = os.path.sameopenfile(1, 2)
     except OSError:  # (stderr closed: `2>&-`)
         same = False
-    os.dup2(fd, 1)
-    if same:
-        os.dup2(fd, 2)
-    os.close(fd)
+    _devnull_over([1, 2] if same else [1])
     return 128 + getattr(signal, "SIGPIPE", 13)
 
 
