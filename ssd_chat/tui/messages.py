@@ -29,6 +29,7 @@ class ReplyDone(Message):
 @dataclass
 class ReplyFailed(Message):
     error: str
+    engine_failed: bool = False  # the engine itself failed (its process died, a bug), not the request
 
 
 @dataclass

@@ -69,7 +69,7 @@ class ReplyActions(_Base):
         except Exception as err:  # the engine died (a killed process, a bug): keep the conversation
             if not self.quitting:  # else action_quit stopped it
                 log.exception("the engine failed")
-            self.post_message(ReplyFailed(f"the engine failed: {err}"))
+            self.post_message(ReplyFailed(f"the engine failed: {err}", engine_failed=True))
         else:
             self.finished = output  # for a quit that cannot wait for the message
             self.post_message(ReplyDone(output))
@@ -131,7 +131,7 @@ class ReplyActions(_Base):
         prompt = self.session.drop_prompt()
         self.query_one(PromptInput).set_text(prompt)
         self.edit_failed(prompt)  # (a sent edit: its turn is back, and the edit goes on)
-        if not self.engine_alive or "engine process stopped" in message.error:  # (its pipe can tell first)
+        if message.engine_failed or not self.engine_alive:  # (its pipe can tell before the process check does)
             self.prompt_to_restore = prompt  # /restart, typed over it, brings it back once loaded
         error = message.error if self.engine_alive else ENGINE_STOPPED
         self.told_stopped |= not self.engine_alive
