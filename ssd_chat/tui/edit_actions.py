@@ -37,15 +37,9 @@ class Edit:
                 and all(a is b for a, b in zip(tail, self.turn, strict=True)))
 
 
-def last_turn(messages: list[ChatMessage]) -> tuple[ChatMessage, ...]:
-    """The last prompt and what came after it (its reply); () when there is no prompt."""
-    starts = [i for i, m in enumerate(messages) if m.role == "user"]
-    return tuple(messages[starts[-1]:]) if starts else ()
-
-
 class EditActions(_Base):
     edit: Edit | None = None
-    replacing: Edit | None = None  # an edit sent, its reply under way (a failure brings the edit back)
+    replacing_draft: str | None = None  # a sent edit's draft, its reply under way (a failure brings the edit back)
 
     def action_edit_last(self) -> None:
         if not self.ready_and_idle():
@@ -53,7 +47,7 @@ class EditActions(_Base):
         if self.current_edit() is not None:
             self.notify(EDITING, timeout=4)
             return
-        turn = last_turn(self.session.messages)
+        turn = self.session.last_turn()
         if not turn:
             self.notify("no prompt to edit yet", severity="warning")
             return
@@ -71,7 +65,7 @@ class EditActions(_Base):
             self.edit = None
         return self.edit
 
-    def cancel_edit(self, notice: str = "edit cancelled: the last turn stays") -> bool:
+    def cancel_edit(self) -> bool:
         """Esc while editing (and before anything else that changes the chat: regenerate, undo, clear, a new or
         another chat, a restart): the turn stays and the input gets back what it held before F4, undoably.
         False: no edit."""
@@ -81,7 +75,7 @@ class EditActions(_Base):
         self._mark_turn(False)
         self.edit = None
         self.query_one(PromptInput).replace_text(edit.draft)
-        self.notify(notice, timeout=3)
+        self.notify("edit cancelled: the last turn stays", timeout=3)
         self.refresh_status()
         return True
 
@@ -91,7 +85,7 @@ class EditActions(_Base):
         edit = self.current_edit()
         assert edit is not None
         self._mark_turn(False)
-        self.edit, self.replacing = None, edit
+        self.edit, self.replacing_draft = None, edit.draft
         self.query_one(Transcript).remove_last(len(edit.turn))
         self.send_prompt(text, replace=True)
         if edit.draft.strip():
@@ -100,12 +94,11 @@ class EditActions(_Base):
     def edit_failed(self, prompt: str) -> None:
         """The reply to a sent edit failed: the session put the turn back; so do the views, and the edit goes on
         (the edited prompt in the input, the draft kept for after it)."""
-        edit, self.replacing = self.replacing, None
-        if edit is None:
+        draft, self.replacing_draft = self.replacing_draft, None
+        if draft is None:
             return
-        turn = last_turn(self.session.messages)
         self.show_conversation()
-        self.edit = Edit(self.session.conversation, turn, edit.draft)
+        self.edit = Edit(self.session.conversation, self.session.last_turn(), draft)
         self._mark_turn(True)
         self.query_one(PromptInput).set_text(prompt)
         self.refresh_status()

@@ -121,7 +121,7 @@ class ReplyActions(_Base):
         self.reply_view.finish(output.text, stats.line())
         self.query_one(StatsPanel).show(self.buffer.stats.final(output))
         self.session.add_reply(output.text, stats)
-        self.replacing = None
+        self.replacing_draft = None
         if output.finish_reason is FinishReason.CANCELLED:
             self.notify("reply stopped; the partial text is kept", timeout=3)
         self._end_reply()

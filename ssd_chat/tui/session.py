@@ -43,6 +43,14 @@ class ChatSession:
         out = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
         return out + [{"role": m.role, "content": m.content} for m in self.messages[start:]]
 
+    def last_turn(self) -> tuple[ChatMessage, ...]:
+        """The last prompt and what came after it (its reply); () when there is no prompt."""
+        start = self._turn_starts()
+        return tuple(self.messages[start[-1]:]) if start else ()
+
+    def _turn_starts(self) -> list[int]:
+        return [i for i, m in enumerate(self.messages) if m.role == "user"]
+
     def last_prompt(self) -> str | None:
         return next((m.content for m in reversed(self.messages) if m.role == "user"), None)
 
@@ -96,7 +104,7 @@ class ChatSession:
 
     def _pop_turn(self) -> list[ChatMessage]:
         """Take the last prompt and what follows it out of the conversation; returns them ([]: no prompt)."""
-        starts = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        starts = self._turn_starts()
         if not starts:
             return []
         turn = self.messages[starts[-1]:]
