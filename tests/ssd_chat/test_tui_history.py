@@ -321,3 +321,26 @@ async def test_a_chat_saved_in_ssd_opens_in_ar_where_no_draft_is_loaded(tmp_path
         assert any("needs a draft model: using AR" in n.message for n in app._notifications)
         await send(app, pilot, "more")
         assert engine.calls[-1][2] == "ar" and app.session.messages[-1].role == "assistant"
+
+
+@pytest.mark.asyncio
+async def test_the_picker_searches_a_text_once(tmp_path, monkeypatch):
+    """`/chats TEXT` searched on opening and again, off the UI thread, for the field's first value; a space typed
+    searched again for the same words."""
+    from ssd_chat.history_search import Searcher
+
+    calls = []
+    real = Searcher.search
+    monkeypatch.setattr(Searcher, "search", lambda self, text: (calls.append(text), real(self, text))[1])
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "About rivers")
+        await send(app, pilot, "/chats rivers")
+        await pilot.press("slash", "end", "space")  # (focusing the field selects its text: end keeps it)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert calls == [] and app.screen.query_one(DataTable).row_count == 1
+        await type_text(pilot, "x")
+        await wait_for(pilot, lambda: app.screen.query_one(DataTable).row_count == 0, what="the new search")
+        assert calls == ["rivers x"]

@@ -47,6 +47,7 @@ class ChatsScreen(ModalScreen[int | None]):
         self.deleted: Deleted | None = None  # the last chat deleted here: `u` brings it back
         self.searcher = Searcher(store.path)  # typing searches off the UI thread (0.1 s and more on a long history)
         self.generation = 0  # of the list's contents: each search and each change of the list takes the next
+        self.shown: str | None = None  # the search the list shows
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
@@ -68,6 +69,7 @@ class ChatsScreen(ModalScreen[int | None]):
         self._show(search, self.store.search(search))
 
     def _show(self, search: str, found: list[ConversationSummary]) -> None:
+        self.shown = search
         table = self.query_one(DataTable)
         keep = min(table.cursor_row, max(0, len(found) - 1))
         table.clear()
@@ -111,8 +113,12 @@ class ChatsScreen(ModalScreen[int | None]):
     @on(Input.Changed, "#chats-search")
     def _filter(self, event: Input.Changed) -> None:
         self.armed = None
-        self.generation += 1
-        self._search(event.value.strip(), self.generation)
+        self.generation += 1  # (an answer in flight is out of date either way)
+        search = event.value.strip()
+        if search == self.shown:  # the list shows it already (the field's first value, on opening; a space typed)
+            self.searcher.interrupt()
+            return
+        self._search(search, self.generation)
 
     @on(Input.Submitted, "#chats-search")
     def _to_list(self) -> None:
