@@ -129,22 +129,29 @@ def test_a_step_cut_by_a_second_ctrl_c_drops_the_draft_process(tiny_llama_dir, d
     half-way. The draft process is killed (close() does not wait for it: on gloo that was the 120 s timeout), the
     request ends without touching the scheduler (its lists raised ValueError: a traceback), and the engine refuses
     more requests with one line instead of decoding from a state it cannot trust."""
-    from engine.errors import EngineError
 
     llm = LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
               threads=1, mode="ssd")
+    drafter = llm.remote
+
+    def cut(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(drafter.channel, "recv_ints", cut)
+    _cut_step_then_close(llm)
+    assert not drafter.alive
+    drafter.proc.join(10)
+    assert not drafter.proc.is_alive()
+
+
+def _cut_step_then_close(llm: LLM) -> None:
+    """A request whose step the caller's patch cuts with a KeyboardInterrupt (a second Ctrl-C): it raises it, the
+    engine refuses the next request with one line, and its close takes under 5 s."""
+    from engine.errors import EngineError
+
     try:
-        drafter = llm.remote
-
-        def cut(*args):
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(drafter.channel, "recv_ints", cut)
         with pytest.raises(KeyboardInterrupt):
             list(llm.stream(PROMPTS[0], GREEDY))
-        assert not drafter.alive
-        drafter.proc.join(10)
-        assert not drafter.proc.is_alive()
         with pytest.raises(EngineError, match="second Ctrl-C"):
             llm.generate(PROMPTS[0], GREEDY)
     finally:
@@ -258,29 +265,20 @@ def test_tp2_equals_tp1(tiny_llama_dir):
 def test_a_tp_step_cut_by_a_second_ctrl_c_stops_the_ranks_at_once(tiny_llama_dir, monkeypatch):
     """A second Ctrl-C inside a TP forward leaves the ranks mid-collective: STOP, broadcast to them as at a normal
     close, would meet a rank's all-reduce. The ranks are killed at once and the engine refuses more requests."""
-    from engine.errors import EngineError
     from engine.layers.parallel import TensorParallel
 
     llm = LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, tp=2, target_devices="cpu", threads=1)
     procs = list(llm._workers)
-    try:
-        real, calls = TensorParallel.all_reduce, []
+    real, calls = TensorParallel.all_reduce, []
 
-        def cut(self, x):  # the leader's third all-reduce: its ranks have the forward's inputs and are in it too
-            calls.append(x.shape)
-            if len(calls) == 3:
-                raise KeyboardInterrupt
-            return real(self, x)
+    def cut(self, x):  # the leader's third all-reduce: its ranks have the forward's inputs and are in it too
+        calls.append(x.shape)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, x)
 
-        monkeypatch.setattr(TensorParallel, "all_reduce", cut)
-        with pytest.raises(KeyboardInterrupt):
-            list(llm.stream(PROMPTS[0], GREEDY))
-        with pytest.raises(EngineError, match="second Ctrl-C"):
-            llm.generate(PROMPTS[0], GREEDY)
-    finally:
-        started = time.perf_counter()
-        llm.close()
-    assert time.perf_counter() - started < 5
+    monkeypatch.setattr(TensorParallel, "all_reduce", cut)
+    _cut_step_then_close(llm)
     assert procs and not any(p.is_alive() for p in procs)
 
 
