@@ -58,7 +58,10 @@ class ChatActions(_Base):
             self.query_one(PromptInput).set_text("")
             try:
                 command = parse_slash(text)
-                getattr(self, f"slash_{command.name}")(command.arg)
+                if command.force:
+                    self.export(command.arg, replace=True)  # the one command that takes a !
+                else:
+                    getattr(self, f"slash_{command.name}")(command.arg)
             except (SlashError, EngineError) as err:
                 self.notify(str(err), severity="error")
                 self.query_one(PromptInput).set_text(text)
@@ -179,12 +182,16 @@ class ChatActions(_Base):
     def action_help(self) -> None:
         self.push_screen(HelpScreen([(key_label(b.key), b.description) for b in self.BINDINGS]))
 
-    def export(self, arg: str) -> Path:
+    def export(self, arg: str, replace: bool = False) -> Path:
+        """Write the chat as Markdown: to FILE (an existing one only with `replace`: /export!), or a new file
+        named from the title in a folder (the default folder without FILE)."""
         if len(arg) > 1 and arg[0] == arg[-1] and arg[0] in "'\"":  # a quoted name (spaces are fine without)
             arg = arg[1:-1]
         path = Path(arg).expanduser() if arg else self.export_dir
         if path.is_dir():  # a folder: a new file there, named from the title
             path = export_path(self.session.conversation, path)
+        elif path.exists() and not replace:
+            raise SlashError(f"{path} exists: /export! {arg} replaces it, or give another name")
         try:
             path.write_text(to_markdown(self.session.conversation), encoding="utf-8")
         except OSError as err:

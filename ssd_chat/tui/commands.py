@@ -27,17 +27,19 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("undo", "/undo", "remove the last prompt and its reply from the conversation"),
     SlashSpec("compare", "/compare", "replay the last prompt greedily in AR, SD and SSD and compare"),
     SlashSpec("colors", "/colors", "toggle token provenance colours"),
-    SlashSpec("export", "/export [FILE]", "write this conversation as Markdown with a stats table"),
+    SlashSpec("export", "/export[!] [FILE]", "write this chat as Markdown with a stats table (! replaces FILE)"),
     SlashSpec("restart", "/restart", "stop the engine and load the models again (the conversation stays)"),
     SlashSpec("help", "/help", "keys and commands"),
 )
 _BY_NAME = {c.name: c for c in SLASH_COMMANDS}
+_FORCEABLE = frozenset({"export"})  # "/name!": do it even where it replaces something (vim's :w!)
 
 
 @dataclass(frozen=True)
 class SlashCommand:
     name: str
     arg: str  # the rest of the line, stripped ("" when none)
+    force: bool = False  # typed as /name!
 
 
 class SlashError(ValueError):
@@ -56,11 +58,16 @@ def split_slash(text: str) -> tuple[str, str]:
 
 def parse_slash(text: str) -> SlashCommand:
     name, rest = split_slash(text)
+    force = name.endswith("!") and name[:-1] in _BY_NAME
+    if force:
+        name = name[:-1]
+        if name not in _FORCEABLE:
+            raise SlashError(f"/{name} takes no ! (only /export! does)")
     if name not in _BY_NAME:
         matches = completions("/" + name)
         hint = f" (did you mean {matches[0].usage}?)" if len(matches) == 1 else " (/help lists them)"
         raise SlashError(f"unknown command /{name}{hint}")
-    return SlashCommand(name, rest.strip())
+    return SlashCommand(name, rest.strip(), force)
 
 
 def completions(text: str) -> list[SlashSpec]:

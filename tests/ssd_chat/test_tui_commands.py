@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SpeculationConfig
-from ssd_chat.tui.commands import SlashError, complete, completions, parse_fanout, parse_slash
+from ssd_chat.tui.commands import SlashCommand, SlashError, complete, completions, parse_fanout, parse_slash
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.transcript import AssistantMessage
@@ -138,6 +138,13 @@ async def test_clear_export_and_help(tmp_path):
         assert "| 1 | sd | 6 | 100.0 | 50 | 2.50 | 38% |" in text
         await send(app, pilot, f"/export {tmp_path / 'mine.md'}")
         assert (tmp_path / "mine.md").read_text() == text
+        (tmp_path / "mine.md").write_text("my notes")
+        await send(app, pilot, f"/export {tmp_path / 'mine.md'}")  # an existing FILE is kept ...
+        assert "mine.md exists: /export! " in _errors(app)[-1]
+        assert (tmp_path / "mine.md").read_text() == "my notes"
+        assert app.query_one(PromptArea).text == f"/export {tmp_path / 'mine.md'}"
+        await send(app, pilot, f"/export! {tmp_path / 'mine.md'}")  # ... unless the command says so
+        assert (tmp_path / "mine.md").read_text() == text
         (tmp_path / "out dir").mkdir()
         await send(app, pilot, f'/export "{tmp_path / "out dir"}"')  # a folder, quoted: a named file in it
         assert (tmp_path / "out dir" / "what-is-ssd.md").read_text() == text
@@ -184,6 +191,10 @@ def test_slash_parsing():
         parse_slash("/")
     with pytest.raises(SlashError, match=r"did you mean /mode"):
         parse_slash("/mod ssd")
+    assert parse_slash("/export! a.md") == SlashCommand("export", "a.md", force=True)
+    assert parse_slash("/export a.md").force is False
+    with pytest.raises(SlashError, match=r"/mode takes no !"):
+        parse_slash("/mode! ssd")
     assert [c.name for c in completions("/c")] == ["clear", "chats", "compare", "colors"]
     assert complete("/co") is None and complete("/com") == "/compare " and complete("/ch") == "/chats "
     assert complete("/r") == "/re" and complete("/re") is None and complete("hello") is None
