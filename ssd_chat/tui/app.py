@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from rich.markup import escape
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -48,17 +48,24 @@ log = logging.getLogger(__name__)
 QUIT_WAIT_S = 1.0  # Ctrl+Q waits this long for the reply to stop at its next step, then stops the engine's process
 WATCH_S = 1.0  # how often the app checks that the engine's process is alive
 
-KEYS = [
+KEYS = [  # the footer's order: what a narrow terminal cuts comes last
     Binding("escape", "escape", "Stop"),
+    Binding("f1", "help", "Help"),
     Binding("ctrl+g", "cycle_mode", "Mode"),
-    Binding("ctrl+t", "toggle_colours", "Colours"),
     Binding("ctrl+r", "compare", "Compare"),
-    Binding("ctrl+n", "new_chat", "New"),
     Binding("ctrl+o", "chats", "Chats"),
+    Binding("ctrl+n", "new_chat", "New"),
     Binding("f5", "regenerate", "Regen"),
     Binding("f4", "edit_last", "Edit"),
-    Binding("f1", "help", "Help"),
+    Binding("ctrl+t", "toggle_colours", "Colours"),
 ]
+
+
+class KeysFooter(Footer):
+    """Textual's footer, compact under 100 columns: then every key fits from 80 on (and Help from 60)."""
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.compact = event.size.width < 100
 
 
 class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None]):
@@ -110,7 +117,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
                 yield PromptInput(id="prompt-box")
                 yield Static(id="status")
             yield StatsPanel(id="panel")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         engine_log = logging.getLogger(ENGINE_LOGGER)

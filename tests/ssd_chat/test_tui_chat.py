@@ -6,8 +6,11 @@ import threading
 
 import pytest
 from textual import events
+from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
 
 from engine.errors import PromptTooLongError
+from ssd_chat.tui.app import KEYS
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
@@ -180,6 +183,26 @@ async def test_a_narrow_terminal_hides_the_panel_and_keeps_the_chat(tmp_path):
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
         assert app.query_one(StatsPanel).region.width > 0
+
+
+def _footer_keys(app) -> list[str]:
+    """The keys the footer shows whole (a key cut by the terminal's edge is not shown)."""
+    footer = app.query_one(Footer)
+    return [k.key for k in footer.query(FooterKey) if k.region.width and k.region.right <= footer.region.right]
+
+
+async def test_an_80_column_footer_shows_every_key_and_a_60_column_one_help_first(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        every = [b.key for b in KEYS]
+        assert _footer_keys(app)[:len(every)] == every
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert _footer_keys(app)[:len(every)] == every  # compact: nothing cut
+        await pilot.resize_terminal(60, 24)
+        await pilot.pause()
+        assert _footer_keys(app)[:2] == ["escape", "f1"]
 
 
 async def test_an_engine_crash_mid_reply_keeps_the_conversation(tmp_path):
