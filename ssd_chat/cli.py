@@ -37,6 +37,7 @@ from ssd_chat.cli_options import (
     DraftWeights,
     Dtype,
     Eager,
+    Enter,
     Fanout,
     FixedK,
     K,
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
 
 REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
                 "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul", "backup", "fixed_k",
-                "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk")
+                "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk", "enter")
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -162,6 +163,7 @@ def root(
     draft_weights: DraftWeights = "int8",
     cpu_matmul: CpuMatmul = "auto",
     prefill_chunk: PrefillChunk = None,
+    enter: Enter = "send",
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
     ] = False,
@@ -207,7 +209,7 @@ def root(
             given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "system")
                               if ctx.get_parameter_source(n).name == "COMMANDLINE")
             code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
-                           speculation=spec, given=given)
+                           speculation=spec, given=given, enter_sends=enter == "send")
     raise typer.Exit(code)
 
 

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, target: str, draft: str | None,
             resume: bool = False, speculation: SpeculationConfig | None = None,
-            given: frozenset[str] = frozenset()) -> int:
+            given: frozenset[str] = frozenset(), enter_sends: bool = True) -> int:
     """Run the app until the user quits; returns its exit code. Raises EngineError when the models did not
     load (the caller prints the one-line message)."""
     from ssd_chat.tui.app import ChatApp  # textual loads only when the TUI is used
@@ -32,7 +32,7 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
         store = None
     ensure_resource_tracker()  # now, while sys.stderr is the terminal's (Textual replaces it while it runs)
     app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume,
-                  speculation=speculation, given=given)
+                  speculation=speculation, given=given, enter_sends=enter_sends)
     app.run()
     if app.load_error is not None:
         raise EngineError(app.load_error)

@@ -79,9 +79,10 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
         target: str = "", draft: str | None = None, resume: bool = False, export_dir: Path | None = None,
         clock: Callable[[], float] = time.perf_counter, speculation: SpeculationConfig | None = None,
-        given: frozenset[str] = frozenset(),
+        given: frozenset[str] = frozenset(), enter_sends: bool = True,
     ) -> None:
         super().__init__()
+        self.enter_sends = enter_sends  # the prompt's first Enter mode (--enter; /enter changes it)
         self.load_engine = load_engine
         self.session = ChatSession(store, settings)
         self.target, self.draft, self.resume = target, draft, resume
@@ -114,7 +115,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
             with Vertical(id="chat"):
                 yield Transcript(id="transcript")
                 yield Static(id="legend")
-                yield PromptInput(id="prompt-box")
+                yield PromptInput(id="prompt-box", enter_sends=self.enter_sends)
                 yield Static(id="status")
             yield StatsPanel(id="panel")
         yield KeysFooter()

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
-from ssd_chat.tui.commands import SlashError, is_slash, parse_fanout, parse_number, parse_slash
+from ssd_chat.tui.commands import ENTER_MODES, SlashError, is_slash, parse_fanout, parse_number, parse_slash
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.export import export_path, to_markdown
 from ssd_chat.tui.screens.chats import ChatsScreen
 from ssd_chat.tui.screens.help import HelpScreen
-from ssd_chat.tui.widgets.prompt_input import PromptInput
+from ssd_chat.tui.widgets.prompt_input import PromptInput, key_hints
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
 from ssd_chat.tui.widgets.transcript import Transcript
 
@@ -180,7 +180,8 @@ class ChatActions(_Base):
             self.send_prompt(prompt)
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen([(key_label(b.key), b.description) for b in self.BINDINGS]))
+        send_keys = key_hints(self.query_one(PromptInput).enter_sends)
+        self.push_screen(HelpScreen(send_keys, [(key_label(b.key), b.description) for b in self.BINDINGS]))
 
     def export(self, arg: str, replace: bool = False) -> Path:
         """Write the chat as Markdown: to FILE (an existing one only with `replace`: /export!), or a new file
@@ -215,6 +216,14 @@ class ChatActions(_Base):
     def slash_system(self, arg: str) -> None:
         self.change_settings(system=arg or None)
         self.notify("system prompt set" if arg else "system prompt removed", timeout=2)
+
+    def slash_enter(self, arg: str) -> None:
+        if arg.lower() not in ENTER_MODES:
+            raise SlashError(f"/enter takes send or newline, got {arg!r}" if arg else "/enter takes send or newline")
+        sends = arg.lower() == "send"
+        self.query_one(PromptInput).set_enter_sends(sends)
+        keys = "Enter sends" if sends else "Enter is a new line, Ctrl+S sends"
+        self.notify(f"{keys} (for this run; --enter or SSD_CHAT_ENTER keeps it)", timeout=3)
 
     def slash_clear(self, arg: str) -> None:
         if self.ready_and_idle():

@@ -18,6 +18,7 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("fanout", "/fanout N | N,N,...", "SSD candidates per accepted count (one number or k+1); none: default"),
     SlashSpec("temp", "/temp T", "sampling temperature (0 = greedy)"),
     SlashSpec("system", "/system TEXT", "set the system prompt (no text: remove it)"),
+    SlashSpec("enter", "/enter send|newline", "what Enter does: send, or a new line (then Ctrl+S sends)"),
     SlashSpec("clear", "/clear", "clear this conversation's turns"),
     SlashSpec("new", "/new", "start a new conversation (the current one stays in history)"),
     SlashSpec("chats", "/chats [TEXT]", "open, search, rename or delete saved conversations (TEXT: search for it)"),
@@ -32,6 +33,7 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("help", "/help", "keys and commands"),
 )
 _BY_NAME = {c.name: c for c in SLASH_COMMANDS}
+ENTER_MODES = ("send", "newline")  # what Enter does in the prompt: --enter, /enter
 _FORCEABLE = frozenset({"export"})  # "/name!": do it even where it replaces something (vim's :w!)
 
 

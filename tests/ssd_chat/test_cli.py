@@ -113,7 +113,7 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
      "bench sd with no draft",
      "distill target that is no model", "backwards core range", "seed out of range", "bench unknown model",
      "distill target that is a draft", "distill out is a file", "prefill chunk of zero",
-     "distill on a held-out set under another name"],
+     "distill on a held-out set under another name", "unknown enter mode"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -168,6 +168,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "unknown draft weights": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-weights", "int4"],
         "unknown cpu matmul": ["ask", "hi", "--target", tiny, "--cpu-matmul", "blas"],
         "prefill chunk of zero": ["ask", "hi", "--target", tiny, "--prefill-chunk", "0"],
+        "unknown enter mode": ["--enter", "sideways"],
     }[case]
     result = _ssd_chat(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")})
     assert result.returncode == 2, result.stderr
@@ -178,6 +179,8 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         assert "hf download Qwen/Qwen3-0.6B" in lines[0]
     if case == "unknown bench mode":
         assert "unknown mode(s) xx" in lines[0]
+    if case == "unknown enter mode":
+        assert "takes send or newline, got 'sideways'" in lines[0]
     if case == "distill on a held-out set under another name":
         assert "held-out benchmark set chat.jsonl" in lines[0] and not (tmp_path / "d3").exists()
     if case == "bench sd with no draft":

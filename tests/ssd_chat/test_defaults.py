@@ -147,3 +147,20 @@ def test_the_chat_app_gets_an_idle_draft_process_for_ssd(shipped, monkeypatch):
     assert (seen["draft"], seen["target_devices"], seen["draft_device"]) == \
         (defaults.SHIPPED_DRAFT_ALIAS, None, "cpu:1")
     assert seen["speculation"].mode == "sd"
+
+
+@pytest.mark.parametrize(("args", "env", "enter_sends"), [([], {}, True), (["--enter", "newline"], {}, False),
+                                                          ([], {"SSD_CHAT_ENTER": "Newline"}, False)])
+def test_enter_reaches_the_chat_app_from_the_flag_or_the_environment(args, env, enter_sends, monkeypatch):
+    from typer.testing import CliRunner
+
+    from ssd_chat import cli, tui
+
+    seen: dict = {}
+    monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: seen.update(kwargs) or 0)
+    monkeypatch.setattr(cli, "_engine_loader", lambda target, engine_kwargs: None)
+    monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
+    result = CliRunner().invoke(cli.app, ["--mode", "ar", *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert seen["enter_sends"] is enter_sends
+

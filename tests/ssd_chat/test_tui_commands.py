@@ -199,3 +199,40 @@ def test_slash_parsing():
     assert complete("/co") is None and complete("/com") == "/compare " and complete("/ch") == "/chats "
     assert complete("/r") == "/re" and complete("/re") is None and complete("hello") is None
     assert parse_fanout("") is None and parse_fanout("1, 2") == (1, 2)
+
+
+@pytest.mark.asyncio
+async def test_enter_newline_breaks_the_line_and_ctrl_s_sends_and_slash_enter_switches_back(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path, enter_sends=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        assert "Ctrl+S sends" in str(area.placeholder)
+        await type_text(pilot, "line one")
+        await pilot.press("enter")
+        await type_text(pilot, "line two")
+        assert area.text == "line one\nline two" and not engine.calls
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.busy and len(engine.calls) == 1, what="the reply")
+        assert engine.calls[-1][0][-1]["content"] == "line one\nline two"
+
+        area.text = "/help"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        help_text = app.screen.query_one("Markdown").source
+        assert "| Ctrl+S (Ctrl+Enter) | send the prompt |" in help_text  # the keys of this run's Enter mode
+        assert "| Enter / Ctrl+J | new line" in help_text
+        await pilot.press("escape")
+
+        for bad in ("/enter", "/enter sideways"):
+            area.text = bad
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert "/enter takes send or newline" in _errors(app)[-1] and area.text == bad
+        area.text = "/enter SEND"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert "Enter sends" in str(area.placeholder)
+        await send(app, pilot, "third")  # Enter sends again
+        assert engine.calls[-1][0][-1]["content"] == "third" and area.text == ""

@@ -163,7 +163,7 @@ class FakeEngine:
 
 
 def make_app(engine: FakeEngine, tmp_path, *, settings=None, resume: bool = False, speculation=None,
-             given: frozenset[str] = frozenset()):
+             given: frozenset[str] = frozenset(), enter_sends: bool = True):
     """A ChatApp on `engine`, its history in `tmp_path`, its clock scripted."""
     from ssd_chat.history import ChatSettings, HistoryStore
     from ssd_chat.tui.app import ChatApp
@@ -171,7 +171,8 @@ def make_app(engine: FakeEngine, tmp_path, *, settings=None, resume: bool = Fals
     settings = settings or ChatSettings(mode=engine.speculation.mode, temperature=0.0, max_tokens=64)
     store = HistoryStore(tmp_path / "history.sqlite3")
     return ChatApp(lambda: engine, settings=settings, store=store, target="fake-target", draft=engine.draft,
-                   resume=resume, given=given, export_dir=tmp_path, clock=FakeClock(), speculation=speculation)
+                   resume=resume, given=given, export_dir=tmp_path, clock=FakeClock(), speculation=speculation,
+                   enter_sends=enter_sends)
 
 
 async def settle(app, pilot, timeout: float = 10.0) -> None:

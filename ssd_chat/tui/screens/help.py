@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -12,18 +13,17 @@ from textual.widgets import Markdown
 
 from ssd_chat.tui.commands import SLASH_COMMANDS
 
-PROMPT_KEYS = (
-    ("Enter", "send the prompt"),
-    ("Shift+Enter / Ctrl+J", "new line in the prompt"),
+PROMPT_KEYS = (  # after the send and newline keys, which --enter sets (prompt_input.key_hints)
     ("Tab", "complete a slash command"),
     ("PageUp / PageDown", "scroll the conversation"),
     ("Ctrl+P", "command palette (modes, compare, chats, export, theme)"),
 )
 
 
-def help_markdown(keys: list[tuple[str, str]]) -> str:
+def help_markdown(send_keys: Sequence[tuple[str, str]], keys: Sequence[tuple[str, str]]) -> str:
+    """`send_keys`: the prompt's send and newline keys; `keys`: the app's bindings (key, action)."""
     lines = ["# ssd-chat help", "", "## Keys", "", "| key | action |", "|---|---|"]
-    lines += [f"| {key} | {action} |" for key, action in (*PROMPT_KEYS, *keys)]
+    lines += [f"| {key} | {action} |" for key, action in (*send_keys, *PROMPT_KEYS, *keys)]
     lines += ["", "## Slash commands", "", "| command | what it does |", "|---|---|"]
     lines += [f"| `{c.usage}` | {c.help} |" for c in SLASH_COMMANDS]
     lines += ["", "## Token colours", "",
@@ -36,10 +36,10 @@ def help_markdown(keys: list[tuple[str, str]]) -> str:
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,f1", "dismiss", "Close")]
 
-    def __init__(self, keys: list[tuple[str, str]]) -> None:
+    def __init__(self, send_keys: Sequence[tuple[str, str]], keys: Sequence[tuple[str, str]]) -> None:
         super().__init__(classes="modal", id="help")
-        self.keys = keys
+        self.send_keys, self.keys = send_keys, keys
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="modal-box wide"):
-            yield Markdown(help_markdown(self.keys))
+            yield Markdown(help_markdown(self.send_keys, self.keys))
