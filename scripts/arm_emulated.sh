@@ -7,7 +7,7 @@
 #   scripts/arm_emulated.sh setup              # once, ~1 min (root: apt): 1.1 GB under $ARM_ROOT (/opt/ssd-chat-arm)
 #   scripts/arm_emulated.sh python ARGS...     # python3.11 ARGS under qemu, this repo on its path
 #
-# e.g. scripts/arm_emulated.sh python -m ssd_chat.cli bench --draft smollm2-135m-draft --modes ar,sd --limit 2 \
+# e.g. scripts/arm_emulated.sh python -m ssd_chat bench --draft smollm2-135m-draft --modes ar,sd --limit 2 \
 #        --max-tokens 24 --threads 1 --no-ignore-eos --json arm.json
 # torch is 2.8.0 there, not the project's 2.13.0: PyPI's AArch64 wheels of later torch are CUDA builds, which do
 # not load without the CUDA libraries.

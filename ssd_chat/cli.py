@@ -334,7 +334,7 @@ def bench(
         typer.Option(help="Prompt file: plain lines or JSONL with prompt/messages.",
                      show_default="assets/prompts/chat.jsonl"),
     ] = DEFAULT_PROMPTS,
-    max_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt (EOS ignored).")] = 128,
+    max_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt (at most, with --no-ignore-eos).")] = 128,
     ignore_eos: Annotated[bool, typer.Option(help="Fixed-length replies; --no-ignore-eos: each reply stops at its "
                                                   "end of turn, as in a chat.")] = True,
     threads: Threads = None,
