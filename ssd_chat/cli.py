@@ -180,7 +180,8 @@ def root(
         given = [n for n in REPL_OPTIONS if ctx.get_parameter_source(n).name == "COMMANDLINE"]
         if given:
             flag = "--" + given[0].replace("_", "-")
-            raise typer.Exit(report(f"{flag} before a command is a REPL option; put it after the command name"))
+            raise typer.Exit(report(f"{flag} before a command is an option of the chat; put it after the command "
+                                          "name"))
         return
     with user_errors():
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
