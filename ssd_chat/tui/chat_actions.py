@@ -12,7 +12,7 @@ from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
 from ssd_chat.tui.commands import ENTER_MODES, SlashError, is_slash, parse_fanout, parse_number, parse_slash
 from ssd_chat.tui.engine_worker import available_modes
-from ssd_chat.tui.export import export_path, to_markdown
+from ssd_chat.tui.export import code_blocks, export_path, to_markdown
 from ssd_chat.tui.screens.chats import ChatsScreen
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptInput, key_hints
@@ -263,6 +263,23 @@ class ChatActions(_Base):
 
     def slash_colors(self, arg: str) -> None:
         self.action_toggle_colours()
+
+    def slash_copy(self, arg: str) -> None:
+        """The last reply, or its code blocks, to the clipboard: through the terminal (OSC 52), so over ssh too."""
+        if arg.lower() not in ("", "code"):
+            raise SlashError(f"/copy takes nothing or code, got {arg!r}")
+        replies = [m for m in self.session.messages if m.role == "assistant"]
+        if not replies:
+            raise SlashError("no reply to copy yet")
+        text, what = replies[-1].content, "the last reply"
+        if arg:
+            blocks = code_blocks(text)
+            if not blocks:
+                raise SlashError("the last reply has no code block: /copy copies all of it")
+            text, what = "\n\n".join(blocks), f"{len(blocks)} code block{'s' * (len(blocks) > 1)}"
+        self.copy_to_clipboard(text)
+        self.notify(f"copied {what} ({len(text):,} characters; the terminal must allow OSC 52 clipboard writes)",
+                    timeout=3)
 
     def slash_export(self, arg: str) -> None:
         self.export(arg)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from ssd_chat.history import ChatMessage, Conversation, TurnStats
@@ -31,17 +32,33 @@ def to_markdown(conversation: Conversation) -> str:
 def closed_fences(text: str) -> str:
     """`text` with a code fence it left open closed (a reply cut by the length limit inside a code block: the rest
     of the document, headings and the stats table, read as code)."""
-    fence = None  # the open fence's marker, e.g. "```"
-    for line in text.splitlines():
+    blocks = list(_fenced_blocks(text.splitlines()))
+    if not blocks or blocks[-1][1] is not None:
+        return text
+    return text.rstrip("\n") + "\n" + blocks[-1][2]
+
+
+def code_blocks(text: str) -> list[str]:
+    """The contents of `text`'s fenced code blocks, in order (one a cut reply left open runs to the end)."""
+    lines = text.splitlines()
+    return ["\n".join(lines[start + 1 : len(lines) if end is None else end]) for start, end, _ in _fenced_blocks(lines)]
+
+
+def _fenced_blocks(lines: list[str]) -> Iterator[tuple[int, int | None, str]]:
+    """Each fenced code block's opening line, closing line (None: left open) and opening marker (e.g. "```")."""
+    start, fence = 0, None
+    for i, line in enumerate(lines):
         found = _FENCE.match(line)
         if found is None:
             continue
         marker = found.group(1)
         if fence is None:
-            fence = marker
+            start, fence = i, marker
         elif marker[0] == fence[0] and len(marker) >= len(fence) and not line.strip()[len(marker):].strip():
+            yield start, i, fence
             fence = None
-    return text if fence is None else text.rstrip("\n") + "\n" + fence
+    if fence is not None:
+        yield start, None, fence
 
 
 def _stats_table(replies: list[ChatMessage]) -> list[str]:

@@ -12,7 +12,7 @@ from ssd_chat.history import (
     default_db_path,
     title_from,
 )
-from ssd_chat.tui.export import export_path, to_markdown
+from ssd_chat.tui.export import code_blocks, export_path, to_markdown
 
 STATS = TurnStats(mode="ssd", decode_tok_s=41.25, ttft_s=0.081, generated_tokens=12, prompt_tokens=30,
                   reused_prefix_tokens=16, finish_reason="stop", tau=2.75, acceptance_rate=0.5, cache_hit_rate=0.8)
@@ -180,3 +180,9 @@ def test_the_export_closes_a_code_fence_a_cut_reply_left_open():
     from ssd_chat.tui.export import to_markdown
 
     assert to_markdown(conversation).count("```") == 2
+
+
+def test_code_blocks_are_the_fenced_blocks_contents_with_a_cut_one_to_the_end():
+    assert code_blocks("a\n```py\nx = 1\n```\nb\n~~~\ny\n```\n~~~") == ["x = 1", "y\n```"]
+    assert code_blocks("```\n```") == [""] and code_blocks("text ``` inline") == []
+    assert code_blocks("go:\n````\nfn()\n```\nmore") == ["fn()\n```\nmore"]  # cut: runs to the end

@@ -195,7 +195,7 @@ def test_slash_parsing():
     assert parse_slash("/export a.md").force is False
     with pytest.raises(SlashError, match=r"/mode takes no !"):
         parse_slash("/mode! ssd")
-    assert [c.name for c in completions("/c")] == ["clear", "chats", "compare", "colors"]
+    assert [c.name for c in completions("/c")] == ["clear", "chats", "compare", "colors", "copy"]
     assert complete("/co") is None and complete("/com") == "/compare " and complete("/ch") == "/chats "
     assert complete("/r") == "/re" and complete("/re") is None and complete("hello") is None
     assert parse_fanout("") is None and parse_fanout("1, 2") == (1, 2)
@@ -236,3 +236,28 @@ async def test_enter_newline_breaks_the_line_and_ctrl_s_sends_and_slash_enter_sw
         assert "Enter sends" in str(area.placeholder)
         await send(app, pilot, "third")  # Enter sends again
         assert engine.calls[-1][0][-1]["content"] == "third" and area.text == ""
+
+
+@pytest.mark.asyncio
+async def test_copy_puts_the_last_reply_or_its_code_blocks_on_the_clipboard(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/copy")
+        assert _errors(app)[-1] == "no reply to copy yet" and app.clipboard == ""
+        await send(app, pilot, "first")
+        engine.words = ["Two", " blocks", ":\n\n", "```python\n", "x = 1\n", "```\n", "and\n", "~~~~\n", "y\n",
+                        "```\n", "~~~~\n"]
+        await send(app, pilot, "second")
+        await send(app, pilot, "/copy")
+        assert app.clipboard == "".join(engine.words)
+        await send(app, pilot, "/copy code")  # a ``` inside a ~~~~ block is its text, not a fence
+        assert app.clipboard == "x = 1\n\ny\n```"
+        assert "copied 2 code blocks (12 characters" in [n.message for n in app._notifications][-1]
+        engine.words = ["No", " code", "."]
+        await send(app, pilot, "third")
+        await send(app, pilot, "/copy code")
+        assert "the last reply has no code block" in _errors(app)[-1] and app.clipboard == "x = 1\n\ny\n```"
+        await send(app, pilot, "/copy everything")
+        assert "/copy takes nothing or code" in _errors(app)[-1]
