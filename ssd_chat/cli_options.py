@@ -13,7 +13,8 @@ from typing import Annotated
 import typer
 
 from engine import EngineError
-from engine.config import PREFILL_CHUNK
+from engine.config import PREFILL_CHUNK, SpeculationConfig
+from engine.errors import InvalidParameterError
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.tui.commands import ENTER_MODES
 
@@ -33,6 +34,19 @@ def user_errors() -> Iterator[None]:
         yield
     except (EngineError, BenchInputError) as err:
         raise typer.Exit(report(str(err))) from None
+
+
+def speculation_config(
+    draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit", fixed_k: bool = False,
+    no_lookup: bool = False,
+) -> SpeculationConfig:
+    """The decoding mode the options ask for (EngineError on bad values)."""
+    try:
+        fanout_values = None if fanout is None else tuple(int(f) for f in fanout.split(","))
+    except ValueError:
+        raise InvalidParameterError(f"--fanout takes numbers separated by commas, got {fanout!r}") from None
+    return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values, backup=backup,
+                             adaptive_k=not fixed_k, lookup=not no_lookup)
 
 
 Target = Annotated[
