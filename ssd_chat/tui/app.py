@@ -277,8 +277,9 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         if state == "ready" and self.current_edit() is not None:
             state = "editing the last prompt: Esc cancels"
         colours = " · colours on" if self.colours else ""
+        context = f" · ctx {self.session.context_tokens():,}/{self.engine.max_model_len:,}" if self.engine else ""
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
-            f"[b]{s.mode.upper()}[/b] · {state} · k {s.k} · temp {s.temperature:g}{colours} · "
+            f"[b]{s.mode.upper()}[/b] · {state} · k {s.k} · temp {s.temperature:g}{colours}{context} · "
             f"{escape(self.session.conversation.title)}"
         )
         if self.engine is not None:

@@ -51,6 +51,12 @@ class ChatSession:
     def _turn_starts(self) -> list[int]:
         return [i for i, m in enumerate(self.messages) if m.role == "user"]
 
+    def context_tokens(self) -> int:
+        """The tokens in the model's view after the last reply: its prompt (the window's turns, in the chat
+        template) and what it wrote; 0 before any reply."""
+        stats = next((m.stats for m in reversed(self.messages) if m.role == "assistant"), None)
+        return 0 if stats is None else stats.prompt_tokens + stats.generated_tokens
+
     def last_prompt(self) -> str | None:
         return next((m.content for m in reversed(self.messages) if m.role == "user"), None)
 

@@ -739,3 +739,22 @@ async def test_esc_with_no_reply_clears_the_input_undoably(tmp_path):
         await pilot.press("ctrl+z")
         await pilot.pause()
         assert app.query_one(PromptArea).text == pasted
+
+
+async def test_the_status_line_shows_the_context_the_last_reply_left(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert "ctx 0/100,000" in rendered(app.query_one("#status"))
+        await send(app, pilot, "first")
+        first = app.session.messages[-1].stats
+        await send(app, pilot, "second, a longer prompt")
+        second = app.session.messages[-1].stats
+        assert second.prompt_tokens > first.prompt_tokens
+        used = second.prompt_tokens + second.generated_tokens
+        assert f"ctx {used:,}/100,000" in rendered(app.query_one("#status"))
+        await send(app, pilot, "/undo")
+        assert f"ctx {first.prompt_tokens + first.generated_tokens:,}/100,000" in rendered(app.query_one("#status"))
+        await send(app, pilot, "/new")
+        assert "ctx 0/100,000" in rendered(app.query_one("#status"))
