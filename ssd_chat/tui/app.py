@@ -30,6 +30,7 @@ from engine.errors import EngineError
 from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED, ChatActions
+from ssd_chat.tui.commands import as_typed
 from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.edit_actions import EditActions
 from ssd_chat.tui.engine_process import stop_loading
@@ -115,10 +116,13 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
             with Vertical(id="chat"):
                 yield Transcript(id="transcript")
                 yield Static(id="legend")
-                yield PromptInput(id="prompt-box", enter_sends=self.enter_sends)
+                yield PromptInput(id="prompt-box", enter_sends=self.enter_sends, earlier=self._earlier_prompts)
                 yield Static(id="status")
             yield StatsPanel(id="panel")
         yield KeysFooter()
+
+    def _earlier_prompts(self) -> list[str]:
+        return [as_typed(m.content) for m in self.session.messages if m.role == "user"]
 
     def on_mount(self) -> None:
         engine_log = logging.getLogger(ENGINE_LOGGER)
@@ -130,7 +134,8 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         if self.resume and self.session.store is not None:
             latest = self.session.store.latest()
             if latest is not None:
-                self.prompt_to_restore = self.session.open(latest)  # (an unanswered prompt: in the input once loaded)
+                unanswered = self.session.open(latest)  # (an unanswered prompt: in the input once loaded)
+                self.prompt_to_restore = None if unanswered is None else as_typed(unanswered)
                 if self.given:
                     self.session.update_settings(**self.given)
         self.push_screen(LoadingScreen(self.target, self.draft))

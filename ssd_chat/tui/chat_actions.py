@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
-from ssd_chat.tui.commands import ENTER_MODES, SlashError, is_slash, parse_fanout, parse_number, parse_slash
+from ssd_chat.tui.commands import (
+    ENTER_MODES,
+    SlashError,
+    as_typed,
+    is_slash,
+    parse_fanout,
+    parse_number,
+    parse_slash,
+)
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.export import code_blocks, export_path, to_markdown
 from ssd_chat.tui.screens.chats import ChatsScreen
@@ -154,7 +162,7 @@ class ChatActions(_Base):
                 self.show_conversation()
                 if unanswered:  # (saved so by an earlier version)
                     typed = self.query_one(PromptInput).text.strip()
-                    self.query_one(PromptInput).replace_text(unanswered)
+                    self.query_one(PromptInput).replace_text(as_typed(unanswered))
                     self.notify("the chat's last prompt had no reply: it is in the input"
                                 + (" (Ctrl+Z brings back what you had typed)" if typed else ""), timeout=6)
             elif self.session.conversation.id is not None and store is not None:

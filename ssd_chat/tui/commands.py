@@ -49,6 +49,11 @@ class SlashError(ValueError):
     """A line that starts with / but names no command; the message is one line for a notification."""
 
 
+def as_typed(prompt: str) -> str:
+    """A sent prompt as it would be typed again: one that starts with / gets back the / of the // that sent it."""
+    return "/" + prompt if prompt.startswith("/") else prompt
+
+
 def is_slash(text: str) -> bool:
     return text.startswith("/") and not text.startswith("//")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ssd_chat.history import ChatMessage, Conversation
+from ssd_chat.tui.commands import as_typed
 from ssd_chat.tui.widgets.prompt_input import PromptInput
 from ssd_chat.tui.widgets.transcript import Transcript
 
@@ -53,7 +54,7 @@ class EditActions(_Base):
             return
         prompt = self.query_one(PromptInput)
         self.edit = Edit(self.session.conversation, turn, prompt.text)
-        prompt.replace_text(turn[0].content)
+        prompt.replace_text(as_typed(turn[0].content))
         self._mark_turn(True)
         self.notify(EDITING, timeout=4)
         self.refresh_status()
@@ -93,7 +94,7 @@ class EditActions(_Base):
 
     def edit_failed(self, prompt: str) -> None:
         """The reply to a sent edit failed: the session put the turn back; so do the views, and the edit goes on
-        (the edited prompt in the input, the draft kept for after it)."""
+        (the edited prompt in the input, as typed: `as_typed`, the draft kept for after it)."""
         draft, self.replacing_draft = self.replacing_draft, None
         if draft is None:
             return

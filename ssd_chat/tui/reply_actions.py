@@ -16,6 +16,7 @@ from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import TurnStats
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
+from ssd_chat.tui.commands import as_typed
 from ssd_chat.tui.engine_worker import ReplyBuffer, stream_reply
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.live_stats import LiveStats
@@ -128,7 +129,7 @@ class ReplyActions(_Base):
 
     def on_reply_failed(self, message: ReplyFailed) -> None:
         self.query_one(Transcript).remove_last(2)
-        prompt = self.session.drop_prompt()
+        prompt = as_typed(self.session.drop_prompt())
         self.query_one(PromptInput).set_text(prompt)
         self.edit_failed(prompt)  # (a sent edit: its turn is back, and the edit goes on)
         if message.engine_failed or not self.engine_alive:  # (its pipe can tell before the process check does)

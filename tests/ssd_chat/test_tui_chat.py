@@ -758,3 +758,48 @@ async def test_the_status_line_shows_the_context_the_last_reply_left(tmp_path):
         assert f"ctx {first.prompt_tokens + first.generated_tokens:,}/100,000" in rendered(app.query_one("#status"))
         await send(app, pilot, "/new")
         assert "ctx 0/100,000" in rendered(app.query_one("#status"))
+
+
+async def test_up_and_down_recall_the_chats_earlier_prompts_and_never_replace_typed_text(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        await pilot.press("up")
+        assert area.text == ""  # nothing to recall yet
+        await send(app, pilot, "first")
+        await send(app, pilot, "second\nwith two lines")
+        seen = []
+        for key in ("up", "up", "up", "up", "down", "down", "down"):
+            await pilot.press(key)
+            seen.append(area.text)
+        # up from the last line of a two-line prompt: first to its first line, then to the older prompt
+        assert seen == ["second\nwith two lines", "second\nwith two lines", "first", "first", "second\nwith two lines",
+                        "", ""]
+        await pilot.press("up", "up", "up", "x")  # "firstx": changed, so up and down move the cursor only
+        for key in ("up", "down"):
+            await pilot.press(key)
+            assert area.text == "firstx"
+        area.text = ""
+        await type_text(pilot, "a draft")
+        await pilot.press("up")
+        assert area.text == "a draft"
+
+
+async def test_a_prompt_sent_with_a_double_slash_comes_back_with_it(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        await send(app, pilot, "//etc/hosts: what is it?")
+        assert engine.calls[-1][0][-1]["content"] == "/etc/hosts: what is it?"
+        await pilot.press("f4")  # edited
+        assert area.text == "//etc/hosts: what is it?"
+        await pilot.press("escape")
+        await pilot.press("up")  # recalled
+        assert area.text == "//etc/hosts: what is it?"
+        area.text = ""
+        engine.crash_after = 1
+        await send(app, pilot, "//usr: and this?")  # a failed reply puts it back
+        assert area.text == "//usr: and this?"

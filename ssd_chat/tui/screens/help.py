@@ -15,6 +15,7 @@ from ssd_chat.tui.commands import SLASH_COMMANDS
 
 PROMPT_KEYS = (  # after the send and newline keys, which --enter sets (prompt_input.key_hints)
     ("Tab", "complete a slash command"),
+    ("Up / Down", "on the prompt's first / last line: the chat's earlier prompts (typed text is never replaced)"),
     ("PageUp / PageDown", "scroll the conversation"),
     ("Ctrl+P", "command palette (modes, compare, colours, new chat, chats, export, restart the engine, help, theme)"),
     ("Ctrl+Q", "quit (a reply under way stops and is kept)"),

@@ -1,9 +1,11 @@
 """The multi-line prompt: Enter sends, Shift+Enter or Ctrl+J inserts a newline (or, with `--enter newline`, Enter
-inserts a newline and Ctrl+S sends; Ctrl+S sends in both), Tab completes a slash command, PageUp / PageDown scroll
-the conversation. Below it, a hint line lists the commands matching what is typed."""
+inserts a newline and Ctrl+S sends; Ctrl+S sends in both), Tab completes a slash command, Up / Down on the first /
+last line recall the chat's earlier prompts, PageUp / PageDown scroll the conversation. Below it, a hint line
+lists the commands matching what is typed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual import events, on
@@ -15,6 +17,8 @@ from textual.widgets import Static, TextArea
 from ssd_chat.tui.commands import complete, completions
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+PAGE_KEYS = {"pageup": -1, "pagedown": 1}  # scroll the conversation (the prompt is a few lines at most)
+RECALL_KEYS = {"up": -1, "down": 1}  # on the prompt's first / last line: the chat's earlier prompts
 SEND_KEYS = ("ctrl+s", "ctrl+enter")  # send whatever Enter does (Ctrl+Enter where the terminal tells it from Enter)
 
 
@@ -28,13 +32,15 @@ def key_hints(enter_sends: bool) -> tuple[tuple[str, str], ...]:
 def placeholder(enter_sends: bool) -> str:
     keys = "Enter sends, Shift+Enter or Ctrl+J: newline" if enter_sends else "Ctrl+S sends, Enter: newline"
     return f"Message ({keys}, /help: commands)"
-PAGE_KEYS = {"pageup": -1, "pagedown": 1}  # scroll the conversation (the prompt is a few lines at most)
 
 
 class PromptArea(TextArea):
-    """A TextArea whose Enter submits instead of breaking the line (unless `enter_sends` is off: then Ctrl+S)."""
+    """A TextArea whose Enter submits instead of breaking the line (unless `enter_sends` is off: then Ctrl+S), and
+    whose Up and Down on its first and last line go through the chat's earlier prompts (`earlier`, oldest first)."""
 
     enter_sends = True
+    earlier: Callable[[], list[str]] = staticmethod(lambda: [])
+    _recalled: tuple[int, str] | None = None  # the earlier prompt shown: its index and text
 
     @dataclass
     class Submitted(Message):
@@ -60,6 +66,10 @@ class PromptArea(TextArea):
             event.prevent_default()
             self.post_message(self.PageConversation(PAGE_KEYS[event.key]))
             return
+        if event.key in RECALL_KEYS and self._recall(RECALL_KEYS[event.key]):
+            event.stop()
+            event.prevent_default()
+            return
         if event.key == "tab":
             event.stop()
             event.prevent_default()
@@ -70,19 +80,42 @@ class PromptArea(TextArea):
             return
         await super()._on_key(event)
 
+    def _recall(self, step: int) -> bool:
+        """Up (-1) or Down (+1) through the earlier prompts, from an empty prompt or one recalled and not changed
+        since (typed text is never replaced), on the first line going up, the last going down. Whether it did."""
+        row, last_row = self.cursor_location[0], self.document.line_count - 1
+        if row != (0 if step < 0 else last_row):
+            return False
+        prompts = self.earlier()
+        if self._recalled is not None and self.text == self._recalled[1]:
+            index = self._recalled[0] + step
+        elif self.text == "" and step < 0 and prompts:
+            index = len(prompts) - 1
+        else:
+            return False
+        if index < 0:  # the oldest: it stays
+            return True
+        text = prompts[index] if index < len(prompts) else ""  # past the newest: empty again
+        self._recalled = (index, text) if text else None
+        self.replace(text, (0, 0), self.document.end, maintain_selection_offset=False)  # (Ctrl+Z takes it back)
+        self.move_cursor(self.document.end)
+        return True
+
 
 class PromptInput(Vertical):
     """The prompt and its slash-command hints."""
 
-    def __init__(self, *, enter_sends: bool = True, id: str | None = None) -> None:
+    def __init__(self, *, enter_sends: bool = True, earlier: Callable[[], list[str]] | None = None,
+                 id: str | None = None) -> None:
         super().__init__(id=id)
         self.enter_sends = enter_sends
+        self.earlier = earlier or (lambda: [])
 
     def compose(self) -> ComposeResult:
         yield Static("", id="completions")
         area = PromptArea(id="prompt", soft_wrap=True, show_line_numbers=False, compact=True,
                           placeholder=placeholder(self.enter_sends))
-        area.enter_sends = self.enter_sends
+        area.enter_sends, area.earlier = self.enter_sends, self.earlier
         yield area
 
     def set_enter_sends(self, enter_sends: bool) -> None:
