@@ -148,7 +148,7 @@ def root(
     draft_weights: DraftWeights = "int8",
     cpu_matmul: CpuMatmul = "auto",
     prefill_chunk: PrefillChunk = None,
-    enter: Enter = "send",
+    enter: Enter = None,
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
     ] = False,
@@ -195,7 +195,8 @@ def root(
             given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "system")
                               if ctx.get_parameter_source(n).name == "COMMANDLINE")
             code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
-                           speculation=spec, given=given, enter_sends=enter == "send")
+                           speculation=spec, given=given,
+                           enter_sends=None if enter is None else enter == "send")
     raise typer.Exit(code)
 
 

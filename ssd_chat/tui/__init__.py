@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, target: str, draft: str | None,
             resume: bool = False, speculation: SpeculationConfig | None = None,
-            given: frozenset[str] = frozenset(), enter_sends: bool = True) -> int:
+            given: frozenset[str] = frozenset(), enter_sends: bool | None = None) -> int:
     """Run the app until the user quits; returns its exit code. Raises EngineError when the models did not
     load (the caller prints the one-line message)."""
     from ssd_chat.tui.app import ChatApp  # textual loads only when the TUI is used

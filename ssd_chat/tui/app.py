@@ -22,13 +22,15 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
+from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from ssd_chat import stop_signals
-from ssd_chat.history import ChatSettings, HistoryStore
+from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
+from ssd_chat.tui import preferences
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED, ChatActions
 from ssd_chat.tui.commands import as_typed
 from ssd_chat.tui.compare_actions import CompareActions
@@ -80,10 +82,14 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
         target: str = "", draft: str | None = None, resume: bool = False, export_dir: Path | None = None,
         clock: Callable[[], float] = time.perf_counter, speculation: SpeculationConfig | None = None,
-        given: frozenset[str] = frozenset(), enter_sends: bool = True,
+        given: frozenset[str] = frozenset(), enter_sends: bool | None = None,
     ) -> None:
         super().__init__()
-        self.enter_sends = enter_sends  # the prompt's first Enter mode (--enter; /enter changes it)
+        # theme, colours and Enter from the last runs (beside the history); --enter (enter_sends) wins for this run
+        data = store.path.parent if store is not None else default_db_path().parent
+        self.preferences_path = data / preferences.FILE_NAME
+        self.preferences = preferences.load(self.preferences_path)
+        self.enter_sends = self.preferences.enter == "send" if enter_sends is None else enter_sends
         self.load_engine = load_engine
         self.session = ChatSession(store, settings)
         self.target, self.draft, self.resume = target, draft, resume
@@ -125,12 +131,17 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         return [as_typed(m.content) for m in self.session.messages if m.role == "user"]
 
     def on_mount(self) -> None:
+        if self.preferences.theme in self.available_themes:
+            self.theme = self.preferences.theme
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
         engine_log = logging.getLogger(ENGINE_LOGGER)
         engine_log.addHandler(self._log_handler)
         self._saved_log_state = (engine_log.level, engine_log.propagate)
         engine_log.setLevel(logging.INFO)
         engine_log.propagate = False  # a stderr handler would scribble over the screen
         self.query_one("#legend", Static).display = False
+        if self.preferences.colours:
+            self.action_toggle_colours()
         if self.resume and self.session.store is not None:
             latest = self.session.store.latest()
             if latest is not None:
@@ -322,8 +333,20 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
     # -- colours -----------------------------------------------------------------------------------
     def action_toggle_colours(self) -> None:
         self.colours = not self.colours
+        self._show_colours()
+        self.refresh_status()
+        self.set_preferences(colours=self.colours)
+
+    def _show_colours(self) -> None:
         self.query_one(Transcript).show_colours(self.colours)
         legend_line = self.query_one("#legend", Static)
         legend_line.update(legend(self.current_theme))
         legend_line.display = self.colours
-        self.refresh_status()
+
+    def _theme_changed(self, theme: Theme) -> None:
+        if self.colours:  # the token colours are the theme's (provenance.readable)
+            self._show_colours()
+        self.set_preferences(theme=theme.name)
+
+    def set_preferences(self, **changes) -> None:
+        self.preferences = preferences.changed(self.preferences_path, self.preferences, **changes)

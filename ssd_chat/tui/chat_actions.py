@@ -228,10 +228,10 @@ class ChatActions(_Base):
     def slash_enter(self, arg: str) -> None:
         if arg.lower() not in ENTER_MODES:
             raise SlashError(f"/enter takes send or newline, got {arg!r}" if arg else "/enter takes send or newline")
-        sends = arg.lower() == "send"
-        self.query_one(PromptInput).set_enter_sends(sends)
-        keys = "Enter sends" if sends else "Enter is a new line, Ctrl+S sends"
-        self.notify(f"{keys} (for this run; --enter or SSD_CHAT_ENTER keeps it)", timeout=3)
+        self.query_one(PromptInput).set_enter_sends(arg.lower() == "send")
+        self.set_preferences(enter=arg.lower())
+        keys = "Enter sends" if arg.lower() == "send" else "Enter is a new line, Ctrl+S sends"
+        self.notify(f"{keys}, from now on (--enter or SSD_CHAT_ENTER chooses for one run)", timeout=3)
 
     def slash_clear(self, arg: str) -> None:
         if self.ready_and_idle():

@@ -44,7 +44,8 @@ async def _send(app: ChatApp, pilot, text: str) -> None:
 def _app(target: str, draft: str | None, settings: ChatSettings, data: Path) -> ChatApp:
     spec = SpeculationConfig(mode=settings.mode, k=settings.k)
     return ChatApp(lambda: EngineProcess(target, draft=draft, speculation=spec, threads=2), settings=settings,
-                   store=HistoryStore(data / f"{target}.sqlite3"), target=target, draft=draft)
+                   store=HistoryStore(Path(tempfile.mkdtemp(dir=data)) / "history.sqlite3"), target=target,
+                   draft=draft)  # (a folder each: one app's preferences, the light theme, are not the next one's)
 
 
 async def shoot(out: Path) -> None:

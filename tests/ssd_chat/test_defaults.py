@@ -149,9 +149,10 @@ def test_the_chat_app_gets_an_idle_draft_process_for_ssd(shipped, monkeypatch):
     assert seen["speculation"].mode == "sd"
 
 
-@pytest.mark.parametrize(("args", "env", "enter_sends"), [([], {}, True), (["--enter", "newline"], {}, False),
+@pytest.mark.parametrize(("args", "env", "enter_sends"), [([], {}, None), (["--enter", "newline"], {}, False),
                                                           ([], {"SSD_CHAT_ENTER": "Newline"}, False)])
 def test_enter_reaches_the_chat_app_from_the_flag_or_the_environment(args, env, enter_sends, monkeypatch):
+    """None: neither, so the app takes its saved preference."""
     from typer.testing import CliRunner
 
     from ssd_chat import cli, tui

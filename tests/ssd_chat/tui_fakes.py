@@ -163,7 +163,7 @@ class FakeEngine:
 
 
 def make_app(engine: FakeEngine, tmp_path, *, settings=None, resume: bool = False, speculation=None,
-             given: frozenset[str] = frozenset(), enter_sends: bool = True):
+             given: frozenset[str] = frozenset(), enter_sends: bool | None = None):
     """A ChatApp on `engine`, its history in `tmp_path`, its clock scripted."""
     from ssd_chat.history import ChatSettings, HistoryStore
     from ssd_chat.tui.app import ChatApp

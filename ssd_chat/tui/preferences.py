@@ -1,0 +1,68 @@
+"""The chat app's preferences across runs: the theme, token colours on or off, and what Enter does.
+
+They live in ``preferences.json`` beside the chat history (``$SSD_CHAT_DATA``, or the user data directory), written
+when one changes (Ctrl+P's theme, Ctrl+T, /enter). A file that is missing, unreadable or not what it should be
+gives the defaults, field by field; one that cannot be written is a warning in the log, never an error: a
+preference is not worth a failed chat.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ssd_chat.tui.commands import ENTER_MODES
+
+log = logging.getLogger(__name__)
+FILE_NAME = "preferences.json"
+
+
+@dataclass(frozen=True)
+class Preferences:
+    theme: str | None = None  # a Textual theme's name; None: the app's default
+    colours: bool = False  # token provenance colours (Ctrl+T)
+    enter: str = "send"  # ENTER_MODES: what Enter does in the prompt (/enter; --enter wins for a run)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Preferences:
+        """The fields of `data` that have the right type and value; the defaults for the rest."""
+        if not isinstance(data, dict):
+            return cls()
+        theme, colours, enter = data.get("theme"), data.get("colours"), data.get("enter")
+        return cls(theme=theme if isinstance(theme, str) else None,
+                   colours=colours if isinstance(colours, bool) else False,
+                   enter=enter if enter in ENTER_MODES else "send")
+
+
+def load(path: Path) -> Preferences:
+    try:
+        return Preferences.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return Preferences()
+    except (OSError, ValueError) as err:  # (a JSONDecodeError or a UnicodeDecodeError is a ValueError)
+        log.warning("preferences ignored: %s: %s", path, err)
+        return Preferences()
+
+
+def save(path: Path, preferences: Preferences) -> bool:
+    """Write `preferences` whole (a temporary file renamed over the old one); whether it was written."""
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps(asdict(preferences), indent=2) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+        return True
+    except OSError as err:
+        log.warning("preferences not saved: %s: %s", path, err.strerror or err)
+        return False
+
+
+def changed(path: Path | None, preferences: Preferences, **changes) -> Preferences:
+    """`preferences` with `changes`, saved to `path` (None: not saved) when they change anything."""
+    new = replace(preferences, **changes)
+    if path is not None and new != preferences:
+        save(path, new)
+    return new
