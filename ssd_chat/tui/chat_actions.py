@@ -3,6 +3,7 @@ regenerate, export and help. A mixin of ChatApp, kept apart so the app file stay
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -222,8 +223,15 @@ class ChatActions(_Base):
         self.change_settings(temperature=float(parse_number(arg, float, "temp")))
 
     def slash_system(self, arg: str) -> None:
+        before = self.session.settings.system
         self.change_settings(system=arg or None)
-        self.notify("system prompt set" if arg else "system prompt removed", timeout=2)
+        if arg:
+            self.notify("system prompt set", timeout=2)
+        elif before:
+            was = textwrap.shorten(before, 60, placeholder=" …")
+            self.notify(f"system prompt removed (it was: {was}); /system TEXT sets one", timeout=6)
+        else:
+            self.notify("no system prompt to remove: /system TEXT sets one", severity="warning")
 
     def slash_enter(self, arg: str) -> None:
         if arg.lower() not in ENTER_MODES:

@@ -109,6 +109,7 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
         assert params.temperature == 0.5
         assert engine.speculation.k == 3 and engine.speculation.fanout == (1, 2, 2, 1) and mode == "ssd"
         assert "k 3 · fan-out 1,2,2,1" in rendered(app.query_one("#layout"))
+        assert "system You are terse." in rendered(app.query_one("#layout"))
 
         for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a number"),
                              ("/fanout 1,2", "k+1 = 4"), ("/temp -1", "temperature must be"),
@@ -118,8 +119,12 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
         assert app.session.settings.k == 3 and app.session.settings.temperature == 0.5
 
         await send(app, pilot, "/system")
+        assert "system prompt removed (it was: You are terse.)" in [n.message for n in app._notifications][-1]
+        assert "system none" in rendered(app.query_one("#layout"))
         await send(app, pilot, "again")
         assert engine.calls[-1][0][0]["role"] == "user"
+        await send(app, pilot, "/system")
+        assert "no system prompt to remove" in [n.message for n in app._notifications][-1]
 
 
 @pytest.mark.asyncio

@@ -73,6 +73,8 @@ class StatsPanel(VerticalScroll):
         spec += f" · fan-out {fanout}" if settings.mode == "ssd" else ""
         table.add_row("mode", settings.mode.upper() + spec)
         table.add_row("temp", f"{settings.temperature:g}")
+        table.add_row("system", Text(" ".join(settings.system.split()), overflow="ellipsis", no_wrap=True)
+                      if settings.system else Text("none", style="dim"))
         self.query_one("#layout", Static).update(table)
 
     @staticmethod
