@@ -211,15 +211,21 @@ class ChatActions(_Base):
 
     # -- slash commands (one method per command in commands.SLASH_COMMANDS) -------------------------
     def slash_mode(self, arg: str) -> None:
+        if not arg:
+            raise SlashError(f"/mode takes ar, sd or ssd (now {self.session.settings.mode})")
         self.set_mode(arg.lower())
 
     def slash_k(self, arg: str) -> None:
+        if not arg:
+            raise SlashError(f"/k takes the most draft tokens per step, 1-32 (now {self.session.settings.k})")
         self.change_settings(k=int(parse_number(arg, int, "k")), fanout=None)
 
     def slash_fanout(self, arg: str) -> None:
         self.change_settings(fanout=parse_fanout(arg))
 
     def slash_temp(self, arg: str) -> None:
+        if not arg:
+            raise SlashError(f"/temp takes a temperature, 0 = greedy (now {self.session.settings.temperature:g})")
         self.change_settings(temperature=float(parse_number(arg, float, "temp")))
 
     def slash_system(self, arg: str) -> None:

@@ -113,7 +113,8 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
 
         for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a number"),
                              ("/fanout 1,2", "k+1 = 4"), ("/temp -1", "temperature must be"),
-                             ("/frobnicate", "unknown command /frobnicate")]:
+                             ("/frobnicate", "unknown command /frobnicate"), ("/k", "/k takes the most draft tokens "
+                             "per step, 1-32 (now 3)"), ("/temp", "(now 0.5)"), ("/mode", "ar, sd or ssd (now ssd)")]:
             await send(app, pilot, bad)
             assert message in _errors(app)[-1], bad
         assert app.session.settings.k == 3 and app.session.settings.temperature == 0.5
