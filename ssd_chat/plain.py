@@ -87,10 +87,10 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         line = line[1:] if line.startswith("//") else line
         history.append({"role": "user", "content": line})
         try:
-            window = _window(llm, history, window, params, err)
+            moved = _window(llm, history, window, params, err)
             # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
             with sigint_flag() as cancel:
-                output = print_stream(llm.chat(start + history[len(start) + window:], params, cancel=cancel),
+                output = print_stream(llm.chat(start + history[len(start) + moved:], params, cancel=cancel),
                                       console.file)
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
@@ -98,6 +98,7 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             history.pop()
             err.print(f"error: {error} (/clear starts a new conversation)", markup=False, soft_wrap=True)
             continue
+        window = moved  # (a refused prompt moves no turn out of the model's view)
         history.append({"role": "assistant", "content": output.text})
         err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
 

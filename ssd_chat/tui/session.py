@@ -27,6 +27,7 @@ class ChatSession:
         self._titled = False  # the pending prompt gave the conversation its title
         self._replaced: tuple[list[ChatMessage], str, int] | None = None  # a pending edit's turn, title and window
         self.window = 0  # the first message the model still sees (ssd_chat.context_window)
+        self._window_before = 0  # the window before the pending prompt's fit (drop_prompt puts it back)
         self._answered_from: dict[int, int] = {}  # a prompt's index -> the window its reply was generated with
 
     # -- reading -----------------------------------------------------------------------------------
@@ -57,6 +58,7 @@ class ChatSession:
     # -- changing ----------------------------------------------------------------------------------
     def add_prompt(self, text: str) -> None:
         self.messages.append(ChatMessage("user", text))
+        self._window_before = self.window
         self._titled = self.conversation.title == UNTITLED  # this prompt names the chat (undone by drop_prompt)
         if self._titled:
             self.conversation.title = title_from(text)
@@ -73,6 +75,8 @@ class ChatSession:
         if self._titled:
             self.conversation.title = UNTITLED
         prompt = self.messages.pop().content
+        self._answered_from.pop(len(self.messages), None)
+        self.window = self._window_before  # a refused prompt moves no turn out of the model's view
         if self._replaced is not None:
             turn, self.conversation.title, self.window = self._replaced
             self._answered_from[len(self.messages)] = self.window
