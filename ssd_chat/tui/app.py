@@ -76,7 +76,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
     ) -> None:
         super().__init__()
         self.load_engine = load_engine
-        self.session = ChatSession(store, settings)
+        self.session = ChatSession(store, settings, on_save_error=self._history_not_saved)
         self.target, self.draft, self.resume = target, draft, resume
         self.given = {name: getattr(settings, name) for name in given}  # settings from the command line: they win
         # over a resumed chat's (--resume --mode ssd: that chat, in SSD)
@@ -129,6 +129,9 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
         self._restore_signals = stop_signals.call_in_loop(asyncio.get_running_loop(), self._stop_signal)
+
+    def _history_not_saved(self, error: str) -> None:
+        self.notify(error, title="not saved", severity="error", timeout=10)
 
     def _stop_signal(self, signum: int) -> None:
         """`kill` or a closed terminal: quit as Ctrl+Q does (the reply under way kept, the engine stopped)."""

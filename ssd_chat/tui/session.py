@@ -6,6 +6,8 @@ A conversation is written to the store on its first reply, then after every chan
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from dataclasses import replace
 
 from ssd_chat.history import (
@@ -20,8 +22,11 @@ from ssd_chat.history import (
 
 
 class ChatSession:
-    def __init__(self, store: HistoryStore | None, settings: ChatSettings) -> None:
+    def __init__(self, store: HistoryStore | None, settings: ChatSettings,
+                 on_save_error: Callable[[str], None] = lambda message: None) -> None:
         self.store = store
+        self.on_save_error = on_save_error  # told, once until a save works again, that the history took no write
+        self._save_failed = False
         self.conversation = Conversation(None, settings=settings)
         self.max_tokens = settings.max_tokens  # the run's (--max-tokens), not a chat's: a reopened chat takes it too
         self._titled = False  # the pending prompt gave the conversation its title
@@ -162,5 +167,14 @@ class ChatSession:
             saved = replace(saved, messages=self.messages[:-1] + turn, title=title)
         elif self.messages and self.messages[-1].role == "user":
             saved = replace(saved, messages=self.messages[:-1], title=UNTITLED if self._titled else saved.title)
-        if saved.id is not None or saved.messages:
+        if saved.id is None and not saved.messages:
+            return
+        try:
             self.conversation.id = self.store.save(saved)
+        except sqlite3.Error as err:  # a read-only or full disk, a file another program holds locked: the chat goes on
+            if not self._save_failed:
+                self.on_save_error(f"the chat history could not be saved ({err}): this chat stays open until you "
+                                   "quit, and /export FILE writes a copy")
+            self._save_failed = True
+        else:
+            self._save_failed = False

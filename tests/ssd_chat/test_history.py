@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+
+import pytest
+
 from ssd_chat.history import (
     DATA_ENV,
     ChatMessage,
@@ -50,6 +54,25 @@ def test_save_load_list_rename_delete(tmp_path):
     store.close()
     reopened = HistoryStore(tmp_path / "h.sqlite3")  # persisted on disk
     assert [s.title for s in reopened.list()] == ["Other"]
+
+
+def test_a_failed_save_leaves_a_new_conversation_unsaved(tmp_path):
+    """A write that fails after the conversation's row went in (its messages: a full disk) is rolled back: the
+    conversation keeps no id, so the next save inserts it (it updated the rolled-back id, and failed for good)."""
+    path = tmp_path / "h.sqlite3"
+    store = HistoryStore(path)
+    other = sqlite3.connect(path)
+    with other:
+        other.execute("CREATE TRIGGER full BEFORE INSERT ON messages BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    conversation = _conversation()
+    with pytest.raises(sqlite3.Error, match="disk full"):
+        store.save(conversation)
+    assert conversation.id is None and store.list() == []
+    with other:
+        other.execute("DROP TRIGGER full")
+    other.close()
+    saved_id = store.save(conversation)
+    assert store.load(saved_id) == conversation
 
 
 def test_the_data_directory_follows_the_environment(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ renames and deletes; --resume opens the latest conversation; new chat starts an 
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 import pytest
@@ -73,6 +74,26 @@ async def test_replies_are_saved_and_chats_reopen_rename_and_delete(tmp_path):
         await pilot.press("escape")
         await pilot.pause()
         assert app.session.conversation.id is None and not app.query(UserMessage)
+
+
+@pytest.mark.asyncio
+async def test_a_history_that_takes_no_write_keeps_the_chat_going(tmp_path):
+    """A read-only history file (a full disk, a file locked by another program): the reply stays and the chat goes
+    on, with one notification (the app died with a traceback when it saved the reply)."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    store = app.session.store
+    store._db.close()
+    store._db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await send(app, pilot, "second")
+        assert [m.content for m in app.session.messages if m.role == "user"] == ["first", "second"]
+        assert len(app.query(AssistantMessage)) == 2 and app.query(AssistantMessage).last().text
+        errors = [n.message for n in app._notifications if n.title == "not saved"]
+        assert len(errors) == 1 and "readonly" in errors[0] and "/export" in errors[0]
+        assert app.session.conversation.id is None
 
 
 @pytest.mark.asyncio
