@@ -97,6 +97,32 @@ async def test_a_history_that_takes_no_write_keeps_the_chat_going(tmp_path):
 
 
 @pytest.mark.asyncio
+async def test_the_picker_says_when_the_history_takes_no_change(tmp_path):
+    """Renaming or deleting in the picker with a read-only history file: a notification, the chat still listed (the
+    app died with a traceback)."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "Keep me")
+        store = app.session.store
+        store._db.close()
+        store._db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        await pilot.press("d", "d")
+        await pilot.press("r")
+        await pilot.pause()
+        await type_text(pilot, "x")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatsScreen) and table.row_count == 1
+        assert str(table.get_row_at(0)[2]).endswith("Keep me")
+        errors = [n.message for n in app._notifications if "could not be changed" in n.message]
+        assert len(errors) == 2 and all("readonly" in e for e in errors)
+
+
+@pytest.mark.asyncio
 async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
