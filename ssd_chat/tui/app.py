@@ -72,9 +72,10 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
         target: str = "", draft: str | None = None, resume: bool = False, export_dir: Path | None = None,
         clock: Callable[[], float] = time.perf_counter, speculation: SpeculationConfig | None = None,
-        given: frozenset[str] = frozenset(),
+        given: frozenset[str] = frozenset(), history_off: str | None = None,
     ) -> None:
         super().__init__()
+        self.history_off = history_off  # why there is no history (an unreadable file): told once loaded, and by Ctrl+O
         self.load_engine = load_engine
         self.session = ChatSession(store, settings, on_save_error=self._history_not_saved)
         self.target, self.draft, self.resume = target, draft, resume
@@ -99,6 +100,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self._restore_signals: Callable[[], None] = lambda: None  # (on_mount: stop signals quit the app)
         self.told_stopped = False  # the notice that the engine's process died was shown (once per engine)
         self.prompt_to_restore: str | None = None  # for the input once loaded (refused by a dead engine; unanswered)
+        self.told_history_off = False
 
     # -- layout and start-up -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -129,6 +131,10 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
         self._restore_signals = stop_signals.call_in_loop(asyncio.get_running_loop(), self._stop_signal)
+
+    def notify_history_off(self) -> None:
+        self.notify(f"the chat history is off ({self.history_off}): this run saves no chat", title="no history",
+                    severity="error", timeout=10)
 
     def _history_not_saved(self, error: str) -> None:
         self.notify(error, title="not saved", severity="error", timeout=10)
@@ -190,6 +196,9 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
             self.pop_screen()  # (under a dialog it leaves as that closes: LoadingScreen.on_screen_resume)
         self.fit_mode()
         self.show_conversation()
+        if self.history_off is not None and not self.told_history_off:
+            self.told_history_off = True
+            self.notify_history_off()
         prompt = self.query_one(PromptInput)
         if self.prompt_to_restore and not prompt.text.strip():
             prompt.set_text(self.prompt_to_restore)

@@ -138,6 +138,9 @@ class ChatActions(_Base):
             self.show_conversation()
 
     def action_chats(self, search: str = "") -> None:
+        if self.session.store is None and self.history_off is not None:
+            self.notify_history_off()
+            return
         if not self.ready_and_idle() or self.session.store is None:
             return
         self.cancel_edit()

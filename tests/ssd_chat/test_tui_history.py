@@ -122,6 +122,39 @@ async def test_the_picker_says_when_the_history_takes_no_change(tmp_path):
         assert len(errors) == 2 and all("readonly" in e for e in errors)
 
 
+def test_an_unreadable_history_file_reaches_the_app(tmp_path, monkeypatch):
+    """run_tui with a history file that is not SQLite: the app runs without history and knows why (the warning went
+    to the terminal behind the app's screen, seen only after quitting)."""
+    from ssd_chat.history import DATA_ENV
+    from ssd_chat.tui import run_tui
+    from ssd_chat.tui.app import ChatApp
+
+    (tmp_path / "history.sqlite3").write_bytes(b"not a database" * 100)
+    monkeypatch.setenv(DATA_ENV, str(tmp_path))
+    seen = []
+    monkeypatch.setattr(ChatApp, "run", lambda app: seen.append((app.session.store, app.history_off)))
+    run_tui(FakeEngine, settings=ChatSettings(), target="fake-target", draft=None)
+    store, reason = seen[0]
+    assert store is None and reason == f"{tmp_path / 'history.sqlite3'}: file is not a database"
+
+
+@pytest.mark.asyncio
+async def test_the_app_says_when_the_history_is_off(tmp_path):
+    """Without a history (an unreadable file), the app says so once loaded, and Ctrl+O says why it opens nothing."""
+    from ssd_chat.tui.app import ChatApp
+
+    app = ChatApp(FakeEngine, settings=ChatSettings(mode="sd", temperature=0.0), store=None, target="fake-target",
+                  history_off="/data/history.sqlite3: file is not a database")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert not isinstance(app.screen, ChatsScreen)
+        told = [n.message for n in app._notifications if n.title == "no history"]
+        assert told == 2 * ["the chat history is off (/data/history.sqlite3: file is not a database): this run saves "
+                            "no chat"]
+
+
 @pytest.mark.asyncio
 async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
     engine = FakeEngine()
