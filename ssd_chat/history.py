@@ -165,10 +165,15 @@ class HistoryStore:
                 conversation_id = int(cur.lastrowid)
             else:
                 conversation_id = conversation.id
-                self._db.execute(
+                cur = self._db.execute(
                     "UPDATE conversations SET title = ?, updated = ?, settings = ? WHERE id = ?",
                     (conversation.title, now, settings, conversation_id),
                 )
+                if cur.rowcount == 0:  # deleted meanwhile (another window's picker): still open here, it comes back
+                    self._db.execute(
+                        "INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
+                        (conversation_id, conversation.title, now, now, settings),
+                    )
                 self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
             self._write_messages(conversation_id, conversation.messages)
         conversation.id = conversation_id  # once committed: a write that failed leaves it unsaved (None)

@@ -75,6 +75,18 @@ def test_a_failed_save_leaves_a_new_conversation_unsaved(tmp_path):
     assert store.load(saved_id) == conversation
 
 
+def test_a_chat_deleted_by_another_window_is_saved_again_by_the_one_that_has_it_open(tmp_path):
+    """Two apps on one history: one deletes the chat the other has open; the other's next save puts it back (it
+    failed on the messages' foreign key, every save after too)."""
+    here, there = HistoryStore(tmp_path / "h.sqlite3"), HistoryStore(tmp_path / "h.sqlite3")
+    conversation = _conversation()
+    saved_id = here.save(conversation)
+    there.delete(saved_id)
+    conversation.messages.append(ChatMessage("user", "still here?"))
+    assert here.save(conversation) == saved_id
+    assert there.load(saved_id) == conversation and [s.id for s in there.list()] == [saved_id]
+
+
 def test_the_data_directory_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(DATA_ENV, str(tmp_path / "data"))
     assert default_db_path() == tmp_path / "data" / "history.sqlite3"
