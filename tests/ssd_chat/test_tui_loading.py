@@ -7,6 +7,7 @@ import logging
 import threading
 
 import pytest
+from textual import events
 from textual.widgets import Log, ProgressBar
 
 from engine.errors import WeightsUnavailableError
@@ -36,11 +37,14 @@ async def test_the_loading_screen_shows_progress_until_the_engine_is_ready():
         await wait_for(pilot, lambda: any("loading fake-target" in line for line in log.lines), what="a log line")
         assert app.screen.query_one(ProgressBar).progress == 1
         assert "fake-target + draft fake-draft" in str(app.screen.query_one("#loading-title").render())
-        await pilot.press("H", "i")  # typing while loading does not crash or send anything
+        await pilot.press("H", "i", "x", "backspace", "space")  # typing while loading: in the prompt, not sent
+        app.screen.post_message(events.Paste("there"))
+        await pilot.pause()
         release.set()
         await wait_for(pilot, lambda: app.engine is not None and not isinstance(app.screen, LoadingScreen),
                        what="the chat screen")
         assert app.focused is app.query_one(PromptArea)
+        assert app.query_one(PromptArea).text == "Hi there" and not engine.calls
         assert app.session.settings.mode == "ssd"
     assert not logging.getLogger("engine").handlers  # the forwarding handler is gone after the app
 
