@@ -451,6 +451,7 @@ async def test_a_refused_prompt_leaves_the_model_its_view(tmp_path):
         app.submit("x " * 6000)  # 6000 tokens: no turn fits beside it, and the engine refuses it
         await settle(app, pilot)
         assert any(n.title == "not sent" for n in app._notifications)
+        assert not any("no longer holds" in n.message for n in app._notifications)  # (nothing left the view)
         assert app.session.window == 0
         await send(app, pilot, "three")
         assert [m["content"] for m in engine.calls[-1][0] if m["role"] == "user"] == ["one", "two", "three"]
