@@ -21,6 +21,7 @@ from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
@@ -131,6 +132,16 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
         self._restore_signals = stop_signals.call_in_loop(asyncio.get_running_loop(), self._stop_signal)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Notifications are plain text unless asked otherwise: many quote what was typed or named (a command's
+        value, a chat's title, a path, an engine error), and read as markup ("/temp [/]") they crashed the app."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def action_help_quit(self) -> None:
+        """Ctrl+C: how to quit (Textual's hint, in its markup)."""
+        self.notify("Press [b]Ctrl+Q[/b] to quit the app", title="Do you want to quit?", markup=True)
 
     def notify_history_off(self) -> None:
         self.notify(f"the chat history is off ({self.history_off}): this run saves no chat", title="no history",

@@ -176,6 +176,31 @@ async def test_slash_completion_with_tab_and_hints(tmp_path):
         assert app.session.settings.fanout == (2,)
 
 
+@pytest.mark.asyncio
+async def test_notifications_show_brackets_as_typed(tmp_path):
+    """A notification that quotes what was typed or named (a command's value, a chat's title) shows it as it is:
+    read as markup, "/temp [/]" crashed the app (and "[red]" lost its brackets)."""
+    from ssd_chat.tui.screens.chats import ChatsScreen
+
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/temp [/]")
+        await send(app, pilot, "[red]hi[/]")  # the chat's title
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the picker")
+        await pilot.press("d")
+        await pilot.pause()
+        toasts = [str(toast.render()) for toast in app.screen.query("Toast")]
+        assert any("got '[/]'" in t for t in toasts) and any("“[red]hi[/]”" in t for t in toasts)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="the chat")
+        await pilot.press("ctrl+c")  # Textual's hint keeps its bold
+        await pilot.pause()
+        assert "Press Ctrl+Q to quit the app" in [str(toast.render()).splitlines()[-1]
+                                                   for toast in app.screen.query("Toast")]
+
+
 def test_slash_parsing():
     assert parse_slash("/mode  ssd ").arg == "ssd"
     assert parse_slash("/TEMP 0").name == "temp"

@@ -172,12 +172,12 @@ class ChatsScreen(ModalScreen[int | None]):
         if self.armed != selected:  # one keystroke must not lose a conversation
             self.armed = selected
             found = self.store.load(selected)
-            self.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4)
+            self.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4, markup=False)
             return
         self.armed = None
         with self._history_write():
             self.deleted = self.store.delete(selected)
-            self.notify("conversation deleted: u brings it back", timeout=6)
+            self.notify("conversation deleted: u brings it back", timeout=6, markup=False)
         self.refresh_rows()
 
     def action_undelete(self) -> None:
@@ -185,7 +185,7 @@ class ChatsScreen(ModalScreen[int | None]):
             return
         with self._history_write():
             self.store.restore(self.deleted)
-            self.notify(f"“{self.deleted.conversation.title}” is back", timeout=3)
+            self.notify(f"“{self.deleted.conversation.title}” is back", timeout=3, markup=False)
             self.deleted = None
         self.refresh_rows()
 
@@ -197,4 +197,4 @@ class ChatsScreen(ModalScreen[int | None]):
             yield
         except sqlite3.Error as err:
             self.notify(f"the chat history could not be changed ({err})", title="not saved", severity="error",
-                        timeout=8)
+                        timeout=8, markup=False)
