@@ -156,6 +156,20 @@ async def test_the_app_says_when_the_history_is_off(tmp_path):
 
 
 @pytest.mark.asyncio
+async def test_a_search_with_brackets_that_finds_nothing_says_so_as_typed(tmp_path):
+    """"no chat holds “x[/]”": the search as typed (read as markup, it crashed the app)."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hello")
+        await send(app, pilot, "/chats x[/]")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the picker")
+        none = app.screen.query_one("#chats-none")
+        await wait_for(pilot, lambda: none.display, what="the no-match line")
+        assert rendered(none) == "no chat holds “x[/]”"
+
+
+@pytest.mark.asyncio
 async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)

@@ -84,7 +84,7 @@ class ChatsScreen(ModalScreen[int | None]):
         table.move_cursor(row=keep)
         missing = bool(search) and not found
         none = self.query_one("#chats-none", Static)
-        none.update(f"no chat holds “{search}”" if missing else "")
+        none.update(Text(f"no chat holds “{search}”" if missing else ""))  # (as typed: "[/]" as markup crashed)
         none.display = missing
 
     @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult
 from textual.containers import Center, Vertical
@@ -47,7 +48,7 @@ class LoadingScreen(Screen):
     def compose(self) -> ComposeResult:
         with Center(), Vertical(id="loading-box"):
             pair = self.target if self.draft is None else f"{self.target} + draft {self.draft}"
-            yield Static(f"[b]ssd-chat[/b]  loading {pair}", id="loading-title")
+            yield Static(Text.assemble(("ssd-chat", "bold"), f"  loading {pair}"), id="loading-title")  # (no markup)
             yield ProgressBar(total=2 if self.draft is None else 3, show_eta=False, id="loading-progress")
             yield Static("", id="loading-elapsed")
             yield Log(id="loading-log", max_lines=200)
