@@ -3,6 +3,7 @@ regenerate, export and help. A mixin of ChatApp, kept apart so the app file stay
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +37,13 @@ ENGINE_STOPPED = ("the engine's process stopped: /restart, or Restart in the pal
                   " (the conversation stays)")
 
 
+def prompt_text(typed: str) -> str:
+    """What a typed prompt sends: without the blank lines before it and the whitespace after it, its first line's
+    indent kept (a pasted block of code lost it, and so its lines' relative indents); `//` sends one `/`."""
+    text = re.sub(r"^(?:[ \t]*\r?\n)+", "", typed.rstrip())
+    return text.replace("/", "", 1) if text.lstrip().startswith("//") else text
+
+
 class ChatActions(_Base):
     def ready_and_idle(self) -> bool:
         if self.engine is None:
@@ -51,7 +59,7 @@ class ChatActions(_Base):
         return True
 
     def submit(self, text: str) -> None:
-        text = text.strip()
+        typed, text = text, text.strip()
         if not text:
             return
         if is_slash(text):
@@ -68,7 +76,7 @@ class ChatActions(_Base):
                 self.prompt_to_restore = text
             return
         self.query_one(PromptInput).set_text("")
-        text = text[1:] if text.startswith("//") else text
+        text = prompt_text(typed)
         if self.current_edit() is not None:
             self.send_edit(text)
         else:

@@ -61,6 +61,19 @@ async def test_send_streams_the_reply_and_fills_the_panel(tmp_path):
         assert str(panel.query_one("#prefix").render()) == "8/30 prompt tokens reused"
 
 
+async def test_a_pasted_block_keeps_its_first_line_indent(tmp_path):
+    """Indented code pasted as the prompt: the blank lines around it go, its first line's indent stays (the
+    whole prompt was stripped, so the first line lost its indent against the others)."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "\n  \n    if x:\n        return 1\n\n  ")
+        assert engine.calls[-1][0][-1]["content"] == "    if x:\n        return 1"
+        await send(app, pilot, "  //usr/bin is a path ")
+        assert engine.calls[-1][0][-1]["content"] == "  /usr/bin is a path"
+
+
 async def test_shift_enter_and_ctrl_j_insert_newlines(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
