@@ -94,7 +94,13 @@ def load_weights(model: CausalLM, weight_files: Iterable[Path], embedding_files:
                         log.debug("ignoring checkpoint tensor %s", name)
                         continue
                     tensor = read_tensor(f, name).to(param.dtype)
-                    getattr(param, "weight_loader", _copy_whole)(param, tensor, shard_id)
+                    try:
+                        getattr(param, "weight_loader", _copy_whole)(param, tensor, shard_id)
+                    except RuntimeError as exc:  # a sliced copy's shapes disagree: the config is another model's
+                        raise ModelFilesError(
+                            f"{path}: tensor {name} has shape {tuple(tensor.shape)}, which the sizes in config.json "
+                            "do not give: the config and the weights are of different models (restore the model's "
+                            "own config.json)") from exc
                     loaded.add(f"{target}:{shard_id}")
         except SafetensorError as exc:
             raise ModelFilesError(f"cannot read {path}: {exc}; delete it and download the model again") from exc

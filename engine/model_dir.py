@@ -20,6 +20,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 SINGLE_WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+REQUIRED_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+OPTIONAL_SIZES = ("num_key_value_heads", "head_dim")  # (null or absent: derived from the others)
 _UNSUPPORTED_WEIGHT_GLOBS = ("*.bin", "*.pt", "*.pth", "*.gguf")
 
 
@@ -40,6 +42,7 @@ def inspect_model_dir(path: Path) -> ModelFiles:
         raise ModelFilesError(f"{root} is not a directory: give a Hugging Face model directory")
     config = _read_json(root / "config.json", what="config.json")
     architecture = _architecture(config, root)
+    _check_sizes(config, root)
     weight_files = _weight_files(root)
     for weight_file in weight_files:
         _check_header(weight_file)
@@ -75,6 +78,19 @@ def _architecture(config: dict, root: Path) -> str:
             f"architecture {architecture} is not supported: the engine supports {supported}"
         )
     return architecture
+
+
+def _check_sizes(config: dict, root: Path) -> None:
+    """The sizes the model is built from are positive integers (a damaged or hand-edited config.json failed with a
+    traceback half-way through loading)."""
+    for key in REQUIRED_SIZES + OPTIONAL_SIZES:
+        value = config.get(key)
+        if value is None and key in OPTIONAL_SIZES:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            got = "nothing" if value is None else repr(value)
+            raise ModelFilesError(f"{root / 'config.json'}: {key} must be a positive integer, got {got}: restore "
+                                  "the model's own config.json (download it again)")
 
 
 def _weight_files(root: Path) -> tuple[Path, ...]:

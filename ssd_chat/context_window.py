@@ -50,6 +50,12 @@ def fit(engine: Any, messages: list[dict[str, str]], start: int, max_tokens: int
                         limit, reply_reserve(max_tokens, limit))
 
 
+def too_long(engine: Any, messages: list[dict[str, str]]) -> bool:
+    """Whether the engine refuses `messages` as longer than its context (a new prompt too long on its own): the
+    window then did not move, so no notice says it did."""
+    return len(engine.encode_chat(messages)) >= engine.max_model_len
+
+
 def moved_notice(limit: int, start: int) -> str:
     """What the chat app and the plain mode say when the window moves."""
     return (f"the model's context ({limit} tokens) no longer holds the first {start} messages of this chat: "

@@ -162,21 +162,28 @@ class HistoryStore:
                     "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
                     (conversation.title, now, now, settings),
                 )
-                conversation.id = int(cur.lastrowid)
+                conversation_id = int(cur.lastrowid)
             else:
-                self._db.execute(
+                conversation_id = conversation.id
+                cur = self._db.execute(
                     "UPDATE conversations SET title = ?, updated = ?, settings = ? WHERE id = ?",
-                    (conversation.title, now, settings, conversation.id),
+                    (conversation.title, now, settings, conversation_id),
                 )
-                self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation.id,))
-            self._write_messages(conversation)
-        return conversation.id
+                if cur.rowcount == 0:  # deleted meanwhile (another window's picker): still open here, it comes back
+                    self._db.execute(
+                        "INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
+                        (conversation_id, conversation.title, now, now, settings),
+                    )
+                self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
+            self._write_messages(conversation_id, conversation.messages)
+        conversation.id = conversation_id  # once committed: a write that failed leaves it unsaved (None)
+        return conversation_id
 
-    def _write_messages(self, conversation: Conversation) -> None:
+    def _write_messages(self, conversation_id: int, messages: list[ChatMessage]) -> None:
         self._db.executemany(
             "INSERT INTO messages (conversation_id, position, role, content, stats) VALUES (?, ?, ?, ?, ?)",
-            [(conversation.id, i, m.role, m.content, None if m.stats is None else json.dumps(asdict(m.stats)))
-             for i, m in enumerate(conversation.messages)],
+            [(conversation_id, i, m.role, m.content, None if m.stats is None else json.dumps(asdict(m.stats)))
+             for i, m in enumerate(messages)],
         )
 
     def load(self, conversation_id: int) -> Conversation | None:
@@ -213,7 +220,7 @@ class HistoryStore:
         with self._db:
             self._db.execute("INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
                              (c.id, c.title, deleted.created, deleted.updated, json.dumps(asdict(c.settings))))
-            self._write_messages(c)
+            self._write_messages(c.id, c.messages)
 
     def rename(self, conversation_id: int, title: str) -> None:
         with self._db:

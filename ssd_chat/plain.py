@@ -23,7 +23,7 @@ from rich.console import Console
 from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice
+from ssd_chat.context_window import fit, moved_notice, too_long
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
 from ssd_chat.tui.commands import is_slash, split_slash
@@ -87,10 +87,10 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         line = line[1:] if line.startswith("//") else line
         history.append({"role": "user", "content": line})
         try:
-            window = _window(llm, history, window, params, err)
+            moved = _window(llm, history, window, params, err)
             # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
             with sigint_flag() as cancel:
-                output = print_stream(llm.chat(start + history[len(start) + window:], params, cancel=cancel),
+                output = print_stream(llm.chat(start + history[len(start) + moved:], params, cancel=cancel),
                                       console.file)
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
@@ -98,6 +98,7 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             history.pop()
             err.print(f"error: {error} (/clear starts a new conversation)", markup=False, soft_wrap=True)
             continue
+        window = moved  # (a refused prompt moves no turn out of the model's view)
         history.append({"role": "assistant", "content": output.text})
         err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
 
@@ -106,7 +107,8 @@ def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params
             err: Console) -> int:
     """The window's start for this turn (history: the system prompt, if any, then the turns)."""
     moved = fit(llm, history, window, params.max_tokens)
-    if moved > window:
+    system = history[:1] if history and history[0]["role"] == "system" else []
+    if moved > window and not too_long(llm, system + history[len(system) + moved:]):
         err.print(f"({moved_notice(llm.max_model_len, moved)}; /clear starts over)", style="dim", markup=False,
                   soft_wrap=True)
     return moved

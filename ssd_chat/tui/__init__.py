@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.spawning import ensure_resource_tracker
-from ssd_chat.history import ChatSettings, HistoryStore
+from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
 from ssd_chat.tui.engine_worker import ChatEngine
 
 log = logging.getLogger(__name__)
@@ -25,14 +25,16 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
     load (the caller prints the one-line message)."""
     from ssd_chat.tui.app import ChatApp  # textual loads only when the TUI is used
 
+    history_off = None
     try:
         store = HistoryStore()
     except (OSError, sqlite3.Error) as err:
-        log.warning("chat history disabled: %s", err)
+        history_off = f"{default_db_path()}: {err}"
+        log.warning("chat history disabled: %s", history_off)
         store = None
     ensure_resource_tracker()  # now, while sys.stderr is the terminal's (Textual replaces it while it runs)
     app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume,
-                  speculation=speculation, given=given, enter_sends=enter_sends)
+                  speculation=speculation, given=given, enter_sends=enter_sends, history_off=history_off)
     app.run()
     if app.load_error is not None:
         raise EngineError(app.load_error)

@@ -21,6 +21,7 @@ from textual import events, on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.theme import Theme
 from textual.timer import Timer
@@ -82,16 +83,17 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self, load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, store: HistoryStore | None = None,
         target: str = "", draft: str | None = None, resume: bool = False, export_dir: Path | None = None,
         clock: Callable[[], float] = time.perf_counter, speculation: SpeculationConfig | None = None,
-        given: frozenset[str] = frozenset(), enter_sends: bool | None = None,
+        given: frozenset[str] = frozenset(), enter_sends: bool | None = None, history_off: str | None = None,
     ) -> None:
         super().__init__()
+        self.history_off = history_off  # why there is no history (an unreadable file): told once loaded, and by Ctrl+O
         # theme, colours and Enter from the last runs (beside the history); --enter (enter_sends) wins for this run
         data = store.path.parent if store is not None else default_db_path().parent
         self.preferences_path = data / preferences.FILE_NAME
         self.preferences = preferences.load(self.preferences_path)
         self.enter_sends = self.preferences.enter == "send" if enter_sends is None else enter_sends
         self.load_engine = load_engine
-        self.session = ChatSession(store, settings)
+        self.session = ChatSession(store, settings, on_save_error=self._history_not_saved)
         self.target, self.draft, self.resume = target, draft, resume
         self.given = {name: getattr(settings, name) for name in given}  # settings from the command line: they win
         # over a resumed chat's (--resume --mode ssd: that chat, in SSD)
@@ -114,6 +116,7 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self._restore_signals: Callable[[], None] = lambda: None  # (on_mount: stop signals quit the app)
         self.told_stopped = False  # the notice that the engine's process died was shown (once per engine)
         self.prompt_to_restore: str | None = None  # for the input once loaded (refused by a dead engine; unanswered)
+        self.told_history_off = False
 
     # -- layout and start-up -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -153,6 +156,23 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
         self._restore_signals = stop_signals.call_in_loop(asyncio.get_running_loop(), self._stop_signal)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Notifications are plain text unless asked otherwise: many quote what was typed or named (a command's
+        value, a chat's title, a path, an engine error), and read as markup ("/temp [/]") they crashed the app."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def action_help_quit(self) -> None:
+        """Ctrl+C: how to quit (Textual's hint, in its markup)."""
+        self.notify("Press [b]Ctrl+Q[/b] to quit the app", title="Do you want to quit?", markup=True)
+
+    def notify_history_off(self) -> None:
+        self.notify(f"the chat history is off ({self.history_off}): this run saves no chat", title="no history",
+                    severity="error", timeout=10)
+
+    def _history_not_saved(self, error: str) -> None:
+        self.notify(error, title="not saved", severity="error", timeout=10)
 
     def _stop_signal(self, signum: int) -> None:
         """`kill` or a closed terminal: quit as Ctrl+Q does (the reply under way kept, the engine stopped)."""
@@ -211,6 +231,9 @@ class ChatApp(ReplyActions, ChatActions, EditActions, CompareActions, App[None])
             self.pop_screen()  # (under a dialog it leaves as that closes: LoadingScreen.on_screen_resume)
         self.fit_mode()
         self.show_conversation()
+        if self.history_off is not None and not self.told_history_off:
+            self.told_history_off = True
+            self.notify_history_off()
         prompt = self.query_one(PromptInput)
         if self.prompt_to_restore and not prompt.text.strip():
             prompt.set_text(self.prompt_to_restore)

@@ -3,6 +3,7 @@ regenerate, export and help. A mixin of ChatApp, kept apart so the app file stay
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import replace
 from pathlib import Path
@@ -45,6 +46,13 @@ ENGINE_STOPPED = ("the engine's process stopped: /restart, or Restart in the pal
                   " (the conversation stays)")
 
 
+def prompt_text(typed: str) -> str:
+    """What a typed prompt sends: without the blank lines before it and the whitespace after it, its first line's
+    indent kept (a pasted block of code lost it, and so its lines' relative indents); `//` sends one `/`."""
+    text = re.sub(r"^(?:[ \t]*\r?\n)+", "", typed.rstrip())
+    return text.replace("/", "", 1) if text.lstrip().startswith("//") else text
+
+
 class ChatActions(_Base):
     def ready_and_idle(self) -> bool:
         if self.engine is None:
@@ -60,7 +68,7 @@ class ChatActions(_Base):
         return True
 
     def submit(self, text: str) -> None:
-        text = text.strip()
+        typed, text = text, text.strip()
         if not text:
             return
         if is_slash(text):
@@ -80,7 +88,7 @@ class ChatActions(_Base):
                 self.prompt_to_restore = text
             return
         self.query_one(PromptInput).set_text("")
-        text = text[1:] if text.startswith("//") else text
+        text = prompt_text(typed)
         if self.current_edit() is not None:
             self.send_edit(text)
         else:
@@ -150,6 +158,9 @@ class ChatActions(_Base):
             self.show_conversation()
 
     def action_chats(self, search: str = "") -> None:
+        if self.session.store is None and self.history_off is not None:
+            self.notify_history_off()
+            return
         if not self.ready_and_idle() or self.session.store is None:
             return
         self.cancel_edit()

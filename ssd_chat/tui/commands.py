@@ -50,8 +50,9 @@ class SlashError(ValueError):
 
 
 def as_typed(prompt: str) -> str:
-    """A sent prompt as it would be typed again: one that starts with / gets back the / of the // that sent it."""
-    return "/" + prompt if prompt.startswith("/") else prompt
+    """A sent prompt as it would be typed again: one that starts with / (after its indent) gets back the / of the
+    // that sent it (chat_actions.prompt_text takes it off)."""
+    return prompt.replace("/", "//", 1) if prompt.lstrip().startswith("/") else prompt
 
 
 def is_slash(text: str) -> bool:

@@ -13,7 +13,7 @@ from textual import work
 from engine.errors import EngineError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice
+from ssd_chat.context_window import fit, moved_notice, too_long
 from ssd_chat.history import TurnStats
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
 from ssd_chat.tui.commands import as_typed
@@ -79,11 +79,12 @@ class ReplyActions(_Base):
         """The messages the model sees (ssd_chat.context_window); on the worker (it tokenizes the turns)."""
         session = self.session
         start = fit(self.engine, session.engine_messages(), session.window, params.max_tokens)
-        if start > session.window:
+        messages = session.engine_messages(start)
+        if start > session.window and not too_long(self.engine, messages):
             self.call_from_thread(self.notify, moved_notice(self.engine.max_model_len, start) + " (all stay here)",
                                   timeout=8)
         session.set_window(start)
-        return session.engine_messages(start)
+        return messages
 
     async def _flush_tick(self) -> None:
         if self.pacer.due(time.monotonic()):

@@ -6,6 +6,8 @@ A conversation is written to the store on its first reply, then after every chan
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from dataclasses import replace
 
 from ssd_chat.history import (
@@ -20,13 +22,17 @@ from ssd_chat.history import (
 
 
 class ChatSession:
-    def __init__(self, store: HistoryStore | None, settings: ChatSettings) -> None:
+    def __init__(self, store: HistoryStore | None, settings: ChatSettings,
+                 on_save_error: Callable[[str], None] = lambda message: None) -> None:
         self.store = store
+        self.on_save_error = on_save_error  # told, once until a save works again, that the history took no write
+        self._save_failed = False
         self.conversation = Conversation(None, settings=settings)
         self.max_tokens = settings.max_tokens  # the run's (--max-tokens), not a chat's: a reopened chat takes it too
         self._titled = False  # the pending prompt gave the conversation its title
         self._replaced: tuple[list[ChatMessage], str, int] | None = None  # a pending edit's turn, title and window
         self.window = 0  # the first message the model still sees (ssd_chat.context_window)
+        self._window_before = 0  # the window before the pending prompt's fit (drop_prompt puts it back)
         self._answered_from: dict[int, int] = {}  # a prompt's index -> the window its reply was generated with
 
     # -- reading -----------------------------------------------------------------------------------
@@ -63,6 +69,7 @@ class ChatSession:
     # -- changing ----------------------------------------------------------------------------------
     def add_prompt(self, text: str) -> None:
         self.messages.append(ChatMessage("user", text))
+        self._window_before = self.window
         self._titled = self.conversation.title == UNTITLED  # this prompt names the chat (undone by drop_prompt)
         if self._titled:
             self.conversation.title = title_from(text)
@@ -79,6 +86,8 @@ class ChatSession:
         if self._titled:
             self.conversation.title = UNTITLED
         prompt = self.messages.pop().content
+        self._answered_from.pop(len(self.messages), None)
+        self.window = self._window_before  # a refused prompt moves no turn out of the model's view
         if self._replaced is not None:
             turn, self.conversation.title, self.window = self._replaced
             self._answered_from[len(self.messages)] = self.window
@@ -164,5 +173,14 @@ class ChatSession:
             saved = replace(saved, messages=self.messages[:-1] + turn, title=title)
         elif self.messages and self.messages[-1].role == "user":
             saved = replace(saved, messages=self.messages[:-1], title=UNTITLED if self._titled else saved.title)
-        if saved.id is not None or saved.messages:
+        if saved.id is None and not saved.messages:
+            return
+        try:
             self.conversation.id = self.store.save(saved)
+        except sqlite3.Error as err:  # a read-only or full disk, a file another program holds locked: the chat goes on
+            if not self._save_failed:
+                self.on_save_error(f"the chat history could not be saved ({err}): this chat stays open until you "
+                                   "quit, and /export FILE writes a copy")
+            self._save_failed = True
+        else:
+            self._save_failed = False

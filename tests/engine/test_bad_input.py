@@ -85,6 +85,19 @@ def test_corrupt_and_incomplete_weights(tiny_llama_dir, tmp_path):
     assert "model.safetensors" in one_line(err)
 
 
+@pytest.mark.parametrize("key", ["hidden_size", "intermediate_size"])
+def test_a_config_of_other_sizes_than_the_weights(tiny_llama_dir, tmp_path, key):
+    """config.json of another model than the weights (sizes changed): one line naming a tensor, not a traceback."""
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama_dir, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg[key] *= 2
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFilesError) as err:
+        LLM(str(other))
+    assert "model.safetensors: tensor " in one_line(err) and "different models" in one_line(err)
+
+
 def test_all_errors_are_engine_errors():
     for cls in (InvalidParameterError, ModelFilesError, PromptTooLongError, UnknownModelError):
         assert issubclass(cls, EngineError)

@@ -85,6 +85,21 @@ def test_invalid_config_json(tiny_model: Path) -> None:
     _one_line_error(excinfo)
 
 
+@pytest.mark.parametrize(("key", "value", "said"), [
+    ("hidden_size", "abc", "got 'abc'"), ("num_attention_heads", None, "got nothing"), ("vocab_size", 0, "got 0"),
+    ("head_dim", 16.5, "got 16.5"),
+])
+def test_a_config_size_that_is_no_positive_integer_is_named(tiny_model: Path, key: str, value: object,
+                                                           said: str) -> None:
+    """A damaged config.json: a one-line error naming the field (it failed with a traceback while loading)."""
+    config = json.loads((tiny_model / "config.json").read_text())
+    config[key] = value
+    (tiny_model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFilesError) as excinfo:
+        inspect_model_dir(tiny_model)
+    assert f"{key} must be a positive integer, {said}" in _one_line_error(excinfo)
+
+
 def test_unsupported_architecture_names_it_and_the_supported_ones(tiny_model: Path) -> None:
     config = json.loads((tiny_model / "config.json").read_text())
     config["architectures"] = ["MistralForCausalLM"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+
+import pytest
+
 from ssd_chat.history import (
     DATA_ENV,
     ChatMessage,
@@ -50,6 +54,37 @@ def test_save_load_list_rename_delete(tmp_path):
     store.close()
     reopened = HistoryStore(tmp_path / "h.sqlite3")  # persisted on disk
     assert [s.title for s in reopened.list()] == ["Other"]
+
+
+def test_a_failed_save_leaves_a_new_conversation_unsaved(tmp_path):
+    """A write that fails after the conversation's row went in (its messages: a full disk) is rolled back: the
+    conversation keeps no id, so the next save inserts it (it updated the rolled-back id, and failed for good)."""
+    path = tmp_path / "h.sqlite3"
+    store = HistoryStore(path)
+    other = sqlite3.connect(path)
+    with other:
+        other.execute("CREATE TRIGGER full BEFORE INSERT ON messages BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    conversation = _conversation()
+    with pytest.raises(sqlite3.Error, match="disk full"):
+        store.save(conversation)
+    assert conversation.id is None and store.list() == []
+    with other:
+        other.execute("DROP TRIGGER full")
+    other.close()
+    saved_id = store.save(conversation)
+    assert store.load(saved_id) == conversation
+
+
+def test_a_chat_deleted_by_another_window_is_saved_again_by_the_one_that_has_it_open(tmp_path):
+    """Two apps on one history: one deletes the chat the other has open; the other's next save puts it back (it
+    failed on the messages' foreign key, every save after too)."""
+    here, there = HistoryStore(tmp_path / "h.sqlite3"), HistoryStore(tmp_path / "h.sqlite3")
+    conversation = _conversation()
+    saved_id = here.save(conversation)
+    there.delete(saved_id)
+    conversation.messages.append(ChatMessage("user", "still here?"))
+    assert here.save(conversation) == saved_id
+    assert there.load(saved_id) == conversation and [s.id for s in there.list()] == [saved_id]
 
 
 def test_the_data_directory_follows_the_environment(tmp_path, monkeypatch):

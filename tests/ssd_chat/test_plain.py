@@ -78,6 +78,16 @@ def test_plain_reports_an_engine_error_in_one_line_and_goes_on(monkeypatch, caps
     assert engine.calls[-1][0] == [{"role": "user", "content": "fine"}]  # the refused prompt is not kept
 
 
+def test_plain_keeps_the_window_after_a_refused_prompt(monkeypatch, capsys):
+    """A prompt too long on its own is refused: the next one still sees the earlier turns."""
+    engine = FakeEngine(max_model_len=64)
+    _feed(monkeypatch, ["one", "two", "x " * 6000, "three"])
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=6), None)
+    err = capsys.readouterr().err
+    assert "error: the prompt has" in err and "no longer holds" not in err  # (nothing left the view)
+    assert [m["content"] for m in engine.calls[-1][0] if m["role"] == "user"] == ["one", "two", "three"]
+
+
 def test_ssd_chat_is_plain_when_piped(tiny_llama_dir):
     llm = LLM(target=str(tiny_llama_dir))
     expected = list(llm.chat([{"role": "user", "content": "Paris is"}], SamplingParams(temperature=0, max_tokens=6)))

@@ -64,6 +64,19 @@ async def test_send_streams_the_reply_and_fills_the_panel(tmp_path):
         assert str(panel.query_one("#prefix").render()) == "8/30 prompt tokens reused"
 
 
+async def test_a_pasted_block_keeps_its_first_line_indent(tmp_path):
+    """Indented code pasted as the prompt: the blank lines around it go, its first line's indent stays (the
+    whole prompt was stripped, so the first line lost its indent against the others)."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "\n  \n    if x:\n        return 1\n\n  ")
+        assert engine.calls[-1][0][-1]["content"] == "    if x:\n        return 1"
+        await send(app, pilot, "  //usr/bin is a path ")
+        assert engine.calls[-1][0][-1]["content"] == "  /usr/bin is a path"
+
+
 async def test_shift_enter_and_ctrl_j_insert_newlines(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
@@ -458,6 +471,26 @@ async def test_undo_gives_back_the_view_the_last_reply_had(tmp_path):
         await send(app, pilot, "/undo")
         await send(app, pilot, "/undo")
         assert app.session.conversation.title == "Kept"  # a chosen title stays
+
+
+async def test_a_refused_prompt_leaves_the_model_its_view(tmp_path):
+    """A prompt too long on its own moves the window to itself, then the engine refuses it: the next prompt still
+    sees the earlier turns (the window was left there, and the model had forgotten the whole chat)."""
+    from ssd_chat.history import ChatSettings
+
+    engine = FakeEngine(max_model_len=64)
+    app = make_app(engine, tmp_path, settings=ChatSettings(mode="sd", temperature=0.0, max_tokens=6))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "one")
+        await send(app, pilot, "two")
+        app.submit("x " * 6000)  # 6000 tokens: no turn fits beside it, and the engine refuses it
+        await settle(app, pilot)
+        assert any(n.title == "not sent" for n in app._notifications)
+        assert not any("no longer holds" in n.message for n in app._notifications)  # (nothing left the view)
+        assert app.session.window == 0
+        await send(app, pilot, "three")
+        assert [m["content"] for m in engine.calls[-1][0] if m["role"] == "user"] == ["one", "two", "three"]
 
 
 async def test_token_colours_toggle_shows_provenance_and_a_legend(tmp_path):

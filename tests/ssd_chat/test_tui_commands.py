@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SpeculationConfig
-from ssd_chat.tui.commands import SlashCommand, SlashError, complete, completions, parse_fanout, parse_slash
+from ssd_chat.tui.chat_actions import prompt_text
+from ssd_chat.tui.commands import SlashCommand, SlashError, as_typed, complete, completions, parse_fanout, parse_slash
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.transcript import AssistantMessage
@@ -189,6 +190,31 @@ async def test_slash_completion_with_tab_and_hints(tmp_path):
         assert app.session.settings.fanout == (2,)
 
 
+@pytest.mark.asyncio
+async def test_notifications_show_brackets_as_typed(tmp_path):
+    """A notification that quotes what was typed or named (a command's value, a chat's title) shows it as it is:
+    read as markup, "/temp [/]" crashed the app (and "[red]" lost its brackets)."""
+    from ssd_chat.tui.screens.chats import ChatsScreen
+
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/temp [/]")
+        await send(app, pilot, "[red]hi[/]")  # the chat's title
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the picker")
+        await pilot.press("d")
+        await pilot.pause()
+        toasts = [str(toast.render()) for toast in app.screen.query("Toast")]
+        assert any("got '[/]'" in t for t in toasts) and any("“[red]hi[/]”" in t for t in toasts)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="the chat")
+        await pilot.press("ctrl+c")  # Textual's hint keeps its bold
+        await pilot.pause()
+        assert "Press Ctrl+Q to quit the app" in [str(toast.render()).splitlines()[-1]
+                                                   for toast in app.screen.query("Toast")]
+
+
 def test_slash_parsing():
     assert parse_slash("/mode  ssd ").arg == "ssd"
     assert parse_slash("/TEMP 0").name == "temp"
@@ -198,6 +224,8 @@ def test_slash_parsing():
     with pytest.raises(SlashError, match=r"did you mean /mode"):
         parse_slash("/mod ssd")
     assert parse_slash("/export! a.md") == SlashCommand("export", "a.md", force=True)
+    for typed in ("//etc", "  //etc\n  x", "///x", "plain / text"):  # as_typed undoes what sending takes off
+        assert as_typed(prompt_text(typed)) == typed
     assert parse_slash("/export a.md").force is False
     with pytest.raises(SlashError, match=r"/mode takes no !"):
         parse_slash("/mode! ssd")

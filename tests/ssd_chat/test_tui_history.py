@@ -3,6 +3,7 @@ renames and deletes; --resume opens the latest conversation; new chat starts an 
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 import pytest
@@ -73,6 +74,99 @@ async def test_replies_are_saved_and_chats_reopen_rename_and_delete(tmp_path):
         await pilot.press("escape")
         await pilot.pause()
         assert app.session.conversation.id is None and not app.query(UserMessage)
+
+
+@pytest.mark.asyncio
+async def test_a_history_that_takes_no_write_keeps_the_chat_going(tmp_path):
+    """A read-only history file (a full disk, a file locked by another program): the reply stays and the chat goes
+    on, with one notification (the app died with a traceback when it saved the reply)."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    store = app.session.store
+    store._db.close()
+    store._db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await send(app, pilot, "second")
+        assert [m.content for m in app.session.messages if m.role == "user"] == ["first", "second"]
+        assert len(app.query(AssistantMessage)) == 2 and app.query(AssistantMessage).last().text
+        errors = [n.message for n in app._notifications if n.title == "not saved"]
+        assert len(errors) == 1 and "readonly" in errors[0] and "/export" in errors[0]
+        assert app.session.conversation.id is None
+
+
+@pytest.mark.asyncio
+async def test_the_picker_says_when_the_history_takes_no_change(tmp_path):
+    """Renaming or deleting in the picker with a read-only history file: a notification, the chat still listed (the
+    app died with a traceback)."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "Keep me")
+        store = app.session.store
+        store._db.close()
+        store._db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        await pilot.press("d", "d")
+        await pilot.press("r")
+        await pilot.pause()
+        await type_text(pilot, "x")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatsScreen) and table.row_count == 1
+        assert str(table.get_row_at(0)[2]).endswith("Keep me")
+        errors = [n.message for n in app._notifications if "could not be changed" in n.message]
+        assert len(errors) == 2 and all("readonly" in e for e in errors)
+
+
+def test_an_unreadable_history_file_reaches_the_app(tmp_path, monkeypatch):
+    """run_tui with a history file that is not SQLite: the app runs without history and knows why (the warning went
+    to the terminal behind the app's screen, seen only after quitting)."""
+    from ssd_chat.history import DATA_ENV
+    from ssd_chat.tui import run_tui
+    from ssd_chat.tui.app import ChatApp
+
+    (tmp_path / "history.sqlite3").write_bytes(b"not a database" * 100)
+    monkeypatch.setenv(DATA_ENV, str(tmp_path))
+    seen = []
+    monkeypatch.setattr(ChatApp, "run", lambda app: seen.append((app.session.store, app.history_off)))
+    run_tui(FakeEngine, settings=ChatSettings(), target="fake-target", draft=None)
+    store, reason = seen[0]
+    assert store is None and reason == f"{tmp_path / 'history.sqlite3'}: file is not a database"
+
+
+@pytest.mark.asyncio
+async def test_the_app_says_when_the_history_is_off(tmp_path):
+    """Without a history (an unreadable file), the app says so once loaded, and Ctrl+O says why it opens nothing."""
+    from ssd_chat.tui.app import ChatApp
+
+    app = ChatApp(FakeEngine, settings=ChatSettings(mode="sd", temperature=0.0), store=None, target="fake-target",
+                  history_off="/data/history.sqlite3: file is not a database")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert not isinstance(app.screen, ChatsScreen)
+        told = [n.message for n in app._notifications if n.title == "no history"]
+        assert told == 2 * ["the chat history is off (/data/history.sqlite3: file is not a database): this run saves "
+                            "no chat"]
+
+
+@pytest.mark.asyncio
+async def test_a_search_with_brackets_that_finds_nothing_says_so_as_typed(tmp_path):
+    """"no chat holds “x[/]”": the search as typed (read as markup, it crashed the app)."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hello")
+        await send(app, pilot, "/chats x[/]")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the picker")
+        none = app.screen.query_one("#chats-none")
+        await wait_for(pilot, lambda: none.display, what="the no-match line")
+        assert rendered(none) == "no chat holds “x[/]”"
 
 
 @pytest.mark.asyncio

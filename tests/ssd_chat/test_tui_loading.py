@@ -7,6 +7,7 @@ import logging
 import threading
 
 import pytest
+from textual import events
 from textual.widgets import Log, ProgressBar
 
 from engine.errors import WeightsUnavailableError
@@ -15,7 +16,7 @@ from ssd_chat.tui.app import ChatApp
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.screens.loading import LoadingScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
-from tests.ssd_chat.tui_fakes import FakeEngine, wait_for
+from tests.ssd_chat.tui_fakes import FakeEngine, rendered, wait_for
 
 
 @pytest.mark.asyncio
@@ -36,13 +37,40 @@ async def test_the_loading_screen_shows_progress_until_the_engine_is_ready():
         await wait_for(pilot, lambda: any("loading fake-target" in line for line in log.lines), what="a log line")
         assert app.screen.query_one(ProgressBar).progress == 1
         assert "fake-target + draft fake-draft" in str(app.screen.query_one("#loading-title").render())
-        await pilot.press("H", "i")  # typing while loading does not crash or send anything
+        await pilot.press("H", "i", "x", "backspace", "space")  # typing while loading: in the prompt, not sent
+        app.screen.post_message(events.Paste("there"))
+        await pilot.pause()
         release.set()
         await wait_for(pilot, lambda: app.engine is not None and not isinstance(app.screen, LoadingScreen),
                        what="the chat screen")
         assert app.focused is app.query_one(PromptArea)
+        assert app.query_one(PromptArea).text == "Hi there" and not engine.calls
         assert app.session.settings.mode == "ssd"
     assert not logging.getLogger("engine").handlers  # the forwarding handler is gone after the app
+
+
+@pytest.mark.asyncio
+async def test_a_model_path_with_brackets_shows_as_it_is():
+    """A target directory named with brackets: the loading title and the panel show it (as markup, "[/]" crashed
+    the app)."""
+    from ssd_chat.tui.widgets.stats_panel import StatsPanel
+
+    release = threading.Event()
+    engine = FakeEngine(layout={"target": "/models/[/]odd on cpu"})
+
+    def load() -> FakeEngine:
+        release.wait(10)
+        return engine
+
+    app = ChatApp(load, settings=ChatSettings(mode="sd"), target="/models/[/]odd", draft="fake-draft")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "loading /models/[/]odd + draft fake-draft" in str(app.screen.query_one("#loading-title").render())
+        release.set()
+        await wait_for(pilot, lambda: app.engine is not None and not isinstance(app.screen, LoadingScreen),
+                       what="the chat screen")
+        await pilot.pause()
+        assert "/models/[/]odd on cpu" in rendered(app.query_one(StatsPanel).query_one("#layout"))
 
 
 @pytest.mark.asyncio

@@ -3,7 +3,10 @@ brings it back), Esc goes back."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -81,7 +84,7 @@ class ChatsScreen(ModalScreen[int | None]):
         table.move_cursor(row=keep)
         missing = bool(search) and not found
         none = self.query_one("#chats-none", Static)
-        none.update(f"no chat holds “{search}”" if missing else "")
+        none.update(Text(f"no chat holds “{search}”" if missing else ""))  # (as typed: "[/]" as markup crashed)
         none.display = missing
 
     @dataclass
@@ -156,7 +159,8 @@ class ChatsScreen(ModalScreen[int | None]):
 
         def done(title: str | None) -> None:
             if title:
-                self.store.rename(selected, title)
+                with self._history_write():
+                    self.store.rename(selected, title)
                 self.refresh_rows()
 
         self.app.push_screen(TextPrompt("New title:", conversation.title if conversation else ""), done)
@@ -168,17 +172,29 @@ class ChatsScreen(ModalScreen[int | None]):
         if self.armed != selected:  # one keystroke must not lose a conversation
             self.armed = selected
             found = self.store.load(selected)
-            self.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4)
+            self.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4, markup=False)
             return
         self.armed = None
-        self.deleted = self.store.delete(selected)
-        self.notify("conversation deleted: u brings it back", timeout=6)
+        with self._history_write():
+            self.deleted = self.store.delete(selected)
+            self.notify("conversation deleted: u brings it back", timeout=6, markup=False)
         self.refresh_rows()
 
     def action_undelete(self) -> None:
         if self.deleted is None:
             return
-        self.store.restore(self.deleted)
-        self.notify(f"“{self.deleted.conversation.title}” is back", timeout=3)
-        self.deleted = None
+        with self._history_write():
+            self.store.restore(self.deleted)
+            self.notify(f"“{self.deleted.conversation.title}” is back", timeout=3, markup=False)
+            self.deleted = None
         self.refresh_rows()
+
+    @contextmanager
+    def _history_write(self) -> Iterator[None]:
+        """A change of the history file; where it takes no write (read-only, full, locked), a notification (the
+        app died with a traceback)."""
+        try:
+            yield
+        except sqlite3.Error as err:
+            self.notify(f"the chat history could not be changed ({err})", title="not saved", severity="error",
+                        timeout=8, markup=False)

@@ -6,11 +6,15 @@ from __future__ import annotations
 import logging
 import time
 
+from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult
 from textual.containers import Center, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Log, ProgressBar, Static
+
+from ssd_chat.tui.widgets.prompt_input import PromptArea
 
 ENGINE_LOGGER = "engine"
 
@@ -44,7 +48,7 @@ class LoadingScreen(Screen):
     def compose(self) -> ComposeResult:
         with Center(), Vertical(id="loading-box"):
             pair = self.target if self.draft is None else f"{self.target} + draft {self.draft}"
-            yield Static(f"[b]ssd-chat[/b]  loading {pair}", id="loading-title")
+            yield Static(Text.assemble(("ssd-chat", "bold"), f"  loading {pair}"), id="loading-title")  # (no markup)
             yield ProgressBar(total=2 if self.draft is None else 3, show_eta=False, id="loading-progress")
             yield Static("", id="loading-elapsed")
             yield Log(id="loading-log", max_lines=200)
@@ -57,6 +61,31 @@ class LoadingScreen(Screen):
         """Back on top after a dialog opened during the load (help, palette): leave if the engine is ready."""
         if getattr(self.app, "engine", None) is not None:
             self.dismiss()
+
+    def on_key(self, event: events.Key) -> None:
+        """Typing while the models load goes into the prompt, there once they are (it was lost)."""
+        area = self._prompt()
+        if area is None:
+            return
+        if event.is_printable and event.character:
+            area.insert(event.character)
+        elif event.key == "backspace":
+            area.action_delete_left()
+        else:
+            return
+        event.stop()
+
+    def on_paste(self, event: events.Paste) -> None:
+        area = self._prompt()
+        if area is not None:
+            area.insert(event.text)
+            event.stop()
+
+    def _prompt(self) -> PromptArea | None:
+        """The chat screen's prompt; None while a prompt the engine's restart brings back waits for it (/restart)."""
+        if getattr(self.app, "prompt_to_restore", None):
+            return None
+        return self.app.screen_stack[0].query_one(PromptArea)
 
     def _tick(self) -> None:
         self.query_one("#loading-elapsed", Static).update(f"{time.monotonic() - self.started:.1f} s")

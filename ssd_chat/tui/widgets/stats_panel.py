@@ -67,7 +67,7 @@ class StatsPanel(VerticalScroll):
         table.add_column(style="bold")
         table.add_column()
         for role in ("target", "draft"):
-            table.add_row(role, layout.get(role, "none (AR only)"))
+            table.add_row(role, Text(layout.get(role, "none (AR only)")))  # (a model's path is no markup)
         fanout = "default" if settings.fanout is None else ",".join(map(str, settings.fanout))
         spec = "" if settings.mode == "ar" else f" · k {settings.k}"
         spec += f" · fan-out {fanout}" if settings.mode == "ssd" else ""
