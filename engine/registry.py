@@ -83,7 +83,8 @@ def resolve_model(name: str, *, download: bool = True) -> Path:
     if local.is_dir():
         return local.resolve()
     if _looks_like_path(name):
-        raise UnknownModelError(f"no such directory: {name} (give an existing model directory)")
+        what = "is a file, not a directory" if local.exists() else "no such directory"
+        raise UnknownModelError(f"{name}: {what} (give an existing model directory)")
     spec = ALIASES.get(name.lower())
     if spec is not None and spec.alias == smollm2.ALIAS:
         return smollm2.ensure_converted()

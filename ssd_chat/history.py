@@ -99,9 +99,12 @@ class TurnStats:
         reused = f"prefix reused {self.reused_prefix_tokens}/{self.prompt_tokens}"
         if not self.generated_tokens:  # stopped during the prompt's prefill: no speed, TTFT or tau to speak of
             return f"0 tokens · {reused} · stopped: {self.finish_reason}"
-        text = f"{self.decode_tok_s:.1f} tok/s · TTFT {1000 * self.ttft_s:.0f} ms · {self.generated_tokens} tokens"
-        text += f" · {reused}"
-        if self.tau is not None:
+        if self.generated_tokens == 1:  # the prefill's token alone (an end of turn at once): no decode speed or tau
+            text = f"TTFT {1000 * self.ttft_s:.0f} ms · 1 token · {reused}"
+        else:
+            text = f"{self.decode_tok_s:.1f} tok/s · TTFT {1000 * self.ttft_s:.0f} ms · {self.generated_tokens} tokens"
+            text += f" · {reused}"
+        if self.tau is not None and self.generated_tokens > 1:
             text += f" · {self.mode} tau {self.tau:.2f} · accepted {self.acceptance_rate or 0.0:.0%}"
             if self.cache_hit_rate is not None:
                 text += f" · cache hits {self.cache_hit_rate:.0%}"

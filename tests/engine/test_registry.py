@@ -99,6 +99,12 @@ def test_missing_path_says_no_such_directory(name: str) -> None:
         resolve_model(name)
 
 
+def test_a_file_given_as_a_model_is_called_a_file(tmp_path) -> None:
+    (tmp_path / "weights.gguf").write_text("")
+    with pytest.raises(UnknownModelError, match=r"weights.gguf: is a file, not a directory \(give an existing model"):
+        resolve_model(str(tmp_path / "weights.gguf"))
+
+
 @pytest.mark.parametrize("name", ["gpt-5", "", "llama"])
 def test_unknown_name_lists_every_alias(name: str) -> None:
     with pytest.raises(UnknownModelError) as excinfo:

@@ -116,6 +116,8 @@ def test_titles_and_stats_lines():
     assert TurnStats("ar", 10, 0.1, 2, 5, 0, "cancelled").line().endswith("· stopped: cancelled")
     stopped_in_prefill = TurnStats("sd", 0.0, 21.98, 0, 4478, 48, "cancelled", tau=0.0, acceptance_rate=0.0)
     assert stopped_in_prefill.line() == "0 tokens · prefix reused 48/4478 · stopped: cancelled"  # no speed, TTFT, tau
+    at_once = TurnStats("sd", 0.0, 0.05, 1, 30, 0, "stop", tau=0.0, acceptance_rate=0.0)  # an end of turn at once
+    assert at_once.line() == "TTFT 50 ms · 1 token · prefix reused 0/30"  # no 0.0 tok/s, no tau 0.00
 
 
 def test_search_finds_every_word_in_titles_and_messages_in_any_case(tmp_path):
