@@ -1,0 +1,126 @@
+"""The slash commands: one method per command in commands.SLASH_COMMANDS (`/name ARG` calls `slash_name(ARG)`;
+a bad ARG raises SlashError, which the app shows as one notification and leaves the line in the prompt to fix).
+A mixin of ChatApp."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import TYPE_CHECKING
+
+from ssd_chat.tui.commands import ENTER_MODES, SlashError, parse_fanout, parse_number
+from ssd_chat.tui.export import code_blocks
+from ssd_chat.tui.widgets.prompt_input import PromptInput
+
+if TYPE_CHECKING:
+    from ssd_chat.tui.app import ChatApp
+
+    _Base = ChatApp
+else:
+    _Base = object
+
+
+class SlashActions(_Base):
+    def slash_mode(self, arg: str) -> None:
+        if not arg:
+            raise SlashError(f"/mode takes ar, sd or ssd (now {self.session.settings.mode})")
+        self.set_mode(arg.lower())
+
+    def slash_k(self, arg: str) -> None:
+        if not arg:
+            raise SlashError(f"/k takes the most draft tokens per step, 1-32 (now {self.session.settings.k})")
+        self.change_settings(k=int(parse_number(arg, int, "k")), fanout=None)
+
+    def slash_fanout(self, arg: str) -> None:
+        self.change_settings(fanout=parse_fanout(arg))
+
+    def slash_temp(self, arg: str) -> None:
+        if not arg:
+            raise SlashError(f"/temp takes a temperature, 0 = greedy (now {self.session.settings.temperature:g})")
+        self.change_settings(temperature=float(parse_number(arg, float, "temp")))
+
+    def slash_system(self, arg: str) -> None:
+        before = self.session.settings.system
+        self.change_settings(system=arg or None)
+        if arg:
+            self.notify("system prompt set", timeout=2)
+        elif before:
+            was = textwrap.shorten(before, 60, placeholder=" …")
+            self.notify(f"system prompt removed (it was: {was}); /system TEXT sets one", timeout=6)
+        else:
+            self.notify("no system prompt to remove: /system TEXT sets one", severity="warning")
+
+    def slash_enter(self, arg: str) -> None:
+        if arg.lower() not in ENTER_MODES:
+            raise SlashError(f"/enter takes send or newline, got {arg!r}" if arg else "/enter takes send or newline")
+        self.query_one(PromptInput).set_enter_sends(arg.lower() == "send")
+        self.set_preferences(enter=arg.lower())
+        keys = "Enter sends" if arg.lower() == "send" else "Enter is a new line, Ctrl+S sends"
+        self.notify(f"{keys}, from now on (--enter or SSD_CHAT_ENTER chooses for one run)", timeout=3)
+
+    def slash_clear(self, arg: str) -> None:
+        if self.ready_and_idle():
+            self.cancel_edit()
+            self.session.clear()
+            self.show_conversation()
+
+    def slash_new(self, arg: str) -> None:
+        self.action_new_chat()
+
+    def slash_chats(self, arg: str) -> None:
+        self.action_chats(arg)
+
+    def slash_rename(self, arg: str) -> None:
+        if not arg:
+            raise SlashError("/rename needs a title")
+        self.session.rename(arg)
+        self.refresh_status()
+
+    def slash_regen(self, arg: str) -> None:
+        self.action_regenerate()
+
+    def slash_edit(self, arg: str) -> None:
+        self.action_edit_last()
+
+    def slash_undo(self, arg: str) -> None:
+        if self.ready_and_idle():
+            self.cancel_edit()
+            if self.session.pop_turn() is None:
+                self.notify("no turn to remove yet", severity="warning")
+                return
+            self.show_conversation()
+            self.notify("the last prompt and its reply are removed", timeout=2)
+
+    def slash_compare(self, arg: str) -> None:
+        self.action_compare()
+
+    def slash_colors(self, arg: str) -> None:
+        self.action_toggle_colours()
+
+    def slash_copy(self, arg: str) -> None:
+        """The last reply, or its code blocks, to the clipboard: through the terminal (OSC 52), so over ssh too."""
+        if arg.lower() not in ("", "code"):
+            raise SlashError(f"/copy takes nothing or code, got {arg!r}")
+        replies = [m for m in self.session.messages if m.role == "assistant"]
+        if not replies:
+            raise SlashError("no reply to copy yet")
+        text, what = replies[-1].content, "the last reply"
+        if arg:
+            blocks = code_blocks(text)
+            if not blocks:
+                raise SlashError("the last reply has no code block: /copy copies all of it")
+            text, what = "\n\n".join(blocks), f"{len(blocks)} code block{'s' * (len(blocks) > 1)}"
+        self.copy_to_clipboard(text)
+        self.notify(f"copied {what} ({len(text):,} characters; the terminal must allow OSC 52 clipboard writes)",
+                    timeout=3)
+
+    def slash_export(self, arg: str) -> None:
+        self.export(arg)
+
+    def slash_help(self, arg: str) -> None:
+        self.action_help()
+
+    def slash_restart(self, arg: str) -> None:
+        if self.engine is not None and not self.busy:  # a dead engine too: that is what it is for
+            self.restart_engine()
+        else:
+            self.ready_and_idle()  # says why not (still loading, or a reply runs)
