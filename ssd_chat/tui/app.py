@@ -36,12 +36,13 @@ from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.edit_actions import EditActions
 from ssd_chat.tui.engine_actions import EngineActions
 from ssd_chat.tui.engine_process import stop_loading
+from ssd_chat.tui.engine_server import ENGINE_LOGGER
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.messages import ReplyDone
 from ssd_chat.tui.provenance import legend
 from ssd_chat.tui.reply_actions import ReplyActions
-from ssd_chat.tui.screens.loading import ENGINE_LOGGER, ForwardToApp, LoadingScreen
+from ssd_chat.tui.screens.loading import ForwardToApp, LoadingScreen
 from ssd_chat.tui.session import ChatSession
 from ssd_chat.tui.slash_actions import SlashActions
 from ssd_chat.tui.widgets.prompt_input import PromptArea, PromptInput

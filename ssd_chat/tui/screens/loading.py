@@ -16,8 +16,6 @@ from textual.widgets import Log, ProgressBar, Static
 
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 
-ENGINE_LOGGER = "engine"
-
 
 class EngineLogLine(Message):
     def __init__(self, line: str) -> None:

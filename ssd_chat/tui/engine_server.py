@@ -1,0 +1,157 @@
+"""The engine process's side of the chat app's pipe (engine_process.EngineProcess starts it): load the engine,
+answer the app's messages (a reply's events as they come, a cancel between steps), forward the engine's log lines,
+and end quietly, the engine closed, when the app is gone (killed, or it crashed)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+
+from engine.errors import EngineError
+
+ENGINE_LOGGER = "engine"
+WATCH_S = 1.0  # how often the engine process looks for its app, and how long it then waits for its main thread
+CLOSE_GRACE_S = 30.0  # the most a close begun when the app was gone may take
+
+
+class _ToParent(logging.Handler):
+    def __init__(self, pipe) -> None:
+        super().__init__(logging.INFO)
+        self.pipe = pipe
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.pipe.send(("log", (record.levelno, record.getMessage())))
+
+
+class _AppGone(Exception):
+    """The pipe to the app broke or closed: the app is gone (killed, or it crashed)."""
+
+
+class _Wire:
+    """The child's end of the pipe, where a broken or closed pipe is `_AppGone`, told apart from the engine's own
+    errors (an OSError of the engine's is a failure to report)."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe = pipe
+
+    def send(self, message) -> None:
+        try:
+            self.pipe.send(message)
+        except OSError as exc:
+            raise _AppGone from exc
+
+    def recv(self):
+        try:
+            return self.pipe.recv()
+        except (EOFError, OSError) as exc:
+            raise _AppGone from exc
+
+    def poll(self) -> bool:
+        try:
+            return self.pipe.poll()
+        except OSError as exc:
+            raise _AppGone from exc
+
+
+def serve(pipe, parent: int, target: str, kwargs: dict) -> None:
+    """The child: load the engine, then answer the parent's messages until "close", or until the parent is gone:
+    then it closes the engine (its draft and TP processes, its shared memory) and ends, quietly."""
+    from engine import LLM
+
+    closing = threading.Event()
+    threading.Thread(target=_watch, args=(parent, closing), daemon=True).start()
+    wire = _Wire(pipe)
+    engine_log = logging.getLogger(ENGINE_LOGGER)
+    engine_log.setLevel(logging.INFO)
+    engine_log.propagate = False
+    engine_log.addHandler(_ToParent(pipe))
+    try:
+        llm = LLM(target=target, **kwargs)
+    except EngineError as err:
+        with contextlib.suppress(_AppGone):
+            wire.send(("error", str(err)))
+        return
+    except Exception as err:  # a bug or a broken install: one line for the app, the rest in this log
+        logging.getLogger(__name__).exception("loading the engine failed")
+        with contextlib.suppress(_AppGone):
+            wire.send(("error", f"loading the engine failed: {err!r}"))
+        return
+    try:
+        wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer)))
+        _answer(llm, wire)
+    except _AppGone:
+        pass
+    finally:
+        closing.set()
+        llm.close()
+        _exit_now()
+
+
+def _answer(llm, wire: _Wire) -> None:
+    """Answer the app's messages until "close". An engine error goes back as one line, a failure as "failed"
+    (with its traceback in this process's log); _AppGone, from any read or write, ends it."""
+    pending: deque = deque()  # messages that came while a reply streamed (the app's next one, once it has the last)
+    while True:
+        message = pending.popleft() if pending else wire.recv()
+        kind = message[0]
+        if kind == "close":
+            return
+        try:
+            if kind == "spec":
+                llm.speculation = message[1]
+                wire.send(("ok", (llm.speculation, llm.layout)))
+            elif kind == "encode":
+                wire.send(("ok", llm.encode_chat(message[1])))
+            elif kind == "chat" and _stream(llm, wire, message[1], message[2], pending):
+                return  # a close arrived while the reply streamed
+        except _AppGone:
+            raise
+        except EngineError as err:
+            wire.send(("error", str(err)))
+        except Exception as err:
+            logging.getLogger(__name__).exception("the engine failed")
+            wire.send(("failed", f"{type(err).__name__}: {err}"))
+
+
+def _exit_now() -> None:
+    """End the child once its engine is closed (its ranks stopped, its shared memory removed), skipping the
+    interpreter's teardown: freeing torch's and the models' objects one by one took 0.5 s of every quit."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
+def _stream(llm, wire: _Wire, messages, params, pending: deque) -> bool:
+    """One request's events to the parent; a "cancel" or "close" between steps cancels it, anything else waits in
+    `pending`. Returns whether a "close" came. Left early (the app gone), the request is cancelled."""
+    cancel, closing = threading.Event(), False
+    with contextlib.closing(llm.chat(messages, params, cancel=cancel)) as events:
+        for event in events:
+            wire.send(("event", event))
+            while wire.poll():
+                message = wire.recv()
+                closing |= message[0] == "close"
+                if message[0] in ("cancel", "close"):
+                    cancel.set()
+                else:
+                    pending.append(message)
+    return closing
+
+
+def _watch(parent: int, closing: threading.Event) -> None:
+    """Exit when the app's process is gone (killed, or it crashed) while this one loads or runs a long step:
+    nothing else would stop it. Otherwise its main thread meets the broken pipe at its next read or write and
+    closes the engine, which ends the process: a close under way gets CLOSE_GRACE_S."""
+    while os.getppid() == parent:
+        time.sleep(WATCH_S)
+    if closing.wait(WATCH_S):
+        time.sleep(CLOSE_GRACE_S)  # (a deadline: the close ends the process before it)
+    os._exit(0)
