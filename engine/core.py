@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from engine.attention.sdpa import ROW_KERNEL_ROWS
 from engine.config import SpeculationConfig
 from engine.drafter import Drafter
 from engine.kv.block_manager import BlockManager
@@ -42,6 +43,11 @@ class EngineCore:
         self.acceptance: dict[int, AcceptanceEstimate] = {}  # request id -> its draft acceptance (fan-out, k)
         self.paused: dict[int, int] = {}  # request id -> SD rounds it ran with k = 0 (engine.spec_length)
         row_cost = ROW_COST.get(runner.device.type, ROW_COST["cuda"])
+        # CPU: a verify of k + 1 rows reproduces one-row decoding bit for bit only up to ROW_KERNEL_ROWS rows (the
+        # fused layers' and, on Intel, the panel GEMM's most: packed.MAX_ROWS); more rows ran SDPA's attention, and
+        # on Intel still run MKL's GEMM, whose last bits differ (under --cpu-matmul q8 the tokens did): --k 32
+        # --fixed-k drafts at most 31
+        self.max_draft = ROW_KERNEL_ROWS - 1 if runner.device.type == "cpu" else None
         self.round_cost = {mode: RoundCost(row_cost) for mode in ("sd", "ssd")}  # measured, for the adaptive k
         self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report
         self.part_prefilled: list[Sequence] = []      # the last step's prompts that ran a chunk and have more to go
@@ -166,6 +172,11 @@ class EngineCore:
         return outputs
 
     def _draft_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
+        """_chosen_length, at most `max_draft` (the verify rows that still give one-row decoding's bits)."""
+        k = self._chosen_length(seq, spec)
+        return k if self.max_draft is None else min(k, self.max_draft)
+
+    def _chosen_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
         """spec.k, or with adaptive_k the k <= spec.k with the most expected tokens per second for this request's
         measured acceptance (the prior until it has some) and the mode's measured round costs. SD may pick 0 (a
         plain step), except every PROBE_EVERY-th such round, which drafts to keep the measurements current."""

@@ -73,7 +73,7 @@ class SdpaBackend(AttentionBackend):
             return o.reshape(b, h * d)
         outs = []
         for span, mask in zip(meta.spans, meta.masks, strict=True):
-            if kernel and span.mask is None and span.q_len <= ROW_KERNEL_ROWS:
+            if kernel and span.mask is None:
                 outs.append(causal_rows(q.narrow(0, span.q_start, span.q_len), k_cache, v_cache, span.key_slots,
                                         span.num_keys, scale))  # [q, H*D]
                 continue
@@ -84,7 +84,7 @@ class SdpaBackend(AttentionBackend):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
-ROW_KERNEL_ROWS = 32  # causal spans of up to this many query rows take engine/kernels/attention.cpp
+ROW_KERNEL_ROWS = 32  # query rows per call of engine/kernels/attention.cpp (a verify: one call; a prefill: several)
 
 
 def row_kernel(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -95,9 +95,10 @@ def row_kernel(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 def causal_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: Index, num_keys: int,
                 scale: float) -> torch.Tensor:
     """q [n, H, D] -> [n, H * D]: causal attention of one sequence's n newest rows over its num_keys keys at
-    `slots` (a slice: read in place; a tensor: gathered first). Up to ROW_KERNEL_ROWS rows (decode, verify) by
-    engine/kernels/attention.cpp, each row the same bits at any n, so a verify reproduces plain decoding; more
-    rows (prefill) by SDPA. Eager and compiled (one opaque op: no guard on n) alike."""
+    `slots` (a slice: read in place; a tensor: gathered first), by engine/kernels/attention.cpp, each row the same
+    bits at any n, so a verify reproduces plain decoding, and a prompt's KV is the same bits however its prefill was
+    split (chunks, a prefix-cache hit); a prefill ROW_KERNEL_ROWS rows a call. Eager and compiled (one opaque op: no
+    guard on n) alike."""
     if isinstance(slots, slice):
         first, keys, values = slots.start, k_cache, v_cache
     else:  # scattered blocks: gather the run first (the same values in the same order)
@@ -109,15 +110,13 @@ def causal_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
 def _causal_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, num_keys: int,
                  scale: float) -> torch.Tensor:
     n, h, d = q.shape
-    if n > ROW_KERNEL_ROWS:  # a compiled prefill: SDPA, as the eager forward's loop runs it
-        k, v = keys.narrow(1, first, num_keys).unsqueeze(0), values.narrow(1, first, num_keys).unsqueeze(0)
-        mask = None if n == num_keys else torch.ones(n, num_keys, dtype=torch.bool).tril(num_keys - n)  # [n, T]
-        o = attend(q.transpose(0, 1).unsqueeze(0), k, v, mask=mask, causal=mask is None, scale=scale)
-        return o[0].transpose(0, 1).reshape(n, h * d)
     q = q.contiguous()
     out = torch.empty(n, h * d)
-    native.library().causal_attention(q.data_ptr(), n, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0],
-                                      keys.shape[1], first, num_keys, scale, out.data_ptr(), torch.get_num_threads())
+    lib, threads = native.library(), torch.get_num_threads()
+    for a in range(0, n, ROW_KERNEL_ROWS):  # a prefill's rows ROW_KERNEL_ROWS at a time: row r sees keys ..t - n + r
+        b = min(a + ROW_KERNEL_ROWS, n)
+        lib.causal_attention(q[a].data_ptr(), b - a, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0],
+                             keys.shape[1], first, num_keys - (n - b), scale, out[a].data_ptr(), threads)
     return out
 
 

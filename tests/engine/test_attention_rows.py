@@ -40,14 +40,32 @@ def test_each_row_of_a_causal_step_is_the_bits_of_its_own_decode_step(scattered,
     torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_past_the_kernel_rows_is_sdpa():
+def test_a_prefill_past_the_kernel_rows_gives_each_row_its_decode_bits():
+    # A prefill's rows go ROW_KERNEL_ROWS at a time through the same kernel: a prompt's KV is the same bits however
+    # it was split (whole, in --prefill-chunk chunks, or after a prefix-cache hit). Through SDPA, a prompt prefilled
+    # whole and the same prompt after a cache hit differed in their last bits, and under --cpu-matmul q8 a second
+    # greedy AR reply to the same chat prompt left the first at its 33rd token.
     k, v = _cache()
-    n = ROW_KERNEL_ROWS + 8
-    q = torch.randn(n, H, D)
+    n = 2 * ROW_KERNEL_ROWS + 8
+    q = torch.randn(n, H, D, generator=torch.Generator().manual_seed(3))
     got = causal_rows(q, k, v, slice(0, n), n, D**-0.5)
+    for r in (0, ROW_KERNEL_ROWS - 1, ROW_KERNEL_ROWS, n - 1):
+        assert torch.equal(causal_rows(q[r : r + 1], k, v, slice(0, r + 1), r + 1, D**-0.5), got[r : r + 1]), r
     want = attend(q.transpose(0, 1).unsqueeze(0), k[:, :n].unsqueeze(0), v[:, :n].unsqueeze(0), mask=None,
                   causal=True, scale=D**-0.5)[0].transpose(0, 1).reshape(n, H * D)
-    assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prompt_prefilled_whole_or_after_a_cache_hit_gives_the_same_logits(tiny_llama_dir):
+    with LLM(str(tiny_llama_dir), max_model_len=256, enable_prefix_caching=False) as llm:
+        runner = llm.core.runner
+        ids = torch.randint(runner.model.args.vocab_size, (80,), generator=torch.Generator().manual_seed(4)).tolist()
+        whole = runner.run_spans(ids, torch.arange(80), slice(0, 80), [SeqSpan(0, 80, slice(0, 80), 80)],
+                                 all_logits=True)  # [80, V]
+        cached = 64  # then the same prompt's last 16 tokens over the first 64's KV, as after a prefix-cache hit
+        tail = runner.run_spans(ids[cached:], torch.arange(cached, 80), slice(cached, 80),
+                                [SeqSpan(0, 80 - cached, slice(0, 80), 80)], all_logits=True)
+        assert torch.equal(tail, whole[cached:])
 
 
 def test_the_compiled_op_gives_the_eager_bits():

@@ -122,3 +122,26 @@ def test_a_weak_draft_drafts_fewer_tokens_and_output_stays_exact(tiny_llama_dir,
     else:  # SD: none is; a plain step pays best, with a drafted probe round every PROBE_EVERY-th
         tail = drafted[True][-2 * PROBE_EVERY:]
         assert tail.count(0) >= 2 * (PROBE_EVERY - 1) - 1 and 0 < sum(tail) <= 2 * max(tail)
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_a_verify_never_runs_more_rows_than_reproduce_one_row_decoding(tiny_llama_dir, mode):
+    # On the CPU, only verifies of up to ROW_KERNEL_ROWS rows give one-row decoding's bits (the row attention
+    # kernel); a 33-row verify ran SDPA, and under --cpu-matmul q8 --k 32 --fixed-k SmolLM2's SD reply left AR's
+    # at its 13th token. The draft is the target itself: it drafts as much as it may, all accepted.
+    from engine.attention.sdpa import ROW_KERNEL_ROWS
+
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    with LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=256) as llm:
+        llm.speculation = SpeculationConfig(mode="ar")
+        ar = llm.generate(["The quick brown fox"], params)[0].token_ids
+        llm.speculation = SpeculationConfig(mode=mode, k=32, adaptive_k=False)
+        rows = []
+        run = llm.core.runner.run
+        llm.core.runner.run = lambda chunks, **kw: rows.append(sum(c.end - c.start for c in chunks)) or run(chunks,
+                                                                                                             **kw)
+        events = list(llm.stream("The quick brown fox", params))
+    assert events[-1].output.token_ids == ar
+    drafted = [e.num_drafted for e in events if isinstance(e, StepStats)]
+    assert max(drafted) == ROW_KERNEL_ROWS - 1
+    assert max(rows[1:]) <= ROW_KERNEL_ROWS  # every step after the prompt's
