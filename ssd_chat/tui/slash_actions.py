@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
+from ssd_chat.tui import clipboard
 from ssd_chat.tui.commands import ENTER_MODES, SlashError, parse_fanout, parse_number
 from ssd_chat.tui.export import code_blocks
 from ssd_chat.tui.widgets.prompt_input import PromptInput
@@ -97,7 +98,8 @@ class SlashActions(_Base):
         self.action_toggle_colours()
 
     def slash_copy(self, arg: str) -> None:
-        """The last reply, or its code blocks, to the clipboard: through the terminal (OSC 52), so over ssh too."""
+        """The last reply, or its code blocks, to the clipboard: through the terminal (OSC 52), so over ssh too, and on
+        this desktop through its clipboard tool as well (clipboard.copy_locally)."""
         if arg.lower() not in ("", "code"):
             raise SlashError(f"/copy takes nothing or code, got {arg!r}")
         replies = [m for m in self.session.messages if m.role == "assistant"]
@@ -110,8 +112,9 @@ class SlashActions(_Base):
                 raise SlashError("the last reply has no code block: /copy copies all of it")
             text, what = "\n\n".join(blocks), f"{len(blocks)} code block{'s' * (len(blocks) > 1)}"
         self.copy_to_clipboard(text)
-        self.notify(f"copied {what} ({len(text):,} characters; the terminal must allow OSC 52 clipboard writes)",
-                    timeout=3)
+        tool = clipboard.copy_locally(text)
+        how = f"with {tool} and the terminal" if tool else "through the terminal, where it allows OSC 52 writes"
+        self.notify(f"copied {what} ({len(text):,} characters) {how}", timeout=3)
 
     def slash_export(self, arg: str) -> None:
         self.export(arg)

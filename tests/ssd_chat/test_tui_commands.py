@@ -273,7 +273,10 @@ async def test_enter_newline_breaks_the_line_and_ctrl_s_sends_and_slash_enter_sw
 
 
 @pytest.mark.asyncio
-async def test_copy_puts_the_last_reply_or_its_code_blocks_on_the_clipboard(tmp_path):
+async def test_copy_puts_the_last_reply_or_its_code_blocks_on_the_clipboard(tmp_path, monkeypatch):
+    from ssd_chat.tui import clipboard
+
+    monkeypatch.setattr(clipboard, "local_tool", lambda env=None: None)  # the terminal's clipboard only
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -288,7 +291,8 @@ async def test_copy_puts_the_last_reply_or_its_code_blocks_on_the_clipboard(tmp_
         assert app.clipboard == "".join(engine.words)
         await send(app, pilot, "/copy code")  # a ``` inside a ~~~~ block is its text, not a fence
         assert app.clipboard == "x = 1\n\ny\n```"
-        assert "copied 2 code blocks (12 characters" in [n.message for n in app._notifications][-1]
+        assert [n.message for n in app._notifications][-1] == \
+            "copied 2 code blocks (12 characters) through the terminal, where it allows OSC 52 writes"
         engine.words = ["No", " code", "."]
         await send(app, pilot, "third")
         await send(app, pilot, "/copy code")
