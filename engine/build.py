@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from engine.attention import make_backend
-from engine.config import FastPath
+from engine.config import EngineConfig, FastPath
 from engine.cuda_graphs import DEFAULT_MAX_BATCH, use_cuda_graphs
 from engine.distributed import make_collective_group
 from engine.draft_server import DraftSpec
@@ -96,3 +96,25 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of model weights one decode step reads (shared tensors counted once; a weight with 4- or 8-bit
+    panels, engine.layers.panel4 / panel8, at those panels' bytes)."""
+    from engine.layers import packed
+
+    held = {id(p): p.numel() * p.element_size() for p in model.parameters()}  # a tied tensor counted once
+    low_bit = {id(m.weight): m for m in packed.bias_free_matmuls(model)
+               if isinstance(getattr(m, "packed", None), packed.LOW_BIT)}
+    # a low-bit copy's panels in place of its float32 weight (held, or released at load: engine.layers.unread)
+    return sum(held.values()) + sum(m.packed.nbytes - held.get(key, 0) for key, m in low_bit.items())
+
+
+def warn_slow_compile(config: EngineConfig, device: torch.device) -> None:
+    """A warning where --compile would take a CPU off faster steps than its own (MKL's GEMM for oneDNN's)."""
+    from engine.layers.packed import one_row_pays, resolve_kernel
+
+    if config.compile and device.type == "cpu" and one_row_pays(config.packed_kernel) \
+            and resolve_kernel(config.packed_kernel) == "onednn":
+        log.warning("--compile runs MKL's GEMM, which is slower on this CPU than the oneDNN-packed steps it replaces "
+                    "(README: On AMD EPYC): leave --compile off here")

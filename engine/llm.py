@@ -6,7 +6,6 @@ interleaved: each request's events are buffered until its own consumer reads the
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import secrets
@@ -19,22 +18,22 @@ import torch
 
 from engine import interrupts
 from engine.affinity import pin, usable
-from engine.build import check_tp, resolve_dtype
+from engine.build import check_tp, resolve_dtype, warn_slow_compile, weight_bytes
 from engine.chat import check_text, encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
-from engine.detokenizer import IncrementalDetokenizer, check_same_tokenizer, make_decoder, make_tail_check
-from engine.errors import EngineError, InvalidParameterError, PromptTooLongError
-from engine.layers.packed import one_row_pays, resolve_kernel, runs_q8
+from engine.detokenizer import IncrementalDetokenizer, make_decoder, make_tail_check
+from engine.errors import EngineError, InvalidParameterError
+from engine.layers.packed import runs_q8
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
-from engine.placement import crowding, off_the_draft, plan
+from engine.placement import crowding, describe, off_the_draft, plan
 from engine.registry import resolve_model
 from engine.remote_drafter import RemoteDrafter
-from engine.request import RequestState
+from engine.request import RequestState, check_prompt
 from engine.sampling_params import SamplingParams
 from engine.sequence import SeqStatus, Sequence
-from engine.startup import Sizes, load_tokenizer, same_tokenizer_files, start_engine
-from engine.tp_worker import BroadcastingRunner
+from engine.startup import Sizes, check_draft, context_sizes, load_tokenizer, start_engine
+from engine.tp_worker import stop_ranks
 
 log = logging.getLogger(__name__)
 
@@ -68,32 +67,11 @@ class LLM:
         files = inspect_model_dir(self.model_path)
         self.tokenizer = load_tokenizer(self.model_path)
         self.device = torch.device(leader.torch_device)
-        if config.compile and self.device.type == "cpu" and one_row_pays(config.packed_kernel) \
-                and resolve_kernel(config.packed_kernel) == "onednn":
-            log.warning("--compile runs MKL's GEMM, which is slower on this CPU than the oneDNN-packed steps it "
-                        "replaces (README: On AMD EPYC): leave --compile off here")
+        warn_slow_compile(config, self.device)
         dtype = resolve_dtype(config.dtype, self.device)
-        model_max = int(files.config.get("max_position_embeddings", 4096))
-        if config.max_model_len is not None and config.max_model_len > model_max:
-            raise InvalidParameterError(
-                f"max_model_len {config.max_model_len} exceeds the model's limit of {model_max} tokens"
-            )
-        self.max_model_len = config.max_model_len or model_max
-        self._model_max = model_max
-        kv_tokens = config.kv_cache_tokens or 2 * self.max_model_len
-        if kv_tokens < self.max_model_len:
-            raise InvalidParameterError(
-                f"kv_cache_tokens ({kv_tokens}) must be at least max_model_len ({self.max_model_len})"
-            )
-        num_blocks = -(-kv_tokens // config.block_size)
+        self.max_model_len, self._model_max, num_blocks = context_sizes(config, files.config)
         check_tp(files.config, self.placement.tp, config.target)
-        self.draft_path: Path | None = None
-        if config.draft is not None:
-            self.draft_path = resolve_model(config.draft)
-            inspect_model_dir(self.draft_path)  # a directory that is no model: one line naming the fix
-            if not same_tokenizer_files(self.model_path, self.draft_path):
-                check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_path), target=config.target,
-                                     draft=config.draft)
+        self.draft_path = None if config.draft is None else check_draft(config, self.model_path, self.tokenizer)
         try:
             self._pin(leader.cores, self.placement.threads_for(leader))
             self._threads = self._step_threads = torch.get_num_threads()
@@ -172,33 +150,17 @@ class LLM:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of model weights one decode step reads (shared tensors counted once; a weight with 4- or 8-bit
-        panels, engine.layers.panel4 / panel8, at those panels' bytes)."""
-        from engine.layers import packed
-
-        model = self.core.runner.model
-        held = {id(p): p.numel() * p.element_size() for p in model.parameters()}  # a tied tensor counted once
-        low_bit = {id(m.weight): m for m in packed.bias_free_matmuls(model)
-                   if isinstance(getattr(m, "packed", None), packed.LOW_BIT)}
-        # a low-bit copy's panels in place of its float32 weight (held, or released at load: engine.layers.unread)
-        return sum(held.values()) + sum(m.packed.nbytes - held.get(key, 0) for key, m in low_bit.items())
+        """Bytes of model weights one decode step reads (engine.build.weight_bytes)."""
+        return weight_bytes(self.core.runner.model)
 
     @property
     def layout(self) -> dict[str, str]:
         """Where the models run, for display: {"target": ..., "draft": ...} ("draft" only with a draft)."""
-        p = self.placement
-        threads = p.threads_for(p.target[0]) or torch.get_num_threads()
-        devices = ", ".join(str(d) for d in p.target)
         compiled = self.core.runner.compiled
         fast = ", compiled" if compiled is not None and compiled.available else ""
         fast += ", 8-bit activations (q8)" if runs_q8(self.core.runner.model) else ""  # not the float32 bits
-        per_rank = f"{threads} thread{'s' * (threads != 1)} per rank"
-        out = {"target": f"{self.config.target} on {devices} (TP={p.tp}, {per_rank}{fast})"}
-        if self.config.draft is not None:
-            where = f"in the target's process (SD) and in its own process on {p.draft} (SSD)" if self.remote \
-                else "in the target's process"
-            out["draft"] = f"{self.config.draft} {where}"
-        return out
+        return describe(self.placement, self.config.target, self.config.draft, remote=self.remote is not None,
+                        threads=torch.get_num_threads(), extras=fast)
 
     @property
     def num_forward_tokens(self) -> int:
@@ -228,16 +190,7 @@ class LLM:
     def _stop_workers(self) -> None:
         """Stop the TP ranks: told to, or killed at once after a cut step (each is mid-collective: a STOP would
         meet its all-reduce and wait there)."""
-        runner = getattr(getattr(self, "core", None), "runner", None)
-        if self._workers and not self._cut and isinstance(runner, BroadcastingRunner):
-            with contextlib.suppress(RuntimeError):
-                runner.stop_workers()
-        for proc in self._workers:
-            if self._cut:
-                proc.kill()
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        stop_ranks(self._workers, getattr(getattr(self, "core", None), "runner", None), cut=self._cut)
         self._workers = []
 
     def __enter__(self) -> LLM:
@@ -274,18 +227,7 @@ class LLM:
         if self._cut:
             raise EngineError("a second Ctrl-C stopped the engine in the middle of a step: close it and start a new "
                               "one")
-        if not token_ids:
-            raise InvalidParameterError("the prompt is empty: type something")
-        vocab = self.model_args.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise InvalidParameterError(f"prompt token ids must be in [0, {vocab}) for this model")
-        if len(token_ids) >= self.max_model_len:
-            lowered = self.max_model_len < self._model_max
-            more = f", or raise --max-model-len (up to {self._model_max})" if lowered else ""
-            raise PromptTooLongError(
-                f"the prompt has {len(token_ids)} tokens but the context limit is {self.max_model_len}:"
-                f" shorten it{more}"
-            )
+        check_prompt(token_ids, self.model_args.vocab_size, self.max_model_len, self._model_max)
         generator = None
         if not params.is_greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))

@@ -169,3 +169,18 @@ def ranges(ids: tuple[int, ...] | list[int]) -> str:
             runs.append(str(start) if start == a else f"{start}-{a}")
             start = b
     return ",".join(runs)
+
+
+def describe(placement: Placement, target: str, draft: str | None, *, remote: bool, threads: int,
+             extras: str = "") -> dict[str, str]:
+    """Where the models run, for display: {"target": ..., "draft": ...} ("draft" only with a draft). `threads`:
+    torch's, where the placement sets none; `extras`: what the target's steps run with (", compiled")."""
+    per_rank = placement.threads_for(placement.target[0]) or threads
+    devices = ", ".join(str(d) for d in placement.target)
+    out = {"target": f"{target} on {devices} (TP={placement.tp}, {per_rank} thread{'s' * (per_rank != 1)} per "
+                     f"rank{extras})"}
+    if draft is not None:
+        where = f"in the target's process (SD) and in its own process on {placement.draft} (SSD)" if remote \
+            else "in the target's process"
+        out["draft"] = f"{draft} {where}"
+    return out

@@ -6,6 +6,7 @@ import time
 from collections import deque
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidParameterError, PromptTooLongError
 from engine.outputs import (
     Event,
     FinishReason,
@@ -17,6 +18,20 @@ from engine.outputs import (
     TokenDelta,
 )
 from engine.sequence import Sequence, StepOutput
+
+
+def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int, model_max: int) -> None:
+    """A prompt's token ids that a request can take: some, each in the vocabulary, fewer than the context holds
+    (InvalidParameterError, PromptTooLongError: one line that says what to do)."""
+    if not token_ids:
+        raise InvalidParameterError("the prompt is empty: type something")
+    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
+        raise InvalidParameterError(f"prompt token ids must be in [0, {vocab_size}) for this model")
+    if len(token_ids) >= max_model_len:
+        more = f", or raise --max-model-len (up to {model_max})" if max_model_len < model_max else ""
+        raise PromptTooLongError(
+            f"the prompt has {len(token_ids)} tokens but the context limit is {max_model_len}: shorten it{more}"
+        )
 
 
 class RequestState:

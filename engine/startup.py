@@ -19,15 +19,17 @@ from engine.attention import make_backend
 from engine.build import WORKER_TIMEOUT, build_drafter, fast_kwargs
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.detokenizer import check_same_tokenizer
 from engine.distributed import RankSpec, free_port, make_collective_group, make_group, spawn_rank
 from engine.draft_server import DraftSpec
-from engine.errors import EngineError
+from engine.errors import EngineError, InvalidParameterError
 from engine.kv.block_manager import BlockManager
 from engine.layers.parallel import TensorParallel
 from engine.loader import build_model
-from engine.model_dir import ModelFiles
+from engine.model_dir import ModelFiles, inspect_model_dir
 from engine.models.args import ModelArgs
 from engine.placement import Placement
+from engine.registry import resolve_model
 from engine.remote_drafter import DraftLost, RemoteDrafter
 from engine.runner import ModelRunner
 from engine.tp_worker import BroadcastingRunner, TargetShardSpec
@@ -48,6 +50,30 @@ class Sizes:
     num_blocks: int
     max_model_len: int
     dtype: torch.dtype
+
+
+def check_draft(config: EngineConfig, model_path: Path, tokenizer) -> Path:
+    """The draft's model directory, checked: a model (one line naming the fix, where not), with the target's
+    tokenizer (the same files, or the same vocabulary and special tokens)."""
+    draft_path = resolve_model(config.draft)
+    inspect_model_dir(draft_path)
+    if not same_tokenizer_files(model_path, draft_path):
+        check_same_tokenizer(tokenizer, load_tokenizer(draft_path), target=config.target, draft=config.draft)
+    return draft_path
+
+
+def context_sizes(config: EngineConfig, model_config: dict) -> tuple[int, int, int]:
+    """(max_model_len, the model's own limit, KV blocks) for `config` (InvalidParameterError where they clash)."""
+    model_max = int(model_config.get("max_position_embeddings", 4096))
+    if config.max_model_len is not None and config.max_model_len > model_max:
+        raise InvalidParameterError(
+            f"max_model_len {config.max_model_len} exceeds the model's limit of {model_max} tokens"
+        )
+    max_model_len = config.max_model_len or model_max
+    kv_tokens = config.kv_cache_tokens or 2 * max_model_len
+    if kv_tokens < max_model_len:
+        raise InvalidParameterError(f"kv_cache_tokens ({kv_tokens}) must be at least max_model_len ({max_model_len})")
+    return max_model_len, model_max, -(-kv_tokens // config.block_size)
 
 
 def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, model_path: Path,

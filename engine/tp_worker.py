@@ -8,6 +8,7 @@ forward and meets the leader in the same all-reduces. Only the leader samples.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -121,3 +122,17 @@ def _receive(group) -> list[int]:
     payload = torch.empty(int(header[0]), dtype=torch.long)
     group.broadcast(payload, 0).wait()
     return payload.tolist()
+
+
+def stop_ranks(workers: list, runner: object, *, cut: bool) -> None:
+    """Stop the TP ranks: told to, or killed at once after a cut step (each is mid-collective: a STOP would meet
+    its all-reduce and wait there)."""
+    if workers and not cut and isinstance(runner, BroadcastingRunner):
+        with contextlib.suppress(RuntimeError):
+            runner.stop_workers()
+    for proc in workers:
+        if cut:
+            proc.kill()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()

@@ -202,6 +202,6 @@ def test_compile_is_warned_off_where_it_would_replace_the_one_row_copies(tiny_ll
     for pays in (True, False):
         _one_row_pays(monkeypatch, pays)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="engine.llm"), pytest.raises(InvalidParameterError):
+        with caplog.at_level(logging.WARNING, logger="engine.build"), pytest.raises(InvalidParameterError):
             LLM(str(tiny_llama_dir), compile=True, max_model_len=10**9)  # refused after the check, before compiling
         assert ("leave --compile off" in caplog.text) == pays
