@@ -27,22 +27,23 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 
 from engine.config import SpeculationConfig
+from engine.errors import EngineError
 from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
 from ssd_chat.tui import preferences
 from ssd_chat.tui.chat_actions import ChatActions
-from ssd_chat.tui.commands import as_typed
+from ssd_chat.tui.commands import SlashError, as_typed
 from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.edit_actions import EditActions
 from ssd_chat.tui.engine_actions import EngineActions
 from ssd_chat.tui.engine_process import stop_loading
-from ssd_chat.tui.engine_server import ENGINE_LOGGER
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes
 from ssd_chat.tui.flush_pacer import FlushPacer
+from ssd_chat.tui.log_routing import LogRouting
 from ssd_chat.tui.messages import ReplyDone
 from ssd_chat.tui.provenance import legend
 from ssd_chat.tui.reply_actions import ReplyActions
-from ssd_chat.tui.screens.loading import ForwardToApp, LoadingScreen
+from ssd_chat.tui.screens.loading import LoadingScreen
 from ssd_chat.tui.session import ChatSession
 from ssd_chat.tui.slash_actions import SlashActions
 from ssd_chat.tui.widgets.prompt_input import PromptArea, PromptInput
@@ -111,7 +112,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.colours = False
         self._flush_timer: Timer | None = None
         self.pacer: FlushPacer | None = None  # a reply's (ReplyActions.send_prompt)
-        self._log_handler = ForwardToApp(self)
+        self._log_routing = LogRouting(self)  # (a stderr handler would write over the screen)
         self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
         self.quitting = False
         self._restore_signals: Callable[[], None] = lambda: None  # (on_mount: stop signals quit the app)
@@ -138,11 +139,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         if self.preferences.theme in self.available_themes:
             self.theme = self.preferences.theme
         self.theme_changed_signal.subscribe(self, self._theme_changed)
-        engine_log = logging.getLogger(ENGINE_LOGGER)
-        engine_log.addHandler(self._log_handler)
-        self._saved_log_state = (engine_log.level, engine_log.propagate)
-        engine_log.setLevel(logging.INFO)
-        engine_log.propagate = False  # a stderr handler would scribble over the screen
+        self._log_routing.install()
         self.query_one("#legend", Static).display = False
         if self.preferences.colours:
             self.action_toggle_colours()
@@ -183,10 +180,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
     def on_unmount(self) -> None:
         self._close_engine()  # when the app ended some other way than action_quit
         self._restore_signals()
-        engine_log = logging.getLogger(ENGINE_LOGGER)
-        engine_log.removeHandler(self._log_handler)
-        engine_log.setLevel(self._saved_log_state[0])
-        engine_log.propagate = self._saved_log_state[1]
+        self._log_routing.remove()
 
     async def action_quit(self) -> None:
         self.quitting = True
@@ -209,16 +203,32 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         yield from super().get_system_commands(screen)
         if self.engine is None:
             return
-        for mode in available_modes(self.engine):
-            yield SystemCommand(f"Mode: {mode.upper()}", f"decode with {mode.upper()}", lambda m=mode: self.set_mode(m))
-        yield SystemCommand("Compare modes", "replay the last prompt in AR, SD, SSD (greedy)", self.action_compare)
-        yield SystemCommand("Toggle token colours", "colour reply tokens by provenance", self.action_toggle_colours)
-        yield SystemCommand("New chat", "start a new conversation", self.action_new_chat)
-        yield SystemCommand("Chats", "open, rename or delete saved conversations", self.action_chats)
-        yield SystemCommand("Export to Markdown", "write this conversation to a .md file", lambda: self.export(""))
-        yield SystemCommand("Keys and commands", "the help screen", self.action_help)
-        yield SystemCommand("Restart the engine", "close it and load the models again (the conversation stays)",
-                            lambda: self.slash_restart(""))
+        commands = [(f"Mode: {mode.upper()}", f"decode with {mode.upper()}", lambda m=mode: self.set_mode(m))
+                    for mode in available_modes(self.engine)]
+        commands += [
+            ("Compare modes", "replay the last prompt in AR, SD, SSD (greedy)", self.action_compare),
+            ("Toggle token colours", "colour reply tokens by provenance", self.action_toggle_colours),
+            ("New chat", "start a new conversation", self.action_new_chat),
+            ("Chats", "open, rename or delete saved conversations", self.action_chats),
+            ("Export to Markdown", "write this conversation to a .md file", lambda: self.export("")),
+            ("Keys and commands", "the help screen", self.action_help),
+            ("Restart the engine", "close it and load the models again (the conversation stays)",
+             lambda: self.slash_restart("")),
+        ]
+        for title, help_text, action in commands:
+            yield SystemCommand(title, help_text, self._guarded(action))
+
+    def _guarded(self, action: Callable[[], object]) -> Callable[[], None]:
+        """A palette command that fails as its slash command does: one notification (an export to a folder it
+        cannot write ended the app with a traceback)."""
+
+        def run() -> None:
+            try:
+                action()
+            except (SlashError, EngineError) as err:
+                self.notify(str(err), severity="error")
+
+        return run
 
     # -- the status line and the panel ---------------------------------------------------------------
     @property

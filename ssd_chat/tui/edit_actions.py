@@ -92,16 +92,15 @@ class EditActions(_Base):
         if edit.draft.strip():
             self.query_one(PromptInput).set_text(edit.draft)
 
-    def edit_failed(self, prompt: str) -> None:
+    def edit_failed(self) -> None:
         """The reply to a sent edit failed: the session put the turn back; so do the views, and the edit goes on
-        (the edited prompt in the input, as typed: `as_typed`, the draft kept for after it)."""
+        (the edited prompt back in the input, the draft kept for after it)."""
         draft, self.replacing_draft = self.replacing_draft, None
         if draft is None:
             return
         self.show_conversation()
         self.edit = Edit(self.session.conversation, self.session.last_turn(), draft)
-        self._mark_turn(True)
-        self.query_one(PromptInput).set_text(prompt)
+        self._mark_turn(True)  # (the edited prompt is in the input already: on_reply_failed put it back)
         self.refresh_status()
 
     def _mark_turn(self, on: bool) -> None:

@@ -82,9 +82,9 @@ class EngineActions(_Base):
         if self.history_off is not None and not self.told_history_off:
             self.told_history_off = True
             self.notify_history_off()
-        prompt = self.query_one(PromptInput)
-        if self.prompt_to_restore and not prompt.text.strip():
-            prompt.set_text(self.prompt_to_restore)
+        if self.prompt_to_restore and self.query_one(PromptInput).bring_back(self.prompt_to_restore):
+            self.notify("the prompt the engine did not answer is back in the input (Ctrl+Z brings back what you "
+                        "typed while it loaded)", timeout=6)
         self.prompt_to_restore = None
         self.query_one(PromptArea).focus()
 

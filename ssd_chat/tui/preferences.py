@@ -8,9 +8,11 @@ preference is not worth a failed chat.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -48,14 +50,20 @@ def load(path: Path) -> Preferences:
 
 
 def save(path: Path, preferences: Preferences) -> bool:
-    """Write `preferences` whole (a temporary file renamed over the old one); whether it was written."""
-    temporary = path.with_name(path.name + ".tmp")
+    """Write `preferences` whole (a temporary file of its own renamed over the old one: two app windows writing at
+    once leave one's whole file); whether it was written. In the app a failure's warning is a notification."""
+    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(json.dumps(asdict(preferences), indent=2) + "\n", encoding="utf-8")
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(json.dumps(asdict(preferences), indent=2) + "\n")
         os.replace(temporary, path)
         return True
     except OSError as err:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
         log.warning("preferences not saved: %s: %s", path, err.strerror or err)
         return False
 

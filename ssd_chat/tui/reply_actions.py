@@ -131,11 +131,12 @@ class ReplyActions(_Base):
     def on_reply_failed(self, message: ReplyFailed) -> None:
         self.query_one(Transcript).remove_last(2)
         prompt = as_typed(self.session.drop_prompt())
-        self.query_one(PromptInput).set_text(prompt)
-        self.edit_failed(prompt)  # (a sent edit: its turn is back, and the edit goes on)
+        typed = self.query_one(PromptInput).bring_back(prompt)  # (text typed during the reply: one Ctrl+Z away)
+        self.edit_failed()  # (a sent edit: its turn is back, and the edit goes on)
         if message.engine_failed or not self.engine_alive:  # (its pipe can tell before the process check does)
             self.prompt_to_restore = prompt  # /restart, typed over it, brings it back once loaded
         error = message.error if self.engine_alive else ENGINE_STOPPED
         self.told_stopped |= not self.engine_alive
-        self.notify(error, title="not sent", severity="error", timeout=10)
+        kept = " (Ctrl+Z brings back what you had typed)" if typed else ""
+        self.notify(error + kept, title="not sent", severity="error", timeout=10)
         self._end_reply()

@@ -33,7 +33,7 @@ def test_save_writes_the_whole_file_and_an_unwritable_folder_is_no_error(tmp_pat
     path = tmp_path / "new" / preferences.FILE_NAME
     assert preferences.save(path, Preferences(theme="nord", enter="newline"))
     assert preferences.load(path) == Preferences(theme="nord", enter="newline")
-    assert not (tmp_path / "new" / (preferences.FILE_NAME + ".tmp")).exists()
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [preferences.FILE_NAME]  # no temporary left
     blocked = tmp_path / "a file" / preferences.FILE_NAME  # (its folder cannot be made: a file has the name)
     (tmp_path / "a file").write_text("")
     assert not preferences.save(blocked, Preferences(colours=True))

@@ -26,8 +26,8 @@ class EngineLogLine(Message):
 class ForwardToApp(logging.Handler):
     """Posts engine log records to the app (post_message is safe from the loading thread)."""
 
-    def __init__(self, app: App) -> None:
-        super().__init__(logging.INFO)
+    def __init__(self, app: App, level: int = logging.INFO) -> None:
+        super().__init__(level)
         self.app = app
         self.setFormatter(logging.Formatter("%(message)s"))
 

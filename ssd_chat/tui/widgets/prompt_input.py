@@ -135,6 +135,16 @@ class PromptInput(Vertical):
         self.area.move_cursor(self.area.document.end)
         self.area.focus()
 
+    def bring_back(self, text: str) -> bool:
+        """Put `text` (a prompt that got no answer) in the input. What was typed there meanwhile stays one Ctrl+Z
+        away (replace_text): whether there was any (the caller says so)."""
+        typed = bool(self.text.strip()) and self.text != text
+        if typed:
+            self.replace_text(text)
+        else:
+            self.set_text(text)
+        return typed
+
     def replace_text(self, text: str) -> None:
         """set_text, as an edit Ctrl+Z takes back (set_text clears the undo history)."""
         self.area.replace(text, (0, 0), self.area.document.end, maintain_selection_offset=False)
