@@ -199,9 +199,13 @@ async def test_a_narrow_terminal_hides_the_panel_and_keeps_the_chat(tmp_path):
 
 
 def _footer_keys(app) -> list[str]:
-    """The keys the footer shows whole (a key cut by the terminal's edge is not shown)."""
+    """The keys the footer shows whole (a key cut by the terminal's edge, or under the command palette's key docked
+    on the right, is not shown)."""
     footer = app.query_one(Footer)
-    return [k.key for k in footer.query(FooterKey) if k.region.width and k.region.right <= footer.region.right]
+    palette = [k.region for k in footer.query(".-command-palette") if k.display and k.region.width]
+    right = palette[0].x if palette else footer.region.right
+    return [k.key for k in footer.query(FooterKey)
+            if k.region.width and "-command-palette" not in k.classes and k.region.right <= right]
 
 
 async def test_an_80_column_footer_shows_every_key_and_a_60_column_one_help_first(tmp_path):
@@ -210,9 +214,10 @@ async def test_an_80_column_footer_shows_every_key_and_a_60_column_one_help_firs
         await settle(app, pilot)
         every = [b.key for b in KEYS]
         assert _footer_keys(app)[:len(every)] == every
+        assert app.query_one(Footer).query_one(".-command-palette").display  # beside them
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
-        assert _footer_keys(app)[:len(every)] == every  # compact: nothing cut
+        assert _footer_keys(app)[:len(every)] == every  # compact: nothing cut, not even under the palette's key
         await pilot.resize_terminal(60, 24)
         await pilot.pause()
         assert _footer_keys(app)[:2] == ["escape", "f1"]
