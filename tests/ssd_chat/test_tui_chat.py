@@ -824,6 +824,27 @@ async def test_up_and_down_recall_the_chats_earlier_prompts_and_never_replace_ty
         assert area.text == "a draft"
 
 
+async def test_up_and_down_in_a_recalled_prompt_that_wraps_move_the_cursor_until_its_first_or_last_row(tmp_path):
+    """A long prompt wraps: Up on its second row replaced it with the older prompt (it is on the first line of the
+    document), and Down on its first row with the newer one (or an empty input)."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        long = " ".join(["a long prompt that wraps"] * 12)
+        await send(app, pilot, "first")
+        await send(app, pilot, long)
+        await pilot.press("up")
+        assert area.text == long and area.wrapped_document.height > 2
+        await pilot.press("up")  # from its last row to the one above
+        assert area.text == long and area.cursor_location[1] < len(long)
+        await pilot.press("ctrl+home", "down")  # from its first row to the one below
+        assert area.text == long and area.cursor_location[1] > 0
+        for _ in range(area.wrapped_document.height):
+            await pilot.press("up")
+        assert area.text == "first"  # on the first row, up recalls the older one
+
+
 async def test_a_prompt_sent_with_a_double_slash_comes_back_with_it(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
