@@ -236,6 +236,25 @@ def test_slash_parsing():
 
 
 @pytest.mark.asyncio
+async def test_f4_names_the_key_that_sends_the_edit(tmp_path):
+    """With Enter a new line, F4 said "Enter sends it in place of the last turn": Enter broke the line."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path, enter_sends=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await type_text(pilot, "first")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.busy and len(engine.calls) == 1, what="the reply")
+        await pilot.press("f4")
+        assert "Ctrl+S sends it in place of the last turn" in [n.message for n in app._notifications][-1]
+        await pilot.press("escape")
+        app.query_one(PromptArea).text = "/enter send"
+        await pilot.press("ctrl+s")
+        await pilot.press("f4")
+        assert "Enter sends it in place of the last turn" in [n.message for n in app._notifications][-1]
+
+
+@pytest.mark.asyncio
 async def test_enter_newline_breaks_the_line_and_ctrl_s_sends_and_slash_enter_switches_back(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path, enter_sends=False)
