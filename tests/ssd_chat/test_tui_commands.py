@@ -155,6 +155,8 @@ async def test_clear_export_and_help(tmp_path):
         (tmp_path / "out dir").mkdir()
         await send(app, pilot, f'/export "{tmp_path / "out dir"}"')  # a folder, quoted: a named file in it
         assert (tmp_path / "out dir" / "what-is-ssd.md").read_text() == text
+        await send(app, pilot, f"/export {tmp_path / 'new dir'}/")  # a folder that is not there: no file by its name
+        assert "no folder" in _errors(app)[-1] and not (tmp_path / "new dir").exists()
 
         await send(app, pilot, "/clear")
         assert not app.query(AssistantMessage) and app.session.messages == []
