@@ -68,7 +68,8 @@ KEYS = [  # the footer's order: what a narrow terminal cuts comes last
 
 
 class KeysFooter(Footer):
-    """Textual's footer, compact under 100 columns: then every key fits from 80 on (and Help from 60)."""
+    """Textual's footer, compact under 100 columns: then every key fits from 80 on (and Help from 60), without the
+    command palette's key (chat.tcss), which covered the last ones."""
 
     def on_resize(self, event: events.Resize) -> None:
         self.compact = event.size.width < 100

@@ -3,6 +3,7 @@ slash_actions), modes and settings, new / open / regenerate, export and help. A 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -207,6 +208,8 @@ class ChatActions(_Base):
         path = Path(arg).expanduser() if arg else self.export_dir
         if path.is_dir():  # a folder: a new file there, named from the title
             path = export_path(self.session.conversation, path)
+        elif arg.endswith(("/", os.sep)):  # meant as a folder (Path drops the /: a file by the folder's name)
+            raise SlashError(f"no folder {path}: make it first, or give a file name")
         elif path.exists() and not replace:
             raise SlashError(f"{path} exists: /export! {arg} replaces it, or give another name")
         try:

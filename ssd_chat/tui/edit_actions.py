@@ -20,7 +20,11 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-EDITING = "editing the last prompt: Enter sends it in place of the last turn, Esc cancels"
+
+def editing_notice(enter_sends: bool) -> str:
+    """What F4 says: the key that sends is the run's (Ctrl+S with `--enter newline`, where Enter breaks the line)."""
+    keys = "Enter" if enter_sends else "Ctrl+S"
+    return f"editing the last prompt: {keys} sends it in place of the last turn, Esc cancels"
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class EditActions(_Base):
         if not self.ready_and_idle():
             return
         if self.current_edit() is not None:
-            self.notify(EDITING, timeout=4)
+            self._tell_editing()
             return
         turn = self.session.last_turn()
         if not turn:
@@ -56,8 +60,11 @@ class EditActions(_Base):
         self.edit = Edit(self.session.conversation, turn, prompt.text)
         prompt.replace_text(as_typed(turn[0].content))
         self._mark_turn(True)
-        self.notify(EDITING, timeout=4)
+        self._tell_editing()
         self.refresh_status()
+
+    def _tell_editing(self) -> None:
+        self.notify(editing_notice(self.query_one(PromptInput).enter_sends), timeout=4)
 
     def current_edit(self) -> Edit | None:
         """The edit under way, if the conversation still ends with its turn (else it is dropped)."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
+
+from markdown_it import MarkdownIt
 
 from ssd_chat.history import ChatMessage, Conversation, TurnStats
 
 _HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
-_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")  # CommonMark's fenced code block markers
+_MARKDOWN = MarkdownIt("commonmark")  # the transcript's Markdown reads code blocks as CommonMark does
 
 
 def to_markdown(conversation: Conversation) -> str:
@@ -31,34 +32,27 @@ def to_markdown(conversation: Conversation) -> str:
 
 def closed_fences(text: str) -> str:
     """`text` with a code fence it left open closed (a reply cut by the length limit inside a code block: the rest
-    of the document, headings and the stats table, read as code)."""
-    blocks = list(_fenced_blocks(text.splitlines()))
-    if not blocks or blocks[-1][1] is not None:
+    of the document, headings and the stats table, read as code). The closing fence gets the opening one's indent
+    and quote marks: at column 0, one a list item or a quote held would open a new block instead."""
+    lines = text.splitlines()
+    fences = [t for t in _MARKDOWN.parse(text) if t.type == "fence" and t.map is not None]
+    if not fences or fences[-1].map[1] < len(lines):  # (a fence that ends before the text does is closed)
         return text
-    return text.rstrip("\n") + "\n" + blocks[-1][2]
+    fence = fences[-1]
+    start, end = fence.map
+    last = re.sub(r"^[\s>]*", "", lines[end - 1]).rstrip()
+    if end - 1 > start and len(last) >= len(fence.markup) and set(last) == {fence.markup[0]}:
+        return text
+    opening = lines[start]
+    prefix = re.sub(r"[^\s>]", " ", opening[: opening.index(fence.markup)])  # "1. ```": "   ```"
+    return text.rstrip("\n") + "\n" + prefix + fence.markup
 
 
 def code_blocks(text: str) -> list[str]:
-    """The contents of `text`'s fenced code blocks, in order (one a cut reply left open runs to the end)."""
-    lines = text.splitlines()
-    return ["\n".join(lines[start + 1 : len(lines) if end is None else end]) for start, end, _ in _fenced_blocks(lines)]
-
-
-def _fenced_blocks(lines: list[str]) -> Iterator[tuple[int, int | None, str]]:
-    """Each fenced code block's opening line, closing line (None: left open) and opening marker (e.g. "```")."""
-    start, fence = 0, None
-    for i, line in enumerate(lines):
-        found = _FENCE.match(line)
-        if found is None:
-            continue
-        marker = found.group(1)
-        if fence is None:
-            start, fence = i, marker
-        elif marker[0] == fence[0] and len(marker) >= len(fence) and not line.strip()[len(marker):].strip():
-            yield start, i, fence
-            fence = None
-    if fence is not None:
-        yield start, None, fence
+    """The contents of `text`'s code blocks as the transcript shows them (CommonMark: fenced with ``` or ~~~, in
+    a list item or a quote too, without its indent; indented ones), in order; one a cut reply left open runs to
+    the end."""
+    return [t.content.rstrip("\n") for t in _MARKDOWN.parse(text) if t.type in ("fence", "code_block")]
 
 
 def _stats_table(replies: list[ChatMessage]) -> list[str]:

@@ -223,3 +223,25 @@ def test_code_blocks_are_the_fenced_blocks_contents_with_a_cut_one_to_the_end():
     assert code_blocks("a\n```py\nx = 1\n```\nb\n~~~\ny\n```\n~~~") == ["x = 1", "y\n```"]
     assert code_blocks("```\n```") == [""] and code_blocks("text ``` inline") == []
     assert code_blocks("go:\n````\nfn()\n```\nmore") == ["fn()\n```\nmore"]  # cut: runs to the end
+
+
+def test_code_blocks_in_list_items_and_quotes_come_without_their_indent():
+    """A numbered answer indents its code under each step (4 spaces is common): `/copy code` found no code block
+    in it, and one indented 3 spaces came with the indent, which Python refuses."""
+    steps = ("1. Install:\n\n    ```bash\n    pip install x\n    ```\n\n"
+             "2. Run:\n   ```python\n   if x:\n       go()\n   ```\n")
+    assert code_blocks(steps) == ["pip install x", "if x:\n    go()"]
+    assert code_blocks("> ```\n> quoted\n> ```") == ["quoted"]
+    assert code_blocks("text\n\n    indented = 1\n") == ["indented = 1"]  # shown as code, copied as code
+
+
+def test_the_export_closes_a_cut_fence_inside_a_list_item_where_it_was_opened():
+    """A ``` at column 0 after a cut list item's fence opened a new block: the stats table read as code."""
+    from ssd_chat.tui.export import closed_fences, to_markdown
+
+    cut = "Steps:\n\n1. Install:\n   ```bash\n   pip install"
+    assert closed_fences(cut) == cut + "\n   ```"
+    assert closed_fences("> ```py\n> x = 1") == "> ```py\n> x = 1\n> ```"
+    conversation = Conversation(None, "Cut", ChatSettings(), [ChatMessage("user", "how?"),
+                                                               ChatMessage("assistant", cut, STATS)])
+    assert code_blocks(to_markdown(conversation)) == ["pip install"]

@@ -199,9 +199,13 @@ async def test_a_narrow_terminal_hides_the_panel_and_keeps_the_chat(tmp_path):
 
 
 def _footer_keys(app) -> list[str]:
-    """The keys the footer shows whole (a key cut by the terminal's edge is not shown)."""
+    """The keys the footer shows whole (a key cut by the terminal's edge, or under the command palette's key docked
+    on the right, is not shown)."""
     footer = app.query_one(Footer)
-    return [k.key for k in footer.query(FooterKey) if k.region.width and k.region.right <= footer.region.right]
+    palette = [k.region for k in footer.query(".-command-palette") if k.display and k.region.width]
+    right = palette[0].x if palette else footer.region.right
+    return [k.key for k in footer.query(FooterKey)
+            if k.region.width and "-command-palette" not in k.classes and k.region.right <= right]
 
 
 async def test_an_80_column_footer_shows_every_key_and_a_60_column_one_help_first(tmp_path):
@@ -210,9 +214,10 @@ async def test_an_80_column_footer_shows_every_key_and_a_60_column_one_help_firs
         await settle(app, pilot)
         every = [b.key for b in KEYS]
         assert _footer_keys(app)[:len(every)] == every
+        assert app.query_one(Footer).query_one(".-command-palette").display  # beside them
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
-        assert _footer_keys(app)[:len(every)] == every  # compact: nothing cut
+        assert _footer_keys(app)[:len(every)] == every  # compact: nothing cut, not even under the palette's key
         await pilot.resize_terminal(60, 24)
         await pilot.pause()
         assert _footer_keys(app)[:2] == ["escape", "f1"]
@@ -817,6 +822,27 @@ async def test_up_and_down_recall_the_chats_earlier_prompts_and_never_replace_ty
         await type_text(pilot, "a draft")
         await pilot.press("up")
         assert area.text == "a draft"
+
+
+async def test_up_and_down_in_a_recalled_prompt_that_wraps_move_the_cursor_until_its_first_or_last_row(tmp_path):
+    """A long prompt wraps: Up on its second row replaced it with the older prompt (it is on the first line of the
+    document), and Down on its first row with the newer one (or an empty input)."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        long = " ".join(["a long prompt that wraps"] * 12)
+        await send(app, pilot, "first")
+        await send(app, pilot, long)
+        await pilot.press("up")
+        assert area.text == long and area.wrapped_document.height > 2
+        await pilot.press("up")  # from its last row to the one above
+        assert area.text == long and area.cursor_location[1] < len(long)
+        await pilot.press("ctrl+home", "down")  # from its first row to the one below
+        assert area.text == long and area.cursor_location[1] > 0
+        for _ in range(area.wrapped_document.height):
+            await pilot.press("up")
+        assert area.text == "first"  # on the first row, up recalls the older one
 
 
 async def test_a_prompt_sent_with_a_double_slash_comes_back_with_it(tmp_path):

@@ -155,6 +155,8 @@ async def test_clear_export_and_help(tmp_path):
         (tmp_path / "out dir").mkdir()
         await send(app, pilot, f'/export "{tmp_path / "out dir"}"')  # a folder, quoted: a named file in it
         assert (tmp_path / "out dir" / "what-is-ssd.md").read_text() == text
+        await send(app, pilot, f"/export {tmp_path / 'new dir'}/")  # a folder that is not there: no file by its name
+        assert "no folder" in _errors(app)[-1] and not (tmp_path / "new dir").exists()
 
         await send(app, pilot, "/clear")
         assert not app.query(AssistantMessage) and app.session.messages == []
@@ -233,6 +235,25 @@ def test_slash_parsing():
     assert complete("/co") is None and complete("/com") == "/compare " and complete("/ch") == "/chats "
     assert complete("/r") == "/re" and complete("/re") is None and complete("hello") is None
     assert parse_fanout("") is None and parse_fanout("1, 2") == (1, 2)
+
+
+@pytest.mark.asyncio
+async def test_f4_names_the_key_that_sends_the_edit(tmp_path):
+    """With Enter a new line, F4 said "Enter sends it in place of the last turn": Enter broke the line."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path, enter_sends=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await type_text(pilot, "first")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.busy and len(engine.calls) == 1, what="the reply")
+        await pilot.press("f4")
+        assert "Ctrl+S sends it in place of the last turn" in [n.message for n in app._notifications][-1]
+        await pilot.press("escape")
+        app.query_one(PromptArea).text = "/enter send"
+        await pilot.press("ctrl+s")
+        await pilot.press("f4")
+        assert "Enter sends it in place of the last turn" in [n.message for n in app._notifications][-1]
 
 
 @pytest.mark.asyncio

@@ -82,9 +82,10 @@ class PromptArea(TextArea):
 
     def _recall(self, step: int) -> bool:
         """Up (-1) or Down (+1) through the earlier prompts, from an empty prompt or one recalled and not changed
-        since (typed text is never replaced), on the first line going up, the last going down. Whether it did."""
-        row, last_row = self.cursor_location[0], self.document.line_count - 1
-        if row != (0 if step < 0 else last_row):
+        since (typed text is never replaced), on the first line going up, the last going down: the first or last
+        line on the screen (a long line wraps, and Up on its second row moves the cursor). Whether it did."""
+        at_edge = self.navigator.is_first_wrapped_line if step < 0 else self.navigator.is_last_wrapped_line
+        if not at_edge(self.cursor_location):
             return False
         prompts = self.earlier()
         if self._recalled is not None and self.text == self._recalled[1]:
