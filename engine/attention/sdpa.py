@@ -96,9 +96,9 @@ def causal_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
                 scale: float) -> torch.Tensor:
     """q [n, H, D] -> [n, H * D]: causal attention of one sequence's n newest rows over its num_keys keys at
     `slots` (a slice: read in place; a tensor: gathered first), by engine/kernels/attention.cpp, each row the same
-    bits at any n, so a verify reproduces plain decoding, and a prompt's KV is the same bits however its prefill was
-    split (chunks, a prefix-cache hit); a prefill ROW_KERNEL_ROWS rows a call. Eager and compiled (one opaque op: no
-    guard on n) alike."""
+    bits at any n, so a verify reproduces plain decoding, and attention gives a prompt the same bits however its
+    prefill was split (chunks, a prefix-cache hit; on Intel the matmuls past 32 rows still do not: README); a
+    prefill ROW_KERNEL_ROWS rows a call. Eager and compiled (one opaque op: no guard on n) alike."""
     if isinstance(slots, slice):
         first, keys, values = slots.start, k_cache, v_cache
     else:  # scattered blocks: gather the run first (the same values in the same order)

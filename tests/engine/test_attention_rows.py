@@ -10,7 +10,7 @@ import torch
 from engine import LLM
 from engine.attention.base import SeqSpan
 from engine.attention.sdpa import ROW_KERNEL_ROWS, attend, causal_rows
-from engine.layers import panel
+from engine.layers import packed, panel
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
@@ -48,14 +48,24 @@ def test_a_prefill_past_the_kernel_rows_gives_each_row_its_decode_bits():
     k, v = _cache()
     n = 2 * ROW_KERNEL_ROWS + 8
     q = torch.randn(n, H, D, generator=torch.Generator().manual_seed(3))
-    got = causal_rows(q, k, v, slice(0, n), n, D**-0.5)
-    for r in (0, ROW_KERNEL_ROWS - 1, ROW_KERNEL_ROWS, n - 1):
-        assert torch.equal(causal_rows(q[r : r + 1], k, v, slice(0, r + 1), r + 1, D**-0.5), got[r : r + 1]), r
-    want = attend(q.transpose(0, 1).unsqueeze(0), k[:, :n].unsqueeze(0), v[:, :n].unsqueeze(0), mask=None,
-                  causal=True, scale=D**-0.5)[0].transpose(0, 1).reshape(n, H * D)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for cached, scattered in ((0, False), (80, False), (80, True)):  # the whole prompt; a chunk after 80 cached keys
+        keys = cached + n
+        slot_list = torch.cat([torch.arange(5, 50), torch.arange(60, 60 + keys - 45)]) if scattered else \
+            torch.arange(10, 10 + keys)
+        slots = slot_list if scattered else slice(10, 10 + keys)
+        got = causal_rows(q, k, v, slots, keys, D**-0.5)
+        for r in (0, ROW_KERNEL_ROWS - 1, ROW_KERNEL_ROWS, n - 1):
+            own = slot_list[: cached + r + 1] if scattered else slice(10, 10 + cached + r + 1)
+            one = causal_rows(q[r : r + 1], k, v, own, cached + r + 1, D**-0.5)
+            assert torch.equal(one, got[r : r + 1]), (cached, scattered, r)
+        mask = torch.ones(n, keys, dtype=torch.bool).tril(cached)
+        want = attend(q.transpose(0, 1).unsqueeze(0), k[:, slot_list].unsqueeze(0), v[:, slot_list].unsqueeze(0),
+                      mask=mask, causal=False, scale=D**-0.5)[0].transpose(0, 1).reshape(n, H * D)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(packed.max_rows(packed.resolve_kernel("auto")) < 80,
+                    reason="Intel: matmuls past 32 rows run MKL's GEMM, whose bits depend on the row count")
 def test_a_prompt_prefilled_whole_or_after_a_cache_hit_gives_the_same_logits(tiny_llama_dir):
     with LLM(str(tiny_llama_dir), max_model_len=256, enable_prefix_caching=False) as llm:
         runner = llm.core.runner
@@ -70,10 +80,10 @@ def test_a_prompt_prefilled_whole_or_after_a_cache_hit_gives_the_same_logits(tin
 
 def test_the_compiled_op_gives_the_eager_bits():
     k, v = _cache()
-    q = torch.randn(5, H, D)
     compiled = torch.compile(lambda q, t: causal_rows(q, k, v, slice(3, 3 + t), t, D**-0.5), dynamic=True,
                              fullgraph=True)
-    for rows, keys in ((1, 40), (5, 44)):
+    q = torch.randn(70, H, D)
+    for rows, keys in ((1, 40), (5, 44), (70, 150)):  # (70 rows: a prefill's three kernel calls)
         assert torch.equal(compiled(q[:rows], keys), causal_rows(q[:rows], k, v, slice(3, 3 + keys), keys, D**-0.5))
 
 
