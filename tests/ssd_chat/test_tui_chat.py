@@ -862,3 +862,28 @@ async def test_a_prompt_sent_with_a_double_slash_comes_back_with_it(tmp_path):
         engine.crash_after = 1
         await send(app, pilot, "//usr: and this?")  # a failed reply puts it back
         assert area.text == "//usr: and this?"
+
+
+async def test_a_recall_does_not_carry_over_to_another_chat_or_an_edit(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        for prompt in ("a1", "a2", "a3"):
+            await send(app, pilot, prompt)
+        await pilot.press("up", "up")
+        assert area.text == "a2"
+        await pilot.press("ctrl+n")  # a new chat: "a2" stays typed, and is no recall of it
+        await pilot.pause()
+        await pilot.press("up")
+        assert area.text == "a2"
+        area.text = ""
+        await send(app, pilot, "b1")
+        await pilot.press("up")
+        assert area.text == "b1"
+        await pilot.press("enter")  # the recalled prompt sent as it is
+        await settle(app, pilot)
+        await pilot.press("f4")  # its edit: Up and Down edit it, they recall nothing over it
+        assert area.text == "b1"
+        await pilot.press("up", "down")
+        assert area.text == "b1"

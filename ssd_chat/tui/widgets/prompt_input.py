@@ -54,6 +54,7 @@ class PromptArea(TextArea):
         if event.key in SEND_KEYS or (event.key == "enter" and self.enter_sends):
             event.stop()
             event.prevent_default()
+            self._recalled = None
             self.post_message(self.Submitted(self.text))
             return
         if event.key in NEWLINE_KEYS or event.key == "enter":
@@ -88,8 +89,9 @@ class PromptArea(TextArea):
         if not at_edge(self.cursor_location):
             return False
         prompts = self.earlier()
-        if self._recalled is not None and self.text == self._recalled[1]:
-            index = self._recalled[0] + step
+        at = self._recalled  # (still the prompt at its place: the list changes with a send, a new or opened chat)
+        if at is not None and self.text == at[1] and at[0] < len(prompts) and prompts[at[0]] == at[1]:
+            index = at[0] + step
         elif self.text == "" and step < 0 and prompts:
             index = len(prompts) - 1
         else:
@@ -132,6 +134,7 @@ class PromptInput(Vertical):
         return self.area.text
 
     def set_text(self, text: str) -> None:
+        self.area._recalled = None  # (text from the app, not a recall: Up and Down start again from an empty one)
         self.area.text = text
         self.area.move_cursor(self.area.document.end)
         self.area.focus()
@@ -148,6 +151,7 @@ class PromptInput(Vertical):
 
     def replace_text(self, text: str) -> None:
         """set_text, as an edit Ctrl+Z takes back (set_text clears the undo history)."""
+        self.area._recalled = None
         self.area.replace(text, (0, 0), self.area.document.end, maintain_selection_offset=False)
         self.area.move_cursor(self.area.document.end)
         self.area.focus()
