@@ -48,6 +48,7 @@ from ssd_chat.cli_options import (
     Temperature,
     Threads,
     Tp,
+    enter_mode,
     report,
     speculation_config,
     user_errors,
@@ -169,6 +170,8 @@ def root(
                                           "name"))
         return
     with user_errors():
+        from_env = ctx.get_parameter_source("enter").name == "ENVIRONMENT"
+        enter = enter_mode(enter, "from SSD_CHAT_ENTER" if from_env else "on the command line")
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         app_runs = not plain and _in_a_terminal()  # the chat app, where modes switch
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=app_runs)

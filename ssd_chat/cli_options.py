@@ -108,16 +108,15 @@ CpuMatmul = Annotated[str, typer.Option(
     "q8 (panel4 with the activations of its 4- and 8-bit weights rounded to 8 bits, llama.cpp's arithmetic, on "
     "x86 with AVX2 (AVX-512 VNNI where it has it): "
     "faster, not the float32 model's bits; SD/SSD still equal AR under it), mkl, onednn.")]
-def _enter_mode(value: str | None) -> str | None:
-    if value is None:
-        return None
-    if value.lower() not in ENTER_MODES:
-        raise typer.BadParameter(f"takes {' or '.join(ENTER_MODES)}, got {value!r}")
-    return value.lower()
+def enter_mode(value: str | None, source: str) -> str | None:
+    """--enter's value, checked only where the chat app runs (a bad SSD_CHAT_ENTER must not stop `ask`)."""
+    if value is not None and value.lower() not in ENTER_MODES:
+        raise InvalidParameterError(f"--enter ({source}) takes {' or '.join(ENTER_MODES)}, got {value!r}")
+    return None if value is None else value.lower()
 
 
 Enter = Annotated[str | None, typer.Option(
-    "--enter", envvar="SSD_CHAT_ENTER", callback=_enter_mode, show_envvar=True,
+    "--enter", envvar="SSD_CHAT_ENTER", show_envvar=True,
     help="TUI: what Enter does in the prompt for this run: send (Shift+Enter or Ctrl+J: a new line) or newline. "
     "Ctrl+S always sends. Default: what /enter last chose (send at first).")]
 Eager = Annotated[bool, typer.Option("--eager", help="CUDA: no CUDA graphs for the decode step.")]

@@ -180,7 +180,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     if case == "unknown bench mode":
         assert "unknown mode(s) xx" in lines[0]
     if case == "unknown enter mode":
-        assert "takes send or newline, got 'sideways'" in lines[0]
+        assert lines[0] == "error: --enter (on the command line) takes send or newline, got 'sideways'"
     if case == "distill on a held-out set under another name":
         assert "held-out benchmark set chat.jsonl" in lines[0] and not (tmp_path / "d3").exists()
     if case == "bench sd with no draft":

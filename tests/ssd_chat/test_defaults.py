@@ -165,3 +165,16 @@ def test_enter_reaches_the_chat_app_from_the_flag_or_the_environment(args, env, 
     assert result.exit_code == 0, result.output
     assert seen["enter_sends"] is enter_sends
 
+
+
+def test_a_bad_ssd_chat_enter_stops_only_the_chat_app(monkeypatch):
+    from typer.testing import CliRunner
+
+    from ssd_chat import cli
+
+    monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
+    models = CliRunner().invoke(cli.app, ["models"], env={"SSD_CHAT_ENTER": "sideways"})
+    assert models.exit_code == 0 and "smollm2-135m" in models.output
+    chat = CliRunner().invoke(cli.app, [], env={"SSD_CHAT_ENTER": "sideways"})
+    assert chat.exit_code == 2
+    assert "--enter (from SSD_CHAT_ENTER) takes send or newline, got 'sideways'" in chat.output
