@@ -18,6 +18,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per cor
 
     torch.set_num_threads(1)
 
+
+
+@pytest.fixture(autouse=True)
+def _private_data_dir(tmp_path_factory, monkeypatch):
+    """Every test's chat history and preferences in a folder of its own, never the user's (an app with no store
+    reads its preferences from the data folder)."""
+    monkeypatch.setenv("SSD_CHAT_DATA", str(tmp_path_factory.mktemp("data")))
+
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
