@@ -65,7 +65,8 @@ Mode = Annotated[
     str | None,
     typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd overlaps drafting with --draft-device."),
 ]
-K = Annotated[int, typer.Option("--k", help="Most draft tokens per verify step (fewer when faster, unless --fixed-k).")]
+K = Annotated[int, typer.Option("--k", help="Most draft tokens per verify step (fewer when faster, unless --fixed-k; "
+                                 "at most 31 on the CPU).")]
 Tp = Annotated[int, typer.Option("--tp", help="Target tensor-parallel ranks, one process each.")]
 TargetDevices = Annotated[
     str | None, typer.Option(help="Target devices: CPU cores (cpu:0-1, split over the TP ranks) or GPUs (cuda:0-3).")
