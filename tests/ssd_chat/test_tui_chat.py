@@ -12,6 +12,7 @@ from textual.widgets._footer import FooterKey
 from engine.errors import PromptTooLongError
 from ssd_chat.tui.app import KEYS
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
+from ssd_chat.tui.screens.loading import LoadingScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
 from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript, UserMessage
@@ -717,10 +718,19 @@ async def test_the_prompt_a_dying_engine_was_answering_comes_back_after_restart(
         await settle(app, pilot)
         await send(app, pilot, "What is 2+2?")
         assert app.query_one(PromptArea).text == "What is 2+2?" and not app.session.messages
-        app.load_engine = FakeEngine
-        await send(app, pilot, "/restart")
+        loaded = threading.Event()
+        app.load_engine = lambda: loaded.wait(10) and FakeEngine()
+        app.query_one(PromptArea).text = "/restart"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen), what="the loading screen")
+        await pilot.press("a", "n", "d")  # typed while it loads: kept, one Ctrl+Z away
+        loaded.set()
         await settle(app, pilot)
-        assert app.engine is not engine and app.query_one(PromptArea).text == "What is 2+2?"
+        area = app.query_one(PromptArea)
+        assert app.engine is not engine and area.text == "What is 2+2?"
+        assert "Ctrl+Z brings back what you typed while it loaded" in [n.message for n in app._notifications][-1]
+        await pilot.press("ctrl+z")
+        assert area.text == "and"
 
 
 async def test_an_engine_that_dies_while_idle_is_reported_at_once(tmp_path, monkeypatch):

@@ -40,11 +40,12 @@ async def test_the_loading_screen_shows_progress_until_the_engine_is_ready():
         await pilot.press("H", "i", "x", "backspace", "space")  # typing while loading: in the prompt, not sent
         app.screen.post_message(events.Paste("there"))
         await pilot.pause()
+        await pilot.press("ctrl+j", "o", "k")  # a new line too (they ran together)
         release.set()
         await wait_for(pilot, lambda: app.engine is not None and not isinstance(app.screen, LoadingScreen),
                        what="the chat screen")
         assert app.focused is app.query_one(PromptArea)
-        assert app.query_one(PromptArea).text == "Hi there" and not engine.calls
+        assert app.query_one(PromptArea).text == "Hi there\nok" and not engine.calls
         assert app.session.settings.mode == "ssd"
     assert not logging.getLogger("engine").handlers  # the forwarding handler is gone after the app
 

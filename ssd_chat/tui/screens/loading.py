@@ -14,7 +14,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Log, ProgressBar, Static
 
-from ssd_chat.tui.widgets.prompt_input import PromptArea
+from ssd_chat.tui.widgets.prompt_input import NEWLINE_KEYS, PromptArea
 
 
 class EngineLogLine(Message):
@@ -63,10 +63,10 @@ class LoadingScreen(Screen):
     def on_key(self, event: events.Key) -> None:
         """Typing while the models load goes into the prompt, there once they are (it was lost)."""
         area = self._prompt()
-        if area is None:
-            return
         if event.is_printable and event.character:
             area.insert(event.character)
+        elif event.key in NEWLINE_KEYS or (event.key == "enter" and not area.enter_sends):
+            area.insert("\n")  # (Enter that sends waits for the engine: nothing to send to yet)
         elif event.key == "backspace":
             area.action_delete_left()
         else:
@@ -74,15 +74,12 @@ class LoadingScreen(Screen):
         event.stop()
 
     def on_paste(self, event: events.Paste) -> None:
-        area = self._prompt()
-        if area is not None:
-            area.insert(event.text)
-            event.stop()
+        self._prompt().insert(event.text)
+        event.stop()
 
-    def _prompt(self) -> PromptArea | None:
-        """The chat screen's prompt; None while a prompt the engine's restart brings back waits for it (/restart)."""
-        if getattr(self.app, "prompt_to_restore", None):
-            return None
+    def _prompt(self) -> PromptArea:
+        """The chat screen's prompt (a prompt /restart or --resume brings back goes there once loaded, and what was
+        typed meanwhile stays one Ctrl+Z away: PromptInput.bring_back)."""
         return self.app.screen_stack[0].query_one(PromptArea)
 
     def _tick(self) -> None:
