@@ -4,7 +4,6 @@ slash_actions), modes and settings, new / open / regenerate, export and help. A 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,7 @@ from ssd_chat.tui.commands import (
     as_typed,
     is_slash,
     parse_slash,
+    prompt_text,
 )
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.export import export_path, to_markdown
@@ -43,13 +43,6 @@ ENGINE_STOPPED = ("the engine's process stopped: /restart, or Restart in the pal
                   " (the conversation stays)")
 
 
-def prompt_text(typed: str) -> str:
-    """What a typed prompt sends: without the blank lines before it and the whitespace after it, its first line's
-    indent kept (a pasted block of code lost it, and so its lines' relative indents); `//` sends one `/`."""
-    text = re.sub(r"^(?:[ \t]*\r?\n)+", "", typed.rstrip())
-    return text.replace("/", "", 1) if text.lstrip().startswith("//") else text
-
-
 class ChatActions(_Base):
     def ready_and_idle(self) -> bool:
         if self.engine is None:
@@ -72,17 +65,18 @@ class ChatActions(_Base):
             self.query_one(PromptInput).set_text("")
             try:
                 command = parse_slash(text)
-                if command.force:
-                    self.export(command.arg, replace=True)  # the one command that takes a !
+                run = getattr(self, f"slash_{command.name}")
+                if command.force:  # (/export! only: parse_slash refuses a ! elsewhere)
+                    run(command.arg, force=True)
                 else:
-                    getattr(self, f"slash_{command.name}")(command.arg)
+                    run(command.arg)
             except (SlashError, EngineError) as err:
                 self.notify(str(err), severity="error")
                 self.query_one(PromptInput).set_text(text)
             return
         if not self.ready_and_idle():
             if not self.engine_alive:  # it stays in the input; /restart typed over it brings it back when loaded
-                self.prompt_to_restore = text
+                self.prompt_to_restore = typed
             return
         self.query_one(PromptInput).set_text("")
         text = prompt_text(typed)

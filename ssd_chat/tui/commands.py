@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -49,9 +50,16 @@ class SlashError(ValueError):
     """A line that starts with / but names no command; the message is one line for a notification."""
 
 
+def prompt_text(typed: str) -> str:
+    """What a typed prompt sends: without the blank lines before it and the whitespace after it, its first line's
+    indent kept (a pasted block of code lost it, and so its lines' relative indents); `//` sends one `/`."""
+    text = re.sub(r"^(?:[ \t]*\r?\n)+", "", typed.rstrip())
+    return text.replace("/", "", 1) if text.lstrip().startswith("//") else text
+
+
 def as_typed(prompt: str) -> str:
     """A sent prompt as it would be typed again: one that starts with / (after its indent) gets back the / of the
-    // that sent it (chat_actions.prompt_text takes it off)."""
+    // that sent it (prompt_text takes it off)."""
     return prompt.replace("/", "//", 1) if prompt.lstrip().startswith("/") else prompt
 
 

@@ -116,8 +116,8 @@ class SlashActions(_Base):
         how = f"with {tool} and the terminal" if tool else "through the terminal, where it allows OSC 52 writes"
         self.notify(f"copied {what} ({len(text):,} characters) {how}", timeout=3)
 
-    def slash_export(self, arg: str) -> None:
-        self.export(arg)
+    def slash_export(self, arg: str, force: bool = False) -> None:
+        self.export(arg, replace=force)
 
     def slash_help(self, arg: str) -> None:
         self.action_help()

@@ -6,8 +6,16 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SpeculationConfig
-from ssd_chat.tui.chat_actions import prompt_text
-from ssd_chat.tui.commands import SlashCommand, SlashError, as_typed, complete, completions, parse_fanout, parse_slash
+from ssd_chat.tui.commands import (
+    SlashCommand,
+    SlashError,
+    as_typed,
+    complete,
+    completions,
+    parse_fanout,
+    parse_slash,
+    prompt_text,
+)
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.transcript import AssistantMessage

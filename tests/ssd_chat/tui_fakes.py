@@ -240,3 +240,19 @@ def rendered(widget) -> str:
     console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
     console.print(content)
     return console.export_text()
+
+
+def dies_mid_reply(engine: FakeEngine) -> FakeEngine:
+    """The engine's process is killed (kill -9, out of memory) after a reply's second delta: it is no longer alive."""
+    engine.crash_after, engine.alive = 2, True
+    events = engine._events
+
+    def dying(*args, **kwargs):
+        try:
+            yield from events(*args, **kwargs)
+        except RuntimeError:
+            engine.alive = False
+            raise
+
+    engine._events = dying
+    return engine

@@ -1,0 +1,173 @@
+"""The engine's failures as the chat app meets them: a crash or a warning mid-reply, a process that dies (while
+replying or idle), /restart, and quitting during a step that never ends."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ssd_chat.tui.chat_actions import ENGINE_STOPPED
+from ssd_chat.tui.screens.loading import LoadingScreen
+from ssd_chat.tui.widgets.prompt_input import PromptArea
+from ssd_chat.tui.widgets.transcript import AssistantMessage, UserMessage
+from tests.ssd_chat.tui_fakes import FakeEngine, dies_mid_reply, first_delta, make_app, rendered, send, settle, wait_for
+
+pytestmark = pytest.mark.asyncio
+SIZE = (120, 40)
+REPLY = "Hello from the **fake** engine."
+
+
+async def test_quitting_during_a_step_that_never_ends_stops_the_engine_process(tmp_path, monkeypatch):
+    """A cancel lands only between steps: when a step runs long, Ctrl+Q waits QUIT_WAIT_S, then kills the
+    engine's process (EngineProcess.kill), and the app exits without logging the failure it causes."""
+    from ssd_chat.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "QUIT_WAIT_S", 0.05)
+    killed = threading.Event()
+
+    class Prefilling(FakeEngine):
+        def chat(self, messages, params=None, *, cancel=None):
+            self.calls.append((messages, params, self.speculation.mode))
+
+            def events():
+                assert killed.wait(30), "the engine was not killed"
+                raise RuntimeError("the engine process stopped (exit code -9)")
+                yield  # a generator
+
+            return events()
+
+        def kill(self) -> None:
+            killed.set()
+
+    engine = Prefilling()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.query_one(PromptArea).text = "a very long prompt"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: engine.calls, what="the request")
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+    assert killed.is_set() and engine.closed
+
+
+async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        dies_mid_reply(engine)
+        await send(app, pilot, "second")
+        assert app.query_one(PromptArea).text == "second"
+        assert list(app._notifications)[-1].message == ENGINE_STOPPED
+        assert "engine stopped: /restart" in rendered(app.query_one("#status"))
+        calls = len(engine.calls)
+        app.query_one("#status").update("stale")  # the refusal below shows the state again
+        await send(app, pilot, "third")
+        assert "engine stopped: /restart" in rendered(app.query_one("#status"))
+        assert len(engine.calls) == calls and list(app._notifications)[-1].message == ENGINE_STOPPED
+        assert [m.content for m in app.session.messages] == ["first", REPLY]
+
+        fresh = FakeEngine()  # /restart: the dead engine is closed, a new one loads, the conversation stays
+        app.load_engine = lambda: fresh
+        await send(app, pilot, "/restart")  # typed over the refused prompt, which comes back once loaded
+        assert engine.closed and app.engine is fresh
+        assert app.query_one(PromptArea).text == "third"
+        assert "ready" in rendered(app.query_one("#status"))
+        assert [m.text for m in app.query(AssistantMessage)] == [REPLY]
+        await send(app, pilot, "third")
+        assert fresh.calls[0][0][-3:] == [{"role": "user", "content": "first"}, {"role": "assistant", "content": REPLY},
+                                          {"role": "user", "content": "third"}]
+        assert [m.content for m in app.session.messages] == ["first", REPLY, "third", REPLY]
+
+
+async def test_the_prompt_a_dying_engine_was_answering_comes_back_after_restart(tmp_path):
+    """The prompt goes back into the input; /restart, typed over it as the notice says, brought back only a prompt
+    sent after the death, and this one was lost."""
+    engine = dies_mid_reply(FakeEngine())
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "What is 2+2?")
+        assert app.query_one(PromptArea).text == "What is 2+2?" and not app.session.messages
+        loaded = threading.Event()
+        app.load_engine = lambda: loaded.wait(10) and FakeEngine()
+        app.query_one(PromptArea).text = "/restart"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen), what="the loading screen")
+        await pilot.press("a", "n", "d")  # typed while it loads: kept, one Ctrl+Z away
+        loaded.set()
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        assert app.engine is not engine and area.text == "What is 2+2?"
+        assert "Ctrl+Z brings back what you typed while it loaded" in [n.message for n in app._notifications][-1]
+        await pilot.press("ctrl+z")
+        assert area.text == "and"
+
+
+async def test_an_engine_that_dies_while_idle_is_reported_at_once(tmp_path, monkeypatch):
+    from ssd_chat.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "WATCH_S", 0.05)
+    engine = FakeEngine()
+    engine.alive = True
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        assert "ready" in rendered(app.query_one("#status"))
+        engine.alive = False  # killed while nothing runs
+        await wait_for(pilot, lambda: "engine stopped: /restart" in rendered(app.query_one("#status")),
+                       what="the status")
+        await pilot.pause(0.2)
+        assert [n.message for n in app._notifications].count(ENGINE_STOPPED) == 1  # once, not every check
+
+
+async def test_restart_is_refused_while_a_reply_runs_and_works_when_idle(tmp_path):
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await first_delta(app, pilot)
+        app.query_one(PromptArea).text = "/restart"
+        await pilot.press("enter")
+        assert "Esc stops it" in list(app._notifications)[-1].message and app.engine is engine
+        gate.set()
+        await settle(app, pilot)
+        await send(app, pilot, "/restart")  # idle, and the engine alive: it restarts all the same
+        assert engine.closed and app.engine is engine  # (the fake loader hands back the same fake)
+        assert "ready" in rendered(app.query_one("#status"))
+        engine.closed = False
+        (restart,) = [c for c in app.get_system_commands(app.screen) if c.title == "Restart the engine"]
+        restart.callback()  # the palette's entry does the same
+        await settle(app, pilot)
+        assert engine.closed and "ready" in rendered(app.query_one("#status"))
+
+
+async def test_an_engine_crash_mid_reply_keeps_the_conversation(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        engine.crash_after = 2
+        await send(app, pilot, "second")
+        assert app.query_one(PromptArea).text == "second"
+        assert len(app.query(UserMessage)) == 1 and len(app.query(AssistantMessage)) == 1
+        assert any("the engine failed: the draft process was killed" in n.message for n in app._notifications)
+        assert app.session.conversation.id is not None  # the first turn is saved
+        saved = app.session.store.load(app.session.conversation.id)
+        assert [m.content for m in saved.messages] == ["first", REPLY]
+
+
+async def test_an_engine_warning_is_a_notification_and_the_reply_goes_on(tmp_path):
+    engine = FakeEngine(warning="the draft process died: continuing in AR")
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        assert any("continuing in AR" in n.message for n in app._notifications)
+        assert app.query(AssistantMessage).last().text == REPLY
