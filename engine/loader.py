@@ -10,6 +10,7 @@ same q.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from engine.models.args import ModelArgs
 from engine.models.llama import PACKED, CausalLM
 
 log = logging.getLogger(__name__)
+# torch's words where a copy or a narrow meets other sizes ("must match the size", "exceeds dimension size")
+_SHAPE_ERROR = re.compile(r"\bsize\b|\bshape\b", re.IGNORECASE)
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 EMBEDDING = "model.embed_tokens.weight"
@@ -97,6 +100,8 @@ def load_weights(model: CausalLM, weight_files: Iterable[Path], embedding_files:
                     try:
                         getattr(param, "weight_loader", _copy_whole)(param, tensor, shard_id)
                     except RuntimeError as exc:  # a sliced copy's shapes disagree: the config is another model's
+                        if not _SHAPE_ERROR.search(str(exc)):  # (anything else is no user error: as it is)
+                            raise
                         raise ModelFilesError(
                             f"{path}: tensor {name} has shape {tuple(tensor.shape)}, which the sizes in config.json "
                             "do not give: the config and the weights are of different models (restore the model's "

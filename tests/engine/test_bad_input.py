@@ -98,6 +98,18 @@ def test_a_config_of_other_sizes_than_the_weights(tiny_llama_dir, tmp_path, key)
     assert "model.safetensors: tensor " in one_line(err) and "different models" in one_line(err)
 
 
+def test_a_loading_failure_that_is_no_shape_mismatch_is_not_called_one(tiny_llama_dir, monkeypatch):
+    from engine import loader
+
+    def broken(param, tensor, shard_id):
+        raise RuntimeError("DefaultCPUAllocator: not enough memory")
+
+    monkeypatch.setattr(loader, "_copy_whole", broken)
+    with pytest.raises(RuntimeError, match="not enough memory") as err:
+        LLM(str(tiny_llama_dir))
+    assert not isinstance(err.value, ModelFilesError)
+
+
 def test_all_errors_are_engine_errors():
     for cls in (InvalidParameterError, ModelFilesError, PromptTooLongError, UnknownModelError):
         assert issubclass(cls, EngineError)
