@@ -44,7 +44,7 @@ def load(path: Path) -> Preferences:
         return Preferences.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         return Preferences()
-    except (OSError, ValueError) as err:  # (a JSONDecodeError or a UnicodeDecodeError is a ValueError)
+    except (OSError, ValueError, RecursionError) as err:  # (JSONDecodeError, UnicodeDecodeError; nested too deep)
         log.warning("preferences ignored: %s: %s", path, err)
         return Preferences()
 

@@ -21,6 +21,8 @@ def test_a_missing_or_broken_file_gives_the_defaults_field_by_field(tmp_path):
     assert preferences.load(path) == Preferences()
     path.write_bytes(b"\xff\xfe")
     assert preferences.load(path) == Preferences()
+    path.write_text("[" * 100_000 + "]" * 100_000)  # nested past Python's recursion limit
+    assert preferences.load(path) == Preferences()
     path.write_text(json.dumps(["a list"]))
     assert preferences.load(path) == Preferences()
     path.write_text(json.dumps({"theme": 3, "colours": "yes", "enter": "newline", "other": 1}))
