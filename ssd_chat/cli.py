@@ -170,10 +170,11 @@ def root(
                                           "name"))
         return
     with user_errors():
-        from_env = ctx.get_parameter_source("enter").name == "ENVIRONMENT"
-        enter = enter_mode(enter, "from SSD_CHAT_ENTER" if from_env else "on the command line")
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         app_runs = not plain and _in_a_terminal()  # the chat app, where modes switch
+        from_env = ctx.get_parameter_source("enter").name == "ENVIRONMENT"
+        if app_runs or not from_env:  # (a bad SSD_CHAT_ENTER does not stop the plain mode: it means nothing there)
+            enter = enter_mode(enter, "from SSD_CHAT_ENTER" if from_env else "on the command line")
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=app_runs)
         spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,

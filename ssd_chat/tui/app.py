@@ -39,7 +39,7 @@ from ssd_chat.tui.engine_actions import EngineActions
 from ssd_chat.tui.engine_process import stop_loading
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes
 from ssd_chat.tui.flush_pacer import FlushPacer
-from ssd_chat.tui.log_routing import LogRouting
+from ssd_chat.tui.log_routing import LogNotice, LogRouting
 from ssd_chat.tui.messages import ReplyDone
 from ssd_chat.tui.provenance import legend
 from ssd_chat.tui.reply_actions import ReplyActions
@@ -179,9 +179,14 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
             self.call_next(self.action_quit)
 
     def on_unmount(self) -> None:
-        self._close_engine()  # when the app ended some other way than action_quit
-        self._restore_signals()
-        self._log_routing.remove()
+        self._log_routing.remove()  # first: what closing logs goes where it went before the app (its pump is done)
+        try:
+            self._close_engine()  # when the app ended some other way than action_quit
+        finally:
+            self._restore_signals()
+
+    def on_log_notice(self, message: LogNotice) -> None:
+        self.notify(message.line, severity="error" if message.error else "warning", timeout=8)
 
     async def action_quit(self) -> None:
         self.quitting = True

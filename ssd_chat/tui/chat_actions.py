@@ -199,6 +199,12 @@ class ChatActions(_Base):
         named from the title in a folder (the default folder without FILE)."""
         if len(arg) > 1 and arg[0] == arg[-1] and arg[0] in "'\"":  # a quoted name (spaces are fine without)
             arg = arg[1:-1]
+        try:
+            return self._export(arg, replace)
+        except (OSError, RuntimeError) as err:  # ~nosuchuser, a name too long for the file system, ...
+            raise SlashError(f"cannot export to {arg}: {getattr(err, 'strerror', None) or err}") from None
+
+    def _export(self, arg: str, replace: bool) -> Path:
         path = Path(arg).expanduser() if arg else self.export_dir
         if path.is_dir():  # a folder: a new file there, named from the title
             path = export_path(self.session.conversation, path)

@@ -10,7 +10,9 @@ from markdown_it import MarkdownIt
 from ssd_chat.history import ChatMessage, Conversation, TurnStats
 
 _HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
-_MARKDOWN = MarkdownIt("commonmark")  # the transcript's Markdown reads code blocks as CommonMark does
+_MARKDOWN = MarkdownIt("gfm-like")  # the transcript's parser (widgets.transcript), so its code blocks
+_LINE_BREAK = re.compile(r"\r\n?|\n")  # where markdown-it breaks lines (str.splitlines breaks at \x0c, \u2028 too)
+_PROBE = "ssd-chat-fence-probe"
 
 
 def to_markdown(conversation: Conversation) -> str:
@@ -33,25 +35,24 @@ def to_markdown(conversation: Conversation) -> str:
 def closed_fences(text: str) -> str:
     """`text` with a code fence it left open closed (a reply cut by the length limit inside a code block: the rest
     of the document, headings and the stats table, read as code). The closing fence gets the opening one's indent
-    and quote marks: at column 0, one a list item or a quote held would open a new block instead."""
-    lines = text.splitlines()
+    and quote marks: at column 0, one a list item or a quote held would open a new block instead. Open means what
+    the parser says: a line in the fence's container after the text still lands in the fence."""
     fences = [t for t in _MARKDOWN.parse(text) if t.type == "fence" and t.map is not None]
-    if not fences or fences[-1].map[1] < len(lines):  # (a fence that ends before the text does is closed)
+    if not fences:
         return text
-    fence = fences[-1]
-    start, end = fence.map
-    last = re.sub(r"^[\s>]*", "", lines[end - 1]).rstrip()
-    if end - 1 > start and len(last) >= len(fence.markup) and set(last) == {fence.markup[0]}:
-        return text
-    opening = lines[start]
+    fence, body = fences[-1], text.rstrip("\r\n")
+    opening = _LINE_BREAK.split(text)[fence.map[0]]  # (the parser's own line split: map indexes its lines)
     prefix = re.sub(r"[^\s>]", " ", opening[: opening.index(fence.markup)])  # "1. ```": "   ```"
-    return text.rstrip("\n") + "\n" + prefix + fence.markup
+    probe = f"{body}\n{prefix}{_PROBE}"
+    if not any(t.type == "fence" and _PROBE in t.content for t in _MARKDOWN.parse(probe)):
+        return text
+    return f"{body}\n{prefix}{fence.markup}"
 
 
 def code_blocks(text: str) -> list[str]:
-    """The contents of `text`'s code blocks as the transcript shows them (CommonMark: fenced with ``` or ~~~, in
-    a list item or a quote too, without its indent; indented ones), in order; one a cut reply left open runs to
-    the end."""
+    """The contents of `text`'s code blocks as the transcript shows them (its parser: fenced with ``` or ~~~, in a
+    list item or a quote too, without its indent; indented ones), in order; one a cut reply left open runs to the
+    end."""
     return [t.content.rstrip("\n") for t in _MARKDOWN.parse(text) if t.type in ("fence", "code_block")]
 
 

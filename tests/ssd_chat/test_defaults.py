@@ -167,6 +167,11 @@ def test_enter_reaches_the_chat_app_from_the_flag_or_the_environment(args, env, 
 
 
 
+class FakeLLM:
+    def close(self) -> None:
+        pass
+
+
 def test_a_bad_ssd_chat_enter_stops_only_the_chat_app(monkeypatch):
     from typer.testing import CliRunner
 
@@ -175,6 +180,10 @@ def test_a_bad_ssd_chat_enter_stops_only_the_chat_app(monkeypatch):
     monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
     models = CliRunner().invoke(cli.app, ["models"], env={"SSD_CHAT_ENTER": "sideways"})
     assert models.exit_code == 0 and "smollm2-135m" in models.output
+    monkeypatch.setattr(cli, "run_repl", lambda llm, params, system: None)  # the plain mode: no use for it either
+    monkeypatch.setattr(cli, "LLM", lambda **kwargs: FakeLLM())
+    plain = CliRunner().invoke(cli.app, ["--plain", "--mode", "ar"], env={"SSD_CHAT_ENTER": "sideways"})
+    assert plain.exit_code == 0, plain.output
     chat = CliRunner().invoke(cli.app, [], env={"SSD_CHAT_ENTER": "sideways"})
     assert chat.exit_code == 2
     assert "--enter (from SSD_CHAT_ENTER) takes send or newline, got 'sideways'" in chat.output

@@ -223,6 +223,7 @@ def test_code_blocks_are_the_fenced_blocks_contents_with_a_cut_one_to_the_end():
     assert code_blocks("a\n```py\nx = 1\n```\nb\n~~~\ny\n```\n~~~") == ["x = 1", "y\n```"]
     assert code_blocks("```\n```") == [""] and code_blocks("text ``` inline") == []
     assert code_blocks("go:\n````\nfn()\n```\nmore") == ["fn()\n```\nmore"]  # cut: runs to the end
+    assert code_blocks("| a | b |\n|---|---|\n| 1 | 2 |\n    code here\n") == ["code here"]  # as the transcript: GFM
 
 
 def test_code_blocks_in_list_items_and_quotes_come_without_their_indent():
@@ -242,6 +243,8 @@ def test_the_export_closes_a_cut_fence_inside_a_list_item_where_it_was_opened():
     cut = "Steps:\n\n1. Install:\n   ```bash\n   pip install"
     assert closed_fences(cut) == cut + "\n   ```"
     assert closed_fences("> ```py\n> x = 1") == "> ```py\n> x = 1\n> ```"
+    for still_open in ("```md\n> ```", "```md\n    ```", "a\x0cb\n```py\nx = 1", "a\u2028b\n```py\nx = 1"):
+        assert closed_fences(still_open) == still_open + "\n```", still_open  # (no closing line; other line breaks)
     conversation = Conversation(None, "Cut", ChatSettings(), [ChatMessage("user", "how?"),
                                                                ChatMessage("assistant", cut, STATS)])
     assert code_blocks(to_markdown(conversation)) == ["pip install"]

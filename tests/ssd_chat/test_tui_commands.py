@@ -328,3 +328,21 @@ async def test_copy_puts_the_last_reply_or_its_code_blocks_on_the_clipboard(tmp_
         assert "the last reply has no code block" in _errors(app)[-1] and app.clipboard == "x = 1\n\ny\n```"
         await send(app, pilot, "/copy everything")
         assert "/copy takes nothing or code" in _errors(app)[-1]
+
+
+@pytest.mark.asyncio
+async def test_an_export_that_cannot_be_written_is_a_notification_from_the_palette_too(tmp_path):
+    (tmp_path / "a file").write_text("")
+    app = make_app(FakeEngine(), tmp_path)
+    app.export_dir = tmp_path / "a file" / "sub"  # (no folder can be made there)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        export = next(c for c in app.get_system_commands(app.screen) if c.title == "Export to Markdown")
+        export.callback()
+        await pilot.pause()
+        assert "cannot write" in _errors(app)[-1] and app.is_running
+        for bad in ("~nosuchuser_zz/x.md", "a" * 300):
+            await send(app, pilot, f"/export {bad}")
+            assert _errors(app)[-1].startswith("cannot export to "), bad
+        assert app.is_running

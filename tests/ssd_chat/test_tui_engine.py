@@ -171,3 +171,47 @@ async def test_an_engine_warning_is_a_notification_and_the_reply_goes_on(tmp_pat
         await send(app, pilot, "hi")
         assert any("continuing in AR" in n.message for n in app._notifications)
         assert app.query(AssistantMessage).last().text == REPLY
+
+
+async def test_a_failed_reply_keeps_what_was_typed_during_it_and_a_palette_restart_keeps_it_too(tmp_path):
+    gate = threading.Event()
+    engine = dies_mid_reply(FakeEngine(gate=gate))
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await first_delta(app, pilot, "question")
+        area = app.query_one(PromptArea)
+        area.text = "my next question"  # typed while the reply streams
+        gate.set()
+        await wait_for(pilot, lambda: not app.busy, what="the failure")
+        assert area.text == "question"
+        assert "Ctrl+Z brings back what you had typed" in [n.message for n in app._notifications][-1]
+        loaded = threading.Event()
+        app.load_engine = lambda: loaded.wait(10) and FakeEngine()
+        restart = next(c for c in app.get_system_commands(app.screen) if c.title == "Restart the engine")
+        restart.callback()  # the palette's: the prompt stays in the input meanwhile
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen), what="the loading screen")
+        await pilot.press("o", "k")  # typed while it loads: not glued onto the prompt
+        loaded.set()
+        await settle(app, pilot)
+        assert area.text == "question"
+        await pilot.press("ctrl+z")
+        assert area.text == "ok"
+
+
+async def test_a_warning_logged_while_the_app_runs_is_one_line_and_the_handlers_come_back(tmp_path, caplog):
+    import logging
+
+    before = logging.getLogger().handlers[:]
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        try:
+            raise RuntimeError("deep inside")
+        except RuntimeError:
+            logging.getLogger("ssd_chat.somewhere").exception("it broke")
+        await wait_for(pilot, lambda: any(n.message == "it broke" for n in app._notifications), what="the notice")
+        notice = next(n for n in app._notifications if n.message == "it broke")
+        assert notice.severity == "error"  # one line: its traceback stays in the log's other handlers
+        assert "Traceback" in caplog.text and "deep inside" in caplog.text
+    assert logging.getLogger().handlers == before

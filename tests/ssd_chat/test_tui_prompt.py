@@ -214,3 +214,23 @@ async def test_a_recall_does_not_carry_over_to_another_chat_or_an_edit(tmp_path)
         assert area.text == "b1"
         await pilot.press("up", "down")
         assert area.text == "b1"
+
+
+async def test_recall_goes_on_after_a_send_the_app_refuses(tmp_path):
+    gate = threading.Event()
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await send(app, pilot, "second")
+        engine.gate = gate
+        await first_delta(app, pilot, "third")
+        area = app.query_one(PromptArea)
+        await pilot.press("up")
+        assert area.text == "third"
+        await pilot.press("enter")  # refused: a reply is running; the recall stays one
+        await pilot.press("up")
+        assert area.text == "second"
+        gate.set()
+        await settle(app, pilot)

@@ -63,6 +63,8 @@ class LoadingScreen(Screen):
     def on_key(self, event: events.Key) -> None:
         """Typing while the models load goes into the prompt, there once they are (it was lost)."""
         area = self._prompt()
+        if event.is_printable or event.key in NEWLINE_KEYS or event.key in ("enter", "backspace"):
+            self._make_room(area)
         if event.is_printable and event.character:
             area.insert(event.character)
         elif event.key in NEWLINE_KEYS or (event.key == "enter" and not area.enter_sends):
@@ -74,8 +76,17 @@ class LoadingScreen(Screen):
         event.stop()
 
     def on_paste(self, event: events.Paste) -> None:
-        self._prompt().insert(event.text)
+        area = self._prompt()
+        self._make_room(area)
+        area.insert(event.text)
         event.stop()
+
+    def _make_room(self, area: PromptArea) -> None:
+        """A prompt that waits to come back (/restart from the palette leaves it in the input) makes way, undoably,
+        for what is typed now: it comes back once loaded, with the typing one Ctrl+Z away (it was glued on)."""
+        restore = getattr(self.app, "prompt_to_restore", None)
+        if restore and area.text == restore:
+            area.replace("", (0, 0), area.document.end)
 
     def _prompt(self) -> PromptArea:
         """The chat screen's prompt (a prompt /restart or --resume brings back goes there once loaded, and what was

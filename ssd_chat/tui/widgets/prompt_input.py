@@ -54,8 +54,7 @@ class PromptArea(TextArea):
         if event.key in SEND_KEYS or (event.key == "enter" and self.enter_sends):
             event.stop()
             event.prevent_default()
-            self._recalled = None
-            self.post_message(self.Submitted(self.text))
+            self.post_message(self.Submitted(self.text))  # (a send the app takes clears the input, and the recall)
             return
         if event.key in NEWLINE_KEYS or event.key == "enter":
             event.stop()
@@ -142,7 +141,9 @@ class PromptInput(Vertical):
     def bring_back(self, text: str) -> bool:
         """Put `text` (a prompt that got no answer) in the input. What was typed there meanwhile stays one Ctrl+Z
         away (replace_text): whether there was any (the caller says so)."""
-        typed = bool(self.text.strip()) and self.text != text
+        if self.text == text:  # there already (and its undo history with it)
+            return False
+        typed = bool(self.text.strip())
         if typed:
             self.replace_text(text)
         else:
