@@ -35,7 +35,10 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
     ensure_resource_tracker()  # now, while sys.stderr is the terminal's (Textual replaces it while it runs)
     app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume,
                   speculation=speculation, given=given, enter_sends=enter_sends, history_off=history_off)
-    app.run()
+    try:
+        app.run()
+    finally:
+        app.log_routing.release()  # (what -v would have printed over the screen: now)
     if app.load_error is not None:
         raise EngineError(app.load_error)
     return app.return_code or 0

@@ -113,7 +113,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.colours = False
         self._flush_timer: Timer | None = None
         self.pacer: FlushPacer | None = None  # a reply's (ReplyActions.send_prompt)
-        self._log_routing = LogRouting(self)  # (a stderr handler would write over the screen)
+        self.log_routing = LogRouting(self)  # (a stderr handler would write over the screen)
         self.load_error: str | None = None  # why the models did not load (the app then exits with code 2)
         self.quitting = False
         self._restore_signals: Callable[[], None] = lambda: None  # (on_mount: stop signals quit the app)
@@ -140,7 +140,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         if self.preferences.theme in self.available_themes:
             self.theme = self.preferences.theme
         self.theme_changed_signal.subscribe(self, self._theme_changed)
-        self._log_routing.install()
+        self.log_routing.install()
         self.query_one("#legend", Static).display = False
         if self.preferences.colours:
             self.action_toggle_colours()
@@ -179,11 +179,11 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
             self.call_next(self.action_quit)
 
     def on_unmount(self) -> None:
-        self._log_routing.remove()  # first: what closing logs goes where it went before the app (its pump is done)
         try:
             self._close_engine()  # when the app ended some other way than action_quit
         finally:
             self._restore_signals()
+            self.log_routing.remove()  # (the terminal's handlers come back in run_tui, once the app has let it go)
 
     def on_log_notice(self, message: LogNotice) -> None:
         self.notify(message.line, severity="error" if message.error else "warning", timeout=8)

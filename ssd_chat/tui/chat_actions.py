@@ -79,6 +79,7 @@ class ChatActions(_Base):
                 self.prompt_to_restore = typed
             return
         self.query_one(PromptInput).set_text("")
+        self.prompt_to_restore = None  # (answered now: a later /restart has nothing to bring back)
         text = prompt_text(typed)
         if self.current_edit() is not None:
             self.send_edit(text)
@@ -200,12 +201,15 @@ class ChatActions(_Base):
         if len(arg) > 1 and arg[0] == arg[-1] and arg[0] in "'\"":  # a quoted name (spaces are fine without)
             arg = arg[1:-1]
         try:
-            return self._export(arg, replace)
-        except (OSError, RuntimeError) as err:  # ~nosuchuser, a name too long for the file system, ...
-            raise SlashError(f"cannot export to {arg}: {getattr(err, 'strerror', None) or err}") from None
+            path = Path(arg).expanduser() if arg else self.export_dir
+        except RuntimeError as err:  # ~nosuchuser
+            raise SlashError(f"cannot export to {arg}: {err}") from None
+        try:
+            return self._export(arg, path, replace)
+        except OSError as err:  # a name too long for the file system, a folder it may not look into, ...
+            raise SlashError(f"cannot export to {path}: {err.strerror or err}") from None
 
-    def _export(self, arg: str, replace: bool) -> Path:
-        path = Path(arg).expanduser() if arg else self.export_dir
+    def _export(self, arg: str, path: Path, replace: bool) -> Path:
         if path.is_dir():  # a folder: a new file there, named from the title
             path = export_path(self.session.conversation, path)
         elif arg.endswith(("/", os.sep)):  # meant as a folder (Path drops the /: a file by the folder's name)

@@ -45,7 +45,7 @@ class EngineActions(_Base):
         except (EngineError, OSError) as err:
             self.post_message(EngineLoadFailed(str(err)))
             return
-        except Exception as err:  # a bug or a broken install: still one line (its traceback: -v 2>FILE)
+        except Exception as err:  # a bug or a broken install: still one line (its traceback: -v, after the app)
             if not self.quitting:  # else the load was stopped (stop_loading): no failure at all
                 log.info("loading the engine failed", exc_info=True)
                 self.post_message(EngineLoadFailed(f"loading the engine failed: {err!r}"))

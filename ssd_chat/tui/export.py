@@ -46,7 +46,8 @@ def closed_fences(text: str) -> str:
     probe = f"{body}\n{prefix}{_PROBE}"
     if not any(t.type == "fence" and _PROBE in t.content for t in _MARKDOWN.parse(probe)):
         return text
-    return f"{body}\n{prefix}{fence.markup}"
+    newline = "\r\n" if "\r\n" in text else "\n"  # (the text's own line ends)
+    return f"{body}{newline}{prefix}{fence.markup}"
 
 
 def code_blocks(text: str) -> list[str]:

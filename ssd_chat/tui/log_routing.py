@@ -1,8 +1,9 @@
 """Log records while the chat app has the terminal, where a handler writing to the terminal would write over its
-screen: the engine's lines (INFO and up) go to the loading screen, or once loaded to notifications
-(ChatApp.on_engine_log_line); any other logger's warnings and errors become one-line notifications (a preferences
-file that cannot be written, say), their tracebacks left to the handlers that do not write to the terminal
-(pytest's, a log file's), which stay."""
+screen (Textual draws on stderr itself): the engine's lines (INFO and up) go to the loading screen, or once loaded
+to notifications (ChatApp.on_engine_log_line); any other logger's warnings and errors become one-line
+notifications (a preferences file that cannot be written, say). What the terminal's handlers would have printed
+(a traceback with -v) is held and printed once the app has given the terminal back (`release`, in run_tui);
+handlers off the terminal (pytest's, a log file's) keep getting every record."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from textual.message import Message
 
 from ssd_chat.tui.engine_server import ENGINE_LOGGER
 from ssd_chat.tui.screens.loading import ForwardToApp
+
+HELD_RECORDS = 1000  # the most records held for the terminal while the app runs (the newest kept)
 
 
 @dataclass
@@ -30,11 +33,25 @@ class ToNotifications(logging.Handler):
         self.app = app
 
     def emit(self, record: logging.LogRecord) -> None:
-        line = record.getMessage().strip().split("\n", 1)[0]  # (no traceback on the screen)
-        self.app.post_message(LogNotice(line, record.levelno >= logging.ERROR))
+        try:
+            line = record.getMessage().strip().split("\n", 1)[0]  # (no traceback on the screen)
+            self.app.post_message(LogNotice(line, record.levelno >= logging.ERROR))
+        except Exception:
+            self.handleError(record)
 
 
-def _on_the_terminal(handler: logging.Handler) -> bool:
+class Held(logging.Handler):
+    """The records the terminal's handlers would have printed, kept for after the app (the newest HELD_RECORDS)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records = [*self.records[1 - HELD_RECORDS:], record]
+
+
+def on_the_terminal(handler: logging.Handler) -> bool:
     stream = getattr(handler, "stream", None)
     try:
         return stream is not None and stream.isatty()
@@ -43,27 +60,49 @@ def _on_the_terminal(handler: logging.Handler) -> bool:
 
 
 class LogRouting:
-    """Installed while the app runs (on_mount), taken off as it ends (on_unmount): the loggers as they were."""
+    """`install` as the app starts (on_mount); `remove` as it ends (on_unmount: no more notifications, the
+    terminal's handlers still held off, Textual still drawing); `release` once it has given the terminal back."""
 
     def __init__(self, app: App) -> None:
         self.engine_handler = ForwardToApp(app)
         self.notices = ToNotifications(app)
-        self._saved: tuple[int, bool, list[logging.Handler]] | None = None
+        self.held: Held | None = None
+        self._saved: list[logging.Handler] | None = None
+        self._engine_state: tuple[int, bool] | None = None
 
     def install(self) -> None:
         engine_log, root = logging.getLogger(ENGINE_LOGGER), logging.getLogger()
-        self._saved = (engine_log.level, engine_log.propagate, root.handlers[:])
+        self._engine_state = (engine_log.level, engine_log.propagate)
         engine_log.addHandler(self.engine_handler)
         engine_log.setLevel(logging.INFO)
         engine_log.propagate = False
-        root.handlers = [h for h in root.handlers if not _on_the_terminal(h)] + [self.notices]
+        self._saved = root.handlers[:]
+        terminal = [h for h in self._saved if on_the_terminal(h)]
+        self.held = Held(min(h.level for h in terminal)) if terminal else None
+        root.handlers = [h for h in self._saved if h not in terminal] + [self.notices]
+        if self.held is not None:
+            root.addHandler(self.held)
 
     def remove(self) -> None:
-        if self._saved is None:
+        if self._engine_state is None:
             return
         engine_log = logging.getLogger(ENGINE_LOGGER)
         engine_log.removeHandler(self.engine_handler)
-        engine_log.setLevel(self._saved[0])
-        engine_log.propagate = self._saved[1]
-        logging.getLogger().handlers = self._saved[2]
-        self._saved = None
+        engine_log.setLevel(self._engine_state[0])
+        engine_log.propagate = self._engine_state[1]
+        self._engine_state = None
+        root = logging.getLogger()
+        root.handlers = [h for h in root.handlers if h is not self.notices]
+        if self.held is None:  # nothing held off: the handlers as they were
+            self.release()
+
+    def release(self) -> None:
+        """The terminal's handlers back, and what they were held from printed now."""
+        if self._saved is None:
+            return
+        logging.getLogger().handlers, self._saved = self._saved, None
+        held, self.held = self.held, None
+        for record in held.records if held is not None else ():
+            for handler in logging.getLogger().handlers:
+                if on_the_terminal(handler) and record.levelno >= handler.level:
+                    handler.handle(record)

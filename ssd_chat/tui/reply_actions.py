@@ -69,7 +69,7 @@ class ReplyActions(_Base):
             self.post_message(ReplyFailed(str(err)))
         except Exception as err:  # the engine died (a killed process, a bug): keep the conversation
             if not self.quitting:  # else action_quit stopped it
-                log.info("the engine failed", exc_info=True)  # (the notice says so; its traceback: -v 2>FILE)
+                log.info("the engine failed", exc_info=True)  # (the notice says so; its traceback: -v, after the app)
             self.post_message(ReplyFailed(f"the engine failed: {err}", engine_failed=True))
         else:
             self.finished = output  # for a quit that cannot wait for the message

@@ -3,6 +3,7 @@ replying or idle), /restart, and quitting during a step that never ends."""
 
 from __future__ import annotations
 
+import io
 import threading
 
 import pytest
@@ -191,6 +192,8 @@ async def test_a_failed_reply_keeps_what_was_typed_during_it_and_a_palette_resta
         restart = next(c for c in app.get_system_commands(app.screen) if c.title == "Restart the engine")
         restart.callback()  # the palette's: the prompt stays in the input meanwhile
         await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen), what="the loading screen")
+        await pilot.press("backspace", "enter")  # neither edits the prompt that waits to come back
+        assert area.text == "question"
         await pilot.press("o", "k")  # typed while it loads: not glued onto the prompt
         loaded.set()
         await settle(app, pilot)
@@ -215,3 +218,28 @@ async def test_a_warning_logged_while_the_app_runs_is_one_line_and_the_handlers_
         assert notice.severity == "error"  # one line: its traceback stays in the log's other handlers
         assert "Traceback" in caplog.text and "deep inside" in caplog.text
     assert logging.getLogger().handlers == before
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_the_terminals_log_handler_is_held_off_while_the_app_runs_and_gets_its_records_after(tmp_path):
+    import logging
+
+    terminal = logging.StreamHandler(_Terminal())
+    root = logging.getLogger()
+    root.addHandler(terminal)
+    try:
+        app = make_app(FakeEngine(), tmp_path)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(app, pilot)
+            assert terminal not in root.handlers
+            logging.getLogger("ssd_chat.somewhere").warning("mind the gap")
+            await wait_for(pilot, lambda: any(n.message == "mind the gap" for n in app._notifications), what="it")
+        assert terminal.stream.getvalue() == ""  # nothing written over the screen, nor while the app let go of it
+        app.log_routing.release()  # (run_tui's, once app.run() is back)
+        assert terminal in root.handlers and terminal.stream.getvalue() == "mind the gap\n"
+    finally:
+        root.removeHandler(terminal)

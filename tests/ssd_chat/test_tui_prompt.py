@@ -234,3 +234,12 @@ async def test_recall_goes_on_after_a_send_the_app_refuses(tmp_path):
         assert area.text == "second"
         gate.set()
         await settle(app, pilot)
+
+
+async def test_a_prompt_sent_and_taken_is_no_longer_one_to_bring_back(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.prompt_to_restore = "an old one"  # (a failed reply's, with the engine still alive)
+        await send(app, pilot, "an old one")
+        assert app.prompt_to_restore is None

@@ -32,7 +32,10 @@ class ForwardToApp(logging.Handler):
         self.setFormatter(logging.Formatter("%(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.app.post_message(EngineLogLine(self.format(record)))
+        try:
+            self.app.post_message(EngineLogLine(self.format(record)))
+        except Exception:
+            self.handleError(record)
 
 
 class LoadingScreen(Screen):
@@ -63,14 +66,15 @@ class LoadingScreen(Screen):
     def on_key(self, event: events.Key) -> None:
         """Typing while the models load goes into the prompt, there once they are (it was lost)."""
         area = self._prompt()
-        if event.is_printable or event.key in NEWLINE_KEYS or event.key in ("enter", "backspace"):
-            self._make_room(area)
         if event.is_printable and event.character:
+            self._make_room(area)
             area.insert(event.character)
         elif event.key in NEWLINE_KEYS or (event.key == "enter" and not area.enter_sends):
+            self._make_room(area)
             area.insert("\n")  # (Enter that sends waits for the engine: nothing to send to yet)
         elif event.key == "backspace":
-            area.action_delete_left()
+            if not self._waiting(area):  # (the prompt that waits to come back is not edited blind)
+                area.action_delete_left()
         else:
             return
         event.stop()
@@ -81,11 +85,15 @@ class LoadingScreen(Screen):
         area.insert(event.text)
         event.stop()
 
-    def _make_room(self, area: PromptArea) -> None:
-        """A prompt that waits to come back (/restart from the palette leaves it in the input) makes way, undoably,
-        for what is typed now: it comes back once loaded, with the typing one Ctrl+Z away (it was glued on)."""
+    def _waiting(self, area: PromptArea) -> bool:
+        """Whether the input holds the prompt that waits to come back (/restart from the palette leaves it there)."""
         restore = getattr(self.app, "prompt_to_restore", None)
-        if restore and area.text == restore:
+        return bool(restore) and area.text == restore
+
+    def _make_room(self, area: PromptArea) -> None:
+        """That prompt makes way, undoably, for what is typed now: it comes back once loaded, with the typing one
+        Ctrl+Z away (it was glued on)."""
+        if self._waiting(area):
             area.replace("", (0, 0), area.document.end)
 
     def _prompt(self) -> PromptArea:
