@@ -17,27 +17,25 @@ from typing import ClassVar
 
 from rich.markup import escape
 from textual import events, on
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.notifications import SeverityLevel
-from textual.screen import Screen
 from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 
 from engine.config import SpeculationConfig
-from engine.errors import EngineError
 from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
 from ssd_chat.tui import preferences
 from ssd_chat.tui.chat_actions import ChatActions
-from ssd_chat.tui.commands import SlashError, as_typed
+from ssd_chat.tui.commands import as_typed
 from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.edit_actions import EditActions
 from ssd_chat.tui.engine_actions import EngineActions
 from ssd_chat.tui.engine_process import stop_loading
-from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, available_modes
+from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.log_routing import LogNotice, LogRouting
 from ssd_chat.tui.messages import ReplyDone
@@ -204,37 +202,6 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self._close_engine()
         stop_signals.exit_if_hung_up()
         self.exit()
-
-    def get_system_commands(self, screen: Screen):
-        yield from super().get_system_commands(screen)
-        if self.engine is None:
-            return
-        commands = [(f"Mode: {mode.upper()}", f"decode with {mode.upper()}", lambda m=mode: self.set_mode(m))
-                    for mode in available_modes(self.engine)]
-        commands += [
-            ("Compare modes", "replay the last prompt in AR, SD, SSD (greedy)", self.action_compare),
-            ("Toggle token colours", "colour reply tokens by provenance", self.action_toggle_colours),
-            ("New chat", "start a new conversation", self.action_new_chat),
-            ("Chats", "open, rename or delete saved conversations", self.action_chats),
-            ("Export to Markdown", "write this conversation to a .md file", lambda: self.export("")),
-            ("Keys and commands", "the help screen", self.action_help),
-            ("Restart the engine", "close it and load the models again (the conversation stays)",
-             lambda: self.slash_restart("")),
-        ]
-        for title, help_text, action in commands:
-            yield SystemCommand(title, help_text, self._guarded(action))
-
-    def _guarded(self, action: Callable[[], object]) -> Callable[[], None]:
-        """A palette command that fails as its slash command does: one notification (an export to a folder it
-        cannot write ended the app with a traceback)."""
-
-        def run() -> None:
-            try:
-                action()
-            except (SlashError, EngineError) as err:
-                self.notify(str(err), severity="error")
-
-        return run
 
     # -- the status line and the panel ---------------------------------------------------------------
     @property

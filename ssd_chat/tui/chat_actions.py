@@ -4,9 +4,13 @@ slash_actions), modes and settings, new / open / regenerate, export and help. A 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from textual.app import SystemCommand
+from textual.screen import Screen
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
@@ -222,3 +226,35 @@ class ChatActions(_Base):
             raise SlashError(f"cannot write {path}: {err.strerror or err}") from None
         self.notify(f"exported to {path}")
         return path
+
+    # -- the command palette (Ctrl+P) ------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen) -> Iterator[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if self.engine is None:
+            return
+        commands = [(f"Mode: {mode.upper()}", f"decode with {mode.upper()}", lambda m=mode: self.set_mode(m))
+                    for mode in available_modes(self.engine)]
+        commands += [
+            ("Compare modes", "replay the last prompt in AR, SD, SSD (greedy)", self.action_compare),
+            ("Toggle token colours", "colour reply tokens by provenance", self.action_toggle_colours),
+            ("New chat", "start a new conversation", self.action_new_chat),
+            ("Chats", "open, rename or delete saved conversations", self.action_chats),
+            ("Export to Markdown", "write this conversation to a .md file", lambda: self.export("")),
+            ("Keys and commands", "the help screen", self.action_help),
+            ("Restart the engine", "close it and load the models again (the conversation stays)",
+             lambda: self.slash_restart("")),
+        ]
+        for title, help_text, action in commands:
+            yield SystemCommand(title, help_text, self._guarded(action))
+
+    def _guarded(self, action: Callable[[], object]) -> Callable[[], None]:
+        """A palette command that fails as its slash command does: one notification (an export to a folder it
+        cannot write ended the app with a traceback)."""
+
+        def run() -> None:
+            try:
+                action()
+            except (SlashError, EngineError) as err:
+                self.notify(str(err), severity="error")
+
+        return run
