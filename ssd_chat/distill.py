@@ -13,12 +13,11 @@ Data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat import distill_teacher
 from ssd_chat.distill_model import SAVE_WEIGHTS, init_draft, load_target, num_params_per_token, save_draft
+from ssd_chat.distill_run import check_settings, logged_agreement, prepare_out
 from ssd_chat.distill_train import TrainSettings, train
 from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
 
@@ -38,7 +38,6 @@ PRECISIONS = ("auto", "fp32", "bf16")
 REPLY_DTYPES = ("float32", "bfloat16")
 LOSSES = ("ce", "kl", "topk")
 logger = logging.getLogger(__name__)
-WORK_DIR = "distill"  # inside the output directory: the run's state, not part of the model
 
 Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "labels" | "training"), done, total, detail
 
@@ -147,11 +146,11 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     if len(prompts) < 2 and config.eval_prompts:
         raise InvalidParameterError(f"{config.prompts_file} holds {len(prompts)} prompt: give at least 2 "
                                     "(some are held out), or --eval-prompts 0")
-    work = _prepare_out(out)
+    work = prepare_out(out)
     data_settings = data.DataSettings(str(target_dir), data.file_sha256(Path(config.prompts_file)), config.max_tokens,
                                       config.temperature, config.seed, config.ignore_eos, config.reply_dtype)
     precision = training_precision(config.precision)
-    _check_settings(work, config, data_settings, precision)
+    check_settings(work, config, data_settings, precision)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
 
@@ -190,8 +189,8 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     return DistillResult(
         out=out, steps=settings.total_steps, steps_run=result.steps_run, num_examples=len(train_examples),
         num_reply_tokens=sum(len(e.reply_ids) for e in train_examples),
-        head_coverage=data.head_coverage(train_examples, head_ids), agreement_before=_logged_agreement(work, 0),
-        agreement=result.agreement if result.agreement is not None else _logged_agreement(work, settings.total_steps),
+        head_coverage=data.head_coverage(train_examples, head_ids), agreement_before=logged_agreement(work, 0),
+        agreement=result.agreement if result.agreement is not None else logged_agreement(work, settings.total_steps),
         final_loss=result.final_loss, draft_params_per_token=num_params_per_token(draft),
         target_params_per_token=target_per_token, replies_s=replies_s, training_s=time.perf_counter() - started,
     )
@@ -204,62 +203,6 @@ def training_precision(precision: str) -> str:
     return "bf16" if {"avx512_bf16", "amx_bf16"} & cpu_flags() else "fp32"
 
 
-def _prepare_out(out: Path) -> Path:
-    """Create ``out/distill`` (a one-line error when that is impossible); refuse a directory holding anything
-    but an earlier distill run, rather than writing model files into it."""
-    if out.exists() and not out.is_dir():
-        raise InvalidParameterError(f"--out {out} is a file: give a new or empty directory")
-    work = out / WORK_DIR
-    if out.is_dir() and any(out.iterdir()) and not (work / "settings.json").is_file():
-        raise InvalidParameterError(f"--out {out} holds other files: give a new or empty directory")
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-        probe = work / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise InvalidParameterError(f"cannot write to --out {out}: {err.strerror or err}") from None
-    return work
-
-
-def _check_settings(work: Path, config: DistillConfig, data_settings: data.DataSettings, precision: str) -> None:
-    """With --resume a run continues only with the settings it started with, except that a larger --steps extends
-    a run whose KL stage has not begun (the learning rate then follows the longer schedule from the checkpoint
-    on; ``extended_from`` in settings.json lists the step counts it had); --no-resume starts over (keeping the
-    reply cache, which is only reused when its own settings match)."""
-    settings = {k: v for k, v in asdict(config).items() if k not in ("out", "threads", "resume", "eval_every",
-                                                                       "checkpoint_every", "save_weights")}
-    settings = {**settings, "prompts_file": str(settings["prompts_file"]), "data": asdict(data_settings),
-                "precision": precision}  # auto as resolved: a resume keeps it
-    settings.pop("reply_dtype")  # in "data"
-    path = work / "settings.json"
-    if config.resume and path.is_file() and (work / "checkpoint.pt").is_file():
-        before = {"kl_steps": 0, "kl_lr": config.kl_lr, "precision": "fp32"} \
-            | json.loads(path.read_text(encoding="utf-8"))  # runs from before those options
-        before["data"] = data.LATER_FIELDS | before.get("data", {})
-        changed = sorted(k for k in settings if before.get(k) != settings[k])
-        done = _checkpoint_step(work) if changed else 0  # (reads the checkpoint: only when it matters)
-        extended = list(before.get("extended_from", []))
-        if "steps" in changed and config.steps > before["steps"] and done <= before["steps"]:
-            changed.remove("steps")
-            extended.append(before["steps"])
-            logger.info("extending the run from %d to %d steps", before["steps"], config.steps)
-        if extended:
-            settings["extended_from"] = extended
-        if changed and set(changed) <= {"kl_steps", "kl_lr"} and done <= config.steps:
-            changed = []  # a KL stage (re)planned while the run has not started it: the steps before are the same
-        if changed:
-            flags = ", ".join(f"--{k.replace('_', '-')} ({before.get(k)!r} before)" for k in changed)
-            raise InvalidParameterError(f"{work.parent} holds a run with other settings: {flags}; give the same "
-                                        "options to resume, or --no-resume to start over")
-    elif not config.resume:
-        for name in ("checkpoint.pt", "log.jsonl"):
-            (work / name).unlink(missing_ok=True)
-        for name in ("config.json", "model.safetensors"):
-            (work.parent / name).unlink(missing_ok=True)
-    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
-
-
 def _eos_ids(target) -> list[int]:
     ids: list[int] = []
     for source in (target.config.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
@@ -267,19 +210,6 @@ def _eos_ids(target) -> list[int]:
             if token not in ids:
                 ids.append(int(token))
     return ids
-
-
-def _checkpoint_step(work: Path) -> int:
-    return int(torch.load(work / "checkpoint.pt", weights_only=True, map_location="cpu")["step"])
-
-
-def _logged_agreement(work: Path, step: int) -> float | None:
-    path = work / "log.jsonl"
-    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
-        row = json.loads(line)
-        if row.get("step") == step and "agreement" in row:
-            return row["agreement"]
-    return None
 
 
 @contextmanager
