@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from engine import synthetic
+from engine import pair_measures, synthetic
 from engine.config import DEFAULT_TARGET
 from ssd_chat.cli_options import Target, Threads, report, user_errors
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
@@ -43,11 +43,11 @@ def make_pair(
         typer.echo(f"ready in {time.perf_counter() - started:.1f} s (seed {seed}, draft layers {draft_layers}, "
                    f"damping {damping:g}, head vocabulary {head_vocab or 'all'})")
         for role, path in zip(("target", "draft"), paths, strict=True):
-            typer.echo(f"{role}: {path} ({synthetic.num_params(path) / 1e6:.1f}M params)")
+            typer.echo(f"{role}: {path} ({pair_measures.num_params(path) / 1e6:.1f}M params)")
         if agreement:
             messages = load_prompts(DEFAULT_PROMPTS, limit=AGREEMENT_PROMPTS)
             prompts = [turns[-1]["content"] for turns in messages]
-            rate = synthetic.greedy_agreement(*paths, prompts, AGREEMENT_TOKENS)
+            rate = pair_measures.greedy_agreement(*paths, prompts, AGREEMENT_TOKENS)
             typer.echo(f"greedy agreement: {rate:.3f} ({len(prompts)} prompts x {AGREEMENT_TOKENS} tokens)")
 
 

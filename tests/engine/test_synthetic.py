@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from engine import LLM, SamplingParams, smollm2, synthetic
+from engine import LLM, SamplingParams, pair_measures, smollm2, synthetic
 from engine.errors import InvalidParameterError
 from engine.model_dir import inspect_model_dir
 from engine.registry import ALIASES, is_available_locally, resolve_model
@@ -186,8 +186,8 @@ def test_the_engine_loads_both_and_greedy_text_is_varied(tied: tuple[Path, Path]
 
 
 def test_damping_makes_the_draft_agree(pair: tuple[Path, Path], undamped: tuple[Path, Path]) -> None:
-    damped_rate = synthetic.greedy_agreement(*pair, PROMPTS, 16)
-    undamped_rate = synthetic.greedy_agreement(*undamped, PROMPTS, 16)
+    damped_rate = pair_measures.greedy_agreement(*pair, PROMPTS, 16)
+    undamped_rate = pair_measures.greedy_agreement(*undamped, PROMPTS, 16)
     assert damped_rate >= 0.6
     assert damped_rate > undamped_rate + 0.3
 
