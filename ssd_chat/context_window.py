@@ -17,8 +17,9 @@ def window_start(roles: list[str], start: int, prompt_tokens: Callable[[int], in
     """The index of the first message (of `roles`, the conversation without its system prompt, ending with the
     new user message) the model sees. `start`: the window's start for the previous turn; `prompt_tokens(i)`:
     the prompt's length in tokens for messages i.. (system prompt and chat template included); `limit`: the
-    context; `reserve`: tokens kept free for the reply. When even the last user message does not fit, its index
-    comes back and the engine refuses the prompt as too long."""
+    context; `reserve`: tokens kept free for the reply. When even the last user message leaves no room for a reply,
+    its index comes back (the reply gets what room there is); when it is as long as the context on its own, the
+    engine refuses it, and the window stays where it was (the next prompt still sees the turns before)."""
     last_user = max(i for i, role in enumerate(roles) if role == "user")
     start = min(max(start, 0), last_user)
     if roles[start] != "user":  # the turns were edited since: start at the next prompt
@@ -31,7 +32,8 @@ def window_start(roles: list[str], start: int, prompt_tokens: Callable[[int], in
         for i in later:
             if sizes.setdefault(i, prompt_tokens(i)) + reserve <= room:
                 return i
-    return last_user
+    alone = sizes[last_user] if last_user in sizes else prompt_tokens(last_user)
+    return start if alone >= limit else last_user
 
 
 def reply_reserve(max_tokens: int, limit: int) -> int:
@@ -48,12 +50,6 @@ def fit(engine: Any, messages: list[dict[str, str]], start: int, max_tokens: int
     limit = engine.max_model_len
     return window_start([m["role"] for m in turns], start, lambda i: len(engine.encode_chat(system + turns[i:])),
                         limit, reply_reserve(max_tokens, limit))
-
-
-def too_long(engine: Any, messages: list[dict[str, str]]) -> bool:
-    """Whether the engine refuses `messages` as longer than its context (a new prompt too long on its own): the
-    window then did not move, so no notice says it did."""
-    return len(engine.encode_chat(messages)) >= engine.max_model_len
 
 
 def moved_notice(limit: int, start: int) -> str:

@@ -23,7 +23,7 @@ from rich.console import Console
 from engine.errors import EngineError
 from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice, too_long
+from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
 from ssd_chat.tui.commands import is_slash, split_slash
@@ -107,8 +107,7 @@ def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params
             err: Console) -> int:
     """The window's start for this turn (history: the system prompt, if any, then the turns)."""
     moved = fit(llm, history, window, params.max_tokens)
-    system = history[:1] if history and history[0]["role"] == "system" else []
-    if moved > window and not too_long(llm, system + history[len(system) + moved:]):
+    if moved > window:
         err.print(f"({moved_notice(llm.max_model_len, moved)}; /clear starts over)", style="dim", markup=False,
                   soft_wrap=True)
     return moved

@@ -13,7 +13,7 @@ from textual import work
 from engine.errors import EngineError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice, too_long
+from ssd_chat.context_window import fit, moved_notice
 from ssd_chat.history import TurnStats
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
 from ssd_chat.tui.commands import as_typed
@@ -80,7 +80,7 @@ class ReplyActions(_Base):
         session = self.session
         start = fit(self.engine, session.engine_messages(), session.window, params.max_tokens)
         messages = session.engine_messages(start)
-        if start > session.window and not too_long(self.engine, messages):
+        if start > session.window:
             self.call_from_thread(self.notify, moved_notice(self.engine.max_model_len, start) + " (all stay here)",
                                   timeout=8)
         session.set_window(start)

@@ -41,6 +41,7 @@ def test_when_half_is_out_of_reach_it_keeps_what_fits():
 
 def test_a_prompt_too_long_alone_is_left_to_the_engine():
     assert window_start(ROLES, 0, sizes(100), limit=120, reserve=20) == len(ROLES) - 1
+    assert window_start(ROLES, 2, sizes(120), limit=120, reserve=20) == 2  # refused: the window stays
 
 
 def test_an_edited_history_starts_at_a_prompt():
