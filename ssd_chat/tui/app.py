@@ -92,7 +92,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         data = store.path.parent if store is not None else default_db_path().parent
         self.preferences_path = data / preferences.FILE_NAME
         self.preferences = preferences.load(self.preferences_path)
-        self.enter_sends = self.preferences.enter == "send" if enter_sends is None else enter_sends
+        self._first_enter_sends = self.preferences.enter == "send" if enter_sends is None else enter_sends
         self.load_engine = load_engine
         self.session = ChatSession(store, settings, on_save_error=self._history_not_saved)
         self.target, self.draft, self.resume = target, draft, resume
@@ -126,7 +126,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
             with Vertical(id="chat"):
                 yield Transcript(id="transcript")
                 yield Static(id="legend")
-                yield PromptInput(id="prompt-box", enter_sends=self.enter_sends, earlier=self._earlier_prompts)
+                yield PromptInput(id="prompt-box", enter_sends=self._first_enter_sends, earlier=self._earlier_prompts)
                 yield Static(id="status")
             yield StatsPanel(id="panel")
         yield KeysFooter()

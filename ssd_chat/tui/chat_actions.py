@@ -169,8 +169,7 @@ class ChatActions(_Base):
                 self.fit_mode()
                 self.show_conversation()
                 if unanswered:  # (saved so by an earlier version)
-                    typed = self.query_one(PromptInput).text.strip()
-                    self.query_one(PromptInput).replace_text(as_typed(unanswered))
+                    typed = self.query_one(PromptInput).bring_back(as_typed(unanswered))
                     self.notify("the chat's last prompt had no reply: it is in the input"
                                 + (" (Ctrl+Z brings back what you had typed)" if typed else ""), timeout=6)
             elif self.session.conversation.id is not None and store is not None:

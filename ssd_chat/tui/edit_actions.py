@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ssd_chat.history import ChatMessage, Conversation
 from ssd_chat.tui.commands import as_typed
-from ssd_chat.tui.widgets.prompt_input import PromptInput
+from ssd_chat.tui.widgets.prompt_input import PromptInput, send_key
 from ssd_chat.tui.widgets.transcript import Transcript
 
 if TYPE_CHECKING:
@@ -23,8 +23,7 @@ else:
 
 def editing_notice(enter_sends: bool) -> str:
     """What F4 says: the key that sends is the run's (Ctrl+S with `--enter newline`, where Enter breaks the line)."""
-    keys = "Enter" if enter_sends else "Ctrl+S"
-    return f"editing the last prompt: {keys} sends it in place of the last turn, Esc cancels"
+    return f"editing the last prompt: {send_key(enter_sends)} sends it in place of the last turn, Esc cancels"
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ class LoadingScreen(Screen):
         """That prompt makes way, undoably, for what is typed now: it comes back once loaded, with the typing one
         Ctrl+Z away (it was glued on)."""
         if self._waiting(area):
-            area.replace("", (0, 0), area.document.end)
+            area.put("", undoable=True)
 
     def _prompt(self) -> PromptArea:
         """The chat screen's prompt (a prompt /restart or --resume brings back goes there once loaded, and what was

@@ -22,6 +22,11 @@ RECALL_KEYS = {"up": -1, "down": 1}  # on the prompt's first / last line: the ch
 SEND_KEYS = ("ctrl+s", "ctrl+enter")  # send whatever Enter does (Ctrl+Enter where the terminal tells it from Enter)
 
 
+def send_key(enter_sends: bool) -> str:
+    """The key that sends the prompt (Ctrl+S sends in both modes)."""
+    return "Enter" if enter_sends else "Ctrl+S"
+
+
 def key_hints(enter_sends: bool) -> tuple[tuple[str, str], ...]:
     """The prompt's send and newline keys, for the help screen."""
     if enter_sends:
@@ -30,8 +35,8 @@ def key_hints(enter_sends: bool) -> tuple[tuple[str, str], ...]:
 
 
 def placeholder(enter_sends: bool) -> str:
-    keys = "Enter sends, Shift+Enter or Ctrl+J: newline" if enter_sends else "Ctrl+S sends, Enter: newline"
-    return f"Message ({keys}, /help: commands)"
+    newline = "Shift+Enter or Ctrl+J" if enter_sends else "Enter"
+    return f"Message ({send_key(enter_sends)} sends, {newline}: newline, /help: commands)"
 
 
 class PromptArea(TextArea):
@@ -98,10 +103,19 @@ class PromptArea(TextArea):
         if index < 0:  # the oldest: it stays
             return True
         text = prompts[index] if index < len(prompts) else ""  # past the newest: empty again
+        self.put(text, undoable=True)
         self._recalled = (index, text) if text else None
-        self.replace(text, (0, 0), self.document.end, maintain_selection_offset=False)  # (Ctrl+Z takes it back)
-        self.move_cursor(self.document.end)
         return True
+
+    def put(self, text: str, *, undoable: bool) -> None:
+        """All of the prompt's text replaced by `text` (Ctrl+Z takes it back where `undoable`), the cursor at its
+        end; a recall under way ends (Up and Down start again from an empty prompt)."""
+        self._recalled = None
+        if undoable:
+            self.replace(text, (0, 0), self.document.end, maintain_selection_offset=False)
+        else:
+            self.text = text
+        self.move_cursor(self.document.end)
 
 
 class PromptInput(Vertical):
@@ -110,18 +124,22 @@ class PromptInput(Vertical):
     def __init__(self, *, enter_sends: bool = True, earlier: Callable[[], list[str]] | None = None,
                  id: str | None = None) -> None:
         super().__init__(id=id)
-        self.enter_sends = enter_sends
+        self._first_enter_sends = enter_sends  # (the area's, once composed)
         self.earlier = earlier or (lambda: [])
 
     def compose(self) -> ComposeResult:
         yield Static("", id="completions")
         area = PromptArea(id="prompt", soft_wrap=True, show_line_numbers=False, compact=True,
-                          placeholder=placeholder(self.enter_sends))
-        area.enter_sends, area.earlier = self.enter_sends, self.earlier
+                          placeholder=placeholder(self._first_enter_sends))
+        area.enter_sends, area.earlier = self._first_enter_sends, self.earlier
         yield area
 
+    @property
+    def enter_sends(self) -> bool:
+        return self.area.enter_sends
+
     def set_enter_sends(self, enter_sends: bool) -> None:
-        self.enter_sends = self.area.enter_sends = enter_sends
+        self.area.enter_sends = enter_sends
         self.area.placeholder = placeholder(enter_sends)
 
     @property
@@ -133,9 +151,7 @@ class PromptInput(Vertical):
         return self.area.text
 
     def set_text(self, text: str) -> None:
-        self.area._recalled = None  # (text from the app, not a recall: Up and Down start again from an empty one)
-        self.area.text = text
-        self.area.move_cursor(self.area.document.end)
+        self.area.put(text, undoable=False)
         self.area.focus()
 
     def bring_back(self, text: str) -> bool:
@@ -152,9 +168,7 @@ class PromptInput(Vertical):
 
     def replace_text(self, text: str) -> None:
         """set_text, as an edit Ctrl+Z takes back (set_text clears the undo history)."""
-        self.area._recalled = None
-        self.area.replace(text, (0, 0), self.area.document.end, maintain_selection_offset=False)
-        self.area.move_cursor(self.area.document.end)
+        self.area.put(text, undoable=True)
         self.area.focus()
 
     @on(TextArea.Changed, "#prompt")
