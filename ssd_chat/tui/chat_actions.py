@@ -198,8 +198,8 @@ class ChatActions(_Base):
         send_keys = key_hints(self.query_one(PromptInput).enter_sends)
         self.push_screen(HelpScreen(send_keys, [(key_label(b.key), b.description) for b in self.BINDINGS]))
 
-    def export(self, arg: str, replace: bool = False) -> Path:
-        """Write the chat as Markdown: to FILE (an existing one only with `replace`: /export!), or a new file
+    def export(self, arg: str, overwrite: bool = False) -> Path:
+        """Write the chat as Markdown: to FILE (an existing one only with `overwrite`: /export!), or a new file
         named from the title in a folder (the default folder without FILE)."""
         if len(arg) > 1 and arg[0] == arg[-1] and arg[0] in "'\"":  # a quoted name (spaces are fine without)
             arg = arg[1:-1]
@@ -208,16 +208,16 @@ class ChatActions(_Base):
         except RuntimeError as err:  # ~nosuchuser
             raise SlashError(f"cannot export to {arg}: {err}") from None
         try:
-            return self._export(arg, path, replace)
+            return self._export(arg, path, overwrite)
         except OSError as err:  # a name too long for the file system, a folder it may not look into, ...
             raise SlashError(f"cannot export to {path}: {err.strerror or err}") from None
 
-    def _export(self, arg: str, path: Path, replace: bool) -> Path:
+    def _export(self, arg: str, path: Path, overwrite: bool) -> Path:
         if path.is_dir():  # a folder: a new file there, named from the title
             path = export_path(self.session.conversation, path)
         elif arg.endswith(("/", os.sep)):  # meant as a folder (Path drops the /: a file by the folder's name)
             raise SlashError(f"no folder {path}: make it first, or give a file name")
-        elif path.exists() and not replace:
+        elif path.exists() and not overwrite:
             raise SlashError(f"{path} exists: /export! {arg} replaces it, or give another name")
         try:
             path.write_text(to_markdown(self.session.conversation), encoding="utf-8")

@@ -57,10 +57,14 @@ class ChatSession:
     def _turn_starts(self) -> list[int]:
         return [i for i, m in enumerate(self.messages) if m.role == "user"]
 
+    def last_reply(self) -> ChatMessage | None:
+        return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
+
     def context_tokens(self) -> int:
         """The tokens in the model's view after the last reply: its prompt (the window's turns, in the chat
         template) and what it wrote; 0 before any reply."""
-        stats = next((m.stats for m in reversed(self.messages) if m.role == "assistant"), None)
+        reply = self.last_reply()
+        stats = None if reply is None else reply.stats
         return 0 if stats is None else stats.prompt_tokens + stats.generated_tokens
 
     def last_prompt(self) -> str | None:

@@ -102,10 +102,10 @@ class SlashActions(_Base):
         this desktop through its clipboard tool as well (clipboard.copy_locally)."""
         if arg.lower() not in ("", "code"):
             raise SlashError(f"/copy takes nothing or code, got {arg!r}")
-        replies = [m for m in self.session.messages if m.role == "assistant"]
-        if not replies:
+        reply = self.session.last_reply()
+        if reply is None:
             raise SlashError("no reply to copy yet")
-        text, what = replies[-1].content, "the last reply"
+        text, what = reply.content, "the last reply"
         if arg:
             blocks = code_blocks(text)
             if not blocks:
@@ -117,7 +117,7 @@ class SlashActions(_Base):
         self.notify(f"copied {what} ({len(text):,} characters) {how}", timeout=3)
 
     def slash_export(self, arg: str, force: bool = False) -> None:
-        self.export(arg, replace=force)
+        self.export(arg, overwrite=force)
 
     def slash_help(self, arg: str) -> None:
         self.action_help()
