@@ -8,13 +8,14 @@ handlers off the terminal (pytest's, a log file's) keep getting every record."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 from textual.app import App
 from textual.message import Message
 
 from ssd_chat.tui.engine_server import ENGINE_LOGGER
-from ssd_chat.tui.screens.loading import ForwardToApp
+from ssd_chat.tui.screens.loading import EngineLogLine
 
 HELD_RECORDS = 1000  # the most records held for the terminal while the app runs (the newest kept)
 
@@ -27,15 +28,21 @@ class LogNotice(Message):
     error: bool
 
 
-class ToNotifications(logging.Handler):
-    def __init__(self, app: App) -> None:
-        super().__init__(logging.WARNING)
-        self.app = app
+class ToApp(logging.Handler):
+    """Posts each record's message (not its traceback) to the app as a message of its own (post_message is safe
+    from any thread): the engine's lines as EngineLogLine, other warnings and errors as one-line LogNotice."""
+
+    def __init__(self, app: App, level: int, engine: bool) -> None:
+        super().__init__(level)
+        self.app, self.engine = app, engine
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = record.getMessage().strip().split("\n", 1)[0]  # (no traceback on the screen)
-            self.app.post_message(LogNotice(line, record.levelno >= logging.ERROR))
+            text = record.getMessage()
+            if self.engine:
+                self.app.post_message(EngineLogLine(text))
+            else:
+                self.app.post_message(LogNotice(text.strip().split("\n", 1)[0], record.levelno >= logging.ERROR))
         except Exception:
             self.handleError(record)
 
@@ -45,10 +52,10 @@ class Held(logging.Handler):
 
     def __init__(self, level: int) -> None:
         super().__init__(level)
-        self.records: list[logging.LogRecord] = []
+        self.records: deque[logging.LogRecord] = deque(maxlen=HELD_RECORDS)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records = [*self.records[1 - HELD_RECORDS:], record]
+        self.records.append(record)
 
 
 def on_the_terminal(handler: logging.Handler) -> bool:
@@ -64,8 +71,8 @@ class LogRouting:
     terminal's handlers still held off, Textual still drawing); `release` once it has given the terminal back."""
 
     def __init__(self, app: App) -> None:
-        self.engine_handler = ForwardToApp(app)
-        self.notices = ToNotifications(app)
+        self.engine_handler = ToApp(app, logging.INFO, engine=True)
+        self.notices = ToApp(app, logging.WARNING, engine=False)
         self.held: Held | None = None
         self._saved: list[logging.Handler] | None = None
         self._engine_state: tuple[int, bool] | None = None

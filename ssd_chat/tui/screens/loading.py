@@ -3,12 +3,11 @@ elapsed time, so the terminal never looks frozen."""
 
 from __future__ import annotations
 
-import logging
 import time
 
 from rich.text import Text
 from textual import events
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.containers import Center, Vertical
 from textual.message import Message
 from textual.screen import Screen
@@ -21,21 +20,6 @@ class EngineLogLine(Message):
     def __init__(self, line: str) -> None:
         super().__init__()
         self.line = line
-
-
-class ForwardToApp(logging.Handler):
-    """Posts engine log records to the app (post_message is safe from the loading thread)."""
-
-    def __init__(self, app: App, level: int = logging.INFO) -> None:
-        super().__init__(level)
-        self.app = app
-        self.setFormatter(logging.Formatter("%(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.app.post_message(EngineLogLine(self.format(record)))
-        except Exception:
-            self.handleError(record)
 
 
 class LoadingScreen(Screen):
