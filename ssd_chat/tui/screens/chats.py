@@ -172,12 +172,12 @@ class ChatsScreen(ModalScreen[int | None]):
         if self.armed != selected:  # one keystroke must not lose a conversation
             self.armed = selected
             found = self.store.load(selected)
-            self.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4, markup=False)
+            self.app.notify(f"press d again to delete “{found.title if found else selected}”", timeout=4)
             return
         self.armed = None
         with self._history_write():
             self.deleted = self.store.delete(selected)
-            self.notify("conversation deleted: u brings it back", timeout=6, markup=False)
+            self.app.notify("conversation deleted: u brings it back", timeout=6)
         self.refresh_rows()
 
     def action_undelete(self) -> None:
@@ -185,7 +185,7 @@ class ChatsScreen(ModalScreen[int | None]):
             return
         with self._history_write():
             self.store.restore(self.deleted)
-            self.notify(f"“{self.deleted.conversation.title}” is back", timeout=3, markup=False)
+            self.app.notify(f"“{self.deleted.conversation.title}” is back", timeout=3)
             self.deleted = None
         self.refresh_rows()
 
@@ -196,5 +196,5 @@ class ChatsScreen(ModalScreen[int | None]):
         try:
             yield
         except sqlite3.Error as err:
-            self.notify(f"the chat history could not be changed ({err})", title="not saved", severity="error",
-                        timeout=8, markup=False)
+            self.app.notify(f"the chat history could not be changed ({err})", title="not saved", severity="error",
+                        timeout=8)
