@@ -68,9 +68,9 @@ def save(path: Path, preferences: Preferences) -> bool:
         return False
 
 
-def changed(path: Path | None, preferences: Preferences, **changes) -> Preferences:
-    """`preferences` with `changes`, saved to `path` (None: not saved) when they change anything."""
+def changed(path: Path, preferences: Preferences, **changes) -> Preferences:
+    """`preferences` with `changes`, saved to `path` when they change anything."""
     new = replace(preferences, **changes)
-    if path is not None and new != preferences:
+    if new != preferences:
         save(path, new)
     return new
