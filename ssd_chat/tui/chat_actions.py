@@ -24,6 +24,7 @@ from ssd_chat.tui.commands import (
 )
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.export import export_path, to_markdown
+from ssd_chat.tui.live_stats import saved_panel
 from ssd_chat.tui.screens.chats import ChatsScreen
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptInput, key_hints
@@ -123,7 +124,8 @@ class ChatActions(_Base):
                 view = transcript.add_assistant(message.content, colours=self.colours)
                 if message.stats is not None:
                     view.call_after_refresh(view.set_stats, message.stats.line())
-        self.query_one(StatsPanel).show(None)
+        reply = self.session.last_reply()
+        self.query_one(StatsPanel).show(None if reply is None or reply.stats is None else saved_panel(reply.stats))
         self.refresh_status()
 
     # -- key actions -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.outputs import RequestOutput, StepStats
+from ssd_chat.history import TurnStats
 
 RATE_WINDOW = 6      # deltas per tok/s sample (smooths the sparkline)
 RATE_SAMPLES = 60    # samples the sparkline keeps
@@ -157,6 +158,16 @@ class LiveStats:
             **({} if spec is None else _step_times(spec.num_steps, spec.verify_time_s, spec.draft_time_s,
                                                     spec.draft_idle_s)),
         )
+
+
+def saved_panel(stats: TurnStats) -> PanelData:
+    """A reply's figures as the history keeps them (a chat opened, resumed, or shown again after a restart): no
+    sparkline, histogram or per-position rates, which only a live reply has."""
+    return PanelData(
+        mode=stats.mode, k=0, tok_s=stats.decode_tok_s, ttft_s=stats.ttft_s, generated_tokens=stats.generated_tokens,
+        rates=(), tau=stats.tau, acceptance_rate=stats.acceptance_rate, cache_hit_rate=stats.cache_hit_rate,
+        reused_prefix_tokens=stats.reused_prefix_tokens, prompt_tokens=stats.prompt_tokens, is_final=True,
+    )
 
 
 def _step_times(steps: int, verify_s: float, wait_s: float, idle_s: float | None) -> dict:

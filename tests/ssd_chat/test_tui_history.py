@@ -202,6 +202,28 @@ async def test_resume_opens_the_latest_chat_with_its_settings(tmp_path):
 
 
 @pytest.mark.asyncio
+async def test_a_reopened_chat_shows_its_last_replys_figures_in_the_panel(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "first")
+        live = (rendered(app.query_one("#tok-s")), rendered(app.query_one("#speed")), rendered(app.query_one("#spec")),
+                rendered(app.query_one("#prefix")))
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        speed, spec = rendered(app.query_one("#speed")), rendered(app.query_one("#spec"))
+        assert (rendered(app.query_one("#tok-s")), speed, rendered(app.query_one("#prefix"))) == (
+            live[0], live[1], live[3])  # what the history keeps: tok/s, TTFT, tokens, prefix reuse
+        assert " 0 tokens" not in speed
+        assert spec.splitlines()[:2] == live[2].splitlines()[:2]  # SSD tau, acceptance, cache hits
+        assert rendered(app.query_one("#histogram")) == "–"  # live only: not in the history
+        await send(app, pilot, "/clear")
+        assert "no reply yet" in rendered(app.query_one("#spec"))
+
+
+@pytest.mark.asyncio
 async def test_renaming_the_open_chat_in_the_picker_sticks(tmp_path):
     app = make_app(FakeEngine(), tmp_path)
     async with app.run_test(size=SIZE) as pilot:

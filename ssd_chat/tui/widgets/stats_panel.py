@@ -82,7 +82,7 @@ class StatsPanel(VerticalScroll):
         if not data.mode:
             return Text("no reply yet")
         if data.tau is None:
-            return Text(f"{data.mode.upper()}: no drafts" if data.mode == "ar" else f"{data.mode.upper()}: waiting")
+            return Text(f"{data.mode.upper()}: " + ("no drafts" if data.mode == "ar" or data.is_final else "waiting"))
         lines = [f"{data.mode.upper()}  tau {data.tau:.2f}  accepted {_opt(data.acceptance_rate, '{:.0%}')}"]
         if data.plain_steps:
             lines.append(f"{data.plain_steps} steps without drafts (drafting did not pay)")
