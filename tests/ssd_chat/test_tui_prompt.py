@@ -243,3 +243,24 @@ async def test_a_prompt_sent_and_taken_is_no_longer_one_to_bring_back(tmp_path):
         app.prompt_to_restore = "an old one"  # (a failed reply's, with the engine still alive)
         await send(app, pilot, "an old one")
         assert app.prompt_to_restore is None
+
+
+@pytest.mark.parametrize("width", [80, 100, 110, 140, 200])
+async def test_the_placeholder_fits_on_the_prompts_row_at_any_width(tmp_path, width):
+    """The empty prompt's hint is the longest of its forms that fits one row (at 110 columns, beside the panel, the
+    whole hint was cut off mid-word)."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=(width, 40)) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        for mode in ("newline", "send"):
+            area.text = f"/enter {mode}"
+            await pilot.press("ctrl+s")  # (sends in either mode)
+            await pilot.pause()
+            assert area.enter_sends == (mode == "send") and not area.text
+            room = area.content_size.width
+            hint = str(area.placeholder)
+            assert hint.startswith("Message") and len(hint) < room
+            assert ("Ctrl+S sends" if mode == "newline" else "Enter sends") in hint or len(hint) + 15 > room
+            if room > 80:
+                assert hint.endswith("newline, /help: commands)")

@@ -34,9 +34,14 @@ def key_hints(enter_sends: bool) -> tuple[tuple[str, str], ...]:
     return ("Ctrl+S (Ctrl+Enter)", "send the prompt"), ("Enter / Ctrl+J", "new line in the prompt (--enter newline)")
 
 
-def placeholder(enter_sends: bool) -> str:
-    newline = "Shift+Enter or Ctrl+J" if enter_sends else "Enter"
-    return f"Message ({send_key(enter_sends)} sends, {newline}: newline, /help: commands)"
+def placeholder(enter_sends: bool, width: int | None = None) -> str:
+    """The empty prompt's hint: the longest of its forms that fits on one row of `width` cells (None: the whole)."""
+    send = f"{send_key(enter_sends)} sends"
+    newline = ("Shift+Enter or Ctrl+J", "Ctrl+J") if enter_sends else ("Enter", "Enter")
+    forms = (f"Message ({send}, {newline[0]}: newline, /help: commands)",
+             f"Message ({send}, {newline[1]}: newline, /help: commands)",
+             f"Message ({send}, /help: commands)", f"Message ({send})", "Message")
+    return next((form for form in forms if width is None or len(form) < width), forms[-1])  # (a cell for the cursor)
 
 
 class PromptArea(TextArea):
@@ -54,6 +59,12 @@ class PromptArea(TextArea):
     @dataclass
     class PageConversation(Message):
         direction: int  # -1 up, 1 down
+
+    def on_resize(self) -> None:
+        self.fit_placeholder()
+
+    def fit_placeholder(self) -> None:
+        self.placeholder = placeholder(self.enter_sends, self.content_size.width or None)
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key in SEND_KEYS or (event.key == "enter" and self.enter_sends):
@@ -140,7 +151,7 @@ class PromptInput(Vertical):
 
     def set_enter_sends(self, enter_sends: bool) -> None:
         self.area.enter_sends = enter_sends
-        self.area.placeholder = placeholder(enter_sends)
+        self.area.fit_placeholder()
 
     @property
     def area(self) -> PromptArea:
