@@ -69,8 +69,9 @@ def save(path: Path, preferences: Preferences) -> bool:
 
 
 def changed(path: Path, preferences: Preferences, **changes) -> Preferences:
-    """`preferences` with `changes`, saved to `path` when they change anything."""
-    new = replace(preferences, **changes)
-    if new != preferences:
-        save(path, new)
-    return new
+    """`preferences` with `changes`. Only the changed fields go to `path`, over what the file holds now: another app
+    window's preferences, saved since this one loaded, stay (the last of two writes at the same moment still wins)."""
+    on_disk = load(path)
+    if replace(on_disk, **changes) != on_disk:
+        save(path, replace(on_disk, **changes))
+    return replace(preferences, **changes)

@@ -42,6 +42,20 @@ def test_save_writes_the_whole_file_and_an_unwritable_folder_is_no_error(tmp_pat
     assert preferences.changed(blocked, Preferences(), colours=True) == Preferences(colours=True)
 
 
+def test_two_windows_changing_different_preferences_keep_both(tmp_path):
+    path = tmp_path / preferences.FILE_NAME
+    first, second = preferences.load(path), preferences.load(path)  # two app windows, started together
+    first = preferences.changed(path, first, theme="nord")
+    second = preferences.changed(path, second, enter="newline")
+    assert second == Preferences(enter="newline")  # (each window keeps its own view while it runs)
+    assert preferences.load(path) == Preferences(theme="nord", enter="newline")  # the first window's theme stays
+    first = preferences.changed(path, first, colours=True)
+    assert preferences.load(path) == Preferences(theme="nord", colours=True, enter="newline")
+    stamp = path.stat().st_mtime_ns  # a change to what the file holds already writes nothing
+    assert preferences.changed(path, second, colours=True) == Preferences(colours=True, enter="newline")
+    assert path.stat().st_mtime_ns == stamp
+
+
 @pytest.mark.asyncio
 async def test_the_theme_colours_and_enter_mode_come_back_in_the_next_run(tmp_path):
     app = make_app(FakeEngine(), tmp_path)
