@@ -112,7 +112,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def warn_slow_compile(config: EngineConfig, device: torch.device) -> None:
     """A warning where --compile would take a CPU off faster steps than its own (MKL's GEMM for oneDNN's)."""
-    from engine.layers.packed import one_row_pays, resolve_kernel
+    from engine.layers.packed_kernels import one_row_pays, resolve_kernel
 
     if config.compile and device.type == "cpu" and one_row_pays(config.packed_kernel) \
             and resolve_kernel(config.packed_kernel) == "onednn":

@@ -11,7 +11,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer")
 # (no torch here: the chat app's process imports this module before it starts the engine's)
 DRAFT_WEIGHTS = ("float32", "float16", "int8")  # engine.layers.low_bits's kinds
-CPU_MATMULS = ("mkl", "onednn", "panel", "panel4", "q8")  # engine.layers.packed's kernels
+CPU_MATMULS = ("mkl", "onednn", "panel", "panel4", "q8")  # engine.layers.packed_kernels' kernels
 PACKED_KERNELS = ("auto", *CPU_MATMULS)
 # Prompt tokens per prefill step. CPU: 256 let a cancel land within about a second even on one core of the
 # 2-vCPU VM, at no measurable cost in prefill speed on one core and ~5% on two (README, "Chunked prefill");
@@ -73,14 +73,14 @@ class EngineConfig:
     @property
     def fast_path(self) -> FastPath:
         # only speculation runs several-row steps often enough to pay for the packed copies' memory (or, where
-        # one-row steps gain from them too, every step: engine.layers.packed.one_row_pays); the compiled steps
+        # one-row steps gain from them too, every step: engine.layers.packed_kernels.one_row_pays); the compiled steps
         # (--compile) run MKL's GEMM, or the panel kernel as an op (engine.layers.panel.linear_op)
-        from engine.layers import packed
+        from engine.layers import packed_kernels
 
-        few_rows = self.draft is not None or packed.one_row_pays(self.packed_kernel)
+        few_rows = self.draft is not None or packed_kernels.one_row_pays(self.packed_kernel)
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
                         packed=self.packed_weights and few_rows
-                        and (not self.compile or packed.family(self.packed_kernel) == "panel"),
+                        and (not self.compile or packed_kernels.family(self.packed_kernel) == "panel"),
                         packed_kernel=self.packed_kernel, draft_weights=self.draft_weights)
 
     @property
@@ -174,6 +174,6 @@ class SpeculationConfig:
 
 
 def _q8_builds() -> bool:
-    from engine.layers import packed
+    from engine.layers import packed_kernels
 
-    return packed.available("q8")
+    return packed_kernels.available("q8")

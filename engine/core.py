@@ -44,9 +44,9 @@ class EngineCore:
         self.paused: dict[int, int] = {}  # request id -> SD rounds it ran with k = 0 (engine.spec_length)
         row_cost = ROW_COST.get(runner.device.type, ROW_COST["cuda"])
         # CPU: a verify of k + 1 rows reproduces one-row decoding bit for bit only up to ROW_KERNEL_ROWS rows (the
-        # fused layers' and, on Intel, the panel GEMM's most: packed.MAX_ROWS); more rows ran SDPA's attention, and
-        # on Intel still run MKL's GEMM, whose last bits differ (under --cpu-matmul q8 the tokens did): --k 32
-        # --fixed-k drafts at most 31
+        # fused layers' and, on Intel, the panel GEMM's most: packed_kernels.MAX_ROWS); more rows ran SDPA's
+        # attention, and on Intel still run MKL's GEMM, whose last bits differ (under --cpu-matmul q8 the tokens
+        # did): --k 32 --fixed-k drafts at most 31
         self.max_draft = ROW_KERNEL_ROWS - 1 if runner.device.type == "cpu" else None
         self.round_cost = {mode: RoundCost(row_cost) for mode in ("sd", "ssd")}  # measured, for the adaptive k
         self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report

@@ -1,6 +1,6 @@
 """What the CPU is, from /proc/cpuinfo: its vendor, model and feature flags (read once per field).
 
-The engine picks its CPU kernels by them (engine.layers.packed), `ssd-chat bench` names the machine, and
+The engine picks its CPU kernels by them (engine.layers.packed_kernels), `ssd-chat bench` names the machine, and
 `ssd-chat distill` trains in bfloat16 where the CPU has it natively. Off Linux every field is empty and the
 callers fall back to `platform` (`model()`: to sysctl on macOS).
 """

@@ -1,5 +1,5 @@
 """Time a model's matmuls (every layer's and the head's) by row count for each CPU kernel: the table behind the
-engine's choice of few-row kernel (engine/layers/packed.py, engine/layers/panel.py).
+engine's choice of few-row kernel (engine/layers/packed_kernels.py, engine/layers/panel.py).
 
     python scripts/matmul_rows.py [--target smollm2-135m] [--threads 1] [--rows 1,2,5,8,16,32] [--repeats 5]
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM
-from engine.layers import packed
+from engine.layers import packed, packed_kernels
 
 
 def main() -> None:
@@ -34,8 +34,8 @@ def main() -> None:
         shared = {id(m.weight): m.weight for m in packed.bias_free_matmuls(llm.core.runner.model)}
     weights = list(shared.values())  # a tied head shares the embedding's weight: counted once
     generator = torch.Generator().manual_seed(0)
-    kernels = [k for k in packed.KERNELS if packed.available(k)]
-    modules = {kernel: [packed.standin(w, packed.pack(w, kernel), kernel, rows=(1, packed.EVERY_STEP))
+    kernels = [k for k in packed_kernels.KERNELS if packed_kernels.available(k)]
+    modules = {kernel: [packed.standin(w, packed.pack(w, kernel), kernel, rows=(1, packed_kernels.EVERY_STEP))
                         for w in weights] for kernel in kernels}
     print(f"{args.target}: {len(weights)} matmuls, {sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB float32, "
           f"{args.threads} thread(s); ms per step")

@@ -26,7 +26,7 @@ from transformers.generation.streamers import BaseStreamer
 from engine import LLM, SamplingParams
 from engine.affinity import pin, usable
 from engine.config import SpeculationConfig
-from engine.layers.packed import resolve_kernel
+from engine.layers.packed_kernels import resolve_kernel
 from engine.placement import plan
 from engine.registry import resolve_model
 from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun

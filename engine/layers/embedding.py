@@ -49,7 +49,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     packed: torch.Tensor | None = None  # the weight's packed copy for few-row steps (engine.layers.packed)
 
-    packed_min_rows: int = 2  # steps of fewer rows skip the packed copy (engine.layers.packed.min_rows)
+    packed_min_rows: int = 2  # steps of fewer rows skip the packed copy (engine.layers.packed_kernels.min_rows)
 
     low_bits: Callable | None = None  # a CPU draft's fewer-bit product (engine.layers.low_bits)
 

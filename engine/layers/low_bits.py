@@ -34,7 +34,8 @@ from torch import nn
 
 from engine.config import DRAFT_WEIGHTS
 from engine.layers import native, panel, panel8
-from engine.layers.packed import EVERY_STEP, bias_free_matmuls
+from engine.layers.packed import bias_free_matmuls
+from engine.layers.packed_kernels import EVERY_STEP
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ matmuls (30 layers and the head), one thread, ms per step (`python scripts/matmu
     oneDNN-packed   68.7   80.6   78.1   81.5   91.3  111.4  160.0  247.9
     panel           45.2   50.1   52.5   56.3   65.6   90.0  147.2  259.1
 
-(this VM's timings move by 10-20% between runs, the order did not). So 1-32 rows take it (packed.MAX_ROWS);
+(this VM's timings move by 10-20% between runs, the order did not). So 1-32 rows take it (packed_kernels.MAX_ROWS);
 more rows (prefill) stay on MKL there. On AMD (Zen 4) it beats MKL and oneDNN at every row count, so it takes
-every step there (engine.layers.packed has the table).
+every step there (engine.layers.packed_kernels has the table).
 
 The kernel is built and loaded by engine.layers.native (for the instruction set the CPU has). Without it,
 `available()` is False and the engine keeps torch's kernels (MKL's or oneDNN's).

@@ -28,6 +28,7 @@ from torch import nn
 
 from engine.layers import packed as packed_copies
 from engine.layers import panel8, panel_cache
+from engine.layers.packed_kernels import EVERY_STEP
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def unread(module: nn.Module) -> bool:
         return True
     copy = getattr(module, "packed", None)
     return isinstance(copy, packed_copies.LOW_BIT) and module.packed_min_rows <= 1 \
-        and module.packed_rows >= packed_copies.EVERY_STEP
+        and module.packed_rows >= EVERY_STEP
 
 
 def release_unread(model: nn.Module, *, exact_copies: bool = True) -> int:

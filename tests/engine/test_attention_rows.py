@@ -10,7 +10,7 @@ import torch
 from engine import LLM
 from engine.attention.base import SeqSpan
 from engine.attention.sdpa import ROW_KERNEL_ROWS, attend, causal_rows
-from engine.layers import packed, panel
+from engine.layers import packed_kernels, panel
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
@@ -64,7 +64,7 @@ def test_a_prefill_past_the_kernel_rows_gives_each_row_its_decode_bits():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(packed.max_rows(packed.resolve_kernel("auto")) < 80,
+@pytest.mark.skipif(packed_kernels.max_rows(packed_kernels.resolve_kernel("auto")) < 80,
                     reason="Intel: matmuls past 32 rows run MKL's GEMM, whose bits depend on the row count")
 def test_a_prompt_prefilled_whole_or_after_a_cache_hit_gives_the_same_logits(tiny_llama_dir):
     with LLM(str(tiny_llama_dir), max_model_len=256, enable_prefix_caching=False) as llm:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.layers import packed
+from engine.layers import packed_kernels as kernels
 from engine.layers.linear import ColumnParallelLinear
 
 PROMPTS = [[1, 5, 9, 12], [3, 3, 7], list(range(2, 40))]
@@ -25,11 +26,11 @@ def _k_major_layer(n: int, k: int, seed: int) -> ColumnParallelLinear:
 
 
 def _packed_layer(n: int, k: int, seed: int, kernel: str, scale: float = 1.0) -> ColumnParallelLinear:
-    if not packed.available(kernel):
+    if not kernels.available(kernel):
         pytest.skip(f"torch built without the {kernel} packed GEMM")
     layer = _k_major_layer(n, k, seed)
     layer.packed = packed.pack(layer.weight * scale, kernel)
-    layer.packed_kernel, layer.packed_rows = kernel, packed.MAX_ROWS[kernel]
+    layer.packed_kernel, layer.packed_rows = kernel, kernels.MAX_ROWS[kernel]
     return layer
 
 
@@ -59,41 +60,41 @@ def test_onednn_packed_products_match_the_plain_gemm(n, k):
     assert not packed.same_products(layer.weight, packed.pack(layer.weight * 1.01, "onednn"), "onednn")
 
 
-@pytest.mark.parametrize("kernel", packed.KERNELS)
+@pytest.mark.parametrize("kernel", kernels.KERNELS)
 def test_only_the_kernels_row_counts_take_the_packed_copy(kernel):
     layer = _packed_layer(96, 64, seed=3, kernel=kernel, scale=2.0)  # a copy that is visibly not the weight
-    for rows in range(1, packed.MAX_ROWS[kernel] + 4):
+    for rows in range(1, kernels.MAX_ROWS[kernel] + 4):
         x = torch.randn(rows, 64)
-        expected = F.linear(x, layer.weight) * (2 if 2 <= rows <= packed.MAX_ROWS[kernel] else 1)
+        expected = F.linear(x, layer.weight) * (2 if 2 <= rows <= kernels.MAX_ROWS[kernel] else 1)
         assert torch.allclose(layer(x), expected, atol=1e-4), rows
     x = torch.randn(64, 4).t()  # a non-contiguous [4, 64] input
     assert torch.allclose(layer(x), F.linear(x, layer.weight) * 2, atol=1e-4)
-    layer.packed_min_rows = 1  # where one-row steps gain from the packed copy too (packed.one_row_pays)
+    layer.packed_min_rows = 1  # where one-row steps gain from the packed copy too (kernels.one_row_pays)
     x = torch.randn(1, 64)
     assert torch.allclose(layer(x), F.linear(x, layer.weight) * 2, atol=1e-4)
 
 
 def test_the_kernel_follows_the_cpu_vendor(monkeypatch):
-    monkeypatch.setattr(packed, "_has_avx512", lambda: True)
-    monkeypatch.setattr(packed, "_cpu_vendor", lambda: "GenuineIntel")
-    monkeypatch.setattr(packed, "_panel_available", lambda: True)
-    assert packed.default_kernel() == "panel4" and packed.one_row_pays() and packed.min_rows("panel") == 1
-    assert packed.family("auto") == "panel" and packed.min_rows("auto") == 1  # 4-bit copies where exact
-    assert packed.max_rows("panel") == packed.MAX_ROWS["panel"] == packed.max_rows("panel4")  # prefill: MKL
-    monkeypatch.setattr(packed, "_panel_available", lambda: False)  # no compiler: MKL's packed GEMM
-    assert packed.default_kernel() == "mkl" and not packed.one_row_pays() and packed.min_rows("mkl") == 2
-    assert not packed.one_row_pays("onednn")  # oneDNN asked for on Intel: only few-row steps, as measured there
-    monkeypatch.setattr(packed, "_cpu_vendor", lambda: "AuthenticAMD")
-    assert packed.default_kernel() == "onednn" and packed.one_row_pays() and packed.min_rows("onednn") == 1
-    assert not packed.one_row_pays("mkl") and packed.min_rows("mkl") == 2
-    monkeypatch.setattr(packed, "_panel_available", lambda: True)  # AVX-512 off Intel: the panel kernel, every step
-    assert packed.default_kernel() == "panel4" and packed.max_rows("auto") == packed.EVERY_STEP
-    monkeypatch.setattr(packed, "_panel_available", lambda: False)
-    monkeypatch.setattr(packed, "_has_avx512", lambda: False)  # AVX2 only (Zen 3): a one-row step is faster plain
-    assert packed.default_kernel() == "onednn" and not packed.one_row_pays() and packed.min_rows("onednn") == 2
-    assert packed.max_rows("onednn") == packed.MAX_ROWS["onednn"]  # and many-row steps run the plain GEMM
-    monkeypatch.setattr(packed, "_has_avx512", lambda: True)
-    assert packed.max_rows("onednn") == packed.EVERY_STEP and packed.max_rows("mkl") == packed.MAX_ROWS["mkl"]
+    monkeypatch.setattr(kernels, "_has_avx512", lambda: True)
+    monkeypatch.setattr(kernels, "_cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(kernels, "_panel_available", lambda: True)
+    assert kernels.default_kernel() == "panel4" and kernels.one_row_pays() and kernels.min_rows("panel") == 1
+    assert kernels.family("auto") == "panel" and kernels.min_rows("auto") == 1  # 4-bit copies where exact
+    assert kernels.max_rows("panel") == kernels.MAX_ROWS["panel"] == kernels.max_rows("panel4")  # prefill: MKL
+    monkeypatch.setattr(kernels, "_panel_available", lambda: False)  # no compiler: MKL's packed GEMM
+    assert kernels.default_kernel() == "mkl" and not kernels.one_row_pays() and kernels.min_rows("mkl") == 2
+    assert not kernels.one_row_pays("onednn")  # oneDNN asked for on Intel: only few-row steps, as measured there
+    monkeypatch.setattr(kernels, "_cpu_vendor", lambda: "AuthenticAMD")
+    assert kernels.default_kernel() == "onednn" and kernels.one_row_pays() and kernels.min_rows("onednn") == 1
+    assert not kernels.one_row_pays("mkl") and kernels.min_rows("mkl") == 2
+    monkeypatch.setattr(kernels, "_panel_available", lambda: True)  # AVX-512 off Intel: the panel kernel, every step
+    assert kernels.default_kernel() == "panel4" and kernels.max_rows("auto") == kernels.EVERY_STEP
+    monkeypatch.setattr(kernels, "_panel_available", lambda: False)
+    monkeypatch.setattr(kernels, "_has_avx512", lambda: False)  # AVX2 only (Zen 3): a one-row step is faster plain
+    assert kernels.default_kernel() == "onednn" and not kernels.one_row_pays() and kernels.min_rows("onednn") == 2
+    assert kernels.max_rows("onednn") == kernels.MAX_ROWS["onednn"]  # and many-row steps run the plain GEMM
+    monkeypatch.setattr(kernels, "_has_avx512", lambda: True)
+    assert kernels.max_rows("onednn") == kernels.EVERY_STEP and kernels.max_rows("mkl") == kernels.MAX_ROWS["mkl"]
     with pytest.raises(ValueError, match="packed kernel"):
         packed.pack_weights(_k_major_layer(8, 8, seed=0), "blas")
 
@@ -147,7 +148,7 @@ def _run(model_dir, packed_weights: bool, kernel: str = "mkl",
 @pytest.mark.parametrize(("family", "kernel"), [("llama", "mkl"), ("qwen3-tied", "mkl"), ("llama", "onednn"),
                                                ("qwen3-tied", "onednn")])
 def test_packed_weights_give_the_same_tokens(family, kernel, tiny_llama_dir, tiny_qwen3_dir, monkeypatch):
-    if not packed.available(kernel):
+    if not kernels.available(kernel):
         pytest.skip(f"torch built without the {kernel} packed GEMM")
     model_dir = tiny_llama_dir if family == "llama" else tiny_qwen3_dir
     (with_packed, count, draft_count), (plain, none, _) = _run(model_dir, True, kernel, monkeypatch), \
@@ -159,9 +160,9 @@ def test_packed_weights_give_the_same_tokens(family, kernel, tiny_llama_dir, tin
 
 
 def _one_row_pays(monkeypatch, pays: bool) -> None:
-    monkeypatch.setattr(packed, "_cpu_vendor", lambda: "AuthenticAMD" if pays else "GenuineIntel")
-    monkeypatch.setattr(packed, "_has_avx512", lambda: pays)
-    monkeypatch.setattr(packed, "_panel_available", lambda: False)  # Intel with MKL's kernels (test_panel.py: ours)
+    monkeypatch.setattr(kernels, "_cpu_vendor", lambda: "AuthenticAMD" if pays else "GenuineIntel")
+    monkeypatch.setattr(kernels, "_has_avx512", lambda: pays)
+    monkeypatch.setattr(kernels, "_panel_available", lambda: False)  # Intel with MKL's kernels (test_panel.py: ours)
 
 
 def test_only_speculation_packs_and_only_float32(tiny_llama_dir, monkeypatch):
@@ -173,7 +174,7 @@ def test_only_speculation_packs_and_only_float32(tiny_llama_dir, monkeypatch):
 
 
 def test_where_one_row_steps_gain_ar_alone_packs_and_decodes_through_the_copies(tiny_llama_dir, monkeypatch):
-    if not packed.available("onednn"):
+    if not kernels.available("onednn"):
         pytest.skip("torch built without the onednn packed GEMM")
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     _one_row_pays(monkeypatch, False)
@@ -184,7 +185,7 @@ def test_where_one_row_steps_gain_ar_alone_packs_and_decodes_through_the_copies(
     calls = _count_packed_calls(monkeypatch, "onednn")
     with LLM(target=str(tiny_llama_dir), packed_kernel="onednn") as llm:
         modules = [m for m in llm.core.runner.model.modules() if getattr(m, "packed", None) is not None]
-        assert modules and all(m.packed_min_rows == 1 and m.packed_rows == packed.EVERY_STEP for m in modules)
+        assert modules and all(m.packed_min_rows == 1 and m.packed_rows == kernels.EVERY_STEP for m in modules)
         calls[0] = 0
         assert [out.token_ids for out in llm.generate(PROMPTS[:1], greedy)] == plain
         # every step went through the packed copies: the many-row prefill and the 23 one-row decode steps

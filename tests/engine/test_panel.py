@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
-from engine.layers import native, packed, panel
+from engine.layers import native, packed, packed_kernels, panel
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
@@ -69,13 +69,13 @@ def _count_panel_calls(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
 def test_every_few_row_step_takes_the_panels_and_greedy_sd_ssd_equal_ar(tiny_llama_dir, monkeypatch, vendor):
-    monkeypatch.setattr(packed, "_cpu_vendor", lambda: vendor)  # Intel: prefill on MKL; elsewhere on the panels
+    monkeypatch.setattr(packed_kernels, "_cpu_vendor", lambda: vendor)  # Intel: prefill on MKL; elsewhere on the panels
     many_rows = vendor != "GenuineIntel"
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     calls = _count_panel_calls(monkeypatch)
     with LLM(target=str(tiny_llama_dir), packed_kernel="panel") as llm:  # AR alone packs: one-row steps take it
         modules = [m for m in llm.core.runner.model.modules() if getattr(m, "packed", None) is not None]
-        most = packed.EVERY_STEP if many_rows else packed.MAX_ROWS["panel"]
+        most = packed_kernels.EVERY_STEP if many_rows else packed_kernels.MAX_ROWS["panel"]
         assert modules and all(m.packed_kernel == "panel" and m.packed_min_rows == 1 and m.packed_rows == most
                                for m in modules)
         calls[0] = 0
@@ -104,8 +104,8 @@ def test_without_a_compiler_the_engine_keeps_mkl(tmp_path, monkeypatch, caplog):
         monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
         native.forget()
         assert not panel.available()
-        monkeypatch.setattr(packed, "_cpu_vendor", lambda: "GenuineIntel")
-        assert packed.default_kernel() == "mkl" and not packed.one_row_pays()
+        monkeypatch.setattr(packed_kernels, "_cpu_vendor", lambda: "GenuineIntel")
+        assert packed_kernels.default_kernel() == "mkl" and not packed_kernels.one_row_pays()
         monkeypatch.setenv("CXX", "false")  # a compiler that fails: one warning line, then MKL
         native.forget()
         with caplog.at_level(logging.WARNING, logger="engine.layers.native"):
