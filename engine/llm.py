@@ -17,16 +17,16 @@ from pathlib import Path
 import torch
 
 from engine import interrupts
-from engine.affinity import pin, usable
 from engine.build import check_tp, resolve_dtype, warn_slow_compile, weight_bytes
 from engine.chat import check_text, encode_chat
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
+from engine.core_share import CoreShare
 from engine.detokenizer import IncrementalDetokenizer, make_decoder, make_tail_check
 from engine.errors import EngineError, InvalidParameterError
 from engine.layers.packed import runs_q8
 from engine.model_dir import inspect_model_dir
 from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
-from engine.placement import crowding, describe, off_the_draft, plan
+from engine.placement import describe, plan
 from engine.registry import resolve_model
 from engine.remote_drafter import RemoteDrafter
 from engine.request import RequestState, check_prompt
@@ -52,29 +52,25 @@ class LLM:
         self.config = config
         self.placement = plan(config.tp, config.target_devices, config.draft_device, config.threads,
                               default_device=config.device)
-        leader = self.placement.target[0]
-        self._affinity = usable()
-        if (warning := crowding(self.placement, self._affinity)) is not None:
-            log.warning(warning)
-        self._threads = self._step_threads = torch.get_num_threads()  # until the pin below sets them
-        self._yielded = False  # the target is off SSD's draft cores for now (see _share_cores)
+        self.core_share = CoreShare(self.placement)
         self._open = True
         self._cut = False  # a second Ctrl-C stopped a step half-way: the scheduler's state is unknown from then on
         self._stepping = threading.RLock()  # a step's; close() from another thread waits for the step to end
         self._workers: list = []
+        self.core = None  # (until start_engine; close() may run before it)
         self.remote: RemoteDrafter | None = None
+        self._requests: dict[int, RequestState] = {}
         self.model_path: Path = resolve_model(config.target)
         files = inspect_model_dir(self.model_path)
         self.tokenizer = load_tokenizer(self.model_path)
-        self.device = torch.device(leader.torch_device)
+        self.device = torch.device(self.placement.target[0].torch_device)
         warn_slow_compile(config, self.device)
         dtype = resolve_dtype(config.dtype, self.device)
         self.max_model_len, self._model_max, num_blocks = context_sizes(config, files.config)
         check_tp(files.config, self.placement.tp, config.target)
         self.draft_path = None if config.draft is None else check_draft(config, self.model_path, self.tokenizer)
         try:
-            self._pin(leader.cores, self.placement.threads_for(leader))
-            self._threads = self._step_threads = torch.get_num_threads()
+            self.core_share.pin_leader()
             started = start_engine(config, self.placement, files, self.model_path, self.draft_path, self.tokenizer,
                                    Sizes(num_blocks, self.max_model_len, dtype), self._workers)
             self.core, self.model_args, self.remote = started.core, started.model_args, started.remote
@@ -87,7 +83,6 @@ class LLM:
         self._decode = make_decoder(self.tokenizer)
         self._ends_inside_a_character = make_tail_check(self.tokenizer)
         self._ids = itertools.count()
-        self._requests: dict[int, RequestState] = {}
         # a sampled request without a seed of its own draws from here: other draws in every run unless config.seed
         self._rng = torch.Generator().manual_seed(config.seed if config.seed is not None else secrets.randbits(62))
 
@@ -101,17 +96,12 @@ class LLM:
         if spec.mode != "ar" and self.core.drafter is None:
             raise InvalidParameterError(f"mode {spec.mode!r} needs a draft model: pass --draft")
         self._speculation = spec
-        self._share_cores(ssd=spec.mode == "ssd")
+        self._share_cores()
 
-    def _share_cores(self, *, ssd: bool) -> None:
-        """While SSD runs, an unpinned target leaves the cores of its draft process (the chat app's SD layout):
-        its threads would otherwise wait for the busy draft's core. AR and SD, a lost draft process and close()
-        get every core back. Pinning is process-wide: one such engine per process."""
-        room = off_the_draft(self.placement, self._affinity, self._threads) if self.remote else None
-        ssd = ssd and self._open and self.core.drafters.get("ssd") is self.remote  # the draft process still serves
-        if room is not None and ssd != self._yielded:
-            self._pin(*(room if ssd else (self._affinity, self._threads)))
-            self._yielded = ssd
+    def _share_cores(self) -> None:
+        """The target off SSD's draft cores while SSD runs on the draft process (engine.core_share)."""
+        serving = self.remote is not None and self.core.drafters.get("ssd") is self.remote
+        self.core_share.share(self._open and self.speculation.mode == "ssd" and serving)
 
     # -- public API --------------------------------------------------------------------------------
     def generate(
@@ -181,16 +171,12 @@ class LLM:
                 self.remote.close()
             self._stop_workers()
         finally:
-            if self._yielded:
-                self._pin(self._affinity, self._threads)
-                self._yielded = False
-            elif self.placement.target[0].cores is not None:
-                self._pin(self._affinity, None)
+            self.core_share.restore()
 
     def _stop_workers(self) -> None:
         """Stop the TP ranks: told to, or killed at once after a cut step (each is mid-collective: a STOP would
         meet its all-reduce and wait there)."""
-        stop_ranks(self._workers, getattr(getattr(self, "core", None), "runner", None), cut=self._cut)
+        stop_ranks(self._workers, None if self.core is None else self.core.runner, cut=self._cut)
         self._workers = []
 
     def __enter__(self) -> LLM:
@@ -243,26 +229,16 @@ class LLM:
         return state
 
     def _report_warnings(self) -> None:
-        if self.core.warnings and self._yielded:  # perhaps the draft process was lost: take its cores back
-            self._share_cores(ssd=self.speculation.mode == "ssd")
+        if self.core.warnings and self.core_share.yielded:  # perhaps the draft process was lost: take its cores back
+            self._share_cores()
         for request_id, message in self.core.warnings:
             log.warning("request %d: %s", request_id, message)
             if request_id in self._requests:
                 self._requests[request_id].events.append(EngineWarning(request_id, message))
         self.core.warnings.clear()
 
-    def _pin(self, cores: set[int] | tuple[int, ...] | None, threads: int | None) -> None:
-        """engine.affinity.pin, remembering the thread count every step must run with."""
-        pin(cores, threads)
-        if threads is not None:
-            self._step_threads = threads
-
     def _step(self) -> None:
-        # torch's (OpenMP's) thread count belongs to the thread that set it: a step on another thread (the chat
-        # app runs each reply on whichever worker thread is free) would take the default, one thread a core,
-        # and crawl with two threads on SSD's one core
-        if torch.get_num_threads() != self._step_threads:
-            torch.set_num_threads(self._step_threads)
+        self.core_share.sync_thread()  # (a step on another thread would take torch's default: one thread a core)
         # close() from another thread waits for this step; a Ctrl-C lands between steps (engine.interrupts), so
         # the engine stays whole (SSD's draft process mid-round went out of step: close() then waited 2 minutes)
         with self._stepping, interrupts.held():
@@ -290,7 +266,7 @@ class LLM:
                     state.finalize()
 
     def _cancel_all(self) -> None:
-        for state in list(getattr(self, "_requests", {}).values()):  # (none yet where the engine failed to start)
+        for state in list(self._requests.values()):
             self._finish(state, FinishReason.CANCELLED)
 
     def _finish(self, state: RequestState, reason: FinishReason) -> None:

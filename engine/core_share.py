@@ -1,0 +1,65 @@
+"""Which cores and torch threads an engine's own process steps with, over its life.
+
+At start the process is pinned to the target leader's cores (``--target-devices cpu:N``) where it has some. An
+unpinned target beside SSD's draft process (the chat app's layout: SD on every core, SSD's draft process on one)
+leaves the draft's cores while SSD runs, or its threads would wait for the busy draft's core; AR and SD, a lost
+draft process and close() give every core back. Pinning is process-wide: one such engine per process.
+
+torch's (OpenMP's) thread count belongs to the thread that set it, so every step first restores the count this
+engine chose (`sync_thread`): the chat app runs each reply on whichever worker thread is free.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.affinity import pin, usable
+from engine.placement import Placement, crowding, off_the_draft
+
+log = logging.getLogger(__name__)
+
+
+class CoreShare:
+    def __init__(self, placement: Placement) -> None:
+        self.placement = placement
+        self.affinity = usable()  # the cores this process had before any pin
+        if (warning := crowding(placement, self.affinity)) is not None:
+            log.warning(warning)
+        self.threads = self.step_threads = torch.get_num_threads()  # until pin_leader sets them
+        self.yielded = False  # the target is off SSD's draft cores for now
+
+    def pin_leader(self) -> None:
+        """Pin this process to the target leader's cores, with its thread count (the placement's, or one a core)."""
+        leader = self.placement.target[0]
+        self._pin(leader.cores, self.placement.threads_for(leader))
+        self.threads = self.step_threads = torch.get_num_threads()
+
+    def share(self, ssd: bool) -> None:
+        """Off the draft process's cores while `ssd` (SSD runs, its draft process serving), on every core else."""
+        if ssd == self.yielded:
+            return
+        room = off_the_draft(self.placement, self.affinity, self.threads)
+        if room is not None:
+            self._pin(*(room if ssd else (self.affinity, self.threads)))
+            self.yielded = ssd
+
+    def restore(self) -> None:
+        """Every core this process had before the engine, and its thread count where SSD had taken some."""
+        if self.yielded:
+            self._pin(self.affinity, self.threads)
+            self.yielded = False
+        elif self.placement.target[0].cores is not None:
+            self._pin(self.affinity, None)
+
+    def sync_thread(self) -> None:
+        """The calling thread steps with the engine's thread count (it may not be the thread that set it)."""
+        if torch.get_num_threads() != self.step_threads:
+            torch.set_num_threads(self.step_threads)
+
+    def _pin(self, cores: set[int] | tuple[int, ...] | None, threads: int | None) -> None:
+        """engine.affinity.pin, remembering the thread count every step must run with."""
+        pin(cores, threads)
+        if threads is not None:
+            self.step_threads = threads
