@@ -17,7 +17,7 @@ import torch
 from engine import tp_worker
 from engine.attention import make_backend
 from engine.build import WORKER_TIMEOUT, build_drafter, fast_kwargs
-from engine.config import EngineConfig
+from engine.config import EngineConfig, FastPath
 from engine.core import EngineCore
 from engine.detokenizer import check_same_tokenizer
 from engine.distributed import RankSpec, free_port, make_collective_group, make_group, spawn_rank
@@ -80,10 +80,12 @@ def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, 
                  draft_path: Path | None, tokenizer, sizes: Sizes, workers: list) -> Started:
     """Load the target (rank 0 here, TP ranks 1.. in their processes, appended to `workers`), the draft, and
     the draft process: started first, it loads its draft while this process loads the target."""
+    fast = config.fast_path  # (the kernel choice behind it may build the CPU kernels: once)
+
     def spec(on: torch.device) -> DraftSpec:
         return DraftSpec(str(draft_path), sizes.num_blocks, config.block_size, sizes.max_model_len,
-                         config.max_num_seqs, config.enable_prefix_caching, config.dtype, str(on),
-                         config.fast_path, str(model_path))
+                         config.max_num_seqs, config.enable_prefix_caching, config.dtype, str(on), fast,
+                         str(model_path))
 
     remote = None
     if config.draft is not None and placement.draft is not None:
@@ -92,14 +94,14 @@ def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, 
                                RankSpec(1, placement.draft.cores, placement.threads_for(placement.draft) or 1),
                                timeout_s=config.draft_timeout_s)
     try:
-        return _start(config, placement, files, model_path, tokenizer, sizes, workers, spec, remote)
+        return _start(config, fast, placement, files, model_path, tokenizer, sizes, workers, spec, remote)
     except BaseException:
         if remote is not None:
             remote.close()
         raise
 
 
-def _start(config: EngineConfig, placement: Placement, files: ModelFiles, model_path: Path, tokenizer,
+def _start(config: EngineConfig, fast: FastPath, placement: Placement, files: ModelFiles, model_path: Path, tokenizer,
            sizes: Sizes, workers: list, spec, remote: RemoteDrafter | None) -> Started:
     device = torch.device(placement.target[0].torch_device)
     tp = TensorParallel()
@@ -108,7 +110,7 @@ def _start(config: EngineConfig, placement: Placement, files: ModelFiles, model_
         nccl_port = free_port() if device.type == "cuda" else None  # TP all-reduce on NCCL (CUDA)
         for rank, rank_device in enumerate(placement.target[1:], start=1):
             shard = TargetShardSpec(str(model_path), rank, placement.tp, sizes.num_blocks, config.block_size,
-                                    sizes.max_model_len, config.dtype, rank_device.torch_device, config.fast_path,
+                                    sizes.max_model_len, config.dtype, rank_device.torch_device, fast,
                                     nccl_port)
             rank_spec = RankSpec(rank, rank_device.cores, placement.threads_for(rank_device) or 1)
             workers.append(spawn_rank(tp_worker.serve, rank_spec, port, placement.tp, shard))
@@ -118,12 +120,12 @@ def _start(config: EngineConfig, placement: Placement, files: ModelFiles, model_
         tp = TensorParallel(0, placement.tp, collective)
     log.info("loading %s (%s) on %s", config.target, model_path, device)
     model = build_model(files.config, files.weight_files, max_positions=sizes.max_model_len, dtype=sizes.dtype,
-                        device=device, tp=tp, k_major=config.k_major_weights, packed=config.fast_path.packed,
-                        packed_kernel=config.packed_kernel, release=not config.compile)
+                        device=device, tp=tp, k_major=fast.k_major, packed=fast.packed,
+                        packed_kernel=fast.packed_kernel, release=not fast.compile)
     kwargs = dict(num_blocks=sizes.num_blocks, block_size=config.block_size, device=device, dtype=sizes.dtype,
-                  **fast_kwargs(config.fast_path, device, tp=placement.tp, max_keys=sizes.max_model_len,
+                  **fast_kwargs(fast, device, tp=placement.tp, max_keys=sizes.max_model_len,
                                 rows=config.draft is not None))
-    backend = make_backend(config.attention, device, sizes.dtype)
+    backend = make_backend(fast.attention, device, sizes.dtype)
     if placement.tp > 1:
         runner = BroadcastingRunner(model, backend, group=control, **kwargs)
     else:
