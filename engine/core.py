@@ -139,7 +139,8 @@ class EngineCore:
         else:
             ar = [s for s in self.running if self.spec[s.seq_id].mode == "ar"]
             outputs = self._decode(ar) if ar else {}
-            for spec in {self.spec[s.seq_id] for s in self.running if self.spec[s.seq_id].mode != "ar"}:
+            # a group per speculation setting, in arrival order (a set's order follows per-process string hashes)
+            for spec in dict.fromkeys(self.spec[s.seq_id] for s in self.running if self.spec[s.seq_id].mode != "ar"):
                 group = [s for s in self.running if self.spec[s.seq_id] == spec]
                 if group:  # empty when a lost draft process moved its requests to AR earlier in this step
                     outputs |= self._speculate(group, spec)
