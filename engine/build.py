@@ -100,10 +100,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of model weights one decode step reads (shared tensors counted once; a weight with 4- or 8-bit
-    panels, engine.layers.panel4 / panel8, at those panels' bytes)."""
+    panels, engine.layers.panel4 / panel8, at those panels' bytes; of an input embedding not tied to the head,
+    one row a token)."""
     from engine.layers import packed
+    from engine.layers.embedding import VocabParallelEmbedding
 
     held = {id(p): p.numel() * p.element_size() for p in model.parameters()}  # a tied tensor counted once
+    matmuls = {id(m.weight) for m in packed.bias_free_matmuls(model)}
+    for m in model.modules():
+        if type(m) is VocabParallelEmbedding and id(m.weight) not in matmuls:  # (the head class is a subclass)
+            held[id(m.weight)] = m.weight.shape[-1] * m.weight.element_size()
     low_bit = {id(m.weight): m for m in packed.bias_free_matmuls(model)
                if isinstance(getattr(m, "packed", None), packed.LOW_BIT)}
     # a low-bit copy's panels in place of its float32 weight (held, or released at load: engine.layers.unread)

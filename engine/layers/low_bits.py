@@ -133,8 +133,8 @@ def _on_panels(modules: list[nn.Module]) -> int:
 def quantize_weights(model: nn.Module, kind: str) -> int:
     """Give every bias-free matmul module of a CPU draft a ``low_bits`` callable that computes its product from
     a `kind` copy of its weight (modules sharing a weight share it), or for int8 where the panel kernels run
-    with 8-bit activations, a ``packed`` 8-bit panel copy (`int8_panels`). The float32 weights stay (the packed
-    MKL copies and the compiled steps read them). Returns the number of weights converted: 0 for "float32",
+    with 8-bit activations, a ``packed`` 8-bit panel copy (`int8_panels`). The float32 weights are released at load
+    unless a compiled step reads them (engine.layers.unread). Returns the number of weights converted: 0 for "float32",
     without fbgemm (and not on the panels), or off the CPU."""
     if kind not in KINDS:
         raise ValueError(f"draft weights must be one of {', '.join(KINDS)}, got {kind!r}")

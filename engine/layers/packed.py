@@ -209,7 +209,7 @@ def pack_weights(model: nn.Module, kernel: str = "auto") -> int:
         module.packed, module.packed_kernel, module.packed_rows = copies[key], family(kernel), max_rows(kernel)
         module.packed_min_rows = min_rows(kernel)
     four, eight = (sum(isinstance(c, kind) for c in copies.values()) for kind in LOW_BIT)
-    log.info("packed %d weights (%d of them 4-bit, %d 8-bit) for %s steps of %d-%s rows (about %.0f MB more)",
+    log.info("packed %d weights (%d of them 4-bit, %d 8-bit) for %s steps of %d-%s rows (copies of about %.0f MB)",
              len(copies), four, eight, kernel, min_rows(kernel),
              "any" if max_rows(kernel) == EVERY_STEP else max_rows(kernel), packed_bytes / 1e6)
     return len(copies)

@@ -260,3 +260,18 @@ def test_unseeded_sampling_draws_afresh_in_every_engine(tiny_llama_dir):
         with LLM(str(tiny_llama_dir), threads=1, seed=5) as engine:
             seeded.append(engine.generate("Paris is", params)[0].token_ids)
     assert seeded[0] == seeded[1]  # EngineConfig.seed keeps the old reproducible behaviour
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen3_dir"])
+def test_weight_bytes_counts_one_row_of_an_untied_input_embedding(request, fixture):
+    """The bench's bandwidth bound divides by the bytes a decode step reads: an untied input embedding gives one
+    row a token (the whole table had been counted); a tied one is the head's, read whole."""
+    with LLM(str(request.getfixturevalue(fixture)), threads=1, packed_kernel="panel") as llm:
+        model = llm.core.runner.model
+        params = {id(p): p for p in model.parameters()}
+        embedding = model.model.embed_tokens.weight
+        tied = embedding is model.lm_head.weight
+        row = embedding.shape[1] * embedding.element_size()
+        whole = sum(p.numel() * p.element_size() for p in params.values())
+        assert tied == (fixture == "tiny_qwen3_dir")
+        assert llm.weight_bytes == (whole if tied else whole - embedding.numel() * embedding.element_size() + row)
