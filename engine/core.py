@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.attention.sdpa import ROW_KERNEL_ROWS
 from engine.config import SpeculationConfig
 from engine.drafter import Drafter
 from engine.kv.block_manager import BlockManager
@@ -19,8 +18,7 @@ from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
 from engine.sequence import SeqStatus, Sequence, StepOutput
 from engine.spec_decode import sd_step, ssd_step
-from engine.spec_length import PROBE_EVERY, ROW_COST, RoundCost, best_k
-from engine.ssd import AcceptanceEstimate, adaptive_fanout
+from engine.spec_policy import SpecPolicy
 
 
 class EngineCore:
@@ -40,15 +38,7 @@ class EngineCore:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.spec: dict[int, SpeculationConfig] = {}  # request id -> how it decodes
-        self.acceptance: dict[int, AcceptanceEstimate] = {}  # request id -> its draft acceptance (fan-out, k)
-        self.paused: dict[int, int] = {}  # request id -> SD rounds it ran with k = 0 (engine.spec_length)
-        row_cost = ROW_COST.get(runner.device.type, ROW_COST["cuda"])
-        # CPU: a verify of k + 1 rows reproduces one-row decoding bit for bit only up to ROW_KERNEL_ROWS rows (the
-        # fused layers' and, on Intel, the panel GEMM's most: packed_kernels.MAX_ROWS); more rows ran SDPA's
-        # attention, and on Intel still run MKL's GEMM, whose last bits differ (under --cpu-matmul q8 the tokens
-        # did): --k 32 --fixed-k drafts at most 31
-        self.max_draft = ROW_KERNEL_ROWS - 1 if runner.device.type == "cpu" else None
-        self.round_cost = {mode: RoundCost(row_cost) for mode in ("sd", "ssd")}  # measured, for the adaptive k
+        self.policy = SpecPolicy(runner.device.type)  # draft lengths and fan-outs, from what was measured
         self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report
         self.part_prefilled: list[Sequence] = []      # the last step's prompts that ran a chunk and have more to go
 
@@ -78,8 +68,7 @@ class EngineCore:
         else:
             self.waiting.remove(seq)
         self.spec.pop(seq.seq_id, None)
-        self.acceptance.pop(seq.seq_id, None)
-        self.paused.pop(seq.seq_id, None)
+        self.policy.forget(seq)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
     def stop_string_hit(self, seq: Sequence, num_dropped: int) -> None:
@@ -150,48 +139,18 @@ class EngineCore:
         common = dict(draft_temperature=spec.draft_temperature, max_model_len=self.max_model_len,
                       ensure_capacity=self.blocks.ensure_capacity, lookup=spec.lookup)
         drafter = self.drafters[spec.mode]
-        k = {s: self._draft_length(s, spec) for s in seqs}
+        k = {s: self.policy.draft_length(s, spec) for s in seqs}
         if spec.mode == "sd":
-            return self._measured(spec.mode, sd_step(seqs, self.runner, drafter, k=k, **common))
-        fanout = spec.fanout or adaptive_fanout(max(k.values()), [self.acceptance[s.seq_id] for s in seqs
-                                                                  if s.seq_id in self.acceptance])
-        try:
-            outputs = ssd_step(seqs, self.runner, drafter, k=k, fanout=fanout, backup=spec.backup, **common)
-        except DraftLost as exc:
-            self._drop_draft(drafter, exc)
-            return self._decode(seqs)
-        return self._measured(spec.mode, outputs)
-
-    def _measured(self, mode: str, outputs: dict[Sequence, StepOutput]) -> dict[Sequence, StepOutput]:
-        """Feed one speculative step's costs to the mode's RoundCost: one verify over every request's rows and one
-        draft wait (both shared by the batch), over all the tokens drafted."""
-        stats = next((o.stats for o in outputs.values() if o.stats is not None), None)
-        if stats is not None:
-            rows = sum(o.num_drafted + 1 for o in outputs.values())
-            drafted = sum(o.num_drafted for o in outputs.values())
-            self.round_cost[mode].update(rows, stats.verify_time_s, drafted, stats.draft_time_s)
+            outputs = sd_step(seqs, self.runner, drafter, k=k, **common)
+        else:
+            fanout = self.policy.fanout(spec, max(k.values()), seqs)
+            try:
+                outputs = ssd_step(seqs, self.runner, drafter, k=k, fanout=fanout, backup=spec.backup, **common)
+            except DraftLost as exc:
+                self._drop_draft(drafter, exc)
+                return self._decode(seqs)
+        self.policy.measured(spec.mode, outputs)
         return outputs
-
-    def _draft_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
-        """_chosen_length, at most `max_draft` (the verify rows that still give one-row decoding's bits)."""
-        k = self._chosen_length(seq, spec)
-        return k if self.max_draft is None else min(k, self.max_draft)
-
-    def _chosen_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
-        """spec.k, or with adaptive_k the k <= spec.k with the most expected tokens per second for this request's
-        measured acceptance (the prior until it has some) and the mode's measured round costs. SD may pick 0 (a
-        plain step), except every PROBE_EVERY-th such round, which drafts to keep the measurements current."""
-        if not spec.adaptive_k:
-            return spec.k
-        estimate = self.acceptance.get(seq.seq_id)
-        acceptance = AcceptanceEstimate.PRIOR if estimate is None else estimate.value
-        cost = self.round_cost[spec.mode]
-        plain_ok = spec.mode == "sd" and cost.verify_one_row_s is not None  # SSD's draft process always drafts
-        k = best_k(spec.k, acceptance, cost, min_k=0 if plain_ok else 1)
-        if k > 0:
-            return k
-        paused = self.paused[seq.seq_id] = self.paused.get(seq.seq_id, 0) + 1
-        return 0 if paused % PROBE_EVERY else best_k(spec.k, acceptance, cost)
 
     def _drop_draft(self, drafter, exc: Exception) -> None:
         """The draft process died: every request using it (running or waiting) goes on in AR mode from its
@@ -283,8 +242,7 @@ class EngineCore:
             drafter = self.drafters.get(self.spec[seq.seq_id].mode)
             if drafter is not None and seq.seq_id in drafter.seqs:
                 drafter.commit(seq, out.num_drafted, out.num_accepted)
-            if out.num_drafted:
-                self.acceptance.setdefault(seq.seq_id, AcceptanceEstimate()).update(out.num_drafted, out.num_accepted)
+            self.policy.accepted(seq, out.num_drafted, out.num_accepted)
             if reason is not None:
                 self.finish(seq, reason)
         return outputs

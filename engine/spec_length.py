@@ -1,6 +1,6 @@
 """How many tokens to draft per round: the k that maximises expected tokens per second.
 
-With a per-token acceptance a (engine.ssd.AcceptanceEstimate, the geometric model), a round that drafts k
+With a per-token acceptance a (engine.spec_policy.AcceptanceEstimate, the geometric model), a round that drafts k
 tokens emits E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens (bonus included). It costs one verify
 over k + 1 query rows plus the drafting the target waits for:
 

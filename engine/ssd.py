@@ -26,43 +26,6 @@ from engine.drafter import Drafter, Proposal, draw_next
 from engine.runner import Chunk, slot_index
 from engine.sequence import Sequence
 
-
-def default_fanout(k: int, budget: int | None = None, acceptance: float = 0.8, r: float = 1.0) -> tuple[int, ...]:
-    """F_0..F_K for a fan-out budget, geometric as SSD.md derives: F_j ~ P(outcome k=j)^(1/(1+r)), with
-    P(j) = a^j (1-a) for j < K and a^K for j = K (all accepted)."""
-    budget = budget or 3 * (k + 1)
-    outcome_p = [acceptance**j * (1 - acceptance) for j in range(k)] + [acceptance**k]
-    weights = [p ** (1 / (1 + r)) for p in outcome_p]
-    return tuple(max(1, round(budget * w / sum(weights))) for w in weights)
-
-
-class AcceptanceEstimate:
-    """A request's per-token draft acceptance, for its fan-out: the geometric model's estimate (accepted tokens
-    over accepted tokens plus rejections), over recent rounds (each weighs DECAY of the one after it), starting
-    from PRIOR as if PRIOR_ROUNDS rounds had shown it."""
-
-    PRIOR, PRIOR_ROUNDS, DECAY = 0.8, 4, 0.9
-
-    def __init__(self) -> None:
-        self.accepted, self.trials = self.PRIOR * self.PRIOR_ROUNDS, float(self.PRIOR_ROUNDS)
-
-    def update(self, num_drafted: int, num_accepted: int) -> None:
-        if num_drafted > 0:
-            rejected = num_accepted < num_drafted
-            self.accepted = self.DECAY * self.accepted + num_accepted
-            self.trials = self.DECAY * self.trials + num_accepted + rejected
-
-    @property
-    def value(self) -> float:
-        return self.accepted / self.trials
-
-
-def adaptive_fanout(k: int, estimates: list[AcceptanceEstimate]) -> tuple[int, ...]:
-    """The geometric fan-out for the batch's mean acceptance, rounded to 0.1 (so it changes rarely)."""
-    mean = sum(e.value for e in estimates) / len(estimates) if estimates else AcceptanceEstimate.PRIOR
-    return default_fanout(k, acceptance=min(0.9, max(0.1, round(mean, 1))))
-
-
 SCRATCH_SLOTS = 256  # branch tokens one request may hold: branches * k (more branches are dropped)
 
 

@@ -96,7 +96,7 @@ def run_engine_mode(
         progress(f"{spec.mode}: prompt {i}/{len(prompt_ids)}")
         out = llm.generate([ids], params)[0]
         runs.append(PromptRun(list(out.token_ids), out.stats.ttft_s, out.stats.decode_time_s, out.stats.spec))
-    cost = llm.core.round_cost.get(spec.mode)
+    cost = llm.core.policy.round_cost.get(spec.mode)
     measured = cost is not None and cost.verify_one_row_s is not None
     compiled_share = None
     if runner.compiled is not None and runner.num_forwards > forwards_before:

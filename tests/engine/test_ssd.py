@@ -11,7 +11,7 @@ from engine.config import SpeculationConfig
 from engine.errors import InvalidParameterError
 from engine.outputs import TokenSource
 from engine.sequence import Sequence
-from engine.ssd import AcceptanceEstimate, adaptive_fanout, default_fanout
+from engine.spec_policy import AcceptanceEstimate, adaptive_fanout, default_fanout
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)
