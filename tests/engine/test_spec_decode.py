@@ -193,3 +193,24 @@ def test_a_draft_with_another_tokenizer_is_refused(tiny_llama_dir, tmp_path):
     with pytest.raises(EngineError) as err:
         LLM(str(tiny_llama_dir), draft=str(other_family))
     assert "tokenizer" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_requests_of_several_speculation_settings_run_as_groups_in_arrival_order(llm, monkeypatch):
+    """One step with requests of six settings (k 6..1) speculates group by group in the order the requests came (a
+    set of the settings ran them in the order of per-process string hashes)."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    order, speculate = [], type(llm.core)._speculate
+
+    def recording(core, seqs, spec):
+        order.append(spec.k)
+        return speculate(core, seqs, spec)
+
+    monkeypatch.setattr(type(llm.core), "_speculate", recording)
+    before, streams = llm.speculation, []
+    for k in range(6, 0, -1):
+        llm.speculation = SpeculationConfig(mode="sd", k=k, adaptive_k=False)
+        streams.append(llm.stream(PROMPTS[k % len(PROMPTS)], greedy))  # (added now, stepped together below)
+    llm.speculation = before
+    finished = [list(stream)[-1] for stream in streams]
+    assert all(isinstance(f, RequestFinished) for f in finished)
+    assert order[:6] == [6, 5, 4, 3, 2, 1]  # the first decode step: every group, in arrival order
