@@ -341,6 +341,20 @@ def test_a_closed_stdin_is_a_one_line_error(args, tiny_llama_dir):
     assert len(lines) == 1 and lines[0].startswith("error: stdin is closed"), result.stderr
 
 
+@pytest.mark.parametrize("args", [["ask", "Paris is"], ["--plain"], ["models"], ["bench", "--limit", "1"]],
+                         ids=["ask", "plain", "models", "bench"])
+def test_a_closed_stdout_is_a_one_line_error(args, tiny_llama_dir):
+    """`ssd-chat ... >&-`: Python's sys.stdout is None; input() and rich raised, and ask's reply was dropped."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ssd_chat", *args, *([] if args == ["models"] else ["--target", str(tiny_llama_dir)])],
+        cwd=REPO_ROOT, input="Paris is\n", capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=120, preexec_fn=lambda: os.close(1),
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: stdout is closed"), result.stderr
+
+
 @pytest.mark.parametrize("args", [["ask", "Paris is"], ["ask", "Paris is", "--json"], ["--plain"]],
                          ids=["ask", "ask --json", "plain"])
 def test_a_reader_gone_ends_it_quietly_as_sigpipe_would(args, tiny_llama_dir):
