@@ -203,9 +203,9 @@ class LLM:
         if isinstance(prompt, str):
             check_text(prompt)
             return self.tokenizer.encode(prompt)
-        if not _is_token_ids(prompt):
+        if not (_is_token_ids(prompt) or (isinstance(prompt, list | tuple) and not prompt)):  # []: see below
             raise InvalidParameterError("a prompt must be a string or a list of token ids")
-        return list(prompt)
+        return list(prompt)  # ([]: check_prompt says "the prompt is empty"; it said "must be ... token ids")
 
     def _add(self, token_ids: list[int], params: SamplingParams) -> RequestState:
         if not self._open:

@@ -28,8 +28,9 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        # Accept lists from callers but store tuples (the dataclass is frozen and hashable).
-        object.__setattr__(self, "stop", tuple(self.stop))
+        # Accept lists from callers but store tuples (the dataclass is frozen and hashable); one string is one stop
+        # string, not its characters.
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if not (0.0 <= self.temperature <= 100.0):
             raise InvalidParameterError(

@@ -83,8 +83,8 @@ class PairSettings:
     head_vocab: int = DEFAULT_HEAD_VOCAB  # tokens the target can emit (ids below this); 0: all, with a tied head
 
     def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise InvalidParameterError(f"seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed < 2**64:  # (torch's generator takes no other seed)
+            raise InvalidParameterError(f"seed must be in 0..2^64-1, got {self.seed}")
         if not 1 <= self.draft_layers < self.shape.num_layers:
             raise InvalidParameterError(
                 f"draft_layers must be between 1 and {self.shape.num_layers - 1} (the target has "

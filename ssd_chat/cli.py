@@ -25,6 +25,7 @@ from ssd_chat import __version__, stop_signals
 from ssd_chat.cli_bench import bench
 from ssd_chat.cli_make import distill, make_pair
 from ssd_chat.cli_options import (
+    STDOUT_CLOSED,
     Attention,
     Backup,
     Compile,
@@ -77,7 +78,7 @@ def main() -> None:
     command as Ctrl-C does (ssd_chat.stop_signals)."""
     stop_signals.install()
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False) if sys.stdout is not None else report(STDOUT_CLOSED)
     except typer.TyperException as err:  # typer's usage errors: bad value, missing argument, unknown option
         code = report(err.format_message())
     except (typer.Abort, KeyboardInterrupt):  # (a second Ctrl-C can land in click's own handling of the first)

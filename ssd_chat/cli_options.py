@@ -19,6 +19,9 @@ from ssd_chat.prompts import BenchInputError
 from ssd_chat.tui.commands import ENTER_MODES
 
 EXIT_USER_ERROR = 2
+# Started with stdout closed (`>&-`: Python's sys.stdout is None), the replies, tables and results had nowhere to
+# go: input() and rich failed with a traceback, click's echo dropped them.
+STDOUT_CLOSED = "stdout is closed: give ssd-chat a terminal, a pipe or a file (>/dev/null drops what it writes)"
 
 
 def report(message: str) -> int:

@@ -14,6 +14,7 @@ Data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "
 PRECISIONS = ("auto", "fp32", "bf16")
 REPLY_DTYPES = ("float32", "bfloat16")
 LOSSES = ("ce", "kl", "topk")
+MAX_SEED = 2**32 - 1  # the seeds derived from it (reply_seed, the epoch orders) stay in torch's range
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "labels" | "training"), done, total, detail
@@ -87,9 +89,12 @@ class DistillConfig:
                                         f"got {self.save_weights!r}")
         if self.loss not in LOSSES:
             raise InvalidParameterError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        for name in ("lr", "kl_lr"):
-            if not getattr(self, name) > 0:
-                raise InvalidParameterError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.seed > MAX_SEED:
+            raise InvalidParameterError(f"--seed must be at most {MAX_SEED}, got {self.seed}")
+        for name in ("lr", "kl_lr"):  # (inf trains the draft into NaNs)
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise InvalidParameterError(f"--{name.replace('_', '-')} must be a number > 0, got "
+                                            f"{getattr(self, name)}")
         if not 0.0 <= self.temperature <= 100.0:
             raise InvalidParameterError(f"--temperature must be between 0 (greedy) and 100, got {self.temperature}")
         if self.max_prompts is not None and self.max_prompts < 1:

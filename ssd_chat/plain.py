@@ -58,18 +58,21 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
     console = console or PipeConsole(highlight=False)
     err = PipeConsole(stderr=True, highlight=False)
     interactive = sys.stdin.isatty()
+    # Typed at a terminal with stdout a file or pipe (`ssd-chat > replies.txt`): the banner and the prompt go to
+    # stderr, where the user looks, and stdout keeps only the replies.
+    screen = console if _is_terminal(console.file) else err
     start = [{"role": "system", "content": system}] if system is not None else []
     history = list(start)
     window = 0  # the first turn message the model still sees (ssd_chat.context_window)
     if interactive:
-        console.print(f"{llm.config.target}: /clear resets the conversation, /exit or Ctrl-D quits, Ctrl-C stops "
-                      "a reply.", style="dim", markup=False)
+        screen.print(f"{llm.config.target}: /clear resets the conversation, /exit or Ctrl-D quits, Ctrl-C stops "
+                     "a reply.", style="dim", markup=False)
     while True:
         try:
-            line = input(">>> " if interactive else "").strip()
+            line = _read_line(">>> " if interactive else "", None if screen is console else screen).strip()
         except (EOFError, KeyboardInterrupt):
             if interactive:
-                console.print()
+                screen.print()
             return
         if is_slash(line):  # the chat app's rule: one / starts a command, // a prompt that begins with /
             command, _ = split_slash(line)
@@ -101,6 +104,22 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         window = moved  # (a refused prompt moves no turn out of the model's view)
         history.append({"role": "assistant", "content": output.text})
         err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # (no isatty, or closed)
+        return False
+
+
+def _read_line(prompt: str, prompt_to: Console | None) -> str:
+    """input(prompt); with `prompt_to`, the prompt goes there instead of stdout, where input() writes it."""
+    if prompt and prompt_to is not None:
+        prompt_to.file.write(prompt)
+        prompt_to.file.flush()
+        prompt = ""
+    return input(prompt)
 
 
 def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params: SamplingParams,

@@ -40,6 +40,9 @@ def test_empty_prompt_and_bad_token_ids(llm):
     with pytest.raises(InvalidParameterError) as err:
         llm.generate([""], SamplingParams())
     one_line(err)
+    with pytest.raises(InvalidParameterError) as err:  # (it said: must be a string or a list of token ids)
+        llm.generate([[]], SamplingParams())
+    assert "the prompt is empty" in one_line(err)
     with pytest.raises(InvalidParameterError) as err:
         llm.generate([[1, 10**6]], SamplingParams())
     assert "token ids" in one_line(err)

@@ -63,6 +63,11 @@ def test_invalid_values_are_refused_with_one_line(kwargs):
     assert "\n" not in str(err.value) and str(err.value)
 
 
+def test_one_stop_string_is_one_stop_string_not_its_characters():
+    assert SamplingParams(stop="end").stop == ("end",)  # (it was ("e", "n", "d"): a reply stopped at any e)
+    assert SamplingParams(stop=["end", "fin"]).stop == ("end", "fin")
+
+
 def test_a_batch_of_rows_is_filtered_as_each_row_alone():
     rows = torch.randn(5, 40, generator=torch.Generator().manual_seed(3)) * 3
     for top_k, top_p in ((3, 1.0), (0, 0.7), (8, 0.5)):

@@ -155,7 +155,8 @@ def test_the_head_emits_only_the_first_head_vocab_ids_and_the_draft_scores_only_
 
 @pytest.mark.parametrize(
     "settings",
-    [{"draft_layers": 0}, {"draft_layers": SMALL.num_layers}, {"damping": 1.5}, {"seed": -1}, {"head_vocab": -1},
+    [{"draft_layers": 0}, {"draft_layers": SMALL.num_layers}, {"damping": 1.5}, {"seed": -1}, {"seed": 2**64},
+     {"head_vocab": -1},
      {"head_vocab": 99_999_999}],  # (past the vocabulary: it was built, over the pair the aliases use)
 )
 def test_bad_settings_are_one_line_errors(tmp_path: Path, settings: dict) -> None:

@@ -253,12 +253,16 @@ def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_p
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     base = ["distill", "--target", str(tiny_llama_dir), "--prompts", str(prompts_file)]
+    trains = [*base, "--steps", "2", *TRAIN_ARGS]  # (the others would stop at the tiny target's layers too)
     cases = {
         "more layers than the target": [*base, "--out", str(tmp_path / "o1"), "--draft-layers", "3"],
         "unwritable out": [*base, "--out", str(a_file / "sub")],
         "out is a file": [*base, "--out", str(a_file)],
         "out holds other files": [*base, "--out", str(tmp_path / "busy")],
         "negative steps": [*base, "--out", str(tmp_path / "o2"), "--steps", "-1"],
+        "seed past torch's range": [*trains, "--out", str(tmp_path / "o9"), "--seed", str(2**64)],
+        "infinite learning rate": [*trains, "--out", str(tmp_path / "o10"), "--lr", "inf"],  # (it trained NaNs)
+        "infinite KL learning rate": [*trains, "--out", str(tmp_path / "o11"), "--kl-steps", "2", "--kl-lr", "inf"],
         "unknown precision": [*base, "--out", str(tmp_path / "o5"), "--precision", "fp8"],
         "unknown reply dtype": [*base, "--out", str(tmp_path / "o7"), "--reply-dtype", "int4"],
         "unknown storage": [*base, "--out", str(tmp_path / "o8"), "--save-weights", "int4"],

@@ -135,3 +135,24 @@ def test_ctrl_c_drops_the_lines_pasted_ahead_on_a_terminal_only():
         assert discard_typed_ahead(read) == 0 and os.read(read, 100) == b"next prompt\n"
     finally:
         os.close(read), os.close(write)
+
+
+def test_typed_at_a_terminal_into_a_file_the_file_gets_only_the_replies(monkeypatch, capsys):
+    """`ssd-chat > replies.txt` at a terminal: the banner, the >>> prompts and the newline at Ctrl-D go to stderr
+    (where the user looks); stdout, a file here, holds the replies alone."""
+    engine = FakeEngine()
+    queue = iter(["hi", "again"])
+
+    def terminal_input(prompt: str = "") -> str:  # as input() does where stdout is no terminal
+        sys.stdout.write(prompt)
+        try:
+            return next(queue)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", terminal_input)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
+    captured = capsys.readouterr()
+    assert captured.out == 2 * (REPLY + "\n")
+    assert "/exit or Ctrl-D quits" in captured.err and captured.err.count(">>> ") == 3
