@@ -280,7 +280,8 @@ class LLM:
 
 
 def _is_token_ids(prompt: object) -> bool:
-    return isinstance(prompt, list | tuple) and len(prompt) > 0 and all(isinstance(t, int) for t in prompt)
+    return isinstance(prompt, list | tuple) and len(prompt) > 0 and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt)
 
 
 __all__ = ["LLM"]

@@ -46,6 +46,9 @@ def test_empty_prompt_and_bad_token_ids(llm):
     with pytest.raises(InvalidParameterError) as err:
         llm.generate([[1, 10**6]], SamplingParams())
     assert "token ids" in one_line(err)
+    with pytest.raises(InvalidParameterError) as err:  # (True is an int to Python: a torch error deep down)
+        llm.generate([[True, False]], SamplingParams())
+    assert "token ids" in one_line(err)
 
 
 def test_bad_chat_messages(llm):
