@@ -15,6 +15,7 @@ one drawn from, or a p filtered otherwise than AR's, shows. A correct engine fai
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -30,15 +31,16 @@ from tests.engine.test_speculative import P_BROKEN, P_PASS, chi_square_p_value
 
 VOCAB, START, NUM_EMIT, MAX_K = 4, 1, 4, 2
 BLOCK_SIZE, MAX_LEN = 4, 64
-PARAMS = SamplingParams(temperature=0.8, top_k=3, top_p=0.9, max_tokens=8, ignore_eos=True)
+PARAMS = SamplingParams(temperature=0.8, top_k=2, top_p=0.9, max_tokens=8, ignore_eos=True)
 DRAFT_TEMPERATURE = 1.7  # far from the request's 0.8: a q taken at the wrong temperature is far from the right one
 FANOUT = (2, 2, 2)  # few branches: both cache hits and misses are common (asserted)
 
 
 def _tables() -> tuple[torch.Tensor, torch.Tensor]:
-    """Target and draft next-token logits [V, V] (row = the previous token). In every target row top-k drops a
-    token, and in row 0 top-p drops one more. The draft ranks the tokens otherwise, and its head cannot emit token
-    V - 1 (a reduced-vocabulary head: -inf, q = 0), which the target often allows."""
+    """Target and draft next-token logits [V, V] (row = the previous token). Top-k drops two tokens of every row
+    (of the draft's too, which has three), and in target row 0 top-p drops one more. The draft ranks the tokens
+    otherwise, and its head cannot emit token V - 1 (a reduced-vocabulary head: -inf, q = 0), which the target
+    often allows."""
     target = torch.tensor([[2.5, 0.3, 0.0, -0.5], [0.0, 0.9, 0.2, 0.6], [0.5, 0.1, 0.9, 0.2], [0.3, 0.8, 0.0, 0.7]])
     draft = target[:, [1, 2, 0, 3]].clone()
     draft[:, VOCAB - 1] = float("-inf")
@@ -143,6 +145,9 @@ def test_the_cases_exercise_what_they_claim():
     assert bool((filtered == 0).any(-1).all())  # top-k / top-p drop a token in every target row...
     q = torch.stack([probabilities(row, SamplingParams(temperature=DRAFT_TEMPERATURE)) for row in DRAFT_LOGITS])
     assert bool((q[:, -1] == 0).all()) and bool((filtered[:, -1] > 0).any())  # ...the draft never emits one p allows
+    draft_params = replace(PARAMS, temperature=DRAFT_TEMPERATURE)
+    q_filtered = torch.stack([probabilities(row, draft_params) for row in DRAFT_LOGITS])  # [V, V]
+    assert bool(((q - q_filtered).abs().sum(-1) > 0.2).all())  # the filters change q too
     unfiltered = torch.softmax(TARGET_LOGITS / PARAMS.temperature, dim=-1)
     assert bool(((unfiltered - filtered).abs().sum(-1) > 0.2).all())  # and the filters matter
     assert {draft_length(Sequence(0, [START, a, b], PARAMS)) for a in range(VOCAB) for b in range(VOCAB)} == {0, 1, 2}
