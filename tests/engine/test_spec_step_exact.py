@@ -1,0 +1,167 @@
+"""Sampled SD and SSD steps, end to end through the engine's own step code, follow AR's distribution exactly.
+
+test_speculative.py checks the rejection rule (`verify_sampled`) on distributions it builds itself; the engine
+checks (test_spec_sampling.py) run real models but never a draft temperature, top-k or top-p, and take minutes.
+Here the real `sd_step` / `ssd_step`, `Drafter` / `SsdDrafter` (proposals, cache, hits, misses, fast backup),
+`draw_next` and `spec_decode.verify` run on stand-in runners whose "models" are order-1 Markov chains (a token's
+next-token logits are one row of a table), so thousands of requests take seconds. What is checked is what a user
+sees: the joint distribution of a request's first NUM_EMIT tokens, by a chi-square test against the exact AR
+distribution (the product of the filtered target rows AR samples from). Each case has a temperature, top-k and
+top-p on the request, a draft temperature of its own, a draft head that cannot emit one token (q = 0 there) and
+a draft length that changes with the request's history, so that a q recorded from another distribution than the
+one drawn from, or a p filtered otherwise than AR's, shows. A correct engine fails with probability P_PASS
+(1e-6) per case: all seeds are fixed, so each run is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.drafter import Drafter
+from engine.sampling import probabilities, sample_token
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from engine.spec_decode import sd_step, ssd_step
+from engine.ssd import SsdDrafter
+from tests.engine.test_speculative import P_BROKEN, P_PASS, chi_square_p_value
+
+VOCAB, START, NUM_EMIT, MAX_K = 4, 1, 4, 2
+BLOCK_SIZE, MAX_LEN = 4, 64
+PARAMS = SamplingParams(temperature=0.8, top_k=2, top_p=0.9, max_tokens=8, ignore_eos=True)
+DRAFT_TEMPERATURE = 1.7  # far from the request's 0.8: a q taken at the wrong temperature is far from the right one
+FANOUT = (2, 2, 2)  # few branches: both cache hits and misses are common (asserted)
+
+
+def _tables() -> tuple[torch.Tensor, torch.Tensor]:
+    """Target and draft next-token logits [V, V] (row = the previous token). Top-k drops two tokens of every row
+    (of the draft's too, which has three), and in target row 0 top-p drops one more. The draft ranks the tokens
+    otherwise, and its head cannot emit token V - 1 (a reduced-vocabulary head: -inf, q = 0), which the target
+    often allows."""
+    target = torch.tensor([[2.5, 0.3, 0.0, -0.5], [0.0, 0.9, 0.2, 0.6], [0.5, 0.1, 0.9, 0.2], [0.3, 0.8, 0.0, 0.7]])
+    draft = target[:, [1, 2, 0, 3]].clone()
+    draft[:, VOCAB - 1] = float("-inf")
+    return target, draft
+
+
+TARGET_LOGITS, DRAFT_LOGITS = _tables()
+
+
+class MarkovRunner:
+    """A ModelRunner stand-in: the logits after a token are TABLE[token], whatever the KV slots hold."""
+
+    block_size, first_extra_slot = BLOCK_SIZE, 1 << 20
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table  # [V, V]
+        self.model = SimpleNamespace(args=SimpleNamespace(vocab_size=table.shape[-1]))
+
+    def run(self, chunks, *, all_logits: bool = False, greedy: bool = False) -> torch.Tensor:
+        ids = [t for c in chunks for t in c.token_ids()] if all_logits else [c.token_ids()[-1] for c in chunks]
+        return self.table[ids]  # [rows, V]
+
+    def run_spans(self, ids, positions, write_slots, spans, *, all_logits: bool, greedy: bool = False) -> torch.Tensor:
+        rows = range(len(ids)) if all_logits else [s.q_start + s.q_len - 1 for s in spans]
+        return self.table[[ids[r] for r in rows]]  # [rows, V]
+
+
+class Blocks:
+    """A BlockManager stand-in: every sequence gets fresh block ids as it grows; nothing is shared or freed."""
+
+    def __init__(self) -> None:
+        self.next_block = 0
+
+    def ensure_capacity(self, seq: Sequence, num_tokens: int) -> None:
+        while len(seq.block_table) * BLOCK_SIZE < num_tokens:
+            seq.block_table.append(self.next_block)
+            self.next_block += 1
+
+    def allocate(self, seq: Sequence) -> None:
+        self.ensure_capacity(seq, len(seq.token_ids))
+
+    def commit(self, seq: Sequence) -> None:
+        pass
+
+    def free_blocks(self, seq: Sequence) -> None:
+        seq.block_table.clear()
+
+
+def draft_length(seq: Sequence) -> int:
+    """k for this round: a function of the request's history only (as adaptive k's estimates are), 0..MAX_K."""
+    return (sum(seq.token_ids) + len(seq.token_ids)) % (MAX_K + 1)
+
+
+def exact_ar_probs(table: torch.Tensor | None = None) -> torch.Tensor:
+    """P(t1..t4 | START) when AR samples each token from `table`'s row for the token before it (default: the
+    filtered target rows, which AR samples from), flattened to t1 * V^3 + t2 * V^2 + t3 * V + t4. [V^4]"""
+    if table is None:
+        table = torch.stack([probabilities(row, PARAMS) for row in TARGET_LOGITS])  # [V, V]
+    joint = table[START].double()  # [V]: sequences of one token
+    for _ in range(NUM_EMIT - 1):  # sequence s then token t: index s * V + t; s's last token is s % V
+        joint = (joint[:, None] * table.double()[torch.arange(joint.numel()) % VOCAB]).reshape(-1)  # [V * len]
+    return joint
+
+
+def speculative_counts(mode: str, n: int, seed: int, backup: str = "jit") -> tuple[torch.Tensor, dict[str, int]]:
+    """Counts [V^NUM_EMIT] of the first NUM_EMIT tokens of `n` requests (the first sampled by AR at the prefill, as
+    the core does, the rest by sd_step or ssd_step, all requests batched in each step), and how the rounds went:
+    draft tokens accepted, rounds with a rejection, SSD's cache hits and misses."""
+    target, blocks = MarkovRunner(TARGET_LOGITS), Blocks()
+    draft = MarkovRunner(DRAFT_LOGITS)
+    drafter = Drafter(draft, Blocks()) if mode == "sd" else SsdDrafter(draft, Blocks(), max_model_len=MAX_LEN,
+                                                                       max_num_seqs=n)
+    seeds = torch.randint(2**62, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    seqs = [Sequence(i, [START], PARAMS, torch.Generator().manual_seed(s)) for i, s in enumerate(seeds)]
+    drafter.start(seqs)  # the prefill (as the core: the draft's sequence holds the prompt), then its token, AR's
+    for seq in seqs:
+        blocks.allocate(seq)
+        seq.token_ids.append(sample_token(TARGET_LOGITS[START], PARAMS, seq.generator))
+    tally = {"hit": 0, "miss": 0, "rejected": 0, "accepted": 0}
+    common = dict(draft_temperature=DRAFT_TEMPERATURE, max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity)
+    active = seqs
+    while active:
+        k = {seq: draft_length(seq) for seq in active}
+        outputs = (sd_step(active, target, drafter, k=k, **common) if mode == "sd"
+                   else ssd_step(active, target, drafter, k=k, fanout=FANOUT, backup=backup, **common))
+        for seq, out in outputs.items():  # the core's commit
+            seq.token_ids += out.tokens
+            seq.num_computed_tokens = out.num_computed
+            drafter.commit(seq, out.num_drafted, out.num_accepted)
+            tally["accepted"] += out.num_accepted
+            tally["rejected"] += out.num_accepted < out.num_drafted
+            if out.stats.cache_hit is not None and out.num_drafted:
+                tally["hit" if out.stats.cache_hit else "miss"] += 1
+        active = [seq for seq in active if seq.num_generated < NUM_EMIT]
+    first = torch.tensor([seq.generated_ids[:NUM_EMIT] for seq in seqs])  # [n, NUM_EMIT]
+    index = (first * VOCAB ** torch.arange(NUM_EMIT - 1, -1, -1)).sum(-1)  # [n]
+    return torch.bincount(index, minlength=VOCAB**NUM_EMIT), tally
+
+
+def test_the_cases_exercise_what_they_claim():
+    filtered = torch.stack([probabilities(row, PARAMS) for row in TARGET_LOGITS])  # [V, V]
+    assert bool((filtered == 0).any(-1).all())  # top-k / top-p drop a token in every target row...
+    q = torch.stack([probabilities(row, SamplingParams(temperature=DRAFT_TEMPERATURE)) for row in DRAFT_LOGITS])
+    assert bool((q[:, -1] == 0).all()) and bool((filtered[:, -1] > 0).any())  # ...the draft never emits one p allows
+    draft_params = replace(PARAMS, temperature=DRAFT_TEMPERATURE)
+    q_filtered = torch.stack([probabilities(row, draft_params) for row in DRAFT_LOGITS])  # [V, V]
+    assert bool(((q - q_filtered).abs().sum(-1) > 0.2).all())  # the filters change q too
+    unfiltered = torch.softmax(TARGET_LOGITS / PARAMS.temperature, dim=-1)
+    assert bool(((unfiltered - filtered).abs().sum(-1) > 0.2).all())  # and the filters matter
+    assert {draft_length(Sequence(0, [START, a, b], PARAMS)) for a in range(VOCAB) for b in range(VOCAB)} == {0, 1, 2}
+
+
+@pytest.mark.parametrize(("mode", "backup"), [("sd", "jit"), ("ssd", "jit"), ("ssd", "fast")])
+def test_sampled_steps_follow_the_ar_distribution(mode, backup):
+    n = 4000
+    counts, tally = speculative_counts(mode, n, seed=17, backup=backup)
+    assert tally["accepted"] > n / 4 and tally["rejected"] > n / 4  # both paths of the rule, often
+    if mode == "ssd":  # proposals from the cache and from the backup, often
+        assert tally["hit"] > n / 10 and tally["miss"] > n / 10, tally
+    exact = exact_ar_probs()
+    assert chi_square_p_value(counts, exact) > P_PASS
+    # The same counts against the unfiltered target: the test can tell the two apart.
+    unfiltered = torch.softmax(TARGET_LOGITS / PARAMS.temperature, dim=-1)  # [V, V]
+    assert chi_square_p_value(counts, exact_ar_probs(unfiltered)) < P_BROKEN
