@@ -99,7 +99,7 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
             history.pop()
-            err.print(f"error: {error} (/clear starts a new conversation)", markup=False, soft_wrap=True)
+            err.print(f"error: {error}", markup=False, soft_wrap=True)  # (/clear would not help: the window moves)
             continue
         window = moved  # (a refused prompt moves no turn out of the model's view)
         history.append({"role": "assistant", "content": output.text})

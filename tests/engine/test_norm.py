@@ -43,6 +43,7 @@ def test_add_forward_adds_the_residual_in_place_then_normalises():
 @needs_kernel
 def test_the_compiled_op_gives_the_eager_bits():
     layer, x = _norm(576, 2)
+    torch.compiler.assume_constant_result(panel.ready)  # as engine.compiled_decode marks it (run alone, it was not)
     compiled = torch.compile(layer.forward, dynamic=True, fullgraph=True)
     for rows in (1, 5):
         assert torch.equal(compiled(x[:rows]), layer(x[:rows])), rows

@@ -15,6 +15,8 @@ from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.speculative import Verdict
 
+pytestmark = pytest.mark.slow  # 4000 requests a mode: minutes (test_spec_step_exact.py checks the step code in seconds)
+
 VOCAB = ["<eos>", "a", "b", "c", "d", "e", "f", "g"]
 PROMPT = [1, 2, 3]
 TEMPERATURE = 0.9

@@ -72,7 +72,7 @@ def test_plain_reports_an_engine_error_in_one_line_and_goes_on(monkeypatch, caps
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines()[0] == (
-        "error: the prompt has 900 tokens but the context limit is 512: shorten it (/clear starts a new conversation)"
+        "error: the prompt has 900 tokens but the context limit is 512: shorten it"
     )
     assert REPLY in captured.out
     assert engine.calls[-1][0] == [{"role": "user", "content": "fine"}]  # the refused prompt is not kept
