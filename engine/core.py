@@ -10,28 +10,30 @@ from __future__ import annotations
 from collections import deque
 
 from engine.config import SpeculationConfig
-from engine.drafter import Drafter
 from engine.kv.block_manager import BlockManager
 from engine.outputs import FinishReason, TokenSource
-from engine.remote_drafter import DraftLost
+from engine.remote_drafter import DraftLost, RemoteDrafter
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
 from engine.sequence import SeqStatus, Sequence, StepOutput
 from engine.spec_decode import sd_step, ssd_step
 from engine.spec_policy import SpecPolicy
+from engine.ssd import SsdDrafter
+
+DraftSide = SsdDrafter | RemoteDrafter  # the in-process draft, or SSD's draft process (the same calls, but `start`)
 
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, blocks: BlockManager, *, max_model_len: int, max_num_seqs: int,
-                 eos_token_ids: frozenset[int], prefill_chunk: int, drafter: Drafter | None = None,
-                 ssd_drafter=None):
+                 eos_token_ids: frozenset[int], prefill_chunk: int, drafter: SsdDrafter | None = None,
+                 ssd_drafter: RemoteDrafter | None = None):
         """`drafter` serves SD (and SSD unless `ssd_drafter`, a draft in its own process, is given). A prompt
         prefills `prefill_chunk` tokens a step at most (all requests together)."""
         self.runner = runner
         self.prefill_chunk = prefill_chunk
         self.blocks = blocks
         self.drafter = drafter
-        self.drafters: dict[str, Drafter] = {} if drafter is None else {"sd": drafter, "ssd": ssd_drafter or drafter}
+        self.drafters: dict[str, DraftSide] = {} if drafter is None else {"sd": drafter, "ssd": ssd_drafter or drafter}
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -152,7 +154,7 @@ class EngineCore:
         self.policy.measured(spec.mode, outputs)
         return outputs
 
-    def _drop_draft(self, drafter, exc: Exception) -> None:
+    def _drop_draft(self, drafter: RemoteDrafter, exc: Exception) -> None:
         """The draft process died: every request using it (running or waiting) goes on in AR mode from its
         committed tokens (nothing is lost or repeated: a failed round commits nothing), and later requests of
         its modes fall back to AR too (see `add`)."""
@@ -195,15 +197,15 @@ class EngineCore:
                 outputs[seq].draft_reused_tokens = reused
         return outputs
 
-    def _by_drafter(self, seqs: list[Sequence]) -> dict[Drafter, list[Sequence]]:
-        by_drafter: dict[Drafter, list[Sequence]] = {}
+    def _by_drafter(self, seqs: list[Sequence]) -> dict[DraftSide, list[Sequence]]:
+        by_drafter: dict[DraftSide, list[Sequence]] = {}
         for seq in seqs:
             drafter = self.drafters.get(self.spec[seq.seq_id].mode)
             if drafter is not None:
                 by_drafter.setdefault(drafter, []).append(seq)
         return by_drafter
 
-    def _start_draft(self, drafter, seqs: list[Sequence]) -> dict[Sequence, int]:
+    def _start_draft(self, drafter: RemoteDrafter, seqs: list[Sequence]) -> dict[Sequence, int]:
         try:
             return drafter.start(seqs, self._reserve_tokens)
         except DraftLost as exc:

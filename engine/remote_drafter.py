@@ -105,6 +105,8 @@ class RemoteDrafter:
 
     # -- admission (a conservative count: the draft's prefix sharing is not known here) ---------
     def admission_budget(self, running: list[Sequence], reserve_of: Callable[[Sequence], int]) -> int:
+        """The draft's free blocks less those its running requests hold (counted at `start` from their reserves:
+        `reserve_of` is Drafter.admission_budget's, not needed here)."""
         held = sum(self.seqs[s.seq_id] for s in running if s.seq_id in self.seqs)
         return self.num_blocks - held
 

@@ -42,7 +42,7 @@ class SsdDrafter(Drafter):
         self.free_regions = list(range(max_num_seqs))
         self.region: dict[int, int] = {}               # request id -> its scratch region
 
-    def start(self, seqs: list[Sequence], reserve_of=None, upto=None) -> dict[Sequence, int]:
+    def start(self, seqs: list[Sequence], upto: dict[Sequence, int] | None = None) -> dict[Sequence, int]:
         for seq in seqs:
             if seq.seq_id not in self.region:  # (a later chunk of its prompt)
                 self.region[seq.seq_id] = self.free_regions.pop()
@@ -56,7 +56,8 @@ class SsdDrafter(Drafter):
         """Proposals for this round: from the cache on a hit; on a miss drafted just in time (backup "jit") or
         guessed from the context at no cost (backup "fast": see `_fast_guess`). hit is None for a request's
         first round (nothing could be cached yet). `lookup`: greedy just-in-time drafts take the context
-        lookup's token where it has one."""
+        lookup's token where it has one. (`fanout`: the draft process's reply needs it; here `build_cache` takes
+        it.)"""
         proposals, hits, misses = {}, {}, {}
         for seq, k in wanted.items():
             outcome = self.outcome.pop(seq.seq_id, None)
