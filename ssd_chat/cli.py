@@ -83,6 +83,7 @@ def main() -> None:
         code = report(err.format_message())
     except (typer.Abort, KeyboardInterrupt):  # (a second Ctrl-C can land in click's own handling of the first)
         code = 130
+        stop_signals.end_line()
     except Exception:
         if stop_signals.received() is None:
             raise
@@ -97,15 +98,6 @@ def LLM(**kwargs) -> engine.llm.LLM:  # the engine's class, imported on first us
     from engine.llm import LLM as EngineLLM
 
     return EngineLLM(**kwargs)
-
-
-@contextmanager
-def _open_llm(target: str, **engine_kwargs) -> Iterator[engine.llm.LLM]:
-    llm = LLM(target=target, **engine_kwargs)
-    try:
-        yield llm
-    finally:
-        llm.close()
 
 
 @contextmanager
@@ -186,7 +178,7 @@ def root(
             if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
                 raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
                                       "pipe or a file)")
-            with _quiet_when_the_reader_goes(), _open_llm(target, **engine_kwargs) as llm:
+            with _quiet_when_the_reader_goes(), LLM(target=target, **engine_kwargs) as llm:  # (closed at the end)
                 run_repl(llm, params, system)
             return
         from ssd_chat.tui import keys_reach_the_app, run_tui
@@ -267,10 +259,10 @@ def ask(
             raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
-        with _open_llm(target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
-                       target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
-                       attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
-                       packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
+        with LLM(target=target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
+                 target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
+                 attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
+                 packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
             output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
         if as_json:
             typer.echo(json.dumps(output.to_dict()))

@@ -481,3 +481,24 @@ def test_ctrl_c_while_the_modules_import_exits_130_without_a_traceback(monkeypat
             signal.signal(sig, handler)
     assert exit_info.value.code == 130
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_command_stopped_mid_reply_ends_its_line(monkeypatch, capsys):
+    """A second Ctrl-C (or SIGTERM) mid-reply: the partial reply's line is ended, so the shell's prompt does not
+    start on it, and the exit code is 130 without a traceback."""
+    from ssd_chat import cli
+
+    def replying(**kwargs):
+        sys.stdout.write("a partial rep")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "app", replying)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *cli.stop_signals.STOP_SIGNALS)}
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 130 and captured.out == "a partial rep" and captured.err == "\n"
