@@ -113,7 +113,7 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
      "bench sd with no draft",
      "distill target that is no model", "backwards core range", "seed out of range", "bench unknown model",
      "distill target that is a draft", "distill out is a file", "prefill chunk of zero",
-     "distill on a held-out set under another name", "unknown enter mode"],
+     "distill on a held-out set under another name", "unknown enter mode", "verbose after a command"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -169,6 +169,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "unknown cpu matmul": ["ask", "hi", "--target", tiny, "--cpu-matmul", "blas"],
         "prefill chunk of zero": ["ask", "hi", "--target", tiny, "--prefill-chunk", "0"],
         "unknown enter mode": ["--enter", "sideways"],
+        "verbose after a command": ["ask", "hi", "-v"],
     }[case]
     result = _ssd_chat(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")})
     assert result.returncode == 2, result.stderr
@@ -181,6 +182,8 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         assert "unknown mode(s) xx" in lines[0]
     if case == "unknown enter mode":
         assert lines[0] == "error: --enter (on the command line) takes send or newline, got 'sideways'"
+    if case == "verbose after a command":
+        assert lines[0].endswith("give it before the command (ssd-chat -v ask ...)")
     if case == "distill on a held-out set under another name":
         assert "held-out benchmark set chat.jsonl" in lines[0] and not (tmp_path / "d3").exists()
     if case == "bench sd with no draft":
