@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
+from engine.values import normalise, number, optional, path, text, whole, wholes
 
 DEFAULT_TARGET = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -94,6 +95,11 @@ class EngineConfig:
         return (self.target_devices or self.device).startswith("cuda")
 
     def __post_init__(self) -> None:
+        normalise(self, {"target": path, "draft": optional(path), "device": text, "target_devices": optional(text),
+                         "draft_device": optional(text), "tp": whole, "threads": optional(whole),
+                         "max_model_len": optional(whole), "block_size": whole, "kv_cache_tokens": optional(whole),
+                         "max_num_seqs": whole, "prefill_chunk_tokens": optional(whole), "seed": optional(whole),
+                         "draft_timeout_s": number})
         if self.attention not in ATTENTION_BACKENDS:
             raise InvalidParameterError(
                 f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}"
@@ -157,16 +163,16 @@ class SpeculationConfig:
     lookup: bool = True  # greedy requests draft the context lookup's token where it has one (engine.lookup)
 
     def __post_init__(self) -> None:
+        normalise(self, {"k": whole, "fanout": optional(wholes), "draft_temperature": optional(number)})
         if self.mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not (1 <= self.k <= 32):
             raise InvalidParameterError(f"k (draft tokens per step) must be between 1 and 32, got {self.k}")
-        if self.fanout is not None:
-            object.__setattr__(self, "fanout", tuple(int(f) for f in self.fanout))
-            if not self.fanout or any(f < 0 for f in self.fanout) or len(self.fanout) not in (1, self.k + 1):
-                raise InvalidParameterError(
-                    f"fanout must be one non-negative number or k+1 = {self.k + 1} of them, got {list(self.fanout)}"
-                )
+        fanout = self.fanout
+        if fanout is not None and (not fanout or any(f < 0 for f in fanout) or len(fanout) not in (1, self.k + 1)):
+            raise InvalidParameterError(
+                f"fanout must be one non-negative number or k+1 = {self.k + 1} of them, got {list(fanout)}"
+            )
         if self.backup not in BACKUPS:
             raise InvalidParameterError(f"backup must be one of {', '.join(BACKUPS)}, got {self.backup!r}")
         if self.draft_temperature is not None and not (0.0 <= self.draft_temperature <= 100.0):

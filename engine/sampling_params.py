@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidParameterError
+from engine.values import items, normalise, number, optional, whole, wholes
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,14 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        # Accept lists from callers but store tuples (the dataclass is frozen and hashable); one string is one stop
-        # string, not its characters.
-        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else items("stop", self.stop)  # one string: one stop
+        if not all(isinstance(s, str) for s in stop):
+            raise InvalidParameterError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
+        normalise(self, {"temperature": number, "top_p": number, "top_k": whole, "max_tokens": whole,
+                         "seed": optional(whole), "stop_token_ids": wholes})
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidParameterError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not (0.0 <= self.temperature <= 100.0):
             raise InvalidParameterError(
                 f"temperature must be between 0 and 100 (0 = greedy), got {self.temperature}"
@@ -53,32 +57,3 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-def _check_types(params: SamplingParams) -> None:
-    """One InvalidParameterError naming the first field of a wrong type (a float max_tokens ran one token past it; a
-    string temperature failed deep in a comparison)."""
-    def whole(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    numbers = {"temperature": params.temperature, "top_p": params.top_p}
-    wholes = {"top_k": params.top_k, "max_tokens": params.max_tokens, "seed": params.seed}
-    for name, value in numbers.items():
-        if not (isinstance(value, int | float) and not isinstance(value, bool)):
-            raise InvalidParameterError(f"{name} must be a number, got {value!r}")
-    for name, value in wholes.items():
-        if not (whole(value) or (name == "seed" and value is None)):
-            raise InvalidParameterError(f"{name} must be a whole number, got {value!r}")
-    if not isinstance(params.stop, str) and not all(isinstance(t, str) for t in _iterable(params.stop, "stop")):
-        raise InvalidParameterError(f"stop must be a string or a list of strings, got {params.stop!r}")
-    if not all(whole(t) for t in _iterable(params.stop_token_ids, "stop_token_ids")):
-        raise InvalidParameterError(f"stop_token_ids must be a list of token ids, got {params.stop_token_ids!r}")
-    if not isinstance(params.ignore_eos, bool):
-        raise InvalidParameterError(f"ignore_eos must be True or False, got {params.ignore_eos!r}")
-
-
-def _iterable(value: object, name: str) -> list:
-    try:
-        return list(value)  # type: ignore[call-overload]
-    except TypeError:
-        raise InvalidParameterError(f"{name} must be a list, got {value!r}") from None

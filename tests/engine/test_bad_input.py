@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from engine import LLM, EngineError, SamplingParams
+from engine.config import EngineConfig, SpeculationConfig
 from engine.errors import (
     InvalidParameterError,
     ModelFilesError,
@@ -119,3 +120,34 @@ def test_a_loading_failure_that_is_no_shape_mismatch_is_not_called_one(tiny_llam
 def test_all_errors_are_engine_errors():
     for cls in (InvalidParameterError, ModelFilesError, PromptTooLongError, UnknownModelError):
         assert issubclass(cls, EngineError)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"threads": "2"}, {"tp": 1.5}, {"max_model_len": True}, {"block_size": 16.0}, {"device": 1}, {"target": 3},
+    {"kv_cache_tokens": "lots"}, {"seed": 0.5}, {"draft_timeout_s": "soon"},
+])
+def test_engine_settings_of_the_wrong_type_are_one_line_errors(kwargs):
+    """A value of the wrong type is refused by name, before anything loads (a string count or device failed with a
+    TypeError or AttributeError inside the checks; tp=1.5 passed them)."""
+    with pytest.raises(InvalidParameterError) as err:
+        EngineConfig(**kwargs)
+    assert one_line(err).startswith(next(iter(kwargs)) + " must be")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"k": 2.5}, {"k": "3"}, {"fanout": [1.5]}, {"fanout": 3}, {"draft_temperature": "hot"},
+])
+def test_speculation_settings_of_the_wrong_type_are_one_line_errors(kwargs):
+    with pytest.raises(InvalidParameterError) as err:
+        SpeculationConfig(**kwargs)
+    assert one_line(err).startswith(next(iter(kwargs)) + " must be")
+
+
+def test_settings_take_numpy_numbers_paths_and_generators_as_plain_values(tiny_llama_dir):
+    import numpy as np
+
+    config = EngineConfig(target=tiny_llama_dir, threads=np.int32(2), max_model_len=np.int64(64))
+    assert (config.target, config.threads, config.max_model_len) == (str(tiny_llama_dir), 2, 64)
+    assert type(config.threads) is int and type(config.max_model_len) is int
+    spec = SpeculationConfig(k=np.int64(3), fanout=(f for f in [1, 2, 3, 4]), draft_temperature=np.float32(0.5))
+    assert (spec.k, spec.fanout, spec.draft_temperature) == (3, (1, 2, 3, 4), 0.5) and type(spec.k) is int

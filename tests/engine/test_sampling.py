@@ -72,6 +72,19 @@ def test_one_stop_string_is_one_stop_string_not_its_characters():
     assert SamplingParams(stop=["end", "fin"]).stop == ("end", "fin")
 
 
+def test_values_of_numeric_types_and_one_shot_lists_are_taken_as_given():
+    """numpy's and torch's numbers pass as the Python numbers they are; a generator of stops is read once (the type
+    check had used it up: the stops were silently lost)."""
+    import numpy as np
+
+    params = SamplingParams(temperature=np.float32(0.5), max_tokens=np.int64(5), seed=torch.tensor(3),
+                            stop=(s for s in ["END"]), stop_token_ids=np.array([2, 3]))
+    assert (params.temperature, params.max_tokens, params.seed) == (0.5, 5, 3)
+    assert params.stop == ("END",) and params.stop_token_ids == (2, 3)
+    assert all(type(v) is int for v in (params.max_tokens, params.seed, *params.stop_token_ids))
+    assert SamplingParams(stop_token_ids=(t for t in [7])).stop_token_ids == (7,)
+
+
 def test_a_batch_of_rows_is_filtered_as_each_row_alone():
     rows = torch.randn(5, 40, generator=torch.Generator().manual_seed(3)) * 3
     for top_k, top_p in ((3, 1.0), (0, 0.7), (8, 0.5)):
