@@ -168,8 +168,16 @@ def test_enter_reaches_the_chat_app_from_the_flag_or_the_environment(args, env, 
 
 
 class FakeLLM:
+    """engine.LLM's closing, as the CLI uses it: a context manager."""
+
     def close(self) -> None:
         pass
+
+    def __enter__(self) -> FakeLLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def test_a_bad_ssd_chat_enter_stops_only_the_chat_app(monkeypatch):
