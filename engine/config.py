@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
-from engine.values import normalise, number, optional, path, text, whole, wholes
+from engine.values import flag, normalise, number, optional, path, text, whole, wholes
 
 DEFAULT_TARGET = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -99,7 +99,8 @@ class EngineConfig:
                          "draft_device": optional(text), "tp": whole, "threads": optional(whole),
                          "max_model_len": optional(whole), "block_size": whole, "kv_cache_tokens": optional(whole),
                          "max_num_seqs": whole, "prefill_chunk_tokens": optional(whole), "seed": optional(whole),
-                         "draft_timeout_s": number})
+                         "draft_timeout_s": number, "enable_prefix_caching": flag, "eager": flag, "compile": flag,
+                         "k_major_weights": flag, "packed_weights": flag})
         if self.attention not in ATTENTION_BACKENDS:
             raise InvalidParameterError(
                 f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}"
@@ -128,7 +129,7 @@ class EngineConfig:
             raise InvalidParameterError(f"block_size must be a power of two, got {self.block_size}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise InvalidParameterError(f"kv_cache_tokens must be >= block_size, got {self.kv_cache_tokens}")
-        if self.draft_timeout_s <= 0:
+        if not self.draft_timeout_s > 0:  # (nan too)
             raise InvalidParameterError(f"draft_timeout_s must be > 0, got {self.draft_timeout_s}")
         if self.tp < 1:
             raise InvalidParameterError(f"tp must be >= 1, got {self.tp}")
@@ -163,7 +164,8 @@ class SpeculationConfig:
     lookup: bool = True  # greedy requests draft the context lookup's token where it has one (engine.lookup)
 
     def __post_init__(self) -> None:
-        normalise(self, {"k": whole, "fanout": optional(wholes), "draft_temperature": optional(number)})
+        normalise(self, {"k": whole, "fanout": optional(_fanout), "draft_temperature": optional(number),
+                         "adaptive_k": flag, "lookup": flag})
         if self.mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not (1 <= self.k <= 32):
@@ -177,6 +179,11 @@ class SpeculationConfig:
             raise InvalidParameterError(f"backup must be one of {', '.join(BACKUPS)}, got {self.backup!r}")
         if self.draft_temperature is not None and not (0.0 <= self.draft_temperature <= 100.0):
             raise InvalidParameterError(f"draft_temperature must be between 0 and 100, got {self.draft_temperature}")
+
+
+def _fanout(name: str, value: object) -> tuple[int, ...]:
+    """One number (for every outcome) or a list of them."""
+    return (whole(name, value),) if isinstance(value, int) else wholes(name, value)
 
 
 def _q8_builds() -> bool:

@@ -63,7 +63,7 @@ class Drafter:
     def pop_reused(self, seq: Sequence) -> int | None:
         return None  # reported by start() already
 
-    def start(self, seqs: list[Sequence], upto: dict[Sequence, int] | None = None) -> dict[Sequence, int]:
+    def start(self, seqs: list[Sequence], *, upto: dict[Sequence, int] | None = None) -> dict[Sequence, int]:
         """Prefill the draft's KV for new requests (sharing cached prefixes, as the target does): all of each
         prompt, or its first upto[seq] tokens, going on from where an earlier call stopped (the target's prefill
         chunks). Returns, for each request whose prompt this call finished, the prompt tokens it reused from the

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidParameterError
-from engine.values import items, normalise, number, optional, whole, wholes
+from engine.values import flag, items, normalise, number, optional, whole, wholes
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,7 @@ class SamplingParams:
             raise InvalidParameterError(f"stop must be a string or a list of strings, got {self.stop!r}")
         object.__setattr__(self, "stop", stop)
         normalise(self, {"temperature": number, "top_p": number, "top_k": whole, "max_tokens": whole,
-                         "seed": optional(whole), "stop_token_ids": wholes})
-        if not isinstance(self.ignore_eos, bool):
-            raise InvalidParameterError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+                         "seed": optional(whole), "stop_token_ids": wholes, "ignore_eos": flag})
         if not (0.0 <= self.temperature <= 100.0):
             raise InvalidParameterError(
                 f"temperature must be between 0 and 100 (0 = greedy), got {self.temperature}"

@@ -42,7 +42,7 @@ class SsdDrafter(Drafter):
         self.free_regions = list(range(max_num_seqs))
         self.region: dict[int, int] = {}               # request id -> its scratch region
 
-    def start(self, seqs: list[Sequence], upto: dict[Sequence, int] | None = None) -> dict[Sequence, int]:
+    def start(self, seqs: list[Sequence], *, upto: dict[Sequence, int] | None = None) -> dict[Sequence, int]:
         for seq in seqs:
             if seq.seq_id not in self.region:  # (a later chunk of its prompt)
                 self.region[seq.seq_id] = self.free_regions.pop()

@@ -24,6 +24,12 @@ def whole(name: str, value: object) -> int:
     return _convert(name, value, operator.index, "a whole number")
 
 
+def flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidParameterError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def text(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidParameterError(f"{name} must be a string, got {value!r}")
@@ -60,8 +66,8 @@ def normalise(settings: object, kinds: dict[str, Kind]) -> None:
 
 def _convert(name: str, value: object, kind: Callable[[object], float | int], what: str) -> float | int:
     try:
-        if isinstance(value, str | bytes | bool):
+        if isinstance(value, str | bytes | bytearray | bool) or type(value).__name__ == "bool_":  # (numpy's bool)
             raise TypeError
         return kind(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidParameterError(f"{name} must be {what}, got {value!r}") from None

@@ -81,12 +81,11 @@ def main() -> None:
         code = app(standalone_mode=False) if sys.stdout is not None else report(STDOUT_CLOSED)
     except typer.TyperException as err:  # typer's usage errors: bad value, missing argument, unknown option
         message = err.format_message()
-        if message in ("No such option: -v", "No such option: --verbose"):  # the app's option, given after a command
+        if getattr(err, "option_name", None) in ("-v", "--verbose"):  # the app's option, given after a command
             message += " here: give it before the command (ssd-chat -v ask ...)"
         code = report(message)
     except (typer.Abort, KeyboardInterrupt):  # (a second Ctrl-C can land in click's own handling of the first)
         code = 130
-        stop_signals.end_line()
     except Exception:
         if stop_signals.received() is None:
             raise

@@ -137,7 +137,7 @@ def print_stream(events: Iterator[Event], out: TextIO | None) -> RequestOutput:
     for pipes; None: write nothing), and return the final output. A long prompt's prefill shows on a terminal's
     stderr until the reply starts (prefill_line.py). Leaving early (an error, a second Ctrl-C) closes `events`,
     which cancels the request and frees its KV blocks."""
-    output, progress = None, PrefillLine(enabled=None if out is not None else False)
+    output, progress, wrote = None, PrefillLine(enabled=None if out is not None else False), False
     with closing(events):  # type: ignore[type-var]
         try:
             for event in events:
@@ -147,6 +147,12 @@ def print_stream(events: Iterator[Event], out: TextIO | None) -> RequestOutput:
                 elif out is not None and isinstance(event, TokenDelta) and event.text:
                     out.write(event.text)
                     out.flush()
+                    wrote = True
+        except BaseException:  # (a second Ctrl-C, SIGTERM, an engine error: the partial reply's line ends)
+            if wrote:
+                with suppress(OSError, ValueError):  # (its reader gone, or the file closed)
+                    out.write("\n")
+            raise
         finally:
             progress.clear()
     if out is not None:

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import stat
-import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -124,13 +123,6 @@ def exiting() -> None:
     """The run is over and cleaned up: a late Ctrl-C (or stop signal) must not print a traceback over the exit."""
     for sig in (signal.SIGINT, *STOP_SIGNALS):
         signal.signal(sig, signal.SIG_IGN)
-
-
-def end_line() -> None:
-    """A command stopped mid-reply: end the partial reply's line (on stderr, which may be closed), so that the
-    shell's prompt starts on a line of its own."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        sys.stderr.write("\n")
 
 
 def received() -> int | None:

@@ -124,23 +124,27 @@ def test_all_errors_are_engine_errors():
 
 @pytest.mark.parametrize("kwargs", [
     {"threads": "2"}, {"tp": 1.5}, {"max_model_len": True}, {"block_size": 16.0}, {"device": 1}, {"target": 3},
-    {"kv_cache_tokens": "lots"}, {"seed": 0.5}, {"draft_timeout_s": "soon"},
+    {"kv_cache_tokens": "lots"}, {"seed": 0.5}, {"draft_timeout_s": "soon"}, {"draft_timeout_s": 10**400},
+    {"eager": "no"}, {"compile": None}, {"enable_prefix_caching": 1},
 ])
 def test_engine_settings_of_the_wrong_type_are_one_line_errors(kwargs):
     """A value of the wrong type is refused by name, before anything loads (a string count or device failed with a
     TypeError or AttributeError inside the checks; tp=1.5 passed them)."""
     with pytest.raises(InvalidParameterError) as err:
         EngineConfig(**kwargs)
-    assert one_line(err).startswith(next(iter(kwargs)) + " must be")
+    assert one_line(err).startswith(next(iter(kwargs)) + " must be ")
+    assert one_line(err).split(" must be ")[1].startswith(("a whole number", "a string", "a number", "True or False"))
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"k": 2.5}, {"k": "3"}, {"fanout": [1.5]}, {"fanout": 3}, {"draft_temperature": "hot"},
+    {"k": 2.5}, {"k": "3"}, {"fanout": [1.5]}, {"fanout": "3"}, {"draft_temperature": "hot"}, {"lookup": "no"},
+    {"adaptive_k": None},
 ])
 def test_speculation_settings_of_the_wrong_type_are_one_line_errors(kwargs):
     with pytest.raises(InvalidParameterError) as err:
         SpeculationConfig(**kwargs)
-    assert one_line(err).startswith(next(iter(kwargs)) + " must be")
+    assert one_line(err).startswith(next(iter(kwargs)) + " must be ")
+    assert one_line(err).split(" must be ")[1].startswith(("a whole number", "a number", "a list", "True or False"))
 
 
 def test_settings_take_numpy_numbers_paths_and_generators_as_plain_values(tiny_llama_dir):
@@ -151,3 +155,4 @@ def test_settings_take_numpy_numbers_paths_and_generators_as_plain_values(tiny_l
     assert type(config.threads) is int and type(config.max_model_len) is int
     spec = SpeculationConfig(k=np.int64(3), fanout=(f for f in [1, 2, 3, 4]), draft_temperature=np.float32(0.5))
     assert (spec.k, spec.fanout, spec.draft_temperature) == (3, (1, 2, 3, 4), 0.5) and type(spec.k) is int
+    assert SpeculationConfig(fanout=3).fanout == (3,)  # one number: every outcome's

@@ -58,7 +58,7 @@ def test_same_seed_same_draws():
         # wrong types (a float max_tokens ran one token past it; the others failed deep in a comparison or a cast)
         {"max_tokens": 2.5}, {"max_tokens": "5"}, {"top_k": 1.0}, {"seed": 1.5}, {"temperature": "0.7"},
         {"top_p": None}, {"temperature": True}, {"stop": [3]}, {"stop": 3}, {"stop_token_ids": ["2"]},
-        {"stop_token_ids": [True]}, {"ignore_eos": "no"},
+        {"stop_token_ids": [True]}, {"ignore_eos": "no"}, {"temperature": 10**400}, {"max_tokens": bytearray(b"5")},
     ],
 )
 def test_invalid_values_are_refused_with_one_line(kwargs):
