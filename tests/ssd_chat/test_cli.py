@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from engine import LLM, SamplingParams
 from engine.outputs import RequestFinished, TokenDelta
 from engine.registry import ALIASES
-from ssd_chat import cli
+from ssd_chat import cli, stop_signals
 from ssd_chat.prompts import BenchInputError, load_prompts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -468,25 +468,30 @@ def test_ctrl_c_cancels_the_reply_and_keeps_the_partial_text(tiny_llama_dir, mon
     assert signal.getsignal(signal.SIGINT) is before  # the chat's own Ctrl-C handler is gone again
 
 
-def test_ctrl_c_while_the_modules_import_exits_130_without_a_traceback(monkeypatch, capsys):
+@pytest.fixture
+def own_signals():
+    """main() installs its own Ctrl-C, SIGTERM and SIGHUP handlers (and ignores them once it is done): the test's
+    process gets its own back."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *stop_signals.STOP_SIGNALS)}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def test_ctrl_c_while_the_modules_import_exits_130_without_a_traceback(monkeypatch, capsys, own_signals):
     from ssd_chat import entry
 
     def interrupted(name: str):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(entry.importlib, "import_module", interrupted)
-    handlers = {sig: signal.getsignal(sig) for sig in entry.stop_signals.STOP_SIGNALS}  # main() installs its own
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            entry.main()
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    with pytest.raises(SystemExit) as exit_info:
+        entry.main()
     assert exit_info.value.code == 130
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_a_reply_stopped_mid_line_ends_its_line(monkeypatch, capsys):
+def test_a_reply_stopped_mid_line_ends_its_line(monkeypatch, capsys, own_signals):
     """A second Ctrl-C (or SIGTERM) mid-reply in `ask`, through the real CLI: the partial reply's line is ended, so
     the shell's prompt does not start on it; exit 130, no traceback. (typer turns the interrupt into exit 130
     itself, so the line has to end where the reply is written.)"""
@@ -506,12 +511,7 @@ def test_a_reply_stopped_mid_line_ends_its_line(monkeypatch, capsys):
 
     monkeypatch.setattr(cli, "LLM", lambda **kwargs: Interrupted())
     monkeypatch.setattr(sys, "argv", ["ssd-chat", "ask", "hi"])
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *cli.stop_signals.STOP_SIGNALS)}
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            cli.main()
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
     captured = capsys.readouterr()
     assert exit_info.value.code == 130 and captured.out == "a partial rep\n" and "Traceback" not in captured.err
