@@ -1,0 +1,127 @@
+"""`ssd-chat bench` on a tiny random model: its results, its placements, and transformers' rows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine import LLM
+from ssd_chat import cli
+
+runner = CliRunner()
+
+
+def test_bench_writes_results_and_matches_transformers(tiny_llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--target", str(tiny_llama_dir), "--modes", "ar", "--hf", "--max-tokens", "8", "--limit", "2",
+            "--json", str(out)]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert set(report["machine"]) == {"cpu", "cores", "threads", "torch", "transformers", "python"}
+    assert report["config"]["num_prompts"] == 2
+    assert report["config"]["max_tokens"] == 8
+    assert Path(report["config"]["model_path"]) == Path(tiny_llama_dir).resolve()
+    ar, hf = report["results"]
+    assert (ar["mode"], hf["mode"]) == ("ar", "hf")
+    for row in (ar, hf):
+        assert row["decode_tok_s"] > 0 and row["ttft_ms"] > 0
+        assert [len(ids) for ids in row["outputs"]] == [8, 8]
+    assert ar["identical_to_ar"] is None
+    assert hf["identical_to_ar"] is True
+    assert hf["outputs"] == ar["outputs"]
+    assert "hf" in result.stdout
+
+
+def test_bench_no_ignore_eos_stops_each_reply_at_its_end_of_turn(tiny_llama_dir, tmp_path):
+    def bench(model: Path, out: Path, *extra: str) -> list[dict]:
+        args = ["bench", "--target", str(model), "--max-tokens", "12", "--limit", "2", "--json", str(out), *extra]
+        result = runner.invoke(cli.app, args)
+        assert result.exit_code == 0, result.output
+        return json.loads(out.read_text())["results"]
+
+    fixed = bench(tiny_llama_dir, tmp_path / "fixed.json", "--modes", "ar")[0]["outputs"]
+    end = fixed[0][3]  # a token the first greedy reply emits early: made the end of turn below
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    for name in ("config.json", "generation_config.json"):  # the engine reads both; transformers the second
+        config = json.loads((model / name).read_text())
+        config["eos_token_id"] = [end, config["eos_token_id"]]
+        (model / name).write_text(json.dumps(config))
+    rows = bench(model, tmp_path / "stopped.json", "--modes", "ar,sd", "--draft", str(model), "--hf",
+                 "--no-ignore-eos")
+    assert [r["mode"] for r in rows] == ["ar", "sd", "hf", "hf-assisted"]
+    assert rows[0]["outputs"][0] == fixed[0][: fixed[0].index(end) + 1]
+    assert all(r["outputs"] == rows[0]["outputs"] for r in rows)  # transformers stops at the same token
+    assert bench(model, tmp_path / "ignored.json", "--modes", "ar")[0]["outputs"] == fixed
+
+
+def test_bench_speculative_modes_report_tau_and_hits(tiny_llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    draft = str(tiny_llama_dir)  # the target as its own draft: everything is accepted, the cache always hits
+    args = ["bench", "--target", str(tiny_llama_dir), "--draft", draft, "--modes", "ar,sd,ssd", "--hf", "--k", "3",
+            "--fixed-k", "--no-lookup", "--draft-weights", "float32", "--max-tokens", "12", "--limit", "2",
+            "--cpu-matmul", "panel", "--json", str(out)]  # adaptive: k=1, so costly a draft; lookup off: the draft
+    # alone is measured; the panel kernel (where it builds) in every mode: SD and SSD still equal AR and transformers
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["config"]["adaptive_k"] is False and report["config"]["lookup"] is False
+    assert report["config"]["packed_kernel"] == "panel"
+    config = report["config"]  # the bound: the weights read once per token at the faster of two read rates
+    fastest = max(config["matvec_gb_s"], config["sum_gb_s"])
+    rounding = 0.05 * 1e9 / config["weight_bytes"]  # the stored rates are rounded to 0.1 GB/s (a loaded CPU: 3 GB/s)
+    assert config["bandwidth_bound_tok_s"] == pytest.approx(fastest * 1e9 / config["weight_bytes"], abs=rounding + 0.1)
+    rows = {r["mode"]: r for r in report["results"]}
+    assert list(rows) == ["ar", "sd", "ssd", "hf", "hf-assisted"]
+    assert all(rows[m]["identical_to_ar"] for m in ("sd", "ssd", "hf", "hf-assisted"))
+    assert rows["ar"]["tau"] is None and rows["ar"]["cache_hit_rate"] is None
+    assert rows["sd"]["acceptance_rate"] == 1.0 and rows["sd"]["tau"] > 3.0
+    assert rows["sd"]["cache_hit_rate"] is None
+    assert rows["ssd"]["cache_hit_rate"] > 0.5 and rows["ssd"]["ideal_tok_s"] > 0
+    assert rows["ar"]["round_ms"] is None and set(rows["sd"]["round_ms"]) == {"verify", "wait"}
+    ms, hit_rate = rows["ssd"]["round_ms"], rows["ssd"]["cache_hit_rate"]  # the split adds up to the mean wait
+    assert ms["verify"] > 0 and hit_rate * ms["wait_on_hit"] + (1 - hit_rate) * ms["wait_on_miss"] == \
+        pytest.approx(ms["wait"])
+    assert "\nsd per round: verify " in result.output and "\nssd per round: verify " in result.output
+    assert "(cache hit " in result.output
+
+
+def test_bench_places_the_draft_in_its_own_process_and_measures_every_core(tiny_llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    tiny = str(tiny_llama_dir)
+    args = ["bench", "--target", tiny, "--draft", tiny, "--modes", "ar,ssd,ar-all,sd-all", "--k", "3",
+            "--max-tokens", "12", "--limit", "2", "--target-devices", "cpu:0", "--draft-device", "cpu",
+            "--threads", "1", "--json", str(out)]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {r["mode"]: r for r in report["results"]}
+    assert list(rows) == ["ar", "ssd", "ar-all", "sd-all"]
+    assert all(rows[m]["identical_to_ar"] for m in ("ssd", "ar-all", "sd-all"))
+    assert rows["ssd"]["cache_hit_rate"] > 0.5
+    assert rows["ar-all"]["tau"] is None and rows["sd-all"]["tau"] > 1.0  # the every-core SD row speculates
+    assert rows["ar-all"]["row_cost"] is None and rows["sd-all"]["row_cost"] is not None  # fitted in SD rounds
+    assert "own process" in report["config"]["layout"]["draft"]
+
+
+def test_bench_every_core_row_keeps_the_fast_path_options(tiny_llama_dir, tmp_path, monkeypatch):
+    from ssd_chat import bench
+
+    seen = []
+
+    def recording_llm(**kwargs):
+        seen.append(kwargs)
+        return LLM(**{**kwargs, "compile": False})  # the options arrive; no compile in this test
+
+    monkeypatch.setattr(bench, "LLM", recording_llm)
+    args = ["bench", "--target", str(tiny_llama_dir), "--modes", "ar,ar-all,ar", "--max-tokens", "4", "--limit", "1",
+            "--compile", "--dtype", "float32", "--json", str(tmp_path / "b.json")]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert len(seen) == 2 and all(k["compile"] and k["dtype"] == "float32" for k in seen)  # (ar named twice: once)
+    assert [r["mode"] for r in json.loads((tmp_path / "b.json").read_text())["results"]] == ["ar", "ar-all"]
