@@ -46,7 +46,9 @@ def run(llm: LLM, prompts, params: SamplingParams, **spec) -> list:
 def test_greedy_sd_equals_ar(llm, k):
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     ar = [o.token_ids for o in run(llm, PROMPTS, params, mode="ar")]
-    sd_outs = run(llm, PROMPTS, params, mode="sd", k=k)  # batched: all prompts verify together
+    # batched: all prompts verify together; k fixed (the adaptive k follows measured timings, and on a loaded CI run
+    # it once drafted so little that no draft was accepted)
+    sd_outs = run(llm, PROMPTS, params, mode="sd", k=k, adaptive_k=False)
     assert [o.token_ids for o in sd_outs] == ar
     spec = [o.stats.spec for o in sd_outs]
     accepted, drafted = sum(s.num_accepted for s in spec), sum(s.num_drafted for s in spec)
