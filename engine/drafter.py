@@ -9,7 +9,7 @@ draft tokens that turned out right.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -32,8 +32,7 @@ def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperatu
     if seq.params.is_greedy:
         proposal.tokens.append(int(torch.argmax(logits)))
         return
-    params = seq.params if temperature is None else replace(seq.params, temperature=max(temperature, 1e-5))
-    q = probabilities(logits, params)  # [V]
+    q = probabilities(logits, seq.params, None if temperature is None else max(temperature, 1e-5))  # [V]
     proposal.tokens.append(int(torch.multinomial(q, 1, generator=seq.generator)))
     proposal.probs.append(q)
 

@@ -22,11 +22,12 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
-def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a request samples from: temperature, then top-k/top-p. [V] -> [V] (fp32). The largest
-    logit is subtracted first, so that a tiny temperature (1e-40) gives the argmax rather than inf / inf."""
+def probabilities(logits: torch.Tensor, params: SamplingParams, temperature: float | None = None) -> torch.Tensor:
+    """The distribution a request samples from: temperature (`temperature`, where given, in place of the request's:
+    a draft's own), then top-k/top-p. [V] -> [V] (fp32). The largest logit is subtracted first, so that a tiny
+    temperature (1e-40) gives the argmax rather than inf / inf."""
     logits = logits.float()
-    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
+    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / (temperature or params.temperature)
     return torch.softmax(filter_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)
 
 
