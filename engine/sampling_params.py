@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidParameterError
-from engine.values import flag, items, normalise, number, optional, whole, wholes
+from engine.values import flag, normalise, number, optional, texts, whole, wholes
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,8 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        stop = (self.stop,) if isinstance(self.stop, str) else items("stop", self.stop)  # one string: one stop
-        if not all(isinstance(s, str) for s in stop):
-            raise InvalidParameterError(f"stop must be a string or a list of strings, got {self.stop!r}")
-        object.__setattr__(self, "stop", stop)
         normalise(self, {"temperature": number, "top_p": number, "top_k": whole, "max_tokens": whole,
-                         "seed": optional(whole), "stop_token_ids": wholes, "ignore_eos": flag})
+                         "seed": optional(whole), "stop": texts, "stop_token_ids": wholes, "ignore_eos": flag})
         if not (0.0 <= self.temperature <= 100.0):
             raise InvalidParameterError(
                 f"temperature must be between 0 and 100 (0 = greedy), got {self.temperature}"

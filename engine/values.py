@@ -49,6 +49,14 @@ def items(name: str, value: object) -> tuple:
         raise InvalidParameterError(f"{name} must be a list, got {value!r}") from None
 
 
+def texts(name: str, value: object) -> tuple[str, ...]:
+    """One string (one item, not its characters) or a list of them."""
+    out = (value,) if isinstance(value, str) else items(name, value)
+    if not all(isinstance(v, str) for v in out):
+        raise InvalidParameterError(f"{name} must be a string or a list of strings, got {value!r}")
+    return out
+
+
 def wholes(name: str, value: object) -> tuple[int, ...]:
     return tuple(whole(name, v) for v in items(name, value))
 
