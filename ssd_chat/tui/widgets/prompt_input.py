@@ -91,8 +91,7 @@ class PromptArea(TextArea):
             event.prevent_default()
             completed = complete(self.text)
             if completed is not None:
-                self.text = completed
-                self.move_cursor(self.document.end)
+                self.put(completed, undoable=False)
             return
         await super()._on_key(event)
 
