@@ -7,7 +7,7 @@ snapshots of it. When the reply finishes, the engine's own RequestStats replace 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.outputs import RequestOutput, StepStats
 from ssd_chat.history import TurnStats
@@ -140,23 +140,17 @@ class LiveStats:
         )
 
     def final(self, output: RequestOutput) -> PanelData:
-        """The engine's exact figures for the finished reply, with the live histogram and sparkline."""
-        s = output.stats
-        spec = s.spec
-        return PanelData(
-            mode=s.mode, k=self.k, tok_s=s.decode_tok_s, ttft_s=s.ttft_s, generated_tokens=s.generated_tokens,
-            rates=tuple(self.rates),
-            tau=None if spec is None else spec.tau,
-            acceptance_rate=None if spec is None else spec.acceptance_rate,
-            histogram=tuple(self.histogram) if spec is not None else (),
-            plain_steps=self.plain_steps if spec is not None else 0,  # (the engine's stats do not count them)
-            per_position=() if spec is None else spec.per_position_acceptance,
-            cache_hit_rate=None if spec is None else spec.cache_hit_rate,
-            tau_on_hit=None if spec is None else spec.tau_on_hit,
-            tau_on_miss=None if spec is None else spec.tau_on_miss,
-            reused_prefix_tokens=s.reused_prefix_tokens, prompt_tokens=s.prompt_tokens, is_final=True,
-            **({} if spec is None else _step_times(spec.num_steps, spec.verify_time_s, spec.draft_time_s,
-                                                    spec.draft_idle_s)),
+        """The engine's exact figures for the finished reply (those the history keeps: `saved_panel`, and the
+        per-position and step figures), with the live histogram and sparkline."""
+        spec = output.stats.spec
+        saved = replace(saved_panel(TurnStats.from_output(output)), k=self.k, rates=tuple(self.rates))
+        if spec is None:
+            return saved
+        return replace(
+            saved, histogram=tuple(self.histogram), per_position=spec.per_position_acceptance,
+            plain_steps=self.plain_steps,  # (the engine's stats do not count them)
+            tau_on_hit=spec.tau_on_hit, tau_on_miss=spec.tau_on_miss,
+            **_step_times(spec.num_steps, spec.verify_time_s, spec.draft_time_s, spec.draft_idle_s),
         )
 
 
