@@ -46,6 +46,7 @@ class DraftSpec:
     fast: FastPath = field(default_factory=FastPath)  # attention backend, CUDA graphs, torch.compile
     target_path: str | None = None  # the target's directory, for a draft that borrows its embedding
     shm: str | None = None          # the shared-memory block of the round messages (engine.shm_channel), or gloo
+    prefill_chunk: int = 256        # prompt tokens per prefill forward, as the target's (EngineConfig.prefill_chunk)
 
 
 def encode_start(seq: Sequence, draft_seed: int) -> list[int]:
@@ -55,26 +56,27 @@ def encode_start(seq: Sequence, draft_seed: int) -> list[int]:
 
 
 def load(spec: DraftSpec):
-    """Build the draft (in the child, before it joins the group): (drafter, the shared-memory block's name)."""
+    """Build the draft (in the child, before it joins the group): (drafter, its spec)."""
     from engine.build import build_drafter  # the model code is imported in the child only
 
-    return build_drafter(spec), spec.shm
+    return build_drafter(spec), spec
 
 
 def serve(group, loaded) -> None:
     """The draft rank's main loop (runs in the child process until SHUTDOWN or the leader's death)."""
-    drafter, shm = loaded
-    channel = Channel(group, LEADER) if shm is None else ShmChannel.attach(shm, Channel(group, LEADER))
+    drafter, spec = loaded
+    channel = Channel(group, LEADER) if spec.shm is None else ShmChannel.attach(spec.shm, Channel(group, LEADER))
     try:
-        _Server(drafter, channel).loop()
+        _Server(drafter, channel, spec.prefill_chunk).loop()
     finally:
         channel.close()
 
 
 class _Server:
-    def __init__(self, drafter, channel: Channel | ShmChannel):
+    def __init__(self, drafter, channel: Channel | ShmChannel, prefill_chunk: int):
         self.drafter = drafter
         self.channel = channel
+        self.prefill_chunk = prefill_chunk
         self.shadow: dict[int, Sequence] = {}   # request id -> the target's committed tokens, as last told
         self.last: dict[int, list[int]] = {}    # request id -> tokens of its last proposal
         self.reused: dict[int, int] = {}        # request id -> prompt tokens from the draft's prefix cache (unsent)
@@ -113,8 +115,12 @@ class _Server:
             seq = Sequence(seq_id, tokens, params, generator)
             self.shadow[seq_id] = seq
             seqs.append(seq)
-        for seq, reused in self.drafter.start(seqs).items():
-            self.reused[seq.seq_id] = reused
+        chunk = self.prefill_chunk
+        for seq in seqs:  # in the target's chunks: one forward over a 6k-token prompt took 80 MB more at its peak
+            n = len(seq.token_ids)
+            for end in range(min(chunk, n), n + chunk, chunk):
+                started = self.drafter.start([seq], upto={seq: min(end, n)})
+            self.reused[seq.seq_id] = started[seq]  # (the last call finished the prompt)
 
     def _round(self, msg: list[int], idle: float) -> None:
         # [ROUND, n, draft_temperature, backup, lookup, n_fanout, fanout..., then per request:

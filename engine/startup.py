@@ -85,7 +85,7 @@ def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, 
     def spec(on: torch.device) -> DraftSpec:
         return DraftSpec(str(draft_path), sizes.num_blocks, config.block_size, sizes.max_model_len,
                          config.max_num_seqs, config.enable_prefix_caching, config.dtype, str(on), fast,
-                         str(model_path))
+                         str(model_path), prefill_chunk=config.prefill_chunk)
 
     remote = None
     if config.draft is not None and placement.draft is not None:

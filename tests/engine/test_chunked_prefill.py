@@ -9,7 +9,9 @@ import pytest
 
 from engine import LLM, FinishReason, PrefillProgress, RequestFinished, SamplingParams, TokenDelta
 from engine.config import SpeculationConfig
+from engine.draft_server import START, _Server, encode_start
 from engine.errors import InvalidParameterError
+from engine.sequence import Sequence
 from tests.engine.test_llm import hf_greedy
 from tests.engine.test_processes import DRAFT_CORE
 from tests.engine.test_spec_decode import noisy_copy
@@ -121,3 +123,21 @@ def test_a_draft_process_prefills_while_the_target_chunks_and_frees_all_on_cance
 def test_the_chunk_must_be_positive(tiny_llama_dir):
     with pytest.raises(InvalidParameterError, match="prefill_chunk_tokens must be >= 1"):
         LLM(str(tiny_llama_dir), prefill_chunk_tokens=0)
+
+
+def test_the_draft_process_prefills_a_prompt_in_the_targets_chunks():
+    calls = []
+
+    class Recorder:  # the draft side of the draft process: records how far each call prefills
+        def start(self, seqs, *, upto):
+            (seq,) = seqs
+            calls.append(upto[seq])
+            return {seq: 3} if upto[seq] == len(seq.token_ids) else {}
+
+    server = _Server(Recorder(), channel=None, prefill_chunk=CHUNK)
+    msg = [START, 2]
+    for seq_id, prompt in ((1, LONG), (2, SHORT)):
+        msg += encode_start(Sequence(seq_id, prompt, GREEDY), draft_seed=0)
+    server._start(msg)
+    assert calls == [*range(CHUNK, len(LONG), CHUNK), len(LONG), len(SHORT)]
+    assert server.reused == {1: 3, 2: 3}  # what the call that finished each prompt reported
