@@ -1,11 +1,10 @@
-"""Modes and slash commands against the fake engine: key, palette and /mode; /k /fanout /temp /system
-/clear /export /help; completion; bad input is one notification and the line stays in the prompt."""
+"""Slash commands against the fake engine: /clear /export /copy /help /enter, parsing and completion; bad input is
+one notification and the line stays in the prompt, shown as typed."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.config import SpeculationConfig
 from ssd_chat.tui.commands import (
     SlashCommand,
     SlashError,
@@ -19,122 +18,9 @@ from ssd_chat.tui.commands import (
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.transcript import AssistantMessage
-from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
+from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, rendered, send, settle, type_text, wait_for
 
 SIZE = (120, 40)
-
-
-def _first_command(app) -> str:
-    found = app.screen.query("CommandList")
-    if not found or not found.first().option_count:
-        return ""
-    prompt = found.first().get_option_at_index(0).prompt
-    return getattr(prompt, "plain", str(prompt))
-
-
-def _errors(app) -> list[str]:
-    return [n.message for n in app._notifications if n.severity == "error"]
-
-
-@pytest.mark.asyncio
-async def test_the_run_options_hold_for_every_reply_and_mode(tmp_path):
-    engine = FakeEngine()
-    run = SpeculationConfig(mode="sd", backup="fast", adaptive_k=False, lookup=False)  # --backup fast --fixed-k ...
-    app = make_app(engine, tmp_path, speculation=run)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        await send(app, pilot, "/mode ssd")
-        await send(app, pilot, "hi")
-        assert engine.calls[-1][2] == "ssd" and engine.speculation.backup == "fast"
-        await send(app, pilot, "/k 2")
-        await send(app, pilot, "again")
-        assert engine.speculation.k == 2 and engine.speculation.backup == "fast"
-        assert engine.speculation.adaptive_k is False and engine.speculation.lookup is False
-
-
-@pytest.mark.asyncio
-async def test_modes_switch_by_key_palette_and_slash(tmp_path):
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        assert app.session.settings.mode == "sd"
-        await pilot.press("ctrl+g")
-        assert app.session.settings.mode == "ssd"
-        assert "SSD" in rendered(app.query_one("#status"))
-        await send(app, pilot, "hi")
-        assert engine.calls[-1][2] == "ssd"  # the engine decoded in the new mode
-        await pilot.press("ctrl+g")
-        assert app.session.settings.mode == "ar"
-
-        await send(app, pilot, "/mode sd")
-        assert app.session.settings.mode == "sd"
-        await send(app, pilot, "/mode turbo")
-        assert app.session.settings.mode == "sd" and "unknown mode 'turbo'" in _errors(app)[-1]
-        assert app.query_one(PromptArea).text == "/mode turbo"  # kept for fixing
-
-        await pilot.press("ctrl+p")
-        await pilot.pause()
-        await type_text(pilot, "Mode SSD")
-        await wait_for(pilot, lambda: "Mode: SSD" in _first_command(app),
-                       what="palette match")
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: app.session.settings.mode == "ssd", what="palette mode switch")
-        await send(app, pilot, "again")
-        assert engine.calls[-1][2] == "ssd"
-
-
-@pytest.mark.asyncio
-async def test_without_a_draft_only_ar_is_available(tmp_path):
-    engine = FakeEngine(draft=None)
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        assert app.session.settings.mode == "ar"
-        await pilot.press("ctrl+g")
-        assert app.session.settings.mode == "ar"
-        await send(app, pilot, "/mode ssd")
-        assert "needs a draft model" in _errors(app)[-1]
-        assert "no reply yet" in rendered(app.query_one("#spec"))  # no mode before the chat's first reply
-        await send(app, pilot, "hi")
-        assert engine.calls[-1][2] == "ar"
-        assert "AR: no drafts" in rendered(app.query_one("#spec"))
-
-
-@pytest.mark.asyncio
-async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        await send(app, pilot, "/mode ssd")
-        await send(app, pilot, "/k 3")
-        await send(app, pilot, "/fanout 1,2,2,1")
-        await send(app, pilot, "/temp 0.5")
-        await send(app, pilot, "/system You are terse.")
-        await send(app, pilot, "hi")
-        messages, params, mode = engine.calls[-1]
-        assert messages[0] == {"role": "system", "content": "You are terse."}
-        assert params.temperature == 0.5
-        assert engine.speculation.k == 3 and engine.speculation.fanout == (1, 2, 2, 1) and mode == "ssd"
-        assert "k 3 · fan-out 1,2,2,1" in rendered(app.query_one("#layout"))
-        assert "system You are terse." in rendered(app.query_one("#layout"))
-
-        for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a number"),
-                             ("/fanout 1,2", "k+1 = 4"), ("/temp -1", "temperature must be"),
-                             ("/frobnicate", "unknown command /frobnicate"), ("/k", "/k takes the most draft tokens "
-                             "per step, 1-32 (now 3)"), ("/temp", "(now 0.5)"), ("/mode", "ar, sd or ssd (now ssd)")]:
-            await send(app, pilot, bad)
-            assert message in _errors(app)[-1], bad
-        assert app.session.settings.k == 3 and app.session.settings.temperature == 0.5
-
-        await send(app, pilot, "/system")
-        assert "system prompt removed (it was: You are terse.)" in [n.message for n in app._notifications][-1]
-        assert "system none" in rendered(app.query_one("#layout"))
-        await send(app, pilot, "again")
-        assert engine.calls[-1][0][0]["role"] == "user"
-        await send(app, pilot, "/system")
-        assert "no system prompt to remove" in [n.message for n in app._notifications][-1]
 
 
 @pytest.mark.asyncio
@@ -155,7 +41,7 @@ async def test_clear_export_and_help(tmp_path):
         assert (tmp_path / "mine.md").read_text() == text
         (tmp_path / "mine.md").write_text("my notes")
         await send(app, pilot, f"/export {tmp_path / 'mine.md'}")  # an existing FILE is kept ...
-        assert "mine.md exists: /export! " in _errors(app)[-1]
+        assert "mine.md exists: /export! " in errors(app)[-1]
         assert (tmp_path / "mine.md").read_text() == "my notes"
         assert app.query_one(PromptArea).text == f"/export {tmp_path / 'mine.md'}"
         await send(app, pilot, f"/export! {tmp_path / 'mine.md'}")  # ... unless the command says so
@@ -164,7 +50,7 @@ async def test_clear_export_and_help(tmp_path):
         await send(app, pilot, f'/export "{tmp_path / "out dir"}"')  # a folder, quoted: a named file in it
         assert (tmp_path / "out dir" / "what-is-ssd.md").read_text() == text
         await send(app, pilot, f"/export {tmp_path / 'new dir'}/")  # a folder that is not there: no file by its name
-        assert "no folder" in _errors(app)[-1] and not (tmp_path / "new dir").exists()
+        assert "no folder" in errors(app)[-1] and not (tmp_path / "new dir").exists()
 
         await send(app, pilot, "/clear")
         assert not app.query(AssistantMessage) and app.session.messages == []
@@ -292,7 +178,7 @@ async def test_enter_newline_breaks_the_line_and_ctrl_s_sends_and_slash_enter_sw
             area.text = bad
             await pilot.press("ctrl+s")
             await pilot.pause()
-            assert "/enter takes send or newline" in _errors(app)[-1] and area.text == bad
+            assert "/enter takes send or newline" in errors(app)[-1] and area.text == bad
         area.text = "/enter SEND"
         await pilot.press("ctrl+s")
         await pilot.pause()
@@ -311,7 +197,7 @@ async def test_copy_puts_the_last_reply_or_its_code_blocks_on_the_clipboard(tmp_
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "/copy")
-        assert _errors(app)[-1] == "no reply to copy yet" and app.clipboard == ""
+        assert errors(app)[-1] == "no reply to copy yet" and app.clipboard == ""
         await send(app, pilot, "first")
         engine.words = ["Two", " blocks", ":\n\n", "```python\n", "x = 1\n", "```\n", "and\n", "~~~~\n", "y\n",
                         "```\n", "~~~~\n"]
@@ -325,9 +211,9 @@ async def test_copy_puts_the_last_reply_or_its_code_blocks_on_the_clipboard(tmp_
         engine.words = ["No", " code", "."]
         await send(app, pilot, "third")
         await send(app, pilot, "/copy code")
-        assert "the last reply has no code block" in _errors(app)[-1] and app.clipboard == "x = 1\n\ny\n```"
+        assert "the last reply has no code block" in errors(app)[-1] and app.clipboard == "x = 1\n\ny\n```"
         await send(app, pilot, "/copy everything")
-        assert "/copy takes nothing or code" in _errors(app)[-1]
+        assert "/copy takes nothing or code" in errors(app)[-1]
 
 
 @pytest.mark.asyncio
@@ -341,8 +227,8 @@ async def test_an_export_that_cannot_be_written_is_a_notification_from_the_palet
         export = next(c for c in app.get_system_commands(app.screen) if c.title == "Export to Markdown")
         export.callback()
         await pilot.pause()
-        assert "cannot write" in _errors(app)[-1] and app.is_running
+        assert "cannot write" in errors(app)[-1] and app.is_running
         for bad in ("~nosuchuser_zz/x.md", "a" * 300):
             await send(app, pilot, f"/export {bad}")
-            assert _errors(app)[-1].startswith("cannot export to "), bad
+            assert errors(app)[-1].startswith("cannot export to "), bad
         assert app.is_running

@@ -242,6 +242,11 @@ def rendered(widget) -> str:
     return console.export_text()
 
 
+def errors(app) -> list[str]:
+    """The messages of the app's error notifications, oldest first."""
+    return [n.message for n in app._notifications if n.severity == "error"]
+
+
 def dies_mid_reply(engine: FakeEngine) -> FakeEngine:
     """The engine's process is killed (kill -9, out of memory) after a reply's second delta: it is no longer alive."""
     engine.crash_after, engine.alive = 2, True

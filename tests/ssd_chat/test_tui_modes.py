@@ -1,0 +1,121 @@
+"""Decoding modes and settings against the fake engine: Ctrl+G, the palette and /mode, AR alone without a draft,
+the run's own options, and /k /fanout /temp /system reaching the next request (bad values are one notification)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import SpeculationConfig
+from ssd_chat.tui.widgets.prompt_input import PromptArea
+from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, rendered, send, settle, type_text, wait_for
+
+SIZE = (120, 40)
+
+
+def _first_command(app) -> str:
+    found = app.screen.query("CommandList")
+    if not found or not found.first().option_count:
+        return ""
+    prompt = found.first().get_option_at_index(0).prompt
+    return getattr(prompt, "plain", str(prompt))
+
+
+@pytest.mark.asyncio
+async def test_the_run_options_hold_for_every_reply_and_mode(tmp_path):
+    engine = FakeEngine()
+    run = SpeculationConfig(mode="sd", backup="fast", adaptive_k=False, lookup=False)  # --backup fast --fixed-k ...
+    app = make_app(engine, tmp_path, speculation=run)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][2] == "ssd" and engine.speculation.backup == "fast"
+        await send(app, pilot, "/k 2")
+        await send(app, pilot, "again")
+        assert engine.speculation.k == 2 and engine.speculation.backup == "fast"
+        assert engine.speculation.adaptive_k is False and engine.speculation.lookup is False
+
+
+@pytest.mark.asyncio
+async def test_modes_switch_by_key_palette_and_slash(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.session.settings.mode == "sd"
+        await pilot.press("ctrl+g")
+        assert app.session.settings.mode == "ssd"
+        assert "SSD" in rendered(app.query_one("#status"))
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][2] == "ssd"  # the engine decoded in the new mode
+        await pilot.press("ctrl+g")
+        assert app.session.settings.mode == "ar"
+
+        await send(app, pilot, "/mode sd")
+        assert app.session.settings.mode == "sd"
+        await send(app, pilot, "/mode turbo")
+        assert app.session.settings.mode == "sd" and "unknown mode 'turbo'" in errors(app)[-1]
+        assert app.query_one(PromptArea).text == "/mode turbo"  # kept for fixing
+
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await type_text(pilot, "Mode SSD")
+        await wait_for(pilot, lambda: "Mode: SSD" in _first_command(app),
+                       what="palette match")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.session.settings.mode == "ssd", what="palette mode switch")
+        await send(app, pilot, "again")
+        assert engine.calls[-1][2] == "ssd"
+
+
+@pytest.mark.asyncio
+async def test_without_a_draft_only_ar_is_available(tmp_path):
+    engine = FakeEngine(draft=None)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.session.settings.mode == "ar"
+        await pilot.press("ctrl+g")
+        assert app.session.settings.mode == "ar"
+        await send(app, pilot, "/mode ssd")
+        assert "needs a draft model" in errors(app)[-1]
+        assert "no reply yet" in rendered(app.query_one("#spec"))  # no mode before the chat's first reply
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][2] == "ar"
+        assert "AR: no drafts" in rendered(app.query_one("#spec"))
+
+
+@pytest.mark.asyncio
+async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "/k 3")
+        await send(app, pilot, "/fanout 1,2,2,1")
+        await send(app, pilot, "/temp 0.5")
+        await send(app, pilot, "/system You are terse.")
+        await send(app, pilot, "hi")
+        messages, params, mode = engine.calls[-1]
+        assert messages[0] == {"role": "system", "content": "You are terse."}
+        assert params.temperature == 0.5
+        assert engine.speculation.k == 3 and engine.speculation.fanout == (1, 2, 2, 1) and mode == "ssd"
+        assert "k 3 · fan-out 1,2,2,1" in rendered(app.query_one("#layout"))
+        assert "system You are terse." in rendered(app.query_one("#layout"))
+
+        for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a number"),
+                             ("/fanout 1,2", "k+1 = 4"), ("/temp -1", "temperature must be"),
+                             ("/frobnicate", "unknown command /frobnicate"), ("/k", "/k takes the most draft tokens "
+                             "per step, 1-32 (now 3)"), ("/temp", "(now 0.5)"), ("/mode", "ar, sd or ssd (now ssd)")]:
+            await send(app, pilot, bad)
+            assert message in errors(app)[-1], bad
+        assert app.session.settings.k == 3 and app.session.settings.temperature == 0.5
+
+        await send(app, pilot, "/system")
+        assert "system prompt removed (it was: You are terse.)" in [n.message for n in app._notifications][-1]
+        assert "system none" in rendered(app.query_one("#layout"))
+        await send(app, pilot, "again")
+        assert engine.calls[-1][0][0]["role"] == "user"
+        await send(app, pilot, "/system")
+        assert "no system prompt to remove" in [n.message for n in app._notifications][-1]
