@@ -12,8 +12,8 @@ from engine.config import SpeculationConfig
 from engine.draft_server import START, _Server, encode_start
 from engine.errors import InvalidParameterError
 from engine.sequence import Sequence
+from tests.engine.processes import DRAFT_CORE
 from tests.engine.test_llm import hf_greedy
-from tests.engine.test_processes import DRAFT_CORE
 from tests.engine.test_spec_decode import noisy_copy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)

@@ -15,7 +15,7 @@ from engine.distributed import RankSpec
 from engine.draft_server import DraftSpec
 from engine.errors import EngineError
 from engine.remote_drafter import DraftLost, RemoteDrafter
-from tests.engine.test_processes import DRAFT_CORE
+from tests.engine.processes import DRAFT_CORE
 from tests.engine.test_spec_decode import noisy_copy
 
 
