@@ -177,27 +177,26 @@ def run_gpu_tests() -> dict:
 def engine_rows(pair: Path, args, device: str, dtype: str, max_tokens: int, progress) -> tuple[list, dict]:
     from engine import LLM
     from engine.config import SpeculationConfig
-    from ssd_chat.bench import run_engine_mode
+    from ssd_chat.bench import BenchConfig, run_engine_mode
 
     common = dict(draft=str(pair / "draft"), dtype=dtype, attention=args.attention, eager=args.eager,
                   enable_prefix_caching=False, max_model_len=512 if args.smoke else 2048,
                   target_devices=device if device.startswith("cuda") else None)
     gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
-    rows, info = [], {}
+    rows, info, greedy = [], {}, BenchConfig(target=str(pair / "target"), max_tokens=max_tokens)
     with LLM(str(pair / "target"), **common) as llm:
         prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
         info = {"weight_bytes": llm.weight_bytes, "layout": llm.layout,
                 "attention": llm.core.runner.backend.name, "cuda_graphs": llm.core.runner.graphs is not None}
         for mode in ("ar", "sd") + (() if gpus >= 2 else ("ssd",)):
-            rows.append(run_engine_mode(llm, SpeculationConfig(mode=mode, k=args.k), prompt_ids, max_tokens, progress))
+            rows.append(run_engine_mode(llm, SpeculationConfig(mode=mode, k=args.k), prompt_ids, greedy, progress))
         if llm.core.runner.graphs is not None:  # rows per sequence -> replays: 1 = decode, more = verification
             info["graph_replays"] = dict(sorted(llm.core.runner.graphs.num_replays.items()))
             info["graph_forward_ms"] = graph_forward_ms(llm.core.runner.graphs)
     info["ssd_draft"] = "in the target's process (one device: correctness only)"
     if gpus >= 2:
         with LLM(str(pair / "target"), draft_device="cuda:1", **common) as llm:
-            rows.append(run_engine_mode(llm, SpeculationConfig(mode="ssd", k=args.k), prompt_ids, max_tokens,
-                                        progress))
+            rows.append(run_engine_mode(llm, SpeculationConfig(mode="ssd", k=args.k), prompt_ids, greedy, progress))
         info["ssd_draft"] = "cuda:1, own process"
     return rows, {**info, "prompt_ids": prompt_ids}
 

@@ -1,4 +1,5 @@
-"""`ssd-chat bench`: fixed-length greedy decoding over a prompt set, our engine against transformers.
+"""`ssd-chat bench`: fixed-length decoding (greedy, or sampled and seeded) over a prompt set, our engine against
+transformers.
 
 Every mode decodes every prompt for exactly `max_tokens` tokens (EOS ignored; with ``ignore_eos=False``
 replies end at the end of turn, as in a chat), one request at a
@@ -66,6 +67,8 @@ class BenchConfig:
     ignore_eos: bool = True  # fixed-length replies (False: each stops at its end of turn, as in a chat)
     adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (False: always k)
     lookup: bool = True  # greedy drafts take the context lookup's token where it has one (engine.lookup)
+    temperature: float = 0.0  # > 0: sampled replies, prompt i seeded with seed + i (the same in every mode)
+    seed: int = 0
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.modes if m not in ENGINE_MODES]
@@ -80,21 +83,26 @@ class BenchConfig:
             raise BenchInputError(f"--max-tokens must be >= 2 to measure decode speed, got {self.max_tokens}")
         if self.limit is not None and self.limit < 1:
             raise BenchInputError(f"--limit must be >= 1, got {self.limit}")
+        self.sampling(0)  # a bad --temperature or --seed: its one line now, before any model loads
+
+    def sampling(self, index: int, max_tokens: int | None = None) -> SamplingParams:
+        """The settings of prompt `index`'s reply (`max_tokens`: the warm-up's fewer)."""
+        seed = None if self.temperature == 0 else self.seed + index
+        return SamplingParams(temperature=self.temperature, seed=seed, max_tokens=max_tokens or self.max_tokens,
+                              ignore_eos=self.ignore_eos)
 
 
 def run_engine_mode(
-    llm: LLM, spec: SpeculationConfig, prompt_ids: list[list[int]], max_tokens: int, progress: Progress, *,
-    ignore_eos: bool = True,
+    llm: LLM, spec: SpeculationConfig, prompt_ids: list[list[int]], config: BenchConfig, progress: Progress
 ) -> ModeResult:
     llm.speculation = spec
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
-    llm.generate([prompt_ids[0]], replace(params, max_tokens=min(max_tokens, WARMUP_TOKENS)))
+    llm.generate([prompt_ids[0]], config.sampling(0, min(config.max_tokens, WARMUP_TOKENS)))
     runs = []
     runner = llm.core.runner
     compiled_before, forwards_before = (runner.compiled.num_runs if runner.compiled else 0), runner.num_forwards
-    for i, ids in enumerate(prompt_ids, 1):
-        progress(f"{spec.mode}: prompt {i}/{len(prompt_ids)}")
-        out = llm.generate([ids], params)[0]
+    for i, ids in enumerate(prompt_ids):
+        progress(f"{spec.mode}: prompt {i + 1}/{len(prompt_ids)}")
+        out = llm.generate([ids], config.sampling(i))[0]
         runs.append(PromptRun(list(out.token_ids), out.stats.ttft_s, out.stats.decode_time_s, out.stats.spec))
     cost = llm.core.policy.round_cost.get(spec.mode)
     measured = cost is not None and cost.verify_one_row_s is not None
@@ -114,11 +122,12 @@ ENGINE_MODES = ("ar", "sd", "ssd", *EVERY_CORE)
 
 
 def run_hf(
-    model_path: Path, prompt_ids: list[list[int]], max_tokens: int, progress: Progress, *,
-    draft_path: Path | None = None, k: int = 4, ignore_eos: bool = True,
+    model_path: Path, prompt_ids: list[list[int]], config: BenchConfig, progress: Progress, *,
+    draft_path: Path | None = None,
 ) -> ModeResult:
-    """transformers' own generate() on the same weights, prompts and thread count (set by the engine);
+    """transformers' own generate() on the same weights, prompts, settings and thread count (set by the engine);
     with `draft_path`, its assisted generation (assistant_model) drafting a constant k tokens."""
+    max_tokens, k, ignore_eos = config.max_tokens, config.k, config.ignore_eos
     mode = "hf" if draft_path is None else "hf-assisted"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     assistant = None
@@ -140,24 +149,27 @@ def run_hf(
     if ignore_eos:
         model.generation_config.eos_token_id = None
 
-    def generate(ids: list[int], num_tokens: int) -> PromptRun:
-        config = GenerationConfig(do_sample=False, max_new_tokens=num_tokens, pad_token_id=pad_id)
+    def generate(index: int, ids: list[int], num_tokens: int) -> PromptRun:
+        sampled = {} if config.temperature == 0 else {"temperature": config.temperature, "top_k": 0, "top_p": 1.0}
+        settings = GenerationConfig(do_sample=bool(sampled), max_new_tokens=num_tokens, pad_token_id=pad_id, **sampled)
+        if sampled:
+            torch.manual_seed(config.seed + index)
         streamer = TimingStreamer()
         input_ids = torch.tensor([ids])
         start = time.perf_counter()
         out = model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, streamer=streamer,
+            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=settings, streamer=streamer,
             assistant_model=assistant,
         )
         token_ids = out[0, len(ids):].tolist()
         first, last = streamer.first_token_time(), streamer.times[-1]
         return PromptRun(token_ids, ttft_s=first - start, decode_time_s=last - first)
 
-    generate(prompt_ids[0], min(max_tokens, WARMUP_TOKENS))
+    generate(0, prompt_ids[0], min(max_tokens, WARMUP_TOKENS))
     runs = []
-    for i, ids in enumerate(prompt_ids, 1):
-        progress(f"{mode}: prompt {i}/{len(prompt_ids)}")
-        runs.append(generate(ids, max_tokens))
+    for i, ids in enumerate(prompt_ids):
+        progress(f"{mode}: prompt {i + 1}/{len(prompt_ids)}")
+        runs.append(generate(i, ids, max_tokens))
     return ModeResult(mode, runs)
 
 
@@ -182,20 +194,21 @@ class TimingStreamer(BaseStreamer):
 def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> BenchReport:
     prompts = load_prompts(config.prompts_file, limit=config.limit)
     model_path, draft_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
-    ar = next((r for r in results if r.mode == "ar"), None)
+    ar = next((r for r in results if r.mode == "ar"), None) if config.temperature == 0 else None  # (sampled: the
     results = [replace(r, identical_to_ar=r.outputs == ar.outputs) if ar and r is not ar else r for r in results]
+    # same distribution, not the same tokens)
     if config.hf:
         progress("loading the transformers baseline")
         with _on_target_cores(config):  # the same cores and threads as our target
-            baselines = [run_hf(model_path, prompt_ids, config.max_tokens, progress, ignore_eos=config.ignore_eos)]
+            baselines = [run_hf(model_path, prompt_ids, config, progress)]
             if draft_path is not None:
-                baselines.append(run_hf(model_path, prompt_ids, config.max_tokens, progress, draft_path=draft_path,
-                                        k=config.k, ignore_eos=config.ignore_eos))
+                baselines.append(run_hf(model_path, prompt_ids, config, progress, draft_path=draft_path))
         results += [replace(b, identical_to_ar=None if ar is None else b.outputs == ar.outputs) for b in baselines]
     run_config = {
         "target": config.target, "draft": config.draft, "k": config.k, "fanout": config.fanout,
         "model_path": str(model_path),
-        "max_tokens": config.max_tokens, "ignore_eos": config.ignore_eos,
+        "max_tokens": config.max_tokens, "ignore_eos": config.ignore_eos, "temperature": config.temperature,
+        "seed": config.seed if config.temperature else None,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "tp": config.tp, "target_devices": config.target_devices, "draft_device": config.draft_device,
         "backup": config.backup, "adaptive_k": config.adaptive_k, "lookup": config.lookup,
@@ -219,8 +232,7 @@ def _run_engine_modes(
               tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, **fast)
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
-        results = [run_engine_mode(llm, _speculation(config, mode), prompt_ids, config.max_tokens, progress,
-                                   ignore_eos=config.ignore_eos)
+        results = [run_engine_mode(llm, _speculation(config, mode), prompt_ids, config, progress)
                    for mode in config.modes if mode not in EVERY_CORE]
         layout = llm.layout
         progress("measuring memory bandwidth")
@@ -238,8 +250,8 @@ def _run_engine_modes(
         with LLM(target=config.target, draft=draft, threads=os.cpu_count(), enable_prefix_caching=False,
                  **fast) as every_core:
             for mode in every:
-                result = run_engine_mode(every_core, _speculation(config, EVERY_CORE[mode]), prompt_ids,
-                                         config.max_tokens, progress, ignore_eos=config.ignore_eos)
+                result = run_engine_mode(every_core, _speculation(config, EVERY_CORE[mode]), prompt_ids, config,
+                                         progress)
                 results.append(replace(result, mode=mode))
     return llm.model_path, llm.draft_path, prompt_ids, results, {**bound, "layout": layout}
 

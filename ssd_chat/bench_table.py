@@ -14,8 +14,11 @@ def render_table(report: BenchReport) -> Table:
     ar, hf = by_mode.get("ar"), by_mode.get("hf")
     speculative = any(r.tau is not None for r in report.results)
     draft = f" / {report.config['draft']} (k={report.config['k']})" if report.config.get("draft") else ""
+    temperature = report.config.get("temperature") or 0
+    seed = report.config.get("seed")
+    decoding = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g} (prompt i: seed {seed} + i)"
     table = Table(title=f"{report.config['target']}{draft}: {report.config['num_prompts']} prompts x "
-                        f"{report.config['max_tokens']} tokens, greedy")
+                        f"{report.config['max_tokens']} tokens, {decoding}")
     table.add_column("mode")
     table.add_column("decode tok/s", justify="right")
     table.add_column("TTFT ms", justify="right")
@@ -33,7 +36,8 @@ def render_table(report: BenchReport) -> Table:
     draft_cost = ar is not None and ar.decode_tok_s and any(r.draft_s_per_token for r in report.results)
     if draft_cost:
         table.add_column("draft cost / AR token", justify="right")
-    table.add_column("greedy output = ar", justify="center")
+    if temperature == 0:  # (sampled: the same distribution, not the same tokens)
+        table.add_column("greedy output = ar", justify="center")
     for r in report.results:
         row = [r.mode, f"{r.decode_tok_s:.1f}", f"{r.ttft_ms:.0f}"]
         if speculative:
@@ -48,7 +52,8 @@ def render_table(report: BenchReport) -> Table:
             row.append(f"{100 * r.decode_tok_s / bound:.0f}%")
         if draft_cost:
             row.append(f"1/{1 / (ar.decode_tok_s * r.draft_s_per_token):.1f}" if r.draft_s_per_token else "-")
-        row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
+        if temperature == 0:
+            row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
         table.add_row(*row)
     return table
 

@@ -73,8 +73,11 @@ def bench(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results to this JSON file.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.")] = None,
+    temperature: Annotated[float, typer.Option(help="Sample at this temperature (0 = greedy); sampled modes "
+                                                    "follow the target's distribution, not AR's tokens.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Sampled replies: prompt i is seeded with SEED + i in every mode.")] = 0,
 ) -> None:
-    """Greedy fixed-length decode speed and TTFT per mode over a prompt set."""
+    """Fixed-length decode speed and TTFT per mode over a prompt set (greedy unless --temperature)."""
     from ssd_chat.bench import BenchConfig, run_bench  # here: it imports transformers' models, 0.3 s of every start
 
     err_console = Console(stderr=True, highlight=False)
@@ -89,7 +92,7 @@ def bench(
             target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
             draft_weights=draft_weights, packed_kernel=cpu_matmul,
-            ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
+            ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup, temperature=temperature, seed=seed,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     console = Console(width=None if sys.stdout.isatty() else 200)  # a file or pipe: the whole table, not 80 columns

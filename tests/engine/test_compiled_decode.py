@@ -146,14 +146,17 @@ def test_a_failed_compile_falls_back_to_eager_with_one_warning(tiny_llama_dir, m
 
 @pytest.mark.slow  # compiles the tiny model's graph
 def test_bench_reports_the_share_of_compiled_steps_over_chats_sharing_a_prefix(tiny_llama_dir):
-    from ssd_chat.bench import run_engine_mode
+    from ssd_chat.bench import BenchConfig, run_engine_mode
 
     system = list(range(3, 19))  # a shared system prompt: 4 full blocks of 4
     prompts = [[*system, 30 + i, 40 + i] for i in range(4)]
     with LLM(str(tiny_llama_dir), compile=True, block_size=4) as llm:
-        result = run_engine_mode(llm, SpeculationConfig(mode="ar"), prompts, 24, lambda _: None)
+        result = run_engine_mode(llm, SpeculationConfig(mode="ar"), prompts, BenchConfig("tiny", max_tokens=24),
+                                 lambda _: None)
     # every reply continues in consecutive blocks (engine.kv.block_manager), so all but the prefills compile
     assert result.compiled_share is not None and result.compiled_share >= 0.9, result.compiled_share
     assert result.to_dict()["compiled_share"] == result.compiled_share
     with LLM(str(tiny_llama_dir), block_size=4) as llm:
-        assert run_engine_mode(llm, SpeculationConfig(mode="ar"), prompts[:1], 8, lambda _: None).compiled_share is None
+        eager = run_engine_mode(llm, SpeculationConfig(mode="ar"), prompts[:1], BenchConfig("tiny", max_tokens=8),
+                                lambda _: None)
+        assert eager.compiled_share is None

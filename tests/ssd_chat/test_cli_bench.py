@@ -125,3 +125,37 @@ def test_bench_every_core_row_keeps_the_fast_path_options(tiny_llama_dir, tmp_pa
     assert result.exit_code == 0, result.output
     assert len(seen) == 2 and all(k["compile"] and k["dtype"] == "float32" for k in seen)  # (ar named twice: once)
     assert [r["mode"] for r in json.loads((tmp_path / "b.json").read_text())["results"]] == ["ar", "ar-all"]
+
+
+def test_bench_samples_with_a_seed_per_prompt(tiny_llama_dir, tmp_path):
+    tiny = str(tiny_llama_dir)
+
+    def bench(*extra: str) -> tuple[dict, str]:
+        out = tmp_path / "bench.json"
+        args = ["bench", "--target", tiny, "--draft", tiny, "--draft-weights", "float32", "--max-tokens", "12",
+                "--limit", "2", "--json", str(out), *extra]
+        result = runner.invoke(cli.app, args)
+        assert result.exit_code == 0, result.output
+        return json.loads(out.read_text()), result.output
+
+    report, output = bench("--modes", "ar,sd", "--hf", "--temperature", "0.8", "--seed", "5")
+    assert (report["config"]["temperature"], report["config"]["seed"]) == (0.8, 5)
+    rows = {r["mode"]: r for r in report["results"]}
+    assert list(rows) == ["ar", "sd", "hf", "hf-assisted"]
+    assert all(r["identical_to_ar"] is None for r in rows.values())  # sampled: not the same tokens
+    assert rows["sd"]["acceptance_rate"] == 1.0  # the target as its own draft: p = q, every draft accepted
+    words = " ".join(output.split())  # (the title wraps at the runner's width)
+    assert "sampled at temperature 0.8 (prompt i: seed 5 + i)" in words and "greedy output" not in words
+    again, _ = bench("--modes", "ar", "--temperature", "0.8", "--seed", "5")
+    other, _ = bench("--modes", "ar", "--temperature", "0.8", "--seed", "7")
+    assert again["results"][0]["outputs"] == rows["ar"]["outputs"]  # seeded: the same replies
+    assert other["results"][0]["outputs"] != rows["ar"]["outputs"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("--temperature", "-1"), ("--temperature", "nan"), ("--seed", "-3")])
+def test_bench_refuses_bad_sampling_settings_before_loading(tiny_llama_dir, option, value):
+    sampled = ["--temperature", "0.5"] if option == "--seed" else []  # (a greedy bench draws no seed)
+    result = runner.invoke(cli.app, ["bench", "--target", str(tiny_llama_dir), *sampled, option, value])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: ") and "Traceback" not in result.output
+    assert "loading" not in result.output
