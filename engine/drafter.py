@@ -16,7 +16,7 @@ import torch
 from engine.kv.block_manager import BlockManager
 from engine.lookup import Lookups
 from engine.runner import Chunk, ModelRunner
-from engine.sampling import probabilities
+from engine.sampling import draw, probabilities
 from engine.sequence import Sequence
 
 
@@ -33,7 +33,7 @@ def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperatu
         proposal.tokens.append(int(torch.argmax(logits)))
         return
     q = probabilities(logits, seq.params, None if temperature is None else max(temperature, 1e-5))  # [V]
-    proposal.tokens.append(int(torch.multinomial(q, 1, generator=seq.generator)))
+    proposal.tokens.append(draw(q, seq.generator))
     proposal.probs.append(q)
 
 

@@ -35,8 +35,32 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     """One token from logits [V]: argmax when greedy, else a draw from `probabilities`."""
     if params.is_greedy:
         return int(torch.argmax(logits))
-    probs = probabilities(logits, params)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return draw(probabilities(logits, params), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from probs [V] (>= 0, any positive total), by the inverse CDF of one float64 uniform: the same
+    distribution as torch.multinomial, which took 1.9 ms a draw over SmolLM2's 49152 tokens on one core (79 us)."""
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    probs = probs.double()  # [V]: float64 sums, so that no token's interval is off by float32's rounding
+    total = float(probs.sum())
+    if not 0 < total < float("inf"):  # (a NaN fails this too)
+        raise RuntimeError(f"cannot sample from a distribution of total mass {total}: the model's logits are not "
+                           "finite")
+    return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
+    """The token whose CDF interval [cdf_{i-1}, cdf_i) holds u * total. probs: [V] >= 0, u: [] in [0, 1).
+
+    A token with zero mass has an empty interval, so it is never picked.
+    """
+    cdf = probs.cumsum(dim=0)  # [V]
+    token = int(torch.searchsorted(cdf, (u * cdf[-1]).view(1), right=True))
+    if token == probs.shape[0]:
+        # u * total rounded up to total (u within 2^-53 of 1): take the last token with mass.
+        token = int(torch.nonzero(probs).max())
+    return token
 
 
 def sample_batch(

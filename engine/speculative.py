@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.sampling import inverse_cdf
+
 # A residual max(0, p - q) whose mass is below this is rounding noise: p and q agree on the rejected
 # position, so a rejection there has probability ~0 and sampling from p is as good as anything.
 RESIDUAL_EPS = 1e-6
@@ -78,7 +80,7 @@ def verify_sampled(
     num_accepted = _leading_true(accepted)
     # All kept: the bonus comes straight from the target's last position. Else: the residual.
     next_probs = p[num_draft] if num_accepted == num_draft else _residual(p[num_accepted], q[num_accepted])
-    next_token = _inverse_cdf(next_probs, u[num_draft])
+    next_token = inverse_cdf(next_probs, u[num_draft])
     return Verdict(num_accepted, next_token)
 
 
@@ -93,20 +95,6 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     if mass < RESIDUAL_EPS:
         return p
     return residual / mass
-
-
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
-    """The token whose CDF interval [cdf_{i-1}, cdf_i) holds u * total. probs: [V] >= 0, u: [] in [0, 1).
-
-    One uniform per draw (torch.multinomial would consume V on CPU and is slower for one sample); a
-    token with zero mass has an empty interval, so it is never picked.
-    """
-    cdf = probs.cumsum(dim=0)  # [V]
-    token = int(torch.searchsorted(cdf, (u * cdf[-1]).view(1), right=True))
-    if token == probs.shape[0]:
-        # u * total rounded up to total (u within 2^-53 of 1): take the last token with mass.
-        token = int(torch.nonzero(probs).max())
-    return token
 
 
 def _leading_true(mask: torch.Tensor) -> int:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.errors import InvalidParameterError
-from engine.sampling import filter_top_k_top_p, probabilities, sample_batch, sample_token
+from engine.sampling import draw, filter_top_k_top_p, probabilities, sample_batch, sample_token
 from engine.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
@@ -41,6 +41,24 @@ def test_draws_follow_the_tempered_distribution():
     assert chi2 < 20.0  # 4 degrees of freedom: p ~ 5e-4
     wrong = torch.softmax(LOGITS, -1) * n  # the untempered distribution is clearly rejected
     assert float(((counts - wrong) ** 2 / wrong).sum()) > 100.0
+
+
+def test_a_draw_never_takes_a_token_without_mass_and_follows_the_rest():
+    probs = torch.tensor([0.0, 0.5, 0.0, 1e-3, 0.3, 0.0])  # zeros first, inside and last; unnormalised (0.801)
+    gen = torch.Generator().manual_seed(2)
+    n = 40000
+    counts = torch.bincount(torch.tensor([draw(probs, gen) for _ in range(n)]), minlength=6)
+    assert counts[probs == 0].sum() == 0
+    kept = probs > 0
+    expected = probs[kept] / probs.sum() * n
+    assert float(((counts[kept] - expected) ** 2 / expected).sum()) < 25.0  # 2 degrees of freedom: p ~ 4e-6
+    assert draw(torch.tensor([0.0, 0.0, 2.0, 0.0]), gen) == 2
+
+
+@pytest.mark.parametrize("bad", [[0.0, 0.0], [float("nan"), 1.0], [float("inf"), 1.0]])
+def test_a_draw_from_no_distribution_says_so(bad):
+    with pytest.raises(RuntimeError, match="cannot sample from a distribution of total mass"):
+        draw(torch.tensor(bad), torch.Generator().manual_seed(0))
 
 
 def test_same_seed_same_draws():
