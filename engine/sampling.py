@@ -26,8 +26,8 @@ def probabilities(logits: torch.Tensor, params: SamplingParams, temperature: flo
     """The distribution a request samples from: temperature (`temperature`, where given, in place of the request's:
     a draft's own), then top-k/top-p. [V] -> [V] (fp32). The largest logit is subtracted first, so that a tiny
     temperature (1e-40) gives the argmax rather than inf / inf."""
-    logits = logits.float()
-    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / (temperature or params.temperature)
+    logits = logits.float()  # (amax: max(dim=) also finds the indices, 147 against 9 us over 49152 logits)
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)).div_(temperature or params.temperature)
     return torch.softmax(filter_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)
 
 
@@ -42,12 +42,7 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from probs [V] (>= 0, any positive total), by the inverse CDF of one float64 uniform: the same
     distribution as torch.multinomial, which took 1.9 ms a draw over SmolLM2's 49152 tokens on one core (79 us)."""
     u = torch.rand((), generator=generator, dtype=torch.float64)
-    probs = probs.double()  # [V]: float64 sums, so that no token's interval is off by float32's rounding
-    total = float(probs.sum())
-    if not 0 < total < float("inf"):  # (a NaN fails this too)
-        raise RuntimeError(f"cannot sample from a distribution of total mass {total}: the model's logits are not "
-                           "finite")
-    return inverse_cdf(probs, u)
+    return inverse_cdf(probs.double(), u)  # float64 sums: no token's interval is off by float32's rounding
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
@@ -56,7 +51,11 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
     A token with zero mass has an empty interval, so it is never picked.
     """
     cdf = probs.cumsum(dim=0)  # [V]
-    token = int(torch.searchsorted(cdf, (u * cdf[-1]).view(1), right=True))
+    total = float(cdf[-1])
+    if not 0 < total < float("inf"):  # (a NaN fails this too)
+        raise RuntimeError(f"cannot sample from a distribution of total mass {total}: the model's logits are not "
+                           "finite")
+    token = int(torch.searchsorted(cdf, (u * total).view(1), right=True))
     if token == probs.shape[0]:
         # u * total rounded up to total (u within 2^-53 of 1): take the last token with mass.
         token = int(torch.nonzero(probs).max())
