@@ -11,7 +11,7 @@ from collections import deque
 
 from engine.config import SpeculationConfig
 from engine.kv.block_manager import BlockManager
-from engine.outputs import FinishReason, TokenSource
+from engine.outputs import EngineWarning, FinishReason, TokenSource
 from engine.remote_drafter import DraftLost, RemoteDrafter
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import sample_batch
@@ -41,7 +41,7 @@ class EngineCore:
         self.running: list[Sequence] = []
         self.spec: dict[int, SpeculationConfig] = {}  # request id -> how it decodes
         self.policy = SpecPolicy(runner.device.type)  # draft lengths and fan-outs, from what was measured
-        self.warnings: list[tuple[int, str]] = []     # (request id, message) for the request layer to report
+        self.warnings: list[EngineWarning] = []       # for the request layer to report
         self.part_prefilled: list[Sequence] = []      # the last step's prompts that ran a chunk and have more to go
 
     @property
@@ -53,7 +53,7 @@ class EngineCore:
         assert spec.mode == "ar" or self.drafter is not None, "the request layer checks for a draft"
         if spec.mode != "ar" and spec.mode not in self.drafters:  # its draft process was lost earlier
             lost = f"the draft process is gone: this reply runs in AR mode, not {spec.mode}"
-            self.warnings.append((seq.seq_id, lost))
+            self.warnings.append(EngineWarning(seq.seq_id, lost, draft_lost=True))
             spec = SpeculationConfig(mode="ar", k=spec.k)
         self.spec[seq.seq_id] = spec
         self.waiting.append(seq)
@@ -164,7 +164,7 @@ class EngineCore:
         for seq_id, spec in self.spec.items():
             if spec.mode in lost:
                 self.spec[seq_id] = SpeculationConfig(mode="ar", k=spec.k)
-                self.warnings.append((seq_id, f"{exc}; continuing in AR mode"))
+                self.warnings.append(EngineWarning(seq_id, f"{exc}; continuing in AR mode", draft_lost=True))
 
     def _prefill(self, seqs: list[Sequence]) -> dict[Sequence, StepOutput]:
         """One chunk of prompt tokens, `prefill_chunk` at most in all, in admission order (the first prompt may

@@ -25,7 +25,7 @@ from engine.detokenizer import IncrementalDetokenizer, make_decoder, make_tail_c
 from engine.errors import EngineError, InvalidParameterError
 from engine.layers.packed import runs_q8
 from engine.model_dir import inspect_model_dir
-from engine.outputs import EngineWarning, Event, FinishReason, RequestOutput
+from engine.outputs import ALSO_AN_EVENT, Event, FinishReason, RequestOutput
 from engine.placement import describe, plan
 from engine.registry import resolve_model
 from engine.remote_drafter import RemoteDrafter
@@ -220,21 +220,22 @@ class LLM:
             generator = torch.Generator().manual_seed(seed)
         seq = Sequence(next(self._ids), list(token_ids), params, generator)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        spec = self.speculation
+        self.core.add(seq, self.speculation)
+        spec = self.core.spec[seq.seq_id]  # (AR where the mode's draft process was lost)
         detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
         state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=spec.k)
         self._requests[seq.seq_id] = state
-        self.core.add(seq, spec)
         self._report_warnings()
         return state
 
     def _report_warnings(self) -> None:
         if self.core.warnings and self.core_share.yielded:  # perhaps the draft process was lost: take its cores back
             self._share_cores()
-        for request_id, message in self.core.warnings:
-            log.warning("request %d: %s", request_id, message)
-            if request_id in self._requests:
-                self._requests[request_id].events.append(EngineWarning(request_id, message))
+        for warning in self.core.warnings:
+            state = self._requests.get(warning.request_id)
+            log.warning("request %d: %s", warning.request_id, warning.message, extra={ALSO_AN_EVENT: state is not None})
+            if state is not None:
+                state.events.append(warning)
         self.core.warnings.clear()
 
     def _step(self) -> None:

@@ -185,10 +185,14 @@ class RequestFinished:
 @dataclass(frozen=True)
 class EngineWarning:
     """Something the user should know that did not end the request (e.g. the draft process died and
-    the request continues in AR mode)."""
+    the request continues in AR mode). The engine also logs it, as a record with ALSO_AN_EVENT set."""
 
     request_id: int
     message: str
+    draft_lost: bool = False  # the request's draft process is gone: it (and later requests) run in AR mode
+
+
+ALSO_AN_EVENT = "ssd_chat_also_an_event"  # set on a log record whose message a request's stream also carries
 
 
 @dataclass(frozen=True)

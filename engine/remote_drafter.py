@@ -213,8 +213,10 @@ class RemoteDrafter:
             self.alive = False
             if self.proc.is_alive():  # it stopped answering: do not leave it behind
                 self.proc.kill()
-            raise DraftLost(f"the draft process stopped after {time.perf_counter() - t0:.1f} s: {_first_line(exc)}") \
-                from exc
+                raise DraftLost(f"the draft process did not answer for {time.perf_counter() - t0:.0f} s: "
+                                f"{_first_line(exc)}") from exc
+            self.proc.join(1.0)  # (its exit code)
+            raise DraftLost(f"the draft process died ({_exit_status(self.proc.exitcode)})") from exc
 
 
 def _shm_block():
@@ -227,6 +229,12 @@ def _shm_block():
     except OSError as exc:
         log.warning("no shared memory for SSD's round messages (%s); they go over gloo", exc)
         return None
+
+
+def _exit_status(code: int | None) -> str:
+    if code is None:
+        return "it exited"
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
 def _first_line(exc: BaseException) -> str:

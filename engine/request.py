@@ -110,7 +110,7 @@ class RequestState:
             ttft_s=t_first - self.t_start,
             decode_time_s=t_last - t_first,
             total_time_s=t_last - self.t_start,
-            spec=None if self.spec is None else self.spec.summary(),
+            spec=None if self.spec is None or not self.spec.steps else self.spec.summary(),  # (no round: no figures)
         )
         self.output = RequestOutput(
             request_id=self.request_id,

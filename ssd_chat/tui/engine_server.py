@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from engine.errors import EngineError
+from engine.outputs import ALSO_AN_EVENT
 
 ENGINE_LOGGER = "engine"
 WATCH_S = 1.0  # how often the engine process looks for its app, and how long it then waits for its main thread
@@ -25,6 +26,8 @@ class _ToParent(logging.Handler):
         self.pipe = pipe
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, ALSO_AN_EVENT, False):  # the reply's stream carries it: one notice, not two
+            return
         with contextlib.suppress(OSError, ValueError):
             self.pipe.send(("log", (record.levelno, record.getMessage())))
 

@@ -110,7 +110,8 @@ class ReplyBuffer:
             elif isinstance(event, StepStats):
                 self.stats.on_step(event)
             elif isinstance(event, EngineWarning):
-                self._warnings.append(event.message)
+                self._warnings.append(event.message + (" (/restart starts a new draft process)" if event.draft_lost
+                                                       else ""))
             elif isinstance(event, PrefillProgress):
                 self._prefill = (event.done, event.total)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from textual.app import App
 from textual.message import Message
 
+from engine.outputs import ALSO_AN_EVENT
 from ssd_chat.tui.engine_server import ENGINE_LOGGER
 from ssd_chat.tui.screens.loading import EngineLogLine
 
@@ -37,6 +38,8 @@ class ToApp(logging.Handler):
         self.app, self.engine = app, engine
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, ALSO_AN_EVENT, False):  # the reply's stream carries it: one notice, not two
+            return
         try:
             text = record.getMessage()
             if self.engine:

@@ -118,9 +118,12 @@ def test_a_dying_draft_process_falls_back_to_ar(tiny_llama_dir, draft_dir):
         tokens, warnings, final = _ssd_with_a_fault(llm, PROMPTS[0], after=8, sig=signal.SIGKILL)
         assert tokens == final.token_ids == want[0]  # nothing lost, nothing repeated
         assert len(warnings) == 1 and "AR mode" in warnings[0]
+        assert "the draft process died (killed by signal 9)" in warnings[0]  # (not "stopped after 0.0 s")
         later = list(llm.stream(PROMPTS[1], GREEDY))  # new SSD requests also run (in AR) and say so
         assert later[-1].output.token_ids == want[1]
-        assert any(isinstance(e, EngineWarning) for e in later)
+        assert [e.draft_lost for e in later if isinstance(e, EngineWarning)] == [True]
+        stats = later[-1].output.stats  # it ran in AR: reported as AR, with no speculation figures (not tau 0.00)
+        assert (stats.mode, stats.spec) == ("ar", None)
 
 
 def test_a_lost_draft_moves_every_request_using_it_to_ar(tiny_llama_dir, draft_dir):
@@ -150,5 +153,6 @@ def test_a_draft_process_that_stops_answering_is_dropped(tiny_llama_dir, draft_d
         tokens, warnings, _ = _ssd_with_a_fault(llm, PROMPTS[2], after=6, sig=signal.SIGSTOP)  # alive but silent
         assert tokens == want[2]
         assert len(warnings) == 1 and "AR mode" in warnings[0]
+        assert "the draft process did not answer for 3 s" in warnings[0]
         llm.remote.proc.join(10)
         assert not llm.remote.proc.is_alive()  # the silent process was killed, not left behind

@@ -4,12 +4,17 @@ replying or idle), /restart, and quitting during a step that never ends."""
 from __future__ import annotations
 
 import io
+import logging
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+from engine.outputs import ALSO_AN_EVENT
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
-from ssd_chat.tui.screens.loading import LoadingScreen
+from ssd_chat.tui.engine_server import ENGINE_LOGGER, _ToParent
+from ssd_chat.tui.log_routing import LogNotice, ToApp
+from ssd_chat.tui.screens.loading import EngineLogLine, LoadingScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.transcript import AssistantMessage, UserMessage
 from tests.ssd_chat.tui_fakes import FakeEngine, dies_mid_reply, first_delta, make_app, rendered, send, settle, wait_for
@@ -170,8 +175,27 @@ async def test_an_engine_warning_is_a_notification_and_the_reply_goes_on(tmp_pat
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "hi")
-        assert any("continuing in AR" in n.message for n in app._notifications)
+        told = [n.message for n in app._notifications if "continuing in AR" in n.message]
+        assert told == ["the draft process died: continuing in AR (/restart starts a new draft process)"]
         assert app.query(AssistantMessage).last().text == REPLY
+
+
+def test_an_engine_log_line_a_reply_also_carries_is_not_a_second_notice():
+    posted = []
+    app = SimpleNamespace(post_message=posted.append)
+    for engine in (True, False):
+        handler = ToApp(app, logging.INFO, engine=engine)
+        for also in (True, False):
+            record = logging.LogRecord(ENGINE_LOGGER, logging.WARNING, __file__, 1, "request 1: lost", None, None)
+            setattr(record, ALSO_AN_EVENT, also)
+            handler.emit(record)
+    assert [type(m) for m in posted] == [EngineLogLine, LogNotice]  # only the records no reply carries
+    pipe = SimpleNamespace(sent=[], send=lambda item: pipe.sent.append(item))
+    for also in (True, False):  # the engine process's handler, which sends the lines to the app
+        record = logging.LogRecord(ENGINE_LOGGER, logging.WARNING, __file__, 1, "request 1: lost", None, None)
+        setattr(record, ALSO_AN_EVENT, also)
+        _ToParent(pipe).emit(record)
+    assert pipe.sent == [("log", (logging.WARNING, "request 1: lost"))]
 
 
 async def test_a_failed_reply_keeps_what_was_typed_during_it_and_a_palette_restart_keeps_it_too(tmp_path):

@@ -137,7 +137,7 @@ class FakeEngine:
             emitted += chunk
             i += n
             if self.warning and i == n:
-                yield EngineWarning(request_id, self.warning)
+                yield EngineWarning(request_id, self.warning, draft_lost=True)
         spec_stats = None
         if mode != "ar":
             spec_stats = SpecStats(
