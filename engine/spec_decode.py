@@ -90,7 +90,7 @@ def verify(
             verdict = verify_greedy(drafts, rows)
         else:
             q = torch.stack(proposal.probs) if proposal.probs else rows.new_zeros(0, rows.shape[-1])
-            p = torch.stack([probabilities(r, seq.params) for r in rows])
+            p = probabilities(rows, seq.params)  # [k_i + 1, V], every row as alone
             verdict = verify_sampled(drafts, q, p, seq.generator)
         n_ok = verdict.num_accepted
         hit = hits.get(seq)
