@@ -4,8 +4,10 @@ one notification and the line stays in the prompt, shown as typed."""
 from __future__ import annotations
 
 import pytest
+from textual.widgets._markdown import MarkdownTableContent
 
 from ssd_chat.tui.commands import (
+    SLASH_COMMANDS,
     SlashCommand,
     SlashError,
     as_typed,
@@ -60,9 +62,12 @@ async def test_clear_export_and_help(tmp_path):
         await send(app, pilot, "/help")
         assert isinstance(app.screen, HelpScreen)
         help_text = app.screen.query_one("Markdown").source
-        for needle in ("/mode ar|sd|ssd", "/k N", "/fanout", "/temp T", "/system TEXT", "/clear", "/export",
-                       "Esc", "Ctrl+G", "Ctrl+R", "F5"):
+        for needle in ("/k N", "/fanout", "/temp T", "/system TEXT", "/clear", "/export", "Esc", "Ctrl+G", "Ctrl+R",
+                       "F5"):
             assert needle in help_text, needle
+        await wait_for(pilot, lambda: len(app.screen.query(MarkdownTableContent)) == 2, what="the tables")
+        commands = app.screen.query(MarkdownTableContent).last()  # a | in a usage ("/mode ar|sd|ssd") split its cell
+        assert [[cell.plain for cell in row] for row in commands.rows] == [[c.usage, c.help] for c in SLASH_COMMANDS]
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
         await pilot.press("f1")

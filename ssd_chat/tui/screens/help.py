@@ -22,12 +22,17 @@ PROMPT_KEYS = (  # after the send and newline keys, which --enter sets (prompt_i
 )
 
 
+def _cell(text: str) -> str:
+    """`text` for a Markdown table cell: its pipes escaped (a bare `|` ends the cell, inside a code span too)."""
+    return text.replace("|", "\\|")
+
+
 def help_markdown(send_keys: Sequence[tuple[str, str]], keys: Sequence[tuple[str, str]]) -> str:
     """`send_keys`: the prompt's send and newline keys; `keys`: the app's bindings (key, action)."""
     lines = ["# ssd-chat help", "", "## Keys", "", "| key | action |", "|---|---|"]
-    lines += [f"| {key} | {action} |" for key, action in (*send_keys, *PROMPT_KEYS, *keys)]
+    lines += [f"| {_cell(key)} | {_cell(action)} |" for key, action in (*send_keys, *PROMPT_KEYS, *keys)]
     lines += ["", "## Slash commands", "", "| command | what it does |", "|---|---|"]
-    lines += [f"| `{c.usage}` | {c.help} |" for c in SLASH_COMMANDS]
+    lines += [f"| `{_cell(c.usage)}` | {_cell(c.help)} |" for c in SLASH_COMMANDS]
     lines += ["", "## Token colours", "",
               "With colours on (Ctrl+T), each reply token shows where it came from: a draft token accepted on a "
               "speculation-cache hit, one accepted after a miss (drafted just in time), a sync-SD draft, or the "
