@@ -79,8 +79,20 @@ async def test_slash_completion_with_tab_and_hints(tmp_path):
     app = make_app(FakeEngine(), tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        await type_text(pilot, "/fa")
+        await type_text(pilot, "/c")
         hints = app.query_one("#completions")
+
+        def shown() -> str:  # as on the screen (read as markup, "[TEXT]" was lost)
+            return hints.render().plain
+
+        assert shown().startswith("/clear clear this conversation's turns   /chats [TEXT] open, search")
+        await pilot.press("o", "p")
+        assert shown() == "/copy [code] copy the last reply (code: its code blocks) to the clipboard"
+        app.query_one(PromptArea).text = "/e"
+        await pilot.pause()
+        assert "/export[!] [FILE] write this chat" in shown()
+        app.query_one(PromptArea).text = ""
+        await type_text(pilot, "/fa")
         assert hints.display and "/fanout" in rendered(hints)
         await pilot.press("tab")
         assert app.query_one(PromptArea).text == "/fanout "

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -185,5 +186,6 @@ class PromptInput(Vertical):
     def _show_completions(self) -> None:
         hints = self.query_one("#completions", Static)
         matches = completions(self.area.text)
-        hints.update("   ".join(f"[b]{m.usage}[/b] {m.help}" for m in matches[:4]) if matches else "")
+        # (as Text, not markup: "/chats [TEXT]" lost its "[TEXT]")
+        hints.update(Text("   ").join(Text.assemble((m.usage, "bold"), " ", m.help) for m in matches[:4]))
         hints.display = bool(matches)
