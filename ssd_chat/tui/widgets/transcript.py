@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
@@ -26,11 +27,23 @@ class UserMessage(Static):
         self.border_title = "you"
 
 
+def _line_breaks(state: StateCore) -> None:
+    """A reply's single newlines kept as line breaks (a poem, an address, an item a line): CommonMark reads them
+    as soft breaks, which Textual shows as spaces, and the token-colour view (the plain text) showed other lines.
+    Code blocks keep their text as it is; lists, tables and headings end their lines anyway."""
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type, child.tag = "hardbreak", "br"
+
+
 @functools.cache
 def _parser() -> MarkdownIt:
     """One Markdown parser for every reply: Textual builds a new one per streamed append otherwise, which took about
     a seventh of the UI thread's time while a reply streamed (the engine's thread waits for that thread's GIL)."""
-    return MarkdownIt("gfm-like")
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("line_breaks", _line_breaks)
+    return parser
 
 
 class AssistantMessage(Vertical):
