@@ -232,11 +232,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
 
     @on(PromptArea.PageConversation)
     def _page_conversation(self, event: PromptArea.PageConversation) -> None:
-        transcript = self.query_one(Transcript)  # scrolled up while a reply streams, it stops following it
-        if event.direction < 0:
-            transcript.scroll_page_up()
-        else:
-            transcript.scroll_page_down()
+        self.query_one(Transcript).page(event.direction)  # scrolled up, it stops following a streaming reply
 
     def action_stop(self) -> None:
         if self.buffer is not None:

@@ -136,6 +136,54 @@ async def test_the_transcript_follows_the_reply_unless_scrolled_up(tmp_path):
         assert transcript.scroll_y == scrolled < transcript.max_scroll_y
 
 
+class Steps:
+    """A FakeEngine gate that lets one delta through per release."""
+
+    def __init__(self) -> None:
+        self._free = threading.Semaphore(0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._free.acquire(timeout=timeout)
+
+    def release(self, count: int = 1) -> None:
+        self._free.release(count)
+
+
+async def test_paging_where_nothing_scrolls_keeps_following_and_paging_down_to_the_end_follows_again(tmp_path):
+    """PageDown while the conversation fit on the screen let go of Textual's anchor for good (it takes it back only
+    when the position changes): the reply then streamed below the screen. PageUp during a long reply still stops
+    following it, and PageDown to the end follows it again."""
+    engine = FakeEngine(words=[f"line {i}\n\n" for i in range(40)], gate=Steps())
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        app.query_one(PromptArea).text = "long"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text, what="the 1st delta")
+        assert transcript.max_scroll_y == 0
+        await pilot.press("pagedown", "pageup")
+        engine.gate.release(100)
+        await settle(app, pilot)
+        await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y > 20, what="the reply's end")
+
+        engine.gate = Steps()
+        app.query_one(PromptArea).text = "more"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == "line 0\n\n",
+                       what="the 2nd reply's 1st delta")
+        await pilot.press("pageup")
+        engine.gate.release(5)  # (SD: 3 lines a step)
+        await wait_for(pilot, lambda: "line 15" in app.reply_view.text, what="5 more steps")
+        await pilot.pause()
+        assert transcript.scroll_y < transcript.max_scroll_y - 10  # it did not follow
+        await pilot.press("pagedown", "pagedown", "pagedown")
+        await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y, what="the end")
+        engine.gate.release(100)
+        await settle(app, pilot)
+        await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y > 60, what="the new end")
+
+
 async def test_a_fast_reply_is_coalesced_into_few_renders(tmp_path, monkeypatch):
     engine = FakeEngine(words=[f"w{i} " for i in range(1500)])
     app = make_app(engine, tmp_path)

@@ -19,6 +19,7 @@ from engine.outputs import TokenSource
 from ssd_chat.tui.provenance import colour_text
 
 Piece = tuple[str, TokenSource]
+PAGE_SPEED = 50  # rows a second: Textual's for a page, for the last one (scroll_end's default is a whole second)
 
 
 class UserMessage(Static):
@@ -116,6 +117,19 @@ class Transcript(VerticalScroll):
         self.mount(message)
         self.anchor()
         return message
+
+    def page(self, direction: int) -> None:
+        """PageUp (-1) or PageDown (+1): scrolled up, it stops following a streaming reply; paged down to the end, it
+        follows again. Where the page would not move (the conversation fits on the screen, or it is at the top) it
+        does nothing: Textual lets go of the anchor on any scroll and takes it back only when the position changes,
+        so a PageDown while a reply was short left the rest of it streaming below the screen."""
+        if direction < 0:
+            if self.scroll_y > 0:
+                self.scroll_page_up()
+        elif self.scroll_y + self.scrollable_content_region.height >= self.max_scroll_y:
+            self.scroll_end(speed=PAGE_SPEED)  # (the anchor kept or taken back: new output scrolls into view)
+        else:
+            self.scroll_page_down()
 
     def show_colours(self, colours: bool) -> None:
         for message in self.query(AssistantMessage):
