@@ -12,6 +12,11 @@ class SlashSpec:
     usage: str
     help: str
 
+    @property
+    def takes_argument(self) -> bool:
+        """Whether its usage names one (`/k N`, `/chats [TEXT]`): one that does not refuses any (`/clear now`)."""
+        return " " in self.usage
+
 
 SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("mode", "/mode ar|sd|ssd", "switch the decoding mode (sd and ssd need a draft model)"),
@@ -84,6 +89,8 @@ def parse_slash(text: str) -> SlashCommand:
         matches = completions("/" + name)
         hint = f" (did you mean {matches[0].usage}?)" if len(matches) == 1 else " (/help lists them)"
         raise SlashError(f"unknown command /{name}{hint}")
+    if rest.strip() and not _BY_NAME[name].takes_argument:  # ("/clear now" cleared the chat, which has no undo)
+        raise SlashError(f"/{name} takes no argument: send /{name} alone")
     return SlashCommand(name, rest.strip(), force)
 
 

@@ -1,0 +1,40 @@
+"""Slash commands the app refuses keep their line in the input to fix: an argument to a command that takes none
+(`/clear now`), and a command that must wait for the reply under way."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssd_chat.tui.commands import SLASH_COMMANDS, SlashError, parse_slash
+from ssd_chat.tui.widgets.prompt_input import PromptArea
+from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, send, settle
+
+SIZE = (120, 40)
+
+
+def test_commands_that_take_no_argument_refuse_one():
+    bare = {c.name for c in SLASH_COMMANDS if not c.takes_argument}
+    assert bare == {"clear", "new", "regen", "edit", "undo", "compare", "colors", "restart", "help"}
+    for name in bare:
+        assert parse_slash(f"/{name}  ").arg == ""
+        with pytest.raises(SlashError, match=rf"^/{name} takes no argument: send /{name} alone$"):
+            parse_slash(f"/{name} now")
+    with pytest.raises(SlashError, match="/undo takes no argument"):
+        parse_slash("/undo\nmore")  # (a second line typed with Ctrl+J)
+    assert parse_slash("/chats cats and dogs").arg == "cats and dogs"  # free text stays free
+    assert parse_slash("/export my notes.md").arg == "my notes.md"
+
+
+@pytest.mark.asyncio
+async def test_an_argument_to_clear_or_undo_is_refused_and_stays_in_the_input(tmp_path):
+    """`/clear now` cleared the chat (there is no undo) and `/undo extra` removed a turn."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        for typed in ("/clear now", "/undo extra"):
+            await send(app, pilot, typed)
+            name = typed.split()[0]
+            assert errors(app)[-1] == f"{name} takes no argument: send {name} alone"
+            assert app.query_one(PromptArea).text == typed
+            assert [m.content for m in app.session.messages] == ["first", "Hello from the **fake** engine."]
