@@ -120,7 +120,7 @@ def parse_fanout(arg: str) -> tuple[int, ...] | None:
     if not arg or arg == "default":
         return None
     try:
-        return tuple(int(f) for f in arg.replace(" ", "").split(","))
+        return tuple(int(f) for f in arg.split(","))  # (int takes the spaces around a number: "1, 2" is (1, 2))
     except ValueError:
         raise SlashError(f"/fanout takes numbers separated by commas, got {arg!r}") from None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ssd_chat.tui.commands import SLASH_COMMANDS, SlashError, parse_slash
+from ssd_chat.tui.commands import SLASH_COMMANDS, SlashError, parse_fanout, parse_slash
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, send, settle
 
@@ -22,6 +22,9 @@ def test_commands_that_take_no_argument_refuse_one():
     with pytest.raises(SlashError, match="/undo takes no argument"):
         parse_slash("/undo\nmore")  # (a second line typed with Ctrl+J)
     assert parse_slash("/chats cats and dogs").arg == "cats and dogs"  # free text stays free
+    assert parse_fanout(" 1 , 2 ") == (1, 2)
+    with pytest.raises(SlashError, match="/fanout takes numbers separated by commas, got '1 2'"):
+        parse_fanout("1 2")  # (it was 12)
     assert parse_slash("/export my notes.md").arg == "my notes.md"
 
 
