@@ -49,18 +49,21 @@ ENGINE_STOPPED = ("the engine's process stopped: /restart, or Restart in the pal
 
 
 class ChatActions(_Base):
+    refused = False  # ready_and_idle said no (since submit ran a slash command: its line then stays in the input)
+
     def ready_and_idle(self) -> bool:
+        """Whether the engine is loaded, alive and free; if not, a notification says why."""
         if self.engine is None:
             self.notify("the model is still loading", severity="warning")
-            return False
-        if not self.engine_alive:
+        elif not self.engine_alive:
             self.notify(ENGINE_STOPPED, severity="error")
             self.refresh_status()
-            return False
-        if self.busy:
+        elif self.busy:
             self.notify("a reply is running: Esc stops it", severity="warning")
-            return False
-        return True
+        else:
+            return True
+        self.refused = True
+        return False
 
     def submit(self, text: str) -> None:
         typed, text = text, text.strip()
@@ -68,6 +71,7 @@ class ChatActions(_Base):
             return
         if is_slash(text):
             self.query_one(PromptInput).set_text("")
+            self.refused = False
             try:
                 command = parse_slash(text)
                 run = getattr(self, f"slash_{command.name}")
@@ -77,6 +81,8 @@ class ChatActions(_Base):
                     run(command.arg)
             except (SlashError, EngineError) as err:
                 self.notify(str(err), severity="error")
+                self.refused = True
+            if self.refused:  # a bad line, or one that must wait (a reply runs): it stays to fix or send again
                 self.query_one(PromptInput).set_text(text)
             return
         if not self.ready_and_idle():

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from ssd_chat.tui.commands import SLASH_COMMANDS, SlashError, parse_fanout, parse_slash
 from ssd_chat.tui.widgets.prompt_input import PromptArea
-from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, send, settle
+from tests.ssd_chat.tui_fakes import FakeEngine, errors, first_delta, make_app, send, settle
 
 SIZE = (120, 40)
 
@@ -41,3 +43,25 @@ async def test_an_argument_to_clear_or_undo_is_refused_and_stays_in_the_input(tm
             assert errors(app)[-1] == f"{name} takes no argument: send {name} alone"
             assert app.query_one(PromptArea).text == typed
             assert [m.content for m in app.session.messages] == ["first", "Hello from the **fake** engine."]
+
+
+@pytest.mark.asyncio
+async def test_a_command_that_must_wait_for_the_reply_stays_in_the_input_as_a_prompt_does(tmp_path):
+    """`/undo` mid-reply was refused ("a reply is running") and wiped from the input; a prompt refused so stays."""
+    engine = FakeEngine(gate=threading.Event())
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await first_delta(app, pilot)
+        area = app.query_one(PromptArea)
+        for typed in ("/undo", "/regen", "/clear", "/new", "/edit", "/compare", "/chats cats", "/restart", "a prompt"):
+            area.text = typed
+            await pilot.press("enter")
+            assert [n.message for n in app._notifications][-1] == "a reply is running: Esc stops it", typed
+            assert area.text == typed
+        area.text = "/temp 0.5"  # (a setting changes from the next reply: taken, and the input emptied)
+        await pilot.press("enter")
+        assert app.session.settings.temperature == 0.5 and area.text == ""
+        engine.gate.set()
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["Hi", "Hello from the **fake** engine."]
