@@ -71,9 +71,11 @@ class SlashActions(_Base):
         self.action_chats(arg)
 
     def slash_rename(self, arg: str) -> None:
+        """A title is one line (the status line and the picker show one): a line break typed (Ctrl+J) or pasted in
+        it is a space, as every run of whitespace is."""
         if not arg:
             raise SlashError("/rename needs a title")
-        self.session.rename(arg)
+        self.session.rename(" ".join(arg.split()))
         self.refresh_status()
 
     def slash_regen(self, arg: str) -> None:

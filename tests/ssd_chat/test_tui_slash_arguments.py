@@ -1,5 +1,5 @@
-"""Slash commands the app refuses keep their line in the input to fix: an argument to a command that takes none
-(`/clear now`), and a command that must wait for the reply under way."""
+"""Slash commands' arguments: one given to a command that takes none (`/clear now`) is refused, and the line stays
+in the input to fix, as does a command that must wait for the reply under way; a title is made one line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from ssd_chat.tui.commands import SLASH_COMMANDS, SlashError, parse_fanout, parse_slash
 from ssd_chat.tui.widgets.prompt_input import PromptArea
-from tests.ssd_chat.tui_fakes import FakeEngine, errors, first_delta, make_app, send, settle
+from tests.ssd_chat.tui_fakes import FakeEngine, errors, first_delta, make_app, rendered, send, settle
 
 SIZE = (120, 40)
 
@@ -65,3 +65,17 @@ async def test_a_command_that_must_wait_for_the_reply_stays_in_the_input_as_a_pr
         engine.gate.set()
         await settle(app, pilot)
         assert [m.content for m in app.session.messages] == ["Hi", "Hello from the **fake** engine."]
+
+
+@pytest.mark.asyncio
+async def test_rename_makes_the_title_one_line(tmp_path):
+    """A title typed over two lines (Ctrl+J) was stored so: the status line and the picker showed its first line,
+    and the picker lost its search snippet."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await send(app, pilot, "/rename First line\n  Second\tline ")
+        assert app.session.conversation.title == "First line Second line"
+        assert app.session.store.load(app.session.conversation.id).title == "First line Second line"
+        assert rendered(app.query_one("#status")).endswith("First line Second line")
