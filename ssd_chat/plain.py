@@ -75,10 +75,12 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
                 screen.print()
             return
         if is_slash(line):  # the chat app's rule: one / starts a command, // a prompt that begins with /
-            command, _ = split_slash(line)
-            if command in ("exit", "quit"):  # (/quit: /exit's other name)
+            command, argument = split_slash(line)
+            if command == "clear" and argument:  # ("/clear now" cleared: it has no undo)
+                err.print("error: /clear takes no argument: send /clear alone", markup=False)
+            elif command in ("exit", "quit"):  # (/quit: /exit's other name)
                 return
-            if command == "clear":
+            elif command == "clear":
                 history, window = list(start), 0
                 err.print("conversation cleared", style="dim")
             else:

@@ -156,3 +156,12 @@ def test_typed_at_a_terminal_into_a_file_the_file_gets_only_the_replies(monkeypa
     captured = capsys.readouterr()
     assert captured.out == 2 * (REPLY + "\n")
     assert "/exit or Ctrl-D quits" in captured.err and captured.err.count(">>> ") == 3
+
+
+def test_plain_clear_with_words_after_it_is_refused_and_keeps_the_conversation(monkeypatch, capsys):
+    engine = FakeEngine()
+    _feed(monkeypatch, ["hi", "/clear now", "again"])
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: /clear takes no argument: send /clear alone"]
+    assert [len(m) for m, _, _ in engine.calls] == [1, 3]  # the second turn still sees the first
