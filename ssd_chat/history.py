@@ -128,6 +128,11 @@ class Conversation:
     messages: list[ChatMessage] = field(default_factory=list)
 
 
+class ChatChanged(Exception):
+    """HistoryStore.save: the stored chat's turns are no longer those the save's changes were made to (another window
+    or process saved it since), so writing them would lose that window's turns."""
+
+
 @dataclass(frozen=True)
 class Deleted:
     """A deleted conversation, as HistoryStore.restore puts it back."""
@@ -155,39 +160,74 @@ class HistoryStore:
     def close(self) -> None:
         self._db.close()
 
-    def save(self, conversation: Conversation) -> int:
-        """Insert or update `conversation` with all its messages; returns (and sets) its id."""
+    def save(self, conversation: Conversation, base: Conversation | None = None) -> int:
+        """Insert or update `conversation`; returns (and sets) its id. `base`: the conversation as this caller last
+        loaded or saved it. Only what differs from it is written (the turns from the first that changed), and
+        nothing at all when nothing does (`updated` kept: the chats list keeps its order); turns another window or
+        process added or changed since are kept where this save changes no turn. Where it does, ChatChanged is
+        raised and nothing is written: this save's turns were made on turns the history no longer holds. Without
+        a base the whole conversation is written, over what is stored."""
         now = time.time()
-        settings = json.dumps(asdict(conversation.settings))
         with self._db:
             if conversation.id is None:
                 cur = self._db.execute(
                     "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
-                    (conversation.title, now, now, settings),
+                    (conversation.title, now, now, json.dumps(asdict(conversation.settings))),
                 )
                 conversation_id = int(cur.lastrowid)
+                self._write_messages(conversation_id, conversation.messages)
             else:
                 conversation_id = conversation.id
-                cur = self._db.execute(
-                    "UPDATE conversations SET title = ?, updated = ?, settings = ? WHERE id = ?",
-                    (conversation.title, now, settings, conversation_id),
-                )
-                if cur.rowcount == 0:  # deleted meanwhile (another window's picker): still open here, it comes back
-                    self._db.execute(
-                        "INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
-                        (conversation_id, conversation.title, now, now, settings),
-                    )
-                self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
-            self._write_messages(conversation_id, conversation.messages)
+                self._db.execute("BEGIN IMMEDIATE")  # read and write as one: another process's save waits
+                self._update(conversation, base, now)
         conversation.id = conversation_id  # once committed: a write that failed leaves it unsaved (None)
         return conversation_id
 
-    def _write_messages(self, conversation_id: int, messages: list[ChatMessage]) -> None:
+    def _update(self, conversation: Conversation, base: Conversation | None, now: float) -> None:
+        conversation_id = conversation.id
+        settings = json.dumps(asdict(conversation.settings))
+        if self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is None:
+            # deleted meanwhile (another window's picker): still open here, it comes back
+            self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
+            self._db.execute(
+                "INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
+                (conversation_id, conversation.title, now, now, settings),
+            )
+            self._write_messages(conversation_id, conversation.messages)
+            return
+        stored = self._messages(conversation_id)
+        turns = base is None or conversation.messages != base.messages
+        if turns and base is not None and stored != base.messages:
+            raise ChatChanged(f"chat {conversation_id} changed since it was loaded")
+        changed = {"title": base is None or conversation.title != base.title,
+                   "settings": base is None or conversation.settings != base.settings}
+        if not (turns or any(changed.values())):
+            return
+        values = {"title": conversation.title, "settings": settings}
+        columns = [name for name in values if changed[name]]
+        self._db.execute(f"UPDATE conversations SET {''.join(f'{c} = ?, ' for c in columns)}updated = ? WHERE id = ?",
+                         (*[values[c] for c in columns], now, conversation_id))
+        if turns:  # from the first turn that differs from the stored ones
+            same = next((i for i, (a, b) in enumerate(zip(stored, conversation.messages, strict=False)) if a != b),
+                        min(len(stored), len(conversation.messages)))
+            self._db.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
+                             (conversation_id, same))
+            self._write_messages(conversation_id, conversation.messages[same:], same)
+
+    def _write_messages(self, conversation_id: int, messages: list[ChatMessage], start: int = 0) -> None:
         self._db.executemany(
             "INSERT INTO messages (conversation_id, position, role, content, stats) VALUES (?, ?, ?, ?, ?)",
             [(conversation_id, i, m.role, m.content, None if m.stats is None else json.dumps(asdict(m.stats)))
-             for i, m in enumerate(messages)],
+             for i, m in enumerate(messages, start)],
         )
+
+    def _messages(self, conversation_id: int) -> list[ChatMessage]:
+        rows = self._db.execute(
+            "SELECT role, content, stats FROM messages WHERE conversation_id = ? ORDER BY position",
+            (conversation_id,),
+        ).fetchall()
+        return [ChatMessage(role, content, None if stats is None else TurnStats.from_dict(json.loads(stats)))
+                for role, content, stats in rows]
 
     def load(self, conversation_id: int) -> Conversation | None:
         row = self._db.execute(
@@ -195,13 +235,8 @@ class HistoryStore:
         ).fetchone()
         if row is None:
             return None
-        rows = self._db.execute(
-            "SELECT role, content, stats FROM messages WHERE conversation_id = ? ORDER BY position",
-            (conversation_id,),
-        ).fetchall()
-        messages = [ChatMessage(role, content, None if stats is None else TurnStats.from_dict(json.loads(stats)))
-                    for role, content, stats in rows]
-        return Conversation(conversation_id, row[0], ChatSettings.from_dict(json.loads(row[1])), messages)
+        return Conversation(conversation_id, row[0], ChatSettings.from_dict(json.loads(row[1])),
+                            self._messages(conversation_id))
 
     def list(self) -> list[ConversationSummary]:
         """Every conversation, the most recently updated first."""

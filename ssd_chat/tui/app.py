@@ -94,7 +94,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.preferences = preferences.load(self.preferences_path)
         self._first_enter_sends = self.preferences.enter == "send" if enter_sends is None else enter_sends
         self.load_engine = load_engine
-        self.session = ChatSession(store, settings, on_save_error=self._history_not_saved)
+        self.session = ChatSession(store, settings, on_save_error=self._history_not_saved, on_copy=self._saved_as_copy)
         self.target, self.draft, self.resume = target, draft, resume
         self.given = {name: getattr(settings, name) for name in given}  # settings from the command line: they win
         # over a resumed chat's (--resume --mode ssd: that chat, in SSD)
@@ -170,6 +170,10 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
 
     def _history_not_saved(self, error: str) -> None:
         self.notify(error, title="not saved", severity="error", timeout=10)
+
+    def _saved_as_copy(self, notice: str) -> None:
+        self.notify(notice, title="saved as a copy", severity="warning", timeout=15)
+        self.refresh_status()
 
     def _stop_signal(self, signum: int) -> None:
         """`kill` or a closed terminal: quit as Ctrl+Q does (the reply under way kept, the engine stopped)."""

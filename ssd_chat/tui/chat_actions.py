@@ -168,7 +168,7 @@ class ChatActions(_Base):
         if not self.ready_and_idle() or self.session.store is None:
             return
         self.cancel_edit()
-        self.session.save()
+        self.session.save()  # (a save that failed before, tried again: the list shows the chat; unchanged: no write)
 
         def opened(conversation_id: int | None) -> None:
             store = self.session.store
@@ -185,8 +185,8 @@ class ChatActions(_Base):
                 if current is None:
                     self.session.new()  # the open conversation was deleted
                     self.show_conversation()
-                else:  # perhaps renamed in the picker: the next save must not write the old title back
-                    self.session.conversation.title = current.title
+                else:  # perhaps renamed in the picker (or in another window): shown, and not written back
+                    self.session.renamed_in_store(current.title)
                     self.refresh_status()
 
         self.push_screen(ChatsScreen(self.session.store, self.session.conversation.id, search), opened)

@@ -1,7 +1,10 @@
 """The open conversation: its turns and settings, kept in step with the history store.
 
 Plain Python so the turn bookkeeping (send, reply, regenerate, edit, clear) is testable without a UI.
-A conversation is written to the store on its first reply, then after every change.
+A conversation is written to the store on its first reply, then after every change, and only what changed: the
+session keeps the conversation as it last loaded or saved it (`_synced`), the base of HistoryStore.save. Two
+windows on one chat: turns the other one saved are never written over; where this one then changes the turns
+(a reply, /undo, /clear), its version is saved as a new chat, "TITLE (copy)", with a notice, and goes on there.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import replace
 
 from ssd_chat.history import (
     UNTITLED,
+    ChatChanged,
     ChatMessage,
     ChatSettings,
     Conversation,
@@ -23,11 +27,14 @@ from ssd_chat.history import (
 
 class ChatSession:
     def __init__(self, store: HistoryStore | None, settings: ChatSettings,
-                 on_save_error: Callable[[str], None] = lambda message: None) -> None:
+                 on_save_error: Callable[[str], None] = lambda message: None,
+                 on_copy: Callable[[str], None] = lambda message: None) -> None:
         self.store = store
         self.on_save_error = on_save_error  # told, once until a save works again, that the history took no write
+        self.on_copy = on_copy  # told that another window changed this chat, and this one's went to a copy
         self._save_failed = False
         self.conversation = Conversation(None, settings=settings)
+        self._synced: Conversation | None = None  # the conversation as this session last loaded or saved it
         self.max_tokens = settings.max_tokens  # the run's (--max-tokens), not a chat's: a reopened chat takes it too
         self._titled = False  # the pending prompt gave the conversation its title
         self._replaced: tuple[list[ChatMessage], str, int] | None = None  # a pending edit's turn, title and window
@@ -150,8 +157,16 @@ class ChatSession:
         self.conversation.title = title
         self.save()
 
+    def renamed_in_store(self, title: str) -> None:
+        """The history renamed this chat (the picker): its title here too, and not a change of this session's that
+        a save would write."""
+        self.conversation.title = title
+        if self._synced is not None:
+            self._synced.title = title
+
     def new(self) -> None:
         self.conversation = Conversation(None, settings=self.settings)
+        self._synced = None
         self.window, self._answered_from = 0, {}
 
     def open(self, conversation: Conversation) -> str | None:
@@ -159,6 +174,7 @@ class ChatSession:
         while a reply ran), taken out of it for the input (two prompts in a row would confuse the model and F5)."""
         conversation.settings = replace(conversation.settings, max_tokens=self.max_tokens)
         self.conversation = conversation
+        self._synced = _copy(conversation)  # (this run's max tokens: no change to save)
         self.window, self._answered_from = 0, {}
         self._titled, self._replaced = False, None
         if self.messages and self.messages[-1].role == "user":
@@ -180,11 +196,32 @@ class ChatSession:
         if saved.id is None and not saved.messages:
             return
         try:
-            self.conversation.id = self.store.save(saved)
+            try:
+                self.store.save(saved, self._synced)
+            except ChatChanged:
+                saved = self._save_copy(saved)
         except sqlite3.Error as err:  # a read-only or full disk, a file another program holds locked: the chat goes on
             if not self._save_failed:
                 self.on_save_error(f"the chat history could not be saved ({err}): this chat stays open until you "
                                    "quit, and /export FILE writes a copy")
             self._save_failed = True
         else:
+            self.conversation.id = saved.id
+            self._synced = _copy(saved)
             self._save_failed = False
+
+    def _save_copy(self, saved: Conversation) -> Conversation:
+        """Another window or process saved this chat since this session loaded it: this session's version goes to
+        a new chat, which it goes on with (its turns follow on each other, as the model saw them; the other
+        window's stay as it saved them)."""
+        copy = replace(saved, id=None, title=f"{saved.title} (copy)")
+        self.store.save(copy)
+        self.conversation.title = copy.title
+        self.on_copy(f'this chat was changed in another window since it was opened here: this window\'s turns are '
+                     f'saved as a new chat, "{copy.title}" (Ctrl+O lists both)')
+        return copy
+
+
+def _copy(conversation: Conversation) -> Conversation:
+    """What a save compares with: the fields as they are now (the messages themselves are frozen)."""
+    return replace(conversation, messages=list(conversation.messages))

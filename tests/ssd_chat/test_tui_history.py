@@ -202,3 +202,35 @@ async def test_a_chat_saved_in_ssd_opens_in_ar_where_no_draft_is_loaded(tmp_path
         assert any("needs a draft model: using AR" in n.message for n in app._notifications)
         await send(app, pilot, "more")
         assert engine.calls[-1][2] == "ar" and app.session.messages[-1].role == "assistant"
+
+
+@pytest.mark.asyncio
+async def test_opening_the_chats_picker_writes_nothing_over_another_windows_turns(tmp_path):
+    """--resume, another process adds a turn to that chat, Ctrl+O then Esc here: the turn was deleted (the picker
+    saved the open chat whole), and the chat marked as just updated."""
+    from ssd_chat.history import ChatMessage
+
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        chat_id = app.session.conversation.id
+        there = HistoryStore(tmp_path / "history.sqlite3")
+        chat = there.load(chat_id)
+        chat.messages += [ChatMessage("user", "from there"), ChatMessage("assistant", "re: from there")]
+        there.save(chat)
+        updated = there.list()[0].updated
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatsScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert there.load(chat_id) == chat and there.list()[0].updated == updated
+        await send(app, pilot, "from here")  # this window's turn goes to a copy, with a notice
+        assert there.load(chat_id) == chat
+        assert app.session.conversation.id != chat_id and len(there.load(app.session.conversation.id).messages) == 4
+        assert any(n.title == "saved as a copy" for n in app._notifications)
+        assert "first (copy)" in rendered(app.query_one("#status"))

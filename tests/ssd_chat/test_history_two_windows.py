@@ -1,0 +1,118 @@
+"""Two windows (or processes) on one chat: a save writes only what changed since its base, nothing when nothing
+did, and never writes over turns the other one saved (its own changed turns go to a copy instead)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from ssd_chat.history import ChatChanged, ChatMessage, ChatSettings, Conversation, HistoryStore
+from ssd_chat.tui.session import ChatSession
+
+
+def _chat(store: HistoryStore) -> int:
+    return store.save(Conversation(None, "Tea", ChatSettings(mode="sd"), [
+        ChatMessage("user", "tea?"), ChatMessage("assistant", "yes, tea")]))
+
+
+def _updated(store: HistoryStore, conversation_id: int) -> float:
+    return next(s.updated for s in store.list() if s.id == conversation_id)
+
+
+def _add_turn(store: HistoryStore, conversation_id: int, prompt: str) -> None:
+    """Another process: load the chat, add a turn, save it."""
+    there = store.load(conversation_id)
+    there.messages += [ChatMessage("user", prompt), ChatMessage("assistant", f"re: {prompt}")]
+    store.save(there)
+
+
+def test_a_save_with_nothing_changed_writes_nothing(tmp_path):
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    chat_id = _chat(store)
+    before = _updated(store, chat_id)
+    loaded = store.load(chat_id)
+    base = store.load(chat_id)
+    store.save(loaded, base)
+    assert _updated(store, chat_id) == before  # the list's order and --resume's pick stay
+
+
+def test_a_save_of_new_turns_appends_them(tmp_path):
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    chat_id = _chat(store)
+    base, loaded = store.load(chat_id), store.load(chat_id)
+    loaded.messages.append(ChatMessage("user", "more"))
+    with store._db:  # no stored turn is deleted (and so none written again)
+        store._db.execute("CREATE TRIGGER keep BEFORE DELETE ON messages BEGIN SELECT RAISE(ABORT, 'deleted'); END")
+    store.save(loaded, base)
+    assert store.load(chat_id).messages == loaded.messages and _updated(store, chat_id) > 0
+
+
+def test_turns_another_window_saved_are_kept(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    here, there = HistoryStore(path), HistoryStore(path)
+    chat_id = _chat(here)
+    base, mine = here.load(chat_id), here.load(chat_id)
+    _add_turn(there, chat_id, "from there")
+    mine.settings = ChatSettings(mode="ssd")  # no turn changed here: the settings are written, the turns stay
+    here.save(mine, base)
+    stored = there.load(chat_id)
+    assert stored.settings.mode == "ssd"
+    assert [m.content for m in stored.messages][-2:] == ["from there", "re: from there"]
+    mine.messages.append(ChatMessage("user", "from here"))  # a turn of this window's on the old turns: refused
+    with pytest.raises(ChatChanged):
+        here.save(mine, base)
+    assert there.load(chat_id) == stored
+
+
+def test_a_title_renamed_elsewhere_is_not_written_back(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    here, there = HistoryStore(path), HistoryStore(path)
+    chat_id = _chat(here)
+    base, mine = here.load(chat_id), here.load(chat_id)
+    there.rename(chat_id, "Green tea")
+    mine.messages.append(ChatMessage("user", "more"))
+    here.save(mine, base)
+    assert there.load(chat_id).title == "Green tea" and len(there.load(chat_id).messages) == 3
+
+
+def test_a_session_on_a_chat_another_window_changed_goes_on_in_a_copy(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    there = HistoryStore(path)
+    chat_id = _chat(there)
+    told: list[str] = []
+    session = ChatSession(HistoryStore(path), ChatSettings(), on_copy=told.append)
+    session.open(session.store.load(chat_id))
+    _add_turn(there, chat_id, "from there")
+    session.save()  # nothing changed here: nothing written, their turn stays
+    assert len(there.load(chat_id).messages) == 4 and not told
+    session.add_prompt("from here")
+    session.add_reply("re: from here", None)
+    assert [m.content for m in there.load(chat_id).messages] == ["tea?", "yes, tea", "from there", "re: from there"]
+    copy_id = session.conversation.id
+    assert copy_id != chat_id and session.conversation.title == "Tea (copy)"
+    assert [m.content for m in there.load(copy_id).messages] == ["tea?", "yes, tea", "from here", "re: from here"]
+    assert len(told) == 1 and '"Tea (copy)"' in told[0] and "another window" in told[0]
+    session.add_prompt("again")  # the copy is this session's own: its next turns go there, with no other copy
+    session.add_reply("re: again", None)
+    assert len(there.load(copy_id).messages) == 6 and len(there.list()) == 2 and len(told) == 1
+
+
+def test_a_save_that_fails_leaves_the_base_as_it_was(tmp_path):
+    """A write that fails (a full disk) is retried by the next save: the turns it did not write are still changes."""
+    path = tmp_path / "h.sqlite3"
+    store = HistoryStore(path)
+    chat_id = _chat(store)
+    session = ChatSession(store, ChatSettings())
+    session.open(store.load(chat_id))
+    other = sqlite3.connect(path)
+    with other:
+        other.execute("CREATE TRIGGER full BEFORE INSERT ON messages BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    session.add_prompt("more")
+    session.add_reply("re: more", None)
+    assert len(store.load(chat_id).messages) == 2
+    with other:
+        other.execute("DROP TRIGGER full")
+    other.close()
+    session.save()
+    assert len(store.load(chat_id).messages) == 4
