@@ -130,9 +130,13 @@ class ChatActions(_Base):
                 view = transcript.add_assistant(message.content, colours=self.colours)
                 if message.stats is not None:
                     view.call_after_refresh(view.set_stats, message.stats.line())
+        self.show_last_figures()
+        self.refresh_status()
+
+    def show_last_figures(self) -> None:
+        """The panel shows the last reply's figures as the history keeps them (none: an empty panel)."""
         reply = self.session.last_reply()
         self.query_one(StatsPanel).show(None if reply is None or reply.stats is None else saved_panel(reply.stats))
-        self.refresh_status()
 
     # -- key actions -------------------------------------------------------------------------------
     def fit_mode(self) -> None:

@@ -140,3 +140,4 @@ class ReplyActions(_Base):
         kept = " (Ctrl+Z brings back what you had typed)" if typed else ""
         self.notify(error + kept, title="not sent", severity="error", timeout=10)
         self._end_reply()
+        self.show_last_figures()  # (the refused reply's live figures, all zeros, showed while it was tried)

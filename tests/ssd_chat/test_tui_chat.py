@@ -209,3 +209,28 @@ async def test_a_settings_change_mid_reply_saves_no_unanswered_prompt(tmp_path):
         await pilot.press("f5")  # one turn regenerated: the view matches what the model sees
         await settle(app, pilot)
         assert len(app.query(UserMessage)) == 2 and len(app.query(AssistantMessage)) == 2
+
+
+async def test_a_refused_prompt_gives_the_panel_back_the_last_replys_figures(tmp_path):
+    """The panel showed the refused request's empty live figures ("0.0", "TTFT – · 0 tokens") with the app
+    ready, as it does while a reply starts."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        figures = rendered(app.query_one("#speed")), rendered(app.query_one("#tok-s"))
+        assert "6 tokens" in figures[0]
+        checked = threading.Event()
+
+        def refuse(*args, **kwargs):  # the engine refuses once the panel shows the request's live figures
+            assert checked.wait(5)
+            raise PromptTooLongError("the prompt has 9209 tokens but the context limit is 8192: shorten it")
+
+        engine.chat = refuse
+        app.submit("a very long prompt")
+        await wait_for(pilot, lambda: " 0 tokens" in rendered(app.query_one("#speed")), what="live figures")
+        checked.set()
+        await settle(app, pilot)
+        assert any(n.title == "not sent" for n in app._notifications)
+        assert (rendered(app.query_one("#speed")), rendered(app.query_one("#tok-s"))) == figures
