@@ -56,3 +56,21 @@ def moved_notice(limit: int, start: int) -> str:
     """What the chat app and the plain mode say when the window moves."""
     return (f"the model's context ({limit} tokens) no longer holds the first {start} messages of this chat: "
             "it sees the rest")
+
+
+def system_prompt_refusal(engine: Any, messages: list[dict[str, str]], fix: str) -> str | None:
+    """Why the engine refused `messages` (a system prompt first, the new prompt last) as longer than its context,
+    where the system prompt is what does not fit (the engine counts the prompt with it and the turns in view, and
+    said "the prompt has 9032 tokens" of a 2-word prompt): one line ending with `fix`, how to change the system
+    prompt. None where there is no system prompt or the new prompt alone does not fit (the engine's line says it)."""
+    if len(messages) < 2 or messages[0]["role"] != "system":
+        return None
+    limit = engine.max_model_len
+    prompt = len(engine.encode_chat(messages[-1:]))
+    if prompt >= limit:
+        return None
+    system = len(engine.encode_chat(messages[:1]))
+    if system >= limit:
+        return f"the system prompt has {system:,} tokens but the context limit is {limit:,}: {fix}"
+    return (f"this prompt ({prompt:,} tokens) and the system prompt ({system:,} tokens) together pass the context "
+            f"limit of {limit:,}: shorten the prompt, or {fix}")

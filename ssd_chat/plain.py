@@ -20,10 +20,10 @@ from typing import Protocol, TextIO
 
 from rich.console import Console
 
-from engine.errors import EngineError
+from engine.errors import EngineError, PromptTooLongError
 from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice
+from ssd_chat.context_window import fit, moved_notice, system_prompt_refusal
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
 from ssd_chat.tui.commands import is_slash, split_slash
@@ -100,8 +100,11 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
+            why = (system_prompt_refusal(llm, history, "start again with a shorter --system, or none")
+                   if isinstance(error, PromptTooLongError) else None)
             history.pop()
-            err.print(f"error: {error}", markup=False, soft_wrap=True)  # (/clear would not help: the window moves)
+            # (/clear would not help: the window moves)
+            err.print(f"error: {why or error}", markup=False, soft_wrap=True)
             continue
         window = moved  # (a refused prompt moves no turn out of the model's view)
         history.append({"role": "assistant", "content": output.text})

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from textual import work
 
-from engine.errors import EngineError
+from engine.errors import EngineError, PromptTooLongError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice
+from ssd_chat.context_window import fit, moved_notice, system_prompt_refusal
 from ssd_chat.history import TurnStats
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
 from ssd_chat.tui.commands import as_typed
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.05  # how often the flush timer asks the pacer
 FLUSH_S, FLUSH_MAX_S = 0.1, 0.5  # the reply and the panel update at most 10 and at least 2 times a second,
 UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it stays near this share of a core
+SYSTEM_FIX = "/system TEXT sets a shorter system prompt, /system alone removes it"
 
 
 class ReplyActions(_Base):
@@ -65,6 +66,9 @@ class ReplyActions(_Base):
             self.engine.speculation = spec  # between requests, on the engine's own thread
             messages = self._window(params)
             output = stream_reply(self.engine, messages, params, buffer)
+        except PromptTooLongError as err:
+            why = system_prompt_refusal(self.engine, self.session.engine_messages(), SYSTEM_FIX)
+            self.post_message(ReplyFailed(why or str(err)))
         except EngineError as err:
             self.post_message(ReplyFailed(str(err)))
         except Exception as err:  # the engine died (a killed process, a bug): keep the conversation

@@ -95,3 +95,52 @@ def test_a_real_engine_chats_past_its_context(tiny_llama_dir, monkeypatch, capsy
     captured = capsys.readouterr()
     assert "error" not in captured.err and "no longer holds" in captured.err
     assert len([line for line in captured.err.splitlines() if "tok/s" in line]) == 12
+
+
+def test_a_refusal_says_when_the_system_prompt_is_what_does_not_fit():
+    """The engine counts the system prompt and the turns in view: "the prompt has 9032 tokens" of a 2-word prompt."""
+    from ssd_chat.context_window import system_prompt_refusal
+
+    engine, fix = FakeEngine(max_model_len=8192), "change it"
+
+    def chat(system: str | None, prompt: str) -> list[dict[str, str]]:
+        turns = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "ok"},
+                 {"role": "user", "content": prompt}]
+        return ([{"role": "system", "content": system}] if system is not None else []) + turns
+
+    assert system_prompt_refusal(engine, chat("word " * 9000, "hello there"), fix) == (
+        "the system prompt has 9,003 tokens but the context limit is 8,192: change it")
+    assert system_prompt_refusal(engine, chat("word " * 5000, "word " * 4000), fix) == (
+        "this prompt (4,003 tokens) and the system prompt (5,003 tokens) together pass the context limit of 8,192: "
+        "shorten the prompt, or change it")
+    assert system_prompt_refusal(engine, chat("Be brief.", "word " * 9000), fix) is None  # the prompt alone: too long
+    assert system_prompt_refusal(engine, chat(None, "word " * 9000), fix) is None
+
+
+@pytest.mark.asyncio
+async def test_the_app_says_when_the_system_prompt_does_not_fit(tmp_path):
+    from engine.errors import PromptTooLongError
+    from ssd_chat.history import ChatSettings
+    from ssd_chat.tui.widgets.prompt_input import PromptArea
+
+    engine = FakeEngine(max_model_len=8192)
+    settings = ChatSettings(mode="sd", temperature=0.0, max_tokens=64, system="word " * 9000)
+    app = make_app(engine, tmp_path, settings=settings)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        engine.error = PromptTooLongError("the prompt has 9032 tokens but the context limit is 8192: shorten it")
+        await send(app, pilot, "hello there")
+        told = [n.message for n in app._notifications if n.title == "not sent"]
+        assert told == ["the system prompt has 9,003 tokens but the context limit is 8,192: /system TEXT sets a "
+                        "shorter system prompt, /system alone removes it"]
+        assert app.query_one(PromptArea).text == "hello there"
+
+
+def test_the_plain_mode_says_when_its_system_prompt_does_not_fit(monkeypatch, capsys):
+    from engine.errors import PromptTooLongError
+
+    engine = FakeEngine(max_model_len=8192, error=PromptTooLongError("the prompt has 9032 tokens: shorten it"))
+    _feed(monkeypatch, ["hello there"])
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), "word " * 9000)
+    assert capsys.readouterr().err.strip() == ("error: the system prompt has 9,003 tokens but the context limit is "
+                                               "8,192: start again with a shorter --system, or none")
