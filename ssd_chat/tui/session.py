@@ -144,6 +144,11 @@ class ChatSession:
         return turn
 
     def clear(self) -> None:
+        """Remove every turn; a title the first prompt gave goes too (the next prompt names the chat, as after undoing
+        every turn), a chosen one stays."""
+        first = next((m.content for m in self.messages if m.role == "user"), None)
+        if first is not None and self.conversation.title == title_from(first):
+            self.conversation.title = UNTITLED
         self.messages.clear()
         self.window, self._answered_from = 0, {}
         self.save()

@@ -249,3 +249,23 @@ async def test_an_export_that_cannot_be_written_is_a_notification_from_the_palet
             await send(app, pilot, f"/export {bad}")
             assert errors(app)[-1].startswith("cannot export to "), bad
         assert app.is_running
+
+
+@pytest.mark.asyncio
+async def test_clear_gives_the_chat_back_its_first_prompts_title(tmp_path):
+    """/clear kept the first prompt's title (the status line and the picker showed it over other turns), where
+    undoing every turn named the chat by its next prompt; a chosen title stays."""
+    from ssd_chat.history import HistoryStore
+
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "Bananas")
+        await send(app, pilot, "/clear")
+        assert app.session.conversation.title == "New chat" and "Bananas" not in rendered(app.query_one("#status"))
+        await send(app, pilot, "Cherries")
+        assert "Cherries" in rendered(app.query_one("#status"))
+        assert [s.title for s in HistoryStore(tmp_path / "history.sqlite3").list()] == ["Cherries"]
+        await send(app, pilot, "/rename Fruit")
+        await send(app, pilot, "/clear")
+        assert app.session.conversation.title == "Fruit"
