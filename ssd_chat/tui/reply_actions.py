@@ -123,6 +123,9 @@ class ReplyActions(_Base):
         await self._flush_reply()
         assert self.reply_view is not None
         output = message.output
+        if output.finish_reason is FinishReason.CANCELLED and not output.token_ids:
+            self._stopped_before_reply()
+            return
         stats = TurnStats.from_output(output)
         self.reply_view.finish(output.text, stats.line())
         self.query_one(StatsPanel).show(self.buffer.stats.final(output))
@@ -132,11 +135,26 @@ class ReplyActions(_Base):
             self.notify("reply stopped; the partial text is kept", timeout=3)
         self._end_reply()
 
-    def on_reply_failed(self, message: ReplyFailed) -> None:
+    def _stopped_before_reply(self) -> None:
+        """Esc (or Ctrl+Q) before the reply's first token, while the engine read the prompt: no turn, as for a
+        refused prompt (an empty reply went to the model with every later prompt), the prompt back in the input."""
+        _, typed = self._take_back_prompt()
+        kept = " (Ctrl+Z brings back what you had typed)" if typed else ""
+        self.notify("stopped before the reply began: the prompt is back in the input" + kept, timeout=6)
+        self._end_reply()
+        self.show_last_figures()
+
+    def _take_back_prompt(self) -> tuple[str, bool]:
+        """The pending prompt out of the conversation and back into the input, as typed; returns it, and whether
+        the input held text typed meanwhile."""
         self.query_one(Transcript).remove_last(2)
         prompt = as_typed(self.session.drop_prompt())
         typed = self.query_one(PromptInput).bring_back(prompt)  # (text typed during the reply: one Ctrl+Z away)
         self.edit_failed()  # (a sent edit: its turn is back, and the edit goes on)
+        return prompt, typed
+
+    def on_reply_failed(self, message: ReplyFailed) -> None:
+        prompt, typed = self._take_back_prompt()
         if message.engine_failed or not self.engine_alive:  # (its pipe can tell before the process check does)
             self.prompt_to_restore = prompt  # /restart, typed over it, brings it back once loaded
         error = message.error if self.engine_alive else ENGINE_STOPPED

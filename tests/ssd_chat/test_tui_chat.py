@@ -85,23 +85,38 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text(tmp_path):
 
 async def test_a_long_prompt_shows_its_prefill_and_escape_stops_it(tmp_path):
     """The engine prefills a long prompt a chunk a step: the status line counts the prompt's tokens read, and Esc
-    lands between two chunks."""
-    gate = threading.Event()
-    engine = FakeEngine(gate=gate, prefill_chunks=3)
+    lands between two chunks. Stopped before its first token, the reply leaves no turn (an empty reply stayed in
+    the chat, and went to the model with every later prompt): the prompt is back in the input, as when refused."""
+    from ssd_chat.history import HistoryStore
+
+    engine = FakeEngine()
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
+        await send(app, pilot, "first")
+        figures = rendered(app.query_one("#speed"))
+        engine.gate, engine.prefill_chunks = threading.Event(), 3
         app.query_one(PromptArea).text = "a very long prompt"
         await pilot.press("enter")
         status = app.query_one("#status")
         await wait_for(pilot, lambda: "reading the prompt: 512 / 1,636 tokens… Esc stops" in rendered(status),
                        what="the prefill's progress")
         await pilot.press("escape")
-        gate.set()
+        engine.gate.set()
         await settle(app, pilot)
-        assert app.query(AssistantMessage).last().text == ""
-        assert "stopped: cancelled" in _stats_line(app)
         assert "ready" in rendered(status) and "reading" not in rendered(status)
+        assert [m.content for m in app.session.messages] == ["first", REPLY]
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["first"]
+        assert [a.text for a in app.query(AssistantMessage)] == [REPLY]
+        assert app.query_one(PromptArea).text == "a very long prompt"
+        assert any("stopped before the reply began" in n.message for n in app._notifications)
+        assert rendered(app.query_one("#speed")) == figures
+        saved = HistoryStore(tmp_path / "history.sqlite3").load(app.session.conversation.id)
+        assert [m.content for m in saved.messages] == ["first", REPLY]
+        engine.gate, engine.prefill_chunks = None, 0
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert [m["content"] for m in engine.calls[-1][0]] == ["first", REPLY, "a very long prompt"]
 
 
 async def test_a_refused_prompt_is_restored_and_the_transcript_stays(tmp_path):

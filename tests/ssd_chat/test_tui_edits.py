@@ -204,3 +204,24 @@ async def test_undo_gives_back_the_view_the_last_reply_had(tmp_path):
         await send(app, pilot, "/undo")
         await send(app, pilot, "/undo")
         assert app.session.conversation.title == "Kept"  # a chosen title stays
+
+
+async def test_an_edit_stopped_before_its_reply_began_goes_on(tmp_path):
+    """Esc while the engine reads an edited prompt: the edited turn is back and the edit goes on, as when the edit
+    is refused (an empty reply took the turn's place)."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "Say hi.")
+        await pilot.press("f4")
+        app.query_one(PromptArea).text = "Say hello."
+        engine.gate, engine.prefill_chunks = threading.Event(), 3
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.prefill is not None, what="the prefill")
+        await pilot.press("escape")
+        engine.gate.set()
+        await settle(app, pilot)
+        assert app_contents(app) == ["Say hi.", REPLY]
+        assert app.query_one(PromptArea).text == "Say hello." and app.current_edit() is not None
+        assert [v.has_class("replaced") for v in app.query_one(Transcript).children] == [True, True]
