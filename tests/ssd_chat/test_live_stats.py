@@ -68,3 +68,12 @@ def test_token_colours_read_as_text_in_every_builtin_theme():
         assert len({c.hex6 for c in colours}) == len(colours), name  # still four colours
     dark = BUILTIN_THEMES["textual-dark"]
     assert Color(*source_style(TokenSource.ACCEPTED_HIT, dark).color.get_truecolor()) == Color.parse(dark.success)
+
+
+def test_a_reply_stopped_in_its_prefill_shows_no_ttft():
+    """Saved by earlier versions: 0 tokens, and the time until the stop was shown as a TTFT of seconds."""
+    from ssd_chat.history import TurnStats
+    from ssd_chat.tui.live_stats import saved_panel
+
+    assert saved_panel(TurnStats("sd", 0.0, 11.162, 0, 4478, 48, "cancelled")).ttft_s is None
+    assert saved_panel(TurnStats("sd", 0.0, 0.05, 1, 30, 0, "stop")).ttft_s == 0.05
