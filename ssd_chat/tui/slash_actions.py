@@ -101,17 +101,23 @@ class SlashActions(_Base):
 
     def slash_copy(self, arg: str) -> None:
         """The last reply, or its code blocks, to the clipboard: through the terminal (OSC 52), so over ssh too, and on
-        this desktop through its clipboard tool as well (clipboard.copy_locally)."""
+        this desktop through its clipboard tool as well (clipboard.copy_locally). While a reply streams: the reply on
+        screen, so far (it copied the one before)."""
         if arg.lower() not in ("", "code"):
             raise SlashError(f"/copy takes nothing or code, got {arg!r}")
-        reply = self.session.last_reply()
-        if reply is None:
-            raise SlashError("no reply to copy yet")
-        text, what = reply.content, "the last reply"
+        if self.reply_view is not None:
+            text, what = self.reply_view.text, "the reply so far"
+            if not text:
+                raise SlashError("the reply has no text yet: /copy copies it so far once it shows")
+        else:
+            reply = self.session.last_reply()
+            if reply is None:
+                raise SlashError("no reply to copy yet")
+            text, what = reply.content, "the last reply"
         if arg:
             blocks = code_blocks(text)
             if not blocks:
-                raise SlashError("the last reply has no code block: /copy copies all of it")
+                raise SlashError(f"{what} has no code block: /copy copies all of it")
             text, what = "\n\n".join(blocks), f"{len(blocks)} code block{'s' * (len(blocks) > 1)}"
         self.copy_to_clipboard(text)
         tool = clipboard.copy_locally(text)

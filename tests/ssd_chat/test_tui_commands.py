@@ -269,3 +269,33 @@ async def test_clear_gives_the_chat_back_its_first_prompts_title(tmp_path):
         await send(app, pilot, "/rename Fruit")
         await send(app, pilot, "/clear")
         assert app.session.conversation.title == "Fruit"
+
+
+@pytest.mark.asyncio
+async def test_copy_while_a_reply_streams_copies_it_so_far(tmp_path, monkeypatch):
+    """/copy copied the reply before the one on screen."""
+    import threading
+
+    from ssd_chat.tui import clipboard
+    from tests.ssd_chat.tui_fakes import first_delta
+
+    monkeypatch.setattr(clipboard, "local_tool", lambda env=None: None)
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        engine.words = ["Before", "."]
+        await send(app, pilot, "first")
+        engine.words, engine.gate = ["Hello", " again"], threading.Event()
+        await first_delta(app, pilot, "second")
+        app.submit("/copy")
+        await pilot.pause()
+        assert app.clipboard == "Hello"
+        assert [n.message for n in app._notifications][-1].startswith("copied the reply so far (5 characters)")
+        app.submit("/copy code")
+        await pilot.pause()
+        assert errors(app)[-1] == "the reply so far has no code block: /copy copies all of it"
+        engine.gate.set()
+        await settle(app, pilot)
+        app.submit("/copy")
+        assert app.clipboard == "Hello again"
