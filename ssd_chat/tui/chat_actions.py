@@ -141,11 +141,13 @@ class ChatActions(_Base):
     # -- key actions -------------------------------------------------------------------------------
     def fit_mode(self) -> None:
         """A chat saved in SD or SSD, opened where no draft is loaded (--resume, Ctrl+O): AR, with a notice (its
-        every send was refused, and Ctrl+G could not leave the mode)."""
+        every send was refused, and Ctrl+G could not leave the mode), for this run only (it was saved into the
+        chat, which the next run with a draft opened in AR)."""
         mode = self.session.settings.mode
         if self.engine is not None and mode not in available_modes(self.engine):
-            self.notify(f"mode {mode.upper()} needs a draft model: using AR", severity="warning")
-            self.session.update_settings(mode="ar")
+            self.notify(f"mode {mode.upper()} needs a draft model: using AR (the chat keeps {mode.upper()} for a "
+                        "run with --draft)", severity="warning")
+            self.session.fall_back(mode="ar")
             self.refresh_status()
 
     def action_cycle_mode(self) -> None:

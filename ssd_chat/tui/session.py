@@ -35,6 +35,7 @@ class ChatSession:
         self._save_failed = False
         self.conversation = Conversation(None, settings=settings)
         self._synced: Conversation | None = None  # the conversation as this session last loaded or saved it
+        self._run_only: dict[str, object] = {}  # the chat's own values of settings this run forced (fall_back)
         self.max_tokens = settings.max_tokens  # the run's (--max-tokens), not a chat's: a reopened chat takes it too
         self._titled = False  # the pending prompt gave the conversation its title
         self._replaced: tuple[list[ChatMessage], str, int] | None = None  # a pending edit's turn, title and window
@@ -154,9 +155,18 @@ class ChatSession:
         self.save()
 
     def update_settings(self, **changes) -> ChatSettings:
+        for name in changes:  # chosen now: saved, forced or not
+            self._run_only.pop(name, None)
         self.conversation.settings = replace(self.settings, **changes)
         self.save()
         return self.settings
+
+    def fall_back(self, **changes) -> None:
+        """Settings this run forces on the chat (AR where no draft model is loaded): its replies use them, and its
+        saves keep the chat's own, so that a run that has them opens it as it was. A setting chosen later is saved."""
+        for name in changes:
+            self._run_only.setdefault(name, getattr(self.settings, name))
+        self.conversation.settings = replace(self.settings, **changes)
 
     def rename(self, title: str) -> None:
         self.conversation.title = title
@@ -171,7 +181,7 @@ class ChatSession:
 
     def new(self) -> None:
         self.conversation = Conversation(None, settings=self.settings)
-        self._synced = None
+        self._synced, self._run_only = None, {}  # (a new chat's own settings: those it starts with, in this run)
         self.window, self._answered_from = 0, {}
 
     def open(self, conversation: Conversation) -> str | None:
@@ -180,6 +190,7 @@ class ChatSession:
         conversation.settings = replace(conversation.settings, max_tokens=self.max_tokens)
         self.conversation = conversation
         self._synced = _copy(conversation)  # (this run's max tokens: no change to save)
+        self._run_only = {}
         self.window, self._answered_from = 0, {}
         self._titled, self._replaced = False, None
         if self.messages and self.messages[-1].role == "user":
@@ -200,6 +211,8 @@ class ChatSession:
             saved = replace(saved, messages=self.messages[:-1], title=UNTITLED if self._titled else saved.title)
         if saved.id is None and not saved.messages:
             return
+        if self._run_only:
+            saved = replace(saved, settings=replace(saved.settings, **self._run_only))
         try:
             try:
                 self.store.save(saved, self._synced)

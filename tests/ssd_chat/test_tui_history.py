@@ -234,3 +234,46 @@ async def test_opening_the_chats_picker_writes_nothing_over_another_windows_turn
         assert app.session.conversation.id != chat_id and len(there.load(app.session.conversation.id).messages) == 4
         assert any(n.title == "saved as a copy" for n in app._notifications)
         assert "first (copy)" in rendered(app.query_one("#status"))
+
+
+@pytest.mark.asyncio
+async def test_a_run_without_a_draft_does_not_save_its_ar_into_the_chat(tmp_path):
+    """--resume --draft none fell back to AR and saved AR into the chat: the next --resume, with a draft, opened it
+    in AR. A mode chosen in that run is saved."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "fast")
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    chat_id = store.latest().id
+    engine = FakeEngine(draft=None)
+    app = make_app(engine, tmp_path, settings=ChatSettings(mode="ar", temperature=0.0, max_tokens=64), resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.session.settings.mode == "ar" and any("using AR" in n.message for n in app._notifications)
+        await send(app, pilot, "/temp 0.5")
+        await send(app, pilot, "slow")
+        assert engine.calls[-1][2] == "ar"
+        saved = store.load(chat_id)
+        assert (saved.settings.mode, saved.settings.temperature, len(saved.messages)) == ("ssd", 0.5, 4)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.session.settings.mode == "ssd"
+
+
+def test_a_mode_chosen_over_a_fallback_is_saved(tmp_path):
+    from ssd_chat.history import ChatMessage, Conversation
+    from ssd_chat.tui.session import ChatSession
+
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    chat_id = store.save(Conversation(None, "Fast", ChatSettings(mode="ssd"), [ChatMessage("user", "hi"),
+                                                                               ChatMessage("assistant", "hello")]))
+    session = ChatSession(store, ChatSettings())
+    session.open(store.load(chat_id))
+    session.fall_back(mode="ar")
+    session.update_settings(k=2)
+    assert store.load(chat_id).settings.mode == "ssd"
+    session.update_settings(mode="ar")
+    assert store.load(chat_id).settings.mode == "ar"
