@@ -5,7 +5,7 @@ kernel calls, about twenty a step, and while a reply streams the UI thread rende
 then decoded at 51-54 tok/s where the plain mode gave 148 (AR, both cores), the engine's threads busy only half the
 time. Here the engine runs in a spawned child, which owns the cores it is given, and talks to the app over a pipe:
 a request's events come back as they happen (pickled dataclasses), a cancel goes the other way, the engine's log
-lines (the loading screen's) are forwarded, and an EngineError stays an EngineError with its one-line message.
+lines (the loading screen's) are forwarded, and an EngineError stays one, of its kind, with its one-line message.
 ``SSD_CHAT_ENGINE_PROCESS=0`` keeps the engine in the app's process.
 """
 
@@ -222,6 +222,9 @@ class EngineProcess:
             raise RuntimeError(f"the engine process stopped (exit code {code})")
 
 
-def _failure(kind: str, message: str) -> Exception:
-    """The child's "error" (a user error, one line) or "failed" (the engine broke) as this process's exception."""
-    return EngineError(message) if kind == "error" else RuntimeError(message)
+def _failure(kind: str, payload: str | EngineError) -> Exception:
+    """The child's "error" (a user error, one line: the EngineError itself, or its message) or "failed" (the engine
+    broke) as this process's exception."""
+    if kind == "error":
+        return payload if isinstance(payload, EngineError) else EngineError(payload)
+    return RuntimeError(payload)

@@ -116,7 +116,7 @@ def _answer(llm, wire: _Wire) -> None:
         except _AppGone:
             raise
         except EngineError as err:
-            wire.send(("error", str(err)))
+            wire.send(("error", err))  # (its kind too: a PromptTooLongError stays one)
         except Exception as err:
             logging.getLogger(__name__).exception("the engine failed")
             wire.send(("failed", f"{type(err).__name__}: {err}"))

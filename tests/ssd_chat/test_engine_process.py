@@ -17,7 +17,7 @@ import pytest
 
 from engine import LLM, SamplingParams, shm_channel
 from engine.config import SpeculationConfig
-from engine.errors import EngineError
+from engine.errors import EngineError, PromptTooLongError
 from engine.outputs import FinishReason, PrefillProgress, RequestFinished, TokenDelta
 from ssd_chat.tui.engine_process import EngineProcess
 
@@ -56,6 +56,7 @@ def test_an_engine_error_is_one_line_and_the_next_request_runs(child):
     with pytest.raises(EngineError, match="context limit is 128") as err:
         list(child.chat([{"role": "user", "content": "word " * 400}], GREEDY))
     assert "\n" not in str(err.value)
+    assert type(err.value) is PromptTooLongError  # its kind too (the app tells a system prompt that does not fit)
     assert _final(child.chat(MESSAGES, GREEDY)).finish_reason is FinishReason.LENGTH
 
 
