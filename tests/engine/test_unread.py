@@ -11,13 +11,20 @@ import torch.nn.functional as F
 
 from engine import LLM
 from engine.config import SpeculationConfig
-from engine.layers import packed, panel, panel8
+from engine.layers import packed, packed_kernels, panel, panel8
 from engine.layers.embedding import VocabParallelEmbedding
 from engine.layers.unread import Released, release_unread, unread
 from tests.engine.test_panel4 import GREEDY, PROMPTS, q4_form, rewritten
 from tests.engine.test_panel8 import low_bit_model, q8_form  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
+
+
+@pytest.fixture
+def off_intel(monkeypatch):
+    """Off Intel every step of a low-bit model takes its panels, so its float32 weights go; on Intel a prefill's
+    matmuls past 32 rows run MKL's GEMM on them (engine.layers.packed_kernels.max_rows), and they stay."""
+    monkeypatch.setattr(packed_kernels, "_cpu_vendor", lambda: "AuthenticAMD")
 
 
 def _released(model) -> list[str]:
@@ -35,7 +42,9 @@ def test_a_released_weight_keeps_its_shape_and_refuses_its_values():
             read()
 
 
-def test_the_low_bit_target_and_the_int8_draft_release_their_float32_weights(low_bit_model, tiny_llama_dir):  # noqa: F811
+def test_the_low_bit_target_and_the_int8_draft_release_their_float32_weights(
+    low_bit_model, tiny_llama_dir, off_intel  # noqa: F811
+):
     with LLM(str(low_bit_model), draft=str(tiny_llama_dir), packed_kernel="panel4", threads=1) as llm:
         target = llm.core.runner.model
         matmuls = packed.bias_free_matmuls(target)
@@ -56,6 +65,15 @@ def test_the_low_bit_target_and_the_int8_draft_release_their_float32_weights(low
     assert got["ar"] == got["sd"] == want
 
 
+def test_on_intel_the_low_bit_target_keeps_the_weights_its_prefill_reads(low_bit_model, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(packed_kernels, "_cpu_vendor", lambda: "GenuineIntel")
+    with LLM(str(low_bit_model), packed_kernel="panel4", threads=1) as llm:
+        model = llm.core.runner.model
+        assert not any(unread(m) for m in packed.bias_free_matmuls(model))  # MKL's GEMM reads them past 32 rows
+        assert _released(model) == ["model.embed_tokens"]  # untied, of 8-bit values: its lookups from 8 bits
+        assert [len(o.token_ids) for o in llm.generate(PROMPTS, GREEDY)] == [GREEDY.max_tokens] * len(PROMPTS)
+
+
 def test_an_8bit_copy_gives_the_embeddings_rows_bit_for_bit():
     weight = q8_form(torch.randn(320, 64, generator=torch.Generator().manual_seed(7)))
     copy = panel8.compress(weight)
@@ -64,7 +82,7 @@ def test_an_8bit_copy_gives_the_embeddings_rows_bit_for_bit():
     assert torch.equal(panel8.rows(copy, torch.arange(320)).view(torch.int32), weight.view(torch.int32))
 
 
-def test_a_tied_8bit_head_gives_the_lookups_and_both_go(tiny_qwen3_dir, tiny_llama_dir, tmp_path):
+def test_a_tied_8bit_head_gives_the_lookups_and_both_go(tiny_qwen3_dir, tiny_llama_dir, tmp_path, off_intel):
     tied = rewritten(tiny_qwen3_dir, tmp_path, lambda name, w: q4_form(w) if "proj" in name else q8_form(w))
     outputs = {}
     for kernel in ("panel", "panel4"):  # float32 panels (nothing released), then the low-bit copies
@@ -90,7 +108,7 @@ def test_a_model_without_8bit_values_keeps_its_weights(tiny_qwen3_dir):
 
 
 @pytest.mark.slow  # reads SmolLM2-135M's embedding
-def test_smollm2s_lookups_from_its_head_copy_are_its_embeddings_bits():
+def test_smollm2s_lookups_from_its_head_copy_are_its_embeddings_bits(off_intel):
     from safetensors import safe_open
 
     from engine.registry import resolve_model
