@@ -221,9 +221,13 @@ class LLM:
         seq = Sequence(next(self._ids), list(token_ids), params, generator)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         self.core.add(seq, self.speculation)
-        spec = self.core.spec[seq.seq_id]  # (AR where the mode's draft process was lost)
-        detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
-        state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=spec.k)
+        try:
+            spec = self.core.spec[seq.seq_id]  # (AR where the mode's draft process was lost)
+            detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
+            state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=spec.k)
+        except BaseException:  # (a Ctrl-C here): no request in the core without its state
+            self.core.finish(seq, FinishReason.CANCELLED)
+            raise
         self._requests[seq.seq_id] = state
         self._report_warnings()
         return state
@@ -236,6 +240,8 @@ class LLM:
             log.warning("request %d: %s", warning.request_id, warning.message, extra={ALSO_AN_EVENT: state is not None})
             if state is not None:
                 state.events.append(warning)
+                if warning.draft_lost:
+                    state.fell_back_to_ar()
         self.core.warnings.clear()
 
     def _step(self) -> None:

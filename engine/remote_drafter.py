@@ -210,12 +210,11 @@ class RemoteDrafter:
         try:
             return fn(*args)
         except RuntimeError as exc:
-            self.alive = False
+            self.alive, waited = False, time.perf_counter() - t0
+            self.proc.join(0.5)  # (a dying process: its socket may close before it can be reaped)
             if self.proc.is_alive():  # it stopped answering: do not leave it behind
                 self.proc.kill()
-                raise DraftLost(f"the draft process did not answer for {time.perf_counter() - t0:.0f} s: "
-                                f"{_first_line(exc)}") from exc
-            self.proc.join(1.0)  # (its exit code)
+                raise DraftLost(f"the draft process did not answer for {waited:.0f} s: {_first_line(exc)}") from exc
             raise DraftLost(f"the draft process died ({_exit_status(self.proc.exitcode)})") from exc
 
 

@@ -88,6 +88,11 @@ class RequestState:
                 return i + 1, text
         return len(token_ids), text
 
+    def fell_back_to_ar(self) -> None:
+        """Its draft process was lost: a request that ran no speculative round yet reports AR (it runs all in AR)."""
+        if self.spec is not None and not self.spec.steps:
+            self.mode = "ar"
+
     @property
     def hit_stop_string(self) -> bool:
         return self.detokenizer.stopped

@@ -55,7 +55,7 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
     if not 0 < total < float("inf"):  # (a NaN fails this too)
         raise RuntimeError(f"cannot sample from a distribution of total mass {total}: the model's logits are not "
                            "finite")
-    token = int(torch.searchsorted(cdf, (u * total).view(1), right=True))
+    token = int(torch.searchsorted(cdf, (u * total).view(1).to(cdf.device), right=True))
     if token == probs.shape[0]:
         # u * total rounded up to total (u within 2^-53 of 1): take the last token with mass.
         token = int(torch.nonzero(probs).max())

@@ -193,6 +193,7 @@ class TimingStreamer(BaseStreamer):
 
 def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> BenchReport:
     prompts = load_prompts(config.prompts_file, limit=config.limit)
+    config.sampling(len(prompts) - 1)  # the last prompt's seed too, before any model loads
     model_path, draft_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
     ar = next((r for r in results if r.mode == "ar"), None) if config.temperature == 0 else None  # (sampled: the
     results = [replace(r, identical_to_ar=r.outputs == ar.outputs) if ar and r is not ar else r for r in results]

@@ -217,6 +217,10 @@ class ChatSession:
             try:
                 self.store.save(saved, self._synced)
             except ChatChanged:
+                if not saved.messages:  # emptied here (/clear, /undo): the other window's turns stay, and this
+                    # window goes on as a new chat, saved (and named by its first prompt) once it has a turn
+                    self.conversation.id, self.conversation.title, self._synced = None, UNTITLED, None
+                    return
                 saved = self._save_copy(saved)
         except sqlite3.Error as err:  # a read-only or full disk, a file another program holds locked: the chat goes on
             if not self._save_failed:

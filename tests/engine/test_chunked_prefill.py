@@ -130,14 +130,14 @@ def test_the_draft_process_prefills_a_prompt_in_the_targets_chunks():
 
     class Recorder:  # the draft side of the draft process: records how far each call prefills
         def start(self, seqs, *, upto):
-            (seq,) = seqs
-            calls.append(upto[seq])
-            return {seq: 3} if upto[seq] == len(seq.token_ids) else {}
+            calls.append({seq.seq_id: upto[seq] for seq in seqs})
+            return {seq: 3 for seq in seqs if upto[seq] == len(seq.token_ids)}
 
     server = _Server(Recorder(), channel=None, prefill_chunk=CHUNK)
     msg = [START, 2]
     for seq_id, prompt in ((1, LONG), (2, SHORT)):
         msg += encode_start(Sequence(seq_id, prompt, GREEDY), draft_seed=0)
     server._start(msg)
-    assert calls == [*range(CHUNK, len(LONG), CHUNK), len(LONG), len(SHORT)]
+    # CHUNK tokens a forward, the prompts together: the short one rides with the long one's last 2 tokens
+    assert calls == [{1: end} for end in range(CHUNK, len(LONG), CHUNK)] + [{1: len(LONG), 2: len(SHORT)}]
     assert server.reused == {1: 3, 2: 3}  # what the call that finished each prompt reported

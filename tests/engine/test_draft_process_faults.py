@@ -12,6 +12,8 @@ import textwrap
 from engine import LLM, EngineWarning, TokenDelta
 from engine.config import SpeculationConfig
 from engine.outputs import RequestFinished
+from engine.request import RequestState
+from engine.sequence import Sequence
 from tests.engine import processes
 from tests.engine.processes import DRAFT_CORE, GREEDY, cut_step_then_close, outputs
 from tests.engine.test_spec_decode import PROMPTS
@@ -156,3 +158,12 @@ def test_a_draft_process_that_stops_answering_is_dropped(tiny_llama_dir, draft_d
         assert "the draft process did not answer for 3 s" in warnings[0]
         llm.remote.proc.join(10)
         assert not llm.remote.proc.is_alive()  # the silent process was killed, not left behind
+
+
+def test_a_request_that_had_no_round_when_its_draft_went_reports_ar():
+    """A request still waiting or prefilling when the draft process is lost runs all in AR: its stats say so."""
+    for rounds, mode in ((0, "ar"), (1, "ssd")):
+        state = RequestState(Sequence(1, [1, 2], GREEDY), None, mode="ssd", stop_ids=frozenset(), k=2)
+        state.spec.steps = rounds
+        state.fell_back_to_ar()
+        assert state.mode == mode  # (one that ran SSD rounds keeps their figures, under SSD)

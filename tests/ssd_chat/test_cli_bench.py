@@ -152,7 +152,8 @@ def test_bench_samples_with_a_seed_per_prompt(tiny_llama_dir, tmp_path):
     assert other["results"][0]["outputs"] != rows["ar"]["outputs"]
 
 
-@pytest.mark.parametrize(("option", "value"), [("--temperature", "-1"), ("--temperature", "nan"), ("--seed", "-3")])
+@pytest.mark.parametrize(("option", "value"), [("--temperature", "-1"), ("--temperature", "nan"), ("--seed", "-3"),
+                                              ("--seed", str(2**63 - 2))])  # (the 16 prompts' last seed: past 2^63-1)
 def test_bench_refuses_bad_sampling_settings_before_loading(tiny_llama_dir, option, value):
     sampled = ["--temperature", "0.5"] if option == "--seed" else []  # (a greedy bench draws no seed)
     result = runner.invoke(cli.app, ["bench", "--target", str(tiny_llama_dir), *sampled, option, value])

@@ -98,6 +98,21 @@ def test_a_session_on_a_chat_another_window_changed_goes_on_in_a_copy(tmp_path):
     assert len(there.load(copy_id).messages) == 6 and len(there.list()) == 2 and len(told) == 1
 
 
+def test_a_chat_emptied_here_after_another_window_changed_it_makes_no_empty_copy(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    store = HistoryStore(path)
+    chat_id = _chat(store)
+    session = ChatSession(HistoryStore(path), ChatSettings(), on_copy=lambda _: None)
+    session.open(session.store.load(chat_id))
+    _add_turn(store, chat_id, "from there")
+    session.clear()  # their turns stay; this window goes on as a new, unsaved chat
+    assert [s.id for s in store.list()] == [chat_id] and len(store.load(chat_id).messages) == 4
+    session.add_prompt("coffee please")
+    session.add_reply("coffee", None)
+    new = [s for s in store.list() if s.id != chat_id]
+    assert [s.title for s in new] == ["coffee please"]  # named by its first prompt (not "New chat (copy)")
+
+
 def test_a_save_that_fails_leaves_the_base_as_it_was(tmp_path):
     """A write that fails (a full disk) is retried by the next save: the turns it did not write are still changes."""
     path = tmp_path / "h.sqlite3"
