@@ -208,7 +208,8 @@ async def test_a_failed_reply_keeps_what_was_typed_during_it_and_a_palette_resta
         area = app.query_one(PromptArea)
         area.text = "my next question"  # typed while the reply streams
         gate.set()  # (its notice is a message of its own, handled after the reply ended: wait for it too)
-        await wait_for(pilot, lambda: not app.busy and app._notifications, what="the failure")
+        await wait_for(pilot, lambda: not app.busy and any(n.title == "not sent" for n in app._notifications),
+                       what="the failure")
         assert area.text == "question"
         assert "Ctrl+Z brings back what you had typed" in [n.message for n in app._notifications][-1]
         loaded = threading.Event()
