@@ -106,6 +106,10 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             # (/clear would not help: the window moves)
             err.print(f"error: {why or error}", markup=False, soft_wrap=True)
             continue
+        if cancel.is_set() and not output.token_ids:  # stopped in its prefill: no empty reply for later turns to send
+            history.pop()
+            err.print("(stopped before the reply began: that prompt is not part of the conversation)", style="dim")
+            continue
         window = moved  # (a refused prompt moves no turn out of the model's view)
         history.append({"role": "assistant", "content": output.text})
         err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies

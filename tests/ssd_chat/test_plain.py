@@ -165,3 +165,19 @@ def test_plain_clear_with_words_after_it_is_refused_and_keeps_the_conversation(m
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == ["error: /clear takes no argument: send /clear alone"]
     assert [len(m) for m, _, _ in engine.calls] == [1, 3]  # the second turn still sees the first
+
+
+def test_plain_a_reply_stopped_before_its_first_token_leaves_no_turn(monkeypatch, capsys):
+    engine = FakeEngine()
+    _feed(monkeypatch, ["hi", "stop me", "next"])
+    original = engine.chat
+
+    def chat(messages, params=None, *, cancel=None):
+        if messages[-1]["content"] == "stop me":
+            cancel.set()  # (a Ctrl-C while the engine reads the prompt)
+        return original(messages, params, cancel=cancel)
+
+    engine.chat = chat
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
+    assert "stopped before the reply began" in capsys.readouterr().err
+    assert [m["content"] for m in engine.calls[-1][0]] == ["hi", REPLY, "next"]  # no "stop me" and empty reply

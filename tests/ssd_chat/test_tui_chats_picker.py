@@ -78,6 +78,26 @@ async def test_renaming_the_open_chat_in_the_picker_sticks(tmp_path):
         assert HistoryStore(tmp_path / "history.sqlite3").load(chat_id).title == "Renamed"
 
 
+@pytest.mark.asyncio
+async def test_a_picker_title_is_one_line_and_all_spaces_changes_nothing(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "About bananas")
+        chat_id, store = app.session.conversation.id, app.session.store
+        for typed, want in (("   ", "About bananas"), ("  Two\n  lines ", "Two lines")):
+            await pilot.press("ctrl+o")
+            await pilot.pause()
+            await pilot.press("home", "r")
+            await pilot.pause()
+            app.screen.query_one("Input").value = typed
+            await pilot.press("enter")
+            await pilot.pause()
+            assert store.load(chat_id).title == want
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="picker closed")
+
+
 def test_the_chats_list_says_when_in_few_columns():
     from ssd_chat.tui.screens.chats import when
 

@@ -158,6 +158,7 @@ class ChatsScreen(ModalScreen[int | None]):
         conversation = self.store.load(selected)
 
         def done(title: str | None) -> None:
+            title = " ".join((title or "").split())  # one line, as /rename makes it; all spaces: no title, no change
             if title:
                 with self._history_write():
                     self.store.rename(selected, title)
