@@ -200,13 +200,13 @@ class ChatActions(_Base):
     def action_regenerate(self) -> None:
         if self.ready_and_idle():
             self.cancel_edit()
-            before = len(self.session.messages)
-            prompt = self.session.pop_turn()
-            if prompt is None:
+            turn = self.session.last_turn()
+            if not turn:
                 self.notify("nothing to regenerate yet", severity="warning")
                 return
-            self.query_one(Transcript).remove_last(before - len(self.session.messages))
-            self.send_prompt(prompt)
+            self.query_one(Transcript).remove_last(len(turn))
+            self.regenerating = True  # (the turn stays in the history until the new reply comes: replace_turn)
+            self.send_prompt(turn[0].content, replace=True)
 
     def action_help(self) -> None:
         send_keys = key_hints(self.query_one(PromptInput).enter_sends)

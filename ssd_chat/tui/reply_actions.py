@@ -40,6 +40,8 @@ SYSTEM_FIX = "/system TEXT sets a shorter system prompt, /system alone removes i
 
 
 class ReplyActions(_Base):
+    regenerating = False  # /regen's reply is under way (a refusal or a stop before its first token brings the old back)
+
     def send_prompt(self, text: str, *, replace: bool = False) -> None:
         """Add `text` as the next turn (`replace`: in place of the last one, whose views the caller removed) and
         stream the reply (the caller checked we are idle)."""
@@ -130,7 +132,7 @@ class ReplyActions(_Base):
         self.reply_view.finish(output.text, stats.line())
         self.query_one(StatsPanel).show(self.buffer.stats.final(output))
         self.session.add_reply(output.text, stats)
-        self.replacing_draft = None
+        self.replacing_draft, self.regenerating = None, False
         if output.finish_reason is FinishReason.CANCELLED:
             self.notify("reply stopped; the partial text is kept", timeout=3)
         self._end_reply()
@@ -138,24 +140,30 @@ class ReplyActions(_Base):
     def _stopped_before_reply(self) -> None:
         """Esc (or Ctrl+Q) before the reply's first token, while the engine read the prompt: no turn, as for a
         refused prompt (an empty reply went to the model with every later prompt), the prompt back in the input."""
-        _, typed = self._take_back_prompt()
+        prompt, typed = self._take_back_prompt()
         kept = " (Ctrl+Z brings back what you had typed)" if typed else ""
-        self.notify("stopped before the reply began: the prompt is back in the input" + kept, timeout=6)
+        back = "the prompt is back in the input" if prompt is not None else "the reply it was to replace is back"
+        self.notify(f"stopped before the reply began: {back}{kept}", timeout=6)
         self._end_reply()
         self.show_last_figures()
 
-    def _take_back_prompt(self) -> tuple[str, bool]:
+    def _take_back_prompt(self) -> tuple[str | None, bool]:
         """The pending prompt out of the conversation and back into the input, as typed; returns it, and whether
-        the input held text typed meanwhile."""
+        the input held text typed meanwhile. /regen's prompt goes nowhere (None): the turn it was to replace is
+        back, in the conversation and on screen."""
         self.query_one(Transcript).remove_last(2)
         prompt = as_typed(self.session.drop_prompt())
+        if self.regenerating:
+            self.regenerating = False
+            self.show_conversation()
+            return None, False
         typed = self.query_one(PromptInput).bring_back(prompt)  # (text typed during the reply: one Ctrl+Z away)
         self.edit_failed()  # (a sent edit: its turn is back, and the edit goes on)
         return prompt, typed
 
     def on_reply_failed(self, message: ReplyFailed) -> None:
         prompt, typed = self._take_back_prompt()
-        if message.engine_failed or not self.engine_alive:  # (its pipe can tell before the process check does)
+        if prompt is not None and (message.engine_failed or not self.engine_alive):  # (its pipe can tell first)
             self.prompt_to_restore = prompt  # /restart, typed over it, brings it back once loaded
         error = message.error if self.engine_alive else ENGINE_STOPPED
         self.told_stopped |= not self.engine_alive

@@ -225,3 +225,32 @@ async def test_an_edit_stopped_before_its_reply_began_goes_on(tmp_path):
         assert app_contents(app) == ["Say hi.", REPLY]
         assert app.query_one(PromptArea).text == "Say hello." and app.current_edit() is not None
         assert [v.has_class("replaced") for v in app.query_one(Transcript).children] == [True, True]
+
+
+async def test_a_regenerate_stopped_before_its_first_token_keeps_the_reply_it_was_to_replace(tmp_path):
+    """F5 took the turn out of the chat and the history at once: Esc before the new reply's first token then left
+    the prompt in the input only, and a quit lost it. Now the old reply stays until the new one comes."""
+    from ssd_chat.history import HistoryStore
+
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        engine.gate, engine.prefill_chunks = threading.Event(), 3
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: "reading the prompt" in rendered(app.query_one("#status")), what="the prefill")
+        saved = HistoryStore(tmp_path / "history.sqlite3").load(app.session.conversation.id)
+        assert [m.content for m in saved.messages] == ["first", REPLY]  # meanwhile the history keeps the turn
+        await pilot.press("escape")
+        engine.gate.set()
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["first", REPLY]
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["first"]
+        assert [a.text for a in app.query(AssistantMessage)] == [REPLY]
+        assert app.query_one(PromptArea).text == ""  # nothing to resend: the turn is whole
+        assert any("the reply it was to replace is back" in n.message for n in app._notifications)
+        engine.gate, engine.prefill_chunks, engine.words = None, 0, ["Another", " answer"]
+        await pilot.press("f5")
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["first", "Another answer"]
