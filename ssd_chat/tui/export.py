@@ -25,11 +25,25 @@ def to_markdown(conversation: Conversation) -> str:
     for message in conversation.messages:
         if message.role == "system":
             continue
-        lines += [f"## {_HEADINGS.get(message.role, message.role)}", "", closed_fences(message.content), ""]
+        text = hard_breaks(closed_fences(message.content))
+        lines += [f"## {_HEADINGS.get(message.role, message.role)}", "", text, ""]
     replies = [m for m in conversation.messages if m.role == "assistant" and m.stats is not None]
     if replies:
         lines += ["## Stats", "", *_stats_table(replies), ""]
     return "\n".join(lines)
+
+
+def hard_breaks(text: str) -> str:
+    """`text` with two spaces ending each line a paragraph goes on after: other Markdown viewers join such lines
+    into one (a soft break), where the chat app shows the reply's lines as written (widgets.transcript)."""
+    lines = _LINE_BREAK.split(text)  # (the parser's own line split: map indexes its lines)
+    ends = re.findall(_LINE_BREAK, text)
+    for token in _MARKDOWN.parse(text):
+        if token.type == "paragraph_open" and token.map is not None:
+            for i in range(token.map[0], token.map[1] - 1):
+                if not lines[i].endswith(("  ", "\\")):  # (a break already)
+                    lines[i] += "  "
+    return "".join(line + end for line, end in zip(lines, [*ends, ""], strict=True))
 
 
 def closed_fences(text: str) -> str:

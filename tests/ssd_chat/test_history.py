@@ -250,3 +250,17 @@ def test_the_export_closes_a_cut_fence_inside_a_list_item_where_it_was_opened():
     conversation = Conversation(None, "Cut", ChatSettings(), [ChatMessage("user", "how?"),
                                                                ChatMessage("assistant", cut, STATS)])
     assert code_blocks(to_markdown(conversation)) == ["pip install"]
+
+
+def test_the_export_keeps_a_replys_lines_as_the_chat_app_shows_them():
+    """A poem's single newlines are soft breaks to other Markdown viewers, which join its lines: each line a
+    paragraph goes on after ends in two spaces; code, lists, tables and an explicit break stay as written."""
+    from markdown_it import MarkdownIt
+
+    rest = "\n\n```\ncode\nline\n```\n- a\n- b\n\n| a | b |\n|---|---|\n| 1 | 2 |"
+    poem = "In the depths,\nA world\nof wonder." + rest
+    chat = Conversation(None, "Sea", messages=[ChatMessage("user", "a poem"), ChatMessage("assistant", poem)])
+    text = to_markdown(chat)
+    assert "In the depths,  \nA world  \nof wonder." + rest in text
+    breaks = [c.type for t in MarkdownIt("gfm-like").parse(text) for c in (t.children or []) if "break" in c.type]
+    assert breaks == ["hardbreak", "hardbreak"]
