@@ -84,6 +84,7 @@ class Drained:
     warnings: list[str]
     panel: PanelData
     prefill: tuple[int, int] | None = None  # (done, total) prompt tokens while a long prompt prefills
+    draft_lost: bool = False  # the reply's draft process is gone: it (and the mode's later replies) run in AR
 
 
 @dataclass
@@ -98,6 +99,7 @@ class ReplyBuffer:
     _pieces: list[Piece] = field(default_factory=list)
     _warnings: list[str] = field(default_factory=list)
     _prefill: tuple[int, int] | None = None
+    _draft_lost: bool = False
 
     def push(self, event: Event, pieces: list[Piece] | None = None) -> None:
         now = self.clock()
@@ -110,6 +112,7 @@ class ReplyBuffer:
             elif isinstance(event, StepStats):
                 self.stats.on_step(event)
             elif isinstance(event, EngineWarning):
+                self._draft_lost |= event.draft_lost
                 self._warnings.append(event.message + (" (/restart starts a new draft process)" if event.draft_lost
                                                        else ""))
             elif isinstance(event, PrefillProgress):
@@ -117,7 +120,8 @@ class ReplyBuffer:
 
     def drain(self) -> Drained:
         with self._lock:
-            out = Drained("".join(self._text), self._pieces, self._warnings, self.stats.snapshot(), self._prefill)
+            out = Drained("".join(self._text), self._pieces, self._warnings, self.stats.snapshot(), self._prefill,
+                          self._draft_lost)
             self._text, self._pieces, self._warnings = [], [], []
         return out
 

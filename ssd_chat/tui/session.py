@@ -168,6 +168,12 @@ class ChatSession:
             self._run_only.setdefault(name, getattr(self.settings, name))
         self.conversation.settings = replace(self.settings, **changes)
 
+    def take_back_fallbacks(self) -> None:
+        """The chat's own values of the settings `fall_back` forced, for a new engine (fit_mode forces again what it
+        still lacks)."""
+        self.conversation.settings = replace(self.settings, **self._run_only)
+        self._run_only = {}
+
     def rename(self, title: str) -> None:
         self.conversation.title = title
         self.save()

@@ -178,6 +178,17 @@ async def test_an_engine_warning_is_a_notification_and_the_reply_goes_on(tmp_pat
         told = [n.message for n in app._notifications if "continuing in AR" in n.message]
         assert told == ["the draft process died: continuing in AR (/restart starts a new draft process)"]
         assert app.query(AssistantMessage).last().text == REPLY
+        mode = app.session.store.load(app.session.conversation.id).settings.mode
+        assert mode != "ar" and app.session.settings.mode == "ar"  # the status tells the replies run in AR now
+        assert "AR" in rendered(app.query_one("#status"))
+        engine.warning = None
+        await send(app, pilot, "again")  # saved, the chat keeps its own mode
+        assert app.session.store.load(app.session.conversation.id).settings.mode == mode
+        app.load_engine = lambda: engine
+        next(c for c in app.get_system_commands(app.screen) if c.title == "Restart the engine").callback()
+        # a new engine, a new draft process: the chat's own mode back
+        await wait_for(pilot, lambda: app.session.settings.mode == mode and not isinstance(app.screen, LoadingScreen),
+                       what="the chat's mode after the restart")
 
 
 def test_an_engine_log_line_a_reply_also_carries_is_not_a_second_notice():
