@@ -220,16 +220,12 @@ class LLM:
             generator = torch.Generator().manual_seed(seed)
         seq = Sequence(next(self._ids), list(token_ids), params, generator)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        self.core.add(seq, self.speculation)
-        try:
-            spec = self.core.spec[seq.seq_id]  # (AR where the mode's draft process was lost)
-            detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
-            state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=spec.k)
-        except BaseException:  # (a Ctrl-C here): no request in the core without its state
-            self.core.finish(seq, FinishReason.CANCELLED)
-            raise
+        spec = self.speculation
+        detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
+        state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=spec.k)
         self._requests[seq.seq_id] = state
-        self._report_warnings()
+        self.core.add(seq, spec)
+        self._report_warnings()  # (a mode whose draft process was lost: its warning, and the state reports AR)
         return state
 
     def _report_warnings(self) -> None:
