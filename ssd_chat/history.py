@@ -67,7 +67,7 @@ class TurnStats:
 
     mode: str
     decode_tok_s: float
-    ttft_s: float
+    ttft_s: float  # (to the stop, for a reply stopped before its first token: first_token_s)
     generated_tokens: int
     prompt_tokens: int
     reused_prefix_tokens: int
@@ -93,6 +93,11 @@ class TurnStats:
             cache_hit_rate=None if s.spec is None else s.spec.cache_hit_rate,
         )
 
+
+    @property
+    def first_token_s(self) -> float | None:
+        """The time to the first token; None for a reply stopped before it (ttft_s then runs to the stop)."""
+        return self.ttft_s if self.generated_tokens else None
 
     def line(self) -> str:
         """One dim line under a reply (and after it in plain mode)."""
@@ -274,9 +279,15 @@ class HistoryStore:
         return None if conversation is None or times is None else Deleted(conversation, *times)
 
 
+def one_line(text: str) -> str:
+    """`text` on one line, each run of whitespace (a line break too) one space: a title (the status line and the
+    chats picker show one line)."""
+    return " ".join(text.split())
+
+
 def title_from(prompt: str, limit: int = 48) -> str:
     """A conversation title from its first prompt: the first line, cut at a word."""
-    line = " ".join(prompt.strip().split("\n", 1)[0].split())
+    line = one_line(prompt.strip().split("\n", 1)[0])
     if len(line) <= limit:
         return line or UNTITLED
     return line[:limit].rsplit(" ", 1)[0] + "…"

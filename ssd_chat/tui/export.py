@@ -78,7 +78,7 @@ def _stats_table(replies: list[ChatMessage]) -> list[str]:
     ]
     for i, message in enumerate(replies, start=1):
         st: TurnStats = message.stats  # type: ignore[assignment]
-        ttft = f"{1000 * st.ttft_s:.0f}" if st.generated_tokens else "–"  # (stopped in the prefill: no first token)
+        ttft = "–" if st.first_token_s is None else f"{1000 * st.first_token_s:.0f}"  # (none: stopped in the prefill)
         rows.append(
             f"| {i} | {st.mode} | {st.generated_tokens} | {st.decode_tok_s:.1f} | {ttft} | "
             f"{_opt(st.tau, '{:.2f}')} | {_opt(st.acceptance_rate, '{:.0%}')} | {_opt(st.cache_hit_rate, '{:.0%}')} | "

@@ -159,7 +159,7 @@ def saved_panel(stats: TurnStats) -> PanelData:
     sparkline, histogram or per-position rates, which only a live reply has."""
     return PanelData(
         mode=stats.mode, k=0, tok_s=stats.decode_tok_s, generated_tokens=stats.generated_tokens,
-        ttft_s=stats.ttft_s if stats.generated_tokens else None,  # (stopped in the prefill: no first token)
+        ttft_s=stats.first_token_s,
         rates=(), tau=stats.tau, acceptance_rate=stats.acceptance_rate, cache_hit_rate=stats.cache_hit_rate,
         reused_prefix_tokens=stats.reused_prefix_tokens, prompt_tokens=stats.prompt_tokens, is_final=True,
     )

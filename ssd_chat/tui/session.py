@@ -140,16 +140,22 @@ class ChatSession:
         # need be); at the latest prompt at the latest
         last = starts[-2] if len(starts) > 1 else 0
         self.window = self._answered_from.get(last, min(self.window, last))
-        if not self.messages and self.conversation.title == title_from(turn[0].content):
-            self.conversation.title = UNTITLED  # emptied: the next prompt names it, as in a new chat
+        if not self.messages:
+            self._forget_prompt_title(turn[0].content)
         return turn
+
+    def _forget_prompt_title(self, first_prompt: str) -> None:
+        """Emptied: a title the first prompt gave goes (the next prompt names the chat, as in a new chat); a chosen
+        one stays."""
+        if self.conversation.title == title_from(first_prompt):
+            self.conversation.title = UNTITLED
 
     def clear(self) -> None:
         """Remove every turn; a title the first prompt gave goes too (the next prompt names the chat, as after undoing
         every turn), a chosen one stays."""
         first = next((m.content for m in self.messages if m.role == "user"), None)
-        if first is not None and self.conversation.title == title_from(first):
-            self.conversation.title = UNTITLED
+        if first is not None:
+            self._forget_prompt_title(first)
         self.messages.clear()
         self.window, self._answered_from = 0, {}
         self.save()

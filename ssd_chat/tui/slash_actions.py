@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
+from ssd_chat.history import one_line
 from ssd_chat.tui import clipboard
 from ssd_chat.tui.commands import ENTER_MODES, SlashError, parse_fanout, parse_number
 from ssd_chat.tui.export import code_blocks
@@ -75,7 +76,7 @@ class SlashActions(_Base):
         it is a space, as every run of whitespace is."""
         if not arg:
             raise SlashError("/rename needs a title")
-        self.session.rename(" ".join(arg.split()))
+        self.session.rename(one_line(arg))
         self.refresh_status()
 
     def slash_regen(self, arg: str) -> None:

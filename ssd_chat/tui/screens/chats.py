@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
-from ssd_chat.history import Deleted, HistoryStore
+from ssd_chat.history import Deleted, HistoryStore, one_line
 from ssd_chat.history_search import ConversationSummary, Searcher
 from ssd_chat.tui.screens.text_prompt import TextPrompt
 
@@ -158,7 +158,7 @@ class ChatsScreen(ModalScreen[int | None]):
         conversation = self.store.load(selected)
 
         def done(title: str | None) -> None:
-            title = " ".join((title or "").split())  # one line, as /rename makes it; all spaces: no title, no change
+            title = one_line(title or "")  # as /rename makes it; all spaces: no title, no change
             if title:
                 with self._history_write():
                     self.store.rename(selected, title)
