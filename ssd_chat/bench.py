@@ -195,9 +195,9 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
     prompts = load_prompts(config.prompts_file, limit=config.limit)
     config.sampling(len(prompts) - 1)  # the last prompt's seed too, before any model loads
     model_path, draft_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
-    ar = next((r for r in results if r.mode == "ar"), None) if config.temperature == 0 else None  # (sampled: the
+    # greedy: each mode's tokens against AR's (sampled: the same distribution, not the same tokens)
+    ar = next((r for r in results if r.mode == "ar"), None) if config.temperature == 0 else None
     results = [replace(r, identical_to_ar=r.outputs == ar.outputs) if ar and r is not ar else r for r in results]
-    # same distribution, not the same tokens)
     if config.hf:
         progress("loading the transformers baseline")
         with _on_target_cores(config):  # the same cores and threads as our target

@@ -122,7 +122,7 @@ class ReplyBuffer:
         with self._lock:
             out = Drained("".join(self._text), self._pieces, self._warnings, self.stats.snapshot(), self._prefill,
                           self._draft_lost)
-            self._text, self._pieces, self._warnings = [], [], []
+            self._text, self._pieces, self._warnings, self._draft_lost = [], [], [], False
         return out
 
 
