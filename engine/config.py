@@ -161,7 +161,7 @@ class SpeculationConfig:
     fanout: tuple[int, ...] | None = None  # SSD: candidates per accepted count 0..k (None: geometric default)
     backup: str = "jit"  # SSD on a cache miss: "jit" re-drafts k tokens, "fast" guesses them from the context
     adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (engine.spec_length)
-    lookup: bool = True  # greedy requests draft the context lookup's token where it has one (engine.lookup)
+    lookup: bool = True  # draft the context lookup's token where it has one (engine.lookup)
 
     def __post_init__(self) -> None:
         normalise(self, {"k": whole, "fanout": optional(_fanout), "draft_temperature": optional(number),

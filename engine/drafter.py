@@ -25,6 +25,14 @@ class Proposal:
     tokens: list[int]               # [k] draft tokens x1..xk
     probs: list[torch.Tensor] | None  # k x [V] distributions they were drawn from (None when greedy)
 
+    def add_guess(self, token: int, vocab_size: int) -> None:
+        """Append a token proposed with certainty (the context lookup's): a sampled request's q row is one-hot,
+        which keeps the rejection rule exact: it is accepted with probability p(token), and after a rejection
+        the residual norm(max(0, p - q)) is p without it."""
+        self.tokens.append(token)
+        if self.probs is not None:
+            self.probs.append(torch.nn.functional.one_hot(torch.tensor(token), vocab_size).float())
+
 
 def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None) -> None:
     """Append the draft's next token (argmax when the request is greedy; else a draw from q, kept for
@@ -44,7 +52,7 @@ class Drafter:
         self.runner = runner
         self.blocks = blocks
         self.seqs: dict[int, Sequence] = {}  # request id -> the draft's sequence
-        self.lookups = Lookups()  # context lookup for greedy requests (engine.lookup)
+        self.lookups = Lookups()  # context lookup (engine.lookup)
         self.frontier: dict[int, int] = {}  # request id -> positions below it have draft KV after its proposal
 
     # -- admission: blocks running requests may still claim, and whether a new one fits --------------
@@ -84,9 +92,13 @@ class Drafter:
         return {seq: self.seqs[seq.seq_id].num_cached_tokens for seq in seqs
                 if upto is None or upto[seq] == len(seq.token_ids)}
 
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.model.args.vocab_size
+
     def guess(self, seq: Sequence, drafted: list[int], lookup: bool) -> int | None:
-        """The context lookup's next token after `drafted` (greedy requests, with `lookup` on), or None."""
-        if not lookup or not seq.params.is_greedy:
+        """The context lookup's next token after `drafted` (with `lookup` on), or None."""
+        if not lookup:
             return None
         return self.lookups.guess(seq.seq_id, self.seqs[seq.seq_id].token_ids, drafted)
 
@@ -94,8 +106,9 @@ class Drafter:
         self, wanted: dict[Sequence, int], draft_temperature: float | None, lookup: bool = False
     ) -> dict[Sequence, Proposal]:
         """Draft `wanted[seq]` tokens after each request's committed tokens, all requests batched. With `lookup`,
-        a greedy request takes the context lookup's token wherever it has one, and the draft model skips that
-        step: the tokens it skipped go through it with the next step it does run (several rows, one forward)."""
+        a request takes the context lookup's token wherever it has one (`Proposal.add_guess`), and the draft model
+        skips that step: the tokens it skipped go through it with the next step it does run (several rows, one
+        forward)."""
         for seq in wanted:
             self.mirror(seq)
         active = {seq: self.seqs[seq.seq_id] for seq, k in wanted.items() if k > 0}
@@ -111,7 +124,7 @@ class Drafter:
                 if guess is None:
                     run.append(seq)
                 else:
-                    out[seq].tokens.append(guess)
+                    out[seq].add_guess(guess, self.vocab_size)
             chunks = []
             for seq in run:  # positions frontier .. n + step - 1: catch-up, skipped drafts, the last draft
                 draft_seq, start = active[seq], self.frontier[seq.seq_id]

@@ -5,8 +5,8 @@ target's token t*) and drafts the next K tokens for each likely one:
 1. glue pass: one forward over [t, x1..xK] at their true positions (writes the verified path's KV and
    gives K+1 next-token distributions);
 2. fan-out: for each k, the top F_k tokens of distribution k as candidates for t* (for k < K excluding
-   x_{k+1}, which the target would have accepted); for k = K (all accepted) a greedy request with the context
-   lookup on also gets the lookup's token after x_K, where it has one and the top F_K (F_K > 0) miss it;
+   x_{k+1}, which the target would have accepted); for k = K (all accepted) a request with the context lookup
+   on also gets the lookup's token after x_K, where it has one and the top F_K (F_K > 0) miss it;
 3. branch drafting: K batched steps over all branches; each branch attends to the prefix and the path
    up to k (real KV slots) plus its own tokens, kept in scratch slots at their logical positions.
 The cache maps (k, t*) -> the branch's K tokens (and their draft distributions when sampling). The
@@ -55,8 +55,8 @@ class SsdDrafter(Drafter):
     ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
         """Proposals for this round: from the cache on a hit; on a miss drafted just in time (backup "jit") or
         guessed from the context at no cost (backup "fast": see `_fast_guess`). hit is None for a request's
-        first round (nothing could be cached yet). `lookup`: greedy just-in-time drafts take the context
-        lookup's token where it has one. (`fanout`: the draft process's reply needs it; here `build_cache` takes
+        first round (nothing could be cached yet). `lookup`: just-in-time drafts take the context lookup's
+        token where it has one. (`fanout`: the draft process's reply needs it; here `build_cache` takes
         it.)"""
         proposals, hits, misses = {}, {}, {}
         for seq, k in wanted.items():
@@ -79,22 +79,19 @@ class SsdDrafter(Drafter):
         it, the last token repeated where the context has no match; no draft cost. Sampled requests get one-hot
         q rows, which keep the rejection rule exact (a token proposed with certainty is accepted with
         probability p(x), and the residual then excludes it)."""
-        committed, guess = self.seqs[seq.seq_id].token_ids, []
+        committed, proposal = self.seqs[seq.seq_id].token_ids, Proposal([], None if seq.params.is_greedy else [])
         for _ in range(k):
-            token = self.lookups.guess(seq.seq_id, committed, guess)
-            guess.append((guess or committed)[-1] if token is None else token)
-        vocab_size = self.runner.model.args.vocab_size
-        probs = None if seq.params.is_greedy else [torch.nn.functional.one_hot(torch.tensor(t), vocab_size).float()
-                                                   for t in guess]
-        return Proposal(guess, probs)
+            token = self.lookups.guess(seq.seq_id, committed, proposal.tokens)
+            proposal.add_guess((proposal.tokens or committed)[-1] if token is None else token, self.vocab_size)
+        return proposal
 
     # -- building the cache ------------------------------------------------------------------------
     def build_cache(
         self, proposals: dict[Sequence, Proposal], fanout: tuple[int, ...], draft_temperature: float | None,
         lookup: bool = False,
     ) -> None:
-        """Draft the branches for this round's likely outcomes (`lookup`: greedy ones take the context lookup's
-        token where it has one)."""
+        """Draft the branches for this round's likely outcomes (`lookup`: they take the context lookup's token
+        where it has one)."""
         # The glue pass always runs on a proposal (the verify positions fit: see spec_decode.lookahead), so
         # the draft's KV along the verified path is right whether the proposal came from the cache or not.
         seqs = [s for s, p in proposals.items() if p.tokens]
@@ -149,7 +146,7 @@ class SsdDrafter(Drafter):
         draft_temperature: float | None, lookup: bool,
     ) -> list[Proposal]:
         """K batched decode steps over every branch, branch tokens in per-request scratch slots. With `lookup`, a
-        greedy branch takes the context lookup's token where it has one and skips the model for that step; the
+        branch takes the context lookup's token where it has one and skips the model for that step; the
         tokens it skipped go through the model with the branch's next model step (several rows, one span)."""
         bs = self.runner.block_size
         per_seq: dict[Sequence, int] = {}
@@ -175,7 +172,7 @@ class SsdDrafter(Drafter):
                 if guess is None:
                     run.append(i)
                 else:
-                    out[i].tokens.append(guess)
+                    out[i].add_guess(guess, self.vocab_size)
             if not run:
                 continue
             ids, positions, write, spans = [], [], [], []

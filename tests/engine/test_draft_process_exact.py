@@ -126,7 +126,7 @@ def mixed_batch(seed: int) -> list[Sequence]:
 
 
 def run_batch(
-    remote: RemoteDrafter, seqs: list[Sequence], draft_temperature: float | None, backup: str
+    remote: RemoteDrafter, seqs: list[Sequence], draft_temperature: float | None, backup: str, lookup: bool
 ) -> dict[str, int]:
     """Decode every request to NUM_EMIT tokens as the core does (the draft process gets the prompts, the target
     samples the first token, then ssd_step rounds over the whole batch, commits, and finishes), and tally the
@@ -148,6 +148,7 @@ def run_batch(
             fanout=FANOUT,
             backup=backup,
             draft_temperature=draft_temperature,
+            lookup=lookup,
             max_model_len=MAX_LEN,
             ensure_capacity=blocks.ensure_capacity,
         )
@@ -180,10 +181,11 @@ def ar_joint(params: SamplingParams) -> torch.Tensor:
     return exact_ar_probs(torch.stack([probabilities(row, params) for row in TARGET_LOGITS]))
 
 
-@pytest.mark.parametrize(("draft_temperature", "backup"), [(None, "jit"), (1.7, "fast")])
-def test_a_mixed_batch_through_the_draft_process_follows_ar(remote, draft_temperature, backup):
+@pytest.mark.parametrize(("draft_temperature", "backup", "lookup"), [(None, "jit", True), (1.7, "fast", False)])
+def test_a_mixed_batch_through_the_draft_process_follows_ar(remote, draft_temperature, backup, lookup):
+    # (lookup: the draft process proposes the context lookup's tokens where it has one, with one-hot q rows)
     seqs = mixed_batch(seed=23)
-    tally = run_batch(remote, seqs, draft_temperature, backup)
+    tally = run_batch(remote, seqs, draft_temperature, backup, lookup)
     assert remote.alive and remote.stats()[2] == 0  # in step to the end, and every request finished there
     # both paths of the rejection rule, and (after the first round) proposals from the cache and from the backup
     assert tally["accepted"] > PER_SETTING / 2 and tally["rejected"] > PER_SETTING / 2, tally

@@ -1,17 +1,25 @@
-"""Context lookup for greedy drafts: the index, and that it only changes which tokens are drafted (output stays
-exactly AR's; sampled requests are untouched) while a repetitive reply gets more of them accepted."""
+"""Context lookup for drafts: the index, and that it only changes which tokens are drafted (greedy output stays
+exactly AR's) while a repetitive reply gets more of them accepted, sampled ones too (their exactness with the
+lookup's one-hot q rows: test_spec_step_exact.py and test_draft_process_exact.py)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
+from engine.drafter import Drafter
 from engine.lookup import ContextIndex, Lookups
+from engine.sequence import Sequence
+from engine.spec_decode import sd_step, ssd_step
+from engine.ssd import SsdDrafter
 from tests.conftest import make_tiny_model_dir
+from tests.engine.test_spec_step_exact import MAX_LEN, Blocks, MarkovRunner
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 
@@ -71,11 +79,37 @@ def test_lookup_changes_the_drafts_not_the_output(unrelated, mode):
     assert accepted_on > accepted_off  # a tiny random target repeats itself; the unrelated draft cannot know
 
 
-def test_sampled_requests_draft_from_the_model_alone(unrelated):
-    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=32, ignore_eos=True)
-    on, off = _run(unrelated, sampled, mode="sd"), _run(unrelated, sampled, mode="sd", lookup=False)
-    assert [o.token_ids for o in on] == [o.token_ids for o in off]
-    assert [o.stats.spec.num_accepted for o in on] == [o.stats.spec.num_accepted for o in off]
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_sampled_requests_take_the_lookups_tokens_too(mode):
+    # Order-1 Markov chains (test_spec_step_exact's stand-ins): the target walks a cycle 0 -> 1 -> ... -> V-1 -> 0
+    # with p = 0.93 a step, the draft believes the reverse cycle. The prompt holds the cycle, so the lookup knows
+    # the next token; each lookup token goes with a one-hot q row and is accepted with probability p(token).
+    vocab, n, prompt = 6, 64, [0, 1, 2, 3, 4, 5, 0, 1]
+    cycle = torch.full((vocab, vocab), -3.0)
+    cycle[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = 2.0  # [V, V]: row = the previous token
+    target, draft = MarkovRunner(cycle), MarkovRunner(cycle.T.contiguous())
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    accepted = {}
+    for lookup in (True, False):
+        drafter = Drafter(draft, Blocks()) if mode == "sd" else SsdDrafter(draft, Blocks(), max_model_len=MAX_LEN,
+                                                                           max_num_seqs=n)
+        seqs = [Sequence(i, list(prompt), params, torch.Generator().manual_seed(i)) for i in range(n)]
+        blocks = Blocks()
+        drafter.start(seqs)
+        for seq in seqs:  # the prefill's token, as the core samples it
+            blocks.allocate(seq)
+            seq.token_ids.append(2)
+        accepted[lookup] = 0
+        for _ in range(4):
+            step = sd_step if mode == "sd" else functools.partial(ssd_step, fanout=(1, 1, 1, 1, 1), backup="jit")
+            outputs = step(seqs, target, drafter, k=dict.fromkeys(seqs, 4), draft_temperature=None,
+                           max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity, lookup=lookup)
+            for seq, out in outputs.items():
+                seq.token_ids += out.tokens
+                seq.num_computed_tokens = out.num_computed
+                drafter.commit(seq, out.num_drafted, out.num_accepted)
+                accepted[lookup] += out.num_accepted
+    assert accepted[False] < n / 2 and accepted[True] > 4 * n, accepted  # 4 rounds of 4 drafts at 0.93 each
 
 
 def test_lookup_reaches_a_draft_process(tiny_llama_dir, tmp_path):

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.drafter import Drafter
+from engine.drafter import Drafter, Proposal
 from engine.sampling import probabilities, sample_token
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -105,10 +105,13 @@ def exact_ar_probs(table: torch.Tensor | None = None) -> torch.Tensor:
     return joint
 
 
-def speculative_counts(mode: str, n: int, seed: int, backup: str = "jit") -> tuple[torch.Tensor, dict[str, int]]:
+def speculative_counts(
+    mode: str, n: int, seed: int, backup: str = "jit", lookup: bool = False
+) -> tuple[torch.Tensor, dict[str, int]]:
     """Counts [V^NUM_EMIT] of the first NUM_EMIT tokens of `n` requests (the first sampled by AR at the prefill, as
-    the core does, the rest by sd_step or ssd_step, all requests batched in each step), and how the rounds went:
-    draft tokens accepted, rounds with a rejection, SSD's cache hits and misses."""
+    the core does, the rest by sd_step or ssd_step, all requests batched in each step, with the context lookup's
+    tokens where `lookup`), and how the rounds went: draft tokens accepted, rounds with a rejection, SSD's cache
+    hits and misses."""
     target, blocks = MarkovRunner(TARGET_LOGITS), Blocks()
     draft = MarkovRunner(DRAFT_LOGITS)
     drafter = Drafter(draft, Blocks()) if mode == "sd" else SsdDrafter(draft, Blocks(), max_model_len=MAX_LEN,
@@ -120,7 +123,8 @@ def speculative_counts(mode: str, n: int, seed: int, backup: str = "jit") -> tup
         blocks.allocate(seq)
         seq.token_ids.append(sample_token(TARGET_LOGITS[START], PARAMS, seq.generator))
     tally = {"hit": 0, "miss": 0, "rejected": 0, "accepted": 0}
-    common = dict(draft_temperature=DRAFT_TEMPERATURE, max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity)
+    common = dict(draft_temperature=DRAFT_TEMPERATURE, max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity,
+                  lookup=lookup)
     active = seqs
     while active:
         k = {seq: draft_length(seq) for seq in active}
@@ -153,11 +157,18 @@ def test_the_cases_exercise_what_they_claim():
     assert {draft_length(Sequence(0, [START, a, b], PARAMS)) for a in range(VOCAB) for b in range(VOCAB)} == {0, 1, 2}
 
 
-@pytest.mark.parametrize(("mode", "backup"), [("sd", "jit"), ("ssd", "jit"), ("ssd", "fast")])
-def test_sampled_steps_follow_the_ar_distribution(mode, backup):
+@pytest.mark.parametrize(("mode", "backup", "lookup"),
+                         [("sd", "jit", False), ("ssd", "jit", False), ("ssd", "fast", False), ("sd", "jit", True),
+                          ("ssd", "jit", True)])
+def test_sampled_steps_follow_the_ar_distribution(mode, backup, lookup, monkeypatch):
     n = 4000
-    counts, tally = speculative_counts(mode, n, seed=17, backup=backup)
+    guessed = []  # the lookup's tokens, proposed with one-hot q rows (Proposal.add_guess)
+    add_guess = Proposal.add_guess
+    monkeypatch.setattr(Proposal, "add_guess", lambda self, *args: guessed.append(1) or add_guess(self, *args))
+    counts, tally = speculative_counts(mode, n, seed=17, backup=backup, lookup=lookup)
     assert tally["accepted"] > n / 4 and tally["rejected"] > n / 4  # both paths of the rule, often
+    if lookup:  # the context repeats a bigram often in a 4-token vocabulary: many drafts are the lookup's
+        assert len(guessed) > n / 4, len(guessed)
     if mode == "ssd":  # proposals from the cache and from the backup, often
         assert tally["hit"] > n / 10 and tally["miss"] > n / 10, tally
     exact = exact_ar_probs()
