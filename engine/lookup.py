@@ -1,5 +1,5 @@
-"""Context lookup for greedy drafting: the token that followed the latest earlier occurrence of the context's
-last three (else two) tokens, when there is one.
+"""Context lookup for drafting: the token that followed the latest earlier occurrence of the context's last three
+(else two) tokens, when there is one.
 
 Chat replies repeat their prompt and themselves (names, list markers, phrases). On SmolLM2's greedy replies to
 the held-out chat prompts (EOS respected) a 3- or 2-token suffix has an earlier occurrence at 47% of the
@@ -7,6 +7,11 @@ positions, and its follower is the target's next token 83% of the time there, wh
 right 47% of the time. Drafting the lookup's token where there is one and the draft model's argmax elsewhere
 raises the exact greedy-SD simulation's tau at k = 4 from 1.65 to 2.05 (`/k`, fixed). Any proposal keeps
 greedy output exact (the target verifies every token), so this is a pure choice of draft tokens.
+
+Sampled requests take it too, proposed with certainty (a one-hot q row, engine.drafter.Proposal.add_guess), which
+the rejection rule keeps exact: accepted with probability p(token), else the residual is p without it. On the
+held-out chat prompts sampled at 0.7, the lookup has a token at 18% of the positions; there the target gives it
+p = 0.53 on average, where the draft model's draw would be accepted with probability 0.33.
 
 `ContextIndex` is incremental: one dict lookup per drafted token, one update per committed token.
 """

@@ -37,8 +37,8 @@ def sd_step(
     seqs: list[Sequence], runner: ModelRunner, drafter: Drafter, *, k: Mapping[Sequence, int],
     draft_temperature: float | None, max_model_len: int, ensure_capacity, lookup: bool = False,
 ) -> dict[Sequence, StepOutput]:
-    """Sync SD: draft k[seq] tokens per request (with `lookup`, greedy ones take the context lookup's token
-    where it has one: engine.lookup), then verify them."""
+    """Sync SD: draft k[seq] tokens per request (with `lookup`, the context lookup's token where it has one:
+    engine.lookup), then verify them."""
     wanted = {s: lookahead(s, k[s], max_model_len) for s in seqs}
     t0 = time.perf_counter()
     proposals = drafter.propose(wanted, draft_temperature, lookup)

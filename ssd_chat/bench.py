@@ -66,7 +66,7 @@ class BenchConfig:
     packed_kernel: str = "auto"  # CPU: the target's few-row matmul kernel (engine.layers.packed)
     ignore_eos: bool = True  # fixed-length replies (False: each stops at its end of turn, as in a chat)
     adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (False: always k)
-    lookup: bool = True  # greedy drafts take the context lookup's token where it has one (engine.lookup)
+    lookup: bool = True  # drafts take the context lookup's token where it has one (engine.lookup)
     temperature: float = 0.0  # > 0: sampled replies, prompt i seeded with seed + i (the same in every mode)
     seed: int = 0
 

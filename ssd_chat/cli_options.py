@@ -86,7 +86,7 @@ FixedK = Annotated[
                        "per second for the measured acceptance and round costs).")
 ]
 NoLookup = Annotated[
-    bool, typer.Option("--no-lookup", help="Greedy drafts come from the draft model alone (default: the context "
+    bool, typer.Option("--no-lookup", help="Drafts come from the draft model alone (default: the context "
                        "lookup's token wherever the context has one; see engine/lookup.py).")
 ]
 Fanout = Annotated[
