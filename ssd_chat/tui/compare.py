@@ -2,16 +2,18 @@
 
 Greedy SD and SSD must give AR's tokens exactly; the report says whether they did, next to the
 speed-ups. Runs in the engine worker thread; the engine's previous speculation config is restored
-whatever happens.
+whatever happens. While it runs it reports progress (the rows done so far, the mode running and its
+token count), a few times a second at most, so a live demo shows it moving.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from engine.outputs import RequestFinished, RequestOutput
+from engine.outputs import RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
 from ssd_chat.tui.engine_worker import ChatEngine, available_modes
 
@@ -44,30 +46,74 @@ class CompareReport:
         return None if len(done) < 2 else all(ids == done[0] for ids in done)
 
 
+@dataclass(frozen=True)
+class CompareSnapshot:
+    """A compare under way: the rows finished so far, the mode now running and its tokens so far."""
+
+    report: CompareReport
+    mode: str
+    tokens: int
+
+
+PROGRESS_INTERVAL_S = 0.2  # at most ~5 progress reports a second while a mode streams
+
+
 def run_compare(
     engine: ChatEngine, messages: list[dict[str, str]], *, max_tokens: int, cancel: threading.Event,
-    on_mode: Callable[[str], None] = lambda mode: None,
+    on_progress: Callable[[CompareSnapshot], None] = lambda snapshot: None,
+    clock: Callable[[], float] = time.perf_counter, interval_s: float = PROGRESS_INTERVAL_S,
 ) -> CompareReport:
-    """`messages` end with the user prompt to replay. Stops early (keeping finished rows) on `cancel`."""
+    """`messages` end with the user prompt to replay. Stops early (keeping finished rows) on `cancel`.
+    `on_progress` gets a snapshot as each mode starts (the rows before it), then its token count at most
+    once every `interval_s` seconds of `clock`."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    prompt = messages[-1]["content"]
+    progress = _Progress(on_progress, clock, interval_s)
     previous = engine.speculation
     rows: list[CompareRow] = []
     try:
         for mode in available_modes(engine):
             if cancel.is_set():
                 break
-            on_mode(mode)
+            progress.start(CompareReport(prompt, tuple(rows)), mode)
             engine.speculation = replace(previous, mode=mode)
-            rows.append(_row(mode, _run(engine, messages, params, cancel)))
+            rows.append(_row(mode, _run(engine, messages, params, cancel, on_tokens=progress.tokens)))
     finally:
         engine.speculation = previous
-    return CompareReport(messages[-1]["content"], tuple(rows))
+    return CompareReport(prompt, tuple(rows))
 
 
-def _run(engine: ChatEngine, messages, params, cancel) -> RequestOutput:
+class _Progress:
+    """Reports each mode's start at once, then its token count when `interval_s` of `clock` has passed
+    since the last report: a few reports a second, not one a token."""
+
+    def __init__(self, send: Callable[[CompareSnapshot], None], clock: Callable[[], float],
+                 interval_s: float) -> None:
+        self.send, self.clock, self.interval_s = send, clock, interval_s
+        self.done = CompareReport("", ())
+        self.mode = ""
+        self.last = 0.0
+
+    def start(self, done: CompareReport, mode: str) -> None:
+        self.done, self.mode, self.last = done, mode, self.clock()
+        self.send(CompareSnapshot(done, mode, 0))
+
+    def tokens(self, count: int) -> None:
+        now = self.clock()
+        if now - self.last >= self.interval_s:
+            self.last = now
+            self.send(CompareSnapshot(self.done, self.mode, count))
+
+
+def _run(engine: ChatEngine, messages, params, cancel, *, on_tokens: Callable[[int], None]) -> RequestOutput:
+    """One request to its end; `on_tokens` gets the running token count after each delta."""
     output = None
+    tokens = 0
     for event in engine.chat(messages, params, cancel=cancel):
-        if isinstance(event, RequestFinished):
+        if isinstance(event, TokenDelta):
+            tokens += len(event.token_ids)
+            on_tokens(tokens)
+        elif isinstance(event, RequestFinished):
             output = event.output
     if output is None:
         raise RuntimeError("the engine stream ended without a result")

@@ -43,7 +43,8 @@ class CompareActions(_Base):
         try:
             self.engine.speculation = spec
             report = run_compare(self.engine, messages, max_tokens=self.session.settings.max_tokens, cancel=cancel,
-                                 on_mode=lambda mode: self.post_message(CompareProgress(mode)))
+                                 on_progress=lambda snapshot: self.post_message(CompareProgress(snapshot)),
+                                 clock=self.clock)
         except Exception as err:  # EngineError or a dead engine: report, keep the chat
             self.post_message(CompareDone(None, str(err)))
         else:
@@ -51,7 +52,7 @@ class CompareActions(_Base):
 
     def on_compare_progress(self, message: CompareProgress) -> None:
         if isinstance(self.screen, CompareScreen):
-            self.screen.running(message.mode)
+            self.screen.show_progress(message.snapshot)
 
     def on_compare_done(self, message: CompareDone) -> None:
         self.compare_cancel = None

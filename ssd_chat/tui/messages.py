@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from engine.outputs import RequestOutput
-from ssd_chat.tui.compare import CompareReport
+from ssd_chat.tui.compare import CompareReport, CompareSnapshot
 from ssd_chat.tui.engine_worker import ChatEngine
 
 
@@ -34,7 +34,9 @@ class ReplyFailed(Message):
 
 @dataclass
 class CompareProgress(Message):
-    mode: str
+    """The rows finished so far, the mode running and its token count (a few a second at most)."""
+
+    snapshot: CompareSnapshot
 
 
 @dataclass

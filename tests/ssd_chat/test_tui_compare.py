@@ -10,7 +10,7 @@ from textual.widgets import DataTable
 from engine.config import SpeculationConfig
 from ssd_chat.tui.compare import run_compare
 from ssd_chat.tui.screens.compare import CompareScreen
-from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, wait_for
+from tests.ssd_chat.tui_fakes import FakeClock, FakeEngine, make_app, rendered, send, settle, wait_for
 
 SIZE = (120, 40)
 
@@ -80,6 +80,56 @@ async def test_compare_needs_a_prompt_and_can_be_stopped(tmp_path):
         assert isinstance(screen, CompareScreen)
         assert [r[0] for r in _rows(screen)] == ["AR (stopped)"]
         assert engine.speculation.mode == "sd"
+
+
+@pytest.mark.asyncio
+async def test_compare_shows_each_row_and_the_running_token_count_as_it_goes(tmp_path):
+    """Live demos: AR's row is in the table while SD still runs, and the status counts SD's tokens."""
+    engine, gate = FakeEngine(), threading.Event()
+    original_chat = engine.chat
+
+    def chat(messages, params=None, *, cancel=None):
+        if engine.speculation.mode == "sd":
+            engine.gate = gate  # SD's first delta comes, the rest wait for the gate
+        return original_chat(messages, params, cancel=cancel)
+
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")  # the reply runs in SD: hook the gate in after it
+        engine.chat = chat
+        app.clock = FakeClock(step=1.0)  # every reading is past the throttle's interval
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+
+        def status() -> str:
+            return rendered(screen.query_one("#compare-status"))
+
+        await wait_for(pilot, lambda: "running SD… 1 token (Esc stops)" in status(), what="SD's first token")
+        assert _rows(screen) == [["AR", "100.0", "50", "6", "–", "–", "1.00x"]] and app.busy
+        gate.set()
+        await settle(app, pilot)
+        assert [r[0] for r in _rows(screen)] == ["AR", "SD", "SSD"] and "token-identical: yes" in status()
+
+
+def test_run_compare_reports_progress_a_few_times_a_second_not_per_token():
+    engine = FakeEngine(words=[f" w{i}" for i in range(30)])
+    prompt = [{"role": "user", "content": "hi"}]
+    snapshots = []
+    report = run_compare(engine, prompt, max_tokens=64, cancel=threading.Event(), on_progress=snapshots.append,
+                         clock=FakeClock(step=0.1), interval_s=0.25)  # a report every third reading
+    by_mode = {mode: [s for s in snapshots if s.mode == mode] for mode in ("ar", "sd", "ssd")}
+    assert [s.tokens for s in by_mode["ar"]] == [0, *range(3, 31, 3)]  # one token a delta, 30 deltas
+    assert [s.report.rows for s in snapshots if s.tokens == 0] == [(), report.rows[:1], report.rows[:2]]
+    for mode in ("sd", "ssd"):
+        counts = [s.tokens for s in by_mode[mode]]
+        assert counts == sorted(set(counts)) and 0 < counts[-1] <= 30 and len(counts) < 1 + 30 / 3
+    assert all(s.report.rows == report.rows[:i] for i, m in enumerate(("ar", "sd", "ssd")) for s in by_mode[m])
+    still = []  # a clock that does not move: only the three modes' starts are reported
+    run_compare(FakeEngine(), prompt, max_tokens=64, cancel=threading.Event(), on_progress=still.append,
+                clock=lambda: 0.0)
+    assert [(s.mode, s.tokens) for s in still] == [("ar", 0), ("sd", 0), ("ssd", 0)]
 
 
 def test_run_compare_restores_the_mode_even_when_a_mode_fails():

@@ -1,5 +1,6 @@
 """The compare result: one row per mode (tok/s, TTFT, tau, cache hits, speed-up vs AR) and whether
-their greedy outputs are token-identical. Shown while it runs; Esc stops it or closes it."""
+their greedy outputs are token-identical. Shown while it runs: each mode's row as soon as it finishes,
+the running mode's token count in the status line; Esc stops it or closes it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from ssd_chat.tui.compare import CompareReport
+from ssd_chat.tui.compare import CompareReport, CompareSnapshot
 
 COLUMNS = ("mode", "decode tok/s", "TTFT ms", "tokens", "tau", "cache hits", "speed-up vs AR")
 NARROW_COLUMNS = ("mode", "tok/s", "TTFT", "tokens", "tau", "hits", "vs AR")  # under NARROW terminal columns
@@ -36,11 +37,23 @@ class CompareScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.query_one(DataTable).add_columns(*(NARROW_COLUMNS if self.app.size.width < NARROW else COLUMNS))
 
-    def running(self, mode: str) -> None:
-        self.query_one("#compare-status", Static).update(f"running {mode.upper()}… (Esc stops)")
+    def show_progress(self, snapshot: CompareSnapshot) -> None:
+        """The rows done so far and the running mode's tokens; the table is redrawn only when a row was added."""
+        if self.query_one(DataTable).row_count != len(snapshot.report.rows):
+            self._fill(snapshot.report)
+        tokens = f" {snapshot.tokens:,} token{'' if snapshot.tokens == 1 else 's'}" if snapshot.tokens else ""
+        self.query_one("#compare-status", Static).update(f"running {snapshot.mode.upper()}…{tokens} (Esc stops)")
 
     def show_report(self, report: CompareReport) -> None:
         self.report = report
+        self._fill(report)
+        identical = report.identical
+        verdict = {True: "[b $success]outputs token-identical: yes[/]",
+                   False: "[b $error]outputs token-identical: NO[/]",
+                   None: "outputs token-identical: – (needs two complete runs)"}[identical]
+        self.query_one("#compare-status", Static).update(f"{verdict}   Esc closes")
+
+    def _fill(self, report: CompareReport) -> None:
         table = self.query_one(DataTable)
         table.clear()
         for row in report.rows:
@@ -52,11 +65,6 @@ class CompareScreen(ModalScreen[None]):
                 "–" if row.cache_hit_rate is None else f"{row.cache_hit_rate:.0%}",
                 "–" if speedup is None else f"{speedup:.2f}x",
             )
-        identical = report.identical
-        verdict = {True: "[b $success]outputs token-identical: yes[/]",
-                   False: "[b $error]outputs token-identical: NO[/]",
-                   None: "outputs token-identical: – (needs two complete runs)"}[identical]
-        self.query_one("#compare-status", Static).update(f"{verdict}   Esc closes")
 
     def action_close(self) -> None:
         if self.report is None:
