@@ -74,6 +74,8 @@ async def test_compare_needs_a_prompt_and_can_be_stopped(tmp_path):
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: len(engine.calls) == 2, what="the AR replay")
         await pilot.press("escape")  # stops the compare
+        await pilot.pause()
+        assert rendered(app.screen.query_one("#compare-status")) == "stopping…"
         gate.set()
         await settle(app, pilot)
         screen = app.screen

@@ -26,6 +26,7 @@ class CompareScreen(ModalScreen[None]):
         super().__init__(classes="modal", id="compare")
         self.prompt, self.modes = prompt, modes
         self.report: CompareReport | None = None
+        self.stopping = False  # Esc pressed while it runs: the status says so until the stopped run returns
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
@@ -41,6 +42,8 @@ class CompareScreen(ModalScreen[None]):
         """The rows done so far and the running mode's tokens; the table is redrawn only when a row was added."""
         if self.query_one(DataTable).row_count != len(snapshot.report.rows):
             self._fill(snapshot.report)
+        if self.stopping:
+            return
         tokens = f" {snapshot.tokens:,} token{'' if snapshot.tokens == 1 else 's'}" if snapshot.tokens else ""
         self.query_one("#compare-status", Static).update(f"running {snapshot.mode.upper()}…{tokens} (Esc stops)")
 
@@ -68,6 +71,8 @@ class CompareScreen(ModalScreen[None]):
 
     def action_close(self) -> None:
         if self.report is None:
+            self.stopping = True
+            self.query_one("#compare-status", Static).update("stopping…")
             self.app.action_stop()  # type: ignore[attr-defined]
         else:
             self.dismiss(None)
