@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
@@ -193,6 +194,12 @@ class EngineWarning:
 
 
 ALSO_AN_EVENT = "ssd_chat_also_an_event"  # set on a log record whose message a request's stream also carries
+
+
+def not_also_an_event(record: logging.LogRecord) -> bool:
+    """A log filter (``handler.addFilter``) for handlers that show the user what the reply's stream does not: it
+    drops records marked ALSO_AN_EVENT (one notice, not two)."""
+    return not getattr(record, ALSO_AN_EVENT, False)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,13 @@ class Chunk:
     end: int
     tokens: tuple[int, ...] | None = None
 
+    @classmethod
+    def path(cls, seq: Sequence, committed: list[int], drafts: list[int]) -> Chunk:
+        """The last committed token and the drafts after it, at their true positions n-1 .. n+k-1 (n =
+        len(committed)): a verify's rows, or the draft's glue pass over the same tokens (in `seq`'s KV)."""
+        n = len(committed)
+        return cls(seq, n - 1, n + len(drafts), (committed[-1], *drafts))
+
     def token_ids(self) -> list[int]:
         if self.tokens is None:
             return self.seq.token_ids[self.start : self.end]

@@ -74,9 +74,8 @@ def verify(
     t1 = time.perf_counter()
     chunks = []
     for seq in seqs:
-        n, drafts = len(seq.token_ids), proposals[seq].tokens
-        ensure_capacity(seq, n + len(drafts))
-        chunks.append(Chunk(seq, n - 1, n + len(drafts), (seq.token_ids[-1], *drafts)))
+        ensure_capacity(seq, len(seq.token_ids) + len(proposals[seq].tokens))
+        chunks.append(Chunk.path(seq, seq.token_ids, proposals[seq].tokens))
     logits = runner.run(chunks, all_logits=True, greedy=all(s.params.is_greedy for s in seqs))  # [sum(k_i + 1), V]
     verify_time = time.perf_counter() - t1
     outputs, row = {}, 0

@@ -131,9 +131,9 @@ class SsdDrafter(Drafter):
         """One forward over each request's [t, x1..xK] at their true positions (real KV slots)."""
         chunks = []
         for seq in seqs:
-            draft_seq, n, drafts = self.seqs[seq.seq_id], len(seq.token_ids), proposals[seq].tokens
-            self.blocks.ensure_capacity(draft_seq, n + len(drafts))
-            chunks.append(Chunk(draft_seq, n - 1, n + len(drafts), (seq.token_ids[-1], *drafts)))
+            draft_seq = self.seqs[seq.seq_id]
+            self.blocks.ensure_capacity(draft_seq, len(seq.token_ids) + len(proposals[seq].tokens))
+            chunks.append(Chunk.path(draft_seq, seq.token_ids, proposals[seq].tokens))
         logits = self.runner.run(chunks, all_logits=True)  # [sum(K_i + 1), V]
         out, row = {}, 0
         for seq in seqs:

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from engine.errors import EngineError
-from engine.outputs import ALSO_AN_EVENT
+from engine.outputs import not_also_an_event
 
 ENGINE_LOGGER = "engine"
 WATCH_S = 1.0  # how often the engine process looks for its app, and how long it then waits for its main thread
@@ -24,10 +24,9 @@ class _ToParent(logging.Handler):
     def __init__(self, pipe) -> None:
         super().__init__(logging.INFO)
         self.pipe = pipe
+        self.addFilter(not_also_an_event)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, ALSO_AN_EVENT, False):  # the reply's stream carries it: one notice, not two
-            return
         with contextlib.suppress(OSError, ValueError):
             self.pipe.send(("log", (record.levelno, record.getMessage())))
 

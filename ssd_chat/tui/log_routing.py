@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from textual.app import App
 from textual.message import Message
 
-from engine.outputs import ALSO_AN_EVENT
+from engine.outputs import not_also_an_event
 from ssd_chat.tui.engine_server import ENGINE_LOGGER
 from ssd_chat.tui.screens.loading import EngineLogLine
 
@@ -36,10 +36,9 @@ class ToApp(logging.Handler):
     def __init__(self, app: App, level: int, engine: bool) -> None:
         super().__init__(level)
         self.app, self.engine = app, engine
+        self.addFilter(not_also_an_event)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, ALSO_AN_EVENT, False):  # the reply's stream carries it: one notice, not two
-            return
         try:
             text = record.getMessage()
             if self.engine:
