@@ -199,13 +199,13 @@ def test_an_engine_log_line_a_reply_also_carries_is_not_a_second_notice():
         for also in (True, False):
             record = logging.LogRecord(ENGINE_LOGGER, logging.WARNING, __file__, 1, "request 1: lost", None, None)
             setattr(record, ALSO_AN_EVENT, also)
-            handler.emit(record)
+            handler.handle(record)  # (as logging calls it: the handler's filters, then emit)
     assert [type(m) for m in posted] == [EngineLogLine, LogNotice]  # only the records no reply carries
     pipe = SimpleNamespace(sent=[], send=lambda item: pipe.sent.append(item))
     for also in (True, False):  # the engine process's handler, which sends the lines to the app
         record = logging.LogRecord(ENGINE_LOGGER, logging.WARNING, __file__, 1, "request 1: lost", None, None)
         setattr(record, ALSO_AN_EVENT, also)
-        _ToParent(pipe).emit(record)
+        _ToParent(pipe).handle(record)
     assert pipe.sent == [("log", (logging.WARNING, "request 1: lost"))]
 
 
