@@ -21,6 +21,7 @@ from ssd_chat.history import (
     Conversation,
     HistoryStore,
     TurnStats,
+    copy_title,
     title_from,
 )
 
@@ -248,7 +249,7 @@ class ChatSession:
         """Another window or process saved this chat since this session loaded it: this session's version goes to
         a new chat, which it goes on with (its turns follow on each other, as the model saw them; the other
         window's stay as it saved them)."""
-        copy = replace(saved, id=None, title=f"{saved.title} (copy)")
+        copy = replace(saved, id=None, title=copy_title(saved.title))
         self.store.save(copy)
         self.conversation.title = copy.title
         self.on_copy(f'this chat was changed in another window since it was opened here: this window\'s turns are '

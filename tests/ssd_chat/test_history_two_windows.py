@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from ssd_chat.history import ChatChanged, ChatMessage, ChatSettings, Conversation, HistoryStore
+from ssd_chat.history import ChatChanged, ChatMessage, ChatSettings, Conversation, HistoryStore, copy_title
 from ssd_chat.tui.session import ChatSession
 
 
@@ -131,3 +131,11 @@ def test_a_save_that_fails_leaves_the_base_as_it_was(tmp_path):
     other.close()
     session.save()
     assert len(store.load(chat_id).messages) == 4
+
+
+def test_a_copy_of_a_copy_is_numbered():
+    assert copy_title("Tea") == "Tea (copy)"
+    assert copy_title("Tea (copy)") == "Tea (copy 2)" and copy_title("Tea (copy 2)") == "Tea (copy 3)"
+    assert copy_title("Tea (copy 9)") == "Tea (copy 10)"
+    assert copy_title("(copy)") == "(copy) (copy)"  # no title before it: a title of its own, copied
+    assert copy_title("Tea (copyright)") == "Tea (copyright) (copy)"
