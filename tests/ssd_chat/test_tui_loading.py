@@ -41,6 +41,8 @@ async def test_the_loading_screen_shows_progress_until_the_engine_is_ready():
         app.screen.post_message(events.Paste("there"))
         await pilot.pause()
         await pilot.press("ctrl+j", "o", "k")  # a new line too (they ran together)
+        typed = str(app.screen.query_one("#loading-typed").render())
+        assert typed.startswith("typed (2 lines): ok") and "in the prompt once loaded" in typed  # not typed blind
         release.set()
         await wait_for(pilot, lambda: app.engine is not None and not isinstance(app.screen, LoadingScreen),
                        what="the chat screen")

@@ -36,6 +36,7 @@ class LoadingScreen(Screen):
             yield Static(Text.assemble(("ssd-chat", "bold"), f"  loading {pair}"), id="loading-title")  # (no markup)
             yield ProgressBar(total=2 if self.draft is None else 3, show_eta=False, id="loading-progress")
             yield Static("", id="loading-elapsed")
+            yield Static("", id="loading-typed", markup=False)
             yield Log(id="loading-log", max_lines=200)
 
     def on_mount(self) -> None:
@@ -62,12 +63,26 @@ class LoadingScreen(Screen):
         else:
             return
         event.stop()
+        self._show_typed(area)
 
     def on_paste(self, event: events.Paste) -> None:
         area = self._prompt()
         self._make_room(area)
         area.insert(event.text)
         event.stop()
+        self._show_typed(area)
+
+    def _show_typed(self, area: PromptArea) -> None:
+        """What was typed (its last line, the end of it where long), so that typing blind is not blind: it waits
+        in the prompt."""
+        lines = area.text.split("\n")
+        width = max(self.query_one("#loading-box").content_size.width - 50, 20)  # (the words around it: < 50)
+        last = lines[-1] if len(lines[-1]) <= width else "…" + lines[-1][-width:]
+        more = f" ({len(lines)} lines)" if len(lines) > 1 else ""
+        typed = f"typed{more}: {last}▏ (in the prompt once loaded)" if area.text else ""
+        shown = self.query_one("#loading-typed", Static)
+        shown.update(typed)
+        shown.display = bool(typed)
 
     def _waiting(self, area: PromptArea) -> bool:
         """Whether the input holds the prompt that waits to come back (/restart from the palette leaves it there)."""
