@@ -127,9 +127,10 @@ class ChatActions(_Base):
             if message.role == "user":
                 transcript.add_user(message.content)
             elif message.role == "assistant":
-                view = transcript.add_assistant(message.content, colours=self.colours)
-                if message.stats is not None:
-                    view.call_after_refresh(view.set_stats, message.stats.line())
+                # (the stats line goes in with the reply: set after a refresh, it could find the reply removed by
+                # the next rebuild, Ctrl+N right after opening a chat, and that crashed the app)
+                transcript.add_assistant(message.content, colours=self.colours,
+                                         stats="" if message.stats is None else message.stats.line())
         self.show_last_figures()
         self.refresh_status()
 

@@ -277,3 +277,22 @@ def test_a_mode_chosen_over_a_fallback_is_saved(tmp_path):
     assert store.load(chat_id).settings.mode == "ssd"
     session.update_settings(mode="ar")
     assert store.load(chat_id).settings.mode == "ar"
+
+
+@pytest.mark.asyncio
+async def test_a_new_chat_right_after_a_chat_opens_does_not_crash(tmp_path):
+    # QA: Ctrl+N within 0.3 s of opening a chat crashed the app (NoMatches on .reply-stats): the reopened replies'
+    # stats lines were set after a refresh, by which time Ctrl+N's rebuild had removed those replies.
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert "tok/s" in rendered(app.query(AssistantMessage).last().query_one(".reply-stats"))
+        app.show_conversation()  # the chat again, then a new chat at once, with no refresh between
+        app.action_new_chat()
+        await wait_for(pilot, lambda: not app.query(AssistantMessage), what="the new chat's empty transcript")
+        await pilot.pause()
+        assert app.return_code is None and app.is_running

@@ -50,8 +50,10 @@ def _parser() -> MarkdownIt:
 class AssistantMessage(Vertical):
     """One reply: Markdown and a coloured-token view (one shown at a time), then a dim stats line."""
 
-    def __init__(self, text: str = "", pieces: list[Piece] | None = None, *, colours: bool = False) -> None:
+    def __init__(self, text: str = "", pieces: list[Piece] | None = None, *, colours: bool = False,
+                 stats: str = "") -> None:
         super().__init__(classes="message assistant")
+        self.stats = stats  # the stats line a reply from the history comes with (a streamed one gets it at finish)
         self.border_title = "assistant"
         self.text = text
         self.pieces: list[Piece] = list(pieces) if pieces is not None else [(text, TokenSource.TARGET)]
@@ -60,10 +62,11 @@ class AssistantMessage(Vertical):
     def compose(self) -> ComposeResult:
         yield Markdown(self.text, classes="reply-markdown", parser_factory=_parser)
         yield Static("", classes="reply-tokens")
-        yield Static("", classes="reply-stats")
+        yield Static(Text(self.stats), classes="reply-stats")
 
     def on_mount(self) -> None:
-        self._apply_view()
+        if self.query(Markdown):  # (a rebuild right after this one, Ctrl+N as a chat opens, may have emptied it)
+            self._apply_view()
 
     async def append(self, text: str, pieces: list[Piece]) -> None:
         if not text:
@@ -112,8 +115,8 @@ class Transcript(VerticalScroll):
         self.mount(message)
         return message
 
-    def add_assistant(self, text: str = "", *, colours: bool = False) -> AssistantMessage:
-        message = AssistantMessage(text, colours=colours)
+    def add_assistant(self, text: str = "", *, colours: bool = False, stats: str = "") -> AssistantMessage:
+        message = AssistantMessage(text, colours=colours, stats=stats)
         self.mount(message)
         self.anchor()
         return message
