@@ -9,7 +9,7 @@ draft tokens that turned out right.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,12 +24,14 @@ from engine.sequence import Sequence
 class Proposal:
     tokens: list[int]               # [k] draft tokens x1..xk
     probs: list[torch.Tensor] | None  # k x [V] distributions they were drawn from (None when greedy)
+    from_lookup: list[bool] = field(default_factory=list)  # [k] which came from the context lookup (where known)
 
     def add_guess(self, token: int, vocab_size: int) -> None:
         """Append a token proposed with certainty (the context lookup's): a sampled request's q row is one-hot,
         which keeps the rejection rule exact: it is accepted with probability p(token), and after a rejection
         the residual norm(max(0, p - q)) is p without it."""
         self.tokens.append(token)
+        self.from_lookup.append(True)
         if self.probs is not None:
             self.probs.append(torch.nn.functional.one_hot(torch.tensor(token), vocab_size).float())
 
@@ -37,6 +39,7 @@ class Proposal:
 def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None) -> None:
     """Append the draft's next token (argmax when the request is greedy; else a draw from q, kept for
     the verification's rejection rule). `temperature` overrides the request's for the draft."""
+    proposal.from_lookup.append(False)
     if seq.params.is_greedy:
         proposal.tokens.append(int(torch.argmax(logits)))
         return
@@ -54,6 +57,7 @@ class Drafter:
         self.seqs: dict[int, Sequence] = {}  # request id -> the draft's sequence
         self.lookups = Lookups()  # context lookup (engine.lookup)
         self.frontier: dict[int, int] = {}  # request id -> positions below it have draft KV after its proposal
+        self.handed_out: dict[int, list[bool]] = {}  # request id -> its last proposal's from_lookup (LookupTrust)
 
     # -- admission: blocks running requests may still claim, and whether a new one fits --------------
     def admission_budget(self, running: list[Sequence], reserve_of: Callable[[Sequence], int]) -> int:
@@ -97,8 +101,9 @@ class Drafter:
         return self.runner.model.args.vocab_size
 
     def guess(self, seq: Sequence, drafted: list[int], lookup: bool) -> int | None:
-        """The context lookup's next token after `drafted` (with `lookup` on), or None."""
-        if not lookup:
+        """The context lookup's next token after `drafted` (with `lookup` on, and while its tokens are accepted at
+        least as often as the model's: engine.lookup.LookupTrust), or None."""
+        if not lookup or not self.lookups.trusted(seq.seq_id):
             return None
         return self.lookups.guess(seq.seq_id, self.seqs[seq.seq_id].token_ids, drafted)
 
@@ -138,6 +143,8 @@ class Drafter:
                     draw_next(out[seq], seq, row, draft_temperature)
             step += 1
             active = {s: d for s, d in active.items() if wanted[s] > step}
+        for seq, proposal in out.items():
+            self.handed_out[seq.seq_id] = proposal.from_lookup
         return out
 
     def mirror(self, seq: Sequence) -> int:
@@ -149,6 +156,7 @@ class Drafter:
 
     def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """After verification: mirror the committed tokens and keep the KV of accepted draft tokens."""
+        self.record_lookup(seq, num_drafted, num_accepted)
         draft_seq = self.seqs[seq.seq_id]
         before = self.mirror(seq)  # the committed length the proposal started from
         frontier = self.frontier.pop(seq.seq_id, None)
@@ -157,7 +165,14 @@ class Drafter:
         draft_seq.num_computed_tokens = min(draft_seq.num_computed_tokens, len(draft_seq.token_ids) - 1)
         self.blocks.commit(draft_seq)
 
+    def record_lookup(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """Which kind of draft token (the lookup's, the model's) the verification accepted (LookupTrust)."""
+        from_lookup = self.handed_out.pop(seq.seq_id, None)
+        if num_drafted > 0 and from_lookup is not None and len(from_lookup) == num_drafted:
+            self.lookups.record(seq.seq_id, from_lookup, num_accepted)
+
     def finish(self, seq: Sequence) -> None:
+        self.handed_out.pop(seq.seq_id, None)
         self.lookups.drop(seq.seq_id)
         self.frontier.pop(seq.seq_id, None)
         draft_seq = self.seqs.pop(seq.seq_id, None)

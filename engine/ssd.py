@@ -65,7 +65,9 @@ class SsdDrafter(Drafter):
             hits[seq] = None if outcome is None else branch is not None
             if branch is not None and k > 0:
                 self.mirror(seq)
-                proposals[seq] = Proposal(branch.tokens[:k], None if branch.probs is None else branch.probs[:k])
+                proposals[seq] = Proposal(branch.tokens[:k], None if branch.probs is None else branch.probs[:k],
+                                          branch.from_lookup[:k])
+                self.handed_out[seq.seq_id] = proposals[seq].from_lookup
             elif backup == "fast" and k > 0:
                 self.mirror(seq)
                 proposals[seq] = self._fast_guess(seq, k)
@@ -195,6 +197,7 @@ class SsdDrafter(Drafter):
     def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         draft_seq = self.seqs[seq.seq_id]
         if seq.seq_id in self.glued:  # the glue pass wrote [t, x1..xK]: its KV is right up to x_k
+            self.record_lookup(seq, num_drafted, num_accepted)
             self.glued.discard(seq.seq_id)
             self.frontier.pop(seq.seq_id, None)  # a just-in-time proposal's frontier: the glue supersedes it
             before = self.mirror(seq)

@@ -14,7 +14,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.drafter import Drafter
-from engine.lookup import ContextIndex, Lookups
+from engine.lookup import ContextIndex, Lookups, LookupTrust
 from engine.sequence import Sequence
 from engine.spec_decode import sd_step, ssd_step
 from engine.ssd import SsdDrafter
@@ -192,3 +192,59 @@ def test_ssd_branches_skip_the_model_where_the_lookup_answers(tiny_llama_dir, mo
     # a model step right after a skip within a branch: a span of several rows
     assert any(a and not b for branch in kinds for a, b in itertools.pairwise(branch))
     assert forwarded < (k + 1) + len(branches) * k  # the glue pass, then fewer rows than one per branch step
+
+
+def test_trust_turns_a_wrong_lookup_off_and_keeps_probing_it():
+    trust = LookupTrust()
+    assert trust.consult()  # the priors: the lookup is right more often than the model
+    for _ in range(6):
+        trust.record(True, False)  # counting: the lookup's tokens rejected...
+        trust.record(False, True)  # ...the model's accepted
+    asked = [trust.consult() for _ in range(4 * LookupTrust.PROBE_EVERY)]
+    assert sum(asked) == 4 and asked[LookupTrust.PROBE_EVERY - 1]  # one probe in PROBE_EVERY
+    for _ in range(6):  # the text turned repetitive: the probes are accepted, the model's tokens less often
+        trust.record(True, True)
+        trust.record(False, False)
+    assert trust.consult()
+
+
+def test_a_verified_proposal_counts_up_to_its_first_rejection():
+    lookups = Lookups()
+    lookups.record(0, [True, False, True, True], num_accepted=1)  # lookup accepted, model rejected, two unreached
+    trust = lookups.trust[0]
+    assert trust.trials[True] == LookupTrust.DECAY * LookupTrust.PRIOR_TRIALS + 1
+    assert trust.trials[False] == LookupTrust.DECAY * LookupTrust.PRIOR_TRIALS + 1
+    assert trust.rate(True) > LookupTrust.PRIORS[True] and trust.rate(False) < LookupTrust.PRIORS[False]
+    lookups.drop(0)
+    assert not lookups.trust
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_a_lookup_that_is_always_wrong_stops_being_drafted(mode, monkeypatch):
+    # Greedy, and the draft is the target's own chain (its tokens are always right); the lookup always proposes a
+    # token the target never picks. Trusted blindly it would cost every round its drafts; measured, it drops out.
+    vocab, n, prompt = 7, 8, [0, 1, 2, 3, 4, 5, 0, 1]
+    cycle = torch.full((vocab, vocab), -3.0)
+    cycle[torch.arange(6), (torch.arange(6) + 1) % 6] = 2.0  # a cycle over 0..5: token 6 never follows
+    chain = MarkovRunner(cycle)
+    monkeypatch.setattr(Lookups, "guess", lambda self, seq_id, committed, drafted: vocab - 1)
+    drafter = Drafter(chain, Blocks()) if mode == "sd" else SsdDrafter(chain, Blocks(), max_model_len=MAX_LEN,
+                                                                       max_num_seqs=n)
+    seqs = [Sequence(i, list(prompt), GREEDY) for i in range(n)]
+    blocks = Blocks()
+    drafter.start(seqs)
+    for seq in seqs:
+        blocks.allocate(seq)
+        seq.token_ids.append(2)
+    accepted = []
+    for _ in range(12):
+        step = sd_step if mode == "sd" else functools.partial(ssd_step, fanout=(1, 1, 1, 1, 1), backup="jit")
+        outputs = step(seqs, chain, drafter, k=dict.fromkeys(seqs, 4), draft_temperature=None,
+                       max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity, lookup=True)
+        for seq, out in outputs.items():
+            seq.token_ids += out.tokens
+            seq.num_computed_tokens = out.num_computed
+            drafter.commit(seq, out.num_drafted, out.num_accepted)
+        accepted.append(sum(out.num_accepted for out in outputs.values()))
+    assert accepted[0] == 0  # the first round trusts the lookup: its first token is rejected
+    assert sum(accepted[-6:]) >= 0.75 * 6 * 4 * n, accepted  # then the model's tokens, but for the probes
