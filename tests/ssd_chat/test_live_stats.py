@@ -46,7 +46,7 @@ def test_the_final_panel_keeps_plain_steps_and_never_drafted_positions_show_no_r
                            RequestStats(mode="ssd", prompt_tokens=1, reused_prefix_tokens=0, prefill_tokens=1,
                                         generated_tokens=4, ttft_s=0.1, decode_time_s=0.1, total_time_s=0.2, spec=spec))
     final = stats.final(output)
-    assert final.plain_steps == 1 and "1 steps without drafts" in str(StatsPanel._spec_text(final))
+    assert final.plain_steps == 1 and "1 step without drafts" in str(StatsPanel._spec_text(final))
     positions = str(StatsPanel._positions(final)).splitlines()
     assert positions[0].endswith("50%") and all(p.endswith("–") and "%" not in p for p in positions[1:])
 

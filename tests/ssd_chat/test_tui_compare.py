@@ -166,3 +166,17 @@ async def test_compare_fits_a_60_column_terminal(tmp_path):
         assert [str(c.label) for c in table.columns.values()][-1] == "vs AR"
         await pilot.pause()
         assert _rows(app.screen)[1][6] == "1.00x" and table.virtual_size.width <= table.size.width
+
+
+@pytest.mark.asyncio
+async def test_compare_without_a_draft_says_why_not(tmp_path):
+    engine = FakeEngine(draft=None)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        before = len(engine.calls)
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        assert not isinstance(app.screen, CompareScreen) and len(engine.calls) == before
+        assert any("start with --draft" in n.message for n in app._notifications)

@@ -85,7 +85,8 @@ class StatsPanel(VerticalScroll):
             return Text(f"{data.mode.upper()}: " + ("no drafts" if data.mode == "ar" or data.is_final else "waiting"))
         lines = [f"{data.mode.upper()}  tau {data.tau:.2f}  accepted {_opt(data.acceptance_rate, '{:.0%}')}"]
         if data.plain_steps:
-            lines.append(f"{data.plain_steps} steps without drafts (drafting did not pay)")
+            steps = "step" if data.plain_steps == 1 else "steps"
+            lines.append(f"{data.plain_steps} {steps} without drafts (drafting did not pay)")
         if data.cache_hit_rate is not None:
             lines.append(f"cache hits {data.cache_hit_rate:.0%}")
             lines.append(f"tau on hit {_opt(data.tau_on_hit, '{:.2f}')} · on miss {_opt(data.tau_on_miss, '{:.2f}')}")
