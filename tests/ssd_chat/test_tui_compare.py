@@ -180,3 +180,19 @@ async def test_compare_without_a_draft_says_why_not(tmp_path):
         await settle(app, pilot)
         assert not isinstance(app.screen, CompareScreen) and len(engine.calls) == before
         assert any("start with --draft" in n.message for n in app._notifications)
+
+
+@pytest.mark.asyncio
+async def test_a_compare_stopped_before_its_first_token_shows_no_ttft(tmp_path):
+    engine = FakeEngine(prefill_chunks=1)  # the replay reads its prompt first: the gate holds it there
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        engine.gate = gate = threading.Event()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(engine.calls) == 2, what="the AR replay")
+        await pilot.press("escape")
+        gate.set()
+        await settle(app, pilot)
+        assert _rows(app.screen)[0][:4] == ["AR (stopped)", "0.0", "–", "0"]

@@ -63,7 +63,7 @@ class CompareScreen(ModalScreen[None]):
             speedup = report.speedup(row)
             table.add_row(
                 row.mode.upper() + (" (stopped)" if row.cancelled else ""), f"{row.decode_tok_s:.1f}",
-                f"{1000 * row.ttft_s:.0f}", str(row.generated_tokens),
+                f"{1000 * row.ttft_s:.0f}" if row.generated_tokens else "–", str(row.generated_tokens),
                 "–" if row.tau is None else f"{row.tau:.2f}",
                 "–" if row.cache_hit_rate is None else f"{row.cache_hit_rate:.0%}",
                 "–" if speedup is None else f"{speedup:.2f}x",
