@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -284,14 +283,6 @@ def one_line(text: str) -> str:
     """`text` on one line, each run of whitespace (a line break too) one space: a title (the status line and the
     chats picker show one line)."""
     return " ".join(text.split())
-
-
-def copy_title(title: str) -> str:
-    """The title of a copy: "Tea" -> "Tea (copy)" -> "Tea (copy 2)" -> "Tea (copy 3)" (not "Tea (copy) (copy)")."""
-    match = re.fullmatch(r"(.*) \(copy(?: (\d+))?\)", title)
-    if match is None:
-        return f"{title} (copy)"
-    return f"{match[1]} (copy {int(match[2] or 1) + 1})"
 
 
 def title_from(prompt: str, limit: int = 48) -> str:

@@ -9,6 +9,7 @@ windows on one chat: turns the other one saved are never written over; where thi
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
@@ -21,7 +22,6 @@ from ssd_chat.history import (
     Conversation,
     HistoryStore,
     TurnStats,
-    copy_title,
     title_from,
 )
 
@@ -260,3 +260,11 @@ class ChatSession:
 def _copy(conversation: Conversation) -> Conversation:
     """What a save compares with: the fields as they are now (the messages themselves are frozen)."""
     return replace(conversation, messages=list(conversation.messages))
+
+
+def copy_title(title: str) -> str:
+    """The title of a copy: "Tea" -> "Tea (copy)" -> "Tea (copy 2)" -> "Tea (copy 3)" (not "Tea (copy) (copy)")."""
+    match = re.fullmatch(r"(.*) \(copy(?: (\d+))?\)", title)
+    if match is None:
+        return f"{title} (copy)"
+    return f"{match[1]} (copy {int(match[2] or 1) + 1})"

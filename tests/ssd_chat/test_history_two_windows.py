@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from ssd_chat.history import ChatChanged, ChatMessage, ChatSettings, Conversation, HistoryStore, copy_title
-from ssd_chat.tui.session import ChatSession
+from ssd_chat.history import ChatChanged, ChatMessage, ChatSettings, Conversation, HistoryStore
+from ssd_chat.tui.session import ChatSession, copy_title
 
 
 def _chat(store: HistoryStore) -> int:
