@@ -33,7 +33,9 @@ class Proposal:
         self.tokens.append(token)
         self.from_lookup.append(True)
         if self.probs is not None:
-            self.probs.append(torch.nn.functional.one_hot(torch.tensor(token), vocab_size).float())
+            q = torch.zeros(vocab_size)  # [V]
+            q[token] = 1.0
+            self.probs.append(q)
 
 
 def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None) -> None:
@@ -103,9 +105,11 @@ class Drafter:
     def guess(self, seq: Sequence, drafted: list[int], lookup: bool) -> int | None:
         """The context lookup's next token after `drafted` (with `lookup` on, and while its tokens are accepted at
         least as often as the model's: engine.lookup.LookupTrust), or None."""
-        if not lookup or not self.lookups.trusted(seq.seq_id):
+        if not lookup:
             return None
-        return self.lookups.guess(seq.seq_id, self.seqs[seq.seq_id].token_ids, drafted)
+        token = self.lookups.guess(seq.seq_id, self.seqs[seq.seq_id].token_ids, drafted)
+        # (trust is asked only where the lookup has a token: its probes count the times it could answer)
+        return token if token is not None and self.lookups.trusted(seq.seq_id) else None
 
     def propose(
         self, wanted: dict[Sequence, int], draft_temperature: float | None, lookup: bool = False

@@ -88,13 +88,19 @@ class Lookups:
         self.indexes: dict[int, ContextIndex] = {}
         self.trust: dict[int, LookupTrust] = {}
 
+    def _trust(self, seq_id: int) -> LookupTrust:
+        trust = self.trust.get(seq_id)
+        if trust is None:
+            trust = self.trust[seq_id] = LookupTrust()
+        return trust
+
     def trusted(self, seq_id: int) -> bool:
-        return self.trust.setdefault(seq_id, LookupTrust()).consult()
+        return self._trust(seq_id).consult()
 
     def record(self, seq_id: int, from_lookup: list[bool], num_accepted: int) -> None:
         """A verified proposal: its first num_accepted tokens accepted, the next one (if any) rejected, the rest
         never reached. from_lookup: [k] which tokens the lookup gave."""
-        trust = self.trust.setdefault(seq_id, LookupTrust())
+        trust = self._trust(seq_id)
         for i, kind in enumerate(from_lookup[: num_accepted + 1]):
             trust.record(kind, i < num_accepted)
 
