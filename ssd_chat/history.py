@@ -200,8 +200,8 @@ class HistoryStore:
             )
             self._write_messages(conversation_id, conversation.messages)
             return
-        stored = self._messages(conversation_id)
         turns = base is None or conversation.messages != base.messages
+        stored = self._messages(conversation_id) if turns else []  # (read only where this save writes turns)
         if turns and base is not None and stored != base.messages:
             raise ChatChanged(f"chat {conversation_id} changed since it was loaded")
         changed = {"title": base is None or conversation.title != base.title,
