@@ -31,12 +31,13 @@ class CompareActions(_Base):
         if not messages:
             self.notify("nothing to compare yet: send a prompt first", severity="warning")
             return
-        if available_modes(self.engine) == ("ar",):  # (one row, and no verdict: nothing to compare)
+        assert self.engine is not None
+        modes = available_modes(self.engine)
+        if modes == ("ar",):  # (one row, and no verdict: nothing to compare)
             self.notify("only AR: start with --draft to compare it with SD and SSD", severity="warning")
             return
-        assert self.engine is not None
         self.compare_cancel = threading.Event()
-        self.push_screen(CompareScreen(messages[-1]["content"], available_modes(self.engine)))
+        self.push_screen(CompareScreen(messages[-1]["content"], modes))
         self.refresh_status()
         self._compare(messages, self.speculation(), self.compare_cancel)
 
