@@ -79,6 +79,32 @@ def test_lookup_changes_the_drafts_not_the_output(unrelated, mode):
     assert accepted_on > accepted_off  # a tiny random target repeats itself; the unrelated draft cannot know
 
 
+def markov_rounds(mode: str, target: MarkovRunner, draft: MarkovRunner, params: SamplingParams, *, n: int,
+                  prompt: list[int], rounds: int, lookup: bool) -> list[int]:
+    """`rounds` SD or SSD steps of 4 drafts over `n` requests on Markov-chain stand-ins (the prefill's token 2, as
+    the core samples one), each committed as the core does; the draft tokens accepted in each round."""
+    drafter = Drafter(draft, Blocks()) if mode == "sd" else SsdDrafter(draft, Blocks(), max_model_len=MAX_LEN,
+                                                                       max_num_seqs=n)
+    seqs = [Sequence(i, list(prompt), params, None if params.is_greedy else torch.Generator().manual_seed(i))
+            for i in range(n)]
+    blocks = Blocks()
+    drafter.start(seqs)
+    for seq in seqs:
+        blocks.allocate(seq)
+        seq.token_ids.append(2)
+    step = sd_step if mode == "sd" else functools.partial(ssd_step, fanout=(1, 1, 1, 1, 1), backup="jit")
+    accepted = []
+    for _ in range(rounds):
+        outputs = step(seqs, target, drafter, k=dict.fromkeys(seqs, 4), draft_temperature=None,
+                       max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity, lookup=lookup)
+        for seq, out in outputs.items():
+            seq.token_ids += out.tokens
+            seq.num_computed_tokens = out.num_computed
+            drafter.commit(seq, out.num_drafted, out.num_accepted)
+        accepted.append(sum(out.num_accepted for out in outputs.values()))
+    return accepted
+
+
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 def test_sampled_requests_take_the_lookups_tokens_too(mode):
     # Order-1 Markov chains (test_spec_step_exact's stand-ins): the target walks a cycle 0 -> 1 -> ... -> V-1 -> 0
@@ -89,26 +115,8 @@ def test_sampled_requests_take_the_lookups_tokens_too(mode):
     cycle[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = 2.0  # [V, V]: row = the previous token
     target, draft = MarkovRunner(cycle), MarkovRunner(cycle.T.contiguous())
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
-    accepted = {}
-    for lookup in (True, False):
-        drafter = Drafter(draft, Blocks()) if mode == "sd" else SsdDrafter(draft, Blocks(), max_model_len=MAX_LEN,
-                                                                           max_num_seqs=n)
-        seqs = [Sequence(i, list(prompt), params, torch.Generator().manual_seed(i)) for i in range(n)]
-        blocks = Blocks()
-        drafter.start(seqs)
-        for seq in seqs:  # the prefill's token, as the core samples it
-            blocks.allocate(seq)
-            seq.token_ids.append(2)
-        accepted[lookup] = 0
-        for _ in range(4):
-            step = sd_step if mode == "sd" else functools.partial(ssd_step, fanout=(1, 1, 1, 1, 1), backup="jit")
-            outputs = step(seqs, target, drafter, k=dict.fromkeys(seqs, 4), draft_temperature=None,
-                           max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity, lookup=lookup)
-            for seq, out in outputs.items():
-                seq.token_ids += out.tokens
-                seq.num_computed_tokens = out.num_computed
-                drafter.commit(seq, out.num_drafted, out.num_accepted)
-                accepted[lookup] += out.num_accepted
+    accepted = {lookup: sum(markov_rounds(mode, target, draft, params, n=n, prompt=prompt, rounds=4, lookup=lookup))
+                for lookup in (True, False)}
     assert accepted[False] < n / 2 and accepted[True] > 4 * n, accepted  # 4 rounds of 4 drafts at 0.93 each
 
 
@@ -228,23 +236,6 @@ def test_a_lookup_that_is_always_wrong_stops_being_drafted(mode, monkeypatch):
     cycle[torch.arange(6), (torch.arange(6) + 1) % 6] = 2.0  # a cycle over 0..5: token 6 never follows
     chain = MarkovRunner(cycle)
     monkeypatch.setattr(Lookups, "guess", lambda self, seq_id, committed, drafted: vocab - 1)
-    drafter = Drafter(chain, Blocks()) if mode == "sd" else SsdDrafter(chain, Blocks(), max_model_len=MAX_LEN,
-                                                                       max_num_seqs=n)
-    seqs = [Sequence(i, list(prompt), GREEDY) for i in range(n)]
-    blocks = Blocks()
-    drafter.start(seqs)
-    for seq in seqs:
-        blocks.allocate(seq)
-        seq.token_ids.append(2)
-    accepted = []
-    for _ in range(12):
-        step = sd_step if mode == "sd" else functools.partial(ssd_step, fanout=(1, 1, 1, 1, 1), backup="jit")
-        outputs = step(seqs, chain, drafter, k=dict.fromkeys(seqs, 4), draft_temperature=None,
-                       max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity, lookup=True)
-        for seq, out in outputs.items():
-            seq.token_ids += out.tokens
-            seq.num_computed_tokens = out.num_computed
-            drafter.commit(seq, out.num_drafted, out.num_accepted)
-        accepted.append(sum(out.num_accepted for out in outputs.values()))
+    accepted = markov_rounds(mode, chain, chain, GREEDY, n=n, prompt=prompt, rounds=12, lookup=True)
     assert accepted[0] == 0  # the first round trusts the lookup: its first token is rejected
     assert sum(accepted[-6:]) >= 0.75 * 6 * 4 * n, accepted  # then the model's tokens, but for the probes
