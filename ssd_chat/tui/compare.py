@@ -4,6 +4,11 @@ Greedy SD and SSD must give AR's tokens exactly; the report says whether they di
 speed-ups. Runs in the engine worker thread; the engine's previous speculation config is restored
 whatever happens. While it runs it reports progress (the rows done so far, the mode running and its
 token count), a few times a second at most, so a live demo shows it moving.
+
+The prefix cache is kept fair and whole: a one-token warm-up in every mode first, so each row starts from
+the same cached prompt (target and draft) and none pays the conversation's prefill for the others; and
+afterwards the conversation as it stands is prefilled again (one token), since every row wrote its reply
+where the chat's last reply was cached: the next turn then reuses that reply's KV as if no compare had run.
 """
 
 from __future__ import annotations
@@ -56,28 +61,43 @@ class CompareSnapshot:
 
 
 PROGRESS_INTERVAL_S = 0.2  # at most ~5 progress reports a second while a mode streams
+WARM_UP, RESTORE = "warm-up", "restore"  # CompareSnapshot.mode outside the rows
 
 
 def run_compare(
     engine: ChatEngine, messages: list[dict[str, str]], *, max_tokens: int, cancel: threading.Event,
     on_progress: Callable[[CompareSnapshot], None] = lambda snapshot: None,
     clock: Callable[[], float] = time.perf_counter, interval_s: float = PROGRESS_INTERVAL_S,
+    keep: list[dict[str, str]] | None = None,
 ) -> CompareReport:
     """`messages` end with the user prompt to replay. Stops early (keeping finished rows) on `cancel`.
-    `on_progress` gets a snapshot as each mode starts (the rows before it), then its token count at most
-    once every `interval_s` seconds of `clock`."""
+    `on_progress` gets a snapshot as each mode starts (the rows before it; WARM_UP and RESTORE around them),
+    then its token count at most once every `interval_s` seconds of `clock`. `keep`: the conversation as it
+    stands (the prompt and its reply), prefilled again at the end, even after a stop, in the previous mode."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    one_token = replace(params, max_tokens=1)
     prompt = messages[-1]["content"]
     progress = _Progress(on_progress, clock, interval_s)
     previous = engine.speculation
+    modes = available_modes(engine)
     rows: list[CompareRow] = []
     try:
-        for mode in available_modes(engine):
+        progress.start(CompareReport(prompt, ()), WARM_UP)
+        for mode in modes:
+            if cancel.is_set():
+                break
+            engine.speculation = replace(previous, mode=mode)
+            _run(engine, messages, one_token, cancel)
+        for mode in modes:
             if cancel.is_set():
                 break
             progress.start(CompareReport(prompt, tuple(rows)), mode)
             engine.speculation = replace(previous, mode=mode)
             rows.append(_row(mode, _run(engine, messages, params, cancel, on_tokens=progress.tokens)))
+        if keep is not None:
+            progress.start(CompareReport(prompt, tuple(rows)), RESTORE)
+            engine.speculation = previous
+            _run(engine, keep, one_token, threading.Event())  # (short: the prompt's blocks are cached)
     finally:
         engine.speculation = previous
     return CompareReport(prompt, tuple(rows))
@@ -105,7 +125,8 @@ class _Progress:
             self.send(CompareSnapshot(self.done, self.mode, count))
 
 
-def _run(engine: ChatEngine, messages, params, cancel, *, on_tokens: Callable[[int], None]) -> RequestOutput:
+def _run(engine: ChatEngine, messages, params, cancel, *,
+         on_tokens: Callable[[int], None] = lambda count: None) -> RequestOutput:
     """One request to its end; `on_tokens` gets the running token count after each delta."""
     output = None
     tokens = 0

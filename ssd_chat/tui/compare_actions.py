@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from textual import work
 
-from ssd_chat.tui.compare import run_compare
+from ssd_chat.tui.compare import CompareReport, CompareSnapshot, run_compare
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.messages import CompareDone, CompareProgress
 from ssd_chat.tui.screens.compare import CompareScreen
@@ -25,7 +25,8 @@ class CompareActions(_Base):
     def action_compare(self) -> None:
         if not self.ready_and_idle():
             return
-        messages = self.session.engine_messages(self.session.window)  # what the model saw for the last prompt
+        conversation = self.session.engine_messages(self.session.window)  # what the model saw for the last prompt
+        messages = list(conversation)
         while messages and messages[-1]["role"] != "user":
             messages.pop()
         if not messages:
@@ -39,18 +40,25 @@ class CompareActions(_Base):
         self.compare_cancel = threading.Event()
         self.push_screen(CompareScreen(messages[-1]["content"], modes))
         self.refresh_status()
-        self._compare(messages, self.speculation(), self.compare_cancel)
+        keep = conversation if len(conversation) > len(messages) else None  # a reply to put back in the cache
+        self._compare(messages, keep, self.speculation(), self.compare_cancel)
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _compare(self, messages, spec, cancel: threading.Event) -> None:
+    def _compare(self, messages, keep, spec, cancel: threading.Event) -> None:
         assert self.engine is not None
+        done = CompareReport(messages[-1]["content"], ())  # the rows finished so far, kept if the engine fails
+
+        def progress(snapshot: CompareSnapshot) -> None:
+            nonlocal done
+            done = snapshot.report
+            self.post_message(CompareProgress(snapshot))
+
         try:
             self.engine.speculation = spec
             report = run_compare(self.engine, messages, max_tokens=self.session.settings.max_tokens, cancel=cancel,
-                                 on_progress=lambda snapshot: self.post_message(CompareProgress(snapshot)),
-                                 clock=self.clock)
-        except Exception as err:  # EngineError or a dead engine: report, keep the chat
-            self.post_message(CompareDone(None, str(err)))
+                                 on_progress=progress, clock=self.clock, keep=keep)
+        except Exception as err:  # EngineError or a dead engine: report, keep the chat and the rows done
+            self.post_message(CompareDone(done, str(err)))
         else:
             self.post_message(CompareDone(report))
 
@@ -61,9 +69,12 @@ class CompareActions(_Base):
     def on_compare_done(self, message: CompareDone) -> None:
         self.compare_cancel = None
         self.refresh_status()
-        if message.report is None:
-            if isinstance(self.screen, CompareScreen):
-                self.screen.dismiss(None)
-            self.notify(message.error or "compare failed", title="compare", severity="error", timeout=10)
-        elif isinstance(self.screen, CompareScreen):
-            self.screen.show_report(message.report)
+        report, failed = message.report, message.error is not None
+        if failed:
+            self.notify(message.error or "", title="compare failed", severity="error", timeout=10)
+        if not isinstance(self.screen, CompareScreen):
+            return
+        if report is None or (failed and not report.rows):
+            self.screen.dismiss(None)
+        else:
+            self.screen.show_report(report, failed=failed)  # (a failure keeps the rows that finished)

@@ -15,6 +15,18 @@ from tests.ssd_chat.tui_fakes import FakeClock, FakeEngine, make_app, rendered, 
 SIZE = (120, 40)
 
 
+def _gate_the_rows(engine: FakeEngine, gate: threading.Event, modes: tuple[str, ...] = ("ar", "sd", "ssd")) -> None:
+    """The compare's rows in `modes` wait for `gate` (its one-token warm-ups and restore do not)."""
+    original_chat = engine.chat
+
+    def chat(messages, params=None, *, cancel=None):
+        row = params is not None and params.temperature == 0 and params.max_tokens > 1
+        engine.gate = gate if row and engine.speculation.mode in modes else None
+        return original_chat(messages, params, cancel=cancel)
+
+    engine.chat = chat
+
+
 def _rows(screen: CompareScreen) -> list[list[str]]:
     table = screen.query_one(DataTable)
     return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
@@ -34,11 +46,15 @@ async def test_compare_replays_the_last_prompt_in_every_mode(tmp_path):
         await settle(app, pilot)
         screen = app.screen
         assert isinstance(screen, CompareScreen)
-        replays = engine.calls[before:]
-        assert [mode for _, _, mode in replays] == ["ar", "sd", "ssd"]
+        calls = engine.calls[before:]  # a one-token warm-up per mode, the rows, the reply put back in the cache
+        most = app.session.settings.max_tokens
+        assert [(mode, params.max_tokens) for _, params, mode in calls] == [
+            ("ar", 1), ("sd", 1), ("ssd", 1), ("ar", most), ("sd", most), ("ssd", most), ("sd", 1)]
+        replays, (restore, _, _) = calls[:-1], calls[-1]
         assert all(messages[-1] == {"role": "user", "content": "second"} and len(messages) == 3
                    for messages, _, _ in replays)
-        assert all(params.temperature == 0.0 for _, params, _ in replays)  # greedy, whatever /temp says
+        assert restore == app.session.engine_messages(app.session.window) and len(restore) == 4  # with the reply
+        assert all(params.temperature == 0.0 for _, params, _ in calls)  # greedy, whatever /temp says
         rows = _rows(screen)
         assert [r[0] for r in rows] == ["AR", "SD", "SSD"]
         assert rows[0][4] == "–" and rows[1][4] == "2.50" and rows[2][5] == "50%"
@@ -72,7 +88,7 @@ async def test_compare_needs_a_prompt_and_can_be_stopped(tmp_path):
         await send(app, pilot, "hi")
         engine.gate = gate = threading.Event()
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: len(engine.calls) == 2, what="the AR replay")
+        await wait_for(pilot, lambda: len(engine.calls) == 5, what="the AR replay (after three warm-ups)")
         await pilot.press("escape")  # stops the compare
         await pilot.pause()
         assert rendered(app.screen.query_one("#compare-status")) == "stopping…"
@@ -82,6 +98,7 @@ async def test_compare_needs_a_prompt_and_can_be_stopped(tmp_path):
         assert isinstance(screen, CompareScreen)
         assert [r[0] for r in _rows(screen)] == ["AR (stopped)"]
         assert engine.speculation.mode == "sd"
+        assert len(engine.calls) == 6 and len(engine.calls[-1][0]) == 2  # the reply is put back all the same
 
 
 @pytest.mark.asyncio
@@ -91,8 +108,8 @@ async def test_compare_shows_each_row_and_the_running_token_count_as_it_goes(tmp
     original_chat = engine.chat
 
     def chat(messages, params=None, *, cancel=None):
-        if engine.speculation.mode == "sd":
-            engine.gate = gate  # SD's first delta comes, the rest wait for the gate
+        engine.gate = gate if engine.speculation.mode == "sd" and params.max_tokens > 1 else None  # SD's row: its
+        # first delta comes, the rest wait for the gate
         return original_chat(messages, params, cancel=cancel)
 
     app = make_app(engine, tmp_path)
@@ -123,7 +140,8 @@ def test_run_compare_reports_progress_a_few_times_a_second_not_per_token():
                          clock=FakeClock(step=0.1), interval_s=0.25)  # a report every third reading
     by_mode = {mode: [s for s in snapshots if s.mode == mode] for mode in ("ar", "sd", "ssd")}
     assert [s.tokens for s in by_mode["ar"]] == [0, *range(3, 31, 3)]  # one token a delta, 30 deltas
-    assert [s.report.rows for s in snapshots if s.tokens == 0] == [(), report.rows[:1], report.rows[:2]]
+    assert [(s.mode, s.report.rows) for s in snapshots if s.tokens == 0] == [
+        ("warm-up", ()), ("ar", ()), ("sd", report.rows[:1]), ("ssd", report.rows[:2])]
     for mode in ("sd", "ssd"):
         counts = [s.tokens for s in by_mode[mode]]
         assert counts == sorted(set(counts)) and 0 < counts[-1] <= 30 and len(counts) < 1 + 30 / 3
@@ -131,7 +149,7 @@ def test_run_compare_reports_progress_a_few_times_a_second_not_per_token():
     still = []  # a clock that does not move: only the three modes' starts are reported
     run_compare(FakeEngine(), prompt, max_tokens=64, cancel=threading.Event(), on_progress=still.append,
                 clock=lambda: 0.0)
-    assert [(s.mode, s.tokens) for s in still] == [("ar", 0), ("sd", 0), ("ssd", 0)]
+    assert [(s.mode, s.tokens) for s in still] == [("warm-up", 0), ("ar", 0), ("sd", 0), ("ssd", 0)]
 
 
 def test_run_compare_restores_the_mode_even_when_a_mode_fails():
@@ -140,7 +158,7 @@ def test_run_compare_restores_the_mode_even_when_a_mode_fails():
     original_chat = engine.chat
 
     def chat(messages, params=None, *, cancel=None):
-        if engine.speculation.mode == "sd":
+        if engine.speculation.mode == "sd" and params.max_tokens > 1:
             raise RuntimeError("the draft process was killed")
         return original_chat(messages, params, cancel=cancel)
 
@@ -185,14 +203,74 @@ async def test_compare_without_a_draft_says_why_not(tmp_path):
 @pytest.mark.asyncio
 async def test_a_compare_stopped_before_its_first_token_shows_no_ttft(tmp_path):
     engine = FakeEngine(prefill_chunks=1)  # the replay reads its prompt first: the gate holds it there
+    gate = threading.Event()
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "hi")
-        engine.gate = gate = threading.Event()
+        _gate_the_rows(engine, gate)
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: len(engine.calls) == 2, what="the AR replay")
+        await wait_for(pilot, lambda: len(engine.calls) == 5, what="the AR replay")
         await pilot.press("escape")
         gate.set()
         await settle(app, pilot)
         assert _rows(app.screen)[0][:4] == ["AR (stopped)", "0.0", "–", "0"]
+
+
+@pytest.mark.asyncio
+async def test_an_engine_failing_mid_compare_keeps_the_rows_done(tmp_path):
+    engine = FakeEngine()
+    original_chat = engine.chat
+
+    def chat(messages, params=None, *, cancel=None):
+        if engine.speculation.mode == "ssd" and params.max_tokens > 1:
+            raise RuntimeError("the draft process was killed")
+        return original_chat(messages, params, cancel=cancel)
+
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        engine.chat = chat
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        assert [r[0] for r in _rows(screen)] == ["AR", "SD"]
+        assert "the engine failed" in rendered(screen.query_one("#compare-status"))
+        assert any("draft process was killed" in n.message for n in app._notifications)
+        assert len(app.session.messages) == 2 and not app.busy
+
+
+@pytest.mark.asyncio
+async def test_the_compare_headers_follow_a_resize_and_esc_twice_closes_at_once(tmp_path):
+    engine = FakeEngine()
+    gate = threading.Event()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        _gate_the_rows(engine, gate, ("sd",))
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await wait_for(pilot, lambda: len(engine.calls) == 6, what="the SD replay")
+        table = screen.query_one(DataTable)
+
+        def headers() -> list[str]:
+            return [str(c.label) for c in table.columns.values()]
+
+        assert headers()[-1] == "speed-up vs AR"
+        await pilot.resize_terminal(60, 30)
+        await wait_for(pilot, lambda: headers()[-1] == "vs AR", what="the short headers")
+        assert [r[0] for r in _rows(screen)] == ["AR"]  # the finished row is still there
+        await pilot.resize_terminal(*SIZE)
+        await wait_for(pilot, lambda: headers()[-1] == "speed-up vs AR", what="the long headers")
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("escape")  # the second Esc does not wait for the stop
+        await pilot.pause()
+        assert not isinstance(app.screen, CompareScreen)
+        gate.set()
+        await settle(app, pilot)
+        assert not app.busy and not isinstance(app.screen, CompareScreen)

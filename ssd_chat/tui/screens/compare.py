@@ -1,6 +1,6 @@
 """The compare result: one row per mode (tok/s, TTFT, tau, cache hits, speed-up vs AR) and whether
 their greedy outputs are token-identical. Shown while it runs: each mode's row as soon as it finishes,
-the running mode's token count in the status line; Esc stops it or closes it."""
+the running mode's token count in the status line; Esc stops it or closes it (twice: closes at once)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from ssd_chat.tui.compare import CompareReport, CompareSnapshot
+from ssd_chat.tui.compare import RESTORE, WARM_UP, CompareReport, CompareSnapshot
 
 COLUMNS = ("mode", "decode tok/s", "TTFT ms", "tokens", "tau", "cache hits", "speed-up vs AR")
 NARROW_COLUMNS = ("mode", "tok/s", "TTFT", "tokens", "tau", "hits", "vs AR")  # under NARROW terminal columns
 NARROW = 90  # (at 60 the long headers cut the speed-up column off)
+PHASES = {WARM_UP: "warming the prefix cache", RESTORE: "putting the chat's reply back in the cache"}
 
 
 class CompareScreen(ModalScreen[None]):
@@ -26,6 +27,7 @@ class CompareScreen(ModalScreen[None]):
         super().__init__(classes="modal", id="compare")
         self.prompt, self.modes = prompt, modes
         self.report: CompareReport | None = None
+        self.shown = CompareReport(prompt, ())  # the rows in the table
         self.stopping = False  # Esc pressed while it runs: the status says so until the stopped run returns
 
     def compose(self) -> ComposeResult:
@@ -36,7 +38,22 @@ class CompareScreen(ModalScreen[None]):
             yield Static("starting…", id="compare-status")
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns(*(NARROW_COLUMNS if self.app.size.width < NARROW else COLUMNS))
+        self._set_columns()
+
+    def on_resize(self) -> None:
+        """The headers follow the terminal's width (short ones under NARROW columns)."""
+        if self._set_columns():
+            self._fill(self.shown)
+
+    def _set_columns(self) -> bool:
+        """Whether the headers changed (the table is then empty)."""
+        table = self.query_one(DataTable)
+        columns = NARROW_COLUMNS if self.app.size.width < NARROW else COLUMNS
+        if [str(c.label) for c in table.columns.values()] == list(columns):
+            return False
+        table.clear(columns=True)
+        table.add_columns(*columns)
+        return True
 
     def show_progress(self, snapshot: CompareSnapshot) -> None:
         """The rows done so far and the running mode's tokens; the table is redrawn only when a row was added."""
@@ -45,18 +62,22 @@ class CompareScreen(ModalScreen[None]):
         if self.stopping:
             return
         tokens = f" {snapshot.tokens:,} token{'' if snapshot.tokens == 1 else 's'}" if snapshot.tokens else ""
-        self.query_one("#compare-status", Static).update(f"running {snapshot.mode.upper()}…{tokens} (Esc stops)")
+        doing = PHASES.get(snapshot.mode) or f"running {snapshot.mode.upper()}"
+        self.query_one("#compare-status", Static).update(f"{doing}…{tokens} (Esc stops)")
 
-    def show_report(self, report: CompareReport) -> None:
+    def show_report(self, report: CompareReport, *, failed: bool = False) -> None:
         self.report = report
         self._fill(report)
-        identical = report.identical
+        identical = None if failed else report.identical
         verdict = {True: "[b $success]outputs token-identical: yes[/]",
                    False: "[b $error]outputs token-identical: NO[/]",
                    None: "outputs token-identical: – (needs two complete runs)"}[identical]
+        if failed:
+            verdict = "[b $error]the engine failed[/]: the rows above finished before it"
         self.query_one("#compare-status", Static).update(f"{verdict}   Esc closes")
 
     def _fill(self, report: CompareReport) -> None:
+        self.shown = report
         table = self.query_one(DataTable)
         table.clear()
         for row in report.rows:
@@ -70,7 +91,7 @@ class CompareScreen(ModalScreen[None]):
             )
 
     def action_close(self) -> None:
-        if self.report is None:
+        if self.report is None and not self.stopping:
             self.stopping = True
             self.query_one("#compare-status", Static).update("stopping…")
             self.app.action_stop()  # type: ignore[attr-defined]
