@@ -19,11 +19,11 @@ from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.transcript import AssistantMessage, UserMessage
 from tests.ssd_chat.tui_fakes import FakeEngine, dies_mid_reply, first_delta, make_app, rendered, send, settle, wait_for
 
-pytestmark = pytest.mark.asyncio
 SIZE = (120, 40)
 REPLY = "Hello from the **fake** engine."
 
 
+@pytest.mark.asyncio
 async def test_quitting_during_a_step_that_never_ends_stops_the_engine_process(tmp_path, monkeypatch):
     """A cancel lands only between steps: when a step runs long, Ctrl+Q waits QUIT_WAIT_S, then kills the
     engine's process (EngineProcess.kill), and the app exits without logging the failure it causes."""
@@ -58,6 +58,7 @@ async def test_quitting_during_a_step_that_never_ends_stops_the_engine_process(t
     assert killed.is_set() and engine.closed
 
 
+@pytest.mark.asyncio
 async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
@@ -89,6 +90,7 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
         assert [m.content for m in app.session.messages] == ["first", REPLY, "third", REPLY]
 
 
+@pytest.mark.asyncio
 async def test_the_prompt_a_dying_engine_was_answering_comes_back_after_restart(tmp_path):
     """The prompt goes back into the input; /restart, typed over it as the notice says, brought back only a prompt
     sent after the death, and this one was lost."""
@@ -113,6 +115,7 @@ async def test_the_prompt_a_dying_engine_was_answering_comes_back_after_restart(
         assert area.text == "and"
 
 
+@pytest.mark.asyncio
 async def test_an_engine_that_dies_while_idle_is_reported_at_once(tmp_path, monkeypatch):
     from ssd_chat.tui import app as app_module
 
@@ -131,6 +134,7 @@ async def test_an_engine_that_dies_while_idle_is_reported_at_once(tmp_path, monk
         assert [n.message for n in app._notifications].count(ENGINE_STOPPED) == 1  # once, not every check
 
 
+@pytest.mark.asyncio
 async def test_restart_is_refused_while_a_reply_runs_and_works_when_idle(tmp_path):
     gate = threading.Event()
     engine = FakeEngine(gate=gate)
@@ -153,6 +157,7 @@ async def test_restart_is_refused_while_a_reply_runs_and_works_when_idle(tmp_pat
         assert engine.closed and "ready" in rendered(app.query_one("#status"))
 
 
+@pytest.mark.asyncio
 async def test_an_engine_crash_mid_reply_keeps_the_conversation(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
@@ -169,6 +174,7 @@ async def test_an_engine_crash_mid_reply_keeps_the_conversation(tmp_path):
         assert [m.content for m in saved.messages] == ["first", REPLY]
 
 
+@pytest.mark.asyncio
 async def test_an_engine_warning_is_a_notification_and_the_reply_goes_on(tmp_path):
     engine = FakeEngine(warning="the draft process died: continuing in AR")
     app = make_app(engine, tmp_path)
@@ -209,6 +215,7 @@ def test_an_engine_log_line_a_reply_also_carries_is_not_a_second_notice():
     assert pipe.sent == [("log", (logging.WARNING, "request 1: lost"))]
 
 
+@pytest.mark.asyncio
 async def test_a_failed_reply_keeps_what_was_typed_during_it_and_a_palette_restart_keeps_it_too(tmp_path):
     gate = threading.Event()
     engine = dies_mid_reply(FakeEngine(gate=gate))
@@ -238,6 +245,7 @@ async def test_a_failed_reply_keeps_what_was_typed_during_it_and_a_palette_resta
         assert area.text == "ok"
 
 
+@pytest.mark.asyncio
 async def test_a_warning_logged_while_the_app_runs_is_one_line_and_the_handlers_come_back(tmp_path, caplog):
     import logging
 
@@ -261,6 +269,7 @@ class _Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.asyncio
 async def test_the_terminals_log_handler_is_held_off_while_the_app_runs_and_gets_its_records_after(tmp_path):
     import logging
 
