@@ -77,3 +77,19 @@ def test_a_reply_stopped_in_its_prefill_shows_no_ttft():
 
     assert saved_panel(TurnStats("sd", 0.0, 11.162, 0, 4478, 48, "cancelled")).ttft_s is None
     assert saved_panel(TurnStats("sd", 0.0, 0.05, 1, 30, 0, "stop")).ttft_s == 0.05
+
+
+def test_a_saved_ssd_reply_shows_its_cache_hits_without_a_tau_split_the_history_does_not_keep():
+    """A resumed chat's panel read "cache hits 80%" over "tau on hit – · on miss –", which a live reply shows for
+    rounds that never happened: the history keeps the hit rate and tau, not the split (nor what it needs)."""
+    from ssd_chat.history import TurnStats
+    from ssd_chat.tui.live_stats import saved_panel
+
+    saved = saved_panel(TurnStats("ssd", 40.0, 0.08, 12, 30, 0, "stop", tau=2.5, acceptance_rate=0.5,
+                                  cache_hit_rate=0.8))
+    text = str(StatsPanel._spec_text(saved))
+    assert "cache hits 80%" in text and "tau on hit" not in text and "–" not in text
+    stats = LiveStats(mode="ssd", k=2, started=0.0)
+    for accepted, hit in [(2, True), (0, False)]:
+        stats.on_step(StepStats(1, 2, accepted, verify_time_s=0.01, draft_time_s=0.0, cache_hit=hit))
+    assert "cache hits 50%\ntau on hit 3.00 · on miss 1.00" in str(StatsPanel._spec_text(stats.snapshot()))

@@ -89,7 +89,9 @@ class StatsPanel(VerticalScroll):
             lines.append(f"{data.plain_steps} {steps} without drafts (drafting did not pay)")
         if data.cache_hit_rate is not None:
             lines.append(f"cache hits {data.cache_hit_rate:.0%}")
-            lines.append(f"tau on hit {_opt(data.tau_on_hit, '{:.2f}')} · on miss {_opt(data.tau_on_miss, '{:.2f}')}")
+            if data.tau_on_hit is not None or data.tau_on_miss is not None:  # (a saved reply's: not kept, not "–")
+                lines.append(f"tau on hit {_opt(data.tau_on_hit, '{:.2f}')} · "
+                             f"on miss {_opt(data.tau_on_miss, '{:.2f}')}")
         if data.verify_ms is not None:
             lines.append(f"per step: verify {data.verify_ms:.0f} ms · target waits {data.wait_ms:.0f} ms")
         if data.draft_idle_ms is not None:
