@@ -31,6 +31,7 @@ class PanelData:
     histogram: tuple[int, ...] = ()            # [k+1]: verify steps with drafts that accepted 0..k of them
     plain_steps: int = 0                       # SD steps without drafts (adaptive k = 0: drafting did not pay)
     per_position: tuple[float | None, ...] = ()  # [k]: acceptance rate of the i-th draft token (None: never drafted)
+    position_drafts: tuple[int, ...] = ()  # [k]: the i-th draft tokens proposed (what each rate rests on)
     cache_hit_rate: float | None = None
     tau_on_hit: float | None = None
     tau_on_miss: float | None = None
@@ -133,6 +134,7 @@ class LiveStats:
             plain_steps=self.plain_steps if spec else 0,
             per_position=tuple(a / d if d else None for a, d in zip(
                 self.accepted_per_position, self.drafted_per_position, strict=True)) if spec else (),
+            position_drafts=tuple(self.drafted_per_position) if spec else (),
             cache_hit_rate=self.hit_steps / self.num_steps if spec and self.saw_cache else None,
             tau_on_hit=self.hit_emitted / self.hit_steps if self.saw_cache and self.hit_steps else None,
             tau_on_miss=self.miss_emitted / misses if self.saw_cache and misses else None,
@@ -148,6 +150,7 @@ class LiveStats:
             return saved
         return replace(
             saved, histogram=tuple(self.histogram), per_position=spec.per_position_acceptance,
+            position_drafts=spec.drafted_per_position,
             plain_steps=self.plain_steps,  # (the engine's stats do not count them)
             tau_on_hit=spec.tau_on_hit, tau_on_miss=spec.tau_on_miss,
             **_step_times(spec.num_steps, spec.verify_time_s, spec.draft_time_s, spec.draft_idle_s),

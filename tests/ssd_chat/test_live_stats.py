@@ -35,20 +35,34 @@ def test_the_final_panel_keeps_plain_steps_and_never_drafted_positions_show_no_r
     from engine.outputs import FinishReason, RequestOutput, RequestStats, SpecStats
 
     stats = LiveStats(mode="ssd", k=4, started=0.0)
-    for drafted, accepted in [(1, 1), (0, 0), (1, 0)]:
+    for drafted, accepted in [(1, 1), (0, 0), (1, 0)] * 3:
         stats.on_step(StepStats(1, drafted, accepted, verify_time_s=0.01, draft_time_s=0.002))
     live = stats.snapshot()
     assert live.per_position == (1 / 2, None, None, None)
-    spec = SpecStats(num_steps=3, num_drafted=2, num_accepted=1, num_emitted=4, accepted_per_position=(1, 0, 0, 0),
-                     drafted_per_position=(2, 0, 0, 0))
+    spec = SpecStats(num_steps=9, num_drafted=6, num_accepted=3, num_emitted=12, accepted_per_position=(3, 0, 0, 0),
+                     drafted_per_position=(6, 0, 0, 0))
     assert spec.per_position_acceptance == (1 / 2, None, None, None)
-    output = RequestOutput(1, [1], [1, 2, 3, 4], "text", FinishReason.LENGTH,
+    output = RequestOutput(1, [1], list(range(12)), "text", FinishReason.LENGTH,
                            RequestStats(mode="ssd", prompt_tokens=1, reused_prefix_tokens=0, prefill_tokens=1,
-                                        generated_tokens=4, ttft_s=0.1, decode_time_s=0.1, total_time_s=0.2, spec=spec))
+                                        generated_tokens=12, ttft_s=0.1, decode_time_s=0.1, total_time_s=0.2,
+                                        spec=spec))
     final = stats.final(output)
-    assert final.plain_steps == 1 and "1 step without drafts" in str(StatsPanel._spec_text(final))
+    assert final.plain_steps == 3 and "3 steps without drafts" in str(StatsPanel._spec_text(final))
     positions = str(StatsPanel._positions(final)).splitlines()
     assert positions[0].endswith("50%") and all(p.endswith("–") and "%" not in p for p in positions[1:])
+
+
+def test_a_draft_position_with_too_few_drafts_shows_no_rate():
+    """One draft at a position read 0% or 100% there, and two 50%: fewer than MIN_POSITION_DRAFTS show "–"."""
+    from ssd_chat.tui.widgets.stats_panel import MIN_POSITION_DRAFTS
+
+    stats = LiveStats(mode="sd", k=3, started=0.0)
+    stats.on_step(StepStats(1, 3, 0, verify_time_s=0.01, draft_time_s=0.002))  # positions 2 and 3: one draft each
+    for _ in range(MIN_POSITION_DRAFTS - 1):
+        stats.on_step(StepStats(1, 1, 1, verify_time_s=0.01, draft_time_s=0.002))
+    assert stats.snapshot().position_drafts == (MIN_POSITION_DRAFTS, 1, 1)
+    rows = str(StatsPanel._positions(stats.snapshot())).splitlines()
+    assert rows[0].endswith(" 80%") and [r.split()[-1] for r in rows[1:]] == ["–", "–"]
 
 
 def test_token_colours_read_as_text_in_every_builtin_theme():

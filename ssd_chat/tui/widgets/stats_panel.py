@@ -13,6 +13,9 @@ from ssd_chat.history import ChatSettings
 from ssd_chat.tui.live_stats import PanelData
 
 BAR_WIDTH = 18
+# A draft position's acceptance is shown from this many drafts there up: one or two read 0% or 100%, which says
+# nothing about the draft (fewer show "–", as a position never drafted does)
+MIN_POSITION_DRAFTS = 5
 
 
 def _bar(fraction: float, width: int = BAR_WIDTH) -> str:
@@ -110,6 +113,7 @@ class StatsPanel(VerticalScroll):
     def _positions(data: PanelData) -> Text:
         if not data.per_position:
             return Text("–")
-        rows = [f"{i + 1:>2} {_bar(rate)} {rate:.0%}" if rate is not None else f"{i + 1:>2} {' ' * BAR_WIDTH} –"
-                for i, rate in enumerate(data.per_position)]  # (–: never drafted, the adaptive length below it)
+        rows = [f"{i + 1:>2} {_bar(rate)} {rate:.0%}" if rate is not None and drafts >= MIN_POSITION_DRAFTS
+                else f"{i + 1:>2} {' ' * BAR_WIDTH} –"  # (–: too few drafts there, or none: the adaptive length)
+                for i, (rate, drafts) in enumerate(zip(data.per_position, data.position_drafts, strict=True))]
         return Text("\n".join(rows))
