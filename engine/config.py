@@ -18,6 +18,9 @@ PACKED_KERNELS = ("auto", *CPU_MATMULS)
 # 2-vCPU VM, at no measurable cost in prefill speed on one core and ~5% on two (README, "Chunked prefill");
 # CUDA: not measured yet, vLLM's order of magnitude.
 PREFILL_CHUNK = {"cpu": 256, "cuda": 2048}
+# The most tokens a CPU round drafts, whatever k asks: engine.attention.sdpa.ROW_KERNEL_ROWS - 1, the verify rows that
+# still give one-row decoding's bits (engine.spec_policy); here, torch-free, for the chat app's status line too
+CPU_MAX_DRAFT = 31
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,11 @@ class EngineConfig:
     def prefill_chunk(self) -> int:
         """A long prompt prefills in steps of this many tokens, so a cancel (Esc) or a close lands between them."""
         return self.prefill_chunk_tokens or PREFILL_CHUNK["cuda" if self.on_cuda else "cpu"]
+
+    @property
+    def max_draft(self) -> int | None:
+        """The most tokens a round drafts, whatever SpeculationConfig.k asks; None: k's own limit."""
+        return None if self.on_cuda else CPU_MAX_DRAFT
 
     @property
     def on_cuda(self) -> bool:

@@ -6,8 +6,7 @@ for any proposal length and any speculation cache.
 
 from __future__ import annotations
 
-from engine.attention.sdpa import ROW_KERNEL_ROWS
-from engine.config import SpeculationConfig
+from engine.config import CPU_MAX_DRAFT, SpeculationConfig
 from engine.sequence import Sequence, StepOutput
 from engine.spec_length import PROBE_EVERY, ROW_COST, RoundCost, best_k
 
@@ -59,8 +58,8 @@ class SpecPolicy:
         # CPU: a verify of k + 1 rows reproduces one-row decoding bit for bit only up to ROW_KERNEL_ROWS rows (the
         # fused layers' and, on Intel, the panel GEMM's most: packed_kernels.MAX_ROWS); more rows ran SDPA's
         # attention, and on Intel still run MKL's GEMM, whose last bits differ (under --cpu-matmul q8 the tokens
-        # did): --k 32 --fixed-k drafts at most 31
-        self.max_draft = ROW_KERNEL_ROWS - 1 if device_type == "cpu" else None
+        # did): --k 32 --fixed-k drafts at most 31 (EngineConfig.max_draft says so to the chat app)
+        self.max_draft = CPU_MAX_DRAFT if device_type == "cpu" else None
 
     def draft_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
         """_chosen_length, at most `max_draft` (the verify rows that still give one-row decoding's bits)."""

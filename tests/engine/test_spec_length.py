@@ -152,5 +152,5 @@ def test_a_verify_never_runs_more_rows_than_reproduce_one_row_decoding(tiny_llam
         events = list(llm.stream("The quick brown fox", params))
     assert events[-1].output.token_ids == ar
     drafted = [e.num_drafted for e in events if isinstance(e, StepStats)]
-    assert max(drafted) == ROW_KERNEL_ROWS - 1
+    assert max(drafted) == ROW_KERNEL_ROWS - 1 == llm.config.max_draft  # (what the chat app's status line shows)
     assert max(rows[1:]) <= ROW_KERNEL_ROWS  # every step after the prompt's

@@ -119,3 +119,23 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
         assert engine.calls[-1][0][0]["role"] == "user"
         await send(app, pilot, "/system")
         assert "no system prompt to remove" in [n.message for n in app._notifications][-1]
+
+
+@pytest.mark.asyncio
+async def test_the_status_line_and_the_panel_show_the_k_a_round_drafts_at_most(tmp_path):
+    """/k 32 on the CPU showed "k 32", where the engine drafts at most 31 a round (EngineConfig.max_draft)."""
+    from engine.config import CPU_MAX_DRAFT
+
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/k 32")
+        assert app.session.settings.k == 32 and engine.config.max_draft == CPU_MAX_DRAFT == 31
+        assert f"· k {CPU_MAX_DRAFT} ·" in rendered(app.query_one("#status"))
+        assert f"SD · k {CPU_MAX_DRAFT}" in rendered(app.query_one("#layout"))
+        await send(app, pilot, "/k 8")  # under the cap: as set
+        assert "· k 8 ·" in rendered(app.query_one("#status"))
+        engine.config.on_cuda = True  # no cap: k's own
+        await send(app, pilot, "/k 32")
+        assert "· k 32 ·" in rendered(app.query_one("#status")) and "SD · k 32" in rendered(app.query_one("#layout"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from engine.config import SpeculationConfig
+from engine.config import EngineConfig, SpeculationConfig
 from engine.errors import InvalidParameterError, PromptTooLongError
 from engine.outputs import (
     EngineWarning,
@@ -28,6 +28,8 @@ class FakeConfig:
     target: str = "fake-target"
     draft: str | None = "fake-draft"
     on_cuda: bool = False
+
+    max_draft = EngineConfig.max_draft  # (the engine's: the CPU's cap, none on CUDA)
 
 
 class FakeClock:

@@ -65,14 +65,15 @@ class StatsPanel(VerticalScroll):
                   else f"{data.reused_prefix_tokens}/{data.prompt_tokens} prompt tokens reused")
         self.query_one("#prefix", Static).update(Text(reused))
 
-    def show_layout(self, layout: dict[str, str], settings: ChatSettings) -> None:
+    def show_layout(self, layout: dict[str, str], settings: ChatSettings, *, k: int) -> None:
+        """Where the models run and the chat's settings, with `k` the most a round drafts (settings.k or a cap)."""
         table = Table.grid(padding=(0, 1))
         table.add_column(style="bold")
         table.add_column()
         for role in ("target", "draft"):
             table.add_row(role, Text(layout.get(role, "none (AR only)")))  # (a model's path is no markup)
         fanout = "default" if settings.fanout is None else ",".join(map(str, settings.fanout))
-        spec = "" if settings.mode == "ar" else f" · k {settings.k}"
+        spec = "" if settings.mode == "ar" else f" · k {k}"
         spec += f" · fan-out {fanout}" if settings.mode == "ssd" else ""
         table.add_row("mode", settings.mode.upper() + spec)
         table.add_row("temp", f"{settings.temperature:g}")
