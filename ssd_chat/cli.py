@@ -265,7 +265,7 @@ def ask(
                  target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
                  attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
                  packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
-            output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
+            output, _ = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
         if as_json:
             typer.echo(json.dumps(output.to_dict()))
 

@@ -5,7 +5,7 @@ tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and S
 The whole conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
 over, `/exit` or end of input quits; any other line that starts with one `/` is an unknown command (one line on
 stderr), and `//` sends a literal `/`, as in the chat app. The first Ctrl-C stops a reply and keeps its partial
-text (and drops the lines typed or pasted ahead).
+text, as printed (and drops the lines typed or pasted ahead).
 """
 
 from __future__ import annotations
@@ -93,10 +93,10 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         history.append({"role": "user", "content": line})
         try:
             moved = _window(llm, history, window, params, err)
-            # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept.
+            # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept, as printed.
             with sigint_flag() as cancel:
-                output = print_stream(llm.chat(start + history[len(start) + moved:], params, cancel=cancel),
-                                      console.file)
+                output, printed = print_stream(llm.chat(start + history[len(start) + moved:], params, cancel=cancel),
+                                               console.file, cancel=cancel)
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
@@ -106,12 +106,12 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             # (/clear would not help: the window moves)
             err.print(f"error: {why or error}", markup=False, soft_wrap=True)
             continue
-        if cancel.is_set() and not output.token_ids:  # stopped in its prefill: no empty reply for later turns to send
+        if cancel.is_set() and not printed:  # stopped in its prefill: no empty reply for later turns to send
             history.pop()
             err.print("(stopped before the reply began: that prompt is not part of the conversation)", style="dim")
             continue
         window = moved  # (a refused prompt moves no turn out of the model's view)
-        history.append({"role": "assistant", "content": output.text})
+        history.append({"role": "assistant", "content": printed if cancel.is_set() else output.text})
         err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
 
 
@@ -141,24 +141,27 @@ def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params
     return moved
 
 
-def print_stream(events: Iterator[Event], out: TextIO | None) -> RequestOutput:
+def print_stream(events: Iterator[Event], out: TextIO | None, *,
+                 cancel: threading.Event | None = None) -> tuple[RequestOutput, str]:
     """Write each delta to `out` as it arrives, then a newline (no wrapping, no markup: the text stays byte-exact
-    for pipes; None: write nothing), and return the final output. A long prompt's prefill shows on a terminal's
-    stderr until the reply starts (prefill_line.py). Leaving early (an error, a second Ctrl-C) closes `events`,
-    which cancels the request and frees its KV blocks."""
-    output, progress, wrote = None, PrefillLine(enabled=None if out is not None else False), False
+    for pipes; None: write nothing), and return the final output and the text written. Once `cancel` is set nothing
+    more is written: the step under way when it was set, and the text the engine held back, still arrive. A long
+    prompt's prefill shows on a terminal's stderr until the reply starts (prefill_line.py). Leaving early (an error,
+    a second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks."""
+    output, progress, written = None, PrefillLine(enabled=None if out is not None else False), []
     with closing(events):  # type: ignore[type-var]
         try:
             for event in events:
                 progress.update(event)
                 if isinstance(event, RequestFinished):
                     output = event.output
-                elif out is not None and isinstance(event, TokenDelta) and event.text:
-                    out.write(event.text)
-                    out.flush()
-                    wrote = True
+                elif isinstance(event, TokenDelta) and event.text and not (cancel is not None and cancel.is_set()):
+                    written.append(event.text)
+                    if out is not None:
+                        out.write(event.text)
+                        out.flush()
         except BaseException:  # (a second Ctrl-C, SIGTERM, an engine error: the partial reply's line ends)
-            if wrote:
+            if written and out is not None:
                 with suppress(OSError, ValueError):  # (its reader gone, or the file closed)
                     out.write("\n")
             raise
@@ -167,7 +170,7 @@ def print_stream(events: Iterator[Event], out: TextIO | None) -> RequestOutput:
     if out is not None:
         out.write("\n")
     assert output is not None, "a stream ends with RequestFinished"
-    return output
+    return output, "".join(written)
 
 
 def discard_typed_ahead(fd: int) -> int:

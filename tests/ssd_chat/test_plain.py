@@ -10,7 +10,7 @@ from pathlib import Path
 
 from engine import LLM, SamplingParams
 from engine.errors import PromptTooLongError
-from engine.outputs import RequestFinished
+from engine.outputs import RequestFinished, TokenDelta
 from ssd_chat.plain import discard_typed_ahead, run_plain
 from tests.ssd_chat.tui_fakes import FakeEngine
 
@@ -181,3 +181,22 @@ def test_plain_a_reply_stopped_before_its_first_token_leaves_no_turn(monkeypatch
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     assert "stopped before the reply began" in capsys.readouterr().err
     assert [m["content"] for m in engine.calls[-1][0]] == ["hi", REPLY, "next"]  # no "stop me" and empty reply
+
+
+def test_plain_prints_nothing_more_of_a_reply_after_ctrl_c(monkeypatch, capsys):
+    """The step under way when Ctrl-C landed still printed its token: the reply went on after the stop. What was
+    printed is the partial reply the conversation keeps."""
+    engine = FakeEngine(draft=None)  # (AR: a token a step)
+    _feed(monkeypatch, ["hi", "next"])
+    original = engine.chat
+
+    def chat(messages, params=None, *, cancel=None):
+        for event in original(messages, params, cancel=cancel):
+            if isinstance(event, TokenDelta) and event.text == " from" and messages[-1]["content"] == "hi":
+                cancel.set()  # (a Ctrl-C while the step of " from" ran)
+            yield event
+
+    engine.chat = chat
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
+    assert capsys.readouterr().out == "Hello\n" + REPLY + "\n"
+    assert [m["content"] for m in engine.calls[-1][0]] == ["hi", "Hello", "next"]
