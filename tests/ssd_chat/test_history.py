@@ -264,3 +264,17 @@ def test_the_export_keeps_a_replys_lines_as_the_chat_app_shows_them():
     assert "In the depths,  \nA world  \nof wonder." + rest in text
     breaks = [c.type for t in MarkdownIt("gfm-like").parse(text) for c in (t.children or []) if "break" in c.type]
     assert breaks == ["hardbreak", "hardbreak"]
+
+
+def test_a_tab_indented_line_after_a_list_item_is_exported_where_the_chat_app_shows_it():
+    """A QA pass read "- item" then a tab-indented line as two blocks in the chat and one in the export. The chat
+    app shows it in the item too (CommonMark: a tab is 4 columns, past the item's 2): the export, read by a plain
+    GFM parser, gives the transcript's HTML."""
+    from markdown_it import MarkdownIt
+
+    from ssd_chat.tui.widgets.transcript import _parser
+
+    for reply in ("- item\n\tcode line", "- item\n\n\tcode line", "- item\n\n\t\tx = 1", "1. one\n\tfoo()\n2. two"):
+        chat = Conversation(None, "Tabs", messages=[ChatMessage("user", "q"), ChatMessage("assistant", reply)])
+        exported = to_markdown(chat).split("## Assistant\n\n")[1]
+        assert MarkdownIt("gfm-like").render(exported) == _parser().render(reply), reply
