@@ -123,10 +123,12 @@ def test_ctrl_c_cancels_the_reply_and_keeps_the_partial_text(tiny_llama_dir, mon
         cli.run_repl(proxy, SamplingParams(temperature=0, max_tokens=8), system=None)
     finally:
         llm.close()
-    out = capsys.readouterr().err  # the stats lines
+    captured = capsys.readouterr()
+    out = captured.err  # the stats lines
     assert re.search(r"· 2 tokens · .* stopped: cancelled", out), out
     assert re.search(r"· 8 tokens · ", out), out  # the next turn runs to completion
-    partial = greedy_chat(tiny_llama_dir, "hi", 2).text
+    partial = captured.out.splitlines()[0]  # the reply as printed (not what arrived after the Ctrl-C)
+    assert partial and greedy_chat(tiny_llama_dir, "hi", 2).text.startswith(partial)
     assert proxy.calls[1] == [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": partial},
