@@ -13,6 +13,7 @@ from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.spawning import ensure_resource_tracker
 from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
+from ssd_chat.tui import child_stderr
 from ssd_chat.tui.engine_worker import ChatEngine
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
         app.run()
     finally:
         app.log_routing.release()  # (what -v would have printed over the screen: now)
+        child_stderr.release()  # (what the engine process wrote to its stderr: a failure's traceback, say)
     if app.load_error is not None:
         raise EngineError(app.load_error)
     return app.return_code or 0

@@ -6,6 +6,7 @@ then decoded at 51-54 tok/s where the plain mode gave 148 (AR, both cores), the 
 time. Here the engine runs in a spawned child, which owns the cores it is given, and talks to the app over a pipe:
 a request's events come back as they happen (pickled dataclasses), a cancel goes the other way, the engine's log
 lines (the loading screen's) are forwarded, and an EngineError stays one, of its kind, with its one-line message.
+Its stderr goes to a file, printed once the app has quit (child_stderr).
 ``SSD_CHAT_ENGINE_PROCESS=0`` keeps the engine in the app's process.
 """
 
@@ -16,7 +17,9 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +30,7 @@ from engine.outputs import Event, RequestFinished
 from engine.sampling_params import SamplingParams
 from engine.shm_channel import release_blocks_of
 from engine.spawning import ensure_resource_tracker
+from ssd_chat.tui import child_stderr
 from ssd_chat.tui.engine_server import ENGINE_LOGGER, serve
 
 ENV = "SSD_CHAT_ENGINE_PROCESS"
@@ -72,8 +76,9 @@ class EngineProcess:
     def _start(self, target: str, kwargs: dict) -> None:
         ensure_resource_tracker()
         self._pipe, child_end = mp.Pipe()
-        self._proc = mp.get_context("spawn").Process(target=serve, args=(child_end, os.getpid(), target, kwargs),
-                                                     name="ssd-chat-engine")
+        stderr = str(child_stderr.new_file())  # (not the terminal: the app draws there)
+        self._proc = mp.get_context("spawn").Process(target=serve, name="ssd-chat-engine",
+                                                     args=(child_end, os.getpid(), target, kwargs, stderr))
         try:
             with _loading_lock:
                 spawning.start(self._proc)  # a Ctrl-C before Textual has the terminal is the app's to take
@@ -210,16 +215,29 @@ class EngineProcess:
             try:
                 kind, payload = self._pipe.recv()
             except (EOFError, OSError) as exc:
-                raise RuntimeError(f"the engine process stopped (exit code {self._exit_code()})") from exc
+                raise RuntimeError(self._stopped()) from exc
             if kind != "log":
                 return kind, payload
             level, line = payload
             logging.getLogger(ENGINE_LOGGER).log(level, "%s", line)
 
     def _check_alive(self) -> None:
-        code = self._exit_code()
-        if code is not None and not self._pipe.poll():
-            raise RuntimeError(f"the engine process stopped (exit code {code})")
+        if self._exit_code() is not None and not self._pipe.poll():
+            raise RuntimeError(self._stopped())
+
+    def _stopped(self, wait_s: float = 2.0) -> str:
+        """Why the child is gone, for its closed pipe: its pipe closes as it exits, a moment before its exit status
+        is there to read (a killed child read "exit code None"), so this waits up to `wait_s` for it."""
+        deadline = time.monotonic() + wait_s
+        while (code := self._exit_code()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if code is None:
+            return "the engine process stopped"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"the engine process was killed by {signal.Signals(-code).name}"
+            return f"the engine process was killed by signal {-code}"
+        return f"the engine process exited with code {code}"
 
 
 def _failure(kind: str, payload: str | EngineError) -> Exception:

@@ -14,6 +14,7 @@ from collections import deque
 
 from engine.errors import EngineError
 from engine.outputs import not_also_an_event
+from ssd_chat.tui import child_stderr
 
 ENGINE_LOGGER = "engine"
 WATCH_S = 1.0  # how often the engine process looks for its app, and how long it then waits for its main thread
@@ -61,9 +62,12 @@ class _Wire:
             raise _AppGone from exc
 
 
-def serve(pipe, parent: int, target: str, kwargs: dict) -> None:
+def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None = None) -> None:
     """The child: load the engine, then answer the parent's messages until "close", or until the parent is gone:
-    then it closes the engine (its draft and TP processes, its shared memory) and ends, quietly."""
+    then it closes the engine (its draft and TP processes, its shared memory) and ends, quietly. Its stderr goes
+    to `stderr_path` (child_stderr: never over the app's screen), removed here if the app is gone."""
+    if stderr_path is not None:
+        child_stderr.redirect(stderr_path)
     from engine import LLM
 
     closing = threading.Event()
@@ -88,7 +92,9 @@ def serve(pipe, parent: int, target: str, kwargs: dict) -> None:
         wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer)))
         _answer(llm, wire)
     except _AppGone:
-        pass
+        if stderr_path is not None:  # (nobody left to print it)
+            with contextlib.suppress(OSError):
+                os.unlink(stderr_path)
     finally:
         closing.set()
         llm.close()

@@ -106,7 +106,7 @@ async def test_quitting_while_loading_stops_the_load_and_exits_cleanly(monkeypat
 
     def load() -> FakeEngine:
         assert stopped.wait(10), "the load was not stopped"
-        raise RuntimeError("the engine process stopped (exit code -9)")
+        raise RuntimeError("the engine process was killed by SIGKILL")
 
     def stop_loading() -> bool:
         stopped.set()

@@ -1,0 +1,53 @@
+"""The chat app's engine process keeps its stderr off the terminal the app draws on (ssd_chat.tui.child_stderr):
+a failure's traceback waits in a file until the app has quit; and a killed engine process says how it died."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+
+import pytest
+
+from engine import SamplingParams
+from engine.outputs import TokenDelta
+from ssd_chat.tui import child_stderr
+from ssd_chat.tui.engine_process import EngineProcess
+
+MESSAGES = [{"role": "user", "content": "Paris is"}]
+
+
+def test_a_failures_traceback_waits_for_the_app_to_quit_instead_of_hitting_the_screen(tiny_llama_dir, capfd):
+    """QA: a failed request printed its traceback over the chat app's screen (the engine process's stderr was the
+    terminal's). capfd holds this process's fd 2, which a spawned child inherits."""
+    engine = EngineProcess(str(tiny_llama_dir), max_model_len=128, threads=1)
+    try:
+        with pytest.raises(RuntimeError, match="AttributeError"):  # (params that are not SamplingParams: a bug)
+            list(engine.chat(MESSAGES, "greedy"))  # type: ignore[arg-type]
+        tokens = [e for e in engine.chat(MESSAGES, SamplingParams(temperature=0.0, max_tokens=4))
+                  if isinstance(e, TokenDelta)]
+        assert tokens  # the engine goes on
+    finally:
+        engine.close()
+    assert "Traceback" not in capfd.readouterr().err
+    out = io.StringIO()
+    child_stderr.release(out)
+    assert "the engine failed" in out.getvalue() and "Traceback" in out.getvalue()
+    assert not child_stderr._files  # printed once, the file removed
+    child_stderr.release(out)
+    assert out.getvalue().count("the engine failed") == 1
+
+
+def test_a_killed_engine_process_says_which_signal_killed_it(tiny_llama_dir):
+    """QA: `kill -9` of the engine process mid-reply read "the engine process stopped (exit code None)": its pipe
+    closes a moment before its exit status is there."""
+    engine = EngineProcess(str(tiny_llama_dir), max_model_len=512, threads=1)
+    try:
+        stream = engine.chat(MESSAGES, SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True))
+        next(e for e in stream if isinstance(e, TokenDelta))
+        os.kill(engine._proc.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match=r"^the engine process was killed by SIGKILL$"):
+            list(stream)
+    finally:
+        engine.close()
+    child_stderr.release(io.StringIO())
