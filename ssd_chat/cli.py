@@ -57,6 +57,7 @@ from ssd_chat.cli_options import (
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import print_stream, run_plain
 from ssd_chat.prompts import BenchInputError
+from ssd_chat.sampling_defaults import default_temperature
 
 if TYPE_CHECKING:
     import engine.llm
@@ -124,7 +125,7 @@ def root(
     ctx: typer.Context,
     target: Target = DEFAULT_TARGET,
     system: System = None,
-    temperature: Temperature = 0.7,
+    temperature: Temperature = None,
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
     draft: Draft = None,
@@ -165,6 +166,7 @@ def root(
                                           "name"))
         return
     with user_errors():
+        temperature = default_temperature(target)[0] if temperature is None else temperature
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         app_runs = not plain and _in_a_terminal()  # the chat app, where modes switch
         from_env = ctx.get_parameter_source("enter").name == "ENVIRONMENT"
@@ -224,7 +226,7 @@ def ask(
     prompt: Annotated[str, typer.Argument(help='The prompt; "-" reads it from stdin.')],
     target: Target = DEFAULT_TARGET,
     system: System = None,
-    temperature: Temperature = 0.7,
+    temperature: Temperature = None,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass; 1 = off.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k likeliest tokens; 0 = off.")] = 0,
     seed: Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply (in AR, or with "
@@ -253,6 +255,7 @@ def ask(
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with user_errors(), _quiet_when_the_reader_goes():
+        temperature = default_temperature(target)[0] if temperature is None else temperature
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)

@@ -56,7 +56,9 @@ Target = Annotated[
     str, typer.Option("--target", "-t", help="Model alias (see `ssd-chat models`) or a local model directory.")
 ]
 System = Annotated[str | None, typer.Option(help="System prompt.")]
-Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")]
+Temperature = Annotated[float | None, typer.Option(
+    help="Sampling temperature; 0 = greedy. Default: the model's recommended one (smollm2-135m: 0.2, its model "
+         "card's; a directory's generation_config.json), else 0.7.", show_default=False)]
 MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.")]
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
 Draft = Annotated[
