@@ -8,6 +8,7 @@ previous turn's KV from the prefix cache (a move costs one full prefill of what 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -74,3 +75,26 @@ def system_prompt_refusal(engine: Any, messages: list[dict[str, str]], fix: str)
         return f"the system prompt has {system:,} tokens but the context limit is {limit:,}: {fix}"
     return (f"this prompt ({prompt:,} tokens) and the system prompt ({system:,} tokens) together pass the context "
             f"limit of {limit:,}: shorten the prompt, or {fix}")
+
+
+def prompt_refusal(engine: Any, messages: list[dict[str, str]], fix: str, refused: str) -> str:
+    """Why the engine refused `messages` (a system prompt first, if any; the new prompt last) as longer than its
+    context, in what the user can change: the system prompt (system_prompt_refusal, `fix` how to change it), or the
+    prompt. The engine's line, `refused`, counts the turns in view too, which leave the view before a prompt is
+    refused (window_start), so it said 14842 tokens of an 8,572-token prompt. Where the prompt with the system
+    prompt fits (the engine refused something else), `refused` comes back."""
+    why = system_prompt_refusal(engine, messages, fix)
+    if why is not None:
+        return why
+    limit = engine.max_model_len
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    counted = len(engine.encode_chat(system + messages[-1:]))
+    if counted < limit:
+        return refused
+    more = re.search(r", or raise --max-model-len \(up to \d+\)", refused)  # (the engine knows the model's limit)
+    prompt = len(engine.encode_chat(messages[-1:]))
+    size = f"this prompt has {prompt:,} tokens (the chat template's included)"
+    if system:
+        size += f" and the system prompt {counted - prompt:,} more, {counted:,} in all,"
+    return (f"{size} but the context limit is {limit:,} even with every earlier turn out of view: shorten "
+            f"{'the prompt' if system else 'it'} by {counted - limit + 1:,} tokens or more{more[0] if more else ''}")

@@ -13,7 +13,7 @@ from textual import work
 from engine.errors import EngineError, PromptTooLongError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice, system_prompt_refusal
+from ssd_chat.context_window import fit, moved_notice, prompt_refusal
 from ssd_chat.history import TurnStats
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
 from ssd_chat.tui.commands import as_typed
@@ -69,8 +69,8 @@ class ReplyActions(_Base):
             messages = self._window(params)
             output = stream_reply(self.engine, messages, params, buffer)
         except PromptTooLongError as err:
-            why = system_prompt_refusal(self.engine, self.session.engine_messages(), SYSTEM_FIX)
-            self.post_message(ReplyFailed(why or str(err)))
+            self.post_message(ReplyFailed(prompt_refusal(self.engine, self.session.engine_messages(), SYSTEM_FIX,
+                                                         str(err))))
         except EngineError as err:
             self.post_message(ReplyFailed(str(err)))
         except Exception as err:  # the engine died (a killed process, a bug): keep the conversation

@@ -144,3 +144,50 @@ def test_the_plain_mode_says_when_its_system_prompt_does_not_fit(monkeypatch, ca
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), "word " * 9000)
     assert capsys.readouterr().err.strip() == ("error: the system prompt has 9,003 tokens but the context limit is "
                                                "8,192: start again with a shorter --system, or none")
+
+
+def test_a_refusal_counts_the_prompt_not_the_turns_that_leave_the_view():
+    """The engine counts the turns in view beside the prompt ("the prompt has 14842 tokens" of an 8,572-token paste
+    after two turns): the app says the size of what the user can change, and by how much."""
+    from ssd_chat.context_window import prompt_refusal
+
+    engine, fix = FakeEngine(max_model_len=8192), "change it"
+    earlier = [{"role": "user", "content": "word " * 3000}, {"role": "assistant", "content": "word " * 3000}]
+    prompt = [{"role": "user", "content": "word " * 8569}]  # 8,572 tokens with the template's 3
+    raw = "the prompt has 14581 tokens but the context limit is 8192: shorten it, or raise --max-model-len (up to 9000)"
+    assert prompt_refusal(engine, earlier + prompt, fix, raw) == (
+        "this prompt has 8,572 tokens (the chat template's included) but the context limit is 8,192 even with every "
+        "earlier turn out of view: shorten it by 381 tokens or more, or raise --max-model-len (up to 9000)")
+    system = [{"role": "system", "content": "word " * 147}]  # 150 tokens
+    assert prompt_refusal(engine, system + earlier + prompt, fix, "the prompt has 14731 tokens: shorten it") == (
+        "this prompt has 8,572 tokens (the chat template's included) and the system prompt 150 more, 8,722 in all, "
+        "but the context limit is 8,192 even with every earlier turn out of view: shorten the prompt by 531 tokens "
+        "or more")
+    fits = [{"role": "user", "content": "word " * 8188}]  # 8,191 tokens: sent (with earlier turns out of view)
+    assert window_start(["user", "assistant", "user"], 0, lambda i: 8191 if i == 2 else 14200, 8192, 64) == 2
+    assert prompt_refusal(engine, earlier + fits, fix, "another refusal") == "another refusal"
+
+
+@pytest.mark.asyncio
+async def test_the_app_gives_the_size_of_a_refused_prompt_without_the_earlier_turns(tmp_path):
+    from engine.request import check_prompt
+    from ssd_chat.history import ChatSettings
+
+    engine = FakeEngine(max_model_len=8192)
+
+    def like_the_engine(messages, params=None, *, cancel=None):  # it counts every message sent (the turns in view too)
+        check_prompt(engine.encode_chat(messages), 1, engine.max_model_len, engine.max_model_len)
+        engine.calls.append((messages, params, engine.speculation.mode))
+        return engine._events(len(engine.calls), len(messages), engine.speculation, params, cancel)
+
+    engine.chat = like_the_engine
+    app = make_app(engine, tmp_path, settings=ChatSettings(mode="sd", temperature=0.0, max_tokens=16))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "word " * 3000)
+        await send(app, pilot, "word " * 3000)
+        await send(app, pilot, "word " * 8569)
+        told = [n.message for n in app._notifications if n.title == "not sent"]
+        assert told == ["this prompt has 8,572 tokens (the chat template's included) but the context limit is 8,192 "
+                        "even with every earlier turn out of view: shorten it by 381 tokens or more"]
+        assert len(app.session.messages) == 4
