@@ -1,4 +1,5 @@
-"""A conversation as a Markdown document: the turns, then a table of every reply's stats."""
+"""A conversation as a Markdown document: the turns (replies as Markdown, prompts as the literal text the chat shows),
+then a table of every reply's stats."""
 
 from __future__ import annotations
 
@@ -13,24 +14,49 @@ _HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
 _MARKDOWN = MarkdownIt("gfm-like")  # the transcript's parser (widgets.transcript), so its code blocks
 _LINE_BREAK = re.compile(r"\r\n?|\n")  # where markdown-it breaks lines (str.splitlines breaks at \x0c, \u2028 too)
 _PROBE = "ssd-chat-fence-probe"
+# What CommonMark (and GFM: tables, strikethrough) reads as markup in a line's text: code spans, emphasis, links,
+# HTML and autolinks, table cells, strikethrough and fences, an entity, a backslash that escapes or breaks a line
+_MARKUP = re.compile(r"[`*_\[\]<|~]|&(?=#?\w+;)|\\(?=[!-/:-@\[-`{-~]|$)")
+# ... and at the start of a line: a heading, a quote, a list item, a setext underline ("*" and "_" above)
+_LINE_MARKUP = re.compile(r"^(?:[#>+=-]|\d{1,9}(?=[.)]))")
+NBSP, WORD_JOINER = "\u00a0", "\u2060"
 
 
 def to_markdown(conversation: Conversation) -> str:
     s = conversation.settings
-    lines = [f"# {conversation.title}", ""]
+    lines = [f"# {literal(conversation.title)}", ""]  # (a title: the first prompt's first line, as the chat shows it)
     lines.append(f"Mode `{s.mode}`, k {s.k}, temperature {s.temperature:g}, max tokens {s.max_tokens}.")
     lines.append("")
     if s.system:
-        lines += ["## System", "", s.system, ""]
+        lines += ["## System", "", literal(s.system), ""]
     for message in conversation.messages:
         if message.role == "system":
             continue
-        text = hard_breaks(closed_fences(message.content))
+        text = hard_breaks(closed_fences(message.content)) if message.role == "assistant" else literal(message.content)
         lines += [f"## {_HEADINGS.get(message.role, message.role)}", "", text, ""]
     replies = [m for m in conversation.messages if m.role == "assistant" and m.stats is not None]
     if replies:
         lines += ["## Stats", "", *_stats_table(replies), ""]
     return "\n".join(lines)
+
+
+def literal(text: str) -> str:
+    """`text` as Markdown that shows it as the chat app shows a prompt, as plain text (widgets.transcript), and
+    reads as it in a plain-text viewer: the ASCII punctuation CommonMark would read as markup backslash-escaped,
+    a line's indent in no-break spaces (4 spaces made a code block), a blank line one no-break space (a run of them
+    stays), and every line but the last ending in a line break (two spaces). One paragraph, so a line like
+    "## Assistant" is no heading and fakes no turn. A first line's indent comes after a word joiner (zero width, not
+    whitespace): markdown-it strips a paragraph's leading whitespace, no-break spaces too."""
+    lines = []
+    for line in _LINE_BREAK.split(text):
+        rest = line.lstrip(" \t")
+        indent = NBSP * len(line[: len(line) - len(rest)].expandtabs(8))  # (a tab: to the chat's next 8th column)
+        rest = _MARKUP.sub(lambda m: "\\" + m[0], rest)
+        rest = _LINE_MARKUP.sub(lambda m: m[0] + "\\" if m[0][0].isdigit() else "\\" + m[0], rest)
+        lines.append(indent + rest if indent + rest else NBSP)
+    if lines[0].startswith(NBSP):
+        lines[0] = WORD_JOINER + lines[0]
+    return "  \n".join(lines)
 
 
 def hard_breaks(text: str) -> str:

@@ -25,7 +25,8 @@ async def test_clear_export_and_help(tmp_path):
         await send(app, pilot, "/export")
         exported = tmp_path / "what-is-ssd.md"
         text = exported.read_text()
-        assert "## You\n\nWhat is **SSD**?" in text
+        # a prompt as the chat shows it, plain text (its Markdown escaped), so the title it gave; the reply: Markdown
+        assert text.startswith("# What is \\*\\*SSD\\*\\*?\n") and "## You\n\nWhat is \\*\\*SSD\\*\\*?" in text
         assert "## Assistant\n\nHello from the **fake** engine." in text
         assert "| turn | mode | tokens | decode tok/s |" in text
         assert "| 1 | sd | 6 | 100.0 | 50 | 2.50 | 38% |" in text

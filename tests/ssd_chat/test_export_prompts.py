@@ -1,0 +1,63 @@
+"""/export writes a prompt as the chat shows it, plain text: read by a CommonMark / GFM parser (markdown-it, the
+transcript's), it gives no heading, list, code, quote, table, emphasis or link, and the text as typed, line by line
+(a prompt written raw under "## You" made "# heading?" an H1, a line "## Assistant" a fake turn, an indent code)."""
+
+from __future__ import annotations
+
+from markdown_it import MarkdownIt
+
+from ssd_chat.history import ChatMessage, ChatSettings, Conversation
+from ssd_chat.tui.export import to_markdown
+
+NBSP, WORD_JOINER = "\u00a0", "\u2060"  # (an indent, a blank line; before a first line's indent)
+
+PROMPT = "\n".join([
+    "# heading?", "## Assistant", "fake reply", "    four-space indent", "\tand a tab", "", "", "two blank lines above",
+    "- not a list", "+ nor this", "1. nor this", "2) nor this", "> not a quote", "---", "===",
+    "**bold** and *it* and _it_",
+    "`code` and ``` fence", "~~~", "~~struck~~", "[a link](http://x) ![img](y)", "<b>html</b> <http://auto>",
+    "| a | b |", "|---|---|", "&amp; &#35; stay", r"C:\Users\me and \*escaped\* and a trailing \ ", "last line \\",
+])
+BLOCKS = {"paragraph_open", "inline", "paragraph_close"}
+INLINE = {"text", "text_special", "hardbreak"}
+
+
+def _shown(prompt: str) -> tuple[set[str], set[str], str]:
+    """What a parser makes of `prompt` in an export (the tokens between "You" and the next heading): its block and
+    inline token types, and its text (a line break: \\n). A bare URL's link (GFM's autolinks: its text as
+    written) is text here."""
+    chat = Conversation(None, "Prompt", messages=[ChatMessage("user", prompt), ChatMessage("assistant", "ok")])
+    tokens = MarkdownIt("gfm-like").parse(to_markdown(chat))
+    you = next(i for i, t in enumerate(tokens) if t.type == "inline" and t.content == "You")
+    tokens = tokens[you + 2: next(i for i, t in enumerate(tokens) if i > you and t.type == "heading_open")]
+    children = [c for t in tokens for c in t.children or ()
+                if not (c.type in ("link_open", "link_close") and c.markup == "linkify")]
+    text = "".join("\n" if c.type == "hardbreak" else c.content for c in children)
+    lines = text.replace(WORD_JOINER, "").replace(NBSP, " ").split("\n")  # (a blank line: one no-break space)
+    return {t.type for t in tokens}, {c.type for c in children}, "\n".join(line.rstrip(" ") for line in lines)
+
+
+def _typed(prompt: str) -> str:
+    """A prompt as the chat shows it: its tabs in 8 columns, trailing spaces out of sight."""
+    return "\n".join(line.expandtabs(8).rstrip(" ") for line in prompt.split("\n"))
+
+
+def test_a_prompt_is_exported_as_its_literal_text():
+    blocks, inline, text = _shown(PROMPT)
+    assert blocks == BLOCKS and inline <= INLINE
+    assert text == _typed(PROMPT)
+
+
+def test_a_prompt_that_starts_indented_keeps_its_indent():
+    blocks, inline, text = _shown("    indented first\n  second")
+    assert blocks == BLOCKS and inline <= INLINE and text == "    indented first\n  second"
+
+
+def test_the_export_keeps_prompts_literal_and_replies_markdown():
+    chat = Conversation(None, "Markup", ChatSettings(system="# Be **brief**."), messages=[
+        ChatMessage("user", PROMPT), ChatMessage("assistant", "# A heading\n\n**bold**")])
+    tokens = MarkdownIt("gfm-like").parse(to_markdown(chat))
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert headings == ["Markup", "System", "You", "Assistant", "A heading"]  # the prompt fakes no turn
+    strong = [c.type for t in tokens for c in t.children or () if c.type == "strong_open"]
+    assert strong == ["strong_open"]  # the reply's bold, not the system prompt's
