@@ -75,6 +75,7 @@ class TurnStats:
     tau: float | None = None
     acceptance_rate: float | None = None
     cache_hit_rate: float | None = None
+    window: int = 0  # the first message in the model's view (ssd_chat.context_window); 0 too where not kept (older)
 
     @classmethod
     def from_dict(cls, data: dict) -> TurnStats:

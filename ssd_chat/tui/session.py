@@ -88,6 +88,8 @@ class ChatSession:
             self.conversation.title = title_from(text)
 
     def add_reply(self, text: str, stats: TurnStats | None) -> None:
+        """The pending prompt's reply; its stats keep the window it was generated with (`open` reads it back)."""
+        stats = None if stats is None else replace(stats, window=self.window)
         self.messages.append(ChatMessage("assistant", text, stats))
         self._replaced = None
         self.save()
@@ -204,11 +206,15 @@ class ChatSession:
         self.conversation = conversation
         self._synced = _copy(conversation)  # (this run's max tokens: no change to save)
         self._run_only = {}
-        self.window, self._answered_from = 0, {}
         self._titled, self._replaced = False, None
-        if self.messages and self.messages[-1].role == "user":
-            return self.messages.pop().content
-        return None
+        unanswered = self.messages.pop().content if self.messages and self.messages[-1].role == "user" else None
+        # the model's view as it was (its replies' stats keep it; 0 in a chat saved before they did): recomputed, it
+        # moved down to half the context, and the model saw fewer turns than before the chat was closed
+        self._answered_from = {i - 1: m.stats.window for i, m in enumerate(self.messages)
+                               if m.role == "assistant" and m.stats is not None and i}
+        reply = self.last_reply()
+        self.window = 0 if reply is None or reply.stats is None else reply.stats.window
+        return unanswered
 
     def save(self) -> None:
         """Persist once the conversation has a turn (an empty new chat is not worth a history entry). A prompt

@@ -191,3 +191,29 @@ async def test_the_app_gives_the_size_of_a_refused_prompt_without_the_earlier_tu
         assert told == ["this prompt has 8,572 tokens (the chat template's included) but the context limit is 8,192 "
                         "even with every earlier turn out of view: shorten it by 381 tokens or more"]
         assert len(app.session.messages) == 4
+
+
+@pytest.mark.asyncio
+async def test_a_resumed_chat_shows_the_model_the_turns_it_saw_before(tmp_path):
+    """The window was not saved: reopened, it was 0 and moved down to half the context at the next prompt, so the
+    model saw one turn where it had seen two. Each reply's stats keep it now (a chat saved before: 0, as before)."""
+    from ssd_chat.history import ChatSettings, HistoryStore, TurnStats
+
+    settings = ChatSettings(mode="sd", temperature=0.0, max_tokens=16)  # a reply: 8 tokens; 16 kept for it
+    prompts = [("word " * n).strip() for n in (24, 27, 26, 20)]  # 27, 30, 29, 23 tokens in a context of 100
+    app = make_app(FakeEngine(max_model_len=100), tmp_path, settings=settings)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        for prompt in prompts:
+            await send(app, pilot, prompt)
+        assert any("no longer holds the first 4 messages" in n.message for n in app._notifications)
+    engine = FakeEngine(max_model_len=100)
+    app = make_app(engine, tmp_path, settings=settings, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "ok")  # the third and fourth turns fit beside it, as before the quit
+        assert [m["content"] for m in engine.calls[-1][0] if m["role"] == "user"] == [*prompts[2:], "ok"]
+    saved = HistoryStore(tmp_path / "history.sqlite3").latest()
+    assert [m.stats.window for m in saved.messages if m.stats is not None] == [0, 0, 4, 4, 4]
+    assert TurnStats.from_dict({"mode": "ar", "decode_tok_s": 1.0, "ttft_s": 0.1, "generated_tokens": 1,
+                                "prompt_tokens": 5, "reused_prefix_tokens": 0, "finish_reason": "stop"}).window == 0
