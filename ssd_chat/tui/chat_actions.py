@@ -46,6 +46,7 @@ def key_label(key: str) -> str:
 
 ENGINE_STOPPED = ("the engine's process stopped: /restart, or Restart in the palette (Ctrl+P), loads it again"
                   " (the conversation stays)")
+NEXT_REPLY = "from the next reply"  # a setting changed while a reply runs: that reply keeps the one it started with
 
 
 class ChatActions(_Base):
@@ -117,7 +118,12 @@ class ChatActions(_Base):
             raise SlashError(f"mode {mode.upper()} needs a draft model: start with --draft" if mode in ("sd", "ssd")
                              else f"unknown mode {mode!r}: ar, sd or ssd")
         self.change_settings(mode=mode)
-        self.notify(f"mode {mode.upper()}" + (" (from the next reply)" if self.busy else ""), timeout=2)
+        self.notify(f"mode {mode.upper()}{self.from_next_reply()}", timeout=2)
+
+    def from_next_reply(self) -> str:
+        """What a settings notice adds while a reply (or a compare) runs: it keeps the settings it started with, where
+        the status line and the panel show the new ones at once."""
+        return f" ({NEXT_REPLY})" if self.busy else ""
 
     def show_conversation(self) -> None:
         """Rebuild the transcript from the session (after open / new / clear)."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ssd_chat.history import one_line
 from ssd_chat.tui import clipboard
+from ssd_chat.tui.chat_actions import NEXT_REPLY
 from ssd_chat.tui.commands import ENTER_MODES, SlashError, parse_fanout, parse_number
 from ssd_chat.tui.export import code_blocks
 from ssd_chat.tui.widgets.prompt_input import PromptInput
@@ -31,23 +32,34 @@ class SlashActions(_Base):
         if not arg:
             raise SlashError(f"/k takes the most draft tokens per step, 1-32 (now {self.session.settings.k})")
         self.change_settings(k=int(parse_number(arg, int, "k")), fanout=None)
+        self._changed_mid_reply(f"k {self.session.settings.k}")
 
     def slash_fanout(self, arg: str) -> None:
         self.change_settings(fanout=parse_fanout(arg))
+        fanout = self.session.settings.fanout
+        self._changed_mid_reply(f"fan-out {'default' if fanout is None else ','.join(map(str, fanout))}")
 
     def slash_temp(self, arg: str) -> None:
         if not arg:
             raise SlashError(f"/temp takes a temperature, 0 = greedy (now {self.session.settings.temperature:g})")
         self.change_settings(temperature=float(parse_number(arg, float, "temp")))
+        self._changed_mid_reply(f"temperature {self.session.settings.temperature:g}")
+
+    def _changed_mid_reply(self, setting: str) -> None:
+        """A setting the status line shows, changed while a reply runs: a notice says the reply keeps the old value
+        (as /mode's does). Between replies the status line says enough."""
+        if self.busy:
+            self.notify(setting + self.from_next_reply(), timeout=2)
 
     def slash_system(self, arg: str) -> None:
         before = self.session.settings.system
         self.change_settings(system=arg or None)
         if arg:
-            self.notify("system prompt set", timeout=2)
+            self.notify(f"system prompt set{self.from_next_reply()}", timeout=2)
         elif before:
             was = textwrap.shorten(before, 60, placeholder=" …")
-            self.notify(f"system prompt removed (it was: {was}); /system TEXT sets one", timeout=6)
+            when = f"{NEXT_REPLY}; " if self.busy else ""
+            self.notify(f"system prompt removed ({when}it was: {was}); /system TEXT sets one", timeout=6)
         else:
             self.notify("no system prompt to remove: /system TEXT sets one", severity="warning")
 
