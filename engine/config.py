@@ -21,6 +21,11 @@ PREFILL_CHUNK = {"cpu": 256, "cuda": 2048}
 # The most tokens a CPU round drafts, whatever k asks: engine.attention.sdpa.ROW_KERNEL_ROWS - 1, the verify rows that
 # still give one-row decoding's bits (engine.spec_policy); here, torch-free, for the chat app's status line too
 CPU_MAX_DRAFT = 31
+# SSD's scratch slots per request (engine.ssd): its branches' tokens, branches * k (branches past them are dropped)
+SCRATCH_SLOTS = 256
+# The most candidates per accepted count: a round of one draft token holds SCRATCH_SLOTS branches, so a larger fan-out
+# drafts none more (it only made each round rank the whole vocabulary, and 2**63 overflowed the draft process's channel)
+MAX_FANOUT = SCRATCH_SLOTS
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,10 @@ class SpeculationConfig:
             raise InvalidParameterError(
                 f"fanout must be one non-negative number or k+1 = {self.k + 1} of them, got {list(fanout)}"
             )
+        if fanout is not None and max(fanout) > MAX_FANOUT:
+            raise InvalidParameterError(f"fanout must be at most {MAX_FANOUT} candidates per accepted count (SSD's "
+                                        f"speculation cache holds {SCRATCH_SLOTS} branch tokens a request), got "
+                                        f"{max(fanout)}")
         if self.backup not in BACKUPS:
             raise InvalidParameterError(f"backup must be one of {', '.join(BACKUPS)}, got {self.backup!r}")
         if self.draft_temperature is not None and not (0.0 <= self.draft_temperature <= 100.0):

@@ -22,11 +22,10 @@ from __future__ import annotations
 import torch
 
 from engine.attention.base import SeqSpan
+from engine.config import SCRATCH_SLOTS
 from engine.drafter import Drafter, Proposal, draw_next
 from engine.runner import Chunk, slot_index
 from engine.sequence import Sequence
-
-SCRATCH_SLOTS = 256  # branch tokens one request may hold: branches * k (more branches are dropped)
 
 
 class SsdDrafter(Drafter):

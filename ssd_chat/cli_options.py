@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from engine import EngineError
-from engine.config import PREFILL_CHUNK, SpeculationConfig
+from engine.config import MAX_FANOUT, PREFILL_CHUNK, SpeculationConfig
 from engine.errors import InvalidParameterError
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.tui.commands import ENTER_MODES
@@ -92,8 +92,8 @@ NoLookup = Annotated[
                        "lookup's token wherever the context has one; see engine/lookup.py).")
 ]
 Fanout = Annotated[
-    str | None, typer.Option(help="SSD candidates per accepted count: one number, or k+1 comma-separated "
-                             "(default: geometric for the measured acceptance).")
+    str | None, typer.Option(help=f"SSD candidates per accepted count: one number, or k+1 comma-separated, each "
+                             f"0-{MAX_FANOUT} (default: geometric for the measured acceptance).")
 ]
 
 Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16.")]

@@ -147,6 +147,24 @@ def test_speculation_settings_of_the_wrong_type_are_one_line_errors(kwargs):
     assert one_line(err).split(" must be ")[1].startswith(("a whole number", "a number", "a list", "True or False"))
 
 
+def test_a_fanout_past_the_speculation_cache_is_a_one_line_error():
+    """A fan-out of 2**63 or more was taken, and every SSD round then failed in the draft process's channel
+    (OverflowError). No fan-out past MAX_FANOUT drafts more: a request's branches hold SCRATCH_SLOTS tokens, branches
+    * k (engine.ssd drops the rest), so a larger one only ranked the whole vocabulary every round."""
+    from engine.config import MAX_FANOUT, SCRATCH_SLOTS
+    from engine.ssd import SCRATCH_SLOTS as SSD_SCRATCH_SLOTS
+
+    assert MAX_FANOUT == SCRATCH_SLOTS == SSD_SCRATCH_SLOTS
+    assert SpeculationConfig(mode="ssd", fanout=MAX_FANOUT).fanout == (MAX_FANOUT,)
+    assert SpeculationConfig(mode="ssd", k=2, fanout=[0, MAX_FANOUT, 1]).fanout == (0, MAX_FANOUT, 1)
+    for fanout, named in [(MAX_FANOUT + 1, MAX_FANOUT + 1), (2**63, 2**63), (10**20, 10**20),
+                          ((1, 2, 2, 1, 10**20), 10**20)]:
+        with pytest.raises(InvalidParameterError) as err:
+            SpeculationConfig(mode="ssd", fanout=fanout)
+        assert one_line(err) == (f"fanout must be at most {MAX_FANOUT} candidates per accepted count (SSD's "
+                                 f"speculation cache holds {SCRATCH_SLOTS} branch tokens a request), got {named}")
+
+
 def test_settings_take_numpy_numbers_paths_and_generators_as_plain_values(tiny_llama_dir):
     import numpy as np
 

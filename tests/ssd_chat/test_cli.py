@@ -87,7 +87,8 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
      "bench sd with no draft",
      "distill target that is no model", "backwards core range", "seed out of range", "bench unknown model",
      "distill target that is a draft", "distill out is a file", "prefill chunk of zero",
-     "distill on a held-out set under another name", "unknown enter mode", "verbose after a command"],
+     "distill on a held-out set under another name", "unknown enter mode", "verbose after a command",
+     "fanout past the speculation cache"],
 )
 def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     tiny = str(tiny_llama_dir)
@@ -144,6 +145,8 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "prefill chunk of zero": ["ask", "hi", "--target", tiny, "--prefill-chunk", "0"],
         "unknown enter mode": ["--enter", "sideways"],
         "verbose after a command": ["ask", "hi", "-v"],
+        "fanout past the speculation cache": ["ask", "hi", "--target", tiny, "--draft", tiny, "--mode", "ssd",
+                                              "--fanout", "99999999999999999999"],  # (2**63 and more: OverflowError)
     }[case]
     result = run_ssd_chat(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")})
     assert result.returncode == 2, result.stderr
@@ -156,6 +159,8 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         assert "unknown mode(s) xx" in lines[0]
     if case == "unknown enter mode":
         assert lines[0] == "error: --enter (on the command line) takes send or newline, got 'sideways'"
+    if case == "fanout past the speculation cache":
+        assert lines[0].startswith("error: fanout must be at most 256 candidates per accepted count")
     if case == "verbose after a command":
         assert lines[0].endswith("give it before the command (ssd-chat -v ask ...)")
     if case == "distill on a held-out set under another name":

@@ -79,3 +79,27 @@ async def test_rename_makes_the_title_one_line(tmp_path):
         assert app.session.conversation.title == "First line Second line"
         assert app.session.store.load(app.session.conversation.id).title == "First line Second line"
         assert rendered(app.query_one("#status")).endswith("First line Second line")
+
+
+@pytest.mark.asyncio
+async def test_a_fanout_past_the_speculation_cache_is_refused_and_ssd_replies_go_on(tmp_path):
+    """`/fanout 99999999999999999999` was taken (and saved with the chat), and every later SSD reply failed with
+    "the engine failed: OverflowError" (the draft process's channel takes 64-bit numbers)."""
+    from engine.config import MAX_FANOUT
+
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "/fanout 2")
+        for typed, shown in [("/fanout 99999999999999999999", "99999999999999999999"), (f"/fanout {MAX_FANOUT + 1}",
+                             str(MAX_FANOUT + 1)), (f"/fanout 1,1,1,1,{MAX_FANOUT + 1}", str(MAX_FANOUT + 1))]:
+            await send(app, pilot, typed)
+            assert errors(app)[-1].startswith(f"fanout must be at most {MAX_FANOUT} candidates per accepted count")
+            assert errors(app)[-1].endswith(f"got {shown}") and "\n" not in errors(app)[-1]
+            assert app.query_one(PromptArea).text == typed and app.session.settings.fanout == (2,)
+        await send(app, pilot, f"/fanout {MAX_FANOUT}")  # the limit itself is taken
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][2] == "ssd" and engine.speculation.fanout == (MAX_FANOUT,)
+        assert app.session.messages[-1].role == "assistant"
