@@ -14,7 +14,7 @@ from textual.screen import Screen
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
-from engine.sampling_params import SamplingParams
+from ssd_chat.tui import settings_fit
 from ssd_chat.tui.commands import (
     SlashError,
     as_typed,
@@ -105,11 +105,18 @@ class ChatActions(_Base):
 
     def change_settings(self, **changes) -> None:
         """Validate first (SpeculationConfig / SamplingParams raise one-line EngineErrors), then apply."""
-        new = replace(self.session.settings, **changes)
-        replace(self.base_speculation, mode=new.mode, k=new.k, fanout=new.fanout)
-        SamplingParams(temperature=new.temperature, max_tokens=new.max_tokens)
+        settings_fit.check(replace(self.session.settings, **changes), self.base_speculation)
         self.session.update_settings(**changes)
         self.refresh_status()
+
+    def fit_settings(self) -> None:
+        """A chat saved with a value this version refuses (settings_fit): the defaults instead, saved, with a notice
+        (every reply failed on it)."""
+        changes, notice = settings_fit.fit(self.session.settings, self.base_speculation)
+        if notice is not None:
+            self.notify(notice, severity="warning", timeout=15)
+            self.session.update_settings(**changes)
+            self.refresh_status()
 
     def set_mode(self, mode: str) -> None:
         if self.engine is None:
@@ -187,6 +194,7 @@ class ChatActions(_Base):
             store = self.session.store
             if conversation_id is not None and store is not None and (found := store.load(conversation_id)):
                 unanswered = self.session.open(found)
+                self.fit_settings()
                 self.fit_mode()
                 self.show_conversation()
                 if unanswered:  # (saved so by an earlier version)

@@ -139,3 +139,40 @@ async def test_the_status_line_and_the_panel_show_the_k_a_round_drafts_at_most(t
         engine.config.on_cuda = True  # no cap: k's own
         await send(app, pilot, "/k 32")
         assert "· k 32 ·" in rendered(app.query_one("#status")) and "SD · k 32" in rendered(app.query_one("#layout"))
+
+
+@pytest.mark.asyncio
+async def test_a_chat_saved_with_a_refused_fanout_reopens_with_the_default_and_a_notice(tmp_path):
+    """A chat saved with /fanout 99999999999999999999 (taken before the fan-out had a limit): --resume reopened it
+    with that value, and every reply failed. It reopens with the default fan-out, saved, and a notice saying so."""
+    from ssd_chat.history import ChatMessage, ChatSettings, Conversation, HistoryStore
+
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    bad = ChatSettings(mode="ssd", k=3, fanout=(99999999999999999999,), temperature=0.0)
+    turns = [ChatMessage("user", "hi"), ChatMessage("assistant", "yo")]
+    saved = store.save(Conversation(None, "Wide chat", bad, turns))
+    store.close()
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.session.conversation.id == saved
+        s = app.session.settings
+        assert (s.mode, s.k, s.fanout, s.temperature) == ("ssd", 3, None, 0.0)  # only the fan-out changed
+        notice = [n.message for n in app._notifications if n.severity == "warning"][-1]
+        assert notice.startswith("this chat's saved settings are refused (fanout must be at most 256 ")
+        assert notice.endswith("it uses the default fan-out now (/fanout sets it)")
+        await send(app, pilot, "more")
+        assert engine.calls[-1][2] == "ssd" and engine.speculation.fanout is None and not errors(app)
+        assert app.session.messages[-1].role == "assistant"
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    assert store.load(saved).settings.fanout is None  # the fix is saved
+    # a k+1 fan-out reopened with another --k (--resume --k 3) failed every reply too
+    store.save(Conversation(None, "Five", ChatSettings(mode="ssd", k=4, fanout=(1, 2, 2, 1, 4)), turns))
+    store.close()
+    app = make_app(engine, tmp_path, settings=ChatSettings(k=3), resume=True, given=frozenset({"k"}))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert (app.session.settings.k, app.session.settings.fanout) == (3, None)
+        assert [n.message for n in app._notifications if n.severity == "warning"][-1].startswith(
+            "this chat's saved settings are refused (fanout must be one non-negative number or k+1 = 4 of them")

@@ -1,0 +1,48 @@
+"""A chat's settings against what the engine accepts: `check` before a change is applied, `fit` for a chat as saved.
+
+A saved chat may hold a value this version refuses (a fan-out past engine.config.MAX_FANOUT, saved before the fan-out
+had a limit; a k+1 fan-out reopened with another --k): every reply of that chat failed on it. `fit` gives the defaults
+of as few settings as make it usable, and a notice saying which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from engine.config import SpeculationConfig
+from engine.errors import EngineError
+from engine.sampling_params import SamplingParams
+from ssd_chat.history import ChatSettings
+
+# Reset in this order until the settings pass, each with the ones before it (a k+1 fan-out goes with its k); the
+# command that sets each again
+RESETS = {"fanout": ("fan-out", "/fanout"), "k": ("k", "/k"), "temperature": ("temperature", "/temp"),
+          "mode": ("mode", "/mode")}
+
+
+def check(settings: ChatSettings, base: SpeculationConfig) -> None:
+    """Raise the one-line EngineError that SpeculationConfig or SamplingParams gives for a value they refuse (`base`:
+    the run's speculation settings, --backup and --fixed-k, with the chat's mode, k and fan-out)."""
+    replace(base, mode=settings.mode, k=settings.k, fanout=settings.fanout)
+    SamplingParams(temperature=settings.temperature, max_tokens=settings.max_tokens)
+
+
+def fit(settings: ChatSettings, base: SpeculationConfig) -> tuple[dict[str, object], str | None]:
+    """The changes that make `settings` usable and the notice that says so; ({}, None) where they are usable."""
+    try:
+        check(settings, base)
+        return {}, None
+    except EngineError as err:
+        error = str(err)
+    defaults, changes = ChatSettings(), {}
+    for name in RESETS:
+        if getattr(settings, name) != getattr(defaults, name):
+            changes[name] = getattr(defaults, name)
+        try:
+            check(replace(settings, **changes), base)
+            break
+        except EngineError:
+            continue
+    what = " and ".join(RESETS[name][0] for name in changes)
+    how = ", ".join(RESETS[name][1] for name in changes)
+    return changes, f"this chat's saved settings are refused ({error}): it uses the default {what} now ({how} sets it)"
