@@ -66,7 +66,7 @@ class LLM:
         self.device = torch.device(self.placement.target[0].torch_device)
         warn_slow_compile(config, self.device)
         dtype = resolve_dtype(config.dtype, self.device)
-        self.max_model_len, self._model_max, num_blocks = context_sizes(config, files.config)
+        self.max_model_len, self.model_max_len, num_blocks = context_sizes(config, files.config)
         check_tp(files.config, self.placement.tp, config.target)
         self.draft_path = None if config.draft is None else check_draft(config, self.model_path, self.tokenizer)
         try:
@@ -213,7 +213,7 @@ class LLM:
         if self._cut:
             raise EngineError("a second Ctrl-C stopped the engine in the middle of a step: close it and start a new "
                               "one")
-        check_prompt(token_ids, self.model_args.vocab_size, self.max_model_len, self._model_max)
+        check_prompt(token_ids, self.model_args.vocab_size, self.max_model_len, self.model_max_len)
         generator = None
         if not params.is_greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))

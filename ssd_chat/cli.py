@@ -54,8 +54,9 @@ from ssd_chat.cli_options import (
     speculation_config,
     user_errors,
 )
+from ssd_chat.context_window import context_cut_notice
 from ssd_chat.defaults import Layout, apply_defaults
-from ssd_chat.plain import print_stream, run_plain
+from ssd_chat.plain import print_stream, run_plain, tell_context_cut
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.sampling_defaults import default_temperature
 
@@ -269,6 +270,7 @@ def ask(
                  attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
                  packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
             output, _ = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
+            tell_context_cut(output, context_cut_notice(llm.max_model_len, "shorten the prompt", llm.model_max_len))
         if as_json:
             typer.echo(json.dumps(output.to_dict()))
 

@@ -59,6 +59,13 @@ def moved_notice(limit: int, start: int) -> str:
             "it sees the rest")
 
 
+def context_cut_notice(limit: int, fix: str, model_max: int | None = None) -> str:
+    """What ask and the plain mode say under a reply the context limit cut (one dim line on stderr), ending with `fix`;
+    `model_max`: the model's own limit, where --max-model-len can raise the context to it."""
+    more = f"raise --max-model-len (up to {model_max:,}), or " if model_max is not None and model_max > limit else ""
+    return f"(the reply stopped at the context limit of {limit:,} tokens: {more}{fix})"
+
+
 def system_prompt_refusal(engine: Any, messages: list[dict[str, str]], fix: str) -> str | None:
     """Why the engine refused `messages` (a system prompt first, the new prompt last) as longer than its context,
     where the system prompt is what does not fit (the engine counts the prompt with it and the turns in view, and

@@ -21,9 +21,9 @@ from typing import Protocol, TextIO
 from rich.console import Console
 
 from engine.errors import EngineError, PromptTooLongError
-from engine.outputs import Event, RequestFinished, RequestOutput, TokenDelta
+from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice, system_prompt_refusal
+from ssd_chat.context_window import context_cut_notice, fit, moved_notice, system_prompt_refusal
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
 from ssd_chat.tui.commands import is_slash, split_slash
@@ -111,8 +111,18 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             err.print("(stopped before the reply began: that prompt is not part of the conversation)", style="dim")
             continue
         window = moved  # (a refused prompt moves no turn out of the model's view)
+        earlier = len(history) - len(start) - moved > 1  # turns in view before this prompt: /clear gives their room
         history.append({"role": "assistant", "content": printed if cancel.is_set() else output.text})
         err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
+        fix = "shorten the prompt" + (", or /clear the earlier turns" if earlier else "")
+        tell_context_cut(output, context_cut_notice(llm.max_model_len, fix), err)
+
+
+def tell_context_cut(output: RequestOutput, notice: str, err: Console | None = None) -> None:
+    """`notice` as a dim line on stderr (stdout keeps only the reply, for pipes) where the context limit cut the
+    reply: it stopped mid-sentence, with nothing else to say why."""
+    if output.finish_reason is FinishReason.CONTEXT:
+        (err or PipeConsole(stderr=True, highlight=False)).print(notice, style="dim", markup=False, soft_wrap=True)
 
 
 def _is_terminal(stream: TextIO) -> bool:

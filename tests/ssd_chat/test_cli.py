@@ -69,6 +69,23 @@ def test_ask_prefills_in_the_chunks_it_is_given(tiny_llama_dir, monkeypatch):
     assert made[0].core.prefill_chunk == 4
 
 
+def test_ask_says_on_stderr_when_the_context_limit_cut_the_reply(tiny_llama_dir):
+    """`ask --max-model-len 64 --max-tokens 1000` stopped mid-sentence with rc 0 and nothing on stderr (only --json
+    said finish_reason "context"). One line on stderr now says so and what to do; stdout keeps only the reply."""
+    ask = ["ask", "Paris is", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "1000"]
+    notice = "(the reply stopped at the context limit of {} tokens: {}shorten the prompt)\n"
+    cut = runner.invoke(cli.app, [*ask, "--max-model-len", "32"])  # (the tiny model never ends a reply)
+    as_json = runner.invoke(cli.app, [*ask, "--max-model-len", "32", "--json"])
+    assert cut.exit_code == as_json.exit_code == 0, cut.output
+    assert json.loads(as_json.stdout)["finish_reason"] == "context"
+    assert cut.stdout == json.loads(as_json.stdout)["text"] + "\n"
+    assert cut.stderr == as_json.stderr == notice.format(32, "raise --max-model-len (up to 512), or ")
+    own = runner.invoke(cli.app, ask)  # the model's own context (512): no larger one to ask for
+    assert own.exit_code == 0 and own.stderr == notice.format(512, "")
+    whole = runner.invoke(cli.app, [*ask[:-1], "8", "--max-model-len", "32"])  # not cut: nothing on stderr
+    assert whole.exit_code == 0 and whole.stderr == ""
+
+
 def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
     expected = greedy_chat(tiny_llama_dir, "Paris is", 5)
     args = ["ask", "-", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "5", "--json"]

@@ -200,3 +200,25 @@ def test_plain_prints_nothing_more_of_a_reply_after_ctrl_c(monkeypatch, capsys):
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     assert capsys.readouterr().out == "Hello\n" + REPLY + "\n"
     assert [m["content"] for m in engine.calls[-1][0]] == ["hi", "Hello", "next"]
+
+
+def test_plain_says_what_to_do_when_the_context_limit_cut_a_reply(tiny_llama_dir, monkeypatch, capsys):
+    """As ask does: a reply the context limit cut stopped mid-sentence, and only the stats line's "stopped: context"
+    said why. One dim line on stderr says so and what to do; /clear only where earlier turns take room."""
+    notice = "(the reply stopped at the context limit of {} tokens: shorten the prompt{})"
+    with LLM(str(tiny_llama_dir), max_model_len=128, threads=1) as llm:  # (the tiny model never ends a reply)
+        _feed(monkeypatch, ["Paris is"])
+        run_plain(llm, SamplingParams(temperature=0, max_tokens=1000), None)
+        captured = capsys.readouterr()
+        assert [line for line in captured.err.splitlines() if "limit" in line] == [notice.format(128, "")]
+        assert captured.out.count("\n") == 1  # stdout: the reply alone
+        _feed(monkeypatch, ["Paris is", "And then?"])
+        run_plain(llm, SamplingParams(temperature=0, max_tokens=30), None)  # replies of 30 tokens: none cut
+        assert "limit" not in capsys.readouterr().err
+    with LLM(str(tiny_llama_dir), max_model_len=256, threads=1) as llm:
+        # the second reply has room for a quarter of the context (the window keeps the first turn) but not for 85
+        _feed(monkeypatch, ["Paris is", "And then?"])
+        run_plain(llm, SamplingParams(temperature=0, max_tokens=85), None)
+        err = capsys.readouterr().err.splitlines()
+        assert err[0].endswith("stopped: length") and err[-2].endswith("stopped: context")
+        assert err[-1] == notice.format(256, ", or /clear the earlier turns")
