@@ -77,7 +77,8 @@ def distill(
     temperature: Annotated[float, typer.Option(help="The target's temperature for its replies; 0 = greedy.")] = 0.0,
     ignore_eos: Annotated[bool, typer.Option(help="Replies run to --max-tokens past the end of turn (the target "
                                                   "then writes and answers a new user turn).")] = True,
-    eval_prompts: Annotated[int, typer.Option(help="Prompts held out to measure greedy agreement.")] = 32,
+    eval_prompts: Annotated[int, typer.Option(help="Prompts held out to measure greedy agreement (they must leave "
+                                              "one --batch-size of training prompts).")] = 32,
     eval_every: Annotated[int, typer.Option(help="Steps between agreement measurements.")] = 100,
     checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (and draft writes).")] = 100,
     threads: Threads = None,

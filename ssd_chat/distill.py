@@ -117,6 +117,25 @@ def _refuse_held_out(prompts: list, path: Path) -> None:
                                         f"{held.name}: take them out, or train on another prompt file")
 
 
+def _refuse_a_small_training_set(prompts: list, num_eval: int, batch_size: int) -> None:
+    """Held-out prompts must leave at least one batch of training prompts (their twins go too: data.split), said
+    before any reply is generated: --eval-prompts 100000 generated replies to all 5,327 prompts (hours) to train on one
+    (held_out_indices holds out all but one), and --max-prompts 4 --eval-prompts 10 trained on one reply."""
+    def num_training(n: int) -> int:
+        return len(data.split(prompts, n)[0]) if n < len(prompts) else 0
+
+    if num_eval == 0 or (left := num_training(num_eval)) >= batch_size:
+        return
+    low, high = 0, min(num_eval, len(prompts)) - 1  # the most held out that leaves a batch (fewer: more training)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if num_training(middle) >= batch_size else (low, middle - 1)
+    fix = f"hold out at most {low:,}" if low else "hold out none (--eval-prompts 0)"
+    raise InvalidParameterError(f"--eval-prompts {num_eval:,} leaves {left:,} of the {len(prompts):,} prompts for "
+                                f"training, fewer than one batch (--batch-size {batch_size}): {fix}, or give more "
+                                "prompts (--max-prompts, --prompts) or a smaller --batch-size")
+
+
 @dataclass(frozen=True)
 class DistillResult:
     out: Path
@@ -148,9 +167,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
                                     f"layers: pick 1..{num_layers}")
     prompts = load_prompts(Path(config.prompts_file), limit=config.max_prompts)
     _refuse_held_out(prompts, Path(config.prompts_file))
-    if len(prompts) < 2 and config.eval_prompts:
-        raise InvalidParameterError(f"{config.prompts_file} holds {len(prompts)} prompt: give at least 2 "
-                                    "(some are held out), or --eval-prompts 0")
+    _refuse_a_small_training_set(prompts, config.eval_prompts, config.batch_size)
     work = prepare_out(out)
     data_settings = data.DataSettings(str(target_dir), data.file_sha256(Path(config.prompts_file)), config.max_tokens,
                                       config.temperature, config.seed, config.ignore_eos, config.reply_dtype)
@@ -163,12 +180,8 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     examples = data.generate_examples(str(target_dir), prompts, data_settings, work / "data.jsonl",
                                  threads=config.threads, progress=lambda d, t: progress("replies", d, t, ""))
     replies_s = time.perf_counter() - started
-    held_out = set(data.held_out_indices(len(examples), config.eval_prompts))
-    # a held-out prompt's twin (the same turns under another system prompt, or none) stays out of training too
-    held_turns = {data.conversation_turns(prompts[i]) for i in held_out}
-    train_examples = [e for i, e in enumerate(examples)
-                      if i not in held_out and data.conversation_turns(prompts[i]) not in held_turns]
-    eval_examples = [examples[i] for i in sorted(held_out)]
+    training, held_out = data.split(prompts, config.eval_prompts)
+    train_examples, eval_examples = [examples[i] for i in training], [examples[i] for i in held_out]
 
     started = time.perf_counter()
     target = load_target(target_dir)

@@ -65,6 +65,15 @@ def held_out_indices(num_prompts: int, num_eval: int) -> list[int]:
     return [(2 * i + 1) * num_prompts // (2 * num_eval) for i in range(num_eval)] if num_eval > 0 else []
 
 
+def split(prompts: Sequence[Messages], num_eval: int) -> tuple[list[int], list[int]]:
+    """(training, held-out) prompt indices: ``held_out_indices``, and a held-out prompt's twin (the same turns under
+    another system prompt, or none) kept out of training too."""
+    held = held_out_indices(len(prompts), num_eval)
+    held_turns = {conversation_turns(prompts[i]) for i in held}
+    training = [i for i, p in enumerate(prompts) if conversation_turns(p) not in held_turns]  # (the held-out too)
+    return training, held
+
+
 def conversation_turns(messages: Messages) -> tuple[tuple[str, str], ...]:
     """A prompt's user and assistant turns, without its system prompt: prompts that differ only there are twins."""
     return tuple((m["role"], m["content"]) for m in messages if m["role"] != "system")

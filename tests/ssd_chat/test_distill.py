@@ -263,6 +263,7 @@ def test_bad_options_are_one_line_and_exit_2(tiny_llama_dir, prompts_file, tmp_p
         "seed past torch's range": [*trains, "--out", str(tmp_path / "o9"), "--seed", str(2**64)],
         "infinite learning rate": [*trains, "--out", str(tmp_path / "o10"), "--lr", "inf"],  # (it trained NaNs)
         "infinite KL learning rate": [*trains, "--out", str(tmp_path / "o11"), "--kl-steps", "2", "--kl-lr", "inf"],
+        "training on fewer than a batch": [*trains, "--out", str(tmp_path / "o12"), "--eval-prompts", "46"],  # (2 left)
         "unknown precision": [*base, "--out", str(tmp_path / "o5"), "--precision", "fp8"],
         "unknown reply dtype": [*base, "--out", str(tmp_path / "o7"), "--reply-dtype", "int4"],
         "unknown storage": [*base, "--out", str(tmp_path / "o8"), "--save-weights", "int4"],

@@ -132,3 +132,46 @@ def test_no_training_prompt_is_a_held_out_one():
         prompts = load_prompts(held_out)
         assert len(prompts) == 16
         assert not training & {tuple(m["content"] for m in messages) for messages in prompts}, held_out.name
+
+
+def test_held_out_prompts_that_leave_less_than_a_batch_are_refused_before_any_reply(tiny_llama_dir, tmp_path,
+                                                                                     monkeypatch):
+    """`distill --eval-prompts 100000` generated replies to all 5,327 prompts (hours) to train on one (all but one
+    held out), and `--max-prompts 4 --eval-prompts 10 --steps 2` trained on one reply, quietly."""
+    from engine.errors import InvalidParameterError
+    from ssd_chat.distill import DistillConfig, run_distill
+
+    class Replies(Exception):
+        """The run got past its checks: the replies would be generated now."""
+
+    def fake_replies(*args, **kwargs):
+        raise Replies
+
+    monkeypatch.setattr(data, "generate_examples", fake_replies)
+
+    def run(name: str, **kwargs) -> None:
+        run_distill(DistillConfig(target=str(tiny_llama_dir), out=tmp_path / name, draft_layers=1, **kwargs),
+                    lambda *_: None)
+
+    def refused(**kwargs) -> str:
+        with pytest.raises(InvalidParameterError) as err:
+            run("refused", **kwargs)
+        assert not (tmp_path / "refused").exists()  # nothing written
+        return str(err.value)
+
+    n = len(load_prompts(DISTILL_PROMPTS))
+    more = "or give more prompts (--max-prompts, --prompts) or a smaller --batch-size"
+    assert refused(eval_prompts=100_000) == (f"--eval-prompts 100,000 leaves 0 of the {n:,} prompts for training, "
+                                             f"fewer than one batch (--batch-size 16): hold out at most {n - 16:,}, "
+                                             + more)
+    assert refused(max_prompts=4, eval_prompts=10, steps=2) == (
+        "--eval-prompts 10 leaves 0 of the 4 prompts for training, fewer than one batch (--batch-size 16): hold out "
+        "none (--eval-prompts 0), " + more)
+    assert refused(max_prompts=4, eval_prompts=3, batch_size=2).startswith(
+        "--eval-prompts 3 leaves 1 of the 4 prompts for training, fewer than one batch (--batch-size 2): hold out at "
+        "most 2, ")
+    assert len(data.split(load_prompts(DISTILL_PROMPTS, limit=20), 4)[0]) == 16  # one batch exactly: taken
+    for name, kwargs in [("one batch left", dict(max_prompts=20, eval_prompts=4)), ("none held out",
+                         dict(max_prompts=4, eval_prompts=0))]:  # (fewer prompts than a batch: the user's choice)
+        with pytest.raises(Replies):
+            run(name, **kwargs)
