@@ -43,6 +43,8 @@ def fit(settings: ChatSettings, base: SpeculationConfig) -> tuple[dict[str, obje
             break
         except EngineError:
             continue
+    else:  # (none of these: the reply's error will say what)
+        return {}, None
     what = " and ".join(RESETS[name][0] for name in changes)
     how = ", ".join(RESETS[name][1] for name in changes)
     return changes, f"this chat's saved settings are refused ({error}): it uses the default {what} now ({how} sets it)"
