@@ -23,7 +23,7 @@ from rich.console import Console
 from engine.errors import EngineError, PromptTooLongError
 from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import context_cut_notice, fit, moved_notice, system_prompt_refusal
+from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
 from ssd_chat.tui.commands import is_slash, split_slash
@@ -100,8 +100,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
-            why = (system_prompt_refusal(llm, history, "start again with a shorter --system, or none")
-                   if isinstance(error, PromptTooLongError) else None)
+            why = (prompt_refusal(llm, history, "start again with a shorter --system, or none", str(error))
+                   if isinstance(error, PromptTooLongError) else None)  # (the prompt's size, not the turns in view)
             history.pop()
             # (/clear would not help: the window moves)
             err.print(f"error: {why or error}", markup=False, soft_wrap=True)
