@@ -70,6 +70,8 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
         child_stderr.redirect(stderr_path)
     from engine import LLM
 
+    global _stderr_file
+    _stderr_file = None if stderr_path is None else (stderr_path, parent)
     closing = threading.Event()
     threading.Thread(target=_watch, args=(parent, closing), daemon=True).start()
     wire = _Wire(pipe)
@@ -92,9 +94,7 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
         wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer)))
         _answer(llm, wire)
     except _AppGone:
-        if stderr_path is not None:  # (nobody left to print it)
-            with contextlib.suppress(OSError):
-                os.unlink(stderr_path)
+        pass
     finally:
         closing.set()
         llm.close()
@@ -134,7 +134,18 @@ def _exit_now() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    _remove_if_orphaned()
     os._exit(0)
+
+
+_stderr_file: tuple[str, int] | None = None  # this process's stderr file and its app's pid (serve sets it)
+
+
+def _remove_if_orphaned() -> None:
+    """Where the app is gone (killed), nobody is left to print this process's stderr file: it goes."""
+    if _stderr_file is not None and os.getppid() != _stderr_file[1]:
+        with contextlib.suppress(OSError):
+            os.unlink(_stderr_file[0])
 
 
 def _stream(llm, wire: _Wire, messages, params, pending: deque) -> bool:
@@ -162,4 +173,5 @@ def _watch(parent: int, closing: threading.Event) -> None:
         time.sleep(WATCH_S)
     if closing.wait(WATCH_S):
         time.sleep(CLOSE_GRACE_S)  # (a deadline: the close ends the process before it)
+    _remove_if_orphaned()
     os._exit(0)

@@ -109,17 +109,19 @@ def test_the_engine_process_ends_with_the_app(tiny_llama_dir):
     script = textwrap.dedent(f"""
         import os, sys
         from ssd_chat.tui.engine_process import EngineProcess
+        from ssd_chat.tui import child_stderr
         engine = EngineProcess({str(tiny_llama_dir)!r}, threads=1)
-        print(engine._proc.pid, flush=True)
-        os._exit(0)  # the app dies without closing it
+        print(engine._proc.pid, child_stderr._files[-1], flush=True)
+        os._exit(0)  # the app dies without closing it (nor printing its engine's stderr file)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    pid = int(out.stdout.split()[0])
+    pid, stderr_file = out.stdout.split()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and _alive(int(pid)):
         time.sleep(0.2)
-    assert not _alive(pid)
+    assert not _alive(int(pid))
+    assert not Path(stderr_file).exists()  # the engine process removed it: nobody was left to print it
 
 
 def test_killed_mid_reply_the_app_leaves_an_engine_process_that_closes_quietly(tiny_llama_dir):
