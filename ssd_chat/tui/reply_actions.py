@@ -13,7 +13,7 @@ from textual import work
 from engine.errors import EngineError, PromptTooLongError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
-from ssd_chat.context_window import fit, moved_notice, prompt_refusal
+from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.history import TurnStats
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
 from ssd_chat.tui.commands import as_typed
@@ -37,6 +37,8 @@ TICK_S = 0.05  # how often the flush timer asks the pacer
 FLUSH_S, FLUSH_MAX_S = 0.1, 0.5  # the reply and the panel update at most 10 and at least 2 times a second,
 UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it stays near this share of a core
 SYSTEM_FIX = "/system TEXT sets a shorter system prompt, /system alone removes it"
+CONTEXT_CUT_FIX = ("a next prompt (\"go on\") continues it, the earliest turns then out of the model's view; /clear "
+                   "starts afresh")
 
 
 class ReplyActions(_Base):
@@ -138,6 +140,10 @@ class ReplyActions(_Base):
         self.replacing_draft, self.regenerating = None, False
         if output.finish_reason is FinishReason.CANCELLED:
             self.notify("reply stopped; the partial text is kept", timeout=3)
+        elif output.finish_reason is FinishReason.CONTEXT:  # (the stats line says "stopped: context", no more)
+            assert self.engine is not None
+            self.notify(context_cut_notice(self.engine.max_model_len, CONTEXT_CUT_FIX)[1:-1], severity="warning",
+                        timeout=10)
         self._end_reply()
 
     def _stopped_before_reply(self) -> None:

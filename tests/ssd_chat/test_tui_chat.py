@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from engine.errors import PromptTooLongError
+from engine.outputs import FinishReason
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
 from ssd_chat.tui.widgets.transcript import AssistantMessage, UserMessage
@@ -249,3 +250,21 @@ async def test_a_refused_prompt_gives_the_panel_back_the_last_replys_figures(tmp
         await settle(app, pilot)
         assert any(n.title == "not sent" for n in app._notifications)
         assert (rendered(app.query_one("#speed")), rendered(app.query_one("#tok-s"))) == figures
+
+
+@pytest.mark.asyncio
+async def test_a_reply_the_context_limit_cut_says_what_to_do(tmp_path):
+    """Its stats line said "stopped: context" and no more (ask and the plain mode print a line on stderr)."""
+    engine = FakeEngine(ends=FinishReason.CONTEXT)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        notices = [n.message for n in app._notifications]
+        assert any(n.startswith("the reply stopped at the context limit of 100,000 tokens: a next prompt")
+                   for n in notices), notices
+        await send(app, pilot, "go on")
+        assert sum("context limit" in n.message for n in app._notifications) == 2
+        engine.ends = None
+        await send(app, pilot, "again")
+        assert sum("context limit" in n.message for n in app._notifications) == 2  # (a reply that ended: none)

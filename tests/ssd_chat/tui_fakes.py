@@ -59,6 +59,7 @@ class FakeEngine:
     gate: threading.Event | None = None     # each delta after the first waits for this event
     diverge_in: str | None = None           # a mode whose last token differs (a broken speculative path)
     prefill_chunks: int = 0                 # PrefillProgress events (512 tokens each) before the first delta
+    ends: FinishReason | None = None        # how a reply that is not cut by max_tokens ends (default: STOP)
     layout: dict[str, str] = field(default_factory=lambda: {"target": "fake-target on cpu (TP=1, 2 threads)",
                                                             "draft": "fake-draft on cpu"})
     calls: list[tuple[list[dict[str, str]], object, str]] = field(default_factory=list)
@@ -101,7 +102,7 @@ class FakeEngine:
         steps = hits = accepted_total = drafted_total = emitted_on_hit = 0
         i = 0
         cut = params is not None and params.max_tokens < len(self.words)
-        reason = FinishReason.LENGTH if cut else FinishReason.STOP
+        reason = FinishReason.LENGTH if cut else (self.ends or FinishReason.STOP)
         for j in range(1, self.prefill_chunks + 1):  # a long prompt, a chunk a step (gated as the deltas are)
             yield PrefillProgress(request_id, 512 * j, 512 * self.prefill_chunks + 100)
             if self.gate is not None:
