@@ -75,6 +75,8 @@ class TurnStats:
     tau: float | None = None
     acceptance_rate: float | None = None
     cache_hit_rate: float | None = None
+    tau_on_hit: float | None = None   # SSD: tau over the rounds that hit the speculation cache (None: older chats)
+    tau_on_miss: float | None = None
     window: int = 0  # the first message in the model's view (ssd_chat.context_window); 0 too where not kept (older)
 
     @classmethod
@@ -92,8 +94,9 @@ class TurnStats:
             tau=None if s.spec is None else s.spec.tau,
             acceptance_rate=None if s.spec is None else s.spec.acceptance_rate,
             cache_hit_rate=None if s.spec is None else s.spec.cache_hit_rate,
+            tau_on_hit=None if s.spec is None else s.spec.tau_on_hit,
+            tau_on_miss=None if s.spec is None else s.spec.tau_on_miss,
         )
-
 
     @property
     def first_token_s(self) -> float | None:

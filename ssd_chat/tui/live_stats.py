@@ -164,6 +164,7 @@ def saved_panel(stats: TurnStats) -> PanelData:
         mode=stats.mode, k=0, tok_s=stats.decode_tok_s, generated_tokens=stats.generated_tokens,
         ttft_s=stats.first_token_s,
         rates=(), tau=stats.tau, acceptance_rate=stats.acceptance_rate, cache_hit_rate=stats.cache_hit_rate,
+        tau_on_hit=stats.tau_on_hit, tau_on_miss=stats.tau_on_miss,
         reused_prefix_tokens=stats.reused_prefix_tokens, prompt_tokens=stats.prompt_tokens, is_final=True,
     )
 

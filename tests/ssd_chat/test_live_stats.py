@@ -3,6 +3,9 @@ drafts (the adaptive length chose k = 0) counted apart from the accepted-length 
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 from engine.outputs import StepStats
 from ssd_chat.tui.live_stats import LiveStats
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
@@ -93,16 +96,18 @@ def test_a_reply_stopped_in_its_prefill_shows_no_ttft():
     assert saved_panel(TurnStats("sd", 0.0, 0.05, 1, 30, 0, "stop")).ttft_s == 0.05
 
 
-def test_a_saved_ssd_reply_shows_its_cache_hits_without_a_tau_split_the_history_does_not_keep():
+def test_a_saved_ssd_reply_shows_its_cache_hits_and_the_tau_split_where_the_history_kept_it():
     """A resumed chat's panel read "cache hits 80%" over "tau on hit – · on miss –", which a live reply shows for
-    rounds that never happened: the history keeps the hit rate and tau, not the split (nor what it needs)."""
+    rounds that never happened: the history kept the hit rate and tau, not the split. It keeps the split now; a
+    reply saved before that shows no split line."""
     from ssd_chat.history import TurnStats
     from ssd_chat.tui.live_stats import saved_panel
 
-    saved = saved_panel(TurnStats("ssd", 40.0, 0.08, 12, 30, 0, "stop", tau=2.5, acceptance_rate=0.5,
-                                  cache_hit_rate=0.8))
-    text = str(StatsPanel._spec_text(saved))
+    before = TurnStats("ssd", 40.0, 0.08, 12, 30, 0, "stop", tau=2.5, acceptance_rate=0.5, cache_hit_rate=0.8)
+    text = str(StatsPanel._spec_text(saved_panel(before)))
     assert "cache hits 80%" in text and "tau on hit" not in text and "–" not in text
+    now = TurnStats.from_dict(json.loads(json.dumps({**asdict(before), "tau_on_hit": 2.75, "tau_on_miss": 1.5})))
+    assert "cache hits 80%\ntau on hit 2.75 · on miss 1.50" in str(StatsPanel._spec_text(saved_panel(now)))
     stats = LiveStats(mode="ssd", k=2, started=0.0)
     for accepted, hit in [(2, True), (0, False)]:
         stats.on_step(StepStats(1, 2, accepted, verify_time_s=0.01, draft_time_s=0.0, cache_hit=hit))

@@ -176,7 +176,7 @@ async def test_a_reopened_chat_shows_its_last_replys_figures_in_the_panel(tmp_pa
         assert (rendered(app.query_one("#tok-s")), speed, rendered(app.query_one("#prefix"))) == (
             live[0], live[1], live[3])  # what the history keeps: tok/s, TTFT, tokens, prefix reuse
         assert " 0 tokens" not in speed
-        assert spec.splitlines()[:2] == live[2].splitlines()[:2]  # SSD tau, acceptance, cache hits
+        assert spec.splitlines()[:3] == live[2].splitlines()[:3]  # SSD tau, acceptance, cache hits, tau on hit/miss
         assert rendered(app.query_one("#histogram")) == "–"  # live only: not in the history
         await send(app, pilot, "/clear")
         assert "no reply yet" in rendered(app.query_one("#spec"))
