@@ -21,7 +21,7 @@ class SlashSpec:
 SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("mode", "/mode ar|sd|ssd", "switch the decoding mode (sd and ssd need a draft model)"),
     SlashSpec("k", "/k N", "most draft tokens per verify step (1-32; the CPU drafts at most 31)"),
-    SlashSpec("fanout", "/fanout N | N,N,...", "SSD candidates per accepted count (one number or k+1); none: default"),
+    SlashSpec("fanout", "/fanout N | N,N,...", "SSD candidates per accepted count (0-256: one, or k+1); none: default"),
     SlashSpec("temp", "/temp T", "sampling temperature (0 = greedy)"),
     SlashSpec("system", "/system TEXT", "set the system prompt (no text: remove it)"),
     SlashSpec("enter", "/enter send|newline", "what Enter does: send, or a new line (then Ctrl+S sends)"),
