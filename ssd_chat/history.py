@@ -56,8 +56,9 @@ class ChatSettings:
     def from_dict(cls, data: dict) -> ChatSettings:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        if values.get("fanout") is not None:
-            values["fanout"] = tuple(values["fanout"])
+        fanout = values.get("fanout")
+        if fanout is not None:  # (a list as saved; one number from a hand-edited file: settings_fit checks it)
+            values["fanout"] = (fanout,) if isinstance(fanout, int | float | str) else tuple(fanout)
         return cls(**values)
 
 

@@ -112,7 +112,7 @@ class ChatActions(_Base):
     def fit_settings(self) -> None:
         """A chat saved with a value this version refuses (settings_fit): the defaults instead, saved, with a notice
         (every reply failed on it)."""
-        changes, notice = settings_fit.fit(self.session.settings, self.base_speculation)
+        changes, notice = settings_fit.fit(self.session.settings, self.base_speculation, self.run_settings)
         if notice is not None:
             self.notify(notice, severity="warning", timeout=15)
             self.session.update_settings(**changes)

@@ -27,17 +27,20 @@ def check(settings: ChatSettings, base: SpeculationConfig) -> None:
     SamplingParams(temperature=settings.temperature, max_tokens=settings.max_tokens)
 
 
-def fit(settings: ChatSettings, base: SpeculationConfig) -> tuple[dict[str, object], str | None]:
-    """The changes that make `settings` usable and the notice that says so; ({}, None) where they are usable."""
+def fit(settings: ChatSettings, base: SpeculationConfig,
+        defaults: ChatSettings) -> tuple[dict[str, object], str | None]:
+    """The changes that make `settings` usable and the notice that says so; ({}, None) where they are usable.
+    `defaults`: the run's settings (what a new chat starts with: the model's temperature, the mode the engine was
+    started in). The fewest settings go back to them: each alone first, then together in RESETS' order."""
     try:
         check(settings, base)
         return {}, None
     except EngineError as err:
         error = str(err)
-    defaults, changes = ChatSettings(), {}
-    for name in RESETS:
-        if getattr(settings, name) != getattr(defaults, name):
-            changes[name] = getattr(defaults, name)
+    differ = [name for name in RESETS if getattr(settings, name) != getattr(defaults, name)]
+    tries = [{name: getattr(defaults, name)} for name in differ]
+    tries += [{name: getattr(defaults, name) for name in differ[: i + 1]} for i in range(1, len(differ))]
+    for changes in tries:
         try:
             check(replace(settings, **changes), base)
             break
@@ -46,5 +49,5 @@ def fit(settings: ChatSettings, base: SpeculationConfig) -> tuple[dict[str, obje
     else:  # (none of these: the reply's error will say what)
         return {}, None
     what = " and ".join(RESETS[name][0] for name in changes)
-    how = ", ".join(RESETS[name][1] for name in changes)
-    return changes, f"this chat's saved settings are refused ({error}): it uses the default {what} now ({how} sets it)"
+    how = ", ".join(RESETS[name][1] for name in changes) + (" sets it" if len(changes) == 1 else " set them")
+    return changes, f"this chat's settings are refused ({error}): it uses the default {what} now ({how})"

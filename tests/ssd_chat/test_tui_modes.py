@@ -160,7 +160,7 @@ async def test_a_chat_saved_with_a_refused_fanout_reopens_with_the_default_and_a
         s = app.session.settings
         assert (s.mode, s.k, s.fanout, s.temperature) == ("ssd", 3, None, 0.0)  # only the fan-out changed
         notice = [n.message for n in app._notifications if n.severity == "warning"][-1]
-        assert notice.startswith("this chat's saved settings are refused (fanout must be at most 256 ")
+        assert notice.startswith("this chat's settings are refused (fanout must be at most 256 ")
         assert notice.endswith("it uses the default fan-out now (/fanout sets it)")
         await send(app, pilot, "more")
         assert engine.calls[-1][2] == "ssd" and engine.speculation.fanout is None and not errors(app)
@@ -175,4 +175,4 @@ async def test_a_chat_saved_with_a_refused_fanout_reopens_with_the_default_and_a
         await settle(app, pilot)
         assert (app.session.settings.k, app.session.settings.fanout) == (3, None)
         assert [n.message for n in app._notifications if n.severity == "warning"][-1].startswith(
-            "this chat's saved settings are refused (fanout must be one non-negative number or k+1 = 4 of them")
+            "this chat's settings are refused (fanout must be one non-negative number or k+1 = 4 of them")

@@ -1,0 +1,29 @@
+"""A chat's saved settings that the engine refuses go back to the run's defaults, as few of them as it takes."""
+
+from __future__ import annotations
+
+from engine.config import SpeculationConfig
+from ssd_chat.history import ChatSettings
+from ssd_chat.tui.settings_fit import fit
+
+BASE = SpeculationConfig(mode="sd", k=4)
+RUN = ChatSettings(mode="sd", k=4, temperature=0.2)  # what a new chat of this run starts with
+
+
+def test_only_the_refused_setting_goes_back_to_the_runs_default():
+    changes, notice = fit(ChatSettings(mode="sd", k=4, temperature=-1.0), BASE, RUN)
+    assert changes == {"temperature": 0.2}  # the model's default, not ChatSettings' 0.7
+    assert notice is not None and notice.endswith("it uses the default temperature now (/temp sets it)")
+    changes, notice = fit(ChatSettings(mode="xyz", k=4, temperature=0.5), BASE, RUN)
+    assert changes == {"mode": "sd"}  # the valid temperature stays (it was reset on the way to the mode)
+    fanned = ChatSettings(mode="ssd", k=2, fanout=(1, 2, 3, 4), temperature=0.5)  # k+1 = 3 needed
+    assert fit(fanned, BASE, RUN)[0] == {"fanout": None}
+    assert fit(ChatSettings(mode="sd", k=3, temperature=0.5), BASE, RUN) == ({}, None)
+
+
+def test_a_saved_fanout_of_one_number_reads_as_a_one_number_fanout():
+    """A hand-edited history with "fanout": 300 crashed --resume (TypeError: 'int' object is not iterable)."""
+    settings = ChatSettings.from_dict({"mode": "ssd", "k": 4, "fanout": 300})
+    assert settings.fanout == (300,)
+    changes, notice = fit(settings, BASE, RUN)
+    assert changes == {"fanout": None} and notice is not None and "at most 256" in notice
