@@ -70,16 +70,16 @@ def system_prompt_refusal(engine: Any, messages: list[dict[str, str]], fix: str)
     """Why the engine refused `messages` (a system prompt first, the new prompt last) as longer than its context,
     where the system prompt is what does not fit (the engine counts the prompt with it and the turns in view, and
     said "the prompt has 9032 tokens" of a 2-word prompt): one line ending with `fix`, how to change the system
-    prompt. None where there is no system prompt or the new prompt alone does not fit (the engine's line says it)."""
+    prompt. None where there is no system prompt, or where the system prompt fits and the new prompt alone does not."""
     if len(messages) < 2 or messages[0]["role"] != "system":
         return None
     limit = engine.max_model_len
+    system = len(engine.encode_chat(messages[:1]))
+    if system >= limit:  # (whatever the prompt: no prompt fits beside it)
+        return f"the system prompt has {system:,} tokens but the context limit is {limit:,}: {fix}"
     prompt = len(engine.encode_chat(messages[-1:]))
     if prompt >= limit:
         return None
-    system = len(engine.encode_chat(messages[:1]))
-    if system >= limit:
-        return f"the system prompt has {system:,} tokens but the context limit is {limit:,}: {fix}"
     return (f"this prompt ({prompt:,} tokens) and the system prompt ({system:,} tokens) together pass the context "
             f"limit of {limit:,}: shorten the prompt, or {fix}")
 
@@ -101,7 +101,9 @@ def prompt_refusal(engine: Any, messages: list[dict[str, str]], fix: str, refuse
     more = re.search(r", or raise --max-model-len \(up to \d+\)", refused)  # (the engine knows the model's limit)
     prompt = len(engine.encode_chat(messages[-1:]))
     size = f"this prompt has {prompt:,} tokens (the chat template's included)"
-    if system:
+    if system and counted > prompt:  # (a template's own default system prompt can be longer than the one given)
         size += f" and the system prompt {counted - prompt:,} more, {counted:,} in all,"
+    cut = counted - limit + 1
     return (f"{size} but the context limit is {limit:,} even with every earlier turn out of view: shorten "
-            f"{'the prompt' if system else 'it'} by {counted - limit + 1:,} tokens or more{more[0] if more else ''}")
+            f"{'the prompt' if system else 'it'} by {cut:,} token{'' if cut == 1 else 's'} or more, and more for "
+            f"room to reply{more[0] if more else ''}")

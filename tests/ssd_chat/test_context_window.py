@@ -157,12 +157,27 @@ def test_a_refusal_counts_the_prompt_not_the_turns_that_leave_the_view():
     raw = "the prompt has 14581 tokens but the context limit is 8192: shorten it, or raise --max-model-len (up to 9000)"
     assert prompt_refusal(engine, earlier + prompt, fix, raw) == (
         "this prompt has 8,572 tokens (the chat template's included) but the context limit is 8,192 even with every "
-        "earlier turn out of view: shorten it by 381 tokens or more, or raise --max-model-len (up to 9000)")
+        "earlier turn out of view: shorten it by 381 tokens or more, and more for room to reply, or raise "
+        "--max-model-len (up to 9000)")
     system = [{"role": "system", "content": "word " * 147}]  # 150 tokens
     assert prompt_refusal(engine, system + earlier + prompt, fix, "the prompt has 14731 tokens: shorten it") == (
         "this prompt has 8,572 tokens (the chat template's included) and the system prompt 150 more, 8,722 in all, "
         "but the context limit is 8,192 even with every earlier turn out of view: shorten the prompt by 531 tokens "
-        "or more")
+        "or more, and more for room to reply")
+    huge = [{"role": "system", "content": "word " * 9000}]  # the system prompt alone: no prompt fits beside it
+    assert prompt_refusal(engine, huge + prompt, fix, "the prompt has 17575 tokens: shorten it") == (
+        "the system prompt has 9,003 tokens but the context limit is 8,192: change it")
+    count = engine.encode_chat  # a template with a default system prompt (SmolLM2's) longer than the one given
+
+    def encode(messages):
+        return count(messages) + [0] * (0 if messages and messages[0]["role"] == "system" else 20)
+
+    engine.encode_chat = encode
+    short = [{"role": "system", "content": "Be brief."}]
+    assert prompt_refusal(engine, short + prompt, fix, "the prompt has 8577 tokens: shorten it") == (
+        "this prompt has 8,592 tokens (the chat template's included) but the context limit is 8,192 even with every "
+        "earlier turn out of view: shorten the prompt by 386 tokens or more, and more for room to reply")
+    engine.encode_chat = count
     fits = [{"role": "user", "content": "word " * 8188}]  # 8,191 tokens: sent (with earlier turns out of view)
     assert window_start(["user", "assistant", "user"], 0, lambda i: 8191 if i == 2 else 14200, 8192, 64) == 2
     assert prompt_refusal(engine, earlier + fits, fix, "another refusal") == "another refusal"
@@ -189,7 +204,8 @@ async def test_the_app_gives_the_size_of_a_refused_prompt_without_the_earlier_tu
         await send(app, pilot, "word " * 8569)
         told = [n.message for n in app._notifications if n.title == "not sent"]
         assert told == ["this prompt has 8,572 tokens (the chat template's included) but the context limit is 8,192 "
-                        "even with every earlier turn out of view: shorten it by 381 tokens or more"]
+                        "even with every earlier turn out of view: shorten it by 381 tokens or more, and more for "
+                        "room to reply"]
         assert len(app.session.messages) == 4
 
 

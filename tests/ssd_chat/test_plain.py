@@ -86,7 +86,8 @@ def test_plain_keeps_the_window_after_a_refused_prompt(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "no longer holds" not in err  # (nothing left the view)
     assert ("error: this prompt has 6,003 tokens (the chat template's included) but the context limit is 64 even "
-            "with every earlier turn out of view: shorten it by 5,940 tokens or more") in err  # (not the turns' count)
+            "with every earlier turn out of view: shorten it by 5,940 tokens or more, and more for room to "
+            "reply") in err  # (not the turns' count)
     assert [m["content"] for m in engine.calls[-1][0] if m["role"] == "user"] == ["one", "two", "three"]
 
 
