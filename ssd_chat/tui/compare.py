@@ -73,7 +73,8 @@ def run_compare(
     """`messages` end with the user prompt to replay. Stops early (keeping finished rows) on `cancel`.
     `on_progress` gets a snapshot as each mode starts (the rows before it; WARM_UP and RESTORE around them),
     then its token count at most once every `interval_s` seconds of `clock`. `keep`: the conversation as it
-    stands (the prompt and its reply), prefilled again at the end, even after a stop, in the previous mode."""
+    stands (the prompt and its reply), prefilled again at the end, even after a stop, in the previous mode, where it
+    fits the context (a reply the limit cut leaves no room for the next turn's header; that turn moves the window)."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     one_token = replace(params, max_tokens=1)
     prompt = messages[-1]["content"]
@@ -94,7 +95,7 @@ def run_compare(
             progress.start(CompareReport(prompt, tuple(rows)), mode)
             engine.speculation = replace(previous, mode=mode)
             rows.append(_row(mode, _run(engine, messages, params, cancel, on_tokens=progress.tokens)))
-        if keep is not None:
+        if keep is not None and len(engine.encode_chat(keep)) < engine.max_model_len:  # (a reply the limit cut: none)
             progress.start(CompareReport(prompt, tuple(rows)), RESTORE)
             engine.speculation = previous
             _run(engine, keep, one_token, threading.Event())  # (short: the prompt's blocks are cached)
