@@ -44,7 +44,7 @@ def apply_defaults(given: Layout, cores: list[int] | None = None, ssd_ready: boo
     if given.draft is not None and given.draft.lower() == NO_DRAFT:
         return replace(given, draft=None)
     asks = given.draft == SHIPPED_DRAFT_ALIAS or (given.draft is None and given.mode != "ar")
-    if given.target != DEFAULT_TARGET or not asks or not SHIPPED_DRAFT_DIR.is_dir():
+    if given.target.lower() != DEFAULT_TARGET or not asks or not SHIPPED_DRAFT_DIR.is_dir():  # (aliases: any case)
         return given
     cores = sorted(affinity.usable()) if cores is None else sorted(cores)
     split = len(cores) >= 2 and given.tp == 1 and given.target_devices is None and given.draft_device is None

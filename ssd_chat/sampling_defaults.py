@@ -22,9 +22,10 @@ MODEL_CARD = {"smollm2-135m": 0.2}  # alias -> the temperature of its model card
 
 def default_temperature(target: str) -> tuple[float, str]:
     """The temperature and where it comes from (for --help and the README's words: "model card", ...)."""
-    if target in MODEL_CARD:
-        return MODEL_CARD[target], "its model card"
-    config = Path(target).expanduser() / "generation_config.json"
+    directory = Path(target).expanduser()
+    if not directory.is_dir() and target.lower() in MODEL_CARD:  # (as the registry: a directory first, any case)
+        return MODEL_CARD[target.lower()], "its model card"
+    config = directory / "generation_config.json"
     try:
         data = json.loads(config.read_text())
     except (OSError, ValueError):

@@ -29,7 +29,8 @@ def test_ssd_gets_the_shipped_draft_with_the_draft_process_on_a_core_of_its_own(
 
 def test_plain_ssd_chat_and_sd_run_sd_on_every_core(shipped):
     for given in (Layout(DEFAULT_TARGET, None, None), Layout(DEFAULT_TARGET, None, "sd"),
-                  Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, None)):
+                  Layout(DEFAULT_TARGET, defaults.SHIPPED_DRAFT_ALIAS, None),
+                  Layout(DEFAULT_TARGET.upper(), None, None)):  # (QA: --target SmolLM2-135M ran AR, no draft)
         # Unpinned (torch's threads, one per physical core), the draft in the target's process.
         once = apply_defaults(given, cores=[0, 1])
         assert (once.draft, once.mode, once.target_devices, once.draft_device) == \

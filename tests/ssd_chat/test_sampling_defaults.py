@@ -36,6 +36,7 @@ def test_a_directory_takes_its_generation_configs_temperature(tmp_path, config, 
 
 def test_the_embedded_target_takes_its_model_cards_temperature():
     assert default_temperature("smollm2-135m") == (0.2, "its model card")
+    assert default_temperature("SmolLM2-135M")[0] == 0.2  # (the registry takes an alias in any case)
     assert default_temperature("llama-3.1-8b")[0] == FALLBACK  # (a hub alias: its files may not be here)
 
 
