@@ -19,6 +19,7 @@ _PROBE = "ssd-chat-fence-probe"
 _MARKUP = re.compile(r"[`*_\[\]<|~]|&(?=#?\w+;)|\\(?=[!-/:-@\[-`{-~]|$)")
 # ... and at the start of a line: a heading, a quote, a list item, a setext underline ("*" and "_" above)
 _LINE_MARKUP = re.compile(r"^(?:[#>+=-]|\d{1,9}(?=[.)]))")
+_URL = re.compile(r"((?:https?://|www\.)[^\s<>]*)")  # what GFM viewers link as it stands (kept as typed)
 NBSP, WORD_JOINER = "\u00a0", "\u2060"
 
 
@@ -51,7 +52,8 @@ def literal(text: str) -> str:
     for line in _LINE_BREAK.split(text):
         rest = line.lstrip(" \t")
         indent = NBSP * len(line[: len(line) - len(rest)].expandtabs(8))  # (a tab: to the chat's next 8th column)
-        rest = _MARKUP.sub(lambda m: "\\" + m[0], rest)
+        rest = "".join(part if i % 2 else _MARKUP.sub(lambda m: "\\" + m[0], part)  # (a URL as written: a
+                       for i, part in enumerate(_URL.split(rest)))  # backslash in it shows, and breaks its link)
         rest = _LINE_MARKUP.sub(lambda m: m[0] + "\\" if m[0][0].isdigit() else "\\" + m[0], rest)
         lines.append(indent + rest if indent + rest else NBSP)
     if lines[0].startswith(NBSP):

@@ -61,3 +61,16 @@ def test_the_export_keeps_prompts_literal_and_replies_markdown():
     assert headings == ["Markup", "System", "You", "Assistant", "A heading"]  # the prompt fakes no turn
     strong = [c.type for t in tokens for c in t.children or () if c.type == "strong_open"]
     assert strong == ["strong_open"]  # the reply's bold, not the system prompt's
+
+
+def test_a_url_in_a_prompt_stays_as_typed_and_links_there():
+    """QA: https://example.com/a_b_c?q=1&r=2 was exported as a\\_b\\_c: GFM viewers link a bare URL as it stands, so
+    the backslashes showed in its text and broke its address."""
+    urls = ["https://example.com/a_b_c?q=1&r=2", "https://en.wikipedia.org/wiki/Foo_(bar)", "www.x.com/a_b"]
+    prompt = f"see {urls[0]} and *this*\n{urls[1]}\nor {urls[2]} [x]"
+    blocks, inline, text = _shown(prompt)
+    assert blocks == BLOCKS and inline <= INLINE and text == prompt
+    chat = Conversation(None, "Links", messages=[ChatMessage("user", prompt), ChatMessage("assistant", "ok")])
+    links = [c.attrs["href"] for t in MarkdownIt("gfm-like").parse(to_markdown(chat)) for c in t.children or ()
+             if c.type == "link_open"]
+    assert links == [urls[0], urls[1], "http://" + urls[2]]
