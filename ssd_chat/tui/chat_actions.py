@@ -46,6 +46,14 @@ def key_label(key: str) -> str:
 
 ENGINE_STOPPED = ("the engine's process stopped: /restart, or Restart in the palette (Ctrl+P), loads it again"
                   " (the conversation stays)")
+
+
+def engine_stopped(engine: object) -> str:
+    """ENGINE_STOPPED, saying how the engine's process ended where it can (EngineProcess.stop_reason)."""
+    why = getattr(engine, "stop_reason", None)
+    return ENGINE_STOPPED.replace("the engine's process stopped", why, 1) if why else ENGINE_STOPPED
+
+
 NEXT_REPLY = "from the next reply"  # a setting changed while a reply runs: that reply keeps the one it started with
 
 
@@ -57,7 +65,7 @@ class ChatActions(_Base):
         if self.engine is None:
             self.notify("the model is still loading", severity="warning")
         elif not self.engine_alive:
-            self.notify(ENGINE_STOPPED, severity="error")
+            self.notify(engine_stopped(self.engine), severity="error")
             self.refresh_status()
         elif self.busy:
             self.notify("a reply is running: Esc stops it", severity="warning")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from textual import work
 
 from engine.errors import EngineError
-from ssd_chat.tui.chat_actions import ENGINE_STOPPED
+from ssd_chat.tui.chat_actions import engine_stopped
 from ssd_chat.tui.engine_worker import ChatEngine
 from ssd_chat.tui.messages import EngineLoadFailed, EngineReady
 from ssd_chat.tui.screens.loading import EngineLogLine, LoadingScreen
@@ -109,5 +109,5 @@ class EngineActions(_Base):
         reply under way fails and says so itself)."""
         if self.engine is not None and not self.told_stopped and not self.busy and not self.engine_alive:
             self.told_stopped = True
-            self.notify(ENGINE_STOPPED, severity="error", timeout=30)
+            self.notify(engine_stopped(self.engine), severity="error", timeout=30)
             self.refresh_status()

@@ -162,6 +162,11 @@ class EngineProcess:
     def alive(self) -> bool:
         return self._exit_code() is None
 
+    @property
+    def stop_reason(self) -> str | None:
+        """How the child ended ("the engine process was killed by SIGKILL"); None while it runs."""
+        return None if self._exit_code() is None else self._stopped(wait_s=0.0)
+
     def _exit_code(self) -> int | None:
         """The child's exit code (negative: the signal that killed it), None while it runs. A dead child is not
         reaped here: it stays a zombie, its pid taken, until close() or kill() reaps it and removes its
@@ -199,8 +204,8 @@ class EngineProcess:
         try:
             with self._send_lock:
                 self._pipe.send(message)
-        except (OSError, ValueError) as exc:
-            raise RuntimeError(f"the engine process is gone ({exc})") from None
+        except (OSError, ValueError) as exc:  # (a broken pipe: say how the child ended, where it has)
+            raise RuntimeError(self.stop_reason or f"the engine process is gone ({exc})") from None
 
     def _drain(self) -> None:
         with contextlib.suppress(RuntimeError):

@@ -12,6 +12,7 @@ import pytest
 from engine import SamplingParams
 from engine.outputs import TokenDelta
 from ssd_chat.tui import child_stderr
+from ssd_chat.tui.chat_actions import engine_stopped
 from ssd_chat.tui.engine_process import EngineProcess
 
 MESSAGES = [{"role": "user", "content": "Paris is"}]
@@ -48,6 +49,8 @@ def test_a_killed_engine_process_says_which_signal_killed_it(tiny_llama_dir):
         os.kill(engine._proc.pid, signal.SIGKILL)
         with pytest.raises(RuntimeError, match=r"^the engine process was killed by SIGKILL$"):
             list(stream)
+        assert engine.stop_reason == "the engine process was killed by SIGKILL"
+        assert engine_stopped(engine).startswith("the engine process was killed by SIGKILL: /restart")
     finally:
         engine.close()
     child_stderr.release(io.StringIO())
