@@ -8,6 +8,7 @@ ReplyBuffer that a timer drains when its FlushPacer says (reply_actions.py).
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import threading
 import time
@@ -28,7 +29,7 @@ from textual.widgets import Footer, Header, Static
 from engine.config import SpeculationConfig
 from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
-from ssd_chat.tui import preferences
+from ssd_chat.tui import child_stderr, preferences
 from ssd_chat.tui.chat_actions import ChatActions
 from ssd_chat.tui.commands import as_typed
 from ssd_chat.tui.compare_actions import CompareActions
@@ -205,6 +206,8 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         if self.finished is not None:  # the stopped reply: kept in the conversation, as Esc keeps it
             await self.on_reply_done(ReplyDone(self.finished))
         self._close_engine()
+        if stop_signals.hung_up():  # (no terminal to print the engine's stderr to: its file goes)
+            child_stderr.release(io.StringIO())
         stop_signals.exit_if_hung_up()
         self.exit()
 

@@ -177,7 +177,9 @@ def test_closing_the_terminal_mid_reply_keeps_the_reply_and_leaves_nothing_behin
     tiny = str(tiny_llama_dir)
     argv = [sys.executable, "-m", "ssd_chat", "--target", tiny, "--draft", tiny, "--mode", "ssd", "--draft-device",
             "cpu", "--max-tokens", "2000", "--temperature", "0"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SSD_CHAT_DATA": str(tmp_path), "TERM": "xterm-256color"}
+    (tmp_path / "tmp").mkdir()  # (where the engine's stderr file goes: child_stderr)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SSD_CHAT_DATA": str(tmp_path), "TERM": "xterm-256color",
+           "TMPDIR": str(tmp_path / "tmp")}
     pid, master = pty.fork()
     if pid == 0:  # the child: a new session whose controlling terminal is the pty
         os.chdir(REPO_ROOT)
@@ -218,3 +220,4 @@ def test_closing_the_terminal_mid_reply_keeps_the_reply_and_leaves_nothing_behin
     db = sqlite3.connect(tmp_path / "history.sqlite3")
     roles = [row[0] for row in db.execute("SELECT role FROM messages ORDER BY position")]
     assert roles == ["user", "assistant"]  # the reply under way, kept
+    assert not list((tmp_path / "tmp").glob("ssd-chat-engine-*"))  # its engine's stderr file: no terminal to print to
