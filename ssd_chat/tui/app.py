@@ -110,6 +110,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.reply_view: AssistantMessage | None = None
         self.prefill: tuple[int, int] | None = None  # (done, total) prompt tokens while a long prompt prefills
         self.compare_cancel: threading.Event | None = None
+        self.draft_lost = False  # this engine's draft process died: SD and SSD run in AR until /restart
         self.colours = False
         self._flush_timer: Timer | None = None
         self.pacer: FlushPacer | None = None  # a reply's (ReplyActions.send_prompt)

@@ -37,6 +37,10 @@ class CompareActions(_Base):
         if modes == ("ar",):  # (one row, and no verdict: nothing to compare)
             self.notify("only AR: start with --draft to compare it with SD and SSD", severity="warning")
             return
+        if self.draft_lost:  # (its SD and SSD rows would run AR under their names)
+            self.notify("the draft process is gone, so SD and SSD run as AR: /restart starts a new one, then compare",
+                        severity="warning")
+            return
         self.compare_cancel = threading.Event()
         self.push_screen(CompareScreen(messages[-1]["content"], modes))
         self.refresh_status()

@@ -78,6 +78,7 @@ class EngineActions(_Base):
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()  # (under a dialog it leaves as that closes: LoadingScreen.on_screen_resume)
         self.session.take_back_fallbacks()  # (a mode a lost draft process forced: a new engine may have it again)
+        self.draft_lost = False
         self.fit_settings()
         self.fit_mode()
         self.show_conversation()

@@ -110,6 +110,7 @@ class ReplyActions(_Base):
         self.query_one(StatsPanel).show(drained.panel)
         for warning in drained.warnings:
             self.notify(warning, severity="warning", timeout=8)
+        self.draft_lost |= drained.draft_lost
         if drained.draft_lost and self.session.settings.mode != "ar":  # the mode's replies run in AR now: say so
             self.session.fall_back(mode="ar")  # (for this run: /restart, with a new draft process, brings it back)
             self.refresh_status()

@@ -12,6 +12,7 @@ from engine.llm import LLM
 from engine.outputs import RequestFinished, RequestOutput
 from engine.sampling_params import SamplingParams
 from ssd_chat.tui.compare import run_compare
+from tests.ssd_chat.tui_fakes import FakeEngine
 
 SAMPLED = SamplingParams(temperature=0.8, max_tokens=40, seed=1, ignore_eos=True)
 PROMPT = [{"role": "user", "content": "Tell me a story about a cat who lives on a boat and a dog who does not."}]
@@ -69,3 +70,17 @@ def test_every_row_reads_the_same_cached_prompt_even_on_a_cold_cache(llm):
     assert prompt_tokens > 2 * llm.config.block_size
     assert {r.stats.prefill_tokens for r in rows} == {prompt_tokens % llm.config.block_size or llm.config.block_size}
     assert [o.stats.generated_tokens for o in outputs[:3]] == [1, 1, 1]  # the warm-ups, one token each
+
+
+def test_a_reply_the_context_limit_cut_is_not_put_back():
+    """QA: a compare after a reply that filled the context failed at its end (the restore's prompt, with the next
+    turn's header, passed the limit), with no verdict though every row had finished."""
+    engine = FakeEngine(max_model_len=40)
+    prompt = [{"role": "user", "content": "hi"}]
+    full = [*prompt, {"role": "assistant", "content": "word " * 34}]  # 5 + 37 tokens: over the context
+    report = run_compare(engine, prompt, max_tokens=8, cancel=threading.Event(), keep=full)
+    assert [r.mode for r in report.rows] == ["ar", "sd", "ssd"] and report.identical
+    assert len(engine.calls) == 6  # three warm-ups, three rows: no restore
+    run_compare(engine, prompt, max_tokens=8, cancel=threading.Event(), keep=[*prompt, full[1] | {"content": "ok"}])
+    assert len(engine.calls) == 13 and len(engine.calls[-1][0]) == 2  # one that fits is put back
+

@@ -276,14 +276,16 @@ async def test_the_compare_headers_follow_a_resize_and_esc_twice_closes_at_once(
         assert not app.busy and not isinstance(app.screen, CompareScreen)
 
 
-def test_a_reply_the_context_limit_cut_is_not_put_back(tmp_path):
-    """QA: a compare after a reply that filled the context failed at its end (the restore's prompt, with the next
-    turn's header, passed the limit), with no verdict though every row had finished."""
-    engine = FakeEngine(max_model_len=40)
-    prompt = [{"role": "user", "content": "hi"}]
-    full = [*prompt, {"role": "assistant", "content": "word " * 34}]  # 5 + 37 tokens: over the context
-    report = run_compare(engine, prompt, max_tokens=8, cancel=threading.Event(), keep=full)
-    assert [r.mode for r in report.rows] == ["ar", "sd", "ssd"] and report.identical
-    assert len(engine.calls) == 6  # three warm-ups, three rows: no restore
-    run_compare(engine, prompt, max_tokens=8, cancel=threading.Event(), keep=[*prompt, full[1] | {"content": "ok"}])
-    assert len(engine.calls) == 13 and len(engine.calls[-1][0]) == 2  # one that fits is put back
+@pytest.mark.asyncio
+async def test_compare_after_the_draft_process_died_says_why_not(tmp_path):
+    """QA: its SD and SSD rows ran AR under their names."""
+    engine = FakeEngine(warning="the draft process died: continuing in AR")  # (an EngineWarning, draft_lost)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        before = len(engine.calls)
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        assert not isinstance(app.screen, CompareScreen) and len(engine.calls) == before
+        assert "the draft process is gone" in [n.message for n in app._notifications][-1]
