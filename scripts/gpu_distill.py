@@ -276,13 +276,10 @@ def main(args: argparse.Namespace) -> None:
         summary["gpu"] = torch.cuda.get_device_name(device)
 
     base = load_prompts(args.prompts, limit=args.max_prompts)
-    held = set(data.held_out_indices(len(base), args.eval_prompts))
-    held_turns = {data.conversation_turns(base[i]) for i in held}
+    training, held = data.split(base, args.eval_prompts)  # (a held-out prompt's twins out of training too)
     encode = lambda messages: tuple(encode_chat(tokenizer, messages, model=str(target_dir)))  # noqa: E731
     base_ids = [encode(m) for m in base]
-    train_ids = [ids for i, ids in enumerate(base_ids) if i not in held and data.conversation_turns(base[i])
-                 not in held_turns]
-    held_ids = [base_ids[i] for i in sorted(held)]
+    train_ids, held_ids = [base_ids[i] for i in training], [base_ids[i] for i in held]
 
     if args.self_prompts_file is not None:  # an earlier run's (assets/prompts/distill-gpu-self.jsonl)
         banned = held_out_shingles()
