@@ -60,10 +60,11 @@ def moved_notice(limit: int, start: int) -> str:
 
 
 def context_cut_notice(limit: int, fix: str, model_max: int | None = None) -> str:
-    """What ask and the plain mode say under a reply the context limit cut (one dim line on stderr), ending with `fix`;
-    `model_max`: the model's own limit, where --max-model-len can raise the context to it."""
+    """What ask, the plain mode (a dim line on stderr, in parentheses) and the chat app (a notification) say under a
+    reply the context limit cut, ending with `fix`; `model_max`: the model's own limit, where --max-model-len can
+    raise the context to it."""
     more = f"raise --max-model-len (up to {model_max:,}), or " if model_max is not None and model_max > limit else ""
-    return f"(the reply stopped at the context limit of {limit:,} tokens: {more}{fix})"
+    return f"the reply stopped at the context limit of {limit:,} tokens: {more}{fix}"
 
 
 def system_prompt_refusal(engine: Any, messages: list[dict[str, str]], fix: str) -> str | None:

@@ -122,7 +122,8 @@ def tell_context_cut(output: RequestOutput, notice: str, err: Console | None = N
     """`notice` as a dim line on stderr (stdout keeps only the reply, for pipes) where the context limit cut the
     reply: it stopped mid-sentence, with nothing else to say why."""
     if output.finish_reason is FinishReason.CONTEXT:
-        (err or PipeConsole(stderr=True, highlight=False)).print(notice, style="dim", markup=False, soft_wrap=True)
+        (err or PipeConsole(stderr=True, highlight=False)).print(f"({notice})", style="dim", markup=False,
+                                                                 soft_wrap=True)
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -44,14 +44,14 @@ def key_label(key: str) -> str:
     return "+".join({"escape": "Esc", "ctrl": "Ctrl"}.get(p, p.upper() if len(p) <= 2 else p) for p in key.split("+"))
 
 
-ENGINE_STOPPED = ("the engine's process stopped: /restart, or Restart in the palette (Ctrl+P), loads it again"
-                  " (the conversation stays)")
+RESTART = "/restart, or Restart in the palette (Ctrl+P), loads it again (the conversation stays)"
+ENGINE_STOPPED = f"the engine's process stopped: {RESTART}"
 
 
 def engine_stopped(engine: object) -> str:
     """ENGINE_STOPPED, saying how the engine's process ended where it can (EngineProcess.stop_reason)."""
     why = getattr(engine, "stop_reason", None)
-    return ENGINE_STOPPED.replace("the engine's process stopped", why, 1) if why else ENGINE_STOPPED
+    return f"{why}: {RESTART}" if why else ENGINE_STOPPED
 
 
 NEXT_REPLY = "from the next reply"  # a setting changed while a reply runs: that reply keeps the one it started with

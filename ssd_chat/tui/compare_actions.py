@@ -78,7 +78,7 @@ class CompareActions(_Base):
             self.notify(message.error or "", title="compare failed", severity="error", timeout=10)
         if not isinstance(self.screen, CompareScreen):
             return
-        if report is None or (failed and not report.rows):
+        if failed and not report.rows:
             self.screen.dismiss(None)
         else:
             self.screen.show_report(report, failed=failed)  # (a failure keeps the rows that finished)

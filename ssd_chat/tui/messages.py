@@ -41,5 +41,5 @@ class CompareProgress(Message):
 
 @dataclass
 class CompareDone(Message):
-    report: CompareReport | None
+    report: CompareReport  # (on a failure: the rows that finished before it)
     error: str | None = None

@@ -143,7 +143,7 @@ class ReplyActions(_Base):
             self.notify("reply stopped; the partial text is kept", timeout=3)
         elif output.finish_reason is FinishReason.CONTEXT:  # (the stats line says "stopped: context", no more)
             assert self.engine is not None
-            self.notify(context_cut_notice(self.engine.max_model_len, CONTEXT_CUT_FIX)[1:-1], severity="warning",
+            self.notify(context_cut_notice(self.engine.max_model_len, CONTEXT_CUT_FIX), severity="warning",
                         timeout=10)
         self._end_reply()
 
