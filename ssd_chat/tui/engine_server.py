@@ -93,8 +93,10 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
     try:
         wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer)))
         _answer(llm, wire)
-    except _AppGone:
-        pass
+    except _AppGone:  # (its pipe closed, maybe before this process was handed to a new parent: unlink it here)
+        if stderr_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(stderr_path)
     finally:
         closing.set()
         llm.close()
