@@ -68,6 +68,7 @@ class BenchConfig:
     adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (False: always k)
     lookup: bool = True  # drafts take the context lookup's token where it has one (engine.lookup)
     temperature: float = 0.0  # > 0: sampled replies, prompt i seeded with seed + i (the same in every mode)
+    top_p: float = 1.0  # sampled replies: the nucleus (1 = off)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -88,8 +89,8 @@ class BenchConfig:
     def sampling(self, index: int, max_tokens: int | None = None) -> SamplingParams:
         """The settings of prompt `index`'s reply (`max_tokens`: the warm-up's fewer)."""
         seed = None if self.temperature == 0 else self.seed + index
-        return SamplingParams(temperature=self.temperature, seed=seed, max_tokens=max_tokens or self.max_tokens,
-                              ignore_eos=self.ignore_eos)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed,
+                              max_tokens=max_tokens or self.max_tokens, ignore_eos=self.ignore_eos)
 
 
 def run_engine_mode(
@@ -150,7 +151,8 @@ def run_hf(
         model.generation_config.eos_token_id = None
 
     def generate(index: int, ids: list[int], num_tokens: int) -> PromptRun:
-        sampled = {} if config.temperature == 0 else {"temperature": config.temperature, "top_k": 0, "top_p": 1.0}
+        sampled = {} if config.temperature == 0 else {"temperature": config.temperature, "top_k": 0,
+                                                       "top_p": config.top_p}
         settings = GenerationConfig(do_sample=bool(sampled), max_new_tokens=num_tokens, pad_token_id=pad_id, **sampled)
         if sampled:
             torch.manual_seed(config.seed + index)
@@ -209,7 +211,7 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
         "target": config.target, "draft": config.draft, "k": config.k, "fanout": config.fanout,
         "model_path": str(model_path),
         "max_tokens": config.max_tokens, "ignore_eos": config.ignore_eos, "temperature": config.temperature,
-        "seed": config.seed if config.temperature else None,
+        "top_p": config.top_p if config.temperature else None, "seed": config.seed if config.temperature else None,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "tp": config.tp, "target_devices": config.target_devices, "draft_device": config.draft_device,
         "backup": config.backup, "adaptive_k": config.adaptive_k, "lookup": config.lookup,

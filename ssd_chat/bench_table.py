@@ -16,7 +16,10 @@ def render_table(report: BenchReport) -> Table:
     draft = f" / {report.config['draft']} (k={report.config['k']})" if report.config.get("draft") else ""
     temperature = report.config.get("temperature") or 0
     seed = report.config.get("seed")
-    decoding = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g} (prompt i: seed {seed} + i)"
+    top_p = report.config.get("top_p") or 1.0  # (None in reports from before it)
+    nucleus = f", top-p {top_p:g}" if top_p < 1 else ""
+    decoding = ("greedy" if temperature == 0
+                else f"sampled at temperature {temperature:g}{nucleus} (prompt i: seed {seed} + i)")
     table = Table(title=f"{report.config['target']}{draft}: {report.config['num_prompts']} prompts x "
                         f"{report.config['max_tokens']} tokens, {decoding}")
     table.add_column("mode")

@@ -75,6 +75,7 @@ def bench(
     limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.")] = None,
     temperature: Annotated[float, typer.Option(help="Sample at this temperature (0 = greedy); sampled modes "
                                                     "follow the target's distribution, not AR's tokens.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Sampled replies: the nucleus's mass (1 = off).")] = 1.0,
     seed: Annotated[int, typer.Option(help="Sampled replies: prompt i is seeded with SEED + i in every mode.")] = 0,
 ) -> None:
     """Fixed-length decode speed and TTFT per mode over a prompt set (greedy unless --temperature)."""
@@ -92,7 +93,8 @@ def bench(
             target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
             draft_weights=draft_weights, packed_kernel=cpu_matmul,
-            ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup, temperature=temperature, seed=seed,
+            ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup, temperature=temperature,
+            top_p=top_p, seed=seed,
         )
         report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     console = Console(width=None if sys.stdout.isatty() else 200)  # a file or pipe: the whole table, not 80 columns

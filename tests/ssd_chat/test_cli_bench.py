@@ -150,12 +150,16 @@ def test_bench_samples_with_a_seed_per_prompt(tiny_llama_dir, tmp_path):
     other, _ = bench("--modes", "ar", "--temperature", "0.8", "--seed", "7")
     assert again["results"][0]["outputs"] == rows["ar"]["outputs"]  # seeded: the same replies
     assert other["results"][0]["outputs"] != rows["ar"]["outputs"]
+    nucleus, output = bench("--modes", "ar", "--temperature", "0.8", "--seed", "5", "--top-p", "0.05")
+    assert nucleus["config"]["top_p"] == 0.05 and "top-p 0.05" in " ".join(output.split())
+    assert nucleus["results"][0]["outputs"] != rows["ar"]["outputs"]  # the nucleus: about the argmax alone
 
 
 @pytest.mark.parametrize(("option", "value"), [("--temperature", "-1"), ("--temperature", "nan"), ("--seed", "-3"),
-                                              ("--seed", str(2**63 - 2))])  # (the 16 prompts' last seed: past 2^63-1)
+                                              ("--seed", str(2**63 - 2)),  # (the 16 prompts' last seed: past 2^63-1)
+                                              ("--top-p", "0"), ("--top-p", "1.5")])
 def test_bench_refuses_bad_sampling_settings_before_loading(tiny_llama_dir, option, value):
-    sampled = ["--temperature", "0.5"] if option == "--seed" else []  # (a greedy bench draws no seed)
+    sampled = ["--temperature", "0.5"] if option != "--temperature" else []  # (a greedy bench draws no seed)
     result = runner.invoke(cli.app, ["bench", "--target", str(tiny_llama_dir), *sampled, option, value])
     assert result.exit_code == 2
     assert result.output.startswith("error: ") and "Traceback" not in result.output
