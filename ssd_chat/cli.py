@@ -21,7 +21,7 @@ from rich.table import Table
 from engine import SamplingParams
 from engine.config import DEFAULT_TARGET
 from engine.registry import list_models
-from ssd_chat import __version__, stop_signals
+from ssd_chat import stop_signals
 from ssd_chat.cli_bench import bench
 from ssd_chat.cli_make import distill, make_pair
 from ssd_chat.cli_options import (
@@ -48,8 +48,11 @@ from ssd_chat.cli_options import (
     TargetDevices,
     Temperature,
     Threads,
+    TopK,
+    TopP,
     Tp,
     enter_mode,
+    print_version,
     report,
     speculation_config,
     user_errors,
@@ -58,14 +61,14 @@ from ssd_chat.context_window import context_cut_notice
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import print_stream, run_plain, tell_context_cut
 from ssd_chat.prompts import BenchInputError
-from ssd_chat.sampling_defaults import default_temperature
+from ssd_chat.sampling_defaults import chosen
 
 if TYPE_CHECKING:
     import engine.llm
 
-REPL_OPTIONS = ("target", "system", "temperature", "max_tokens", "threads", "draft", "mode", "k", "fanout", "plain",
-                "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul", "backup", "fixed_k",
-                "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk", "enter")
+REPL_OPTIONS = ("target", "system", "temperature", "top_p", "top_k", "max_tokens", "threads", "draft", "mode", "k",
+                "fanout", "plain", "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul",
+                "backup", "fixed_k", "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk", "enter")
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -115,18 +118,14 @@ def _quiet_when_the_reader_goes() -> Iterator[None]:
         raise typer.Exit(stop_signals.reader_gone()) from None
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"ssd-chat {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
 def root(
     ctx: typer.Context,
     target: Target = DEFAULT_TARGET,
     system: System = None,
     temperature: Temperature = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
     draft: Draft = None,
@@ -153,7 +152,7 @@ def root(
     resume: Annotated[bool, typer.Option("--resume", help="TUI: reopen the most recent conversation.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log engine diagnostics.")] = False,
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+        bool, typer.Option("--version", callback=print_version, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
     """Chat with a local LLM. With no command: the chat app (F1 lists keys), or with --plain a streaming REPL."""
@@ -167,8 +166,9 @@ def root(
                                           "name"))
         return
     with user_errors():
-        temperature = default_temperature(target)[0] if temperature is None else temperature
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        sampling = chosen(target, temperature, top_p, top_k)
+        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                max_tokens=max_tokens)
         app_runs = not plain and _in_a_terminal()  # the chat app, where modes switch
         from_env = ctx.get_parameter_source("enter").name == "ENVIRONMENT"
         if app_runs or not from_env:  # (a bad SSD_CHAT_ENTER does not stop the plain mode: it means nothing there)
@@ -192,9 +192,9 @@ def root(
             load_engine = _engine_loader(target, engine_kwargs)  # loading from here on, beside the app's start
             from ssd_chat.history import ChatSettings
 
-            settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=temperature,
-                                    max_tokens=max_tokens, system=system)
-            given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "system")
+            settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=params.temperature,
+                                    top_p=params.top_p, top_k=params.top_k, max_tokens=max_tokens, system=system)
+            given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "top_p", "top_k", "system")
                               if ctx.get_parameter_source(n).name == "COMMANDLINE")
             code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
                            speculation=spec, given=given,
@@ -228,8 +228,8 @@ def ask(
     target: Target = DEFAULT_TARGET,
     system: System = None,
     temperature: Temperature = None,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass; 1 = off.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Sample among the k likeliest tokens; 0 = off.")] = 0,
+    top_p: TopP = None,
+    top_k: TopK = None,
     seed: Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply (in AR, or with "
                                              "--fixed-k: the adaptive k follows measured speeds).")] = None,
     max_tokens: MaxTokens = 512,
@@ -256,8 +256,9 @@ def ask(
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with user_errors(), _quiet_when_the_reader_goes():
-        temperature = default_temperature(target)[0] if temperature is None else temperature
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+        sampling = chosen(target, temperature, top_p, top_k)
+        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         text = _read_stdin().rstrip("\n") if prompt == "-" else prompt

@@ -15,6 +15,7 @@ import typer
 from engine import EngineError
 from engine.config import MAX_FANOUT, PREFILL_CHUNK, SpeculationConfig
 from engine.errors import InvalidParameterError
+from ssd_chat import __version__
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.tui.commands import ENTER_MODES
 
@@ -28,6 +29,13 @@ def report(message: str) -> int:
     """Print ``error: <message>`` on one line on stderr; return the user-error exit code."""
     typer.echo(f"error: {' '.join(message.split())}", err=True)
     return EXIT_USER_ERROR
+
+
+def print_version(value: bool) -> None:
+    """--version's callback."""
+    if value:
+        typer.echo(f"ssd-chat {__version__}")
+        raise typer.Exit()
 
 
 @contextmanager
@@ -59,6 +67,12 @@ System = Annotated[str | None, typer.Option(help="System prompt.")]
 Temperature = Annotated[float | None, typer.Option(
     help="Sampling temperature; 0 = greedy. Default: the model's recommended one (smollm2-135m: 0.2, its model "
          "card's; a directory's generation_config.json), else 0.7.", show_default=False)]
+TopP = Annotated[float | None, typer.Option(
+    help="Nucleus sampling mass; 1 = off. Default: the model's recommended one (smollm2-135m: 0.9), else 1.",
+    show_default=False)]
+TopK = Annotated[int | None, typer.Option(
+    help="Sample among the k likeliest tokens; 0 = off. Default: the model's recommended one, else 0.",
+    show_default=False)]
 MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.")]
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
 Draft = Annotated[

@@ -49,6 +49,8 @@ class ChatSettings:
     k: int = 4
     fanout: tuple[int, ...] | None = None
     temperature: float = 0.7
+    top_p: float = 1.0  # (1 and 0: off, as chats saved before these two settings sampled)
+    top_k: int = 0
     max_tokens: int = 512
     system: str | None = None
 

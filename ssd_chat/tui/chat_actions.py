@@ -83,7 +83,7 @@ class ChatActions(_Base):
             self.refused = False
             try:
                 command = parse_slash(text)
-                run = getattr(self, f"slash_{command.name}")
+                run = getattr(self, f"slash_{command.name.replace('-', '_')}")
                 if command.force:  # (/export! only: parse_slash refuses a ! elsewhere)
                     run(command.arg, force=True)
                 else:

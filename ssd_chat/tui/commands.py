@@ -23,6 +23,8 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("k", "/k N", "most draft tokens per verify step (1-32; the CPU drafts at most 31)"),
     SlashSpec("fanout", "/fanout N | N,N,...", "SSD candidates per accepted count (0-256: one, or k+1); none: default"),
     SlashSpec("temp", "/temp T", "sampling temperature (0 = greedy)"),
+    SlashSpec("top-p", "/top-p P", "sample from the likeliest tokens that hold P of the mass (1 = off)"),
+    SlashSpec("top-k", "/top-k N", "sample from the N likeliest tokens (0 = off)"),
     SlashSpec("system", "/system TEXT", "set the system prompt (no text: remove it)"),
     SlashSpec("enter", "/enter send|newline", "what Enter does: send, or a new line (then Ctrl+S sends)"),
     SlashSpec("clear", "/clear", "clear this conversation's turns"),

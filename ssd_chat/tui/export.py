@@ -9,6 +9,7 @@ from pathlib import Path
 from markdown_it import MarkdownIt
 
 from ssd_chat.history import ChatMessage, Conversation, TurnStats
+from ssd_chat.sampling_defaults import filters_text
 
 _HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
 _MARKDOWN = MarkdownIt("gfm-like")  # the transcript's parser (widgets.transcript), so its code blocks
@@ -26,7 +27,9 @@ NBSP, WORD_JOINER = "\u00a0", "\u2060"
 def to_markdown(conversation: Conversation) -> str:
     s = conversation.settings
     lines = [f"# {literal(conversation.title)}", ""]  # (a title: the first prompt's first line, as the chat shows it)
-    lines.append(f"Mode `{s.mode}`, k {s.k}, temperature {s.temperature:g}, max tokens {s.max_tokens}.")
+    filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
+    lines.append(f"Mode `{s.mode}`, k {s.k}, temperature {s.temperature:g}, {filters + ', ' if filters else ''}"
+                 f"max tokens {s.max_tokens}.")
     lines.append("")
     if s.system:
         lines += ["## System", "", literal(s.system), ""]

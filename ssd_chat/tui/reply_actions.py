@@ -21,6 +21,7 @@ from ssd_chat.tui.engine_worker import ReplyBuffer, stream_reply
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.live_stats import LiveStats
 from ssd_chat.tui.messages import ReplyDone, ReplyFailed
+from ssd_chat.tui.settings_fit import sampling_params
 from ssd_chat.tui.widgets.prompt_input import PromptInput
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
 from ssd_chat.tui.widgets.transcript import Transcript
@@ -47,8 +48,7 @@ class ReplyActions(_Base):
     def send_prompt(self, text: str, *, replace: bool = False) -> None:
         """Add `text` as the next turn (`replace`: in place of the last one, whose views the caller removed) and
         stream the reply (the caller checked we are idle)."""
-        params = SamplingParams(temperature=self.session.settings.temperature,
-                                max_tokens=self.session.settings.max_tokens)
+        params = sampling_params(self.session.settings)
         if replace:
             self.session.replace_turn(text)
         else:

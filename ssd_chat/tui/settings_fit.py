@@ -17,14 +17,20 @@ from ssd_chat.history import ChatSettings
 # Reset in this order until the settings pass, each with the ones before it (a k+1 fan-out goes with its k); the
 # command that sets each again
 RESETS = {"fanout": ("fan-out", "/fanout"), "k": ("k", "/k"), "temperature": ("temperature", "/temp"),
-          "mode": ("mode", "/mode")}
+          "top_p": ("top-p", "/top-p"), "top_k": ("top-k", "/top-k"), "mode": ("mode", "/mode")}
 
 
 def check(settings: ChatSettings, base: SpeculationConfig) -> None:
     """Raise the one-line EngineError that SpeculationConfig or SamplingParams gives for a value they refuse (`base`:
     the run's speculation settings, --backup and --fixed-k, with the chat's mode, k and fan-out)."""
     replace(base, mode=settings.mode, k=settings.k, fanout=settings.fanout)
-    SamplingParams(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    sampling_params(settings)
+
+
+def sampling_params(settings: ChatSettings) -> SamplingParams:
+    """What a reply of a chat with these settings samples with."""
+    return SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                          max_tokens=settings.max_tokens)
 
 
 def fit(settings: ChatSettings, base: SpeculationConfig,

@@ -45,6 +45,18 @@ class SlashActions(_Base):
         self.change_settings(temperature=float(parse_number(arg, float, "temp")))
         self._changed_mid_reply(f"temperature {self.session.settings.temperature:g}")
 
+    def slash_top_p(self, arg: str) -> None:
+        if not arg:
+            raise SlashError(f"/top-p takes a mass in (0, 1], 1 = off (now {self.session.settings.top_p:g})")
+        self.change_settings(top_p=float(parse_number(arg, float, "top-p")))
+        self._changed_mid_reply(f"top-p {self.session.settings.top_p:g}")
+
+    def slash_top_k(self, arg: str) -> None:
+        if not arg:
+            raise SlashError(f"/top-k takes a number of tokens, 0 = off (now {self.session.settings.top_k})")
+        self.change_settings(top_k=int(parse_number(arg, int, "top-k")))
+        self._changed_mid_reply(f"top-k {self.session.settings.top_k}")
+
     def _changed_mid_reply(self, setting: str) -> None:
         """A setting the status line shows, changed while a reply runs: a notice says the reply keeps the old value
         (as /mode's does). Between replies the status line says enough."""

@@ -1,5 +1,5 @@
-"""The chat's default temperature: the model's recommended one (the embedded SmolLM2's model card, a directory's
-generation_config.json), else 0.7; --temperature always wins."""
+"""The chat's default sampling: the model's recommended temperature, top-p and top-k (the embedded SmolLM2's model
+card, a directory's generation_config.json), else 0.7 and no filter; --temperature, --top-p, --top-k always win."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ssd_chat import cli
-from ssd_chat.sampling_defaults import FALLBACK, default_temperature
+from ssd_chat.sampling_defaults import FALLBACK, Sampling, filters_text, recommended
 
 
 def _model_dir(tmp_path, generation_config) -> str:
@@ -19,25 +19,41 @@ def _model_dir(tmp_path, generation_config) -> str:
     return str(tmp_path)
 
 
+T, P, K = FALLBACK.temperature, FALLBACK.top_p, FALLBACK.top_k
+
+
 @pytest.mark.parametrize(("config", "expected"), [
-    ({"do_sample": True, "temperature": 0.6, "top_p": 0.9}, 0.6),  # (Llama 3.1 Instruct's)
-    ({"do_sample": False, "temperature": 0.6}, FALLBACK),  # greedy by its makers' word: no sampled default there
-    ({"temperature": 0.6}, FALLBACK),
-    ({"do_sample": True}, FALLBACK),
-    ({"do_sample": True, "temperature": True}, FALLBACK),
-    ({"do_sample": True, "temperature": -1}, FALLBACK),
-    ("{not json", FALLBACK),
-    ([1, 2], FALLBACK),
-    (None, FALLBACK),  # no file
+    ({"do_sample": True, "temperature": 0.6, "top_p": 0.9}, (0.6, 0.9, K)),  # (Llama 3.1 Instruct's)
+    ({"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}, (0.6, 0.95, 20)),  # (Qwen3's)
+    ({"do_sample": False, "temperature": 0.6, "top_p": 0.9}, (T, P, K)),  # greedy by its makers' word: no default
+    ({"temperature": 0.6}, (T, P, K)),
+    ({"do_sample": True}, (T, P, K)),
+    ({"do_sample": True, "top_p": 0.5}, (T, P, K)),  # (no temperature: none of it)
+    ({"do_sample": True, "temperature": True}, (T, P, K)),
+    ({"do_sample": True, "temperature": -1}, (T, P, K)),
+    ({"do_sample": True, "temperature": 0.6, "top_p": 0, "top_k": 2.5}, (0.6, P, K)),  # out of range: the fallback's
+    ({"do_sample": True, "temperature": 0.6, "top_p": 1.5, "top_k": -1}, (0.6, P, K)),
+    ({"do_sample": True, "temperature": 0.6, "top_p": "0.9", "top_k": True}, (0.6, P, K)),
+    ("{not json", (T, P, K)),
+    ([1, 2], (T, P, K)),
+    (None, (T, P, K)),  # no file
 ])
-def test_a_directory_takes_its_generation_configs_temperature(tmp_path, config, expected):
-    assert default_temperature(_model_dir(tmp_path, config))[0] == expected
+def test_a_directory_takes_its_generation_configs_sampling(tmp_path, config, expected):
+    got = recommended(_model_dir(tmp_path, config))
+    assert (got.temperature, got.top_p, got.top_k) == expected
+    assert isinstance(got.top_k, int)
 
 
-def test_the_embedded_target_takes_its_model_cards_temperature():
-    assert default_temperature("smollm2-135m") == (0.2, "its model card")
-    assert default_temperature("SmolLM2-135M")[0] == 0.2  # (the registry takes an alias in any case)
-    assert default_temperature("llama-3.1-8b")[0] == FALLBACK  # (a hub alias: its files may not be here)
+def test_the_embedded_target_takes_its_model_cards_sampling():
+    assert recommended("smollm2-135m") == Sampling(0.2, top_p=0.9, source="its model card")
+    assert recommended("SmolLM2-135M").top_p == 0.9  # (the registry takes an alias in any case)
+    assert recommended("llama-3.1-8b") == FALLBACK  # (a hub alias: its files may not be here)
+
+
+def test_the_filters_are_named_only_where_a_sampled_reply_uses_them():
+    assert filters_text(0.2, 0.9, 0) == "top-p 0.9"
+    assert filters_text(0.6, 0.95, 20, ", ") == "top-p 0.95, top-k 20"
+    assert filters_text(0.7, 1.0, 0) == "" and filters_text(0.0, 0.9, 20) == ""  # off; greedy takes the argmax
 
 
 class _NoEngine:
@@ -52,16 +68,41 @@ class _NoEngine:
 
 
 @pytest.mark.parametrize(("target", "flags", "expected"), [
-    ("smollm2-135m", [], 0.2),
-    ("smollm2-135m", ["--temperature", "0.9"], 0.9),
-    ("DIR", [], 0.6),
-    ("DIR", ["--temperature", "0"], 0.0),
+    ("smollm2-135m", [], (0.2, 0.9, 0)),
+    ("smollm2-135m", ["--temperature", "0.9"], (0.9, 0.9, 0)),
+    ("smollm2-135m", ["--top-p", "1", "--top-k", "40"], (0.2, 1.0, 40)),
+    ("DIR", [], (0.6, 0.95, 20)),
+    ("DIR", ["--temperature", "0"], (0.0, 0.95, 20)),
 ])
 def test_the_plain_chat_samples_at_the_default_unless_told(tmp_path, monkeypatch, target, flags, expected):
     seen = []
     monkeypatch.setattr(cli, "LLM", _NoEngine)
-    monkeypatch.setattr(cli, "run_repl", lambda llm, params, system: seen.append(params.temperature))
-    target = _model_dir(tmp_path, {"do_sample": True, "temperature": 0.6}) if target == "DIR" else target
+    monkeypatch.setattr(cli, "run_repl", lambda llm, params, system: seen.append(
+        (params.temperature, params.top_p, params.top_k)))
+    config = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    target = _model_dir(tmp_path, config) if target == "DIR" else target
     result = CliRunner().invoke(cli.app, ["--plain", "--target", target, "--draft", "none", *flags], input="")
     assert result.exit_code == 0, result.output
     assert seen == [expected]
+
+
+@pytest.mark.parametrize("flags", [["--top-p", "0"], ["--top-p", "1.5"], ["--top-k", "-1"]])
+def test_a_bad_filter_is_one_line(monkeypatch, flags):
+    monkeypatch.setattr(cli, "LLM", _NoEngine)
+    result = CliRunner().invoke(cli.app, ["--plain", "--draft", "none", *flags], input="")
+    assert result.exit_code == 2 and result.output.startswith("error: top_")
+    assert "Traceback" not in result.output
+
+
+def test_the_chat_app_starts_with_the_models_filters_and_resumes_with_those_given(monkeypatch):
+    from ssd_chat import tui
+
+    seen: dict = {}
+    monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: seen.update(kwargs) or 0)
+    monkeypatch.setattr(cli, "_engine_loader", lambda target, engine_kwargs: None)
+    monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
+    assert CliRunner().invoke(cli.app, ["--mode", "ar"]).exit_code == 0
+    settings = seen["settings"]
+    assert (settings.temperature, settings.top_p, settings.top_k) == (0.2, 0.9, 0) and seen["given"] == {"mode"}
+    assert CliRunner().invoke(cli.app, ["--mode", "ar", "--top-k", "5", "--resume"]).exit_code == 0
+    assert seen["settings"].top_k == 5 and seen["given"] == {"mode", "top_k"}  # (a resumed chat takes it)

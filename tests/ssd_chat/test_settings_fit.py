@@ -21,6 +21,14 @@ def test_only_the_refused_setting_goes_back_to_the_runs_default():
     assert fit(ChatSettings(mode="sd", k=3, temperature=0.5), BASE, RUN) == ({}, None)
 
 
+def test_a_refused_top_p_or_top_k_goes_back_to_the_runs():
+    run = ChatSettings(mode="sd", k=4, temperature=0.2, top_p=0.9)
+    changes, notice = fit(ChatSettings(mode="sd", k=4, temperature=0.5, top_p=1.5, top_k=20), BASE, run)
+    assert changes == {"top_p": 0.9} and notice is not None and notice.endswith("top-p now (/top-p sets it)")
+    assert fit(ChatSettings(mode="sd", k=4, top_k=-3), BASE, run)[0] == {"top_k": 0}
+    assert ChatSettings.from_dict({"mode": "sd", "temperature": 0.5}).top_p == 1.0  # saved before: what it ran with
+
+
 def test_a_saved_fanout_of_one_number_reads_as_a_one_number_fanout():
     """A hand-edited history with "fanout": 300 crashed --resume (TypeError: 'int' object is not iterable)."""
     settings = ChatSettings.from_dict({"mode": "ssd", "k": 4, "fanout": 300})

@@ -122,6 +122,32 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
 
 
 @pytest.mark.asyncio
+async def test_top_p_and_top_k_reach_the_next_request_and_show_where_they_apply(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/top-p 0.9")
+        await send(app, pilot, "/top-k 20")
+        assert "temp 0 ·" in rendered(app.query_one("#status"))  # greedy: the filters change nothing, not shown
+        await send(app, pilot, "/temp 0.2")
+        assert "temp 0.2 top-p 0.9 top-k 20 ·" in rendered(app.query_one("#status"))
+        assert "temp 0.2 · top-p 0.9 · top-k 20" in " ".join(rendered(app.query_one("#layout")).split())
+        await send(app, pilot, "hi")
+        params = engine.calls[-1][1]
+        assert (params.temperature, params.top_p, params.top_k) == (0.2, 0.9, 20)
+        for bad, message in [("/top-p 0", "top_p must be in (0, 1]"), ("/top-p x", "/top-p needs a number"),
+                             ("/top-k -1", "top_k must be >= 0"), ("/top-p", "(now 0.9)"), ("/top-k", "(now 20)")]:
+            await send(app, pilot, bad)
+            assert message in errors(app)[-1], bad
+        await send(app, pilot, "/top-p 1")
+        await send(app, pilot, "/top-k 0")
+        assert "temp 0.2 ·" in rendered(app.query_one("#status"))
+        await send(app, pilot, "again")
+        assert (engine.calls[-1][1].top_p, engine.calls[-1][1].top_k) == (1.0, 0)
+
+
+@pytest.mark.asyncio
 async def test_the_status_line_and_the_panel_show_the_k_a_round_drafts_at_most(tmp_path):
     """/k 32 on the CPU showed "k 32", where the engine drafts at most 31 a round (EngineConfig.max_draft)."""
     from engine.config import CPU_MAX_DRAFT
