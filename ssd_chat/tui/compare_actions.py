@@ -75,7 +75,7 @@ class CompareActions(_Base):
         self.refresh_status()
         report, failed = message.report, message.error is not None
         if failed:
-            self.notify(message.error or "", title="compare failed", severity="error", timeout=10)
+            self.notify(self.failure_notice(message.error or ""), title="compare failed", severity="error", timeout=10)
         if not isinstance(self.screen, CompareScreen):
             return
         if failed and not report.rows:

@@ -105,6 +105,14 @@ class EngineActions(_Base):
         """False once the engine's own process died (killed, out of memory): nothing more can be sent."""
         return self.engine is None or getattr(self.engine, "alive", True)
 
+    def failure_notice(self, error: str) -> str:
+        """The notice of a request that failed with `error`; where the engine's process is gone, how it ended and
+        what to do (engine_stopped) instead, told here: the watch (_watch_engine) then says it no second time."""
+        if self.engine_alive:
+            return error
+        self.told_stopped = True
+        return engine_stopped(self.engine)
+
     def _watch_engine(self) -> None:
         """Say so when the engine's process dies while idle (killed, out of memory), not only at the next send (a
         reply under way fails and says so itself)."""

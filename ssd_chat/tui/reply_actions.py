@@ -15,7 +15,6 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.history import TurnStats
-from ssd_chat.tui.chat_actions import engine_stopped
 from ssd_chat.tui.commands import as_typed
 from ssd_chat.tui.engine_worker import ReplyBuffer, stream_reply
 from ssd_chat.tui.flush_pacer import FlushPacer
@@ -175,9 +174,7 @@ class ReplyActions(_Base):
         prompt, typed = self._take_back_prompt()
         if prompt is not None and (message.engine_failed or not self.engine_alive):  # (its pipe can tell first)
             self.prompt_to_restore = prompt  # /restart, typed over it, brings it back once loaded
-        error = message.error if self.engine_alive else engine_stopped(self.engine)
-        self.told_stopped |= not self.engine_alive
         kept = " (Ctrl+Z brings back what you had typed)" if typed else ""
-        self.notify(error + kept, title="not sent", severity="error", timeout=10)
+        self.notify(self.failure_notice(message.error) + kept, title="not sent", severity="error", timeout=10)
         self._end_reply()
         self.show_last_figures()  # (the refused reply's live figures, all zeros, showed while it was tried)
