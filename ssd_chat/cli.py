@@ -96,7 +96,7 @@ def main() -> None:
             raise
         code = 0  # an error on the way out of a run SIGTERM or SIGHUP stopped: its exit code says what happened
     stop_signals.exiting()
-    sys.exit(stop_signals.exit_code(code if isinstance(code, int) else 0))
+    sys.exit(stop_signals.exit_code(stop_signals.stdout_flushed(code if isinstance(code, int) else 0)))
 
 
 def LLM(**kwargs) -> engine.llm.LLM:  # the engine's class, imported on first use

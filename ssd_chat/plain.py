@@ -178,8 +178,9 @@ def print_stream(events: Iterator[Event], out: TextIO | None, *,
             raise
         finally:
             progress.clear()
-    if out is not None:
+    if out is not None:  # (flushed: a reader gone by now is met here, not by the interpreter's flush at exit)
         out.write("\n")
+        out.flush()
     assert output is not None, "a stream ends with RequestFinished"
     return output, "".join(written)
 

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -141,6 +142,18 @@ def reader_gone() -> int:
         same = False
     _devnull_over([1, 2] if same else [1])
     return 128 + getattr(signal, "SIGPIPE", 13)
+
+
+def stdout_flushed(code: int) -> int:
+    """`code`, once what stdout still buffers is written; reader_gone's where its reader went away meanwhile (a
+    reply's last text was out, its closing newline not). The interpreter's own flush at exit met the broken pipe
+    there, and exited with 120 and "Exception ignored ... BrokenPipeError" instead."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
+    return code
 
 
 def exit_code(code: int) -> int:

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from typer.testing import CliRunner
@@ -184,3 +185,41 @@ def test_a_reply_stopped_mid_line_ends_its_line(monkeypatch, capsys, own_signals
         cli.main()
     captured = capsys.readouterr()
     assert exit_info.value.code == 130 and captured.out == "a partial rep\n" and "Traceback" not in captured.err
+
+
+def test_a_reader_gone_as_the_reply_ends_exits_as_sigpipe_would_not_120(tiny_llama_dir):
+    """`ssd-chat ask ... | head -c 1` where the reply's text was out before the reader went: only its closing newline
+    was left, in stdout's buffer, and the interpreter's flush at exit met the broken pipe: exit 120 and "Exception
+    ignored ... BrokenPipeError" (test_stop_signals' SSD reader-gone test, under load). Here the reply has no text,
+    so that newline is the only write."""
+    script = textwrap.dedent(f"""
+        import sys
+        from engine.outputs import FinishReason, RequestFinished, RequestOutput, RequestStats
+        from ssd_chat import cli
+
+        class NoText:
+            max_model_len = model_max_len = 512
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                pass
+
+            def chat(self, messages, params):
+                stats = RequestStats("ar", 3, 0, 3, 0, 0.0, 0.0, 0.0)
+                yield RequestFinished(0, RequestOutput(0, [1, 2, 3], [], "", FinishReason.STOP, stats))
+
+        cli.LLM = lambda **kwargs: NoText()
+        sys.argv = ["ssd-chat", "ask", "hi", "--target", {str(tiny_llama_dir)!r}, "--mode", "ar"]
+        cli.main()
+    """)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=write, stderr=subprocess.PIPE,
+                              text=True, env={**BUFFERED_ENV, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 128 + signal.SIGPIPE, proc.stderr
+    assert proc.stderr == ""

@@ -141,15 +141,16 @@ def test_ask_in_ssd_stopped_by_a_signal_cleans_up_and_exits_128_plus_it(sig, whe
 def test_ask_in_ssd_whose_reader_goes_mid_reply_cleans_up_and_exits_as_sigpipe_would(tiny_llama_dir):
     """`ssd-chat ask ... --mode ssd | head -c 1`: the reader goes after the reply's first byte; the next write's
     BrokenPipeError ends the run as SIGPIPE ends a filter (128 + 13), once the draft process is stopped and its
-    block removed, and nothing is printed."""
+    block removed, and nothing is printed. Greedy, the reply runs to the context limit (seconds after its first
+    byte): sampled, it could end first (an early end-of-sequence), and the reader then went after the reply."""
     from engine import shm_channel
 
     tiny = str(tiny_llama_dir)
     buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ssd_chat", "ask", "Paris is", "--target", tiny, "--draft", tiny, "--mode", "ssd",
-         "--draft-device", "cpu", "--max-tokens", "100000"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env={**buffered, "HF_HUB_OFFLINE": "1"},  # stdout buffered, as a user's
+         "--draft-device", "cpu", "--max-tokens", "100000", "--temperature", "0"], cwd=REPO_ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**buffered, "HF_HUB_OFFLINE": "1"},  # stdout buffered
     )
     assert proc.stdout.read(1)  # (blocks until the reply's first byte)
     seen = _descendants(proc.pid)
