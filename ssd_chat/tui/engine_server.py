@@ -82,25 +82,36 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
     try:
         llm = LLM(target=target, **kwargs)
     except EngineError as err:
-        with contextlib.suppress(_AppGone):
-            wire.send(("error", str(err)))
+        _tell_load_failure(wire, str(err), stderr_path)
         return
     except Exception as err:  # a bug or a broken install: one line for the app, the rest in this log
         logging.getLogger(__name__).exception("loading the engine failed")
-        with contextlib.suppress(_AppGone):
-            wire.send(("error", f"loading the engine failed: {err!r}"))
+        _tell_load_failure(wire, f"loading the engine failed: {err!r}", stderr_path)
         return
     try:
         wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer)))
         _answer(llm, wire)
     except _AppGone:  # (its pipe closed, maybe before this process was handed to a new parent: unlink it here)
-        if stderr_path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(stderr_path)
+        _remove(stderr_path)
     finally:
         closing.set()
         llm.close()
         _exit_now()
+
+
+def _tell_load_failure(wire: _Wire, line: str, stderr_path: str | None) -> None:
+    """The failed load's one line to the app. Where the app is gone (killed while this process loaded), nobody is
+    left to print this process's stderr file: it goes (the process then returns, and its watch with it)."""
+    try:
+        wire.send(("error", line))
+    except _AppGone:
+        _remove(stderr_path)
+
+
+def _remove(stderr_path: str | None) -> None:
+    if stderr_path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(stderr_path)
 
 
 def _answer(llm, wire: _Wire) -> None:

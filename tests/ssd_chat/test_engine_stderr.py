@@ -6,6 +6,10 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +58,30 @@ def test_a_killed_engine_process_says_which_signal_killed_it(tiny_llama_dir):
     finally:
         engine.close()
     child_stderr.release(io.StringIO())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_an_engine_process_whose_load_fails_after_its_app_died_removes_its_stderr_file(tmp_path):
+    """The app dies (killed) while its engine process loads, and the load then fails (no model there): nobody is
+    left to print the engine's stderr file, so the engine process removes it, as it does when its load succeeds.
+    It returned quietly and left the file in /tmp."""
+    script = textwrap.dedent(f"""
+        import os
+        from ssd_chat.tui import child_stderr
+        from ssd_chat.tui.engine_process import EngineProcess
+        engine = EngineProcess.start({str(tmp_path)!r}, threads=1)  # (no config.json there: its load fails)
+        print(engine._proc.pid, child_stderr._files[-1], flush=True)
+        os._exit(0)  # the app dies without closing it (nor printing its engine's stderr file)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})  # (returns once the engine process has ended)
+    pid, stderr_file = out.stdout.split()
+    assert not _alive(int(pid))
+    assert not Path(stderr_file).exists()
