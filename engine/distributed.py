@@ -152,6 +152,7 @@ class Channel:
         self.group = group
         self.peer = peer
         self._header = torch.zeros(1, dtype=torch.long)
+        self._reader: _Reader | None = None  # poll's receive of the next list, which recv_ints then waits for
 
     def send_ints(self, values: list[int]) -> None:
         payload = torch.tensor(values, dtype=torch.long)
@@ -159,7 +160,18 @@ class Channel:
         if values:
             self.group.send([payload], self.peer, 0).wait()
 
+    def poll(self) -> bool:
+        """Whether a list has come, for a receiver that works on until then (recv_ints, not recv_tensor, must
+        follow a poll). Gloo's receives tell only by waiting: a thread waits for the next list."""
+        if self._reader is None:
+            self._reader = _Reader(self._receive)
+        return self._reader.done.is_set()
+
     def recv_ints(self) -> list[int]:
+        reader, self._reader = self._reader, None
+        return self._receive() if reader is None else reader.result()
+
+    def _receive(self) -> list[int]:
         self.group.recv([self._header], self.peer, 0).wait()
         n = int(self._header[0])
         if n == 0:
@@ -178,6 +190,30 @@ class Channel:
 
     def close(self) -> None:
         """Nothing to free: the group is torn down with its process (engine.shm_channel's has a block to free)."""
+
+
+class _Reader:
+    """One blocking call on a thread of its own (which releases the GIL in gloo's wait); its result or its error."""
+
+    def __init__(self, call: Callable[[], list[int]]):
+        self.call, self.done = call, threading.Event()
+        self.value: list[int] = []
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, name="channel-poll", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.value = self.call()
+        except BaseException as exc:  # (handed to the caller of result)
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def result(self) -> list[int]:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def float_bits(x: float) -> int:

@@ -147,6 +147,10 @@ class ShmChannel:
         inbox[2] = want  # taken
         return self.gloo.recv_ints() if values is None else values
 
+    def poll(self) -> bool:
+        """Whether a list has come (recv_ints then returns at once)."""
+        return self.inbox[0] == self.seen + 1
+
     def send_tensor(self, x: torch.Tensor) -> None:
         self.gloo.send_tensor(x)
 

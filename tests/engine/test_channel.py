@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import pytest
 import torch
@@ -76,6 +77,25 @@ def test_lists_and_tensors_cross_in_order(pair):
     assert errors == []
     assert echoed == [values[::-1] for values in _lists()]
     assert torch.equal(back, tensor * 2)
+
+
+def test_poll_says_whether_a_list_has_come_without_taking_it(pair):
+    """The draft process polls between two chunks of a long prefill, and reads the leader's message when one came."""
+    leader, rank = pair
+    assert not rank.poll() and not rank.poll()  # nothing sent (asked twice: gloo's receive stays posted)
+    sender = threading.Thread(target=lambda: [leader.send_ints(v) for v in ([4, 5], [6])])  # (gloo's send waits
+    sender.start()                                                                       # for its receive)
+    deadline = time.monotonic() + 30
+    while not rank.poll():
+        assert time.monotonic() < deadline
+    assert rank.poll()  # still there
+    assert rank.recv_ints() == [4, 5] and rank.recv_ints() == [6]
+    sender.join()
+    assert not rank.poll()
+    sender = threading.Thread(target=leader.send_ints, args=([7],))
+    sender.start()
+    assert rank.recv_ints() == [7]  # a posted poll's receive is the next list's
+    sender.join()
 
 
 def test_a_dead_or_silent_peer_is_an_error(gloo_pair, monkeypatch):
