@@ -4,7 +4,8 @@ Per round the leader sends only what changed (new sequences, each request's veri
 (drafted, accepted, t*), finished requests); the server answers with the next proposal (from the
 speculation cache on a hit, drafted just in time on a miss), and then, while the target verifies,
 builds the speculation cache for the outcomes of that round. Greedy rounds carry token ids only;
-sampled rounds add the q rows the target's rejection rule needs.
+sampled rounds add the q rows the target's rejection rule needs. A START's prompts prefill a chunk at a time
+between the leader's messages (engine.draft_prefill).
 
 Messages are int64 lists (engine.distributed.Channel); floats travel as their bit patterns.
 """
@@ -19,6 +20,7 @@ import torch
 
 from engine.config import BACKUPS, FastPath
 from engine.distributed import LEADER, Channel, bits_float, float_bits
+from engine.draft_prefill import DraftPrefills
 from engine.drafter import Proposal
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -76,13 +78,16 @@ class _Server:
     def __init__(self, drafter, channel: Channel | ShmChannel, prefill_chunk: int):
         self.drafter = drafter
         self.channel = channel
-        self.prefill_chunk = prefill_chunk
+        self.prefills = DraftPrefills(drafter, prefill_chunk)
         self.shadow: dict[int, Sequence] = {}   # request id -> the target's committed tokens, as last told
         self.last: dict[int, list[int]] = {}    # request id -> tokens of its last proposal
         self.reused: dict[int, int] = {}        # request id -> prompt tokens from the draft's prefix cache (unsent)
 
     def loop(self) -> None:
         while True:
+            if self.prefills.busy and not self.channel.poll():  # a prompt's next chunk, unless a message waits
+                self.reused |= self.prefills.step()
+                continue
             t0 = time.perf_counter()
             msg = self.channel.recv_ints()
             idle = time.perf_counter() - t0
@@ -94,7 +99,8 @@ class _Server:
             elif op == FINISH:
                 for seq_id in msg[2 : 2 + msg[1]]:
                     self._finish(seq_id)
-            elif op == STATS:
+            elif op == STATS:  # as the leader knows it: no orphans, every prompt prefilled
+                self.reused |= self.prefills.settle()
                 blocks = self.drafter.blocks
                 self.channel.send_ints([blocks.num_free_blocks, len(blocks.blocks), len(self.drafter.seqs)])
             elif op == SHUTDOWN:
@@ -115,23 +121,7 @@ class _Server:
             seq = Sequence(seq_id, tokens, params, generator)
             self.shadow[seq_id] = seq
             seqs.append(seq)
-        # In the target's chunks: `prefill_chunk` prompt tokens a forward at most, all prompts together (one forward
-        # over a 6k-token prompt took 80 MB more at its peak).
-        sent = dict.fromkeys(seqs, 0)  # prompt -> its tokens prefilled so far (those still to finish)
-        while sent:
-            budget, upto = self.prefill_chunk, {}
-            for seq, done in sent.items():
-                upto[seq] = min(len(seq.token_ids), done + budget)
-                budget -= upto[seq] - done
-                if budget == 0:
-                    break
-            started = self.drafter.start(list(upto), upto=upto)
-            for seq, end in upto.items():
-                if end == len(seq.token_ids):
-                    self.reused[seq.seq_id] = started[seq]
-                    del sent[seq]
-                else:
-                    sent[seq] = end
+        self.prefills.add(seqs)  # prefilled a chunk at a time by the loop, between messages
 
     def _round(self, msg: list[int], idle: float) -> None:
         # [ROUND, n, draft_temperature, backup, lookup, n_fanout, fanout..., then per request:
@@ -139,6 +129,7 @@ class _Server:
         n, temp, backup, lookup, n_fan = msg[1], bits_float(msg[2]), BACKUPS[msg[3]], bool(msg[4]), msg[5]
         draft_temperature = None if temp == NO_TEMPERATURE else temp
         fanout = tuple(msg[6 : 6 + n_fan])
+        self.reused |= self.prefills.settle()
         wanted, i = {}, 6 + n_fan
         for _ in range(n):
             seq_id, k, drafted, accepted, t_star, length = msg[i : i + 6]
@@ -168,7 +159,7 @@ class _Server:
         seq = self.shadow.pop(seq_id, None)
         self.last.pop(seq_id, None)
         self.reused.pop(seq_id, None)
-        if seq is not None:
+        if seq is not None and not self.prefills.finish(seq_id):  # (an orphan is freed when its prefill ends)
             self.drafter.finish(seq)
 
 

@@ -107,7 +107,7 @@ def test_a_draft_process_prefills_while_the_target_chunks_and_frees_all_on_cance
     with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4, draft_device=DRAFT_CORE,
              threads=1, prefill_chunk_tokens=CHUNK) as llm:
         llm.speculation = SpeculationConfig(mode="ar")
-        want = llm.generate([LONG], GREEDY)[0].token_ids
+        want, want_reversed = (o.token_ids for o in llm.generate([LONG, LONG[::-1]], GREEDY))
         llm.speculation = SpeculationConfig(mode="ssd", k=3)
         assert llm.generate([LONG], GREEDY)[0].token_ids == want
         cancel = threading.Event()
@@ -116,6 +116,14 @@ def test_a_draft_process_prefills_while_the_target_chunks_and_frees_all_on_cance
                 cancel.set()
             last = event
         assert isinstance(last, RequestFinished) and last.output.finish_reason is FinishReason.CANCELLED
+        free, total, live = llm.remote.stats()
+        assert (free, live) == (total, 0)
+        # a one-token reply ends while the draft process still prefills its prompt (compare's warm-up): the next
+        # requests, on the same prompt (the draft's prefix cache) and on another one, are still AR's tokens
+        one = llm.generate([LONG[::-1]], SamplingParams(temperature=0.0, max_tokens=1))[0]
+        assert one.token_ids == want_reversed[:1]
+        assert [o.token_ids for o in (llm.generate([LONG[::-1]], GREEDY)[0], llm.generate([LONG], GREEDY)[0])] \
+            == [want_reversed, want]
         free, total, live = llm.remote.stats()
         assert (free, live) == (total, 0)
 
@@ -138,6 +146,7 @@ def test_the_draft_process_prefills_a_prompt_in_the_targets_chunks():
     for seq_id, prompt in ((1, LONG), (2, SHORT)):
         msg += encode_start(Sequence(seq_id, prompt, GREEDY), draft_seed=0)
     server._start(msg)
+    server.reused |= server.prefills.settle()  # (the loop runs these chunks between the leader's messages)
     # CHUNK tokens a forward, the prompts together: the short one rides with the long one's last 2 tokens
     assert calls == [{1: end} for end in range(CHUNK, len(LONG), CHUNK)] + [{1: len(LONG), 2: len(SHORT)}]
     assert server.reused == {1: 3, 2: 3}  # what the call that finished each prompt reported
