@@ -5,8 +5,10 @@ speed-ups. Runs in the engine worker thread; the engine's previous speculation c
 whatever happens. While it runs it reports progress (the rows done so far, the mode running and its
 token count), a few times a second at most, so a live demo shows it moving.
 
-The prefix cache is kept fair and whole: a one-token warm-up in every mode first, so each row starts from
-the same cached prompt (target and draft) and none pays the conversation's prefill for the others; and
+The prefix cache is kept fair and whole: a two-token warm-up in every mode first, so each row starts from
+the same cached prompt (target and draft) and none pays the conversation's prefill for the others (two: SSD's
+second token is its first round, which waits for the draft process to prefill the whole prompt; after one
+token it was still prefilling, and the SSD row paid the rest, 14 s of an 8k-token prompt); and
 afterwards the conversation as it stands is prefilled again (one token), since every row wrote its reply
 where the chat's last reply was cached: the next turn then reuses that reply's KV as if no compare had run.
 """
@@ -62,6 +64,7 @@ class CompareSnapshot:
 
 PROGRESS_INTERVAL_S = 0.2  # at most ~5 progress reports a second while a mode streams
 WARM_UP, RESTORE = "warm-up", "restore"  # CompareSnapshot.mode outside the rows
+WARM_UP_TOKENS = 2  # a first token (the prompt's prefill) and a step (SD's, SSD's round): every model's cache
 
 
 def run_compare(
@@ -76,7 +79,7 @@ def run_compare(
     stands (the prompt and its reply), prefilled again at the end, even after a stop, in the previous mode, where it
     fits the context (a reply the limit cut leaves no room for the next turn's header; that turn moves the window)."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    one_token = replace(params, max_tokens=1)
+    one_token, warm_up = replace(params, max_tokens=1), replace(params, max_tokens=WARM_UP_TOKENS)
     prompt = messages[-1]["content"]
     progress = _Progress(on_progress, clock, interval_s)
     previous = engine.speculation
@@ -88,7 +91,7 @@ def run_compare(
             if cancel.is_set():
                 break
             engine.speculation = replace(previous, mode=mode)
-            _run(engine, messages, one_token, cancel)
+            _run(engine, messages, warm_up, cancel)
         for mode in modes:
             if cancel.is_set():
                 break

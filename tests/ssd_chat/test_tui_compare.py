@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import DataTable
 
 from engine.config import SpeculationConfig
-from ssd_chat.tui.compare import run_compare
+from ssd_chat.tui.compare import WARM_UP_TOKENS, run_compare
 from ssd_chat.tui.screens.compare import CompareScreen
 from tests.ssd_chat.tui_fakes import FakeClock, FakeEngine, make_app, rendered, send, settle, wait_for
 
@@ -16,11 +16,11 @@ SIZE = (120, 40)
 
 
 def _gate_the_rows(engine: FakeEngine, gate: threading.Event, modes: tuple[str, ...] = ("ar", "sd", "ssd")) -> None:
-    """The compare's rows in `modes` wait for `gate` (its one-token warm-ups and restore do not)."""
+    """The compare's rows in `modes` wait for `gate` (its warm-ups and restore do not)."""
     original_chat = engine.chat
 
     def chat(messages, params=None, *, cancel=None):
-        row = params is not None and params.temperature == 0 and params.max_tokens > 1
+        row = params is not None and params.temperature == 0 and params.max_tokens > WARM_UP_TOKENS
         engine.gate = gate if row and engine.speculation.mode in modes else None
         return original_chat(messages, params, cancel=cancel)
 
@@ -46,10 +46,10 @@ async def test_compare_replays_the_last_prompt_in_every_mode(tmp_path):
         await settle(app, pilot)
         screen = app.screen
         assert isinstance(screen, CompareScreen)
-        calls = engine.calls[before:]  # a one-token warm-up per mode, the rows, the reply put back in the cache
+        calls = engine.calls[before:]  # a two-token warm-up per mode, the rows, the reply put back in the cache
         most = app.session.settings.max_tokens
         assert [(mode, params.max_tokens) for _, params, mode in calls] == [
-            ("ar", 1), ("sd", 1), ("ssd", 1), ("ar", most), ("sd", most), ("ssd", most), ("sd", 1)]
+            ("ar", 2), ("sd", 2), ("ssd", 2), ("ar", most), ("sd", most), ("ssd", most), ("sd", 1)]
         replays, (restore, _, _) = calls[:-1], calls[-1]
         assert all(messages[-1] == {"role": "user", "content": "second"} and len(messages) == 3
                    for messages, _, _ in replays)
@@ -86,7 +86,8 @@ async def test_compare_needs_a_prompt_and_can_be_stopped(tmp_path):
         await pilot.press("ctrl+r")
         assert any("send a prompt first" in n.message for n in app._notifications)
         await send(app, pilot, "hi")
-        engine.gate = gate = threading.Event()
+        gate = threading.Event()
+        _gate_the_rows(engine, gate)
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: len(engine.calls) == 5, what="the AR replay (after three warm-ups)")
         await pilot.press("escape")  # stops the compare
@@ -108,8 +109,8 @@ async def test_compare_shows_each_row_and_the_running_token_count_as_it_goes(tmp
     original_chat = engine.chat
 
     def chat(messages, params=None, *, cancel=None):
-        engine.gate = gate if engine.speculation.mode == "sd" and params.max_tokens > 1 else None  # SD's row: its
-        # first delta comes, the rest wait for the gate
+        row = engine.speculation.mode == "sd" and params.max_tokens > WARM_UP_TOKENS
+        engine.gate = gate if row else None  # SD's row: its first delta comes, the rest wait for the gate
         return original_chat(messages, params, cancel=cancel)
 
     app = make_app(engine, tmp_path)
@@ -158,7 +159,7 @@ def test_run_compare_restores_the_mode_even_when_a_mode_fails():
     original_chat = engine.chat
 
     def chat(messages, params=None, *, cancel=None):
-        if engine.speculation.mode == "sd" and params.max_tokens > 1:
+        if engine.speculation.mode == "sd" and params.max_tokens > WARM_UP_TOKENS:
             raise RuntimeError("the draft process was killed")
         return original_chat(messages, params, cancel=cancel)
 
@@ -223,7 +224,7 @@ async def test_an_engine_failing_mid_compare_keeps_the_rows_done(tmp_path):
     original_chat = engine.chat
 
     def chat(messages, params=None, *, cancel=None):
-        if engine.speculation.mode == "ssd" and params.max_tokens > 1:
+        if engine.speculation.mode == "ssd" and params.max_tokens > WARM_UP_TOKENS:
             raise RuntimeError("the draft process was killed")
         return original_chat(messages, params, cancel=cancel)
 
