@@ -221,6 +221,8 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
     def refresh_status(self) -> None:
         s = self.session.settings
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
+        if self.queued_prompt is not None:  # (CompareActions.queue_after_compare)
+            state = "ending the compare: your prompt goes next"
         if self.buffer and self.prefill:
             state = "reading the prompt: {:,} / {:,} tokens… Esc stops".format(*self.prefill)
         state = state if self.engine_alive else "engine stopped: /restart"

@@ -20,7 +20,6 @@ from ssd_chat.tui.commands import (
     as_typed,
     is_slash,
     parse_slash,
-    prompt_text,
 )
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.export import export_path, to_markdown
@@ -94,17 +93,14 @@ class ChatActions(_Base):
             if self.refused:  # a bad line, or one that must wait (a reply runs): it stays to fix or send again
                 self.query_one(PromptInput).set_text(text)
             return
+        if self.queue_after_compare(typed):  # a closed compare still restoring the cache: it goes next
+            return
         if not self.ready_and_idle():
             if not self.engine_alive:  # it stays in the input; /restart typed over it brings it back when loaded
                 self.prompt_to_restore = typed
             return
         self.query_one(PromptInput).set_text("")
-        self.prompt_to_restore = None  # (answered now: a later /restart has nothing to bring back)
-        text = prompt_text(typed)
-        if self.current_edit() is not None:
-            self.send_edit(text)
-        else:
-            self.send_prompt(text)
+        self.send_typed(typed)
 
     def speculation(self) -> SpeculationConfig:
         """The run's configuration (--backup, --fixed-k, ...) with this chat's mode, k and fan-out."""

@@ -12,6 +12,7 @@ from ssd_chat.tui.compare import CompareReport, CompareSnapshot, run_compare
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.messages import CompareDone, CompareProgress
 from ssd_chat.tui.screens.compare import CompareScreen
+from ssd_chat.tui.widgets.prompt_input import PromptInput
 
 if TYPE_CHECKING:
     from ssd_chat.tui.app import ChatApp
@@ -22,6 +23,8 @@ else:
 
 
 class CompareActions(_Base):
+    queued_prompt: str | None = None  # sent while a closed compare ended: it goes as the compare's run returns
+
     def action_compare(self) -> None:
         if not self.ready_and_idle():
             return
@@ -70,12 +73,37 @@ class CompareActions(_Base):
         if isinstance(self.screen, CompareScreen):
             self.screen.show_progress(message.snapshot)
 
+    def queue_after_compare(self, typed: str) -> bool:
+        """A prompt sent after Esc Esc closed a compare whose run has not returned yet (its stopped row ends, then it
+        puts the chat's reply back in the prefix cache: most of a second) waits for it, out of the input, and goes as
+        it returns (on_compare_done), on the cache just restored. Whether it was queued so."""
+        if self.compare_cancel is None or any(isinstance(s, CompareScreen) for s in self.screen_stack):
+            return False
+        self.query_one(PromptInput).set_text("")
+        self.queued_prompt = typed
+        self.refresh_status()
+        return True
+
+    def _send_queued(self, *, failed: bool) -> None:
+        typed, self.queued_prompt = self.queued_prompt, None
+        if typed is None or self.quitting:
+            return
+        if failed or not self.ready_and_idle():  # (the failure's notice says why and that the prompt is back)
+            self.query_one(PromptInput).bring_back(typed)
+            if not self.engine_alive:
+                self.prompt_to_restore = typed  # /restart, typed over it, brings it back once loaded
+            return
+        self.send_typed(typed)
+
     def on_compare_done(self, message: CompareDone) -> None:
         self.compare_cancel = None
-        self.refresh_status()
         report, failed = message.report, message.error is not None
         if failed:
-            self.notify(self.failure_notice(message.error or ""), title="compare failed", severity="error", timeout=10)
+            back = " (the prompt sent meanwhile is back in the input)" if self.queued_prompt is not None else ""
+            self.notify(self.failure_notice(message.error or "") + back, title="compare failed", severity="error",
+                        timeout=10)
+        self._send_queued(failed=failed)
+        self.refresh_status()
         if not isinstance(self.screen, CompareScreen):
             return
         if failed and not report.rows:

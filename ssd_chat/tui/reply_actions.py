@@ -15,7 +15,7 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.history import TurnStats
-from ssd_chat.tui.commands import as_typed
+from ssd_chat.tui.commands import as_typed, prompt_text
 from ssd_chat.tui.engine_worker import ReplyBuffer, stream_reply
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.live_stats import LiveStats
@@ -43,6 +43,15 @@ CONTEXT_CUT_FIX = ("a next prompt (\"go on\") continues it, the earliest turns t
 
 class ReplyActions(_Base):
     regenerating = False  # /regen's reply is under way (a refusal or a stop before its first token brings the old back)
+
+    def send_typed(self, typed: str) -> None:
+        """Send a prompt as typed (the caller checked we are idle): as the edit of the last prompt where one is open."""
+        self.prompt_to_restore = None  # (answered now: a later /restart has nothing to bring back)
+        text = prompt_text(typed)
+        if self.current_edit() is not None:
+            self.send_edit(text)
+        else:
+            self.send_prompt(text)
 
     def send_prompt(self, text: str, *, replace: bool = False) -> None:
         """Add `text` as the next turn (`replace`: in place of the last one, whose views the caller removed) and
