@@ -46,7 +46,7 @@ class PanelData:
 @dataclass
 class LiveStats:
     mode: str
-    k: int
+    k: int  # the most a round drafts (engine_worker.drafted_k): the histogram's and per-position rows
     started: float
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -96,8 +96,8 @@ class LiveStats:
         if step.num_drafted == 0:  # a plain step: tau counts it (one token), the histogram does not
             self.plain_steps += 1
         else:
-            if step.num_accepted >= len(self.histogram):  # k changed under us: grow, never drop a count
-                self._grow(step.num_accepted)
+            if max(step.num_drafted, step.num_accepted) > self.k:  # k changed under us: grow, never drop a count
+                self._grow(max(step.num_drafted, step.num_accepted))
             self.histogram[step.num_accepted] += 1
         if step.draft_idle_s is not None:
             self.idle_s = (self.idle_s or 0.0) + step.draft_idle_s
@@ -148,9 +148,10 @@ class LiveStats:
         saved = replace(saved_panel(TurnStats.from_output(output)), k=self.k, rates=tuple(self.rates))
         if spec is None:
             return saved
+        positions = slice(self.k)  # (the engine's are k's length: a capped k leaves the last never drafted)
         return replace(
-            saved, histogram=tuple(self.histogram), per_position=spec.per_position_acceptance,
-            position_drafts=spec.drafted_per_position,
+            saved, histogram=tuple(self.histogram), per_position=spec.per_position_acceptance[positions],
+            position_drafts=spec.drafted_per_position[positions],
             plain_steps=self.plain_steps,  # (the engine's stats do not count them)
             tau_on_hit=spec.tau_on_hit, tau_on_miss=spec.tau_on_miss,
             **_step_times(spec.num_steps, spec.verify_time_s, spec.draft_time_s, spec.draft_idle_s),

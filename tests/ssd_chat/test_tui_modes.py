@@ -3,11 +3,23 @@ the run's own options, and /k /fanout /temp /system reaching the next request (b
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from engine.config import SpeculationConfig
 from ssd_chat.tui.widgets.prompt_input import PromptArea
-from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, rendered, send, settle, type_text, wait_for
+from tests.ssd_chat.tui_fakes import (
+    FakeEngine,
+    errors,
+    first_delta,
+    make_app,
+    rendered,
+    send,
+    settle,
+    type_text,
+    wait_for,
+)
 
 SIZE = (120, 40)
 
@@ -165,6 +177,28 @@ async def test_the_status_line_and_the_panel_show_the_k_a_round_drafts_at_most(t
         engine.config.on_cuda = True  # no cap: k's own
         await send(app, pilot, "/k 32")
         assert "· k 32 ·" in rendered(app.query_one("#status")) and "SD · k 32" in rendered(app.query_one("#layout"))
+
+
+@pytest.mark.asyncio
+async def test_the_panel_has_a_row_per_position_a_round_can_draft(tmp_path):
+    """/k 32 on the CPU sized the per-position acceptance by 32, where a round drafts at most 31: the last read "–"."""
+    from engine.config import CPU_MAX_DRAFT
+
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/k 32")
+        await send(app, pilot, "hi")
+        positions = rendered(app.query_one("#positions")).splitlines()
+        assert len(positions) == CPU_MAX_DRAFT and positions[-1].split()[0] == str(CPU_MAX_DRAFT)
+        histogram = rendered(app.query_one("#histogram")).splitlines()
+        assert len(histogram) == CPU_MAX_DRAFT + 1  # accepted 0..31
+        engine.gate = threading.Event()  # the live panel too: sized so before the reply ends
+        await first_delta(app, pilot)
+        assert app.buffer is not None and app.buffer.stats.snapshot().k == CPU_MAX_DRAFT
+        engine.gate.set()
+        await settle(app, pilot)
 
 
 @pytest.mark.asyncio

@@ -98,6 +98,8 @@ class FakeEngine:
         if spec.mode == self.diverge_in:
             words = [*words[:-1], "!"]
         mode, k = spec.mode, spec.k
+        cap = self.config.max_draft  # a round drafts at most this many, as the engine's does (the per-position
+        drafts = k if cap is None else min(k, cap)  # figures keep k's length: the positions past it stay 0)
         emitted: list[str] = []
         steps = hits = accepted_total = drafted_total = emitted_on_hit = 0
         i = 0
@@ -124,7 +126,7 @@ class FakeEngine:
             if mode == "ar" or i == 0:
                 n, sources = 1, (S.TARGET,)
             else:
-                acc = min(self.accept, k, len(words) - i - 1)
+                acc = min(self.accept, drafts, len(words) - i - 1)
                 hit = mode == "ssd" and steps % 2 == 0
                 kind = S.ACCEPTED if mode == "sd" else (S.ACCEPTED_HIT if hit else S.ACCEPTED_MISS)
                 n, sources = acc + 1, (kind,) * acc + (S.RECOVERY,)
@@ -132,8 +134,8 @@ class FakeEngine:
                 hits += hit
                 emitted_on_hit += n if hit else 0
                 accepted_total += acc
-                drafted_total += k
-                yield StepStats(request_id, k, acc, 0.004, 0.0 if hit else 0.002, hit if mode == "ssd" else None,
+                drafted_total += drafts
+                yield StepStats(request_id, drafts, acc, 0.004, 0.0 if hit else 0.002, hit if mode == "ssd" else None,
                                 draft_idle_s=0.003 if mode == "ssd" else None)
             chunk = words[i:i + n]
             yield TokenDelta(request_id, tuple(range(i, i + n)), "".join(chunk), sources)
@@ -147,7 +149,8 @@ class FakeEngine:
                 num_steps=steps, num_drafted=drafted_total, num_accepted=accepted_total,
                 num_emitted=len(emitted) - 1, accepted_per_position=tuple(steps if j < self.accept else 0
                                                                           for j in range(k)),
-                drafted_per_position=(steps,) * k, num_cache_hits=hits if mode == "ssd" else None,
+                drafted_per_position=(steps,) * drafts + (0,) * (k - drafts),
+                num_cache_hits=hits if mode == "ssd" else None,
                 emitted_on_hit=emitted_on_hit, verify_time_s=0.004 * steps,
                 draft_time_s=0.002 * (steps - hits) if mode == "ssd" else 0.002 * steps,
                 draft_idle_s=0.003 * steps if mode == "ssd" else None,
