@@ -60,6 +60,9 @@ class EngineProcess:
     """An `engine.LLM(target, **kwargs)` in a child process. Built (and loaded) by the constructor, which forwards
     the child's engine log lines to this process's "engine" logger and raises EngineError if loading failed."""
 
+    pipe_closed = False  # the child's end of the pipe closed (it exits): nothing more can be sent, whatever its status
+    EXIT_STATUS_WAIT_S = 2.0  # how long a closed pipe's error waits for the child's exit status (_stopped)
+
     def __init__(self, target: str, **kwargs: Any) -> None:
         """Start the child and wait until it has loaded (`start`, then `wait_ready`)."""
         self._start(target, kwargs)
@@ -160,12 +163,14 @@ class EngineProcess:
 
     @property
     def alive(self) -> bool:
-        return self._exit_code() is None
+        """False once the child's pipe has closed (a moment before its exit status is there to read) or it exited."""
+        return not self.pipe_closed and self._exit_code() is None
 
     @property
     def stop_reason(self) -> str | None:
-        """How the child ended ("the engine process was killed by SIGKILL"); None while it runs."""
-        return None if self._exit_code() is None else self._stopped(wait_s=0.0)
+        """How the child ended ("the engine process was killed by SIGKILL"; "the engine process stopped" until its
+        exit status comes after its pipe closed); None while it runs."""
+        return None if self.alive else self._stopped(wait_s=0.0)
 
     def _exit_code(self) -> int | None:
         """The child's exit code (negative: the signal that killed it), None while it runs. A dead child is not
@@ -205,7 +210,9 @@ class EngineProcess:
             with self._send_lock:
                 self._pipe.send(message)
         except (OSError, ValueError) as exc:  # (a broken pipe: say how the child ended, where it has)
-            raise RuntimeError(self.stop_reason or f"the engine process is gone ({exc})") from None
+            self.pipe_closed = isinstance(exc, OSError) or self._pipe.closed  # (not a message it could not pickle)
+            raise RuntimeError(self._stopped(wait_s=0.0) if self._exit_code() is not None
+                               else f"the engine process is gone ({exc})") from None
 
     def _drain(self) -> None:
         with contextlib.suppress(RuntimeError):
@@ -220,6 +227,7 @@ class EngineProcess:
             try:
                 kind, payload = self._pipe.recv()
             except (EOFError, OSError) as exc:
+                self.pipe_closed = True  # (before the wait for its exit status: `alive` says so at once)
                 raise RuntimeError(self._stopped()) from exc
             if kind != "log":
                 return kind, payload
@@ -230,10 +238,10 @@ class EngineProcess:
         if self._exit_code() is not None and not self._pipe.poll():
             raise RuntimeError(self._stopped())
 
-    def _stopped(self, wait_s: float = 2.0) -> str:
+    def _stopped(self, wait_s: float | None = None) -> str:
         """Why the child is gone, for its closed pipe: its pipe closes as it exits, a moment before its exit status
         is there to read (a killed child read "exit code None"), so this waits up to `wait_s` for it."""
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + (self.EXIT_STATUS_WAIT_S if wait_s is None else wait_s)
         while (code := self._exit_code()) is None and time.monotonic() < deadline:
             time.sleep(0.01)
         if code is None:
