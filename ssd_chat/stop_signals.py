@@ -28,6 +28,7 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
 )
 HANGUP_EXIT_S = 5.0  # after a hangup the process ends by this time, whatever it waits on
 _received: int | None = None  # the first stop signal that came
+_before_forced_exit: list[Callable[[], object]] = []  # what the hangup's forced exit runs first (before_forced_exit)
 
 
 def _first(signum: int) -> bool:
@@ -85,12 +86,29 @@ def exit_if_hung_up() -> None:
         os._exit(128 + _received)
 
 
+def before_forced_exit(cleanup: Callable[[], object]) -> None:
+    """Run `cleanup` (quick: it must not wait on what the quit waits on) before the hangup's forced exit ends the
+    process, which runs no atexit handler: what the process would otherwise leave behind (the engine's stderr file
+    in /tmp, child_stderr)."""
+    _before_forced_exit.append(cleanup)
+
+
 def _exit_later(seconds: float) -> None:
     """The last resort after a hangup: whatever the app's quit waits on, the process ends (its engine's process,
-    its pipe closed, ends too, and the resource tracker removes what it left)."""
-    timer = threading.Timer(seconds, lambda: os._exit(128 + (_received or 0)))
+    its pipe closed, ends too, and the resource tracker removes what it left), once the cleanups registered with
+    before_forced_exit have run."""
+    timer = threading.Timer(seconds, _forced_exit)
     timer.daemon = True
     timer.start()
+
+
+def _forced_exit() -> None:
+    for cleanup in list(_before_forced_exit):
+        try:
+            cleanup()
+        except Exception:  # (one that fails must not keep the process from ending, nor the others from running)
+            logging.getLogger(__name__).debug("a cleanup before the forced exit failed", exc_info=True)
+    os._exit(128 + (_received or 0))
 
 
 def call_in_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[int], object]) -> Callable[[], None]:

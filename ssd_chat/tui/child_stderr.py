@@ -2,7 +2,8 @@
 traceback (the app shows its one line), a library's warning, a crash's last words; so do the draft process and the
 TP ranks it starts, which inherit it. A line there went straight over the app's screen and garbled it.
 `release` prints what they wrote once the app has given the terminal back (run_tui, after the log records
-log_routing held), and removes the files; whatever is left is printed when the process exits."""
+log_routing held), and removes the files; whatever is left is printed when the process exits, and removed unread
+by a hangup's forced exit (stop_signals), which runs no atexit handler and has no terminal to print to."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import TextIO
+
+from ssd_chat import stop_signals
 
 _files: list[Path] = []  # one per engine process started (a /restart starts another)
 _lock = threading.Lock()
@@ -49,4 +52,13 @@ def release(out: TextIO | None = None) -> None:
                 out.flush()
 
 
+def remove() -> None:
+    """Remove the files unread, without waiting on the lock (the forced exit's: the thread that holds it may be
+    the stuck one)."""
+    for path in list(_files):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 atexit.register(release)
+stop_signals.before_forced_exit(remove)

@@ -222,3 +222,24 @@ def test_closing_the_terminal_mid_reply_keeps_the_reply_and_leaves_nothing_behin
     roles = [row[0] for row in db.execute("SELECT role FROM messages ORDER BY position")]
     assert roles == ["user", "assistant"]  # the reply under way, kept
     assert not list((tmp_path / "tmp").glob("ssd-chat-engine-*"))  # its engine's stderr file: no terminal to print to
+
+
+@needs_posix
+def test_the_forced_exit_after_a_hangup_removes_the_engines_stderr_file_first(fresh, monkeypatch):
+    """A quit that took longer than HANGUP_EXIT_S after the terminal closed: os._exit ran no atexit handler, and the
+    engine process's stderr file (/tmp/ssd-chat-engine-*.stderr) stayed behind."""
+    from ssd_chat.tui import child_stderr
+
+    path = child_stderr.new_file()
+    exits: list[tuple[int, bool]] = []
+    exited = threading.Event()
+
+    def exit_now(code: int) -> None:  # (the process's own os._exit would end the test run)
+        exits.append((code, path.exists()))
+        exited.set()
+
+    monkeypatch.setattr(stop_signals.os, "_exit", exit_now)
+    monkeypatch.setattr(stop_signals, "_received", signal.SIGHUP)
+    stop_signals._exit_later(0.0)
+    assert exited.wait(10)
+    assert exits == [(128 + signal.SIGHUP, False)]
