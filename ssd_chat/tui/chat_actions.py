@@ -53,6 +53,8 @@ def engine_stopped(engine: object) -> str:
     return f"{why}: {RESTART}" if why else ENGINE_STOPPED
 
 
+COMPARE_RUNNING = "a compare is running: Esc stops it"
+COMPARE_ENDING = "the compare is ending (most of a second): try again then; a prompt sent now goes next"
 NEXT_REPLY = "from the next reply"  # a setting changed while a reply runs: that reply keeps the one it started with
 
 
@@ -66,8 +68,10 @@ class ChatActions(_Base):
         elif not self.engine_alive:
             self.notify(engine_stopped(self.engine), severity="error")
             self.refresh_status()
-        elif self.busy:
+        elif self.buffer is not None:
             self.notify("a reply is running: Esc stops it", severity="warning")
+        elif self.busy:  # a compare: on its screen, or closed and ending (its stopped row, then its restore)
+            self.notify(COMPARE_RUNNING if self.compare_shown() else COMPARE_ENDING, severity="warning")
         else:
             return True
         self.refused = True

@@ -73,11 +73,14 @@ class CompareActions(_Base):
         if isinstance(self.screen, CompareScreen):
             self.screen.show_progress(message.snapshot)
 
+    def compare_shown(self) -> bool:
+        return any(isinstance(s, CompareScreen) for s in self.screen_stack)
+
     def queue_after_compare(self, typed: str) -> bool:
         """A prompt sent after Esc Esc closed a compare whose run has not returned yet (its stopped row ends, then it
         puts the chat's reply back in the prefix cache: most of a second) waits for it, out of the input, and goes as
         it returns (on_compare_done), on the cache just restored. Whether it was queued so."""
-        if self.compare_cancel is None or any(isinstance(s, CompareScreen) for s in self.screen_stack):
+        if self.compare_cancel is None or self.compare_shown():
             return False
         self.query_one(PromptInput).set_text("")
         self.queued_prompt = typed

@@ -98,3 +98,19 @@ async def test_a_prompt_waiting_on_a_compare_that_fails_comes_back_to_the_input(
         assert [m.content for m in app.session.messages if m.role == "user"] == ["hi"]
         assert errors(app) == ["the engine broke (the prompt sent meanwhile is back in the input)"]
         assert len(engine.calls) == calls  # nothing sent after the failure
+
+
+@pytest.mark.asyncio
+async def test_a_command_during_the_restore_is_told_the_compare_is_ending_not_that_a_reply_runs(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        go_on = await _close_a_compare_in_its_restore(app, engine, pilot)
+        await pilot.press("f5")
+        await pilot.pause()
+        warned = [n.message for n in app._notifications if n.severity == "warning"]
+        assert warned and warned[-1].startswith("the compare is ending") and "a reply is running" not in warned[-1]
+        go_on.set()
+        await settle(app, pilot)
