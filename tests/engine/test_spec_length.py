@@ -154,3 +154,5 @@ def test_a_verify_never_runs_more_rows_than_reproduce_one_row_decoding(tiny_llam
     drafted = [e.num_drafted for e in events if isinstance(e, StepStats)]
     assert max(drafted) == ROW_KERNEL_ROWS - 1 == llm.config.max_draft  # (what the chat app's status line shows)
     assert max(rows[1:]) <= ROW_KERNEL_ROWS  # every step after the prompt's
+    spec = events[-1].output.stats.spec  # a position per token a round can draft (a 32nd was never drafted)
+    assert len(spec.drafted_per_position) == len(spec.per_position_acceptance) == llm.config.max_draft
