@@ -11,9 +11,11 @@ requests in AR mode.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
+import signal
 import time
 from collections.abc import Callable
 
@@ -233,7 +235,11 @@ def _shm_block():
 def _exit_status(code: int | None) -> str:
     if code is None:
         return "it exited"
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"  # (as the chat app names its engine process's end)
+        return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _first_line(exc: BaseException) -> str:

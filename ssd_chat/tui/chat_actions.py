@@ -53,6 +53,7 @@ def engine_stopped(engine: object) -> str:
     return f"{why}: {RESTART}" if why else ENGINE_STOPPED
 
 
+DRAFT_GONE = "the draft process is gone, so SD and SSD run as AR: /restart starts a new one"
 COMPARE_RUNNING = "a compare is running: Esc stops it"
 COMPARE_ENDING = "the compare is ending (most of a second): try again then; a prompt sent now goes next"
 NEXT_REPLY = "from the next reply"  # a setting changed while a reply runs: that reply keeps the one it started with
@@ -132,6 +133,9 @@ class ChatActions(_Base):
         if mode not in available_modes(self.engine):
             raise SlashError(f"mode {mode.upper()} needs a draft model: start with --draft" if mode in ("sd", "ssd")
                              else f"unknown mode {mode!r}: ar, sd or ssd")
+        if mode != "ar" and self.draft_lost:  # (its replies would run AR under its name)
+            self.notify(DRAFT_GONE, severity="warning")
+            return
         self.change_settings(mode=mode)
         self.notify(f"mode {mode.upper()}{self.from_next_reply()}", timeout=2)
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from textual import work
 
+from ssd_chat.tui.chat_actions import DRAFT_GONE
 from ssd_chat.tui.compare import CompareReport, CompareSnapshot, run_compare
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.messages import CompareDone, CompareProgress
@@ -41,8 +42,7 @@ class CompareActions(_Base):
             self.notify("only AR: start with --draft to compare it with SD and SSD", severity="warning")
             return
         if self.draft_lost:  # (its SD and SSD rows would run AR under their names)
-            self.notify("the draft process is gone, so SD and SSD run as AR: /restart starts a new one, then compare",
-                        severity="warning")
+            self.notify(f"{DRAFT_GONE}, then compare", severity="warning")
             return
         self.compare_cancel = threading.Event()
         self.push_screen(CompareScreen(messages[-1]["content"], modes))

@@ -43,3 +43,21 @@ async def test_an_engine_dying_mid_compare_is_told_once(tmp_path):
         assert "engine stopped: /restart" in rendered(app.query_one("#status"))
         app._watch_engine()
         assert _errors(app) == [("compare failed", ENGINE_STOPPED)]
+
+
+@pytest.mark.asyncio
+async def test_a_mode_that_needs_the_lost_draft_process_is_refused_until_restart(tmp_path):
+    """QA pass 10: /mode ssd after the draft process died said "mode SSD" and the status line SSD, and only the next
+    reply said it ran as AR."""
+    engine = FakeEngine(warning="the draft process died: continuing in AR")  # (an EngineWarning, draft_lost)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/mode ar")
+        await send(app, pilot, "hi")
+        assert app.draft_lost
+        for change in ("/mode ssd", "ctrl+g"):
+            await (send(app, pilot, change) if change.startswith("/") else pilot.press(change))
+            assert app.session.settings.mode == "ar", change
+            assert "the draft process is gone" in [n.message for n in app._notifications][-1]
+        assert "AR" in rendered(app.query_one("#status"))
