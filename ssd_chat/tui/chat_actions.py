@@ -83,7 +83,7 @@ class ChatActions(_Base):
         if not text:
             return
         if is_slash(text):
-            self.query_one(PromptInput).set_text("")
+            rest = self.query_one(PromptInput).take(typed)
             self.refused = False
             try:
                 command = parse_slash(text)
@@ -96,7 +96,7 @@ class ChatActions(_Base):
                 self.notify(str(err), severity="error")
                 self.refused = True
             if self.refused:  # a bad line, or one that must wait (a reply runs): it stays to fix or send again
-                self.query_one(PromptInput).set_text(text)
+                self.query_one(PromptInput).set_text(text + ("\n" + rest if rest else ""))
             return
         if self.queue_after_compare(typed):  # a closed compare still restoring the cache: it goes next
             return
@@ -104,7 +104,7 @@ class ChatActions(_Base):
             if not self.engine_alive:  # it stays in the input; /restart typed over it brings it back when loaded
                 self.prompt_to_restore = typed
             return
-        self.query_one(PromptInput).set_text("")
+        self.query_one(PromptInput).take(typed)
         self.send_typed(typed)
 
     def speculation(self) -> SpeculationConfig:

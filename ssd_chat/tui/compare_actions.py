@@ -82,7 +82,7 @@ class CompareActions(_Base):
         it returns (on_compare_done), on the cache just restored. Whether it was queued so."""
         if self.compare_cancel is None or self.compare_shown():
             return False
-        self.query_one(PromptInput).set_text("")
+        self.query_one(PromptInput).take(typed)
         self.queued_prompt = typed
         self.refresh_status()
         return True

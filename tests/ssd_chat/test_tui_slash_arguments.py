@@ -103,3 +103,26 @@ async def test_a_fanout_past_the_speculation_cache_is_refused_and_ssd_replies_go
         await send(app, pilot, "hi")
         assert engine.calls[-1][2] == "ssd" and engine.speculation.fanout == (MAX_FANOUT,)
         assert app.session.messages[-1].role == "assistant"
+
+
+@pytest.mark.asyncio
+async def test_keys_typed_in_the_same_burst_as_the_send_key_stay_in_the_input(tmp_path):
+    """QA pass 10: `/temp 0.3`, Enter, `abc` sent at once applied /temp and lost "abc" (the keys after Enter reach the
+    input before the app takes the line, which cleared it all); a prompt lost them too."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        area.text = "/temp 0.3abc"  # what the input holds when the app takes "/temp 0.3"
+        app.submit("/temp 0.3")
+        await pilot.pause()
+        assert app.session.settings.temperature == 0.3 and area.text == "abc"
+        area.text = "hinext question"
+        app.submit("hi")
+        await settle(app, pilot)
+        assert engine.calls[-1][0][-1] == {"role": "user", "content": "hi"} and area.text == "next question"
+        area.text = "/k 0more"  # refused: the line comes back to fix, and the keys after it on a line of their own
+        app.submit("/k 0")
+        await pilot.pause()
+        assert "between 1 and 32" in errors(app)[-1] and area.text == "/k 0\nmore"

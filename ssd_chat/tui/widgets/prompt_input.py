@@ -165,6 +165,14 @@ class PromptInput(Vertical):
         self.area.put(text, undoable=False)
         self.area.focus()
 
+    def take(self, sent: str) -> str:
+        """Clear a line the app took (`sent`, as the send key found it), keeping what was typed after it: keys that
+        came in the same burst as the send key reach the input before the app takes the line. Returns that."""
+        now = self.text
+        rest = now[len(sent):] if now.startswith(sent) else ""
+        self.set_text(rest)
+        return rest
+
     def bring_back(self, text: str) -> bool:
         """Put `text` (a prompt that got no answer) in the input. What was typed there meanwhile stays one Ctrl+Z
         away (replace_text): whether there was any (the caller says so)."""
