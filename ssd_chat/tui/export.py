@@ -29,7 +29,7 @@ def to_markdown(conversation: Conversation) -> str:
     lines = [f"# {literal(conversation.title)}", ""]  # (a title: the first prompt's first line, as the chat shows it)
     filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
     lines.append(f"Mode `{s.mode}`, k {s.k}, temperature {s.temperature:g}, {filters + ', ' if filters else ''}"
-                 f"max tokens {s.max_tokens}.")
+                 f"max tokens {s.max_tokens} (the chat's settings when exported; each reply's mode is in its stats).")
     lines.append("")
     if s.system:
         lines += ["## System", "", literal(s.system), ""]

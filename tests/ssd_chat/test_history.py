@@ -96,13 +96,13 @@ def test_the_data_directory_follows_the_environment(tmp_path, monkeypatch):
 
 def test_markdown_export_has_the_turns_and_a_stats_table(tmp_path):
     text = to_markdown(_conversation())
-    assert text.startswith("# Tea\n\nMode `ssd`, k 3, temperature 0, max tokens 64.")
+    assert text.startswith("# Tea\n\nMode `ssd`, k 3, temperature 0, max tokens 64 (the chat's settings when exported")
     assert "## System\n\nBe brief." in text
     assert "## You\n\nWrite a haiku about tea." in text
     assert "```python\nprint('tea')\n```" in text
     assert "| 1 | ssd | 12 | 41.2 | 81 | 2.75 | 50% | 80% | 16/30 | stop |" in text
     nucleus = Conversation(None, "Tea", settings=ChatSettings(temperature=0.2, top_p=0.9, top_k=20))
-    assert "temperature 0.2, top-p 0.9, top-k 20, max tokens 512." in to_markdown(nucleus)
+    assert "temperature 0.2, top-p 0.9, top-k 20, max tokens 512 (" in to_markdown(nucleus)
     stopped = ChatMessage("assistant", "", TurnStats("sd", 0.0, 11.162, 0, 4478, 48, "cancelled"))  # (earlier versions)
     assert "| 1 | sd | 0 | 0.0 | – |" in to_markdown(Conversation(None, "Stopped", messages=[stopped]))
     assert export_path(_conversation(), tmp_path) == tmp_path / "tea.md"
