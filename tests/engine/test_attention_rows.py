@@ -10,7 +10,7 @@ import torch
 from engine import LLM
 from engine.attention.base import SeqSpan
 from engine.attention.sdpa import ROW_KERNEL_ROWS, attend, causal_rows
-from engine.layers import packed_kernels, panel
+from engine.layers import native, packed_kernels, panel
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
@@ -62,6 +62,35 @@ def test_a_prefill_past_the_kernel_rows_gives_each_row_its_decode_bits():
         want = attend(q.transpose(0, 1).unsqueeze(0), k[:, slot_list].unsqueeze(0), v[:, slot_list].unsqueeze(0),
                       mask=mask, causal=False, scale=D**-0.5)[0].transpose(0, 1).reshape(n, H * D)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, keys: int, threads: int) -> torch.Tensor:
+    """engine/kernels/attention.cpp's causal_attention itself: q [n, H, D], k and v [KVH, S, D] -> [n, H * D]."""
+    n, h, d = q.shape
+    out = torch.empty(n, h * d)
+    native.library().causal_attention(q.data_ptr(), n, h, d, k.data_ptr(), v.data_ptr(), k.shape[0], k.shape[1],
+                                      first, keys, d**-0.5, out.data_ptr(), threads)
+    return out
+
+
+@pytest.mark.parametrize(("n", "keys", "heads", "kv_heads", "d"), [
+    (32, 3001, 9, 3, 64), (32, 1500, 6, 2, 128), (32, 517, 6, 2, 40), (20, 45, 4, 4, 64), (17, 200, 8, 1, 128),
+    (5, 60, 6, 3, 40), (1, 33, 9, 3, 64), (32, 32, 9, 3, 64)])
+def test_the_tiled_kernel_gives_every_row_of_a_prefill_call_the_bits_of_its_one_row_call(n, keys, heads, kv_heads, d):
+    # The many-row calls go over tiles of keys for blocks of rows and heads at once; a row's arithmetic, and so its
+    # bits, must stay those of its one-row call (block and tail scores, exps and sums by its own key count), at any
+    # thread count.
+    generator = torch.Generator().manual_seed(n * keys + d)
+    k, v = (torch.randn(kv_heads, keys + 9, d, generator=generator) for _ in range(2))
+    q = 3 * torch.randn(n, heads, d, generator=generator)
+    got = _kernel(q, k, v, 5, keys, 1)
+    assert torch.equal(_kernel(q, k, v, 5, keys, 2), got)
+    for r in range(n):
+        assert torch.equal(_kernel(q[r : r + 1], k, v, 5, keys - n + r + 1, 1), got[r : r + 1]), r
+    mask = torch.ones(n, keys, dtype=torch.bool).tril(keys - n)
+    want = attend(q.transpose(0, 1).unsqueeze(0), k[:, 5 : 5 + keys].unsqueeze(0), v[:, 5 : 5 + keys].unsqueeze(0),
+                  mask=mask, causal=False, scale=d**-0.5)[0].transpose(0, 1).reshape(n, heads * d)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.skipif(packed_kernels.max_rows(packed_kernels.resolve_kernel("auto")) < 80,
