@@ -49,19 +49,25 @@ async def _close_a_compare_in_its_restore(app, engine, pilot) -> threading.Event
     return go_on
 
 
+async def _send_during_the_restore(app, engine, pilot) -> tuple[threading.Event, PromptArea]:
+    """A reply to "hi", a compare closed in its restore, and "next one" sent then; the restore's event and the input."""
+    await settle(app, pilot)
+    await send(app, pilot, "hi")
+    go_on = await _close_a_compare_in_its_restore(app, engine, pilot)
+    area = app.query_one(PromptArea)
+    area.text = "next one"
+    area.focus()
+    await pilot.press("enter")
+    await pilot.pause()
+    return go_on, area
+
+
 @pytest.mark.asyncio
 async def test_a_prompt_sent_during_the_restore_goes_once_it_ends(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        await send(app, pilot, "hi")
-        go_on = await _close_a_compare_in_its_restore(app, engine, pilot)
-        area = app.query_one(PromptArea)
-        area.text = "next one"
-        area.focus()
-        await pilot.press("enter")
-        await pilot.pause()
+        go_on, area = await _send_during_the_restore(app, engine, pilot)
         assert area.text == ""  # taken: it waits for the restore
         assert [m.content for m in app.session.messages if m.role == "user"] == ["hi"]  # not sent yet
         assert "your prompt goes next" in str(app.query_one("#status").content)
@@ -82,13 +88,7 @@ async def test_a_prompt_waiting_on_a_compare_that_fails_comes_back_to_the_input(
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        await send(app, pilot, "hi")
-        go_on = await _close_a_compare_in_its_restore(app, engine, pilot)
-        area = app.query_one(PromptArea)
-        area.text = "next one"
-        await pilot.press("enter")
-        await pilot.pause()
+        go_on, area = await _send_during_the_restore(app, engine, pilot)
         assert area.text == "" and app.queued_prompt == "next one"
         calls = len(engine.calls)
         engine.error = RuntimeError("the engine broke")  # the restore fails
