@@ -18,6 +18,7 @@ from engine.outputs import TokenDelta
 from ssd_chat.tui import child_stderr
 from ssd_chat.tui.chat_actions import engine_stopped
 from ssd_chat.tui.engine_process import EngineProcess
+from tests.ssd_chat.test_engine_process import _alive
 
 MESSAGES = [{"role": "user", "content": "Paris is"}]
 
@@ -58,14 +59,6 @@ def test_a_killed_engine_process_says_which_signal_killed_it(tiny_llama_dir):
     finally:
         engine.close()
     child_stderr.release(io.StringIO())
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_an_engine_process_whose_load_fails_after_its_app_died_removes_its_stderr_file(tmp_path):
