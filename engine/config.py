@@ -102,6 +102,10 @@ class EngineConfig:
         """The most tokens a round drafts, whatever SpeculationConfig.k asks; None: k's own limit."""
         return None if self.on_cuda else CPU_MAX_DRAFT
 
+    def drafted_k(self, k: int) -> int:
+        """The most tokens a round drafts for SpeculationConfig.k = k: k, or max_draft where lower (the CPU's 31)."""
+        return k if self.max_draft is None else min(k, self.max_draft)
+
     @property
     def on_cuda(self) -> bool:
         """Whether the target runs on GPUs (else on CPU cores)."""

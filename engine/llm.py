@@ -222,8 +222,7 @@ class LLM:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         spec = self.speculation
         detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
-        k = spec.k if self.config.max_draft is None else min(spec.k, self.config.max_draft)  # (positions it drafts)
-        state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=k)
+        state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=self.config.drafted_k(spec.k))
         self._requests[seq.seq_id] = state
         self.core.add(seq, spec)
         self._report_warnings()  # (a mode whose draft process was lost: its warning, and the state reports AR)

@@ -37,7 +37,7 @@ from ssd_chat.tui.compare_actions import CompareActions
 from ssd_chat.tui.edit_actions import EditActions
 from ssd_chat.tui.engine_actions import EngineActions
 from ssd_chat.tui.engine_process import stop_loading
-from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer, drafted_k
+from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.log_routing import LogNotice, LogRouting
 from ssd_chat.tui.messages import ReplyDone
@@ -232,7 +232,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         filters = filters_text(s.temperature, s.top_p, s.top_k)
         filters = f" {filters}" if filters else ""
         context = f" · ctx {self.session.context_tokens():,}/{self.engine.max_model_len:,}" if self.engine else ""
-        k = s.k if self.engine is None else drafted_k(self.engine, s.k)  # (the k a round drafts at most)
+        k = s.k if self.engine is None else self.engine.config.drafted_k(s.k)  # (the k a round drafts at most)
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
             f"[b]{s.mode.upper()}[/b] · {state} · k {k} · temp {s.temperature:g}{filters}{colours}{context} · "
             f"{escape(self.session.conversation.title)}"

@@ -36,7 +36,7 @@ Piece = tuple[str, TokenSource]  # a span of reply text and where its tokens cam
 class ChatEngine(Protocol):
     """What the TUI needs from `engine.LLM` (the tests drive a scripted fake with the same shape)."""
 
-    config: Any  # .target, .draft (None without a draft model), .on_cuda, .max_draft
+    config: Any  # .target, .draft (None without a draft model), .on_cuda, .max_draft, .drafted_k
     speculation: SpeculationConfig
     layout: dict[str, str]
     max_model_len: int  # the context; with encode_chat, which turns fit (ssd_chat.context_window)
@@ -51,12 +51,6 @@ class ChatEngine(Protocol):
 
 def available_modes(engine: ChatEngine) -> tuple[str, ...]:
     return ("ar",) if engine.config.draft is None else ("ar", "sd", "ssd")
-
-
-def drafted_k(engine: ChatEngine, k: int) -> int:
-    """The most tokens a round drafts for the setting k: k, or the engine's cap where lower (the CPU's 31)."""
-    cap = engine.config.max_draft
-    return k if cap is None else min(k, cap)
 
 
 def token_texts(engine: ChatEngine) -> Callable[[tuple[int, ...]], list[str]] | None:

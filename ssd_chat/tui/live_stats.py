@@ -46,7 +46,7 @@ class PanelData:
 @dataclass
 class LiveStats:
     mode: str
-    k: int  # the most a round drafts (engine_worker.drafted_k): the histogram's and per-position rows
+    k: int  # the most a round drafts (EngineConfig.drafted_k): the histogram's and per-position rows
     started: float
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -148,10 +148,9 @@ class LiveStats:
         saved = replace(saved_panel(TurnStats.from_output(output)), k=self.k, rates=tuple(self.rates))
         if spec is None:
             return saved
-        positions = slice(self.k)  # (the engine's are k's length: a capped k leaves the last never drafted)
         return replace(
-            saved, histogram=tuple(self.histogram), per_position=spec.per_position_acceptance[positions],
-            position_drafts=spec.drafted_per_position[positions],
+            saved, histogram=tuple(self.histogram), per_position=spec.per_position_acceptance,
+            position_drafts=spec.drafted_per_position,
             plain_steps=self.plain_steps,  # (the engine's stats do not count them)
             tau_on_hit=spec.tau_on_hit, tau_on_miss=spec.tau_on_miss,
             **_step_times(spec.num_steps, spec.verify_time_s, spec.draft_time_s, spec.draft_idle_s),

@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.history import TurnStats
 from ssd_chat.tui.commands import as_typed, prompt_text
-from ssd_chat.tui.engine_worker import ReplyBuffer, drafted_k, stream_reply
+from ssd_chat.tui.engine_worker import ReplyBuffer, stream_reply
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.live_stats import LiveStats
 from ssd_chat.tui.messages import ReplyDone, ReplyFailed
@@ -65,7 +65,7 @@ class ReplyActions(_Base):
         transcript.add_user(text)
         self.reply_view = transcript.add_assistant(colours=self.colours)
         s = self.session.settings
-        k = drafted_k(self.engine, s.k)  # the panel's rows: what a round drafts at most (/k 32 on the CPU: 31)
+        k = self.engine.config.drafted_k(s.k)  # the panel's rows: what a round drafts at most (/k 32 on the CPU: 31)
         self.buffer = ReplyBuffer(LiveStats(s.mode, k, started=self.clock()), self.clock)
         self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if self.engine.config.on_cuda else UI_SHARE)
         self._flush_timer = self.set_interval(TICK_S, self._flush_tick)

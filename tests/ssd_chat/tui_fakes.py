@@ -30,6 +30,7 @@ class FakeConfig:
     on_cuda: bool = False
 
     max_draft = EngineConfig.max_draft  # (the engine's: the CPU's cap, none on CUDA)
+    drafted_k = EngineConfig.drafted_k
 
 
 class FakeClock:
@@ -98,8 +99,7 @@ class FakeEngine:
         if spec.mode == self.diverge_in:
             words = [*words[:-1], "!"]
         mode, k = spec.mode, spec.k
-        cap = self.config.max_draft  # a round drafts at most this many, as the engine's does (the per-position
-        drafts = k if cap is None else min(k, cap)  # figures keep k's length: the positions past it stay 0)
+        drafts = self.config.drafted_k(k)  # a round drafts at most this many, as the engine's does
         emitted: list[str] = []
         steps = hits = accepted_total = drafted_total = emitted_on_hit = 0
         i = 0
@@ -148,8 +148,8 @@ class FakeEngine:
             spec_stats = SpecStats(
                 num_steps=steps, num_drafted=drafted_total, num_accepted=accepted_total,
                 num_emitted=len(emitted) - 1, accepted_per_position=tuple(steps if j < self.accept else 0
-                                                                          for j in range(k)),
-                drafted_per_position=(steps,) * drafts + (0,) * (k - drafts),
+                                                                          for j in range(drafts)),
+                drafted_per_position=(steps,) * drafts,  # (a position per token a round can draft, as the engine's)
                 num_cache_hits=hits if mode == "ssd" else None,
                 emitted_on_hit=emitted_on_hit, verify_time_s=0.004 * steps,
                 draft_time_s=0.002 * (steps - hits) if mode == "ssd" else 0.002 * steps,
