@@ -11,17 +11,15 @@ requests in AR mode.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import logging
-import signal
 import time
 from collections.abc import Callable
 
 import torch
 
-from engine import shm_channel
+from engine import shm_channel, spawning
 from engine.config import BACKUPS
 from engine.distributed import Channel, RankSpec, float_bits, free_port, host_store, make_group, spawn_rank
 from engine.draft_server import (
@@ -235,11 +233,7 @@ def _shm_block():
 def _exit_status(code: int | None) -> str:
     if code is None:
         return "it exited"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"  # (as the chat app names its engine process's end)
-        return f"killed by signal {-code}"
-    return f"exit code {code}"
+    return spawning.killed_by(code) if code < 0 else f"exit code {code}"
 
 
 def _first_line(exc: BaseException) -> str:

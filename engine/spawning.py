@@ -84,3 +84,10 @@ def start(proc, cores: tuple[int, ...] | None = None) -> None:
             proc.kill()
             proc.join(5.0)
         raise
+
+
+def killed_by(code: int) -> str:
+    """How a child whose exit code is `code` < 0 ended: "killed by SIGKILL" (or "killed by signal N", unnamed)."""
+    with contextlib.suppress(ValueError):
+        return f"killed by {signal.Signals(-code).name}"
+    return f"killed by signal {-code}"

@@ -17,7 +17,6 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -247,9 +246,7 @@ class EngineProcess:
         if code is None:
             return "the engine process stopped"
         if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"the engine process was killed by {signal.Signals(-code).name}"
-            return f"the engine process was killed by signal {-code}"
+            return f"the engine process was {spawning.killed_by(code)}"
         return f"the engine process exited with code {code}"
 
 
