@@ -22,11 +22,10 @@ class Sampling:
     temperature: float
     top_p: float = 1.0  # 1: off
     top_k: int = 0  # 0: off
-    source: str = "the default"  # where it comes from ("its model card", ...)
 
 
 FALLBACK = Sampling(0.7)
-MODEL_CARD = {"smollm2-135m": Sampling(0.2, top_p=0.9, source="its model card")}  # alias -> its card's example
+MODEL_CARD = {"smollm2-135m": Sampling(0.2, top_p=0.9)}  # alias -> its card's example
 
 
 def recommended(target: str) -> Sampling:
@@ -46,7 +45,7 @@ def recommended(target: str) -> Sampling:
     top_p = _number(data.get("top_p"), lambda p: 0 < p <= 1)
     top_k = _number(data.get("top_k"), lambda k: k >= 0 and k == int(k))
     return Sampling(float(temperature), FALLBACK.top_p if top_p is None else float(top_p),
-                    FALLBACK.top_k if top_k is None else int(top_k), "its generation_config.json")
+                    FALLBACK.top_k if top_k is None else int(top_k))
 
 
 def _number(value: object, valid) -> float | None:
@@ -59,7 +58,7 @@ def chosen(target: str, temperature: float | None, top_p: float | None, top_k: i
     """The options as given, each one not given (None) the model's recommended one."""
     base = recommended(target)
     return Sampling(base.temperature if temperature is None else temperature,
-                    base.top_p if top_p is None else top_p, base.top_k if top_k is None else top_k, base.source)
+                    base.top_p if top_p is None else top_p, base.top_k if top_k is None else top_k)
 
 
 def filters_text(temperature: float, top_p: float, top_k: int, sep: str = " ") -> str:

@@ -45,7 +45,7 @@ def test_a_directory_takes_its_generation_configs_sampling(tmp_path, config, exp
 
 
 def test_the_embedded_target_takes_its_model_cards_sampling():
-    assert recommended("smollm2-135m") == Sampling(0.2, top_p=0.9, source="its model card")
+    assert recommended("smollm2-135m") == Sampling(0.2, top_p=0.9)
     assert recommended("SmolLM2-135M").top_p == 0.9  # (the registry takes an alias in any case)
     assert recommended("llama-3.1-8b") == FALLBACK  # (a hub alias: its files may not be here)
 
