@@ -8,7 +8,6 @@ ReplyBuffer that a timer drains when its FlushPacer says (reply_actions.py).
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import threading
 import time
@@ -209,7 +208,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
             await self.on_reply_done(ReplyDone(self.finished))
         self._close_engine()
         if stop_signals.hung_up():  # (no terminal to print the engine's stderr to: its file goes)
-            child_stderr.release(io.StringIO())
+            child_stderr.remove()
         stop_signals.exit_if_hung_up()
         self.exit()
 

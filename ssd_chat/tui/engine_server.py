@@ -157,8 +157,7 @@ _stderr_file: tuple[str, int] | None = None  # this process's stderr file and it
 def _remove_if_orphaned() -> None:
     """Where the app is gone (killed), nobody is left to print this process's stderr file: it goes."""
     if _stderr_file is not None and os.getppid() != _stderr_file[1]:
-        with contextlib.suppress(OSError):
-            os.unlink(_stderr_file[0])
+        _remove(_stderr_file[0])
 
 
 def _stream(llm, wire: _Wire, messages, params, pending: deque) -> bool:
