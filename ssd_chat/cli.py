@@ -18,7 +18,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine import SamplingParams
 from engine.config import DEFAULT_TARGET
 from engine.registry import list_models
 from ssd_chat import stop_signals
@@ -166,9 +165,7 @@ def root(
                                           "name"))
         return
     with user_errors():
-        sampling = chosen(target, temperature, top_p, top_k)
-        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                max_tokens=max_tokens)
+        params = chosen(target, temperature, top_p, top_k, max_tokens=max_tokens)
         app_runs = not plain and _in_a_terminal()  # the chat app, where modes switch
         from_env = ctx.get_parameter_source("enter").name == "ENVIRONMENT"
         if app_runs or not from_env:  # (a bad SSD_CHAT_ENTER does not stop the plain mode: it means nothing there)
@@ -256,9 +253,7 @@ def ask(
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with user_errors(), _quiet_when_the_reader_goes():
-        sampling = chosen(target, temperature, top_p, top_k)
-        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                seed=seed, max_tokens=max_tokens)
+        params = chosen(target, temperature, top_p, top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
         text = _read_stdin().rstrip("\n") if prompt == "-" else prompt

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.sampling_params import SamplingParams
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -54,11 +56,14 @@ def _number(value: object, valid) -> float | None:
     return None
 
 
-def chosen(target: str, temperature: float | None, top_p: float | None, top_k: int | None) -> Sampling:
-    """The options as given, each one not given (None) the model's recommended one."""
+def chosen(target: str, temperature: float | None, top_p: float | None, top_k: int | None,
+           **others: object) -> SamplingParams:
+    """The request settings of the options as given, each sampling one not given (None) the model's recommended one;
+    `others`: SamplingParams' other fields (max_tokens, seed)."""
     base = recommended(target)
-    return Sampling(base.temperature if temperature is None else temperature,
-                    base.top_p if top_p is None else top_p, base.top_k if top_k is None else top_k)
+    return SamplingParams(temperature=base.temperature if temperature is None else temperature,
+                          top_p=base.top_p if top_p is None else top_p,
+                          top_k=base.top_k if top_k is None else top_k, **others)
 
 
 def filters_text(temperature: float, top_p: float, top_k: int, sep: str = " ") -> str:
