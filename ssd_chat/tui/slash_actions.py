@@ -40,22 +40,21 @@ class SlashActions(_Base):
         self._changed_mid_reply(f"fan-out {'default' if fanout is None else ','.join(map(str, fanout))}")
 
     def slash_temp(self, arg: str) -> None:
-        if not arg:
-            raise SlashError(f"/temp takes a temperature, 0 = greedy (now {self.session.settings.temperature:g})")
-        self.change_settings(temperature=float(parse_number(arg, float, "temp")))
-        self._changed_mid_reply(f"temperature {self.session.settings.temperature:g}")
+        self._set_sampling("temperature", "temp", "a temperature, 0 = greedy", float, arg)
 
     def slash_top_p(self, arg: str) -> None:
-        if not arg:
-            raise SlashError(f"/top-p takes a mass in (0, 1], 1 = off (now {self.session.settings.top_p:g})")
-        self.change_settings(top_p=float(parse_number(arg, float, "top-p")))
-        self._changed_mid_reply(f"top-p {self.session.settings.top_p:g}")
+        self._set_sampling("top_p", "top-p", "a mass in (0, 1], 1 = off", float, arg)
 
     def slash_top_k(self, arg: str) -> None:
+        self._set_sampling("top_k", "top-k", "a number of tokens, 0 = off", int, arg)
+
+    def _set_sampling(self, field: str, command: str, takes: str, kind: type[int] | type[float], arg: str) -> None:
+        """/temp, /top-p, /top-k: the chat's `field` from `arg` (none: say what it takes and its value now)."""
         if not arg:
-            raise SlashError(f"/top-k takes a number of tokens, 0 = off (now {self.session.settings.top_k})")
-        self.change_settings(top_k=int(parse_number(arg, int, "top-k")))
-        self._changed_mid_reply(f"top-k {self.session.settings.top_k}")
+            raise SlashError(f"/{command} takes {takes} (now {getattr(self.session.settings, field):g})")
+        self.change_settings(**{field: kind(parse_number(arg, kind, command))})
+        shown = "temperature" if field == "temperature" else command
+        self._changed_mid_reply(f"{shown} {getattr(self.session.settings, field):g}")
 
     def _changed_mid_reply(self, setting: str) -> None:
         """A setting the status line shows, changed while a reply runs: a notice says the reply keeps the old value
