@@ -45,7 +45,7 @@ from make_self_prompts import keep, user_turn_prefix  # noqa: E402 (after the pa
 
 from engine.chat import encode_chat  # noqa: E402
 from engine.registry import resolve_model  # noqa: E402
-from engine.sampling import filter_top_k_top_p  # noqa: E402
+from engine.sampling import keep_top_k_top_p  # noqa: E402
 from engine.startup import load_tokenizer  # noqa: E402
 from ssd_chat import distill_data as data  # noqa: E402
 from ssd_chat.distill import DISTILL_PROMPTS, _eos_ids  # noqa: E402
@@ -139,7 +139,7 @@ def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: tor
     engine's nucleus, engine.sampling)."""
     if temperature == 0:
         return logits.argmax(-1)
-    probs = filter_top_k_top_p(logits / temperature, 0, top_p).softmax(-1)
+    probs = keep_top_k_top_p((logits / temperature).softmax(-1), 0, top_p)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 

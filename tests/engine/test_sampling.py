@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from engine.errors import InvalidParameterError
-from engine.sampling import draw, filter_top_k_top_p, probabilities, sample_batch, sample_token
+from engine.sampling import SUBNORMAL, draw, keep_top_k_top_p, probabilities, sample_batch, sample_token
 from engine.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 
 
+def kept(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Which tokens the filters keep (logits at temperature 1)."""
+    return keep_top_k_top_p(torch.softmax(logits, dim=-1), top_k, top_p) > 0
+
+
 def test_top_k_keeps_exactly_k():
-    kept = torch.isfinite(filter_top_k_top_p(LOGITS, 2, 1.0))
-    assert kept.tolist() == [True, True, False, False, False]
+    assert kept(LOGITS, 2, 1.0).tolist() == [True, True, False, False, False]
 
 
 def test_top_p_keeps_the_smallest_nucleus():
     probs = torch.softmax(LOGITS, -1)
     p = float(probs[0] + probs[1]) - 1e-3  # needs the top two tokens
-    kept = torch.isfinite(filter_top_k_top_p(LOGITS, 0, p))
-    assert kept.tolist() == [True, True, False, False, False]
-    assert torch.isfinite(filter_top_k_top_p(LOGITS, 0, 1e-6)).sum() == 1
+    assert kept(LOGITS, 0, p).tolist() == [True, True, False, False, False]
+    assert kept(LOGITS, 0, 1e-6).sum() == 1
 
 
 def test_greedy_and_degenerate_filters_agree():
@@ -105,9 +110,33 @@ def test_values_of_numeric_types_and_one_shot_lists_are_taken_as_given():
 
 def test_a_batch_of_rows_is_filtered_as_each_row_alone():
     rows = torch.randn(5, 40, generator=torch.Generator().manual_seed(3)) * 3
-    for top_k, top_p in ((3, 1.0), (0, 0.7), (8, 0.5)):
-        batched = filter_top_k_top_p(rows, top_k, top_p)
-        assert torch.equal(batched, torch.stack([filter_top_k_top_p(row, top_k, top_p) for row in rows]))
+    for top_k, top_p in ((3, 1.0), (0, 0.7), (8, 0.5), (0, 1.0)):
+        params = SamplingParams(temperature=0.6, top_k=top_k, top_p=top_p)
+        batched = probabilities(rows, params)
+        assert torch.equal(batched, torch.stack([probabilities(row, params) for row in rows]))
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.8), (20, 0.9)])
+def test_the_distribution_is_the_softmax_of_the_kept_logits(top_k, top_p):
+    """The filters renormalise the kept mass: the distribution a second softmax over the kept logits gives (float64
+    reference), to float32's rounding."""
+    gen = torch.Generator().manual_seed(6)
+    for row in torch.randn(4, 300, generator=gen) * 3:
+        params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p)
+        probs = probabilities(row, params)
+        want = torch.softmax((row.double() / 0.7).masked_fill(probs == 0, float("-inf")), dim=-1)
+        assert torch.allclose(probs.double(), want, rtol=1e-5, atol=1e-9)
+        assert (probs > 0).sum() >= 1 and abs(float(probs.sum()) - 1.0) < 1e-5
+
+
+def test_a_token_e87_times_less_likely_than_the_top_gets_no_probability():
+    """Such a token's float32 exp would be subnormal (a slow path of torch's softmax on the CPU): it gets exactly 0,
+    and a token just above that line keeps its mass."""
+    logits = torch.tensor([0.0, SUBNORMAL - 0.5, SUBNORMAL + 0.5, -1.0, -200.0])
+    probs = probabilities(logits, SamplingParams(temperature=1.0))
+    assert probs[1] == 0 and probs[4] == 0
+    assert float(probs[2]) / float(probs[0]) == pytest.approx(math.exp(SUBNORMAL + 0.5), rel=1e-5)
+    assert probs[2] >= torch.finfo(torch.float32).tiny
 
 
 def test_a_tiny_temperature_gives_the_argmax_not_nan():
@@ -138,19 +167,20 @@ def test_top_p_keeps_what_a_full_sort_keeps_however_wide_the_nucleus():
             near = [(probs[probs > p].sum() - top_p).abs() < 1e-5 for p in probs]  # float32's rounding decides those
             if any(near):
                 continue
-            assert torch.equal(torch.isfinite(filter_top_k_top_p(row, 0, top_p)), want), (scale, top_p)
+            assert torch.equal(kept(row, 0, top_p), want), (scale, top_p)
 
 
 def test_top_p_keeps_every_token_tied_with_one_it_keeps():
     logits = torch.tensor([3.0, 1.0, 1.0, 1.0, -2.0])  # p = 0.8 needs one of the three tied tokens: all three stay
     probs = torch.softmax(logits, -1)
     assert float(probs[0]) < 0.8 < float(probs[:2].sum())
-    assert torch.isfinite(filter_top_k_top_p(logits, 0, 0.8)).tolist() == [True, True, True, True, False]
+    assert kept(logits, 0, 0.8).tolist() == [True, True, True, True, False]
 
 
 def test_rows_of_narrow_and_wide_nuclei_batched_are_filtered_as_alone():
     gen = torch.Generator().manual_seed(5)
     rows = torch.stack([torch.randn(3000, generator=gen) * s for s in (40.0, 0.3, 4.0)])  # 1, ~2500 and ~50 kept
-    batched = filter_top_k_top_p(rows, 0, 0.9)
-    assert torch.equal(batched, torch.stack([filter_top_k_top_p(row, 0, 0.9) for row in rows]))
-    assert [int(torch.isfinite(r).sum()) > 32 for r in batched] == [False, True, True]
+    probs = torch.softmax(rows, dim=-1)
+    batched = keep_top_k_top_p(probs, 0, 0.9)
+    assert torch.equal(batched, torch.stack([keep_top_k_top_p(row, 0, 0.9) for row in probs]))
+    assert [int((r > 0).sum()) > 32 for r in batched] == [False, True, True]
