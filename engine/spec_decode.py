@@ -17,9 +17,8 @@ import torch
 from engine.drafter import Drafter, Proposal
 from engine.outputs import StepStats, TokenSource
 from engine.runner import Chunk, ModelRunner
-from engine.sampling import probabilities
 from engine.sequence import Sequence, StepOutput
-from engine.speculative import verify_greedy, verify_sampled
+from engine.speculative import Rows, verify_greedy, verify_sampled
 from engine.ssd import SsdDrafter
 
 if TYPE_CHECKING:
@@ -88,9 +87,7 @@ def verify(
         if seq.params.is_greedy:
             verdict = verify_greedy(drafts, rows)
         else:
-            q = torch.stack(proposal.probs) if proposal.probs else rows.new_zeros(0, rows.shape[-1])
-            p = probabilities(rows, seq.params)  # [k_i + 1, V], every row as alone
-            verdict = verify_sampled(drafts, q, p, seq.generator)
+            verdict = verify_sampled(drafts, proposal.probs or [], Rows(rows, seq.params), seq.generator)
         n_ok = verdict.num_accepted
         hit = hits.get(seq)
         accepted = {None: TokenSource.ACCEPTED, True: TokenSource.ACCEPTED_HIT, False: TokenSource.ACCEPTED_MISS}

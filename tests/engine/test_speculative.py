@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engine.sampling import probabilities
+from engine.sampling import draw, probabilities
 from engine.sampling_params import SamplingParams
-from engine.speculative import Verdict, verify_greedy, verify_sampled
+from engine.speculative import Rows, Verdict, verify_greedy, verify_sampled
 
 P_PASS = 1e-6
 P_BROKEN = 1e-9
@@ -278,3 +278,24 @@ def test_uniforms_are_drawn_first_in_position_order():
         assert verdict.num_accepted == accepted.index(False)
         seen.add(verdict.num_accepted)
     assert len(seen) > 1  # the inputs give both acceptances and rejections
+
+
+def test_rows_computed_when_read_give_the_verdicts_of_all_rows_and_skip_those_past_the_rejection():
+    """verify with `Rows` (the target's p_i computed when first read) decides as with every row computed: the same
+    verdict for the same generator state, and no row past the first rejection (or the bonus row) is computed."""
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    gen = torch.Generator().manual_seed(74)
+    seen = set()
+    for case in range(40):
+        base = torch.randn(5, 300, generator=gen) * 3
+        logits = base + torch.randn(5, 300, generator=gen) * case / 20  # [K+1, V]: the draft's, less and less alike
+        q = [probabilities(row, SamplingParams(temperature=1.0)) for row in base[:4]]
+        tokens = torch.tensor([draw(row, gen) for row in q])
+        rows = Rows(logits, params)
+        lazy = verify_sampled(tokens, q, rows, torch.Generator().manual_seed(case))
+        every_row = probabilities(logits, params)  # [K+1, V]
+        full = verify_sampled(tokens, torch.stack(q), every_row, torch.Generator().manual_seed(case))
+        assert lazy == full
+        assert sorted(rows.rows) == list(range(full.num_accepted + 1))
+        seen.add(full.num_accepted)
+    assert len(seen) > 2  # rejections at several positions, and all kept
