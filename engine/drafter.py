@@ -17,6 +17,7 @@ from engine.kv.block_manager import BlockManager
 from engine.lookup import Lookups
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import draw, probabilities
+from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 
@@ -38,16 +39,56 @@ class Proposal:
             self.probs.append(q)
 
 
-def draw_next(proposal: Proposal, seq: Sequence, logits: torch.Tensor, temperature: float | None) -> None:
-    """Append the draft's next token (argmax when the request is greedy; else a draw from q, kept for
-    the verification's rejection rule). `temperature` overrides the request's for the draft."""
-    proposal.from_lookup.append(False)
-    if seq.params.is_greedy:
-        proposal.tokens.append(int(torch.argmax(logits)))
-        return
-    q = probabilities(logits, seq.params, None if temperature is None else max(temperature, 1e-5))  # [V]
-    proposal.tokens.append(draw(q, seq.generator))
-    proposal.probs.append(q)
+@dataclass(frozen=True)
+class CompactHead:
+    """A reduced head (engine.layers.embedding.ReducedLMHead): the draft's runner gives its rows compact, [.., Vr]
+    over `ids` (ascending, so an argmax breaks ties as over the full row), rather than spread over [.., V] with
+    -inf elsewhere: that cost about 0.3 ms a forward, and every argmax, top-k or q of a row a pass over 49152
+    tokens where 8192 hold all the draft can say."""
+
+    ids: torch.Tensor  # [Vr] token ids, on the CPU (where the runner's logits are)
+    vocab_size: int
+
+    @staticmethod
+    def of(model: object) -> CompactHead | None:
+        ids = getattr(getattr(model, "lm_head", None), "vocab_ids", None)
+        if not isinstance(ids, torch.Tensor) or not ids.numel():
+            return None
+        return CompactHead(ids.cpu(), model.args.vocab_size)
+
+    def tokens(self, indices: torch.Tensor) -> list[int]:
+        return self.ids[indices].tolist()
+
+    def spread(self, q: torch.Tensor) -> torch.Tensor:  # [Vr] or [V] -> [V]
+        """A q row over the head's tokens spread over the vocabulary (a row over the vocabulary as it is: the
+        context lookup's one-hot rows)."""
+        return q if q.shape[-1] == self.vocab_size else q.new_zeros(self.vocab_size).index_copy_(0, self.ids, q)
+
+
+def draw_rows(
+    proposals: list[Proposal], seqs: list[Sequence], logits: torch.Tensor, temperature: float | None,
+    head: CompactHead | None = None, *, spread: bool = True,
+) -> None:
+    """Append each proposal's next token from its row of `logits` [n, V] (or [n, Vr] over a compact `head`): the
+    argmax when its request is greedy; else a draw from q, kept for the verification's rejection rule: [V], or with
+    `spread` off the compact [Vr] (SSD's cached branches: only the one handed out is spread, by `CompactHead.spread`,
+    where spreading every branch's rows cost a 49152-float row each). `temperature` overrides the requests' for the
+    draft. Rows of requests that sample alike get one `probabilities` call; each draw takes its request's generator
+    in row order."""
+    sampled: dict[SamplingParams, list[int]] = {}
+    for i, seq in enumerate(seqs):
+        if not seq.params.is_greedy:
+            sampled.setdefault(seq.params, []).append(i)
+    q: dict[int, torch.Tensor] = {}
+    for params, rows in sampled.items():
+        temp = None if temperature is None else max(temperature, 1e-5)
+        q |= zip(rows, probabilities(logits[rows], params, temp), strict=True)  # [n, V or Vr]
+    for i, (proposal, seq) in enumerate(zip(proposals, seqs, strict=True)):
+        proposal.from_lookup.append(False)
+        index = int(torch.argmax(logits[i])) if i not in q else draw(q[i], seq.generator)
+        proposal.tokens.append(index if head is None else int(head.ids[index]))
+        if i in q:
+            proposal.probs.append(q[i] if head is None or not spread else head.spread(q[i]))
 
 
 class Drafter:
@@ -60,6 +101,7 @@ class Drafter:
         self.lookups = Lookups()  # context lookup (engine.lookup)
         self.frontier: dict[int, int] = {}  # request id -> positions below it have draft KV after its proposal
         self.handed_out: dict[int, list[bool]] = {}  # request id -> its last proposal's from_lookup (LookupTrust)
+        self.head = CompactHead.of(runner.model)  # a reduced head: the runner gives its rows compact
 
     # -- admission: blocks running requests may still claim, and whether a new one fits --------------
     def admission_budget(self, running: list[Sequence], reserve_of: Callable[[Sequence], int]) -> int:
@@ -91,7 +133,7 @@ class Drafter:
             if end > draft_seq.num_computed_tokens:  # (its prefix cache may hold more than the target's chunk)
                 chunks.append(Chunk(draft_seq, draft_seq.num_computed_tokens, end))
         if chunks:
-            self.runner.run(chunks)
+            self.runner.run(chunks, compact=self.head is not None)
         for c in chunks:
             c.seq.num_computed_tokens = c.end
             self.blocks.commit(c.seq)
@@ -142,9 +184,8 @@ class Drafter:
                 chunks.append(Chunk(draft_seq, start, n + step, tokens))
                 self.frontier[seq.seq_id] = n + step
             if chunks:
-                logits = self.runner.run(chunks)  # [len(run), V]
-                for seq, row in zip(run, logits, strict=True):
-                    draw_next(out[seq], seq, row, draft_temperature)
+                logits = self.runner.run(chunks, compact=self.head is not None)  # [len(run), V or Vr]
+                draw_rows([out[seq] for seq in run], run, logits, draft_temperature, self.head)
             step += 1
             active = {s: d for s, d in active.items() if wanted[s] > step}
         for seq, proposal in out.items():

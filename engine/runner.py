@@ -98,10 +98,13 @@ class ModelRunner:
                 self.compiled.warm_up()
 
     @torch.inference_mode()
-    def run(self, chunks: list[Chunk], *, all_logits: bool = False, greedy: bool = False) -> torch.Tensor:
+    def run(
+        self, chunks: list[Chunk], *, all_logits: bool = False, greedy: bool = False, compact: bool = False
+    ) -> torch.Tensor:
         """Logits [len(chunks), V] of each chunk's last token, or [sum of chunk lengths, V] if all_logits. greedy:
         the caller uses only each row's argmax (every request of the step is greedy): the logits may then hold
-        -inf wherever a token cannot be a row's argmax (engine.layers.greedy_head)."""
+        -inf wherever a token cannot be a row's argmax (engine.layers.greedy_head). compact: a reduced head's
+        rows [.., Vr] over its `lm_head.vocab_ids` (a draft's; engine.drafter.CompactHead)."""
         ids, positions, spans, write = [], [], [], []
         bs, row = self.block_size, 0
         for c in chunks:
@@ -112,12 +115,13 @@ class ModelRunner:
             spans.append(SeqSpan(row, n, slot_index(c.seq.block_table, 0, c.end, bs), c.end))
             row += n
         write_slots = write[0] if len(write) == 1 else _concat_slots(write)  # one chunk: keep the slice
-        return self.run_spans(ids, torch.cat(positions), write_slots, spans, all_logits=all_logits, greedy=greedy)
+        return self.run_spans(ids, torch.cat(positions), write_slots, spans, all_logits=all_logits, greedy=greedy,
+                              compact=compact)
 
     @torch.inference_mode()
     def run_spans(
         self, ids: list[int], positions: torch.Tensor, write_slots: list[int] | Index, spans: list[SeqSpan], *,
-        all_logits: bool, greedy: bool = False,
+        all_logits: bool, greedy: bool = False, compact: bool = False,
     ) -> torch.Tensor:
         """The general forward: N query tokens at `positions`, their K/V written to `write_slots`, each span
         attending to its own key slots (custom masks allowed: SSD branches). Logits (and greedy) as in `run`."""
@@ -137,7 +141,7 @@ class ModelRunner:
             last_rows = torch.tensor([s.q_start + s.q_len - 1 for s in spans], device=self.device)
             hidden = hidden.index_select(0, last_rows) if len(ids) > len(spans) else hidden
         # Sampling and verification run on the CPU (small [rows, V] tensors, CPU generators); a no-op here.
-        return self.model.compute_logits(hidden, greedy).float().cpu()
+        return self.model.compute_logits(hidden, greedy, compact).float().cpu()
 
 
 def _concat_slots(parts: list[Index]) -> list[int]:

@@ -23,7 +23,7 @@ import torch
 
 from engine.attention.base import SeqSpan
 from engine.config import SCRATCH_SLOTS
-from engine.drafter import Drafter, Proposal, draw_next
+from engine.drafter import CompactHead, Drafter, Proposal, draw_rows
 from engine.runner import Chunk, slot_index
 from engine.sequence import Sequence
 
@@ -64,8 +64,7 @@ class SsdDrafter(Drafter):
             hits[seq] = None if outcome is None else branch is not None
             if branch is not None and k > 0:
                 self.mirror(seq)
-                proposals[seq] = Proposal(branch.tokens[:k], None if branch.probs is None else branch.probs[:k],
-                                          branch.from_lookup[:k])
+                proposals[seq] = _handed_out(branch, k, self.head)
                 self.handed_out[seq.seq_id] = proposals[seq].from_lookup
             elif backup == "fast" and k > 0:
                 self.mirror(seq)
@@ -98,7 +97,7 @@ class SsdDrafter(Drafter):
         seqs = [s for s, p in proposals.items() if p.tokens]
         if not seqs:
             return
-        glue = self._glue(seqs, proposals)  # per seq [K+1, V]
+        glue = self._glue(seqs, proposals)  # per seq [K+1, V or Vr]
         for seq in seqs:
             self.cache[seq.seq_id] = {}
             self.glued.add(seq.seq_id)
@@ -108,7 +107,8 @@ class SsdDrafter(Drafter):
             drafts = proposals[seq].tokens
             for j, row in enumerate(glue[seq]):
                 width = fanout[min(j, len(fanout) - 1)]
-                top = torch.topk(row, min(width + 1, row.shape[-1])).indices.tolist()
+                top = torch.topk(row, min(width + 1, row.shape[-1])).indices
+                top = top.tolist() if self.head is None else self.head.tokens(top)
                 skip = drafts[j] if j < len(drafts) else None  # the target would have accepted it
                 candidates = [t for t in top if t != skip][:width]
                 if j == len(drafts) and width > 0:  # all accepted: the target's next token is often the context's
@@ -135,7 +135,7 @@ class SsdDrafter(Drafter):
             draft_seq = self.seqs[seq.seq_id]
             self.blocks.ensure_capacity(draft_seq, len(seq.token_ids) + len(proposals[seq].tokens))
             chunks.append(Chunk.path(draft_seq, seq.token_ids, proposals[seq].tokens))
-        logits = self.runner.run(chunks, all_logits=True)  # [sum(K_i + 1), V]
+        logits = self.runner.run(chunks, all_logits=True, compact=self.head is not None)  # [sum(K_i + 1), V or Vr]
         out, row = {}, 0
         for seq in seqs:
             k = len(proposals[seq].tokens)
@@ -187,9 +187,10 @@ class SsdDrafter(Drafter):
                 positions += range(n + j + first, n + j + step + 1)
                 write += range(scratch_base[i] + first, scratch_base[i] + step + 1)
                 done[i] = step + 1
-            logits = self.runner.run_spans(ids, torch.tensor(positions), write, spans, all_logits=False)  # [run, V]
-            for row, i in enumerate(run):
-                draw_next(out[i], branches[i][0], logits[row], draft_temperature)
+            logits = self.runner.run_spans(ids, torch.tensor(positions), write, spans, all_logits=False,
+                                           compact=self.head is not None)  # [run, V or Vr]
+            draw_rows([out[i] for i in run], [branches[i][0] for i in run], logits, draft_temperature, self.head,
+                      spread=False)  # (spread when handed out: `answer`)
         return out
 
     # -- bookkeeping -------------------------------------------------------------------------------
@@ -215,6 +216,12 @@ class SsdDrafter(Drafter):
         if region is not None:
             self.free_regions.append(region)
         super().finish(seq)
+
+
+def _handed_out(branch: Proposal, k: int, head: CompactHead | None) -> Proposal:
+    """A cached branch's first k drafts, their q rows (cached compact) spread over the vocabulary."""
+    probs = None if branch.probs is None else [q if head is None else head.spread(q) for q in branch.probs[:k]]
+    return Proposal(branch.tokens[:k], probs, branch.from_lookup[:k])
 
 
 def _pad_rows(branches: list, limit: dict) -> list:

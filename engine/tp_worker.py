@@ -43,10 +43,11 @@ class BroadcastingRunner(ModelRunner):
         super().__init__(*args, **kwargs)
         self.group = group
 
-    def run_spans(self, ids, positions, write_slots, spans, *, all_logits, greedy=False):
+    def run_spans(self, ids, positions, write_slots, spans, *, all_logits, greedy=False, compact=False):
         _broadcast(self.group, encode(ids, positions, write_slots, spans, all_logits))
         # (greedy changes nothing on a sharded head: engine.layers.greedy_head takes one rank's whole head only)
-        return super().run_spans(ids, positions, write_slots, spans, all_logits=all_logits, greedy=greedy)
+        return super().run_spans(ids, positions, write_slots, spans, all_logits=all_logits, greedy=greedy,
+                                 compact=compact)
 
     def stop_workers(self) -> None:
         _broadcast(self.group, [STOP])

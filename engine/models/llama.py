@@ -157,8 +157,13 @@ class CausalLM(nn.Module):
             self._fused = fused.FusedLayers(self, backend)
         return self._fused.plan(h.shape[0])
 
-    def compute_logits(self, hidden: torch.Tensor, greedy: bool = False) -> torch.Tensor:  # [M, hidden] -> [M, V]
-        """greedy: only each row's argmax is used (engine.layers.greedy_head may then skip most of the head)."""
+    def compute_logits(
+        self, hidden: torch.Tensor, greedy: bool = False, compact: bool = False
+    ) -> torch.Tensor:  # [M, hidden] -> [M, V]
+        """greedy: only each row's argmax is used (engine.layers.greedy_head may then skip most of the head).
+        compact: a reduced head's scores [M, Vr] over its `vocab_ids` (a draft's: engine.drafter)."""
+        if compact and isinstance(self.lm_head, ReducedLMHead):
+            return self.lm_head(hidden, compact=True)
         if greedy:
             screened = greedy_head.logits(self.lm_head, hidden)
             if screened is not None:

@@ -3,7 +3,7 @@
 test_speculative.py checks the rejection rule (`verify_sampled`) on distributions it builds itself; the engine
 checks (test_spec_sampling.py) run real models but never a draft temperature, top-k or top-p, and take minutes.
 Here the real `sd_step` / `ssd_step`, `Drafter` / `SsdDrafter` (proposals, cache, hits, misses, fast backup),
-`draw_next` and `spec_decode.verify` run on stand-in runners whose "models" are order-1 Markov chains (a token's
+`draw_rows` and `spec_decode.verify` run on stand-in runners whose "models" are order-1 Markov chains (a token's
 next-token logits are one row of a table), so thousands of requests take seconds. What is checked is what a user
 sees: the joint distribution of a request's first NUM_EMIT tokens, by a chi-square test against the exact AR
 distribution (the product of the filtered target rows AR samples from). Each case has a temperature, top-k and
@@ -51,21 +51,29 @@ TARGET_LOGITS, DRAFT_LOGITS = _tables()
 
 
 class MarkovRunner:
-    """A ModelRunner stand-in: the logits after a token are TABLE[token], whatever the KV slots hold."""
+    """A ModelRunner stand-in: the logits after a token are TABLE[token], whatever the KV slots hold. With `support`
+    its model has a reduced head over those token ids, whose rows it gives compact when asked (engine.drafter)."""
 
     block_size, first_extra_slot = BLOCK_SIZE, 1 << 20
 
-    def __init__(self, table: torch.Tensor):
+    def __init__(self, table: torch.Tensor, support: list[int] | None = None):
         self.table = table  # [V, V]
         self.model = SimpleNamespace(args=SimpleNamespace(vocab_size=table.shape[-1]))
+        self.support = None if support is None else torch.tensor(support)
+        if support is not None:
+            self.model.lm_head = SimpleNamespace(vocab_ids=self.support)
 
-    def run(self, chunks, *, all_logits: bool = False, greedy: bool = False) -> torch.Tensor:
+    def run(self, chunks, *, all_logits: bool = False, greedy: bool = False, compact: bool = False) -> torch.Tensor:
         ids = [t for c in chunks for t in c.token_ids()] if all_logits else [c.token_ids()[-1] for c in chunks]
-        return self.table[ids]  # [rows, V]
+        return self._rows(ids, compact)  # [rows, V or Vr]
 
-    def run_spans(self, ids, positions, write_slots, spans, *, all_logits: bool, greedy: bool = False) -> torch.Tensor:
+    def run_spans(self, ids, positions, write_slots, spans, *, all_logits: bool, greedy: bool = False,
+                  compact: bool = False) -> torch.Tensor:
         rows = range(len(ids)) if all_logits else [s.q_start + s.q_len - 1 for s in spans]
-        return self.table[[ids[r] for r in rows]]  # [rows, V]
+        return self._rows([ids[r] for r in rows], compact)  # [rows, V or Vr]
+
+    def _rows(self, ids: list[int], compact: bool) -> torch.Tensor:
+        return self.table[ids][:, self.support] if compact and self.support is not None else self.table[ids]
 
 
 class Blocks:
@@ -106,14 +114,16 @@ def exact_ar_probs(table: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def speculative_counts(
-    mode: str, n: int, seed: int, backup: str = "jit", lookup: bool = False
+    mode: str, n: int, seed: int, backup: str = "jit", lookup: bool = False, support: bool = False
 ) -> tuple[torch.Tensor, dict[str, int]]:
     """Counts [V^NUM_EMIT] of the first NUM_EMIT tokens of `n` requests (the first sampled by AR at the prefill, as
     the core does, the rest by sd_step or ssd_step, all requests batched in each step, with the context lookup's
     tokens where `lookup`), and how the rounds went: draft tokens accepted, rounds with a rejection, SSD's cache
-    hits and misses."""
+    hits and misses. `support`: the draft's head is a reduced one over tokens 1-3, whose rows the drafter takes
+    compact (engine.drafter.CompactHead): a row's index is then not its token, and the draft proposes only 1 and 2
+    (3 is -inf in its table)."""
     target, blocks = MarkovRunner(TARGET_LOGITS), Blocks()
-    draft = MarkovRunner(DRAFT_LOGITS)
+    draft = MarkovRunner(DRAFT_LOGITS, [1, 2, 3] if support else None)
     drafter = Drafter(draft, Blocks()) if mode == "sd" else SsdDrafter(draft, Blocks(), max_model_len=MAX_LEN,
                                                                        max_num_seqs=n)
     seeds = torch.randint(2**62, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -157,15 +167,16 @@ def test_the_cases_exercise_what_they_claim():
     assert {draft_length(Sequence(0, [START, a, b], PARAMS)) for a in range(VOCAB) for b in range(VOCAB)} == {0, 1, 2}
 
 
-@pytest.mark.parametrize(("mode", "backup", "lookup"),
-                         [("sd", "jit", False), ("ssd", "jit", False), ("ssd", "fast", False), ("sd", "jit", True),
-                          ("ssd", "jit", True)])
-def test_sampled_steps_follow_the_ar_distribution(mode, backup, lookup, monkeypatch):
+@pytest.mark.parametrize(("mode", "backup", "lookup", "support"),
+                         [("sd", "jit", False, False), ("ssd", "jit", False, False), ("ssd", "fast", False, False),
+                          ("sd", "jit", True, False), ("ssd", "jit", True, False), ("sd", "jit", False, True),
+                          ("ssd", "jit", True, True)])
+def test_sampled_steps_follow_the_ar_distribution(mode, backup, lookup, support, monkeypatch):
     n = 4000
     guessed = []  # the lookup's tokens, proposed with one-hot q rows (Proposal.add_guess)
     add_guess = Proposal.add_guess
     monkeypatch.setattr(Proposal, "add_guess", lambda self, *args: guessed.append(1) or add_guess(self, *args))
-    counts, tally = speculative_counts(mode, n, seed=17, backup=backup, lookup=lookup)
+    counts, tally = speculative_counts(mode, n, seed=17, backup=backup, lookup=lookup, support=support)
     assert tally["accepted"] > n / 4 and tally["rejected"] > n / 4  # both paths of the rule, often
     if lookup:  # the context repeats a bigram often in a 4-token vocabulary: many drafts are the lookup's
         assert len(guessed) > n / 4, len(guessed)
