@@ -1,5 +1,5 @@
 """The round transports between the leader and SSD's draft process: engine.distributed.Channel (gloo) and
-engine.shm_channel.ShmChannel (shared memory, gloo for tensors and long lists). int64 lists of any length (empty
+engine.shm_channel.ShmChannel (shared memory, gloo for long lists and tensors). int64 lists of any length (empty
 included; int64's extremes; longer than a mailbox), one-way messages in a row and float tensors, in order, between
 two ranks that are two threads of one process here; a dead or silent peer is an error, not a hang."""
 
@@ -136,3 +136,34 @@ def test_blocks_of_a_killed_leader_are_removed_by_the_next(tmp_path):
     finally:
         block.close()
         block.unlink()
+
+
+def test_tensors_cross_through_the_mailbox_and_past_its_size_over_gloo(pair, monkeypatch):
+    """A sampled round's q rows ([k, V] float32) go through shared memory as bytes (any byte count, any dtype); a
+    tensor larger than a mailbox goes over gloo, as a long list does."""
+    leader, rank = pair
+    shapes = [((3, 5), torch.float32), ((4, 49152), torch.float32), ((2, 3), torch.int64), ((0, 7), torch.float32),
+              ((1 + shm_channel.CAPACITY * 8 // (49152 * 4), 49152), torch.float32)]  # the last: past a mailbox
+    over_gloo, errors = [], []
+    gloo_send = Channel.send_tensor
+    monkeypatch.setattr(Channel, "send_tensor", lambda self, x: over_gloo.append(tuple(x.shape)) or gloo_send(self, x))
+
+    def echo():
+        try:
+            for shape, dtype in shapes:
+                rank.send_tensor(rank.recv_tensor(shape, dtype) * 2)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    peer = threading.Thread(target=echo)
+    peer.start()
+    gen = torch.Generator().manual_seed(1)
+    for shape, dtype in shapes:
+        x = (torch.randn(shape, generator=gen) * 100).to(dtype)
+        leader.send_tensor(x)
+        assert torch.equal(leader.recv_tensor(shape, dtype), x * 2)
+    peer.join()
+    assert errors == []
+    shm = isinstance(leader, ShmChannel)
+    assert over_gloo == ([shapes[-1][0]] * 2 if shm else [s for s, _ in shapes for _ in range(2)])
