@@ -194,6 +194,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.notify(message.line, severity="error" if message.error else "warning", timeout=8)
 
     async def action_quit(self) -> None:
+        self.take_back_queued()  # a prompt waiting for a closed compare: in the input, as typed text is at a quit
         self.quitting = True
         if self.engine is None and self.loading_screen is not None and not stop_loading():
             # an engine loading in this process (SSD_CHAT_ENGINE_PROCESS=0) cannot be stopped half-way
@@ -221,7 +222,9 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         s = self.session.settings
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
         if self.queued_prompt is not None:  # (CompareActions.queue_after_compare)
-            state = "ending the compare: your prompt goes next"
+            state = "ending the compare: your prompt goes next (Esc takes it back)"
+        elif self.taken_back:  # (until the compare has ended)
+            state = "ending the compare: your prompt is back in the input"
         if self.buffer and self.prefill:
             state = "reading the prompt: {:,} / {:,} tokens… Esc stops".format(*self.prefill)
         state = state if self.engine_alive else "engine stopped: /restart"
@@ -255,9 +258,12 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
             self.compare_cancel.set()
 
     def action_escape(self) -> None:
-        """Esc: stop the reply or the comparison under way, else cancel an edit of the last prompt, else clear the
-        input (undoably: a refused paste of thousands of lines had no other quick way out)."""
+        """Esc: take back a prompt waiting for a closed compare, else stop the reply or the comparison under way, else
+        cancel an edit of the last prompt, else clear the input (undoably: a refused paste of thousands of lines had
+        no other quick way out)."""
         area = self.query_one(PromptArea)
+        if self.take_back_queued():
+            return
         if self.busy:
             self.action_stop()
         elif not self.cancel_edit() and area.text:

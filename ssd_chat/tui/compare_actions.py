@@ -25,6 +25,7 @@ else:
 
 class CompareActions(_Base):
     queued_prompt: str | None = None  # sent while a closed compare ended: it goes as the compare's run returns
+    taken_back = False  # Esc took the queued prompt back into the input while the compare still ends
 
     def action_compare(self) -> None:
         if not self.ready_and_idle():
@@ -83,7 +84,20 @@ class CompareActions(_Base):
         if self.compare_cancel is None or self.compare_shown():
             return False
         self.query_one(PromptInput).take(typed)
-        self.queued_prompt = typed
+        self.queued_prompt, self.taken_back = typed, False
+        self.refresh_status()
+        return True
+
+    def take_back_queued(self) -> bool:
+        """Esc, or a quit, while a prompt waits for a closed compare (queue_after_compare): the prompt back in the
+        input, unsent, the cursor at its end, as if typed (what was typed meanwhile one Ctrl+Z away). Whether one
+        waited."""
+        typed, self.queued_prompt = self.queued_prompt, None
+        if typed is None:
+            return False
+        self.taken_back = True
+        if self.query_one(PromptInput).bring_back(typed):
+            self.notify("your prompt is back in the input: Ctrl+Z brings back what you had typed", timeout=6)
         self.refresh_status()
         return True
 
@@ -99,7 +113,7 @@ class CompareActions(_Base):
         self.send_typed(typed)
 
     def on_compare_done(self, message: CompareDone) -> None:
-        self.compare_cancel = None
+        self.compare_cancel, self.taken_back = None, False
         report, failed = message.report, message.error is not None
         if failed:
             back = " (the prompt sent meanwhile is back in the input)" if self.queued_prompt is not None else ""

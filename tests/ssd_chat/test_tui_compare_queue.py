@@ -114,3 +114,55 @@ async def test_a_command_during_the_restore_is_told_the_compare_is_ending_not_th
         assert warned and warned[-1].startswith("the compare is ending") and "a reply is running" not in warned[-1]
         go_on.set()
         await settle(app, pilot)
+
+
+@pytest.mark.asyncio
+async def test_esc_takes_the_waiting_prompt_back_into_the_input(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        go_on, area = await _send_during_the_restore(app, engine, pilot)
+        assert area.text == "" and app.queued_prompt == "next one"
+        calls = len(engine.calls)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert area.text == "next one" and area.cursor_location == area.document.end and area.has_focus
+        assert app.queued_prompt is None
+        assert "your prompt is back in the input" in str(app.query_one("#status").content)
+        go_on.set()
+        await settle(app, pilot)
+        assert len(engine.calls) == calls  # the restore ended and nothing went after it
+        assert [m.content for m in app.session.messages if m.role == "user"] == ["hi"]
+        assert area.text == "next one" and " ready " in str(app.query_one("#status").content)
+
+
+@pytest.mark.asyncio
+async def test_quitting_puts_the_waiting_prompt_back_in_the_input_as_typed_text(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        go_on, area = await _send_during_the_restore(app, engine, pilot)
+        calls = len(engine.calls)
+        threading.Timer(0.2, go_on.set).start()  # the restore ends after the quit asked the compare to stop
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+        assert area.text == "next one" and app.queued_prompt is None  # where typed text is at a quit
+    assert len(engine.calls) == calls
+    assert [m.content for m in app.session.messages if m.role == "user"] == ["hi"]
+
+
+@pytest.mark.asyncio
+async def test_esc_keeps_what_was_typed_meanwhile_one_ctrl_z_away(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        go_on, area = await _send_during_the_restore(app, engine, pilot)
+        await pilot.press("m", "o", "r", "e")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert area.text == "next one"
+        assert "Ctrl+Z brings back what you had typed" in list(app._notifications)[-1].message
+        await pilot.press("ctrl+z")
+        assert area.text == "more"
+        go_on.set()
+        await settle(app, pilot)
