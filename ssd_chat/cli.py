@@ -265,7 +265,7 @@ def ask(
                  target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
                  attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
                  packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
-            output, _ = print_stream(llm.chat(messages, params), None if as_json else sys.stdout)
+            output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout).output
             tell_context_cut(output, context_cut_notice(llm.max_model_len, "shorten the prompt", llm.model_max_len))
         if as_json:
             typer.echo(json.dumps(output.to_dict()))

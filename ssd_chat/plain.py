@@ -5,7 +5,7 @@ tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and S
 The whole conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
 over, `/exit` or end of input quits; any other line that starts with one `/` is an unknown command (one line on
 stderr), and `//` sends a literal `/`, as in the chat app. The first Ctrl-C stops a reply and keeps its partial
-text, as printed (and drops the lines typed or pasted ahead).
+text, as printed, and its stats line counts only the tokens printed (and drops the lines typed or pasted ahead).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, suppress
-from typing import Protocol, TextIO
+from dataclasses import replace
+from typing import NamedTuple, Protocol, TextIO
 
 from rich.console import Console
 
@@ -47,8 +48,21 @@ class PipeConsole(Console):
         raise BrokenPipeError
 
 
-def stats_line(output: RequestOutput) -> str:
-    return TurnStats.from_output(output).line()
+class Streamed(NamedTuple):
+    """What print_stream gives back: the request's output, and the text it wrote and the tokens that text is
+    (after a Ctrl-C fewer than the output's: the step under way ran on, unprinted)."""
+
+    output: RequestOutput
+    text: str
+    tokens: int
+
+
+def stats_line(output: RequestOutput, printed_tokens: int | None = None) -> str:
+    """The reply's stats line; `printed_tokens`, for a reply Ctrl-C stopped: the tokens counted are those printed."""
+    stats = TurnStats.from_output(output)
+    if printed_tokens is not None:
+        stats = replace(stats, generated_tokens=printed_tokens)
+    return stats.line()
 
 
 def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, console: Console | None = None) -> None:
@@ -95,8 +109,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             moved = _window(llm, history, window, params, err)
             # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept, as printed.
             with sigint_flag() as cancel:
-                output, printed = print_stream(llm.chat(start + history[len(start) + moved:], params, cancel=cancel),
-                                               console.file, cancel=cancel)
+                output, printed, printed_tokens = print_stream(
+                    llm.chat(start + history[len(start) + moved:], params, cancel=cancel), console.file, cancel=cancel)
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
@@ -113,7 +127,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         window = moved  # (a refused prompt moves no turn out of the model's view)
         earlier = len(history) - len(start) - moved > 1  # turns in view before this prompt: /clear gives their room
         history.append({"role": "assistant", "content": printed if cancel.is_set() else output.text})
-        err.print(stats_line(output), style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
+        line = stats_line(output, printed_tokens if cancel.is_set() else None)  # (Ctrl-C: only the tokens printed)
+        err.print(line, style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
         fix = "shorten the prompt" + (", or /clear the earlier turns" if earlier else "")
         tell_context_cut(output, context_cut_notice(llm.max_model_len, fix), err)
 
@@ -152,25 +167,29 @@ def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params
     return moved
 
 
-def print_stream(events: Iterator[Event], out: TextIO | None, *,
-                 cancel: threading.Event | None = None) -> tuple[RequestOutput, str]:
+def print_stream(events: Iterator[Event], out: TextIO | None, *, cancel: threading.Event | None = None) -> Streamed:
     """Write each delta to `out` as it arrives, then a newline (no wrapping, no markup: the text stays byte-exact
-    for pipes; None: write nothing), and return the final output and the text written. Once `cancel` is set nothing
-    more is written: the step under way when it was set, and the text the engine held back, still arrive. A long
-    prompt's prefill shows on a terminal's stderr until the reply starts (prefill_line.py). Leaving early (an error,
-    a second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks."""
+    for pipes; None: write nothing), and return the final output, the text written and its tokens (those of the
+    deltas written, and of the textless ones before them: a character or stop string still incomplete). Once
+    `cancel` is set nothing more is written: the step under way when it was set, and the text the engine held back,
+    still arrive. A long prompt's prefill shows on a terminal's stderr until the reply starts (prefill_line.py).
+    Leaving early (an error, a second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks."""
     output, progress, written = None, PrefillLine(enabled=None if out is not None else False), []
+    tokens = pending = 0  # the tokens of the text written; of the textless deltas since
     with closing(events):  # type: ignore[type-var]
         try:
             for event in events:
                 progress.update(event)
                 if isinstance(event, RequestFinished):
                     output = event.output
-                elif isinstance(event, TokenDelta) and event.text and not (cancel is not None and cancel.is_set()):
-                    written.append(event.text)
-                    if out is not None:
-                        out.write(event.text)
-                        out.flush()
+                elif isinstance(event, TokenDelta) and not (cancel is not None and cancel.is_set()):
+                    pending += len(event.token_ids)
+                    if event.text:
+                        written.append(event.text)
+                        tokens, pending = tokens + pending, 0
+                        if out is not None:
+                            out.write(event.text)
+                            out.flush()
         except BaseException:  # (a second Ctrl-C, SIGTERM, an engine error: the partial reply's line ends)
             if written and out is not None:
                 with suppress(OSError, ValueError):  # (its reader gone, or the file closed)
@@ -182,7 +201,7 @@ def print_stream(events: Iterator[Event], out: TextIO | None, *,
         out.write("\n")
         out.flush()
     assert output is not None, "a stream ends with RequestFinished"
-    return output, "".join(written)
+    return Streamed(output, "".join(written), tokens)
 
 
 def discard_typed_ahead(fd: int) -> int:

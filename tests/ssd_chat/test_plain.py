@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from engine import LLM, SamplingParams
 from engine.errors import PromptTooLongError
-from engine.outputs import RequestFinished, TokenDelta
-from ssd_chat.plain import discard_typed_ahead, run_plain
+from engine.outputs import FinishReason, RequestFinished, RequestOutput, TokenDelta
+from ssd_chat.plain import discard_typed_ahead, print_stream, run_plain
 from tests.ssd_chat.tui_fakes import FakeEngine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -203,6 +204,50 @@ def test_plain_prints_nothing_more_of_a_reply_after_ctrl_c(monkeypatch, capsys):
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     assert capsys.readouterr().out == "Hello\n" + REPLY + "\n"
     assert [m["content"] for m in engine.calls[-1][0]] == ["hi", "Hello", "next"]
+
+
+def test_plain_stats_after_ctrl_c_count_only_the_tokens_printed(monkeypatch, capsys):
+    """The step under way when Ctrl-C landed ran on and its tokens were not printed: the stats line counted them."""
+    engine = FakeEngine(accept=1)  # (SD: a step gives its accepted draft and a recovery token)
+    _feed(monkeypatch, ["hi"])
+    original, generated = engine.chat, []
+
+    def chat(messages, params=None, *, cancel=None):
+        deltas = 0
+        for event in original(messages, params, cancel=cancel):
+            deltas += isinstance(event, TokenDelta)
+            if deltas == 3:
+                cancel.set()  # (a Ctrl-C while the third step ran)
+            if isinstance(event, RequestFinished):
+                generated.append(event.output.stats.generated_tokens)
+            yield event
+
+    engine.chat = chat
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
+    captured = capsys.readouterr()
+    printed = captured.out.removesuffix("\n")
+    printed_tokens = next(n for n in range(len(engine.words) + 1) if "".join(engine.words[:n]) == printed)
+    assert 1 < printed_tokens < generated[0]  # (the engine generated the step the user did not see)
+    stats = [line for line in captured.err.splitlines() if "tok/s" in line]
+    assert len(stats) == 1 and f" {printed_tokens} tokens " in stats[0] and stats[0].endswith("stopped: cancelled")
+
+
+def test_print_stream_counts_a_textless_deltas_tokens_once_their_text_is_printed():
+    """A delta with no text (half a character, a possible stop string) prints its tokens with the next one's text:
+    they count then, and not where Ctrl-C came first."""
+    def events(cancel):
+        yield TokenDelta(1, (5,), "Caf")
+        yield TokenDelta(1, (6,), "")  # the first byte of "é"
+        yield TokenDelta(1, (7, 8), "é au")
+        yield TokenDelta(1, (9,), "")
+        cancel.set()
+        yield TokenDelta(1, (10, 11), "é lait")
+        yield RequestFinished(1, output)
+
+    output = RequestOutput(1, [1], list(range(5, 12)), "Café au é lait", FinishReason.CANCELLED, None)
+    cancel = threading.Event()
+    streamed = print_stream(events(cancel), None, cancel=cancel)
+    assert streamed.text == "Café au" and streamed.tokens == len([5, 6, 7, 8]) and streamed.output is output
 
 
 def test_plain_says_what_to_do_when_the_context_limit_cut_a_reply(tiny_llama_dir, monkeypatch, capsys):
