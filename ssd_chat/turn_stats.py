@@ -1,11 +1,12 @@
-"""The figures of one assistant reply: the panel's, the stats line's, the export's stats table; saved with it in the
-history (history.ChatMessage.stats, as json)."""
+"""The figures of one assistant reply (the panel's, the stats line's, the export's stats table) and what it was
+generated with; saved with it in the history (history.ChatMessage.stats, as json)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 from engine.outputs import RequestOutput
+from ssd_chat.reply_settings import ReplySettings
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,19 @@ class TurnStats:
     tau_on_hit: float | None = None   # SSD: tau over the rounds that hit the speculation cache (None: older chats)
     tau_on_miss: float | None = None
     window: int = 0  # the first message in the model's view (ssd_chat.context_window); 0 too where not kept (older)
+    settings: ReplySettings | None = None  # what the reply was generated with (None: not kept, older chats)
 
     @classmethod
     def from_dict(cls, data: dict) -> TurnStats:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        if "settings" in values:  # (a dict as saved)
+            values["settings"] = ReplySettings.from_dict(values["settings"])
+        return cls(**values)
 
     @classmethod
-    def from_output(cls, output: RequestOutput) -> TurnStats:
+    def from_output(cls, output: RequestOutput, settings: ReplySettings | None = None) -> TurnStats:
+        """The engine's figures for a finished reply; `settings`: what the app started it with."""
         s = output.stats
         return cls(
             mode=s.mode, decode_tok_s=s.decode_tok_s, ttft_s=s.ttft_s, generated_tokens=s.generated_tokens,
@@ -43,6 +49,7 @@ class TurnStats:
             cache_hit_rate=None if s.spec is None else s.spec.cache_hit_rate,
             tau_on_hit=None if s.spec is None else s.spec.tau_on_hit,
             tau_on_miss=None if s.spec is None else s.spec.tau_on_miss,
+            settings=settings,
         )
 
     @property

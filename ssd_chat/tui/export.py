@@ -29,7 +29,7 @@ def to_markdown(conversation: Conversation) -> str:
     lines = [f"# {literal(conversation.title)}", ""]  # (a title: the first prompt's first line, as the chat shows it)
     filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
     lines.append(f"Mode `{s.mode}`, k {s.k}, temperature {s.temperature:g}, {filters + ', ' if filters else ''}"
-                 f"max tokens {s.max_tokens} (the chat's settings when exported; each reply's mode is in its stats).")
+                 f"max tokens {s.max_tokens} (the chat's settings when exported; the stats give each reply's own).")
     lines.append("")
     if s.system:
         lines += ["## System", "", literal(s.system), ""]
@@ -104,14 +104,16 @@ def code_blocks(text: str) -> list[str]:
 
 def _stats_table(replies: list[ChatMessage]) -> list[str]:
     rows = [
-        "| turn | mode | tokens | decode tok/s | TTFT ms | tau | acceptance | cache hits | prefix reused | finish |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| turn | mode | settings | tokens | decode tok/s | TTFT ms | tau | acceptance | cache hits | prefix reused | "
+        "finish |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, message in enumerate(replies, start=1):
         st: TurnStats = message.stats  # type: ignore[assignment]
         ttft = "–" if st.first_token_s is None else f"{1000 * st.first_token_s:.0f}"  # (none: stopped in the prefill)
+        settings = "" if st.settings is None else st.settings.text()  # (none: kept only since they are)
         rows.append(
-            f"| {i} | {st.mode} | {st.generated_tokens} | {st.decode_tok_s:.1f} | {ttft} | "
+            f"| {i} | {st.mode} | {settings} | {st.generated_tokens} | {st.decode_tok_s:.1f} | {ttft} | "
             f"{_opt(st.tau, '{:.2f}')} | {_opt(st.acceptance_rate, '{:.0%}')} | {_opt(st.cache_hit_rate, '{:.0%}')} | "
             f"{st.reused_prefix_tokens}/{st.prompt_tokens} | {st.finish_reason} |"
         )

@@ -15,6 +15,7 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.history import TurnStats
+from ssd_chat.reply_settings import ReplySettings
 from ssd_chat.tui.commands import as_typed, prompt_text
 from ssd_chat.tui.engine_worker import ReplyBuffer, stream_reply
 from ssd_chat.tui.flush_pacer import FlushPacer
@@ -43,6 +44,7 @@ CONTEXT_CUT_FIX = ("a next prompt (\"go on\") continues it, the earliest turns t
 
 class ReplyActions(_Base):
     regenerating = False  # /regen's reply is under way (a refusal or a stop before its first token brings the old back)
+    reply_settings: ReplySettings | None = None  # the running reply's, as it started (a /temp meanwhile: the next's)
 
     def send_typed(self, typed: str) -> None:
         """Send a prompt as typed (the caller checked we are idle): as the edit of the last prompt where one is open."""
@@ -65,6 +67,7 @@ class ReplyActions(_Base):
         transcript.add_user(text)
         self.reply_view = transcript.add_assistant(colours=self.colours)
         s = self.session.settings
+        self.reply_settings = ReplySettings.of(s)
         k = self.engine.config.drafted_k(s.k)  # the panel's rows: what a round drafts at most (/k 32 on the CPU: 31)
         self.buffer = ReplyBuffer(LiveStats(s.mode, k, started=self.clock()), self.clock)
         self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if self.engine.config.on_cuda else UI_SHARE)
@@ -143,7 +146,7 @@ class ReplyActions(_Base):
         if output.finish_reason is FinishReason.CANCELLED and not output.token_ids:
             self._stopped_before_reply()
             return
-        stats = TurnStats.from_output(output)
+        stats = TurnStats.from_output(output, self.reply_settings)
         self.reply_view.finish(output.text, stats.line())
         self.query_one(StatsPanel).show(self.buffer.stats.final(output))
         self.session.add_reply(output.text, stats)

@@ -100,11 +100,11 @@ def test_markdown_export_has_the_turns_and_a_stats_table(tmp_path):
     assert "## System\n\nBe brief." in text
     assert "## You\n\nWrite a haiku about tea." in text
     assert "```python\nprint('tea')\n```" in text
-    assert "| 1 | ssd | 12 | 41.2 | 81 | 2.75 | 50% | 80% | 16/30 | stop |" in text
+    assert "| 1 | ssd |  | 12 | 41.2 | 81 | 2.75 | 50% | 80% | 16/30 | stop |" in text  # (no settings kept)
     nucleus = Conversation(None, "Tea", settings=ChatSettings(temperature=0.2, top_p=0.9, top_k=20))
     assert "temperature 0.2, top-p 0.9, top-k 20, max tokens 512 (" in to_markdown(nucleus)
     stopped = ChatMessage("assistant", "", TurnStats("sd", 0.0, 11.162, 0, 4478, 48, "cancelled"))  # (earlier versions)
-    assert "| 1 | sd | 0 | 0.0 | – |" in to_markdown(Conversation(None, "Stopped", messages=[stopped]))
+    assert "| 1 | sd |  | 0 | 0.0 | – |" in to_markdown(Conversation(None, "Stopped", messages=[stopped]))
     assert export_path(_conversation(), tmp_path) == tmp_path / "tea.md"
     (tmp_path / "tea.md").write_text("x")
     assert export_path(_conversation(), tmp_path) == tmp_path / "tea-2.md"

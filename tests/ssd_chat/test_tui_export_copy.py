@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets._markdown import MarkdownTableContent
 
+from ssd_chat.reply_settings import ReplySettings
 from ssd_chat.tui.commands import SLASH_COMMANDS
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
@@ -28,8 +29,8 @@ async def test_clear_export_and_help(tmp_path):
         # a prompt as the chat shows it, plain text (its Markdown escaped), so the title it gave; the reply: Markdown
         assert text.startswith("# What is \\*\\*SSD\\*\\*?\n") and "## You\n\nWhat is \\*\\*SSD\\*\\*?" in text
         assert "## Assistant\n\nHello from the **fake** engine." in text
-        assert "| turn | mode | tokens | decode tok/s |" in text
-        assert "| 1 | sd | 6 | 100.0 | 50 | 2.50 | 38% |" in text
+        assert "| turn | mode | settings | tokens | decode tok/s |" in text
+        assert f"| 1 | sd | {ReplySettings.of(app.session.settings).text()} | 6 | 100.0 | 50 | 2.50 | 38% |" in text
         await send(app, pilot, f"/export {tmp_path / 'mine.md'}")
         assert (tmp_path / "mine.md").read_text() == text
         (tmp_path / "mine.md").write_text("my notes")

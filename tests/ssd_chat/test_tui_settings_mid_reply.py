@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from ssd_chat.reply_settings import ReplySettings
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from tests.ssd_chat.tui_fakes import FakeEngine, first_delta, make_app, send, settle
 
@@ -32,6 +33,7 @@ async def test_settings_typed_mid_reply_say_they_apply_from_the_next_reply(tmp_p
         await settle(app, pilot)
         await send(app, pilot, "/system Be brief.")
         engine.gate.clear()
+        started = ReplySettings.of(app.session.settings)
         await first_delta(app, pilot, "Write an essay.")
         told = [await _type(app, pilot, line) for line in ("/temp 0.5", "/k 3", "/fanout 2", "/system", "/mode ar")]
         assert told == ["temperature 0.5 (from the next reply)", "k 3 (from the next reply)",
@@ -43,6 +45,7 @@ async def test_settings_typed_mid_reply_say_they_apply_from_the_next_reply(tmp_p
         await settle(app, pilot)
         messages, params, mode = engine.calls[-1]
         assert (messages[0]["content"], params.temperature, mode) == ("Be brief.", 0.0, "sd")  # as it started
+        assert app.session.messages[-1].stats.settings == started != ReplySettings.of(app.session.settings)
 
         await send(app, pilot, "/temp 0.7")  # between replies: the status line says it, no notice
         assert app.session.settings.temperature == 0.7

@@ -1,0 +1,54 @@
+"""What one assistant reply was generated with: the chat's decoding mode and sampling settings when it started.
+
+A chat's settings change between replies (/temp, /top-p, /top-k, /mode, /k, /fanout); each reply keeps its own in
+its stats (history.TurnStats.settings), so the export can say what each reply used. Replies saved before these
+were kept have none (None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from ssd_chat.sampling_defaults import filters_text
+
+if TYPE_CHECKING:
+    from ssd_chat.history import ChatSettings
+
+
+@dataclass(frozen=True)
+class ReplySettings:
+    mode: str
+    k: int
+    fanout: tuple[int, ...] | None
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+
+    @classmethod
+    def of(cls, settings: ChatSettings) -> ReplySettings:
+        """The settings a reply of a chat with `settings` starts with."""
+        return cls(settings.mode, settings.k, settings.fanout, settings.temperature, settings.top_p, settings.top_k,
+                   settings.max_tokens)
+
+    @classmethod
+    def from_dict(cls, data: object) -> ReplySettings | None:
+        """As saved (json); None for anything else (a hand-edited file): the reply then shows no settings."""
+        if not isinstance(data, dict):
+            return None
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        if isinstance(values.get("fanout"), list):  # (saved as a list)
+            values["fanout"] = tuple(values["fanout"])
+        try:
+            return cls(**values)
+        except TypeError:  # a field missing
+            return None
+
+    def text(self, sep: str = ", ") -> str:
+        """Compact, for the export's stats table: "k 4, temp 0.7, top-p 0.9"; "temp 0" for a greedy AR reply (its
+        filters do nothing: sampling_defaults.filters_text). k only where the mode drafts."""
+        parts = [] if self.mode == "ar" else [f"k {self.k}"]
+        parts.append(f"temp {self.temperature:g}")
+        filters = filters_text(self.temperature, self.top_p, self.top_k, sep)
+        return sep.join(parts + ([filters] if filters else []))

@@ -1,0 +1,93 @@
+"""Each reply keeps the settings it was generated with (ReplySettings, in its TurnStats): saved with it in the
+history, read back from files saved before they were kept (no settings), and shown in the export's stats table, so
+that a /temp between replies no longer leaves only the chat's settings at export time to go by."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from ssd_chat.history import ChatMessage, ChatSettings, Conversation, HistoryStore, TurnStats
+from ssd_chat.reply_settings import ReplySettings
+from ssd_chat.tui.export import to_markdown
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle
+
+SIZE = (120, 40)
+SAMPLED = ReplySettings("ssd", 3, (1, 2, 2), 0.6, 0.9, 20, 64)
+GREEDY = ReplySettings("ar", 4, None, 0.0, 0.9, 0, 64)
+
+
+def _stats(settings: ReplySettings | None) -> TurnStats:
+    return TurnStats("ssd", 40.0, 0.08, 12, 30, 16, "stop", tau=2.5, acceptance_rate=0.5, settings=settings)
+
+
+def _chat(*replies: TurnStats) -> Conversation:
+    messages = [m for i, st in enumerate(replies) for m in (ChatMessage("user", f"q{i}"), ChatMessage("assistant",
+                                                                                                      f"a{i}", st))]
+    return Conversation(None, "Tea", ChatSettings(temperature=0.2), messages)
+
+
+def _table_rows(markdown: str) -> list[list[str]]:
+    table = markdown.split("## Stats\n\n")[1].strip().split("\n")
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in table]
+
+
+def test_a_replys_settings_round_trip_through_the_history_with_and_without_them(tmp_path):
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    chat = _chat(_stats(SAMPLED), _stats(None), _stats(GREEDY))
+    loaded = store.load(store.save(chat))
+    assert loaded == chat  # (the fan-out a tuple again, as the reply had it)
+    assert [m.stats.settings for m in loaded.messages if m.stats] == [SAMPLED, None, GREEDY]
+    saved = [json.loads(row[0]) for row in sqlite3.connect(store.path).execute(
+        "SELECT stats FROM messages WHERE role = 'assistant' ORDER BY position")]
+    assert saved[0]["settings"]["temperature"] == SAMPLED.temperature and saved[1]["settings"] is None
+
+
+def test_a_history_saved_before_replies_kept_their_settings_still_loads(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    HistoryStore(path).close()
+    old = {"mode": "sd", "decode_tok_s": 50.0, "ttft_s": 0.1, "generated_tokens": 8, "prompt_tokens": 20,
+           "reused_prefix_tokens": 0, "finish_reason": "stop", "tau": 2.0, "acceptance_rate": 0.4}
+    hand_edited = {**old, "settings": {"mode": "sd", "temperature": 0.5}}  # (fields missing: no settings either)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO conversations VALUES (1, 'Old', 0, 0, ?)", (json.dumps({"mode": "sd"}),))
+        db.executemany("INSERT INTO messages VALUES (1, ?, ?, ?, ?)", [
+            (0, "user", "hi", None), (1, "assistant", "hello", json.dumps(old)),
+            (2, "user", "again", None), (3, "assistant", "hello again", json.dumps(hand_edited))])
+    loaded = HistoryStore(path).load(1)
+    replies = [m.stats for m in loaded.messages if m.role == "assistant"]
+    assert [st.settings for st in replies] == [None, None]
+    assert replies[0] == TurnStats.from_dict(old)
+    rows = _table_rows(to_markdown(loaded))
+    assert rows[0][:3] == ["turn", "mode", "settings"] and [row[2] for row in rows[2:]] == ["", ""]
+
+
+def test_the_settings_cell_is_compact_and_says_what_applied():
+    assert SAMPLED.text() == "k 3, temp 0.6, top-p 0.9, top-k 20"
+    assert GREEDY.text() == "temp 0"  # AR drafts nothing (no k); greedy: its filters do nothing
+    rows = _table_rows(to_markdown(_chat(_stats(SAMPLED), _stats(GREEDY))))
+    assert [row[2] for row in rows[2:]] == [SAMPLED.text(), GREEDY.text()]
+
+
+@pytest.mark.asyncio
+async def test_the_export_shows_each_replys_own_settings_after_a_mid_chat_change(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        first = ReplySettings.of(app.session.settings)
+        await send(app, pilot, "first")
+        for line in ("/temp 0.5", "/top-p 0.8", "/top-k 7"):
+            await send(app, pilot, line)
+        second = ReplySettings.of(app.session.settings)
+        assert (second.temperature, second.top_p, second.top_k) == (0.5, 0.8, 7) and first != second
+        await send(app, pilot, "second")
+        await send(app, pilot, "/temp 0.9")  # after both replies: the header's, neither reply's
+        await send(app, pilot, f"/export {tmp_path / 'chat.md'}")
+        text = (tmp_path / "chat.md").read_text()
+        assert "temperature 0.9, top-p 0.8, top-k 7," in text.split("\n")[2]
+        assert [row[2] for row in _table_rows(text)[2:]] == [first.text(), second.text()]
+        assert "temp 0.5, top-p 0.8, top-k 7" in second.text()
+        reopened = app.session.store.load(app.session.conversation.id)
+        assert [m.stats.settings for m in reopened.messages if m.stats] == [first, second]
