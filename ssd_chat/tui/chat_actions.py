@@ -22,7 +22,7 @@ from ssd_chat.tui.commands import (
     parse_slash,
 )
 from ssd_chat.tui.engine_worker import available_modes
-from ssd_chat.tui.export import export_path, to_markdown
+from ssd_chat.tui.export import document, export_path
 from ssd_chat.tui.live_stats import saved_panel
 from ssd_chat.tui.screens.chats import ChatsScreen
 from ssd_chat.tui.screens.help import HelpScreen
@@ -240,8 +240,8 @@ class ChatActions(_Base):
         self.push_screen(HelpScreen(send_keys, [(key_label(b.key), b.description) for b in self.BINDINGS]))
 
     def export(self, arg: str, overwrite: bool = False) -> Path:
-        """Write the chat as Markdown: to FILE (an existing one only with `overwrite`: /export!), or a new file
-        named from the title in a folder (the default folder without FILE)."""
+        """Write the chat as Markdown (plain text to a .txt FILE): to FILE (an existing one only with `overwrite`:
+        /export!), or a new .md file named from the title in a folder (the default folder without FILE)."""
         if len(arg) > 1 and arg[0] == arg[-1] and arg[0] in "'\"":  # a quoted name (spaces are fine without)
             arg = arg[1:-1]
         try:
@@ -261,7 +261,7 @@ class ChatActions(_Base):
         elif path.exists() and not overwrite:
             raise SlashError(f"{path} exists: /export! {arg} replaces it, or give another name")
         try:
-            path.write_text(to_markdown(self.session.conversation), encoding="utf-8")
+            path.write_text(document(self.session.conversation, path), encoding="utf-8")
         except OSError as err:
             raise SlashError(f"cannot write {path}: {err.strerror or err}") from None
         self.notify(f"exported to {path}")

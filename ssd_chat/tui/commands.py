@@ -37,7 +37,8 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("compare", "/compare", "replay the last prompt greedily in AR, SD and SSD and compare"),
     SlashSpec("colors", "/colors", "toggle token provenance colours"),
     SlashSpec("copy", "/copy [code]", "copy the last reply (code: its code blocks) to the clipboard"),
-    SlashSpec("export", "/export[!] [FILE]", "write this chat as Markdown with a stats table (! replaces FILE)"),
+    SlashSpec("export", "/export[!] [FILE]",
+              "write this chat as Markdown with a stats table (FILE.txt: plain text; ! replaces FILE)"),
     SlashSpec("restart", "/restart", "stop the engine and load the models again (the conversation stays)"),
     SlashSpec("help", "/help", "keys and commands"),
 )

@@ -1,5 +1,5 @@
 """A conversation as a Markdown document: the turns (replies as Markdown, prompts as the literal text the chat shows),
-then a table of every reply's stats."""
+then a table of every reply's stats. /export writes it, or plain text to a .txt file (export_text.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-from ssd_chat.history import ChatMessage, Conversation, TurnStats
-from ssd_chat.sampling_defaults import filters_text
+from ssd_chat.history import Conversation
+from ssd_chat.tui.export_stats import STATS_HEADER, settings_sentence, stats_rows
+from ssd_chat.tui.export_text import HEADINGS, to_text
 
-_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
 _MARKDOWN = MarkdownIt("gfm-like")  # the transcript's parser (widgets.transcript), so its code blocks
 _LINE_BREAK = re.compile(r"\r\n?|\n")  # where markdown-it breaks lines (str.splitlines breaks at \x0c, \u2028 too)
 _PROBE = "ssd-chat-fence-probe"
@@ -27,30 +27,34 @@ NBSP, WORD_JOINER = "\u00a0", "\u2060"
 def to_markdown(conversation: Conversation) -> str:
     s = conversation.settings
     lines = [f"# {literal(conversation.title)}", ""]  # (a title: the first prompt's first line, as the chat shows it)
-    filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
-    lines.append(f"Mode `{s.mode}`, k {s.k}, temperature {s.temperature:g}, {filters + ', ' if filters else ''}"
-                 f"max tokens {s.max_tokens} (the chat's settings when exported; the stats give each reply's own).")
-    lines.append("")
+    lines += [settings_sentence(s, f"`{s.mode}`"), ""]
     if s.system:
         lines += ["## System", "", literal(s.system), ""]
     for message in conversation.messages:
         if message.role == "system":
             continue
         text = hard_breaks(closed_fences(message.content)) if message.role == "assistant" else literal(message.content)
-        lines += [f"## {_HEADINGS.get(message.role, message.role)}", "", text, ""]
-    replies = [m for m in conversation.messages if m.role == "assistant" and m.stats is not None]
-    if replies:
-        lines += ["## Stats", "", *_stats_table(replies), ""]
+        lines += [f"## {HEADINGS.get(message.role, message.role)}", "", text, ""]
+    rows = stats_rows(conversation.messages)
+    if rows:
+        table = [f"| {' | '.join(row)} |" for row in (STATS_HEADER, *rows)]
+        lines += ["## Stats", "", table[0], "|---" * len(STATS_HEADER) + "|", *table[1:], ""]
     return "\n".join(lines)
 
 
+def document(conversation: Conversation, path: Path) -> str:
+    """What /export writes to `path`: plain text to a .txt file (export_text), else Markdown."""
+    return to_text(conversation) if path.suffix.lower() == ".txt" else to_markdown(conversation)
+
+
 def literal(text: str) -> str:
-    """`text` as Markdown that shows it as the chat app shows a prompt, as plain text (widgets.transcript), and
-    reads as it in a plain-text viewer: the ASCII punctuation CommonMark would read as markup backslash-escaped,
-    a line's indent in no-break spaces (4 spaces made a code block), a blank line one no-break space (a run of them
-    stays), and every line but the last ending in a line break (two spaces). One paragraph, so a line like
-    "## Assistant" is no heading and fakes no turn. A first line's indent comes after a word joiner (zero width, not
-    whitespace): markdown-it strips a paragraph's leading whitespace, no-break spaces too."""
+    """`text` as Markdown that shows it as the chat app shows a prompt, as plain text (widgets.transcript): the ASCII
+    punctuation CommonMark would read as markup backslash-escaped (a plain-text viewer shows the backslashes: a .txt
+    export, export_text.py, has none), a line's indent in no-break spaces (4 spaces made a code block), a blank line
+    one no-break space (a run of them stays), and every line but the last ending in a line break (two spaces). One
+    paragraph, so a line like "## Assistant" is no heading and fakes no turn. A first line's indent comes after a
+    word joiner (zero width, not whitespace): markdown-it strips a paragraph's leading whitespace, no-break spaces
+    too."""
     lines = []
     for line in _LINE_BREAK.split(text):
         rest = line.lstrip(" \t")
@@ -100,28 +104,6 @@ def code_blocks(text: str) -> list[str]:
     list item or a quote too, without its indent; indented ones), in order; one a cut reply left open runs to the
     end."""
     return [t.content.rstrip("\n") for t in _MARKDOWN.parse(text) if t.type in ("fence", "code_block")]
-
-
-def _stats_table(replies: list[ChatMessage]) -> list[str]:
-    rows = [
-        "| turn | mode | settings | tokens | decode tok/s | TTFT ms | tau | acceptance | cache hits | prefix reused | "
-        "finish |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for i, message in enumerate(replies, start=1):
-        st: TurnStats = message.stats  # type: ignore[assignment]
-        ttft = "–" if st.first_token_s is None else f"{1000 * st.first_token_s:.0f}"  # (none: stopped in the prefill)
-        settings = "" if st.settings is None else st.settings.text()  # (none: kept only since they are)
-        rows.append(
-            f"| {i} | {st.mode} | {settings} | {st.generated_tokens} | {st.decode_tok_s:.1f} | {ttft} | "
-            f"{_opt(st.tau, '{:.2f}')} | {_opt(st.acceptance_rate, '{:.0%}')} | {_opt(st.cache_hit_rate, '{:.0%}')} | "
-            f"{st.reused_prefix_tokens}/{st.prompt_tokens} | {st.finish_reason} |"
-        )
-    return rows
-
-
-def _opt(value: float | None, fmt: str) -> str:
-    return "" if value is None else fmt.format(value)
 
 
 def export_path(conversation: Conversation, directory: Path) -> Path:
