@@ -21,7 +21,7 @@ _MARKUP = re.compile(r"[`*_\[\]<|~]|&(?=#?\w+;)|\\(?=[!-/:-@\[-`{-~]|$)")
 # ... and at the start of a line: a heading, a quote, a list item, a setext underline ("*" and "_" above)
 _LINE_MARKUP = re.compile(r"^(?:[#>+=-]|\d{1,9}(?=[.)]))")
 _URL = re.compile(r"((?:https?://|www\.)[^\s<>]*)")  # what GFM viewers link as it stands (kept as typed)
-NBSP, WORD_JOINER = "\u00a0", "\u2060"
+NBSP = "\u00a0"
 
 
 def to_markdown(conversation: Conversation) -> str:
@@ -52,9 +52,10 @@ def literal(text: str) -> str:
     punctuation CommonMark would read as markup backslash-escaped (a plain-text viewer shows the backslashes: a .txt
     export, export_text.py, has none), a line's indent in no-break spaces (4 spaces made a code block), a blank line
     one no-break space (a run of them stays), and every line but the last ending in a line break (two spaces). One
-    paragraph, so a line like "## Assistant" is no heading and fakes no turn. A first line's indent comes after a
-    word joiner (zero width, not whitespace): markdown-it strips a paragraph's leading whitespace, no-break spaces
-    too."""
+    paragraph, so a line like "## Assistant" is no heading and fakes no turn. A first line's first no-break space
+    (or other Unicode space) is an entity, "&nbsp;": markdown-it strips a paragraph's (and a heading's) leading
+    whitespace, Unicode's too, before it decodes entities (a word joiner, U+2060, went before it: copying the
+    rendered text took it along)."""
     lines = []
     for line in _LINE_BREAK.split(text):
         rest = line.lstrip(" \t")
@@ -63,8 +64,9 @@ def literal(text: str) -> str:
                        for i, part in enumerate(_URL.split(rest)))  # backslash in it shows, and breaks its link)
         rest = _LINE_MARKUP.sub(lambda m: m[0] + "\\" if m[0][0].isdigit() else "\\" + m[0], rest)
         lines.append(indent + rest if indent + rest else NBSP)
-    if lines[0].startswith(NBSP):
-        lines[0] = WORD_JOINER + lines[0]
+    first = lines[0][0]  # (spaces and tabs are no-break ones by now; control characters are left to the parser)
+    if first.isspace() and ord(first) > 0x9F:
+        lines[0] = ("&nbsp;" if first == NBSP else f"&#x{ord(first):X};") + lines[0][1:]
     return "  \n".join(lines)
 
 

@@ -9,7 +9,7 @@ from markdown_it import MarkdownIt
 from ssd_chat.history import ChatMessage, ChatSettings, Conversation
 from ssd_chat.tui.export import to_markdown
 
-NBSP, WORD_JOINER = "\u00a0", "\u2060"  # (an indent, a blank line; before a first line's indent)
+NBSP, WORD_JOINER = "\u00a0", "\u2060"  # (an indent, a blank line; what an export wrote before a first indent)
 
 PROMPT = "\n".join([
     "# heading?", "## Assistant", "fake reply", "    four-space indent", "\tand a tab", "", "", "two blank lines above",
@@ -33,7 +33,7 @@ def _shown(prompt: str) -> tuple[set[str], set[str], str]:
     children = [c for t in tokens for c in t.children or ()
                 if not (c.type in ("link_open", "link_close") and c.markup == "linkify")]
     text = "".join("\n" if c.type == "hardbreak" else c.content for c in children)
-    lines = text.replace(WORD_JOINER, "").replace(NBSP, " ").split("\n")  # (a blank line: one no-break space)
+    lines = text.replace(NBSP, " ").split("\n")  # (a blank line: one no-break space)
     return {t.type for t in tokens}, {c.type for c in children}, "\n".join(line.rstrip(" ") for line in lines)
 
 
@@ -74,3 +74,16 @@ def test_a_url_in_a_prompt_stays_as_typed_and_links_there():
     links = [c.attrs["href"] for t in MarkdownIt("gfm-like").parse(to_markdown(chat)) for c in t.children or ()
              if c.type == "link_open"]
     assert links == [urls[0], urls[1], "http://" + urls[2]]
+
+
+def test_a_first_line_keeps_its_indent_without_an_invisible_character():
+    """An export wrote a word joiner (U+2060) before a first line's indent, as markdown-it strips a paragraph's
+    leading whitespace (no-break spaces too): a viewer showed it, or copied it with the text. Its first no-break space
+    is written as an entity instead (decoded after the strip); only there, and other Unicode spaces are kept too."""
+    for prompt in ("    indented first\n  second", "\u3000full-width indent", "\u00a0typed no-break space"):
+        chat = Conversation(None, "Indent", messages=[ChatMessage("user", prompt), ChatMessage("assistant", "ok")])
+        exported = to_markdown(chat)
+        assert WORD_JOINER not in exported and exported.count("&") == 1, prompt
+        assert _shown(prompt)[2] == prompt.replace(NBSP, " "), prompt
+    chat = Conversation(None, "Indent", messages=[ChatMessage("user", "first\n    second")])
+    assert "&" not in to_markdown(chat) and _shown("first\n    second")[2] == "first\n    second"
