@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from ssd_chat.bench_results import BenchReport
+from ssd_chat.sampling_words import number_text
 
 
 def render_table(report: BenchReport) -> Table:
@@ -17,9 +18,9 @@ def render_table(report: BenchReport) -> Table:
     temperature = report.config.get("temperature") or 0
     seed = report.config.get("seed")
     top_p = report.config.get("top_p") or 1.0  # (None in reports from before it)
-    nucleus = f", top-p {top_p:g}" if top_p < 1 else ""
+    nucleus = f", top-p {number_text(top_p)}" if top_p < 1 else ""
     decoding = ("greedy" if temperature == 0
-                else f"sampled at temperature {temperature:g}{nucleus} (prompt i: seed {seed} + i)")
+                else f"sampled at temperature {number_text(temperature)}{nucleus} (prompt i: seed {seed} + i)")
     table = Table(title=f"{report.config['target']}{draft}: {report.config['num_prompts']} prompts x "
                         f"{report.config['max_tokens']} tokens, {decoding}")
     table.add_column("mode")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from ssd_chat.sampling_defaults import filters_text
+from ssd_chat.sampling_words import number_text
 
 if TYPE_CHECKING:
     from ssd_chat.history import ChatSettings
@@ -49,6 +50,6 @@ class ReplySettings:
         """Compact, for the export's stats table: "k 4, temp 0.7, top-p 0.9"; "temp 0" for a greedy AR reply (its
         filters do nothing: sampling_defaults.filters_text). k only where the mode drafts."""
         parts = [] if self.mode == "ar" else [f"k {self.k}"]
-        parts.append(f"temp {self.temperature:g}")
+        parts.append(f"temp {number_text(self.temperature)}")
         filters = filters_text(self.temperature, self.top_p, self.top_k, sep)
         return sep.join(parts + ([filters] if filters else []))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.sampling_params import SamplingParams
+from ssd_chat.sampling_words import number_text
 
 
 @dataclass(frozen=True)
@@ -71,4 +72,4 @@ def filters_text(temperature: float, top_p: float, top_k: int, sep: str = " ") -
     20"; "" where none applies (off, or greedy: temperature 0 takes the argmax whatever they are)."""
     if temperature == 0:
         return ""
-    return sep.join(([f"top-p {top_p:g}"] if top_p < 1 else []) + ([f"top-k {top_k}"] if top_k > 0 else []))
+    return sep.join(([f"top-p {number_text(top_p)}"] if top_p < 1 else []) + ([f"top-k {top_k}"] if top_k > 0 else []))

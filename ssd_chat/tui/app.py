@@ -29,6 +29,7 @@ from engine.config import SpeculationConfig
 from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
 from ssd_chat.sampling_defaults import filters_text
+from ssd_chat.sampling_words import number_text
 from ssd_chat.tui import child_stderr, preferences
 from ssd_chat.tui.chat_actions import ChatActions
 from ssd_chat.tui.commands import as_typed
@@ -232,11 +233,11 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
             state = "editing the last prompt: Esc cancels"
         colours = " · colours on" if self.colours else ""
         filters = filters_text(s.temperature, s.top_p, s.top_k)
-        filters = f" {filters}" if filters else ""
+        sampling = f"temp {number_text(s.temperature)}" + (f" {filters}" if filters else "")
         context = f" · ctx {self.session.context_tokens():,}/{self.engine.max_model_len:,}" if self.engine else ""
         k = s.k if self.engine is None else self.engine.config.drafted_k(s.k)  # (the k a round drafts at most)
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
-            f"[b]{s.mode.upper()}[/b] · {state} · k {k} · temp {s.temperature:g}{filters}{colours}{context} · "
+            f"[b]{s.mode.upper()}[/b] · {state} · k {k} · {sampling}{colours}{context} · "
             f"{escape(self.session.conversation.title)}"
         )
         if self.engine is not None:

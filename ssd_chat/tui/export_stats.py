@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ssd_chat.history import ChatMessage, ChatSettings
 from ssd_chat.sampling_defaults import filters_text
+from ssd_chat.sampling_words import number_text
 
 STATS_HEADER = ("turn", "mode", "settings", "tokens", "decode tok/s", "TTFT ms", "tau", "acceptance", "cache hits",
                 "prefix reused", "finish")
@@ -13,7 +14,7 @@ STATS_HEADER = ("turn", "mode", "settings", "tokens", "decode tok/s", "TTFT ms",
 def settings_sentence(s: ChatSettings, mode: str) -> str:
     """The chat's settings at export time; `mode` as the format writes it (Markdown: as code)."""
     filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
-    return (f"Mode {mode}, k {s.k}, temperature {s.temperature:g}, {filters + ', ' if filters else ''}"
+    return (f"Mode {mode}, k {s.k}, temperature {number_text(s.temperature)}, {filters + ', ' if filters else ''}"
             f"max tokens {s.max_tokens} (the chat's settings when exported; the stats give each reply's own).")
 
 

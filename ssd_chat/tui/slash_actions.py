@@ -8,6 +8,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from ssd_chat.history import one_line
+from ssd_chat.sampling_words import number_text
 from ssd_chat.tui import clipboard
 from ssd_chat.tui.chat_actions import NEXT_REPLY
 from ssd_chat.tui.commands import ENTER_MODES, SlashError, parse_fanout, parse_number
@@ -51,10 +52,10 @@ class SlashActions(_Base):
     def _set_sampling(self, field: str, command: str, takes: str, kind: type[int] | type[float], arg: str) -> None:
         """/temp, /top-p, /top-k: the chat's `field` from `arg` (none: say what it takes and its value now)."""
         if not arg:
-            raise SlashError(f"/{command} takes {takes} (now {getattr(self.session.settings, field):g})")
+            raise SlashError(f"/{command} takes {takes} (now {number_text(getattr(self.session.settings, field))})")
         self.change_settings(**{field: kind(parse_number(arg, kind, command))})
         shown = "temperature" if field == "temperature" else command
-        self._changed_mid_reply(f"{shown} {getattr(self.session.settings, field):g}")
+        self._changed_mid_reply(f"{shown} {number_text(getattr(self.session.settings, field))}")
 
     def _changed_mid_reply(self, setting: str) -> None:
         """A setting the status line shows, changed while a reply runs: a notice says the reply keeps the old value

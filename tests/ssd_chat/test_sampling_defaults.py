@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from ssd_chat import cli
 from ssd_chat.sampling_defaults import FALLBACK, Sampling, filters_text, recommended
+from ssd_chat.sampling_words import number_text
 
 
 def _model_dir(tmp_path, generation_config) -> str:
@@ -54,6 +55,14 @@ def test_the_filters_are_named_only_where_a_sampled_reply_uses_them():
     assert filters_text(0.2, 0.9, 0) == "top-p 0.9"
     assert filters_text(0.6, 0.95, 20, ", ") == "top-p 0.95, top-k 20"
     assert filters_text(0.7, 1.0, 0) == "" and filters_text(0.0, 0.9, 20) == ""  # off; greedy takes the argmax
+    assert filters_text(0.2, 1e-9, 0) == "top-p 1e-9"  # (as typed: Python's :g wrote 1e-09)
+
+
+@pytest.mark.parametrize(("value", "shown"), [(0.9, "0.9"), (1.0, "1"), (0.0, "0"), (20, "20"), (1e-9, "1e-9"),
+                                              (1.5e-7, "1.5e-7"), (0.123456789, "0.123456789"), (1e16, "1e16"),
+                                              (100.0, "100"), (2**60, str(2**60))])
+def test_a_number_shows_as_the_user_types_it(value, shown):
+    assert number_text(value) == shown
 
 
 class _NoEngine:

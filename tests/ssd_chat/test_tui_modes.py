@@ -202,6 +202,24 @@ async def test_the_panel_has_a_row_per_position_a_round_can_draft(tmp_path):
 
 
 @pytest.mark.asyncio
+async def test_sampling_numbers_show_as_typed(tmp_path):
+    """`/top-p 1e-9` showed as 1e-09 (Python's :g) in the status line, the panel and the export, and 0.123456789
+    as 0.123457."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/temp 0.123456789")
+        await send(app, pilot, "/top-p 1e-9")
+        assert "temp 0.123456789 top-p 1e-9 ·" in rendered(app.query_one("#status"))
+        assert "temp 0.123456789 · top-p 1e-9" in " ".join(rendered(app.query_one("#layout")).split())
+        await send(app, pilot, "/top-p")
+        assert errors(app)[-1].endswith("(now 1e-9)")
+        await send(app, pilot, "hi")
+        await send(app, pilot, f"/export {tmp_path / 'tiny.md'}")
+        assert "temperature 0.123456789, top-p 1e-9, max tokens" in (tmp_path / "tiny.md").read_text()
+
+
+@pytest.mark.asyncio
 async def test_a_chat_saved_with_a_refused_fanout_reopens_with_the_default_and_a_notice(tmp_path):
     """A chat saved with /fanout 99999999999999999999 (taken before the fan-out had a limit): --resume reopened it
     with that value, and every reply failed. It reopens with the default fan-out, saved, and a notice saying so."""

@@ -35,8 +35,10 @@ async def test_settings_typed_mid_reply_say_they_apply_from_the_next_reply(tmp_p
         engine.gate.clear()
         started = ReplySettings.of(app.session.settings)
         await first_delta(app, pilot, "Write an essay.")
-        told = [await _type(app, pilot, line) for line in ("/temp 0.5", "/k 3", "/fanout 2", "/system", "/mode ar")]
-        assert told == ["temperature 0.5 (from the next reply)", "k 3 (from the next reply)",
+        told = [await _type(app, pilot, line) for line in ("/temp 0.5", "/top-p 1e-9", "/k 3", "/fanout 2", "/system",
+                                                           "/mode ar")]
+        assert told == ["temperature 0.5 (from the next reply)", "top-p 1e-9 (from the next reply)",
+                        "k 3 (from the next reply)",
                         "fan-out 2 (from the next reply)",
                         "system prompt removed (from the next reply; it was: Be brief.); /system TEXT sets one",
                         "mode AR (from the next reply)"]

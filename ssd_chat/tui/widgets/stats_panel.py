@@ -11,6 +11,7 @@ from textual.widgets import Digits, Sparkline, Static
 
 from ssd_chat.history import ChatSettings
 from ssd_chat.sampling_defaults import filters_text
+from ssd_chat.sampling_words import number_text
 from ssd_chat.tui.live_stats import PanelData
 
 BAR_WIDTH = 18
@@ -78,7 +79,7 @@ class StatsPanel(VerticalScroll):
         spec += f" · fan-out {fanout}" if settings.mode == "ssd" else ""
         table.add_row("mode", settings.mode.upper() + spec)
         filters = filters_text(settings.temperature, settings.top_p, settings.top_k, " · ")
-        table.add_row("temp", f"{settings.temperature:g}" + (f" · {filters}" if filters else ""))
+        table.add_row("temp", number_text(settings.temperature) + (f" · {filters}" if filters else ""))
         table.add_row("system", Text(" ".join(settings.system.split()), overflow="ellipsis", no_wrap=True)
                       if settings.system else Text("none", style="dim"))
         self.query_one("#layout", Static).update(table)
