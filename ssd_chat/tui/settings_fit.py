@@ -12,6 +12,7 @@ from dataclasses import replace
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
+from ssd_chat import sampling_words
 from ssd_chat.history import ChatSettings
 
 # Reset in this order until the settings pass, each with the ones before it (a k+1 fan-out goes with its k); the
@@ -21,9 +22,11 @@ RESETS = {"fanout": ("fan-out", "/fanout"), "k": ("k", "/k"), "temperature": ("t
 
 
 def check(settings: ChatSettings, base: SpeculationConfig) -> None:
-    """Raise the one-line EngineError that SpeculationConfig or SamplingParams gives for a value they refuse (`base`:
-    the run's speculation settings, --backup and --fixed-k, with the chat's mode, k and fan-out)."""
+    """Raise the one-line EngineError that SpeculationConfig gives for a value it refuses (`base`: the run's
+    speculation settings, --backup and --fixed-k, with the chat's mode, k and fan-out), or sampling_words for a
+    sampling value, naming its slash command (SamplingParams' error would name its field, top_p)."""
     replace(base, mode=settings.mode, k=settings.k, fanout=settings.fanout)
+    sampling_words.check(sampling_words.SLASH, settings.temperature, settings.top_p, settings.top_k)
     sampling_params(settings)
 
 

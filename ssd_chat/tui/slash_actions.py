@@ -8,7 +8,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from ssd_chat.history import one_line
-from ssd_chat.sampling_words import number_text
+from ssd_chat.sampling_words import SLASH, TAKES, number_text
 from ssd_chat.tui import clipboard
 from ssd_chat.tui.chat_actions import NEXT_REPLY
 from ssd_chat.tui.commands import ENTER_MODES, SlashError, parse_fanout, parse_number
@@ -41,18 +41,20 @@ class SlashActions(_Base):
         self._changed_mid_reply(f"fan-out {'default' if fanout is None else ','.join(map(str, fanout))}")
 
     def slash_temp(self, arg: str) -> None:
-        self._set_sampling("temperature", "temp", "a temperature, 0 = greedy", float, arg)
+        self._set_sampling("temperature", float, arg)
 
     def slash_top_p(self, arg: str) -> None:
-        self._set_sampling("top_p", "top-p", "a mass in (0, 1], 1 = off", float, arg)
+        self._set_sampling("top_p", float, arg)
 
     def slash_top_k(self, arg: str) -> None:
-        self._set_sampling("top_k", "top-k", "a number of tokens, 0 = off", int, arg)
+        self._set_sampling("top_k", int, arg)
 
-    def _set_sampling(self, field: str, command: str, takes: str, kind: type[int] | type[float], arg: str) -> None:
+    def _set_sampling(self, field: str, kind: type[int] | type[float], arg: str) -> None:
         """/temp, /top-p, /top-k: the chat's `field` from `arg` (none: say what it takes and its value now)."""
+        command = SLASH[field].removeprefix("/")
         if not arg:
-            raise SlashError(f"/{command} takes {takes} (now {number_text(getattr(self.session.settings, field))})")
+            now = number_text(getattr(self.session.settings, field))
+            raise SlashError(f"/{command} takes {TAKES[field]} (now {now})")
         self.change_settings(**{field: kind(parse_number(arg, kind, command))})
         shown = "temperature" if field == "temperature" else command
         self._changed_mid_reply(f"{shown} {number_text(getattr(self.session.settings, field))}")

@@ -164,3 +164,5 @@ def test_bench_refuses_bad_sampling_settings_before_loading(tiny_llama_dir, opti
     assert result.exit_code == 2
     assert result.output.startswith("error: ") and "Traceback" not in result.output
     assert "loading" not in result.output
+    if option != "--seed":  # (the option's name, not SamplingParams' field: top_p)
+        assert result.output.startswith(f"error: {option} takes ")

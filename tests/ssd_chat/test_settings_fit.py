@@ -25,6 +25,7 @@ def test_a_refused_top_p_or_top_k_goes_back_to_the_runs():
     run = ChatSettings(mode="sd", k=4, temperature=0.2, top_p=0.9)
     changes, notice = fit(ChatSettings(mode="sd", k=4, temperature=0.5, top_p=1.5, top_k=20), BASE, run)
     assert changes == {"top_p": 0.9} and notice is not None and notice.endswith("top-p now (/top-p sets it)")
+    assert "(/top-p takes a mass in (0, 1], 1 = off; got 1.5)" in notice  # (the command, not SamplingParams' top_p)
     assert fit(ChatSettings(mode="sd", k=4, top_k=-3), BASE, run)[0] == {"top_k": 0}
     assert ChatSettings.from_dict({"mode": "sd", "temperature": 0.5}).top_p == 1.0  # saved before: what it ran with
 

@@ -117,7 +117,8 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
         assert "system You are terse." in rendered(app.query_one("#layout"))
 
         for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a number"),
-                             ("/fanout 1,2", "k+1 = 4"), ("/temp -1", "temperature must be"),
+                             ("/fanout 1,2", "k+1 = 4"),
+                             ("/temp -1", "/temp takes a temperature from 0 to 100, 0 = greedy; got -1"),
                              ("/frobnicate", "unknown command /frobnicate"), ("/k", "/k takes the most draft tokens "
                              "per step, 1-32 (now 3)"), ("/temp", "(now 0.5)"), ("/mode", "ar, sd or ssd (now ssd)")]:
             await send(app, pilot, bad)
@@ -148,10 +149,14 @@ async def test_top_p_and_top_k_reach_the_next_request_and_show_where_they_apply(
         await send(app, pilot, "hi")
         params = engine.calls[-1][1]
         assert (params.temperature, params.top_p, params.top_k) == (0.2, 0.9, 20)
-        for bad, message in [("/top-p 0", "top_p must be in (0, 1]"), ("/top-p x", "/top-p needs a number"),
-                             ("/top-k -1", "top_k must be >= 0"), ("/top-p", "(now 0.9)"), ("/top-k", "(now 20)")]:
+        for bad, message in [("/top-p 0", "/top-p takes a mass in (0, 1], 1 = off; got 0"),
+                             ("/top-p 1e400", "/top-p takes a mass in (0, 1], 1 = off; got inf"),
+                             ("/top-p x", "/top-p needs a number"), ("/temp nan", "/temp takes a temperature from 0 "
+                             "to 100, 0 = greedy; got nan"), ("/top-k -1", "/top-k takes a number of tokens, 0 = off; "
+                             "got -1"), ("/top-p", "(now 0.9)"), ("/top-k", "(now 20)")]:
             await send(app, pilot, bad)
-            assert message in errors(app)[-1], bad
+            assert errors(app)[-1] == message if "got" in message else message in errors(app)[-1], bad
+            assert "top_" not in errors(app)[-1]  # (the engine's field names: SamplingParams(top_p=...))
         await send(app, pilot, "/top-p 1")
         await send(app, pilot, "/top-k 0")
         assert "temp 0.2 ·" in rendered(app.query_one("#status"))
