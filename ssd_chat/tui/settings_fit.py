@@ -1,13 +1,15 @@
 """A chat's settings against what the engine accepts: `check` before a change is applied, `fit` for a chat as saved.
 
 A saved chat may hold a value this version refuses (a fan-out past engine.config.MAX_FANOUT, saved before the fan-out
-had a limit; a k+1 fan-out reopened with another --k): every reply of that chat failed on it. `fit` gives the defaults
-of as few settings as make it usable, and a notice saying which.
+had a limit; a k+1 fan-out reopened with another --k; a top-p and a top-k out of range in a hand-edited file): every
+reply of that chat failed on it. `fit` gives the defaults of as few settings as make it usable, and a notice that names
+each refused value, why, and what it is now.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import combinations
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
@@ -15,8 +17,8 @@ from engine.sampling_params import SamplingParams
 from ssd_chat import sampling_words
 from ssd_chat.history import ChatSettings
 
-# Reset in this order until the settings pass, each with the ones before it (a k+1 fan-out goes with its k); the
-# command that sets each again
+# What fit may reset (as few as make the settings pass; of as many, the first in this order: a k+1 fan-out reopened
+# with another k is one reset, the fan-out's), with its name in the notice and the command that sets it again
 RESETS = {"fanout": ("fan-out", "/fanout"), "k": ("k", "/k"), "temperature": ("temperature", "/temp"),
           "top_p": ("top-p", "/top-p"), "top_k": ("top-k", "/top-k"), "mode": ("mode", "/mode")}
 
@@ -40,23 +42,40 @@ def fit(settings: ChatSettings, base: SpeculationConfig,
         defaults: ChatSettings) -> tuple[dict[str, object], str | None]:
     """The changes that make `settings` usable and the notice that says so; ({}, None) where they are usable.
     `defaults`: the run's settings (what a new chat starts with: the model's temperature, the mode the engine was
-    started in). The fewest settings go back to them: each alone first, then together in RESETS' order."""
+    started in). The fewest settings go back to them, and only those: a valid one beside refused ones stays."""
+    if _refusal(settings, base) is None:
+        return {}, None
+    differ = [name for name in RESETS if getattr(settings, name) != getattr(defaults, name)]
+    for count in range(1, len(differ) + 1):
+        for names in combinations(differ, count):
+            changes = {name: getattr(defaults, name) for name in names}
+            if _refusal(replace(settings, **changes), base) is None:
+                return changes, _notice(settings, base, changes)
+    return {}, None  # (none of these: the reply's error will say what)
+
+
+def _notice(settings: ChatSettings, base: SpeculationConfig, changes: dict[str, object]) -> str:
+    """One line: why each value was refused (its error, the other resets made: the fewest, so each is needed) and the
+    default it is now."""
+    others = [{n: v for n, v in changes.items() if n != name} for name in changes]
+    reasons = " · ".join(filter(None, (_refusal(replace(settings, **without), base) for without in others)))
+    what = [RESETS[name][0] + ("" if value is None else f" {_shown(value)}")  # (None: the default fan-out)
+            for name, value in changes.items()]
+    what = " and ".join([", ".join(what[:-1]), what[-1]] if len(what) > 1 else what)
+    how = ", ".join(RESETS[name][1] for name in changes) + (" sets it" if len(changes) == 1 else " set them")
+    return f"this chat's settings are refused ({reasons}): it uses the default {what} now ({how})"
+
+
+def _refusal(settings: ChatSettings, base: SpeculationConfig) -> str | None:
+    """check's error, or None where the settings pass."""
     try:
         check(settings, base)
-        return {}, None
     except EngineError as err:
-        error = str(err)
-    differ = [name for name in RESETS if getattr(settings, name) != getattr(defaults, name)]
-    tries = [{name: getattr(defaults, name)} for name in differ]
-    tries += [{name: getattr(defaults, name) for name in differ[: i + 1]} for i in range(1, len(differ))]
-    for changes in tries:
-        try:
-            check(replace(settings, **changes), base)
-            break
-        except EngineError:
-            continue
-    else:  # (none of these: the reply's error will say what)
-        return {}, None
-    what = " and ".join(RESETS[name][0] for name in changes)
-    how = ", ".join(RESETS[name][1] for name in changes) + (" sets it" if len(changes) == 1 else " set them")
-    return changes, f"this chat's settings are refused ({error}): it uses the default {what} now ({how})"
+        return str(err)
+    return None
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))  # (a fan-out, as /fanout takes it)
+    return sampling_words.number_text(value) if isinstance(value, int | float) else str(value)

@@ -13,7 +13,7 @@ RUN = ChatSettings(mode="sd", k=4, temperature=0.2)  # what a new chat of this r
 def test_only_the_refused_setting_goes_back_to_the_runs_default():
     changes, notice = fit(ChatSettings(mode="sd", k=4, temperature=-1.0), BASE, RUN)
     assert changes == {"temperature": 0.2}  # the model's default, not ChatSettings' 0.7
-    assert notice is not None and notice.endswith("it uses the default temperature now (/temp sets it)")
+    assert notice is not None and notice.endswith("it uses the default temperature 0.2 now (/temp sets it)")
     changes, notice = fit(ChatSettings(mode="xyz", k=4, temperature=0.5), BASE, RUN)
     assert changes == {"mode": "sd"}  # the valid temperature stays (it was reset on the way to the mode)
     fanned = ChatSettings(mode="ssd", k=2, fanout=(1, 2, 3, 4), temperature=0.5)  # k+1 = 3 needed
@@ -24,10 +24,27 @@ def test_only_the_refused_setting_goes_back_to_the_runs_default():
 def test_a_refused_top_p_or_top_k_goes_back_to_the_runs():
     run = ChatSettings(mode="sd", k=4, temperature=0.2, top_p=0.9)
     changes, notice = fit(ChatSettings(mode="sd", k=4, temperature=0.5, top_p=1.5, top_k=20), BASE, run)
-    assert changes == {"top_p": 0.9} and notice is not None and notice.endswith("top-p now (/top-p sets it)")
+    assert changes == {"top_p": 0.9} and notice is not None and notice.endswith("top-p 0.9 now (/top-p sets it)")
     assert "(/top-p takes a mass in (0, 1], 1 = off; got 1.5)" in notice  # (the command, not SamplingParams' top_p)
     assert fit(ChatSettings(mode="sd", k=4, top_k=-3), BASE, run)[0] == {"top_k": 0}
     assert ChatSettings.from_dict({"mode": "sd", "temperature": 0.5}).top_p == 1.0  # saved before: what it ran with
+
+
+def test_the_notice_names_every_refused_value_and_what_it_is_now():
+    """A hand-edited chat with a bad top-p and a bad top-k: both went back to the defaults, but the notice named only
+    the top-p; and the valid temperature beside them went back too (the resets ran in order, each with the ones
+    before it)."""
+    run = ChatSettings(mode="sd", k=4, temperature=0.2, top_p=0.9)
+    changes, notice = fit(ChatSettings(mode="sd", k=4, temperature=0.5, top_p=1.5, top_k=-3), BASE, run)
+    assert changes == {"top_p": 0.9, "top_k": 0}  # (the temperature, valid, stays)
+    assert notice == ("this chat's settings are refused (/top-p takes a mass in (0, 1], 1 = off; got 1.5 · /top-k "
+                      "takes a number of tokens, 0 = off; got -3): it uses the default top-p 0.9 and top-k 0 now "
+                      "(/top-p, /top-k set them)")
+    changes, notice = fit(ChatSettings.from_dict({"mode": "sd", "k": 40, "fanout": [1] * 41, "top_p": "0.9"}),
+                          BASE, run)  # (a k past 32 with its k+1 fan-out; a top-p saved as text)
+    assert changes == {"fanout": None, "k": 4, "top_p": 0.9} and notice is not None and "\n" not in notice
+    assert "got 40" in notice and "/top-p takes a mass in (0, 1], 1 = off; got '0.9'" in notice
+    assert notice.endswith(": it uses the default fan-out, k 4 and top-p 0.9 now (/fanout, /k, /top-p set them)")
 
 
 def test_a_saved_fanout_of_one_number_reads_as_a_one_number_fanout():
