@@ -144,6 +144,11 @@ class LLM:
         return weight_bytes(self.core.runner.model)
 
     @property
+    def vocab_size(self) -> int:
+        """The target's vocabulary: the tokens it scores each step (a top_k at or past it filters nothing)."""
+        return self.model_args.vocab_size
+
+    @property
     def layout(self) -> dict[str, str]:
         """Where the models run, for display: {"target": ..., "draft": ...} ("draft" only with a draft)."""
         compiled = self.core.runner.compiled

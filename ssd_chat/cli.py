@@ -61,6 +61,7 @@ from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import print_stream, run_plain, tell_context_cut
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.sampling_defaults import chosen
+from ssd_chat.sampling_words import FLAGS, check_top_k
 
 if TYPE_CHECKING:
     import engine.llm
@@ -181,6 +182,7 @@ def root(
                 raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
                                       "pipe or a file)")
             with _quiet_when_the_reader_goes(), LLM(target=target, **engine_kwargs) as llm:  # (closed at the end)
+                check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)  # (known once loaded)
                 run_repl(llm, params, system)
             return
         from ssd_chat.tui import keys_reach_the_app, run_tui
@@ -265,6 +267,7 @@ def ask(
                  target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
                  attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
                  packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
+            check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)
             output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout).output
             tell_context_cut(output, context_cut_notice(llm.max_model_len, "shorten the prompt", llm.model_max_len))
         if as_json:

@@ -114,14 +114,14 @@ class ChatActions(_Base):
 
     def change_settings(self, **changes) -> None:
         """Validate first (SpeculationConfig / SamplingParams raise one-line EngineErrors), then apply."""
-        settings_fit.check(replace(self.session.settings, **changes), self.base_speculation)
+        settings_fit.check(replace(self.session.settings, **changes), self.base_speculation, self.vocab_size)
         self.session.update_settings(**changes)
         self.refresh_status()
 
     def fit_settings(self) -> None:
-        """A chat saved with a value this version refuses (settings_fit): the defaults instead, saved, with a notice
-        (every reply failed on it)."""
-        changes, notice = settings_fit.fit(self.session.settings, self.base_speculation, self.run_settings)
+        """A chat saved with a value this version (or model) refuses: settings_fit's defaults, saved, and a notice."""
+        changes, notice = settings_fit.fit(self.session.settings, self.base_speculation, self.run_settings,
+                                           self.vocab_size)
         if notice is not None:
             self.notify(notice, severity="warning", timeout=15)
             self.session.update_settings(**changes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from textual import work
@@ -79,6 +80,8 @@ class EngineActions(_Base):
             self.pop_screen()  # (under a dialog it leaves as that closes: LoadingScreen.on_screen_resume)
         self.session.take_back_fallbacks()  # (a mode a lost draft process forced: a new engine may have it again)
         self.draft_lost = False
+        if self.run_settings.top_k >= self.engine.vocab_size:  # a --top-k that filters nothing: off, as it ran; the
+            self.run_settings = replace(self.run_settings, top_k=0)  # chat's goes to it, with fit's notice
         self.fit_settings()
         self.fit_mode()
         self.show_conversation()
@@ -99,6 +102,11 @@ class EngineActions(_Base):
         if self.session.store is not None:
             self.session.store.close()
             self.session.store = None
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The loaded model's vocabulary (a top-k must be under it); None while it loads."""
+        return None if self.engine is None else self.engine.vocab_size
 
     @property
     def engine_alive(self) -> bool:

@@ -104,7 +104,7 @@ class EngineProcess:
         finally:
             with _loading_lock:
                 _loading.discard(self._proc)
-        self.config, self.max_model_len, self._speculation, self.layout, self.tokenizer = payload
+        self.config, self.max_model_len, self._speculation, self.layout, self.tokenizer, self.vocab_size = payload
         return self
 
     # -- ChatEngine ----------------------------------------------------------------------------------

@@ -89,7 +89,8 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
         _tell_load_failure(wire, f"loading the engine failed: {err!r}", stderr_path)
         return
     try:
-        wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer)))
+        wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer,
+                             llm.vocab_size)))
         _answer(llm, wire)
     except _AppGone:  # (its pipe closed, maybe before this process was handed to a new parent: unlink it here)
         _remove(stderr_path)

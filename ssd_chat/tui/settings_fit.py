@@ -23,12 +23,13 @@ RESETS = {"fanout": ("fan-out", "/fanout"), "k": ("k", "/k"), "temperature": ("t
           "top_p": ("top-p", "/top-p"), "top_k": ("top-k", "/top-k"), "mode": ("mode", "/mode")}
 
 
-def check(settings: ChatSettings, base: SpeculationConfig) -> None:
+def check(settings: ChatSettings, base: SpeculationConfig, vocab: int | None = None) -> None:
     """Raise the one-line EngineError that SpeculationConfig gives for a value it refuses (`base`: the run's
     speculation settings, --backup and --fixed-k, with the chat's mode, k and fan-out), or sampling_words for a
-    sampling value, naming its slash command (SamplingParams' error would name its field, top_p)."""
+    sampling value, naming its slash command (SamplingParams' error would name its field, top_p); `vocab`: the loaded
+    model's vocabulary, which a top-k must be under (None: not loaded yet)."""
     replace(base, mode=settings.mode, k=settings.k, fanout=settings.fanout)
-    sampling_words.check(sampling_words.SLASH, settings.temperature, settings.top_p, settings.top_k)
+    sampling_words.check(sampling_words.SLASH, settings.temperature, settings.top_p, settings.top_k, vocab)
     sampling_params(settings)
 
 
@@ -38,27 +39,27 @@ def sampling_params(settings: ChatSettings) -> SamplingParams:
                           max_tokens=settings.max_tokens)
 
 
-def fit(settings: ChatSettings, base: SpeculationConfig,
-        defaults: ChatSettings) -> tuple[dict[str, object], str | None]:
+def fit(settings: ChatSettings, base: SpeculationConfig, defaults: ChatSettings,
+        vocab: int | None = None) -> tuple[dict[str, object], str | None]:
     """The changes that make `settings` usable and the notice that says so; ({}, None) where they are usable.
     `defaults`: the run's settings (what a new chat starts with: the model's temperature, the mode the engine was
     started in). The fewest settings go back to them, and only those: a valid one beside refused ones stays."""
-    if _refusal(settings, base) is None:
+    if _refusal(settings, base, vocab) is None:
         return {}, None
     differ = [name for name in RESETS if getattr(settings, name) != getattr(defaults, name)]
     for count in range(1, len(differ) + 1):
         for names in combinations(differ, count):
             changes = {name: getattr(defaults, name) for name in names}
-            if _refusal(replace(settings, **changes), base) is None:
-                return changes, _notice(settings, base, changes)
+            if _refusal(replace(settings, **changes), base, vocab) is None:
+                return changes, _notice(settings, base, changes, vocab)
     return {}, None  # (none of these: the reply's error will say what)
 
 
-def _notice(settings: ChatSettings, base: SpeculationConfig, changes: dict[str, object]) -> str:
+def _notice(settings: ChatSettings, base: SpeculationConfig, changes: dict[str, object], vocab: int | None) -> str:
     """One line: why each value was refused (its error, the other resets made: the fewest, so each is needed) and the
     default it is now."""
     others = [{n: v for n, v in changes.items() if n != name} for name in changes]
-    reasons = " · ".join(filter(None, (_refusal(replace(settings, **without), base) for without in others)))
+    reasons = " · ".join(filter(None, (_refusal(replace(settings, **without), base, vocab) for without in others)))
     what = [RESETS[name][0] + ("" if value is None else f" {_shown(value)}")  # (None: the default fan-out)
             for name, value in changes.items()]
     what = " and ".join([", ".join(what[:-1]), what[-1]] if len(what) > 1 else what)
@@ -66,10 +67,10 @@ def _notice(settings: ChatSettings, base: SpeculationConfig, changes: dict[str, 
     return f"this chat's settings are refused ({reasons}): it uses the default {what} now ({how})"
 
 
-def _refusal(settings: ChatSettings, base: SpeculationConfig) -> str | None:
+def _refusal(settings: ChatSettings, base: SpeculationConfig, vocab: int | None) -> str | None:
     """check's error, or None where the settings pass."""
     try:
-        check(settings, base)
+        check(settings, base, vocab)
     except EngineError as err:
         return str(err)
     return None

@@ -169,6 +169,8 @@ def test_a_reply_stopped_mid_line_ends_its_line(monkeypatch, capsys, own_signals
     from ssd_chat import cli
 
     class Interrupted:
+        vocab_size = 49152
+
         def __enter__(self):
             return self
 
@@ -199,6 +201,7 @@ def test_a_reader_gone_as_the_reply_ends_exits_as_sigpipe_would_not_120(tiny_lla
 
         class NoText:
             max_model_len = model_max_len = 512
+            vocab_size = 49152
 
             def __enter__(self):
                 return self

@@ -171,6 +171,8 @@ def test_enter_reaches_the_chat_app_from_the_flag_or_the_environment(args, env, 
 class FakeLLM:
     """engine.LLM's closing, as the CLI uses it: a context manager."""
 
+    vocab_size = 49152
+
     def close(self) -> None:
         pass
 

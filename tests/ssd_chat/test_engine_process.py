@@ -4,6 +4,7 @@ its log lines reach the app, and it ends with close() or with the app's process.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -43,6 +44,8 @@ def test_replies_and_interface_match_an_in_process_engine(child, tiny_llama_dir)
         want = _final(local.chat(MESSAGES, GREEDY))
         assert child.encode_chat(MESSAGES) == local.encode_chat(MESSAGES)
         assert child.max_model_len == local.max_model_len == 128 and child.config.draft == local.config.draft
+        vocab = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]  # (the app's /top-k limit)
+        assert child.vocab_size == local.vocab_size == vocab
     for mode in ("ar", "sd", "ssd"):
         child.speculation = SpeculationConfig(mode=mode, k=3)
         assert child.speculation.mode == mode and "target" in child.layout

@@ -66,6 +66,8 @@ def test_a_number_shows_as_the_user_types_it(value, shown):
 
 
 class _NoEngine:
+    vocab_size = 49152  # (SmolLM2's)
+
     def __init__(self, **kwargs) -> None:
         pass
 
@@ -108,6 +110,19 @@ def test_a_bad_sampling_option_is_one_line_naming_the_option(monkeypatch, flags,
     monkeypatch.setattr(cli, "LLM", _NoEngine)
     result = CliRunner().invoke(cli.app, [*command, "--draft", "none", *flags], input="")
     assert result.exit_code == 2 and result.output == f"error: {message}\n"
+
+
+@pytest.mark.parametrize("command", [["--plain"], ["ask", "hi"]])
+@pytest.mark.parametrize("top_k", ["49152", "100000"])
+def test_a_top_k_past_the_vocabulary_is_refused_once_the_model_is_loaded(monkeypatch, command, top_k):
+    """`--top-k 100000` with SmolLM2's 49152 tokens filters nothing, and was taken as if it did."""
+    monkeypatch.setattr(cli, "LLM", _NoEngine)
+    monkeypatch.setattr(cli, "run_repl", lambda llm, params, system: pytest.fail("it ran"))
+    result = CliRunner().invoke(cli.app, [*command, "--draft", "none", "--top-k", top_k], input="")
+    assert result.exit_code == 2 and result.output == (
+        f"error: --top-k takes fewer tokens than the model's vocabulary of 49152 (0 turns it off); got {top_k}\n")
+    monkeypatch.setattr(cli, "run_repl", lambda llm, params, system: None)
+    assert CliRunner().invoke(cli.app, ["--plain", "--draft", "none", "--top-k", "49151"], input="").exit_code == 0
 
 
 def test_the_chat_app_starts_with_the_models_filters_and_resumes_with_those_given(monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.config import SpeculationConfig
 from ssd_chat.history import ChatSettings
 from ssd_chat.tui.settings_fit import fit
@@ -45,6 +47,18 @@ def test_the_notice_names_every_refused_value_and_what_it_is_now():
     assert changes == {"fanout": None, "k": 4, "top_p": 0.9} and notice is not None and "\n" not in notice
     assert "got 40" in notice and "/top-p takes a mass in (0, 1], 1 = off; got '0.9'" in notice
     assert notice.endswith(": it uses the default fan-out, k 4 and top-p 0.9 now (/fanout, /k, /top-p set them)")
+
+
+def test_a_top_k_at_or_past_the_loaded_models_vocabulary_goes_back_to_the_runs():
+    """A top-k of 100000 with SmolLM2's 49152 tokens filters nothing: refused once the vocabulary is known."""
+    run = ChatSettings(mode="sd", k=4, top_k=20)
+    wide = ChatSettings(mode="sd", k=4, top_k=49152)
+    assert fit(wide, BASE, run) == ({}, None)  # (the model not loaded yet: no vocabulary to hold it to)
+    changes, notice = fit(wide, BASE, run, vocab=49152)
+    assert changes == {"top_k": 20} and notice == (
+        "this chat's settings are refused (/top-k takes fewer tokens than the model's vocabulary of 49152 (0 turns it "
+        "off); got 49152): it uses the default top-k 20 now (/top-k sets it)")
+    assert fit(replace(wide, top_k=49151), BASE, run, vocab=49152) == ({}, None)
 
 
 def test_a_saved_fanout_of_one_number_reads_as_a_one_number_fanout():

@@ -207,6 +207,30 @@ async def test_the_panel_has_a_row_per_position_a_round_can_draft(tmp_path):
 
 
 @pytest.mark.asyncio
+async def test_a_top_k_past_the_vocabulary_is_refused_and_a_started_one_is_turned_off(tmp_path):
+    """`/top-k 100000` was taken though the model has 49152 tokens (it filters nothing: it is top-k off); so was
+    `--top-k 100000`, which the app learns of only once the engine has loaded."""
+    from ssd_chat.history import ChatSettings
+
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path, settings=ChatSettings(mode="sd", temperature=0.5, top_k=100000))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.session.settings.top_k == 0 and app.run_settings.top_k == 0  # off, as it worked
+        notice = [n.message for n in app._notifications if n.severity == "warning"][-1]
+        assert "vocabulary of 49152 (0 turns it off); got 100000): it uses the default top-k 0 now" in notice
+        for typed in ("/top-k 100000", "/top-k 49152"):
+            await send(app, pilot, typed)
+            assert errors(app)[-1] == ("/top-k takes fewer tokens than the model's vocabulary of 49152 (0 turns it "
+                                       f"off); got {typed.split()[1]}")
+            assert app.query_one(PromptArea).text == typed and app.session.settings.top_k == 0
+        app.query_one(PromptArea).text = ""
+        await send(app, pilot, "/top-k 49151")
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][1].top_k == 49151
+
+
+@pytest.mark.asyncio
 async def test_sampling_numbers_show_as_typed(tmp_path):
     """`/top-p 1e-9` showed as 1e-09 (Python's :g) in the status line, the panel and the export, and 0.123456789
     as 0.123457."""

@@ -66,6 +66,7 @@ class FakeEngine:
     calls: list[tuple[list[dict[str, str]], object, str]] = field(default_factory=list)
     closed: bool = False
     max_model_len: int = 100_000  # the context, in encode_chat's tokens
+    vocab_size: int = 49152  # (SmolLM2's)
 
     def encode_chat(self, messages) -> list[int]:
         """A token per word, plus 3 a message for the template."""
