@@ -79,6 +79,7 @@ def _engine() -> tuple[EngineProcess, list[int | None]]:
     engine._exit_code = lambda: status[0]
     engine.EXIT_STATUS_WAIT_S = 0.0  # (the exit status is the test's to give)
     engine.config, engine.max_model_len, engine.layout, engine.tokenizer = FakeConfig(), 100_000, LAYOUT, None
+    engine.vocab_size = 49152
     engine._speculation = SpeculationConfig(mode="sd")
     return engine, status
 
