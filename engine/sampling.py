@@ -11,6 +11,7 @@ from engine.sampling_params import SamplingParams
 # 49152 logits at temperature 0.2 (most of the row lies that far below the top) against 0.06 ms. A token e^87 times
 # less likely than the top one gets no probability (it had at most 1.6e-38 of it).
 SUBNORMAL = -87.0
+FLOAT32_TINY = torch.finfo(torch.float32).tiny  # 1.2e-38
 
 
 def keep_top_k_top_p(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -53,9 +54,11 @@ def nucleus_floor(probs: torch.Tensor, top_p: float, first: int = 32) -> torch.T
 def probabilities(logits: torch.Tensor, params: SamplingParams, temperature: float | None = None) -> torch.Tensor:
     """The distribution a request samples from: temperature (`temperature`, where given, in place of the request's:
     a draft's own), then top-k/top-p. [..., V] -> [..., V] (fp32), each row as alone. The largest logit is subtracted
-    first, so that a tiny temperature (1e-40) gives the argmax rather than inf / inf."""
+    first, so that a tiny temperature (1e-40) gives the argmax rather than inf / inf; a temperature below float32's
+    smallest normal number divides as that number (1e-46 was 0 in float32: 0 / 0 made every logit NaN)."""
     logits = logits.float()  # (amax: max(dim=) also finds the indices, 147 against 9 us over 49152 logits)
-    scaled = (logits - logits.amax(dim=-1, keepdim=True)).div_(temperature or params.temperature)
+    temperature = max(temperature or params.temperature, FLOAT32_TINY)
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)).div_(temperature)
     probs = torch.softmax(F.threshold(scaled, SUBNORMAL, float("-inf")), dim=-1)  # [..., V]
     return keep_top_k_top_p(probs, params.top_k, params.top_p)
 

@@ -139,12 +139,13 @@ def test_a_token_e87_times_less_likely_than_the_top_gets_no_probability():
     assert probs[2] >= torch.finfo(torch.float32).tiny
 
 
-def test_a_tiny_temperature_gives_the_argmax_not_nan():
+@pytest.mark.parametrize("temperature", [1e-40, 1e-46, 5e-324])  # (1e-46 and 5e-324 are 0 in float32)
+def test_a_tiny_temperature_gives_the_argmax_not_nan(temperature):
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)) * 10
     for row in logits:
-        probs = probabilities(row, SamplingParams(temperature=1e-40))
+        probs = probabilities(row, SamplingParams(temperature=temperature))
         assert torch.isfinite(probs).all() and int(probs.argmax()) == int(row.argmax()) and probs.max() == 1.0
-        assert sample_token(row, SamplingParams(temperature=1e-40), torch.Generator().manual_seed(0)) == int(
+        assert sample_token(row, SamplingParams(temperature=temperature), torch.Generator().manual_seed(0)) == int(
             row.argmax())
     assert torch.allclose(probabilities(logits[0], SamplingParams(temperature=0.7)),
                           torch.softmax(logits[0] / 0.7, dim=-1), atol=1e-7)
