@@ -143,7 +143,13 @@ async def test_quitting_puts_the_waiting_prompt_back_in_the_input_as_typed_text(
     async with app.run_test(size=SIZE) as pilot:
         go_on, area = await _send_during_the_restore(app, engine, pilot)
         calls = len(engine.calls)
-        threading.Timer(0.2, go_on.set).start()  # the restore ends after the quit asked the compare to stop
+        stop = app.action_stop
+
+        def stop_then_end_the_restore() -> None:  # the restore ends once the quit asked the compare to stop
+            stop()
+            go_on.set()
+
+        app.action_stop = stop_then_end_the_restore
         await pilot.press("ctrl+q")
         await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
         assert area.text == "next one" and app.queued_prompt is None  # where typed text is at a quit
