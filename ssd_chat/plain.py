@@ -11,6 +11,7 @@ text, as printed, and its stats line counts only the tokens printed (and drops t
 from __future__ import annotations
 
 import array
+import logging
 import signal
 import sys
 import threading
@@ -28,6 +29,8 @@ from ssd_chat.context_window import context_cut_notice, fit, moved_notice, promp
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
 from ssd_chat.tui.commands import is_slash, split_slash
+
+log = logging.getLogger(__name__)
 
 
 class PlainEngine(Protocol):
@@ -119,6 +122,12 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             history.pop()
             # (/clear would not help: the window moves)
             err.print(f"error: {why or error}", markup=False, soft_wrap=True)
+            continue
+        except Exception as error:  # a failure inside the engine (a bug, or a broken model): one line, the chat kept
+            log.debug("the engine failed", exc_info=True)
+            history.pop()
+            err.print(f"error: the engine failed ({type(error).__name__}: {error}); that prompt is not part of the "
+                      "conversation: try again, or /exit", markup=False, soft_wrap=True)
             continue
         if cancel.is_set() and not printed:  # stopped in its prefill: no empty reply for later turns to send
             history.pop()

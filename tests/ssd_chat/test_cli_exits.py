@@ -151,6 +151,42 @@ def own_signals():
         signal.signal(sig, handler)
 
 
+class _FailsOnce(_CtrlCAfterTwoDeltas):
+    """The real engine, whose first reply fails inside the engine after its first token delta."""
+
+    def chat(self, messages, params, *, cancel=None):
+        self.calls.append([dict(m) for m in messages])
+        for event in self.llm.chat(messages, params, cancel=cancel):
+            yield event
+            if len(self.calls) == 1:
+                raise RuntimeError("cannot sample from a distribution of total mass nan")
+
+
+def test_a_failure_inside_the_engine_is_one_line_and_the_chat_goes_on(tiny_llama_dir, monkeypatch, capsys):
+    """No traceback and no lost session: the failed prompt is not part of the conversation, the next one runs."""
+    llm = LLM(target=str(tiny_llama_dir))
+    proxy = _FailsOnce(llm)
+    lines = iter(["hi", "again"])
+
+    def fake_input(prompt: str) -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    try:
+        cli.run_repl(proxy, SamplingParams(temperature=0, max_tokens=8), system=None)
+    finally:
+        llm.close()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    failed = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(failed) == 1 and "the engine failed (RuntimeError: cannot sample" in failed[0], err
+    assert re.search(r"· 8 tokens · ", err), err  # the next prompt ran to completion
+    assert proxy.calls[1] == [{"role": "user", "content": "again"}]  # without the failed turn
+
+
 def test_ctrl_c_while_the_modules_import_exits_130_without_a_traceback(monkeypatch, capsys, own_signals):
     from ssd_chat import entry
 
