@@ -123,6 +123,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             # (/clear would not help: the window moves)
             err.print(f"error: {why or error}", markup=False, soft_wrap=True)
             continue
+        except OSError:  # (the reader or the terminal gone: main ends it, as SIGPIPE would)
+            raise
         except Exception as error:  # a failure inside the engine (a bug, or a broken model): one line, the chat kept
             log.debug("the engine failed", exc_info=True)
             history.pop()
