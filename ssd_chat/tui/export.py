@@ -9,6 +9,7 @@ from pathlib import Path
 from markdown_it import MarkdownIt
 
 from ssd_chat.history import Conversation
+from ssd_chat.tui.export_links import with_links
 from ssd_chat.tui.export_stats import STATS_HEADER, settings_sentence, stats_rows
 from ssd_chat.tui.export_text import HEADINGS, to_text
 
@@ -20,7 +21,6 @@ _PROBE = "ssd-chat-fence-probe"
 _MARKUP = re.compile(r"[`*_\[\]<|~]|&(?=#?\w+;)|\\(?=[!-/:-@\[-`{-~]|$)")
 # ... and at the start of a line: a heading, a quote, a list item, a setext underline ("*" and "_" above)
 _LINE_MARKUP = re.compile(r"^(?:[#>+=-]|\d{1,9}(?=[.)]))")
-_URL = re.compile(r"((?:https?://|www\.)[^\s<>]*)")  # what GFM viewers link as it stands (kept as typed)
 NBSP = "\u00a0"
 
 
@@ -51,17 +51,19 @@ def literal(text: str) -> str:
     """`text` as Markdown that shows it as the chat app shows a prompt, as plain text (widgets.transcript): the ASCII
     punctuation CommonMark would read as markup backslash-escaped (a plain-text viewer shows the backslashes: a .txt
     export, export_text.py, has none), a line's indent in no-break spaces (4 spaces made a code block), a blank line
-    one no-break space (a run of them stays), and every line but the last ending in a line break (two spaces). One
-    paragraph, so a line like "## Assistant" is no heading and fakes no turn. A first line's first no-break space
-    (or other Unicode space) is an entity, "&nbsp;": markdown-it strips a paragraph's (and a heading's) leading
-    whitespace, Unicode's too, before it decodes entities (a word joiner, U+2060, went before it: copying the
-    rendered text took it along)."""
+    one no-break space (a run of them stays), and every line but the last ending in a line break (two spaces). A link
+    a GFM-like viewer makes of the text stays as typed (export_links: a backslash in it would show and break it), the
+    text after its end escaped. One paragraph, so a line like "## Assistant" is no heading and fakes no turn. A first
+    line's first no-break space (or other Unicode space) is an entity, "&nbsp;": markdown-it strips a paragraph's (and
+    a heading's) leading whitespace, Unicode's too, before it decodes entities (a word joiner, U+2060, went before it:
+    copying the rendered text took it along)."""
     lines = []
     for line in _LINE_BREAK.split(text):
         rest = line.lstrip(" \t")
         indent = NBSP * len(line[: len(line) - len(rest)].expandtabs(8))  # (a tab: to the chat's next 8th column)
-        rest = "".join(part if i % 2 else _MARKUP.sub(lambda m: "\\" + m[0], part)  # (a URL as written: a
-                       for i, part in enumerate(_URL.split(rest)))  # backslash in it shows, and breaks its link)
+        head = _LINE_MARKUP.match(rest)  # (escaped, it ends the parser's pending text: a scheme starts after it)
+        start = head.end() + head[0].isdigit() if head else 0  # ("1." escapes the ".")
+        rest = with_links(rest, lambda part: _MARKUP.sub(lambda m: "\\" + m[0], part), start)  # (links as typed)
         rest = _LINE_MARKUP.sub(lambda m: m[0] + "\\" if m[0][0].isdigit() else "\\" + m[0], rest)
         lines.append(indent + rest if indent + rest else NBSP)
     first = lines[0][0]  # (spaces and tabs are no-break ones by now; control characters are left to the parser)

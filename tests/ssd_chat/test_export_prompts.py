@@ -24,14 +24,14 @@ INLINE = {"text", "text_special", "hardbreak"}
 
 def _shown(prompt: str) -> tuple[set[str], set[str], str]:
     """What a parser makes of `prompt` in an export (the tokens between "You" and the next heading): its block and
-    inline token types, and its text (a line break: \\n). A bare URL's link (GFM's autolinks: its text as
+    inline token types, and its text (a line break: \\n). A URL's link (linkify's, or an autolink's: its text as
     written) is text here."""
     chat = Conversation(None, "Prompt", messages=[ChatMessage("user", prompt), ChatMessage("assistant", "ok")])
     tokens = MarkdownIt("gfm-like").parse(to_markdown(chat))
     you = next(i for i, t in enumerate(tokens) if t.type == "inline" and t.content == "You")
     tokens = tokens[you + 2: next(i for i, t in enumerate(tokens) if i > you and t.type == "heading_open")]
     children = [c for t in tokens for c in t.children or ()
-                if not (c.type in ("link_open", "link_close") and c.markup == "linkify")]
+                if not (c.type in ("link_open", "link_close") and c.markup in ("linkify", "autolink"))]
     text = "".join("\n" if c.type == "hardbreak" else c.content for c in children)
     lines = text.replace(NBSP, " ").split("\n")  # (a blank line: one no-break space)
     return {t.type for t in tokens}, {c.type for c in children}, "\n".join(line.rstrip(" ") for line in lines)
@@ -87,3 +87,42 @@ def test_a_first_line_keeps_its_indent_without_an_invisible_character():
         assert _shown(prompt)[2] == prompt.replace(NBSP, " "), prompt
     chat = Conversation(None, "Indent", messages=[ChatMessage("user", "first\n    second")])
     assert "&" not in to_markdown(chat) and _shown("first\n    second")[2] == "first\n    second"
+
+
+def _links(prompt: str) -> list[str]:
+    """The addresses a parser links in `prompt`'s export."""
+    chat = Conversation(None, "Links", messages=[ChatMessage("user", prompt), ChatMessage("assistant", "ok")])
+    return [c.attrs["href"] for t in MarkdownIt("gfm-like").parse(to_markdown(chat)) for c in t.children or ()
+            if c.type == "link_open"]
+
+
+URL_CASES = {  # a prompt: the addresses linkify links in it (a URL ends where linkify-it ends it, as typed raw)
+    "https://x.com/path)**bold**": ["https://x.com/path"],  # QA: the rest of the line was written raw: bold
+    "auto http://a.com/<x>": ["http://a.com/"],  # QA: "\<" after it: the backslash read into the URL, <x> HTML
+    "see https://a.com/x_y. Or https://b.com/z, then! https://c.com/q?": [
+        "https://a.com/x_y", "https://b.com/z", "https://c.com/q"],  # trailing punctuation is no part of it
+    "(https://en.wikipedia.org/wiki/Foo_(bar)) [https://a.com/b] {https://a.com/c}": [
+        "https://en.wikipedia.org/wiki/Foo_(bar)", "https://a.com/b", "https://a.com/c"],
+    '<https://a.com/x> and https://b.com/<i>y</i> "https://c.com/d"': [
+        "https://a.com/x", "https://b.com/", "https://c.com/d"],
+    "**https://a.com/x** and *http://b.com/*y*": ["https://a.com/x", "http://b.com/*y"],  # ("*"s end it: emphasis)
+    "https://a.com/1 https://b.com/2_2 www.c.com/3_3 me_too@d.com https://e.com/~5~": [
+        "https://a.com/1", "https://b.com/2_2", "http://www.c.com/3_3", "mailto:me_too@d.com", "https://e.com/~5~"],
+    "-https://a.com/a_b<i>\n1.http://a.com/c_d<i>\n_http://a.com/e_f<i>": [  # after an escape a scheme starts one
+        "https://a.com/a_b", "http://a.com/c_d", "http://a.com/e_f"],
+    "at the end https://a.com/path_": ["https://a.com/path_"],
+    "at the end https://a.com/x**": ["https://a.com/x"],
+}
+
+
+def test_a_url_ends_where_linkify_ends_it_and_the_rest_is_escaped():
+    """QA: a URL was kept raw up to the next space, so markup after its end took effect ("https://x.com/path)**bold**"
+    bold), and a backslash escaping the character after it was read into it ("http://a.com/\\<x>": shown, and <x>
+    raw HTML). Each prompt shows as typed, and links what linkify links in it as typed."""
+    for prompt, links in URL_CASES.items():
+        blocks, inline, text = _shown(prompt)
+        assert blocks == BLOCKS and inline <= INLINE and text == prompt, prompt
+        assert _links(prompt) == links, prompt
+    for prompt in ("www.a.com/*b* c", "www.a.com/*b http://c.com www.d.com/e*", "x&amp;y@a.com"):  # markup in one:
+        blocks, inline, text = _shown(prompt)  # escaped, as the text around it (its link ends at the first escape)
+        assert blocks == BLOCKS and inline <= INLINE and text == prompt, prompt
