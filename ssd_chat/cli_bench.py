@@ -30,6 +30,7 @@ from ssd_chat.cli_options import (
     TargetDevices,
     Threads,
     Tp,
+    plain,
     speculation_config,
     user_errors,
 )
@@ -66,17 +67,21 @@ def bench(
         typer.Option(help="Prompt file: plain lines or JSONL with prompt/messages.",
                      show_default="assets/prompts/chat.jsonl"),
     ] = DEFAULT_PROMPTS,
-    max_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt (at most, with --no-ignore-eos).")] = 128,
+    max_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt (at most, with --no-ignore-eos).",
+                                            parser=plain(int))] = 128,
     ignore_eos: Annotated[bool, typer.Option(help="Fixed-length replies; --no-ignore-eos: each reply stops at its "
                                                   "end of turn, as in a chat.")] = True,
     threads: Threads = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results to this JSON file.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
-    limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.", parser=plain(int))] = None,
     temperature: Annotated[float, typer.Option(help="Sample at this temperature (0 = greedy); sampled modes "
-                                                    "follow the target's distribution, not AR's tokens.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Sampled replies: the nucleus's mass (1 = off).")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Sampled replies: prompt i is seeded with SEED + i in every mode.")] = 0,
+                                                    "follow the target's distribution, not AR's tokens.",
+                                                    parser=plain(float))] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Sampled replies: the nucleus's mass (1 = off).",
+                                         parser=plain(float))] = 1.0,
+    seed: Annotated[int, typer.Option(help="Sampled replies: prompt i is seeded with SEED + i in every mode.",
+                                      parser=plain(int))] = 0,
 ) -> None:
     """Fixed-length decode speed and TTFT per mode over a prompt set (greedy unless --temperature)."""
     from ssd_chat.bench import BenchConfig, run_bench  # here: it imports transformers' models, 0.3 s of every start

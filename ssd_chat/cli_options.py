@@ -6,7 +6,7 @@ A user error (any EngineError, a bad option value, an unusable prompt file) ends
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -15,7 +15,7 @@ import typer
 from engine import EngineError
 from engine.config import MAX_FANOUT, PREFILL_CHUNK, SpeculationConfig
 from engine.errors import InvalidParameterError
-from ssd_chat import __version__
+from ssd_chat import __version__, typed_numbers
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.tui.commands import ENTER_MODES
 
@@ -47,15 +47,36 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(report(str(err))) from None
 
 
+def plain(kind: type[int] | type[float], minimum: int | None = None) -> Callable[[object], object]:
+    """A number option's parser: a plain number only (typed_numbers; typer's own read --temperature 1_0 as ten), at
+    least `minimum` where given (typer's min= does not apply to an option with a parser)."""
+
+    def parse(value: object) -> object:
+        if not isinstance(value, str):  # (a default)
+            return value
+        try:
+            number = typed_numbers.parse(value, kind)
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
+        if minimum is not None and number < minimum:
+            raise typer.BadParameter(f"takes at least {minimum}; got {value}")
+        return number
+
+    parse.__name__ = kind.__name__  # (the metavar in --help: FLOAT, INT)
+    return parse
+
+
 def speculation_config(
     draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit", fixed_k: bool = False,
     no_lookup: bool = False,
 ) -> SpeculationConfig:
     """The decoding mode the options ask for (EngineError on bad values)."""
     try:
-        fanout_values = None if fanout is None else tuple(int(f) for f in fanout.split(","))
+        fanout_values = None if fanout is None else tuple(int(typed_numbers.parse(f.strip(), int))
+                                                          for f in fanout.split(","))
     except ValueError:
-        raise InvalidParameterError(f"--fanout takes numbers separated by commas, got {fanout!r}") from None
+        raise InvalidParameterError(f"--fanout takes whole numbers (ASCII digits) separated by commas, got {fanout!r}"
+                                    ) from None
     return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values, backup=backup,
                              adaptive_k=not fixed_k, lookup=not no_lookup)
 
@@ -66,15 +87,19 @@ Target = Annotated[
 System = Annotated[str | None, typer.Option(help="System prompt.")]
 Temperature = Annotated[float | None, typer.Option(
     help="Sampling temperature; 0 = greedy. Default: the model's recommended one (smollm2-135m: 0.2, its model "
-         "card's; a directory's generation_config.json), else 0.7.", show_default=False)]
+         "card's; a directory's generation_config.json), else 0.7.", show_default=False, parser=plain(float))]
 TopP = Annotated[float | None, typer.Option(
     help="Nucleus sampling mass; 1 = off. Default: the model's recommended one (smollm2-135m: 0.9), else 1.",
-    show_default=False)]
+    show_default=False, parser=plain(float))]
 TopK = Annotated[int | None, typer.Option(
     help="Sample among the k likeliest tokens; 0 = off. Default: the model's recommended one, else 0.",
-    show_default=False)]
-MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.")]
-Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).")]
+    show_default=False, parser=plain(int))]
+MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.", parser=plain(int))]
+Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).",
+                                             parser=plain(int))]
+Seed = Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply (in AR, or with --fixed-k: the "
+                                         "adaptive k follows measured speeds).", parser=plain(int))]
+MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).", parser=plain(int))]
 Draft = Annotated[
     str | None,
     typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd. The chat and "
@@ -85,8 +110,8 @@ Mode = Annotated[
     typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd overlaps drafting with --draft-device."),
 ]
 K = Annotated[int, typer.Option("--k", help="Most draft tokens per verify step (fewer when faster, unless --fixed-k; "
-                                 "at most 31 on the CPU).")]
-Tp = Annotated[int, typer.Option("--tp", help="Target tensor-parallel ranks, one process each.")]
+                                 "at most 31 on the CPU).", parser=plain(int))]
+Tp = Annotated[int, typer.Option("--tp", help="Target tensor-parallel ranks, one process each.", parser=plain(int))]
 TargetDevices = Annotated[
     str | None, typer.Option(help="Target devices: CPU cores (cpu:0-1, split over the TP ranks) or GPUs (cuda:0-3).")
 ]
@@ -116,7 +141,7 @@ Attention = Annotated[
 ]
 PrefillChunk = Annotated[int | None, typer.Option(
     help=f"Prompt tokens per prefill step (default: {PREFILL_CHUNK['cpu']} on the CPU, {PREFILL_CHUNK['cuda']} on "
-    "CUDA): a cancel lands between two steps.", min=1)]
+    "CUDA): a cancel lands between two steps.", parser=plain(int, minimum=1))]
 DraftWeights = Annotated[str, typer.Option(
     help="CPU: the draft's matmul weights: int8, float16 or float32 (the target's stay in --dtype; the draft "
     "only proposes, so this never changes the output).")]

@@ -116,7 +116,7 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
         assert "k 3 · fan-out 1,2,2,1" in rendered(app.query_one("#layout"))
         assert "system You are terse." in rendered(app.query_one("#layout"))
 
-        for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a number"),
+        for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a whole number"),
                              ("/fanout 1,2", "k+1 = 4"),
                              ("/temp -1", "/temp takes a temperature from 0 to 100, 0 = greedy; got -1"),
                              ("/frobnicate", "unknown command /frobnicate"), ("/k", "/k takes the most draft tokens "
@@ -151,8 +151,8 @@ async def test_top_p_and_top_k_reach_the_next_request_and_show_where_they_apply(
         assert (params.temperature, params.top_p, params.top_k) == (0.2, 0.9, 20)
         for bad, message in [("/top-p 0", "/top-p takes a mass in (0, 1], 1 = off; got 0"),
                              ("/top-p 1e400", "/top-p takes a mass in (0, 1], 1 = off; got inf"),
-                             ("/top-p x", "/top-p needs a number"), ("/temp nan", "/temp takes a temperature from 0 "
-                             "to 100, 0 = greedy; got nan"), ("/top-k -1", "/top-k takes a number of tokens, 0 = off; "
+                             ("/top-p x", "/top-p needs a number"), ("/temp 1e400", "/temp takes a temperature from 0 "
+                             "to 100, 0 = greedy; got inf"), ("/top-k -1", "/top-k takes a number of tokens, 0 = off; "
                              "got -1"), ("/top-p", "(now 0.9)"), ("/top-k", "(now 20)")]:
             await send(app, pilot, bad)
             assert errors(app)[-1] == message if "got" in message else message in errors(app)[-1], bad

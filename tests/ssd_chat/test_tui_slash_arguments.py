@@ -25,7 +25,8 @@ def test_commands_that_take_no_argument_refuse_one():
         parse_slash("/undo\nmore")  # (a second line typed with Ctrl+J)
     assert parse_slash("/chats cats and dogs").arg == "cats and dogs"  # free text stays free
     assert parse_fanout(" 1 , 2 ") == (1, 2)
-    with pytest.raises(SlashError, match="/fanout takes numbers separated by commas, got '1 2'"):
+    with pytest.raises(SlashError, match=r"/fanout takes whole numbers \(ASCII digits\) separated by commas, "
+                                         r"got '1 2'"):
         parse_fanout("1 2")  # (it was 12)
     assert parse_slash("/export my notes.md").arg == "my notes.md"
 
