@@ -13,9 +13,9 @@ from typing import Annotated
 import typer
 
 from engine import EngineError
-from engine.config import MAX_FANOUT, PREFILL_CHUNK, SpeculationConfig
+from engine.config import BACKUPS, MAX_FANOUT, PREFILL_CHUNK, SpeculationConfig
 from engine.errors import InvalidParameterError
-from ssd_chat import __version__, typed_numbers
+from ssd_chat import __version__, setting_words, typed_numbers
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.tui.commands import ENTER_MODES
 
@@ -70,14 +70,18 @@ def speculation_config(
     draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit", fixed_k: bool = False,
     no_lookup: bool = False,
 ) -> SpeculationConfig:
-    """The decoding mode the options ask for (EngineError on bad values)."""
+    """The decoding mode the options ask for (EngineError on bad values, naming the option: setting_words)."""
     try:
         fanout_values = None if fanout is None else tuple(int(typed_numbers.parse(f.strip(), int))
                                                           for f in fanout.split(","))
     except ValueError:
         raise InvalidParameterError(f"--fanout takes whole numbers (ASCII digits) separated by commas, got {fanout!r}"
                                     ) from None
-    return SpeculationConfig(mode=mode or ("sd" if draft else "ar"), k=k, fanout=fanout_values, backup=backup,
+    mode = mode or ("sd" if draft else "ar")
+    setting_words.check(setting_words.FLAGS, mode, k, fanout_values)
+    if backup not in BACKUPS:
+        raise InvalidParameterError(f"--backup takes {' or '.join(BACKUPS)}; got {backup!r}")
+    return SpeculationConfig(mode=mode, k=k, fanout=fanout_values, backup=backup,
                              adaptive_k=not fixed_k, lookup=not no_lookup)
 
 

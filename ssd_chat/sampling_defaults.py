@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.sampling_params import SamplingParams
+from ssd_chat import setting_words
 from ssd_chat.sampling_words import FLAGS, check, number_text
 
 
@@ -60,11 +61,14 @@ def _number(value: object, valid) -> float | None:
 def chosen(target: str, temperature: float | None, top_p: float | None, top_k: int | None,
            **others: object) -> SamplingParams:
     """The request settings of the options as given, each sampling one not given (None) the model's recommended one;
-    `others`: SamplingParams' other fields (max_tokens, seed). A bad value's error names its option (--top-p)."""
+    `others`: SamplingParams' other fields (max_tokens, seed). A bad value's error names its option (--top-p,
+    --max-tokens)."""
     base = recommended(target)
     sampling = (base.temperature if temperature is None else temperature, base.top_p if top_p is None else top_p,
                 base.top_k if top_k is None else top_k)
     check(FLAGS, *sampling)
+    if "max_tokens" in others:
+        setting_words.check_max_tokens(setting_words.FLAGS["max_tokens"], others["max_tokens"])
     return SamplingParams(temperature=sampling[0], top_p=sampling[1], top_k=sampling[2], **others)
 
 

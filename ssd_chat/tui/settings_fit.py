@@ -14,7 +14,7 @@ from itertools import combinations
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
-from ssd_chat import sampling_words
+from ssd_chat import sampling_words, setting_words
 from ssd_chat.history import ChatSettings
 
 # What fit may reset (as few as make the settings pass; of as many, the first in this order: a k+1 fan-out reopened
@@ -24,10 +24,12 @@ RESETS = {"fanout": ("fan-out", "/fanout"), "k": ("k", "/k"), "temperature": ("t
 
 
 def check(settings: ChatSettings, base: SpeculationConfig, vocab: int | None = None) -> None:
-    """Raise the one-line EngineError that SpeculationConfig gives for a value it refuses (`base`: the run's
-    speculation settings, --backup and --fixed-k, with the chat's mode, k and fan-out), or sampling_words for a
-    sampling value, naming its slash command (SamplingParams' error would name its field, top_p); `vocab`: the loaded
-    model's vocabulary, which a top-k must be under (None: not loaded yet)."""
+    """Raise a one-line EngineError for a value the engine refuses, naming its slash command (setting_words for the
+    mode, k and fan-out, sampling_words for a sampling value: SpeculationConfig's and SamplingParams' errors name their
+    fields, top_p), then SpeculationConfig's for the rest (`base`: the run's speculation settings, --backup and
+    --fixed-k, with the chat's mode, k and fan-out); `vocab`: the loaded model's vocabulary, which a top-k must be
+    under (None: not loaded yet)."""
+    setting_words.check(setting_words.SLASH, settings.mode, settings.k, settings.fanout)
     replace(base, mode=settings.mode, k=settings.k, fanout=settings.fanout)
     sampling_words.check(sampling_words.SLASH, settings.temperature, settings.top_p, settings.top_k, vocab)
     sampling_params(settings)

@@ -66,4 +66,4 @@ def test_a_saved_fanout_of_one_number_reads_as_a_one_number_fanout():
     settings = ChatSettings.from_dict({"mode": "ssd", "k": 4, "fanout": 300})
     assert settings.fanout == (300,)
     changes, notice = fit(settings, BASE, RUN)
-    assert changes == {"fanout": None} and notice is not None and "at most 256" in notice
+    assert changes == {"fanout": None} and notice is not None and "/fanout takes counts from 0 to 256" in notice

@@ -116,8 +116,8 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
         assert "k 3 · fan-out 1,2,2,1" in rendered(app.query_one("#layout"))
         assert "system You are terse." in rendered(app.query_one("#layout"))
 
-        for bad, message in [("/k 0", "between 1 and 32"), ("/k many", "needs a whole number"),
-                             ("/fanout 1,2", "k+1 = 4"),
+        for bad, message in [("/k 0", "/k takes the most draft tokens per step, 1-32; got 0"),
+                             ("/k many", "needs a whole number"), ("/fanout 1,2", "k+1 = 4"),
                              ("/temp -1", "/temp takes a temperature from 0 to 100, 0 = greedy; got -1"),
                              ("/frobnicate", "unknown command /frobnicate"), ("/k", "/k takes the most draft tokens "
                              "per step, 1-32 (now 3)"), ("/temp", "(now 0.5)"), ("/mode", "ar, sd or ssd (now ssd)")]:
@@ -267,7 +267,7 @@ async def test_a_chat_saved_with_a_refused_fanout_reopens_with_the_default_and_a
         s = app.session.settings
         assert (s.mode, s.k, s.fanout, s.temperature) == ("ssd", 3, None, 0.0)  # only the fan-out changed
         notice = [n.message for n in app._notifications if n.severity == "warning"][-1]
-        assert notice.startswith("this chat's settings are refused (fanout must be at most 256 ")
+        assert notice.startswith("this chat's settings are refused (/fanout takes counts from 0 to 256 ")
         assert notice.endswith("it uses the default fan-out now (/fanout sets it)")
         await send(app, pilot, "more")
         assert engine.calls[-1][2] == "ssd" and engine.speculation.fanout is None and not errors(app)
@@ -282,4 +282,4 @@ async def test_a_chat_saved_with_a_refused_fanout_reopens_with_the_default_and_a
         await settle(app, pilot)
         assert (app.session.settings.k, app.session.settings.fanout) == (3, None)
         assert [n.message for n in app._notifications if n.severity == "warning"][-1].startswith(
-            "this chat's settings are refused (fanout must be one non-negative number or k+1 = 4 of them")
+            "this chat's settings are refused (/fanout takes one count or k+1 = 4 of them")
