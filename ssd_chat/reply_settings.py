@@ -46,10 +46,11 @@ class ReplySettings:
         except TypeError:  # a field missing
             return None
 
-    def text(self, sep: str = ", ") -> str:
+    def text(self, sep: str = ", ", ran: str | None = None) -> str:
         """Compact, for the export's stats table: "k 4, temp 0.7, top-p 0.9"; "temp 0" for a greedy AR reply (its
-        filters do nothing: sampling_defaults.filters_text). k only where the mode drafts."""
-        parts = [] if self.mode == "ar" else [f"k {self.k}"]
+        filters do nothing: sampling_defaults.filters_text). k only where the reply drafted: started in SD or SSD and,
+        where `ran` is given (the mode its stats give), run in it (AR where the draft process was lost)."""
+        parts = [] if "ar" in (self.mode, ran) else [f"k {self.k}"]
         parts.append(f"temp {number_text(self.temperature)}")
         filters = filters_text(self.temperature, self.top_p, self.top_k, sep)
         return sep.join(parts + ([filters] if filters else []))

@@ -12,9 +12,11 @@ STATS_HEADER = ("turn", "mode", "settings", "tokens", "decode tok/s", "TTFT ms",
 
 
 def settings_sentence(s: ChatSettings, mode: str) -> str:
-    """The chat's settings at export time; `mode` as the format writes it (Markdown: as code)."""
+    """The chat's settings at export time; `mode` as the format writes it (Markdown: as code); k only in SD and SSD
+    (AR drafts nothing)."""
     filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
-    return (f"Mode {mode}, k {s.k}, temperature {number_text(s.temperature)}, {filters + ', ' if filters else ''}"
+    drafts = "" if s.mode == "ar" else f"k {s.k}, "
+    return (f"Mode {mode}, {drafts}temperature {number_text(s.temperature)}, {filters + ', ' if filters else ''}"
             f"max tokens {s.max_tokens} (the chat's settings when exported; the stats give each reply's own).")
 
 
@@ -24,7 +26,7 @@ def stats_rows(messages: list[ChatMessage]) -> list[tuple[str, ...]]:
     rows = []
     for i, st in enumerate(replies, start=1):
         ttft = "–" if st.first_token_s is None else f"{1000 * st.first_token_s:.0f}"  # (none: stopped in the prefill)
-        settings = "" if st.settings is None else st.settings.text()  # (none: kept only since they are)
+        settings = "" if st.settings is None else st.settings.text(ran=st.mode)  # (none: kept only since they are)
         rows.append((str(i), st.mode, settings, str(st.generated_tokens), f"{st.decode_tok_s:.1f}", ttft,
                      _opt(st.tau, "{:.2f}"), _opt(st.acceptance_rate, "{:.0%}"), _opt(st.cache_hit_rate, "{:.0%}"),
                      f"{st.reused_prefix_tokens}/{st.prompt_tokens}", st.finish_reason))

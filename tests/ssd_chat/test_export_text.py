@@ -33,7 +33,7 @@ def _block(text: str, label: str, body: str) -> bool:
 
 def test_the_text_export_holds_every_turn_as_typed_or_written():
     text = to_text(_chat())
-    assert text.startswith("What is **SSD**?\n================\n\nMode ar, k 4,")
+    assert text.startswith("What is **SSD**?\n================\n\nMode ar, temperature")  # (AR: no k)
     assert _block(text, "System", SYSTEM) and _block(text, "You", PROMPT) and _block(text, "Assistant", REPLY)
     assert _block(text, "You", "    indented first line")
     assert NBSP not in text and WORD_JOINER not in text and not any(line.endswith("  ") for line in text.split("\n"))

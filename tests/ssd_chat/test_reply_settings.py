@@ -12,6 +12,7 @@ import pytest
 from ssd_chat.history import ChatMessage, ChatSettings, Conversation, HistoryStore, TurnStats
 from ssd_chat.reply_settings import ReplySettings
 from ssd_chat.tui.export import to_markdown
+from ssd_chat.tui.export_text import to_text
 from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle
 
 SIZE = (120, 40)
@@ -91,3 +92,18 @@ async def test_the_export_shows_each_replys_own_settings_after_a_mid_chat_change
         assert "temp 0.5, top-p 0.8, top-k 7" in second.text()
         reopened = app.session.store.load(app.session.conversation.id)
         assert [m.stats.settings for m in reopened.messages if m.stats] == [first, second]
+
+
+def test_k_shows_only_where_the_reply_drafted_or_the_chat_is_set_to_draft():
+    """A reply that ran in AR after the draft process was lost (its chat in SSD) showed its chat's k in the settings
+    cell, and the header sentence gave k for a chat in AR too ("Mode `ar`, k 4, ...")."""
+    fell_back = TurnStats("ar", 40.0, 0.08, 12, 30, 16, "stop", settings=SAMPLED)  # (SAMPLED: an SSD chat's)
+    rows = _table_rows(to_markdown(_chat(fell_back, _stats(SAMPLED))))
+    assert [row[1:3] for row in rows[2:]] == [["ar", "temp 0.6, top-p 0.9, top-k 20"], ["ssd", SAMPLED.text()]]
+    assert SAMPLED.text().startswith(f"k {SAMPLED.k}, ")
+    for mode in ("ar", "sd", "ssd"):
+        chat = Conversation(None, "Tea", ChatSettings(mode=mode, k=5, temperature=0.2), [])
+        k = "" if mode == "ar" else "k 5, "
+        assert to_markdown(chat).split("\n")[2].startswith(f"Mode `{mode}`, {k}temperature 0.2, ")
+        assert to_text(chat).split("\n")[3].startswith(f"Mode {mode}, {k}temperature 0.2, ")
+
