@@ -28,10 +28,11 @@ class ReplySettings:
     max_tokens: int
 
     @classmethod
-    def of(cls, settings: ChatSettings) -> ReplySettings:
-        """The settings a reply of a chat with `settings` starts with."""
-        return cls(settings.mode, settings.k, settings.fanout, settings.temperature, settings.top_p, settings.top_k,
-                   settings.max_tokens)
+    def of(cls, settings: ChatSettings, k: int | None = None) -> ReplySettings:
+        """The settings a reply of a chat with `settings` starts with; `k`: what the engine drafts for the chat's k
+        (EngineConfig.drafted_k: /k 32 on the CPU drafts 31, as the status line says), where it is known."""
+        return cls(settings.mode, settings.k if k is None else k, settings.fanout, settings.temperature,
+                   settings.top_p, settings.top_k, settings.max_tokens)
 
     @classmethod
     def from_dict(cls, data: object) -> ReplySettings | None:

@@ -219,6 +219,12 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
     def busy(self) -> bool:
         return self.buffer is not None or self.compare_cancel is not None
 
+    def drafted_k(self) -> int:
+        """The chat's k as the engine drafts it, at most EngineConfig.max_draft a round (/k 32 on the CPU: 31): the
+        status line's, the panel's, /k's, and the export's."""
+        k = self.session.settings.k
+        return k if self.engine is None else self.engine.config.drafted_k(k)
+
     def refresh_status(self) -> None:
         s = self.session.settings
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
@@ -235,7 +241,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         filters = filters_text(s.temperature, s.top_p, s.top_k)
         sampling = f"temp {number_text(s.temperature)}" + (f" {filters}" if filters else "")
         context = f" · ctx {self.session.context_tokens():,}/{self.engine.max_model_len:,}" if self.engine else ""
-        k = s.k if self.engine is None else self.engine.config.drafted_k(s.k)  # (the k a round drafts at most)
+        k = self.drafted_k()
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
             f"[b]{s.mode.upper()}[/b] · {state} · k {k} · {sampling}{colours}{context} · "
             f"{escape(self.session.conversation.title)}"

@@ -261,7 +261,7 @@ class ChatActions(_Base):
         elif path.exists() and not overwrite:
             raise SlashError(f"{path} exists: /export! {arg} replaces it, or give another name")
         try:
-            path.write_text(document(self.session.conversation, path), encoding="utf-8")
+            path.write_text(document(self.session.conversation, path, self.drafted_k()), encoding="utf-8")
         except OSError as err:
             raise SlashError(f"cannot write {path}: {err.strerror or err}") from None
         self.notify(f"exported to {path}")

@@ -24,10 +24,11 @@ _LINE_MARKUP = re.compile(r"^(?:[#>+=-]|\d{1,9}(?=[.)]))")
 NBSP = "\u00a0"
 
 
-def to_markdown(conversation: Conversation) -> str:
+def to_markdown(conversation: Conversation, k: int | None = None) -> str:
+    """`k`: the k the engine drafts for the chat's (export_stats.settings_sentence), where known."""
     s = conversation.settings
     lines = [f"# {literal(conversation.title)}", ""]  # (a title: the first prompt's first line, as the chat shows it)
-    lines += [settings_sentence(s, f"`{s.mode}`"), ""]
+    lines += [settings_sentence(s, f"`{s.mode}`", k), ""]
     if s.system:
         lines += ["## System", "", literal(s.system), ""]
     for message in conversation.messages:
@@ -42,9 +43,9 @@ def to_markdown(conversation: Conversation) -> str:
     return "\n".join(lines)
 
 
-def document(conversation: Conversation, path: Path) -> str:
-    """What /export writes to `path`: plain text to a .txt file (export_text), else Markdown."""
-    return to_text(conversation) if path.suffix.lower() == ".txt" else to_markdown(conversation)
+def document(conversation: Conversation, path: Path, k: int | None = None) -> str:
+    """What /export writes to `path`: plain text to a .txt file (export_text), else Markdown; `k` as to_markdown's."""
+    return to_text(conversation, k) if path.suffix.lower() == ".txt" else to_markdown(conversation, k)
 
 
 def literal(text: str) -> str:

@@ -11,11 +11,11 @@ STATS_HEADER = ("turn", "mode", "settings", "tokens", "decode tok/s", "TTFT ms",
                 "prefix reused", "finish")
 
 
-def settings_sentence(s: ChatSettings, mode: str) -> str:
+def settings_sentence(s: ChatSettings, mode: str, k: int | None = None) -> str:
     """The chat's settings at export time; `mode` as the format writes it (Markdown: as code); k only in SD and SSD
-    (AR drafts nothing)."""
+    (AR drafts nothing), `k` where given: what the engine drafts for the chat's (EngineConfig.drafted_k)."""
     filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
-    drafts = "" if s.mode == "ar" else f"k {s.k}, "
+    drafts = "" if s.mode == "ar" else f"k {s.k if k is None else k}, "
     return (f"Mode {mode}, {drafts}temperature {number_text(s.temperature)}, {filters + ', ' if filters else ''}"
             f"max tokens {s.max_tokens} (the chat's settings when exported; the stats give each reply's own).")
 

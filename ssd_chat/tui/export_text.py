@@ -10,9 +10,10 @@ from ssd_chat.tui.export_stats import STATS_HEADER, settings_sentence, stats_row
 HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
 
 
-def to_text(conversation: Conversation) -> str:
+def to_text(conversation: Conversation, k: int | None = None) -> str:
+    """`k`: the k the engine drafts for the chat's (export_stats.settings_sentence), where known."""
     s = conversation.settings
-    lines = [conversation.title, "=" * len(conversation.title), "", settings_sentence(s, s.mode), ""]
+    lines = [conversation.title, "=" * len(conversation.title), "", settings_sentence(s, s.mode, k), ""]
     if s.system:
         lines += ["System:", s.system, ""]
     for message in conversation.messages:

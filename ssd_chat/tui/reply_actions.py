@@ -67,8 +67,8 @@ class ReplyActions(_Base):
         transcript.add_user(text)
         self.reply_view = transcript.add_assistant(colours=self.colours)
         s = self.session.settings
-        self.reply_settings = ReplySettings.of(s)
-        k = self.engine.config.drafted_k(s.k)  # the panel's rows: what a round drafts at most (/k 32 on the CPU: 31)
+        k = self.drafted_k()  # the panel's rows: what a round drafts at most (/k 32 on the CPU: 31)
+        self.reply_settings = ReplySettings.of(s, k)
         self.buffer = ReplyBuffer(LiveStats(s.mode, k, started=self.clock()), self.clock)
         self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if self.engine.config.on_cuda else UI_SHARE)
         self._flush_timer = self.set_interval(TICK_S, self._flush_tick)

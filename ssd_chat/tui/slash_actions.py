@@ -31,9 +31,9 @@ class SlashActions(_Base):
 
     def slash_k(self, arg: str) -> None:
         if not arg:
-            raise SlashError(f"/k takes the most draft tokens per step, 1-32 (now {self.session.settings.k})")
+            raise SlashError(f"/k takes the most draft tokens per step, 1-32 (now {self.drafted_k()})")
         self.change_settings(k=int(parse_number(arg, int, "k")), fanout=None)
-        self._changed_mid_reply(f"k {self.session.settings.k}")
+        self._changed_mid_reply(f"k {self.drafted_k()}")
 
     def slash_fanout(self, arg: str) -> None:
         self.change_settings(fanout=parse_fanout(arg))

@@ -9,11 +9,12 @@ import sqlite3
 
 import pytest
 
+from engine.config import CPU_MAX_DRAFT
 from ssd_chat.history import ChatMessage, ChatSettings, Conversation, HistoryStore, TurnStats
 from ssd_chat.reply_settings import ReplySettings
 from ssd_chat.tui.export import to_markdown
 from ssd_chat.tui.export_text import to_text
-from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle
+from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, send, settle
 
 SIZE = (120, 40)
 SAMPLED = ReplySettings("ssd", 3, (1, 2, 2), 0.6, 0.9, 20, 64)
@@ -107,3 +108,22 @@ def test_k_shows_only_where_the_reply_drafted_or_the_chat_is_set_to_draft():
         assert to_markdown(chat).split("\n")[2].startswith(f"Mode `{mode}`, {k}temperature 0.2, ")
         assert to_text(chat).split("\n")[3].startswith(f"Mode {mode}, {k}temperature 0.2, ")
 
+
+@pytest.mark.asyncio
+async def test_k_is_what_the_engine_drafts_in_the_export_and_in_k_with_no_value(tmp_path):
+    """/k 32 on the CPU: the engine drafts at most 31 a round (the status line says k 31), but `/k` said "(now 32)"
+    and the export's settings column and header sentence said k 32."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/k 32")
+        await send(app, pilot, "/k")
+        assert errors(app)[-1].endswith(f"(now {CPU_MAX_DRAFT})") and app.session.settings.k == 32
+        await send(app, pilot, "hi")
+        await send(app, pilot, f"/export {tmp_path / 'k.md'}")
+        text = (tmp_path / "k.md").read_text()
+        assert text.split("\n")[2].startswith(f"Mode `sd`, k {CPU_MAX_DRAFT}, ")
+        assert _table_rows(text)[2][2].startswith(f"k {CPU_MAX_DRAFT}, ")
+        app.engine.config.on_cuda = True  # no cap on CUDA: the chat's own
+        await send(app, pilot, "/k")
+        assert errors(app)[-1].endswith("(now 32)")
