@@ -107,10 +107,9 @@ class _CtrlCAfterTwoDeltas:
                 os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_ctrl_c_cancels_the_reply_and_keeps_the_partial_text(tiny_llama_dir, monkeypatch, capsys):
-    llm = LLM(target=str(tiny_llama_dir))
-    proxy = _CtrlCAfterTwoDeltas(llm)
-    lines = iter(["hi", "again"])
+def _type_lines(monkeypatch, typed: list[str]) -> None:
+    """input() gives these lines, then EOF (Ctrl-D)."""
+    lines = iter(typed)
 
     def fake_input(prompt: str) -> str:
         try:
@@ -119,6 +118,12 @@ def test_ctrl_c_cancels_the_reply_and_keeps_the_partial_text(tiny_llama_dir, mon
             raise EOFError from None
 
     monkeypatch.setattr("builtins.input", fake_input)
+
+
+def test_ctrl_c_cancels_the_reply_and_keeps_the_partial_text(tiny_llama_dir, monkeypatch, capsys):
+    llm = LLM(target=str(tiny_llama_dir))
+    proxy = _CtrlCAfterTwoDeltas(llm)
+    _type_lines(monkeypatch, ["hi", "again"])
     before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN under a background `cmd &`
     try:
         cli.run_repl(proxy, SamplingParams(temperature=0, max_tokens=8), system=None)
@@ -166,15 +171,7 @@ def test_a_failure_inside_the_engine_is_one_line_and_the_chat_goes_on(tiny_llama
     """No traceback and no lost session: the failed prompt is not part of the conversation, the next one runs."""
     llm = LLM(target=str(tiny_llama_dir))
     proxy = _FailsOnce(llm)
-    lines = iter(["hi", "again"])
-
-    def fake_input(prompt: str) -> str:
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", fake_input)
+    _type_lines(monkeypatch, ["hi", "again"])
     try:
         cli.run_repl(proxy, SamplingParams(temperature=0, max_tokens=8), system=None)
     finally:

@@ -4,6 +4,8 @@ cache (its restore): it waits for the restore and goes as it ends, where it was 
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -49,25 +51,28 @@ async def _close_a_compare_in_its_restore(app, engine, pilot) -> threading.Event
     return go_on
 
 
-async def _send_during_the_restore(app, engine, pilot) -> tuple[threading.Event, PromptArea]:
-    """A reply to "hi", a compare closed in its restore, and "next one" sent then; the restore's event and the input."""
-    await settle(app, pilot)
-    await send(app, pilot, "hi")
-    go_on = await _close_a_compare_in_its_restore(app, engine, pilot)
-    area = app.query_one(PromptArea)
-    area.text = "next one"
-    area.focus()
-    await pilot.press("enter")
-    await pilot.pause()
-    return go_on, area
+@asynccontextmanager
+async def _queued(tmp_path, prompt: str | None = "next one") -> AsyncIterator[tuple]:
+    """The app after a reply to "hi", a compare closed in its restore, and `prompt` sent then (queued; None: none):
+    (app, engine, pilot, the restore's event, the input)."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        go_on = await _close_a_compare_in_its_restore(app, engine, pilot)
+        area = app.query_one(PromptArea)
+        if prompt is not None:
+            area.text = prompt
+            area.focus()
+            await pilot.press("enter")
+            await pilot.pause()
+        yield app, engine, pilot, go_on, area
 
 
 @pytest.mark.asyncio
 async def test_a_prompt_sent_during_the_restore_goes_once_it_ends(tmp_path):
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        go_on, area = await _send_during_the_restore(app, engine, pilot)
+    async with _queued(tmp_path) as (app, engine, pilot, go_on, area):
         assert area.text == ""  # taken: it waits for the restore
         assert [m.content for m in app.session.messages if m.role == "user"] == ["hi"]  # not sent yet
         assert "your prompt goes next" in str(app.query_one("#status").content)
@@ -85,10 +90,7 @@ async def test_a_prompt_sent_during_the_restore_goes_once_it_ends(tmp_path):
 
 @pytest.mark.asyncio
 async def test_a_prompt_waiting_on_a_compare_that_fails_comes_back_to_the_input(tmp_path):
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        go_on, area = await _send_during_the_restore(app, engine, pilot)
+    async with _queued(tmp_path) as (app, engine, pilot, go_on, area):
         assert area.text == "" and app.queued_prompt == "next one"
         calls = len(engine.calls)
         engine.error = RuntimeError("the engine broke")  # the restore fails
@@ -102,12 +104,7 @@ async def test_a_prompt_waiting_on_a_compare_that_fails_comes_back_to_the_input(
 
 @pytest.mark.asyncio
 async def test_a_command_during_the_restore_is_told_the_compare_is_ending_not_that_a_reply_runs(tmp_path):
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        await send(app, pilot, "hi")
-        go_on = await _close_a_compare_in_its_restore(app, engine, pilot)
+    async with _queued(tmp_path, prompt=None) as (app, _engine, pilot, go_on, _area):
         await pilot.press("f5")
         await pilot.pause()
         warned = [n.message for n in app._notifications if n.severity == "warning"]
@@ -118,10 +115,7 @@ async def test_a_command_during_the_restore_is_told_the_compare_is_ending_not_th
 
 @pytest.mark.asyncio
 async def test_esc_takes_the_waiting_prompt_back_into_the_input(tmp_path):
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        go_on, area = await _send_during_the_restore(app, engine, pilot)
+    async with _queued(tmp_path) as (app, engine, pilot, go_on, area):
         assert area.text == "" and app.queued_prompt == "next one"
         calls = len(engine.calls)
         await pilot.press("escape")
@@ -138,10 +132,7 @@ async def test_esc_takes_the_waiting_prompt_back_into_the_input(tmp_path):
 
 @pytest.mark.asyncio
 async def test_quitting_puts_the_waiting_prompt_back_in_the_input_as_typed_text(tmp_path):
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        go_on, area = await _send_during_the_restore(app, engine, pilot)
+    async with _queued(tmp_path) as (app, engine, pilot, go_on, area):
         calls = len(engine.calls)
         stop = app.action_stop
 
@@ -159,10 +150,7 @@ async def test_quitting_puts_the_waiting_prompt_back_in_the_input_as_typed_text(
 
 @pytest.mark.asyncio
 async def test_esc_keeps_what_was_typed_meanwhile_one_ctrl_z_away(tmp_path):
-    engine = FakeEngine()
-    app = make_app(engine, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        go_on, area = await _send_during_the_restore(app, engine, pilot)
+    async with _queued(tmp_path) as (app, _engine, pilot, go_on, area):
         await pilot.press("m", "o", "r", "e")
         await pilot.press("escape")
         await pilot.pause()
