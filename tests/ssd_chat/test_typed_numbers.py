@@ -10,7 +10,8 @@ from ssd_chat.typed_numbers import WHAT, parse
 from tests.ssd_chat.cli_runs import run_ssd_chat
 from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, send, settle
 
-ODD = ("1_0", "４", "٣", " 1", "1 ", "nan", "inf", "-inf", "1e", "e5", "0x10", "", "+", "1.2.3", "--1", "1e1.5")
+ODD = ("1_0", "４", "٣", "\u30001", "1\u00a0", "1 2", "nan", "inf", "-inf", "1e", "e5", "0x10", "", "+", "1.2.3", "--1",
+       "1e1.5")
 
 
 @pytest.mark.parametrize(("text", "value"), [("0.7", 0.7), ("-1", -1.0), ("+2", 2.0), (".5", 0.5), ("3.", 3.0),
@@ -20,7 +21,7 @@ def test_plain_numbers_read_as_floats(text, value):
 
 
 def test_whole_numbers_take_no_point_or_exponent():
-    assert [parse(t, int) for t in ("4", "-1", "+32", "007")] == [4, -1, 32, 7]
+    assert [parse(t, int) for t in ("4", "-1", "+32", "007", "4 ", "\t 5")] == [4, -1, 32, 7, 4, 5]  # (ASCII spaces)
     for text in ("1.0", "1e3", "4.", *ODD):
         with pytest.raises(ValueError, match="is not a whole number"):
             parse(text, int)
