@@ -73,10 +73,12 @@ def fast_kwargs(fast: FastPath, device: torch.device, *, tp: int, max_keys: int,
     """A runner's fast paths. CUDA: decode graphs unless --eager, torch.compile with --compile. SDPA's graphs
     gather each row's keys (in key lengths up to max_keys), so they stay few; flashinfer's read pages in place.
     CPU: --compile compiles the one-sequence decode step (engine.compiled_decode), and with `rows` (a draft, or a
-    target with a draft: verification) its several-row step too; not with TP (the all-reduce is not traced)."""
+    target with a draft: verification) its several-row step too; not with TP (the all-reduce is not traced); --kv-dtype
+    float16 keeps the KV cache in half."""
     if torch.device(device).type != "cuda":
         compiled = fast.compile and tp == 1
-        return dict(compile_decode=compiled, compile_rows=compiled and rows)
+        half = {"kv_dtype": torch.float16} if fast.kv_dtype == "float16" else {}  # (the runner's default: the model's)
+        return dict(compile_decode=compiled, compile_rows=compiled and rows, **half)
     graphs = use_cuda_graphs(device, eager=fast.eager, tp=tp)
     max_batch = DEFAULT_MAX_BATCH if fast.attention != "sdpa" else 8
     return dict(graph_batch=max_batch if graphs else 0, graph_max_keys=max_keys, compile_model=fast.compile)

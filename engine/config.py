@@ -12,6 +12,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer")
 # (no torch here: the chat app's process imports this module before it starts the engine's)
 DRAFT_WEIGHTS = ("float32", "float16", "int8")  # engine.layers.low_bits's kinds
+KV_DTYPES = ("auto", "float16")  # the KV cache's: the model's dtype, or half (CPU: engine/kernels/attention.cpp)
 CPU_MATMULS = ("mkl", "onednn", "panel", "panel4", "q8")  # engine.layers.packed_kernels' kernels
 PACKED_KERNELS = ("auto", *CPU_MATMULS)
 # Prompt tokens per prefill step. CPU: 256 let a cancel land within about a second even on one core of the
@@ -44,6 +45,7 @@ class FastPath:
     packed: bool = False  # CPU: packed weight copies for few-row steps (engine.layers.packed)
     packed_kernel: str = "auto"  # CPU: auto | mkl | onednn | panel | panel4 | q8 (auto: panel4, else mkl / onednn)
     draft_weights: str = "int8"  # CPU: the draft's matmul weights, float32 | float16 | int8 (engine.layers.low_bits)
+    kv_dtype: str = "auto"  # CPU: "float16" keeps the KV cache in half (EngineConfig.kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class EngineConfig:
     #                                  memory; 4- and 8-bit ones: less, the weights they replace are released)
     packed_kernel: str = "auto"      # CPU: the packed copies' GEMM: auto | mkl | onednn | panel | panel4 | q8
     draft_weights: str = "int8"      # CPU: the draft's matmul weights (float32 | float16 | int8); never the target's
+    kv_dtype: str = "auto"           # CPU: the KV cache's dtype, auto (the model's) | float16 (half the bytes a key:
+    #                                  a long context's decode reads them all every token; the values rounded to half)
 
     @property
     def fast_path(self) -> FastPath:
@@ -90,7 +94,7 @@ class EngineConfig:
         return FastPath(self.attention, self.eager, self.compile, self.k_major_weights,
                         packed=self.packed_weights and few_rows
                         and (not self.compile or packed_kernels.family(self.packed_kernel) == "panel"),
-                        packed_kernel=self.packed_kernel, draft_weights=self.draft_weights)
+                        packed_kernel=self.packed_kernel, draft_weights=self.draft_weights, kv_dtype=self.kv_dtype)
 
     @property
     def prefill_chunk(self) -> int:
@@ -136,6 +140,11 @@ class EngineConfig:
             raise InvalidParameterError(
                 "--cpu-matmul q8 needs an x86 CPU with AVX2 and FMA and a C++ compiler: use --cpu-matmul auto"
             )
+        if self.kv_dtype not in KV_DTYPES:
+            raise InvalidParameterError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
+        if self.kv_dtype != "auto" and self.on_cuda:
+            raise InvalidParameterError("--kv-dtype float16 is for the CPU: on CUDA the KV cache takes the model's "
+                                        "dtype (--dtype float16 or bfloat16)")
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:

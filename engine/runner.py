@@ -58,7 +58,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, *, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, extra_slots: int = 0, graph_batch: int = 0,
                  graph_max_keys: int = 0, graph_min_keys: int = MIN_KEYS, compile_model: bool = False,
-                 compile_decode: bool = False, compile_rows: bool = False):
+                 compile_decode: bool = False, compile_rows: bool = False, kv_dtype: torch.dtype | None = None):
         """KV slots: num_blocks * block_size managed by a BlockManager, then `extra_slots` (SSD scratch).
 
         graph_batch > 0: single-token decode steps of up to that many sequences, and causal steps of a few rows
@@ -67,7 +67,7 @@ class ModelRunner:
         (engine.cuda_graphs; CUDA graphs on CUDA, the eager twin on the CPU), which take one more slot for their
         padding rows. compile_model: torch.compile the model forward. compile_decode: one-sequence decode steps
         run a compiled forward (engine.compiled_decode; the CPU), and with compile_rows its several-row steps too
-        (verification, prefill)."""
+        (verification, prefill). kv_dtype: the KV cache's, where not the model's `dtype` (the CPU's half cache)."""
         self.model = model
         self.backend = backend
         self.block_size = block_size
@@ -77,7 +77,7 @@ class ModelRunner:
         backend.allocate(
             num_layers=args.num_layers, num_slots=num_slots + (graph_batch > 0),
             num_kv_heads=model.num_kv_heads_local,
-            head_dim=args.head_dim, dtype=dtype, device=device,
+            head_dim=args.head_dim, dtype=kv_dtype or dtype, device=device,
         )
         self.first_extra_slot = num_blocks * block_size
         self.num_forward_tokens = 0  # every token that went through the model (tests count compute)

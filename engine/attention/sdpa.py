@@ -57,8 +57,8 @@ class SdpaBackend(AttentionBackend):
         kernel = row_kernel(q, k_cache)  # few-row causal spans: each row the same bits at any row count
         if len(meta.spans) == 1 and n == 1 and not kernel:  # decode of one sequence: q [1, H, D] -> [1, H, 1, D]
             span = meta.spans[0]
-            o = attend(q.view(1, h, 1, d), _read(k_cache, span.key_slots), _read(v_cache, span.key_slots),
-                       mask=None, causal=False, scale=scale)
+            o = attend(q.view(1, h, 1, d), _read(k_cache, span.key_slots, q.dtype),
+                       _read(v_cache, span.key_slots, q.dtype), mask=None, causal=False, scale=scale)
             return o.view(1, h * d)
         # several sequences, one query each: q [B, H, D]. Where the row kernel runs, each goes through it below,
         # the bits it gets alone (the padded batch's last bits differ: under q8 they flipped tokens; 3-10% of a
@@ -67,8 +67,8 @@ class SdpaBackend(AttentionBackend):
             gather = meta.batched_decode
             b, t = gather.key_mask.shape[0], gather.key_mask.shape[-1]
             kvh = k_cache.shape[0]
-            keys = k_cache.index_select(1, gather.key_index).view(kvh, b, t, d).transpose(0, 1)  # [B, KVH, T, D]
-            values = v_cache.index_select(1, gather.key_index).view(kvh, b, t, d).transpose(0, 1)
+            keys = k_cache.index_select(1, gather.key_index).view(kvh, b, t, d).transpose(0, 1).to(q.dtype)
+            values = v_cache.index_select(1, gather.key_index).view(kvh, b, t, d).transpose(0, 1).to(q.dtype)
             o = attend(q.view(b, h, 1, d), keys, values, mask=gather.key_mask, causal=False, scale=scale)
             return o.reshape(b, h * d)
         outs = []
@@ -78,7 +78,7 @@ class SdpaBackend(AttentionBackend):
                                         span.num_keys, scale))  # [q, H*D]
                 continue
             q_s = q.narrow(0, span.q_start, span.q_len).transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            o = attend(q_s, _read(k_cache, span.key_slots), _read(v_cache, span.key_slots), mask=mask,
+            o = attend(q_s, _read(k_cache, span.key_slots, q.dtype), _read(v_cache, span.key_slots, q.dtype), mask=mask,
                        causal=span.is_square_causal and span.q_len > 1, scale=scale)  # [1, H, q, D]
             outs.append(o[0].transpose(0, 1).reshape(span.q_len, h * d))  # [q, H*D]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
@@ -88,8 +88,13 @@ ROW_KERNEL_ROWS = 32  # query rows per call of engine/kernels/attention.cpp (a v
 
 
 def row_kernel(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether causal spans here take the row-invariant kernel: float32 on a CPU where the panel library builds."""
-    return q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and panel.ready()
+    """Whether causal spans here take the row-invariant kernel: float32 queries over a float32 or half cache, on a
+    CPU where the panel library builds."""
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in KERNEL_CACHE_DTYPES
+            and panel.ready())
+
+
+KERNEL_CACHE_DTYPES = (torch.float32, torch.float16)  # the row kernel's cache: float32, or half (EngineConfig.kv_dtype)
 
 
 def causal_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: Index, num_keys: int,
@@ -113,10 +118,11 @@ def _causal_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, firs
     q = q.contiguous()
     out = torch.empty(n, h * d)
     lib, threads = native.library(), torch.get_num_threads()
+    kernel = lib.causal_attention_half if keys.dtype == torch.float16 else lib.causal_attention
     for a in range(0, n, ROW_KERNEL_ROWS):  # a prefill's rows ROW_KERNEL_ROWS at a time: row r sees keys ..t - n + r
         b = min(a + ROW_KERNEL_ROWS, n)
-        lib.causal_attention(q[a].data_ptr(), b - a, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0],
-                             keys.shape[1], first, num_keys - (n - b), scale, out[a].data_ptr(), threads)
+        kernel(q[a].data_ptr(), b - a, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0], keys.shape[1], first,
+               num_keys - (n - b), scale, out[a].data_ptr(), threads)
     return out
 
 
@@ -160,12 +166,13 @@ def _write(cache: torch.Tensor, slots: Index, new: torch.Tensor) -> None:
     """cache [KVH, S, D] <- new [N, KVH, D] at `slots`."""
     if isinstance(slots, slice):
         cache.narrow(1, slots.start, slots.stop - slots.start).copy_(new.transpose(0, 1))
-    else:
-        cache.index_copy_(1, slots, new.transpose(0, 1))
+    else:  # (a half cache: rounded to nearest, as copy_ rounds)
+        cache.index_copy_(1, slots, new.transpose(0, 1).to(cache.dtype))
 
 
-def _read(cache: torch.Tensor, slots: Index) -> torch.Tensor:
-    """[1, KVH, T, D]: a view for a slice of slots, a gather otherwise."""
+def _read(cache: torch.Tensor, slots: Index, dtype: torch.dtype) -> torch.Tensor:
+    """[1, KVH, T, D] in `dtype` (the queries'; a half cache's values convert exactly): a view for a slice of slots
+    of a cache in that dtype, a gather or a copy otherwise."""
     if isinstance(slots, slice):
-        return cache.narrow(1, slots.start, slots.stop - slots.start).unsqueeze(0)
-    return cache.index_select(1, slots).unsqueeze(0)
+        return cache.narrow(1, slots.start, slots.stop - slots.start).unsqueeze(0).to(dtype)
+    return cache.index_select(1, slots).unsqueeze(0).to(dtype)

@@ -6,6 +6,8 @@
 // Row r (of n) sees keys 0 .. t - n + r of the run; head h reads KV head h / (H / KVH). Per row and head:
 // s_j = (q . k_j) * scale, p_j = exp(s_j - max s), o = (sum_j p_j v_j) / (sum_j p_j), sums in key order.
 // Per layer, SmolLM2's 9 heads over 3 KV heads, one core, 300 keys in cache, 1 / 5 rows: 13 / 56-64 us (README).
+// A half cache (causal_attention_half, --kv-dtype float16): each tile of keys or values converted exactly to float32
+// once for all the rows and heads that read it, then the float32 code: the float32 kernel's bits on those values.
 #include <math.h>
 #include <stdlib.h>
 
@@ -124,16 +126,30 @@ static void weighted_sums_any(const float* p, long ldp, const float* v, long key
   }
 }
 
+// Keys a tile: 16 KB of float32 keys (D = 64: 64).
+static inline long tile_keys(long D) { return D <= 256 ? 4096 / D / 16 * 16 : 16; }
+
+// `count` values of the cache as float32: in place for a float32 cache; for a half one (IEEE half bits) converted,
+// exactly, into `buf`, once a tile for all the rows and heads that read it.
+INLINE const float* as_float(const float* x, long, float*) { return x; }
+INLINE const float* as_float(const uint16_t* x, long count, float* buf) {
+  long i = 0;
+  for (; i + 16 <= count; i += 16) v_store(buf + i, v_load_half(x + i));
+  if (i < count) v_store_n(buf + i, v_load_half_n(x + i, count - i), count - i);
+  return buf;
+}
+
 // Query rows r0 .. r1 - 1 of the call and the `group` query heads of one KV head (keys at kr, values at vr), tile by
 // tile of keys, so that a tile is read from memory once for all of them and then from L1: first every row's scores
 // (scores() on the tile: its 16-key blocks start at multiples of 16, where a whole-row call's do, so a key takes
 // the block or the tail code by the row's own key count, as there) and their maxima, in key order; then per tile
 // and row its exps (exp16 on the blocks, libm's expf on the last keys % 16, by the row's own key count) and its
 // weighted sums, carried over the tiles in memory. Every row and head: the operations of one row alone, in order.
-static void attend_rows(const float* q, long n, long H, long D, const float* kr, const float* vr, long kv, long group,
-                        long r0, long r1, long t, float scale, float* out, float* work) {
+template <typename T>
+static void attend_rows(const float* q, long n, long H, long D, const T* kr, const T* vr, long kv, long group,
+                        long r0, long r1, long t, float scale, float* out, float* work, float* converted) {
   const long heads = (r1 - r0) * group, most = t - n + r1, ldacc = (D + 15) / 16 * 16;  // most: the last row's keys
-  const long tile = D <= 256 ? 4096 / D / 16 * 16 : 16;  // keys a tile: 16 KB of keys (D = 64: 64)
+  const long tile = tile_keys(D);
   float* p = work;                        // [heads, most]: row r's head h at (r - r0) * group + h
   float* acc = p + heads * most;          // [heads, ldacc]
   float* total = acc + heads * ldacc;     // [heads]
@@ -144,12 +160,13 @@ static void attend_rows(const float* q, long n, long H, long D, const float* kr,
     v_store(tops + 16 * i, v_set1(-INFINITY));
     for (long k = 0; k < ldacc; k += 16) v_store(acc + i * ldacc + k, v_zero());
   }
-  for (long j0 = 0; j0 < most; j0 += tile)
+  for (long j0 = 0; j0 < most; j0 += tile) {
+    const float* keys_tile = as_float(kr + j0 * D, (most - j0 < tile ? most - j0 : tile) * D, converted);
     for (long r = r0; r < r1; ++r) {
       const long keys = t - n + r + 1, m = keys - j0 < tile ? keys - j0 : tile;
       for (long h = 0, i = (r - r0) * group; m > 0 && h < group; ++h, ++i) {
         float* ph = p + i * most + j0;
-        scores(q + (r * H + kv * group + h) * D, kr + j0 * D, m, D, scale, ph);
+        scores(q + (r * H + kv * group + h) * D, keys_tile, m, D, scale, ph);
         v16 lanes = v_load(tops + 16 * i);
         long j = 0;
         for (; j + 16 <= m; j += 16) lanes = v_max(v_load(ph + j), lanes);
@@ -157,9 +174,11 @@ static void attend_rows(const float* q, long n, long H, long D, const float* kr,
         for (; j < m; ++j) top[i] = ph[j] > top[i] ? ph[j] : top[i];
       }
     }
+  }
   for (long i = 0; i < heads; ++i)  // max is max in any order (a NaN score taken by none; +-0 give the same exps)
     for (long l = 0; l < 16; ++l) top[i] = tops[16 * i + l] > top[i] ? tops[16 * i + l] : top[i];
-  for (long j0 = 0; j0 < most; j0 += tile)
+  for (long j0 = 0; j0 < most; j0 += tile) {
+    const float* values_tile = as_float(vr + j0 * D, (most - j0 < tile ? most - j0 : tile) * D, converted);
     for (long r = r0; r < r1; ++r) {
       const long keys = t - n + r + 1, m = keys - j0 < tile ? keys - j0 : tile, i0 = (r - r0) * group;
       if (m <= 0) continue;
@@ -170,8 +189,9 @@ static void attend_rows(const float* q, long n, long H, long D, const float* kr,
         for (; j + 16 <= keys && j < end; j += 16) v_store(ph + j, exp16(v_sub(v_load(ph + j), v_set1(top[i]))));
         for (; j < end; ++j) ph[j] = expf(ph[j] - top[i]);  // the last few keys: libm's
       }
-      weighted_sums_any(p + i0 * most + j0, most, vr + j0 * D, m, D, group, acc + i0 * ldacc, ldacc, total + i0);
+      weighted_sums_any(p + i0 * most + j0, most, values_tile, m, D, group, acc + i0 * ldacc, ldacc, total + i0);
     }
+  }
   for (long r = r0; r < r1; ++r)
     for (long h = 0, i = (r - r0) * group; h < group; ++h, ++i) {
       const v16 inv = v_set1(1.0f / total[i]);
@@ -186,17 +206,32 @@ static void attend_rows(const float* q, long n, long H, long D, const float* kr,
 // row, each streamed all its keys and values from memory: a prefill's 32 rows, SmolLM2's 9 heads over 3 KV heads,
 // one core, 3000 / 6000 keys: 10.7 / 28.9 ms a call, now 5.0 / 10.4 (a decode's one row: 356 -> 304 us at 3000).
 #define ATTN_ROWS 16  // rows a block: their scores [rows, group, keys] stay in L2 (16 x 3 x 6000: 1.1 MB)
-extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
-                                 long S, long first, long t, float scale, float* out, int threads) {
+template <typename T>
+static void causal_attention_of(const float* q, long n, long H, long D, const T* K, const T* V, long KVH, long S,
+                                long first, long t, float scale, float* out, int threads) {
   const long group = H / KVH, blocks = (n + ATTN_ROWS - 1) / ATTN_ROWS, ldacc = (D + 15) / 16 * 16;
   const long most = t > 0 ? t : 1, rows = n < ATTN_ROWS ? n : ATTN_ROWS;
   over_panels(KVH * blocks, threads, [&](long u0, long u1) {
     float* work = (float*)malloc(sizeof(float) * rows * group * (most + ldacc + 18));
+    float* converted = (float*)aligned_alloc(64, sizeof(float) * (tile_keys(D) * D + 16));  // a half tile as float32
     for (long u = u0; u < u1; ++u) {  // a KV head's blocks one after the other: its keys still in L2
       const long kv = u / blocks, r0 = u % blocks * ATTN_ROWS, r1 = r0 + ATTN_ROWS < n ? r0 + ATTN_ROWS : n;
       attend_rows(q, n, H, D, K + (kv * S + first) * D, V + (kv * S + first) * D, kv, group, r0, r1, t, scale,
-                  out, work);
+                  out, work, converted);
     }
+    free(converted);
     free(work);
   });
+}
+
+extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
+                                 long S, long first, long t, float scale, float* out, int threads) {
+  causal_attention_of(q, n, H, D, K, V, KVH, S, first, t, scale, out, threads);
+}
+
+// The same over a half-precision cache (K, V: [KVH, S, D] IEEE half bits): half the bytes a key, where a decode at
+// a long context is bound by reading them (SmolLM2 at 6,000 tokens: 276 MB a token in float32).
+extern "C" void causal_attention_half(const float* q, long n, long H, long D, const uint16_t* K, const uint16_t* V,
+                                      long KVH, long S, long first, long t, float scale, float* out, int threads) {
+  causal_attention_of(q, n, H, D, K, V, KVH, S, first, t, scale, out, threads);
 }

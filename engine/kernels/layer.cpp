@@ -21,6 +21,9 @@ extern "C" void panel8q8_gemm(const float* x, long M, long K, const signed char*
 extern "C" void rms_norm(const float* x, long M, long D, const float* w, float eps, float* y);
 extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
                                  long S, long first, long num_keys, float scale, float* out, int threads);
+extern "C" void causal_attention_half(const float* q, long n, long H, long D, const uint16_t* K, const uint16_t* V,
+                                      long KVH, long S, long first, long num_keys, float scale, float* out,
+                                      int threads);
 
 // A weight in one of the panel kernels' layouts: kind 0 float32 panels (a), 4 the 4-bit panels (a = Q, b = D,
 // c = M), 8 the 8-bit ones (a = Q, b = D); 5 and 9 those with 8-bit activations (q8_gemm.cpp). n outputs, k inputs.
@@ -34,8 +37,9 @@ struct Layer {
   Weight qkv, o, gate_up;
   const float *norm1, *norm2;
   float eps;
-  float *k_cache, *v_cache;  // [KVH, S, D]
+  float *k_cache, *v_cache;  // [KVH, S, D]: float32, or IEEE half bits where kv_half
   Weight down;
+  long kv_half;
 };
 
 static void matmul(const Weight& w, const float* x, long M, float* y, int threads) {
@@ -94,11 +98,24 @@ static void front(const Layer* L, long n, const float* x, float* residual, int h
   rotary_rows(qkv, n, H, D, width, cos, ssin, q, H * D);  // the queries, contiguous for the attention
   for (long r = 0; r < n; ++r)
     for (long g = 0; g < KVH; ++g) {  // rotated keys and plain values into the cache: [KVH, S, D]
-      rotary_rows(qkv + r * width + (H + g) * D, 1, 1, D, width, cos + r * D, ssin + r * D,
-                  L->k_cache + (g * S + write_first + r) * D, D);
-      memcpy(L->v_cache + (g * S + write_first + r) * D, qkv + r * width + (H + KVH + g) * D, sizeof(float) * D);
+      const long slot = (g * S + write_first + r) * D;
+      const float* value = qkv + r * width + (H + KVH + g) * D;
+      if (L->kv_half) {  // rounded to half as torch's copy_ rounds (the rotated key through `o`, free until below)
+        rotary_rows(qkv + r * width + (H + g) * D, 1, 1, D, width, cos + r * D, ssin + r * D, o, D);
+        for (long e = 0; e < D; e += 16) {
+          v_store_half_n((uint16_t*)L->k_cache + slot + e, v_load_n(o + e, D - e), D - e);
+          v_store_half_n((uint16_t*)L->v_cache + slot + e, v_load_n(value + e, D - e), D - e);
+        }
+      } else {
+        rotary_rows(qkv + r * width + (H + g) * D, 1, 1, D, width, cos + r * D, ssin + r * D, L->k_cache + slot, D);
+        memcpy(L->v_cache + slot, value, sizeof(float) * D);
+      }
     }
-  causal_attention(q, n, H, D, L->k_cache, L->v_cache, KVH, S, key_first, num_keys, scale, att, threads);
+  if (L->kv_half)
+    causal_attention_half(q, n, H, D, (const uint16_t*)L->k_cache, (const uint16_t*)L->v_cache, KVH, S, key_first,
+                          num_keys, scale, att, threads);
+  else
+    causal_attention(q, n, H, D, L->k_cache, L->v_cache, KVH, S, key_first, num_keys, scale, att, threads);
   matmul(L->o, att, n, o, threads);
   add(o, residual, residual, n * Dm);
   rms_norm(residual, n, Dm, L->norm2, L->eps, h);

@@ -10,6 +10,9 @@
 // NEON (FP32_* and LOW_BIT_* below), which changes their loop nests, never an output's FMA chain.
 #pragma once
 
+#include <stdint.h>
+#include <string.h>
+
 #define INLINE __attribute__((always_inline)) static inline
 #define v_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)  // into every cache level (x86: prefetcht0)
 
@@ -48,6 +51,10 @@ INLINE v16 v_zero_where(vmask m, v16 a) { return _mm512_maskz_mov_ps(~m, a); }
 INLINE v16 v_select(vmask m, v16 a, v16 b) { return _mm512_mask_mov_ps(b, m, a); }  // m ? a : b
 INLINE v16 v_from_u8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }  // 16 unsigned bytes
 INLINE v16 v_from_i8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }  // 16 signed bytes
+INLINE v16 v_load_half(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (torch's .half())
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 INLINE __m256 v_fold(v16 a) {  // lanes 8-15 plus lanes 0-7
   return _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)), _mm512_castps512_ps256(a));
 }
@@ -137,6 +144,13 @@ INLINE v16 v_from_i8(b16 b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
 }
 INLINE __m256 v_fold(v16 a) { return _mm256_add_ps(a.hi, a.lo); }
+INLINE v16 v_load_half(const uint16_t* p) {  // F16C
+  return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
+}
+INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (torch's .half())
+  _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph(v.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm_storeu_si128((__m128i*)(p + 8), _mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 // 16 registers: a float32 pass takes 2 rows of whole panels (the others stream from cache again), a low-bit pass
 // 5 rows of half a panel (the low nibbles, then the high ones).
 #define FP32_ROWS 2
@@ -216,6 +230,10 @@ INLINE v16 v_from_i8(b16 b) {  // 16 signed bytes
                           vmovl_high_s16(hi)};
   QUARTERS(vcvtq_f32_s32(w[i]))
 }
+INLINE v16 v_load_half(const uint16_t* p) { QUARTERS(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)))) }
+INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (the FPCR's default; torch's .half())
+  for (int i = 0; i < 4; ++i) vst1_u16(p + 4 * i, vreinterpret_u16_f16(vcvt_f16_f32(v.q[i])));
+}
 // The sum of the 16 lanes in v_sum's tree (below): lanes 8-15 onto 0-7, 4-7 onto 0-3, 2-3 onto 0-1, 1 onto 0.
 INLINE float v_sum(v16 a) {
   const float32x4_t t = vaddq_f32(vaddq_f32(a.q[1], a.q[3]), vaddq_f32(a.q[0], a.q[2]));
@@ -244,3 +262,18 @@ INLINE float v_sum(v16 a) {
   return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
 #endif
+
+// IEEE half (binary16) keys and values, as uint16_t bits: 16 lanes converted exactly to float32 on load, and
+// float32 rounded to nearest (ties to even) on store, as torch converts. The n-lane forms go through a buffer.
+INLINE v16 v_load_half_n(const uint16_t* p, long n) {  // lanes >= n: 0
+  if (n >= 16) return v_load_half(p);
+  uint16_t t[16] = {0};
+  memcpy(t, p, sizeof(uint16_t) * (n > 0 ? n : 0));
+  return v_load_half(t);
+}
+INLINE void v_store_half_n(uint16_t* p, v16 v, long n) {
+  if (n >= 16) return v_store_half(p, v);
+  uint16_t t[16];
+  v_store_half(t, v);
+  memcpy(p, t, sizeof(uint16_t) * (n > 0 ? n : 0));
+}

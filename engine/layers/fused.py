@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionMetadata
-from engine.attention.sdpa import ROW_KERNEL_ROWS, SdpaBackend
+from engine.attention.sdpa import KERNEL_CACHE_DTYPES, ROW_KERNEL_ROWS, SdpaBackend
 from engine.layers import native, packed, panel
 from engine.layers.rotary import apply_rotary
 
@@ -43,7 +43,7 @@ class _Weight(ctypes.Structure):
 class _Layer(ctypes.Structure):  # layer.cpp's Layer, field for field
     _fields_ = [("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("norm1", ctypes.c_void_p),
                 ("norm2", ctypes.c_void_p), ("eps", ctypes.c_float), ("k_cache", ctypes.c_void_p),
-                ("v_cache", ctypes.c_void_p), ("down", _Weight)]
+                ("v_cache", ctypes.c_void_p), ("down", _Weight), ("kv_half", ctypes.c_long)]
 
 
 # layer.cpp's Weight.kind
@@ -102,7 +102,8 @@ class FusedLayers:
                 return None
             self.held.extend(tensors)
             layers.append(_Layer(*weights, tensors[0].data_ptr(), tensors[1].data_ptr(), norms[0].eps,
-                                 tensors[2].data_ptr(), tensors[3].data_ptr(), self._down(mlp, rows)))
+                                 tensors[2].data_ptr(), tensors[3].data_ptr(), self._down(mlp, rows),
+                                 tensors[2].dtype == torch.float16))
         if any(layer.down.a is None for layer in layers):  # whole layers everywhere, or nowhere
             for layer in layers:
                 layer.down = _Weight()
@@ -171,7 +172,7 @@ def applies(model: nn.Module, h: torch.Tensor, attn: AttentionMetadata, backend:
         return False
     span = attn.spans[0]
     return (span.mask is None and _within(span.key_slots, span.num_keys, backend.k[0].shape[1]) and span.q_start == 0
-            and span.q_len == h.shape[0] <= ROW_KERNEL_ROWS and backend.k[0].dtype == torch.float32)
+            and span.q_len == h.shape[0] <= ROW_KERNEL_ROWS and backend.k[0].dtype in KERNEL_CACHE_DTYPES)
 
 
 def _within(slots: object, count: int, num_slots: int) -> bool:

@@ -35,8 +35,9 @@ SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention
            SOURCE.with_name("layer.cpp"), SOURCE.with_name("q8_gemm.cpp"),
            SOURCE.with_name("q8_avx2.cpp"))  # one library, all rows alike
 HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("threads.h"), SOURCE.with_name("q8.h"))
-ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma"), "neon": ()}  # best first
-ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma"}}  # x86; every AArch64 CPU has NEON and FMA
+ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma", "-mf16c"), "neon": ()}  # best first
+# x86 (F16C: half-precision KV; every AVX2 CPU has it); every AArch64 CPU has NEON, FMA and half conversions
+ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma", "f16c"}}
 ARM = ("aarch64", "arm64")  # platform.machine() on AArch64 Linux, macOS
 # no contraction of a separate multiply and add into an FMA: the kernels say where they fuse
 FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC")
@@ -248,6 +249,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.causal_attention.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p,
                                      *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # sdpa.py's
     lib.causal_attention.restype = None
+    lib.causal_attention_half.argtypes, lib.causal_attention_half.restype = lib.causal_attention.argtypes, None
     lib.layer_front.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                 *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
                                 ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fused.py's

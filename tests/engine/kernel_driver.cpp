@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
       ((void (*)(p, long, long, p, p, p, long, int))fn)(P(0), L(1), L(2), P(3), P(4), P(5), L(6), I(7));
     else if (name == "rms_norm")
       ((void (*)(p, long, long, p, float, p))fn)(P(0), L(1), L(2), P(3), F(4), P(5));
-    else if (name == "causal_attention")
+    else if (name == "causal_attention" || name == "causal_attention_half")
       ((void (*)(p, long, long, long, p, p, long, long, long, long, float, p, int))fn)(
           P(0), L(1), L(2), L(3), P(4), P(5), L(6), L(7), L(8), L(9), F(10), P(11), I(12));
     else if (name == "layer_front") {

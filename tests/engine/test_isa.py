@@ -112,22 +112,29 @@ def test_rms_norm_gives_the_same_bits(libs, width):
 @pytest.mark.parametrize(("head_dim", "keys", "group"),
                          [(64, 37, 3), (64, 300, 2), (64, 40, 5), (64, 33, 1), (64, 50, 4), (48, 21, 2), (40, 23, 2),
                           (128, 16, 3), (128, 70, 2), (128, 40, 1)])
-def test_attention_gives_the_same_bits(libs, head_dim, keys, group):
+@pytest.mark.parametrize("half", [False, True], ids=["float32-cache", "half-cache"])
+def test_attention_gives_the_same_bits(libs, head_dim, keys, group, half):
     """Every path of attention.cpp: 16-wide exp and libm's tail, head sizes 64 and 128 (AVX-512: 16 keys' dot
-    products reduced at once) and any other (48; 40: a masked tail), 1-5 query heads a KV head (a pass: 1-4)."""
+    products reduced at once) and any other (48; 40: a masked tail), 1-5 query heads a KV head (a pass: 1-4); over
+    a half cache (its tiles converted: simd.h's v_load_half), the float32 kernel's bits on the converted values."""
     g = torch.Generator().manual_seed(keys)
     n, kv_heads, slots = 5, 2, 400
     heads = group * kv_heads
     q = torch.randn(n, heads, head_dim, generator=g)
     k, v = torch.randn(kv_heads, slots, head_dim, generator=g) * 2, torch.randn(kv_heads, slots, head_dim, generator=g)
+    if half:
+        k, v = k.half().float(), v.half().float()  # (the values a half cache holds)
 
-    def attend(lib):
+    def attend(lib, name="causal_attention_half" if half else "causal_attention"):
         out = torch.empty(n, heads * head_dim)
-        call(lib, "causal_attention", q, n, heads, head_dim, k, v, kv_heads, slots, 3, keys, head_dim**-0.5, out, 2)
+        cache = (k.half(), v.half()) if name.endswith("_half") else (k, v)
+        call(lib, name, q, n, heads, head_dim, *cache, kv_heads, slots, 3, keys, head_dim**-0.5, out, 2)
         return out
 
     outputs = _each(libs, attend)
     assert _equal(outputs)
+    if half:
+        assert torch.equal(outputs[0], attend(next(iter(libs.values())), "causal_attention"))
     keys_of = k[:, 3 : 3 + keys].repeat_interleave(group, 0)  # [heads, keys, D]
     values_of = v[:, 3 : 3 + keys].repeat_interleave(group, 0)
     mask = torch.ones(n, keys, dtype=torch.bool).tril(keys - n)
@@ -147,9 +154,11 @@ def test_rotary_gives_the_same_bits(libs):
     assert _equal(_each(libs, rotary))
 
 
-def test_a_fused_layer_front_gives_the_same_bits(libs):
+@pytest.mark.parametrize("half", [False, True], ids=["float32-cache", "half-cache"])
+def test_a_fused_layer_front_gives_the_same_bits(libs, half):
     """layer.cpp's layer_front on a layer with every weight kind (4-bit qkv, 8-bit o, float32 gate/up panels):
-    the residual stream, the gate/up products and the keys and values it writes into the cache."""
+    the residual stream, the gate/up products and the keys and values it writes into the cache (float32, or half:
+    simd.h's v_store_half)."""
     g = torch.Generator().manual_seed(9)
     n, dm, heads, kv_heads, d, inter, slots = 5, 64, 2, 1, 64, 128, 32
     width = (heads + 2 * kv_heads) * d
@@ -162,21 +171,26 @@ def test_a_fused_layer_front_gives_the_same_bits(libs):
     norm1, norm2 = torch.rand(dm, generator=g) + 0.5, torch.rand(dm, generator=g) + 0.5
     x, residual0 = torch.randn(n, dm, generator=g), torch.randn(n, dm, generator=g)
     keys0, values0 = torch.randn(kv_heads, slots, d, generator=g), torch.randn(kv_heads, slots, d, generator=g)
+    if half:
+        keys0, values0 = keys0.half(), values0.half()
     angles = torch.randn(n, d // 2, generator=g)
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([-angles.sin(), angles.sin()], -1)
 
     def front(lib):
         residual, keys, values = residual0.clone(), keys0.clone(), values0.clone()
         gate_up = torch.empty(n, 2 * inter)
-        layer = cross.Struct(*[f for w in weights for f in w], norm1, norm2, 1e-5, keys, values)
+        layer = cross.Struct(*[f for w in weights for f in w], norm1, norm2, 1e-5, keys, values, *NO_DOWN, int(half))
         status = call(lib, "layer_front", layer, n, x, residual, 1, dm, heads, kv_heads, d, cos, sin, slots, 7, 0,
                       12, d**-0.5, gate_up, 2)
         assert status in (0, None)  # None: the NEON driver exits non-zero on an error
-        return torch.cat([residual.flatten(), gate_up.flatten(), keys.flatten(), values.flatten()])
+        return torch.cat([residual.flatten(), gate_up.flatten(), keys.float().flatten(), values.float().flatten()])
 
     outputs = _each(libs, front)
     assert _equal(outputs)
-    assert not torch.equal(outputs[0][-2 * slots * d :], torch.cat([keys0.flatten(), values0.flatten()]))  # wrote
+    assert not torch.equal(outputs[0][-2 * slots * d :], torch.cat([keys0.flatten(), values0.flatten()]).float())
+
+
+NO_DOWN = (0, 0, 0, None, None, None)  # a Layer's down Weight, which layer_front does not read
 
 
 def test_silu_mul_gives_the_same_bits(libs):
@@ -197,9 +211,9 @@ def test_silu_mul_gives_the_same_bits(libs):
     assert torch.equal(outputs[0], torch.nn.functional.silu(gate_up[:, :160]) * gate_up[:, 160:])
 
 
-def _layer_fields(g, dm, heads, kv_heads, d, inter, slots, kinds):
+def _layer_fields(g, dm, heads, kv_heads, d, inter, slots, kinds, half=False):
     """cross.Struct fields of one layer.cpp Layer (each product's panels in the kind given: 0, 4 or 8) and its
-    cache tensors."""
+    cache tensors (half ones where `half`)."""
     width = (heads + 2 * kv_heads) * d
 
     def weight(kind, n, k):
@@ -214,28 +228,31 @@ def _layer_fields(g, dm, heads, kv_heads, d, inter, slots, kinds):
                              zip(kinds, [(width, dm), (dm, heads * d), (2 * inter, dm), (dm, inter)], strict=True))
     norms = torch.rand(dm, generator=g) + 0.5, torch.rand(dm, generator=g) + 0.5
     keys, values = torch.randn(kv_heads, slots, d, generator=g), torch.randn(kv_heads, slots, d, generator=g)
-    return [*qkv, *o, *gate_up, *norms, 1e-5, keys, values, *down], (keys, values)
+    if half:
+        keys, values = keys.half(), values.half()
+    return [*qkv, *o, *gate_up, *norms, 1e-5, keys, values, *down, int(half)], (keys, values)
 
 
-def test_decoder_layers_give_the_same_bits(libs):
+@pytest.mark.parametrize("half", [False, True], ids=["float32-cache", "half-cache"])
+def test_decoder_layers_give_the_same_bits(libs, half):
     """layer.cpp's decoder_layers over two layers (every weight kind among their products): the last MLP output,
     the residual stream and the keys and values written into both layers' caches."""
     g = torch.Generator().manual_seed(11)
     n, dm, heads, kv_heads, d, inter, slots = 5, 64, 2, 1, 64, 128, 32
-    first, caches0 = _layer_fields(g, dm, heads, kv_heads, d, inter, slots, (4, 8, 0, 4))
-    second, caches1 = _layer_fields(g, dm, heads, kv_heads, d, inter, slots, (0, 4, 4, 8))
+    first, caches0 = _layer_fields(g, dm, heads, kv_heads, d, inter, slots, (4, 8, 0, 4), half)
+    second, caches1 = _layer_fields(g, dm, heads, kv_heads, d, inter, slots, (0, 4, 4, 8), half)
     x = torch.randn(n, dm, generator=g)
     angles = torch.randn(n, d // 2, generator=g)
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([-angles.sin(), angles.sin()], -1)
 
     def layers(lib):
         caches = [t.clone() for t in (*caches0, *caches1)]
-        fields = first[:-8] + caches[:2] + first[-6:] + second[:-8] + caches[2:] + second[-6:]  # fresh caches
+        fields = first[:-9] + caches[:2] + first[-7:] + second[:-9] + caches[2:] + second[-7:]  # fresh caches
         out, residual = torch.empty(n, dm), torch.empty(n, dm)
         status = call(lib, "decoder_layers", cross.Struct(*fields), 2, n, x, residual, out, dm, heads, kv_heads, d,
                       cos, sin, slots, 7, 0, 12, d**-0.5, 2)
         assert status in (0, None)  # None: the NEON driver exits non-zero on an error
-        return torch.cat([out.flatten(), residual.flatten(), *(c.flatten() for c in caches)])
+        return torch.cat([out.flatten(), residual.flatten(), *(c.float().flatten() for c in caches)])
 
     outputs = _each(libs, layers)
     assert _equal(outputs)

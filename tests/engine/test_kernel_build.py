@@ -28,7 +28,7 @@ def test_the_cpu_decides_which_build_loads(monkeypatch, caplog):
         monkeypatch.setenv(native.ISA_ENV, "avx2")
         native.forget()
         assert native.isa() == "avx2"
-        monkeypatch.setattr(cpu_info, "flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))  # an AVX2-only CPU
+        monkeypatch.setattr(cpu_info, "flags", lambda: frozenset({"avx2", "fma", "f16c", "sse4_2"}))  # an AVX2-only CPU
         monkeypatch.setenv(native.ISA_ENV, "avx512")
         native.forget()
         with caplog.at_level(logging.WARNING, logger="engine.layers.native"):
