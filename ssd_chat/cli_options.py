@@ -1,7 +1,8 @@
 """The command line's shared pieces: option types (typer ``Annotated`` aliases) and the one-line user error.
 
 A user error (any EngineError, a bad option value, an unusable prompt file) ends as ONE line
-`error: <message>` on stderr with exit code 2, never a traceback.
+`error: <message>` on stderr with exit code 2, never a traceback; a failure inside the engine as one line too,
+with exit code 1 (engine_failure).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from engine import EngineError
 from engine.config import BACKUPS, MAX_FANOUT, PREFILL_CHUNK, SpeculationConfig
 from engine.errors import InvalidParameterError
 from ssd_chat import __version__, setting_words, typed_numbers
+from ssd_chat.engine_failure import EXIT_ENGINE_FAILED, EngineFailed
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.tui.commands import ENTER_MODES
 
@@ -40,11 +42,15 @@ def print_version(value: bool) -> None:
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn an EngineError or BenchInputError into the one-line error and exit code 2."""
+    """Turn an EngineError or BenchInputError into the one-line error and exit code 2, and a failure inside the
+    engine (EngineFailed: engine_failure.py) into its one line and exit code 1."""
     try:
         yield
     except (EngineError, BenchInputError) as err:
         raise typer.Exit(report(str(err))) from None
+    except EngineFailed as failure:
+        report(str(failure))
+        raise typer.Exit(EXIT_ENGINE_FAILED) from None
 
 
 def plain(kind: type[int] | type[float], minimum: int | None = None) -> Callable[[object], object]:

@@ -11,7 +11,6 @@ text, as printed, and its stats line counts only the tokens printed (and drops t
 from __future__ import annotations
 
 import array
-import logging
 import signal
 import sys
 import threading
@@ -26,11 +25,10 @@ from engine.errors import EngineError, PromptTooLongError
 from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
+from ssd_chat.engine_failure import EngineFailed, engine_failures
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
 from ssd_chat.tui.commands import is_slash, split_slash
-
-log = logging.getLogger(__name__)
 
 
 class PlainEngine(Protocol):
@@ -109,11 +107,13 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         line = line[1:] if line.startswith("//") else line
         history.append({"role": "user", "content": line})
         try:
-            moved = _window(llm, history, window, params, err)
-            # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept, as printed.
-            with sigint_flag() as cancel:
-                output, printed, printed_tokens = print_stream(
-                    llm.chat(start + history[len(start) + moved:], params, cancel=cancel), console.file, cancel=cancel)
+            with engine_failures():  # (the reader or the terminal gone, an OSError, passes: main ends it, as SIGPIPE)
+                moved = _window(llm, history, window, params, err)
+                # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept, as printed.
+                with sigint_flag() as cancel:
+                    output, printed, printed_tokens = print_stream(
+                        llm.chat(start + history[len(start) + moved:], params, cancel=cancel), console.file,
+                        cancel=cancel)
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
@@ -123,13 +123,10 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             # (/clear would not help: the window moves)
             err.print(f"error: {why or error}", markup=False, soft_wrap=True)
             continue
-        except OSError:  # (the reader or the terminal gone: main ends it, as SIGPIPE would)
-            raise
-        except Exception as error:  # a failure inside the engine (a bug, or a broken model): one line, the chat kept
-            log.debug("the engine failed", exc_info=True)
+        except EngineFailed as failure:  # a failure inside the engine (a bug, a broken model): one line, the chat kept
             history.pop()
-            err.print(f"error: the engine failed ({type(error).__name__}: {error}); that prompt is not part of the "
-                      "conversation: try again, or /exit", markup=False, soft_wrap=True)
+            err.print(f"error: {failure}; that prompt is not part of the conversation: try again, or /exit",
+                      markup=False, soft_wrap=True)
             continue
         if cancel.is_set() and not printed:  # stopped in its prefill: no empty reply for later turns to send
             history.pop()
@@ -184,10 +181,11 @@ def print_stream(events: Iterator[Event], out: TextIO | None, *, cancel: threadi
     deltas written, and of the textless ones before them: a character or stop string still incomplete). Once
     `cancel` is set nothing more is written: the step under way when it was set, and the text the engine held back,
     still arrive. A long prompt's prefill shows on a terminal's stderr until the reply starts (prefill_line.py).
-    Leaving early (an error, a second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks."""
+    Leaving early (an error, a second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks;
+    an exception from inside the engine leaves as EngineFailed (engine_failure.py: one line, not a traceback)."""
     output, progress, written = None, PrefillLine(enabled=None if out is not None else False), []
     tokens = pending = 0  # the tokens of the text written; of the textless deltas since
-    with closing(events):  # type: ignore[type-var]
+    with engine_failures(), closing(events):  # type: ignore[type-var]  (an exception from inside: EngineFailed)
         try:
             for event in events:
                 progress.update(event)

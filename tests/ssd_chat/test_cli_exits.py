@@ -184,6 +184,34 @@ def test_a_failure_inside_the_engine_is_one_line_and_the_chat_goes_on(tiny_llama
     assert proxy.calls[1] == [{"role": "user", "content": "again"}]  # without the failed turn
 
 
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["ask", "ask --json"])
+def test_ask_ends_a_failure_inside_the_engine_in_one_line(json_flag, tiny_llama_dir, monkeypatch):
+    """`ask` ended with a traceback and exit 1 where the plain mode says one line: now the same line, on stderr,
+    and exit 1 (a user error is 2); the reply's printed part keeps its line end."""
+
+    def failing_llm(**kwargs):
+        llm = LLM(**kwargs)
+        chat = llm.chat
+
+        def failing_chat(messages, params=None, *, cancel=None):
+            for event in chat(messages, params, cancel=cancel):
+                yield event
+                if isinstance(event, TokenDelta):
+                    raise RuntimeError("cannot sample from a distribution of total mass nan")
+
+        llm.chat = failing_chat
+        return llm
+
+    monkeypatch.setattr(cli, "LLM", failing_llm)
+    result = runner.invoke(cli.app, ["ask", "Paris is", "--target", str(tiny_llama_dir), "--max-tokens", "8",
+                                     *json_flag])
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # (not the RuntimeError: no traceback)
+    assert result.stderr.splitlines() == [
+        "error: the engine failed (RuntimeError: cannot sample from a distribution of total mass nan)"]
+    assert result.stdout.endswith("\n") if not json_flag else result.stdout == ""
+
+
 def test_ctrl_c_while_the_modules_import_exits_130_without_a_traceback(monkeypatch, capsys, own_signals):
     from ssd_chat import entry
 
