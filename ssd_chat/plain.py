@@ -5,7 +5,8 @@ tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and S
 The whole conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
 over, `/exit` or end of input quits; any other line that starts with one `/` is an unknown command (one line on
 stderr), and `//` sends a literal `/`, as in the chat app. The first Ctrl-C stops a reply and keeps its partial
-text, as printed, and its stats line counts only the tokens printed (and drops the lines typed or pasted ahead).
+text, as printed, and its stats line counts only what was printed: its tokens, tok/s and tau (and drops the lines
+typed or pasted ahead).
 """
 
 from __future__ import annotations
@@ -14,20 +15,21 @@ import array
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, suppress
-from dataclasses import replace
 from typing import NamedTuple, Protocol, TextIO
 
 from rich.console import Console
 
 from engine.errors import EngineError, PromptTooLongError
-from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, TokenDelta
+from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, StepStats, TokenDelta
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.engine_failure import EngineFailed, engine_failures
 from ssd_chat.history import TurnStats
 from ssd_chat.prefill_line import PrefillLine
+from ssd_chat.printed_tally import PrintedTally
 from ssd_chat.tui.commands import is_slash, split_slash
 
 
@@ -51,19 +53,19 @@ class PipeConsole(Console):
 
 class Streamed(NamedTuple):
     """What print_stream gives back: the request's output, and the text it wrote and the tokens that text is
-    (after a Ctrl-C fewer than the output's: the step under way ran on, unprinted)."""
+    (after a Ctrl-C fewer than the output's: the step under way ran on, unprinted), and what it counted of that
+    text (printed_tally.py)."""
 
     output: RequestOutput
     text: str
     tokens: int
+    tally: PrintedTally
+    stopped: bool  # by `cancel` (a Ctrl-C)
 
-
-def stats_line(output: RequestOutput, printed_tokens: int | None = None) -> str:
-    """The reply's stats line; `printed_tokens`, for a reply Ctrl-C stopped: the tokens counted are those printed."""
-    stats = TurnStats.from_output(output)
-    if printed_tokens is not None:
-        stats = replace(stats, generated_tokens=printed_tokens)
-    return stats.line()
+    @property
+    def stats(self) -> TurnStats:
+        """The reply's figures; for one a Ctrl-C stopped, those of the text written (tokens, tok/s, tau)."""
+        return self.tally.stats(self.output) if self.stopped else TurnStats.from_output(self.output)
 
 
 def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, console: Console | None = None) -> None:
@@ -111,9 +113,10 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
                 moved = _window(llm, history, window, params, err)
                 # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept, as printed.
                 with sigint_flag() as cancel:
-                    output, printed, printed_tokens = print_stream(
+                    streamed = print_stream(
                         llm.chat(start + history[len(start) + moved:], params, cancel=cancel), console.file,
                         cancel=cancel)
+            output, printed = streamed.output, streamed.text
             if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
                 err.print("(the lines typed or pasted ahead were dropped)", style="dim")
         except EngineError as error:
@@ -135,8 +138,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         window = moved  # (a refused prompt moves no turn out of the model's view)
         earlier = len(history) - len(start) - moved > 1  # turns in view before this prompt: /clear gives their room
         history.append({"role": "assistant", "content": printed if cancel.is_set() else output.text})
-        line = stats_line(output, printed_tokens if cancel.is_set() else None)  # (Ctrl-C: only the tokens printed)
-        err.print(line, style="dim", markup=False, soft_wrap=True)  # stdout keeps only the replies
+        # (after a Ctrl-C: the tokens, tok/s and tau of the text printed); stdout keeps only the replies
+        err.print(streamed.stats.line(), style="dim", markup=False, soft_wrap=True)
         fix = "shorten the prompt" + (", or /clear the earlier turns" if earlier else "")
         tell_context_cut(output, context_cut_notice(llm.max_model_len, fix), err)
 
@@ -175,27 +178,28 @@ def _window(llm: PlainEngine, history: list[dict[str, str]], window: int, params
     return moved
 
 
-def print_stream(events: Iterator[Event], out: TextIO | None, *, cancel: threading.Event | None = None) -> Streamed:
+def print_stream(events: Iterator[Event], out: TextIO | None, *, cancel: threading.Event | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> Streamed:
     """Write each delta to `out` as it arrives, then a newline (no wrapping, no markup: the text stays byte-exact
-    for pipes; None: write nothing), and return the final output, the text written and its tokens (those of the
-    deltas written, and of the textless ones before them: a character or stop string still incomplete). Once
-    `cancel` is set nothing more is written: the step under way when it was set, and the text the engine held back,
-    still arrive. A long prompt's prefill shows on a terminal's stderr until the reply starts (prefill_line.py).
+    for pipes; None: write nothing), and return the final output, the text written, its tokens (those of the
+    deltas written, and of the textless ones before them: a character or stop string still incomplete) and the
+    reply's figures. Once `cancel` is set nothing more is written: the step under way when it was set, and the text
+    the engine held back, still arrive, and the figures leave them out (`clock` times the text written:
+    printed_tally). A long prompt's prefill shows on a terminal's stderr until the reply starts (prefill_line.py).
     Leaving early (an error, a second Ctrl-C) closes `events`, which cancels the request and frees its KV blocks;
     an exception from inside the engine leaves as EngineFailed (engine_failure.py: one line, not a traceback)."""
     output, progress, written = None, PrefillLine(enabled=None if out is not None else False), []
-    tokens = pending = 0  # the tokens of the text written; of the textless deltas since
+    tally = PrintedTally(clock)  # what was written (a textless delta's tokens once their text is)
     with engine_failures(), closing(events):  # type: ignore[type-var]  (an exception from inside: EngineFailed)
         try:
             for event in events:
                 progress.update(event)
                 if isinstance(event, RequestFinished):
                     output = event.output
-                elif isinstance(event, TokenDelta) and not (cancel is not None and cancel.is_set()):
-                    pending += len(event.token_ids)
-                    if event.text:
+                elif isinstance(event, TokenDelta | StepStats) and not (cancel is not None and cancel.is_set()):
+                    tally.add(event)
+                    if isinstance(event, TokenDelta) and event.text:
                         written.append(event.text)
-                        tokens, pending = tokens + pending, 0
                         if out is not None:
                             out.write(event.text)
                             out.flush()
@@ -210,7 +214,7 @@ def print_stream(events: Iterator[Event], out: TextIO | None, *, cancel: threadi
         out.write("\n")
         out.flush()
     assert output is not None, "a stream ends with RequestFinished"
-    return Streamed(output, "".join(written), tokens)
+    return Streamed(output, "".join(written), tally.tokens, tally, cancel is not None and cancel.is_set())
 
 
 def discard_typed_ahead(fd: int) -> int:

@@ -11,7 +11,16 @@ from pathlib import Path
 
 from engine import LLM, SamplingParams
 from engine.errors import PromptTooLongError
-from engine.outputs import FinishReason, RequestFinished, RequestOutput, TokenDelta
+from engine.outputs import (
+    FinishReason,
+    RequestFinished,
+    RequestOutput,
+    RequestStats,
+    SpecStats,
+    StepStats,
+    TokenDelta,
+)
+from engine.outputs import TokenSource as S
 from ssd_chat.plain import discard_typed_ahead, print_stream, run_plain
 from tests.ssd_chat.tui_fakes import FakeEngine
 
@@ -248,6 +257,36 @@ def test_print_stream_counts_a_textless_deltas_tokens_once_their_text_is_printed
     cancel = threading.Event()
     streamed = print_stream(events(cancel), None, cancel=cancel)
     assert streamed.text == "Café au" and streamed.tokens == len([5, 6, 7, 8]) and streamed.output is output
+
+
+def test_print_stream_figures_after_ctrl_c_are_those_of_the_text_printed():
+    """tok/s and tau after a Ctrl-C took in the step that ran on unprinted (the engine's figures): they are now the
+    printed steps' and the time between the first text printed and the last."""
+    def events(cancel):
+        yield TokenDelta(1, (0,), "A", (S.TARGET,))  # the prefill's token
+        yield StepStats(1, num_drafted=4, num_accepted=3, verify_time_s=0.1, draft_time_s=0.1)
+        yield TokenDelta(1, (1, 2, 3, 4), "BCDE")
+        yield StepStats(1, num_drafted=4, num_accepted=1, verify_time_s=0.1, draft_time_s=0.1)
+        yield TokenDelta(1, (5, 6), "FG")
+        cancel.set()  # (a Ctrl-C while the next step ran: all 4 drafts accepted, 5 tokens, never printed)
+        yield StepStats(1, num_drafted=4, num_accepted=4, verify_time_s=0.1, draft_time_s=0.1)
+        yield TokenDelta(1, (7, 8, 9, 10, 11), "HIJKL")
+        yield RequestFinished(1, output)
+
+    spec = SpecStats(num_steps=3, num_drafted=12, num_accepted=8, num_emitted=11, accepted_per_position=(3, 2, 2, 1),
+                     drafted_per_position=(3, 3, 3, 3))
+    engine_stats = RequestStats(mode="sd", prompt_tokens=10, reused_prefix_tokens=0, prefill_tokens=10,
+                                generated_tokens=12, ttft_s=0.05, decode_time_s=1.0, total_time_s=1.05, spec=spec)
+    output = RequestOutput(1, [1], list(range(12)), "ABCDEFGHIJKL", FinishReason.CANCELLED, engine_stats)
+    ticks = iter([1.0, 2.0, 3.0])  # the clock as each text is printed: "A", "BCDE", "FG"
+    cancel = threading.Event()
+    streamed = print_stream(events(cancel), None, cancel=cancel, clock=lambda: next(ticks))
+    stats = streamed.stats
+    assert streamed.text == "ABCDEFG" and stats.generated_tokens == 7
+    assert stats.decode_tok_s == 3.0  # 6 tokens after the first in 2 s (the engine's: 11 in 1 s)
+    assert stats.tau == 3.0 and stats.acceptance_rate == 0.5  # 6 tokens in 2 steps, 4 of 8 drafts (engine: 3.67, 67%)
+    assert stats.line() == ("3.0 tok/s · TTFT 50 ms · 7 tokens · prefix reused 0/10 · sd tau 3.00 · accepted 50% · "
+                            "stopped: cancelled")
 
 
 def test_plain_says_what_to_do_when_the_context_limit_cut_a_reply(tiny_llama_dir, monkeypatch, capsys):
