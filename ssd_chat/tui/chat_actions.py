@@ -24,6 +24,7 @@ from ssd_chat.tui.commands import (
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.export import document, export_path
 from ssd_chat.tui.live_stats import saved_panel
+from ssd_chat.tui.palette import palette_commands
 from ssd_chat.tui.screens.chats import ChatsScreen
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptInput, key_hints
@@ -239,9 +240,9 @@ class ChatActions(_Base):
         send_keys = key_hints(self.query_one(PromptInput).enter_sends)
         self.push_screen(HelpScreen(send_keys, [(key_label(b.key), b.description) for b in self.BINDINGS]))
 
-    def export(self, arg: str, overwrite: bool = False) -> Path:
+    def export(self, arg: str, overwrite: bool = False, suffix: str = ".md") -> Path:
         """Write the chat as Markdown (plain text to a .txt FILE): to FILE (an existing one only with `overwrite`:
-        /export!), or a new .md file named from the title in a folder (the default folder without FILE)."""
+        /export!), or a new `suffix` file named from the title in a folder (the default folder without FILE)."""
         if len(arg) > 1 and arg[0] == arg[-1] and arg[0] in "'\"":  # a quoted name (spaces are fine without)
             arg = arg[1:-1]
         try:
@@ -249,13 +250,13 @@ class ChatActions(_Base):
         except RuntimeError as err:  # ~nosuchuser
             raise SlashError(f"cannot export to {arg}: {err}") from None
         try:
-            return self._export(arg, path, overwrite)
+            return self._export(arg, path, overwrite, suffix)
         except OSError as err:  # a name too long for the file system, a folder it may not look into, ...
             raise SlashError(f"cannot export to {path}: {err.strerror or err}") from None
 
-    def _export(self, arg: str, path: Path, overwrite: bool) -> Path:
+    def _export(self, arg: str, path: Path, overwrite: bool, suffix: str) -> Path:
         if path.is_dir():  # a folder: a new file there, named from the title
-            path = export_path(self.session.conversation, path)
+            path = export_path(self.session.conversation, path, suffix)
         elif arg.endswith(("/", os.sep)):  # meant as a folder (Path drops the /: a file by the folder's name)
             raise SlashError(f"no folder {path}: make it first, or give a file name")
         elif path.exists() and not overwrite:
@@ -272,19 +273,7 @@ class ChatActions(_Base):
         yield from super().get_system_commands(screen)
         if self.engine is None:
             return
-        commands = [(f"Mode: {mode.upper()}", f"decode with {mode.upper()}", lambda m=mode: self.set_mode(m))
-                    for mode in available_modes(self.engine)]
-        commands += [
-            ("Compare modes", "replay the last prompt in AR, SD, SSD (greedy)", self.action_compare),
-            ("Toggle token colours", "colour reply tokens by provenance", self.action_toggle_colours),
-            ("New chat", "start a new conversation", self.action_new_chat),
-            ("Chats", "open, rename or delete saved conversations", self.action_chats),
-            ("Export to Markdown", "write this conversation to a .md file", lambda: self.export("")),
-            ("Keys and commands", "the help screen", self.action_help),
-            ("Restart the engine", "close it and load the models again (the conversation stays)",
-             lambda: self.slash_restart("")),
-        ]
-        for title, help_text, action in commands:
+        for title, help_text, action in palette_commands(self):  # (ssd_chat/tui/palette.py)
             yield SystemCommand(title, help_text, self._guarded(action))
 
     def _guarded(self, action: Callable[[], object]) -> Callable[[], None]:

@@ -111,12 +111,12 @@ def code_blocks(text: str) -> list[str]:
     return [t.content.rstrip("\n") for t in _MARKDOWN.parse(text) if t.type in ("fence", "code_block")]
 
 
-def export_path(conversation: Conversation, directory: Path) -> Path:
-    """A file name from the title that does not overwrite an earlier export."""
+def export_path(conversation: Conversation, directory: Path, suffix: str = ".md") -> Path:
+    """A file name from the title that does not overwrite an earlier export (`suffix`: .txt for plain text)."""
     stem = re.sub(r"[^a-z0-9]+", "-", conversation.title.lower()).strip("-")[:40] or "chat"
-    path = directory / f"{stem}.md"
+    path = directory / f"{stem}{suffix}"
     n = 2
     while path.exists():
-        path = directory / f"{stem}-{n}.md"
+        path = directory / f"{stem}-{n}{suffix}"
         n += 1
     return path

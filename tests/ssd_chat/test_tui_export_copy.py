@@ -114,6 +114,27 @@ async def test_an_export_that_cannot_be_written_is_a_notification_from_the_palet
 
 
 @pytest.mark.asyncio
+async def test_the_palette_exports_plain_text_too(tmp_path):
+    """Ctrl+P offered the Markdown export only; /export FILE.txt wrote plain text, which the palette now does too:
+    a new .txt file named from the title in the export folder, beside the .md one."""
+    from ssd_chat.tui.export_text import to_text
+
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "What is **SSD**?")
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        for title in ("Export to Markdown", "Export to plain text", "Export to plain text"):
+            commands[title].callback()
+            await pilot.pause()
+        assert not errors(app)
+        text = (tmp_path / "what-is-ssd.txt").read_text()
+        assert text == to_text(app.session.conversation, app.drafted_k()) and text.startswith("What is **SSD**?\n")
+        assert (tmp_path / "what-is-ssd.md").read_text().startswith("# What is \\*\\*SSD")
+        assert (tmp_path / "what-is-ssd-2.txt").read_text() == text  # (an earlier export is kept)
+
+
+@pytest.mark.asyncio
 async def test_copy_while_a_reply_streams_copies_it_so_far(tmp_path, monkeypatch):
     """/copy copied the reply before the one on screen."""
     import threading
