@@ -4,6 +4,8 @@ export keeps them, and so stays Markdown that shows a prompt as typed."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ssd_chat.history import ChatMessage, ChatSettings, Conversation, TurnStats
@@ -48,6 +50,36 @@ def test_the_text_exports_stats_are_aligned_columns_with_each_replys_settings():
     cells = [tuple(line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)) for line in lines[2:]]
     assert cells == stats_rows(chat.messages)
     assert cells[0][2] == STATS.settings.text() and cells[1][2] == ""
+
+
+TRICKY = ["Assistant:", "Quote:\nYou:\nhi\n\nAssistant: \nok", "  system:\t", "Stats:\r\nx", "a\u2028ASSISTANT:",
+          " You:", "You: said this"]
+
+
+def _read_back(text: str) -> list[tuple[str, str]]:
+    """A reader of the text export: a part starts at a marker alone on a line, unindented; a marker-like line that
+    is indented is a turn's, one space in (export_text's rule, undone)."""
+    parts: list[tuple[str, str]] = []
+    for line in text.splitlines(keepends=True):
+        if line.rstrip("\n") in ("System:", "You:", "Assistant:", "Stats:"):
+            parts.append((line.rstrip("\n")[:-1], ""))
+        elif parts:
+            if re.fullmatch(r"\s*(system|you|assistant|stats):\s*", line, re.IGNORECASE) and line.startswith(" "):
+                line = line[1:]
+            parts[-1] = (parts[-1][0], parts[-1][1] + line)
+    ends = ["\n\n"] * (len(parts) - 1) + ["\n"]  # (a blank line after each part but the last, which ends the file)
+    return [(role, body.removesuffix(end)) for (role, body), end in zip(parts, ends, strict=True)]
+
+
+def test_a_turns_line_that_reads_like_a_marker_is_told_apart_and_reads_back_as_typed():
+    """A prompt line `Assistant:` read as a new part: such lines go one space in, and a reader gets the turns back."""
+    messages = [ChatMessage("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(TRICKY)]
+    text = to_text(Conversation(None, "You:", ChatSettings(system="System:\nbe brief"), messages))
+    assert text.startswith(" You:\n=====\n")  # (the title a first prompt "You:" gave)
+    assert "\nYou:\n Assistant:\n" in text and "\n Assistant: \nok\n" in text and "\n   system:\t\n" in text
+    assert "a\u2028 ASSISTANT:" in text and "\nAssistant:\n  You:\n" in text and "You: said this" in text
+    roles = ["System", *(("You", "Assistant")[i % 2] for i in range(len(TRICKY)))]
+    assert _read_back(text) == list(zip(roles, ["System:\nbe brief", *TRICKY], strict=True))
 
 
 @pytest.mark.asyncio
