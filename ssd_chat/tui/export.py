@@ -22,6 +22,9 @@ _MARKUP = re.compile(r"[`*_\[\]<|~]|&(?=#?\w+;)|\\(?=[!-/:-@\[-`{-~]|$)")
 # ... and at the start of a line: a heading, a quote, a list item, a setext underline ("*" and "_" above)
 _LINE_MARKUP = re.compile(r"^(?:[#>+=-]|\d{1,9}(?=[.)]))")
 NBSP = "\u00a0"
+# What Markdown cannot carry, shown as its Unicode control picture: NUL (a parser reads it as U+FFFD) and the vertical
+# tab and the form feed (whitespace a paragraph's start or end loses; a viewer shows none where they stay)
+PICTURED = str.maketrans({"\x00": "\u2400", "\x0b": "\u240b", "\x0c": "\u240c"})
 
 
 def to_markdown(conversation: Conversation, k: int | None = None) -> str:
@@ -57,9 +60,10 @@ def literal(text: str) -> str:
     text after its end escaped. One paragraph, so a line like "## Assistant" is no heading and fakes no turn. A first
     line's first no-break space (or other Unicode space) is an entity, "&nbsp;": markdown-it strips a paragraph's (and
     a heading's) leading whitespace, Unicode's too, before it decodes entities (a word joiner, U+2060, went before it:
-    copying the rendered text took it along)."""
+    copying the rendered text took it along). NUL, a vertical tab and a form feed show as their control pictures (␀, ␋,
+    ␌: PICTURED), which a viewer shows; as such, a prompt's first ones were lost."""
     lines = []
-    for line in _LINE_BREAK.split(text):
+    for line in _LINE_BREAK.split(text.translate(PICTURED)):
         rest = line.lstrip(" \t")
         indent = NBSP * len(line[: len(line) - len(rest)].expandtabs(8))  # (a tab: to the chat's next 8th column)
         head = _LINE_MARKUP.match(rest)  # (escaped, it ends the parser's pending text: a scheme starts after it)

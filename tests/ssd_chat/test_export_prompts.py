@@ -126,3 +126,11 @@ def test_a_url_ends_where_linkify_ends_it_and_the_rest_is_escaped():
     for prompt in ("www.a.com/*b* c", "www.a.com/*b http://c.com www.d.com/e*", "x&amp;y@a.com"):  # markup in one:
         blocks, inline, text = _shown(prompt)  # escaped, as the text around it (its link ends at the first escape)
         assert blocks == BLOCKS and inline <= INLINE and text == prompt, prompt
+
+
+def test_a_prompts_nul_vertical_tab_and_form_feed_show_as_control_pictures():
+    """A prompt that started with a vertical tab or a form feed lost them (a paragraph's leading whitespace), and
+    NUL became U+FFFD: each shows as its control picture, wherever it is."""
+    blocks, inline, text = _shown("\x0b\x0cfeeds\x0b and \x00 NUL\nline\x0c")
+    assert blocks == BLOCKS and inline <= INLINE
+    assert text == "\u240b\u240cfeeds\u240b and \u2400 NUL\nline\u240c"
