@@ -38,6 +38,10 @@ CREATE TABLE IF NOT EXISTS messages (
     stats TEXT,
     PRIMARY KEY (conversation_id, position)
 );
+CREATE TABLE IF NOT EXISTS drafts (
+    conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+    text TEXT NOT NULL
+);
 """
 
 
@@ -188,6 +192,22 @@ class HistoryStore:
             return None
         return Conversation(conversation_id, row[0], ChatSettings.from_dict(json.loads(row[1])),
                             self._messages(conversation_id))
+
+    def save_draft(self, conversation_id: int, text: str) -> None:
+        """`text`, typed in the chat app and not sent, as the conversation's draft ("": none), which makes it the
+        latest conversation (the one --resume opens: the user was in it last)."""
+        with self._db:
+            if not text:
+                self._db.execute("DELETE FROM drafts WHERE conversation_id = ?", (conversation_id,))
+                return
+            self._db.execute("INSERT OR REPLACE INTO drafts (conversation_id, text) VALUES (?, ?)",
+                             (conversation_id, text))
+            self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
+
+    def draft(self, conversation_id: int) -> str:
+        """The conversation's draft ("": none)."""
+        row = self._db.execute("SELECT text FROM drafts WHERE conversation_id = ?", (conversation_id,)).fetchone()
+        return "" if row is None else row[0]
 
     def list(self) -> list[ConversationSummary]:
         """Every conversation, the most recently updated first."""

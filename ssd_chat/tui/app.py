@@ -34,6 +34,7 @@ from ssd_chat.tui import child_stderr, preferences
 from ssd_chat.tui.chat_actions import ChatActions
 from ssd_chat.tui.commands import as_typed
 from ssd_chat.tui.compare_actions import CompareActions
+from ssd_chat.tui.draft_actions import DraftActions
 from ssd_chat.tui.edit_actions import EditActions
 from ssd_chat.tui.engine_actions import EngineActions
 from ssd_chat.tui.engine_process import stop_loading
@@ -75,7 +76,8 @@ class KeysFooter(Footer):
         self.compact = event.size.width < 100
 
 
-class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActions, EngineActions, App[None]):
+class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActions, EngineActions, DraftActions,
+              App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "ssd-chat"
     BINDINGS = KEYS
@@ -146,13 +148,8 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.query_one("#legend", Static).display = False
         if self.preferences.colours:
             self.action_toggle_colours()
-        if self.resume and self.session.store is not None:
-            latest = self.session.store.latest()
-            if latest is not None:
-                unanswered = self.session.open(latest)  # (an unanswered prompt: in the input once loaded)
-                self.prompt_to_restore = None if unanswered is None else as_typed(unanswered)
-                if self.given:
-                    self.session.update_settings(**self.given)
+        if self.resume:
+            self.resume_latest()  # (its unsent text in the input: draft_actions)
         self.push_screen(LoadingScreen(self.target, self.draft))
         self._load()
         self.set_interval(WATCH_S, self._watch_engine)
@@ -195,7 +192,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.notify(message.line, severity="error" if message.error else "warning", timeout=8)
 
     async def action_quit(self) -> None:
-        self.take_back_queued()  # a prompt waiting for a closed compare: in the input, as typed text is at a quit
+        self.take_back_queued()  # a prompt waiting for a closed compare: in the input, kept with typed text
         self.quitting = True
         if self.engine is None and self.loading_screen is not None and not stop_loading():
             # an engine loading in this process (SSD_CHAT_ENGINE_PROCESS=0) cannot be stopped half-way
@@ -208,6 +205,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         await waiting
         if self.finished is not None:  # the stopped reply: kept in the conversation, as Esc keeps it
             await self.on_reply_done(ReplyDone(self.finished))
+        self.keep_unsent()  # what the input holds: the chat's draft, for --resume (draft_actions)
         self._close_engine()
         if stop_signals.hung_up():  # (no terminal to print the engine's stderr to: its file goes)
             child_stderr.remove()

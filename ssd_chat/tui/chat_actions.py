@@ -214,6 +214,8 @@ class ChatActions(_Base):
                     typed = self.query_one(PromptInput).bring_back(as_typed(unanswered))
                     self.notify("the chat's last prompt had no reply: it is in the input"
                                 + (" (Ctrl+Z brings back what you had typed)" if typed else ""), timeout=6)
+                else:
+                    self.bring_back_draft()  # (draft_actions)
             elif self.session.conversation.id is not None and store is not None:
                 current = store.load(self.session.conversation.id)
                 if current is None:

@@ -216,10 +216,10 @@ class ChatSession:
         self.window = 0 if reply is None or reply.stats is None else reply.stats.window
         return unanswered
 
-    def save(self) -> None:
-        """Persist once the conversation has a turn (an empty new chat is not worth a history entry). A prompt
-        whose reply is under way is not written: were the reply to fail, or the app to die, the history would hold
-        a prompt that was never answered (a settings change mid-reply saves)."""
+    def save(self, *, keep_empty: bool = False) -> None:
+        """Persist once the conversation has a turn (an empty new chat is not worth a history entry, but for its
+        draft: `keep_empty`). A prompt whose reply is under way is not written: were the reply to fail, or the app to
+        die, the history would hold a prompt that was never answered (a settings change mid-reply saves)."""
         if self.store is None:
             return
         saved = self.conversation
@@ -228,7 +228,7 @@ class ChatSession:
             saved = replace(saved, messages=self.messages[:-1] + turn, title=title)
         elif self.messages and self.messages[-1].role == "user":
             saved = replace(saved, messages=self.messages[:-1], title=UNTITLED if self._titled else saved.title)
-        if saved.id is None and not saved.messages:
+        if saved.id is None and not saved.messages and not keep_empty:
             return
         if self._run_only:
             saved = replace(saved, settings=replace(saved.settings, **self._run_only))
@@ -250,6 +250,29 @@ class ChatSession:
             self.conversation.id = saved.id
             self._synced = _copy(saved)
             self._save_failed = False
+
+    def keep_draft(self, text: str) -> None:
+        """At a quit: `text`, typed and not sent, saved as the chat's draft (--resume puts it back in the input); a
+        new chat with no turn is saved for it. Blank: nothing is written (take_draft took the chat's draft out)."""
+        if self.store is None or not text.strip():
+            return
+        if self.conversation.id is None:
+            self.save(keep_empty=True)
+        try:
+            if self.conversation.id is not None:  # (None: the save failed, and said so)
+                self.store.save_draft(self.conversation.id, text)
+        except sqlite3.Error as err:
+            self.on_save_error(f"the text you had not sent could not be saved ({err})")
+
+    def take_draft(self) -> str:
+        """The open chat's draft ("": none), taken out of the history for the input (the next quit saves the input)."""
+        try:
+            draft = "" if self.store is None or self.conversation.id is None else self.store.draft(self.conversation.id)
+            if draft:
+                self.store.save_draft(self.conversation.id, "")
+        except sqlite3.Error:  # (the chat opens all the same: told at its first save)
+            return ""
+        return draft
 
     def _save_copy(self, saved: Conversation) -> Conversation:
         """Another window or process saved this chat since this session loaded it: this session's version goes to

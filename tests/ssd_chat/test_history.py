@@ -280,3 +280,19 @@ def test_a_tab_indented_line_after_a_list_item_is_exported_where_the_chat_app_sh
         chat = Conversation(None, "Tabs", messages=[ChatMessage("user", "q"), ChatMessage("assistant", reply)])
         exported = to_markdown(chat).split("## Assistant\n\n")[1]
         assert MarkdownIt("gfm-like").render(exported) == _parser().render(reply), reply
+
+
+def test_a_draft_is_kept_with_its_chat_and_makes_it_the_latest(tmp_path):
+    """The chat app's unsent input at a quit (HistoryStore.save_draft): --resume opens the latest chat, so the chat
+    with the draft becomes it; "" removes the draft, and deleting the chat deletes its draft."""
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    older = store.save(Conversation(None, "older", messages=[ChatMessage("user", "a")]))
+    newer = store.save(Conversation(None, "newer", messages=[ChatMessage("user", "b")]))
+    assert store.latest().id == newer and store.draft(older) == ""
+    store.save_draft(older, "typed\nnot sent")
+    assert store.draft(older) == "typed\nnot sent" and store.latest().id == older
+    store.save_draft(older, "")
+    assert store.draft(older) == ""
+    store.save_draft(newer, "x")
+    store.delete(newer)
+    assert store._db.execute("SELECT COUNT(*) FROM drafts").fetchone()[0] == 0

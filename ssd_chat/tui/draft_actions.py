@@ -1,0 +1,50 @@
+"""The unsent input kept with the chat as its draft: a quit lost what was typed and not sent (and a prompt queued
+behind a closing compare, which a quit puts back in the input). A mixin of ChatApp.
+
+At a quit (Ctrl+Q, a stop signal) the input's text is saved with the open chat (ChatSession.keep_draft; a new chat
+with no turn is saved for it), which makes that chat the latest: `--resume` opens it with the text back in the
+input, as it was left, and so does opening it from Ctrl+O (what was typed there then one Ctrl+Z away). A draft
+comes out of the history as it goes into the input: the next quit saves the input again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ssd_chat.tui.commands import as_typed
+from ssd_chat.tui.widgets.prompt_input import PromptInput
+
+if TYPE_CHECKING:
+    from ssd_chat.tui.app import ChatApp
+
+    _Base = ChatApp
+else:
+    _Base = object
+
+
+class DraftActions(_Base):
+    def keep_unsent(self) -> None:
+        """At a quit, once the reply under way is kept: what the input holds, saved as the chat's draft."""
+        self.session.keep_draft(self.query_one(PromptInput).text)
+
+    def resume_latest(self) -> None:
+        """--resume: the most recent chat, its settings from the command line winning; a prompt it holds with no
+        reply goes in the input once the models load, else its draft goes in now (typing while they load adds to
+        it, as to any text in the input)."""
+        latest = None if self.session.store is None else self.session.store.latest()
+        if latest is None:
+            return
+        unanswered = self.session.open(latest)
+        self.prompt_to_restore = None if unanswered is None else as_typed(unanswered)
+        if self.given:
+            self.session.update_settings(**self.given)
+        if unanswered is None and (draft := self.session.take_draft()):
+            self.query_one(PromptInput).set_text(draft)
+
+    def bring_back_draft(self) -> None:
+        """A chat opened from Ctrl+O: its draft in the input, what was typed there one Ctrl+Z away."""
+        draft = self.session.take_draft()
+        if draft:
+            typed = self.query_one(PromptInput).bring_back(draft)
+            self.notify("the text you had not sent in this chat is back in the input"
+                        + (" (Ctrl+Z brings back what you had typed)" if typed else ""), timeout=6)

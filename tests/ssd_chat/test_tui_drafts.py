@@ -1,0 +1,103 @@
+"""A quit keeps the unsent input with the chat as its draft: text typed and not sent, and a prompt queued behind a
+closing compare that the quit put back in the input, come back in the input with `--resume` (and from Ctrl+O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssd_chat.history import HistoryStore
+from ssd_chat.tui.screens.chats import ChatsScreen
+from ssd_chat.tui.widgets.prompt_input import PromptArea
+from ssd_chat.tui.widgets.transcript import UserMessage
+from tests.ssd_chat.test_tui_compare_queue import _queued
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle, type_text, wait_for
+
+SIZE = (120, 40)
+
+
+async def _quit(app, pilot) -> None:
+    await pilot.press("ctrl+q")
+    await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+
+
+async def _resumed_input(tmp_path) -> tuple[str, list[str]]:
+    """A --resume run's input once loaded, and its transcript's prompts; it quits with the input emptied."""
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        text, prompts = area.text, [str(u.render()) for u in app.query(UserMessage)]
+        area.clear()
+        await _quit(app, pilot)
+    return text, prompts
+
+
+@pytest.mark.asyncio
+async def test_text_typed_and_not_sent_comes_back_with_resume(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        await send(app, pilot, "/new")
+        await send(app, pilot, "a later chat")  # (the latest chat: the draft's goes before it)
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the chats picker")
+        await pilot.press("down", "enter")  # "hi", the older chat
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="the chat to open")
+        await type_text(pilot, "half a thought")
+        await pilot.press("shift+enter")
+        await type_text(pilot, "/k 2 too")
+        await _quit(app, pilot)
+    assert await _resumed_input(tmp_path) == ("half a thought\n/k 2 too", ["hi"])  # (as typed: no // added)
+    assert await _resumed_input(tmp_path) == ("", ["hi"])  # taken out as it went in, and none kept at a blank quit
+
+
+@pytest.mark.asyncio
+async def test_a_new_chat_with_nothing_but_typed_text_is_kept_for_it(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "an earlier chat")
+        await send(app, pilot, "/new")
+        await type_text(pilot, "not sent")
+        await _quit(app, pilot)
+    assert await _resumed_input(tmp_path) == ("not sent", [])
+    titles = [c.title for c in HistoryStore(tmp_path / "history.sqlite3").list()]
+    assert titles == ["New chat", "an earlier chat"]  # (its first prompt names it, as a new chat's does)
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_queued_behind_a_closing_compare_is_kept_at_a_quit(tmp_path):
+    async with _queued(tmp_path) as (app, _engine, pilot, go_on, area):
+        stop = app.action_stop
+
+        def stop_then_end_the_restore() -> None:  # the restore ends once the quit asked the compare to stop
+            stop()
+            go_on.set()
+
+        app.action_stop = stop_then_end_the_restore
+        await _quit(app, pilot)
+        assert area.text == "next one"
+    assert await _resumed_input(tmp_path) == ("next one", ["hi"])
+
+
+@pytest.mark.asyncio
+async def test_opening_a_chat_from_the_picker_brings_its_draft_back(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        await type_text(pilot, "unsent")
+        await _quit(app, pilot)
+    app = make_app(FakeEngine(), tmp_path)  # (no --resume: a new chat)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await type_text(pilot, "typed here")
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the chats picker")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="the chat to open")
+        area = app.query_one(PromptArea)
+        assert area.text == "unsent" and "Ctrl+Z brings back" in list(app._notifications)[-1].message
+        await pilot.press("ctrl+z")
+        assert area.text == "typed here"
