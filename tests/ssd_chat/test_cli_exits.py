@@ -189,6 +189,8 @@ def test_ask_ends_a_failure_inside_the_engine_in_one_line(json_flag, tiny_llama_
     """`ask` ended with a traceback and exit 1 where the plain mode says one line: now the same line, on stderr,
     and exit 1 (a user error is 2); the reply's printed part keeps its line end."""
 
+    printed = []
+
     def failing_llm(**kwargs):
         llm = LLM(**kwargs)
         chat = llm.chat
@@ -196,20 +198,21 @@ def test_ask_ends_a_failure_inside_the_engine_in_one_line(json_flag, tiny_llama_
         def failing_chat(messages, params=None, *, cancel=None):
             for event in chat(messages, params, cancel=cancel):
                 yield event
-                if isinstance(event, TokenDelta):
+                if isinstance(event, TokenDelta) and event.text:
+                    printed.append(event.text)
                     raise RuntimeError("cannot sample from a distribution of total mass nan")
 
         llm.chat = failing_chat
         return llm
 
     monkeypatch.setattr(cli, "LLM", failing_llm)
-    result = runner.invoke(cli.app, ["ask", "Paris is", "--target", str(tiny_llama_dir), "--max-tokens", "8",
-                                     *json_flag])
+    result = runner.invoke(cli.app, ["ask", "Paris is", "--target", str(tiny_llama_dir), "--temperature", "0",
+                                     "--max-tokens", "8", *json_flag])
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit), result.exception  # (not the RuntimeError: no traceback)
     assert result.stderr.splitlines() == [
         "error: the engine failed (RuntimeError: cannot sample from a distribution of total mass nan)"]
-    assert result.stdout.endswith("\n") if not json_flag else result.stdout == ""
+    assert result.stdout == ("" if json_flag else printed[0] + "\n")
 
 
 def test_ctrl_c_while_the_modules_import_exits_130_without_a_traceback(monkeypatch, capsys, own_signals):
