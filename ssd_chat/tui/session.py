@@ -253,11 +253,11 @@ class ChatSession:
 
     def keep_draft(self, text: str) -> None:
         """At a quit: `text`, typed and not sent, saved as the chat's draft (--resume puts it back in the input); a
-        new chat with no turn is saved for it. Blank: nothing is written (take_draft took the chat's draft out)."""
+        new chat with no turn is saved for it. Blank: nothing is written (take_draft took the chat's draft out, and
+        another window's quit may have left one since)."""
         if self.store is None or not text.strip():
             return
-        if self.conversation.id is None:
-            self.save(keep_empty=True)
+        self.save(keep_empty=True)  # (a new chat, or one another window deleted, saved for it; else no write)
         try:
             if self.conversation.id is not None:  # (None: the save failed, and said so)
                 self.store.save_draft(self.conversation.id, text)

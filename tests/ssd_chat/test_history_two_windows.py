@@ -139,3 +139,20 @@ def test_a_copy_of_a_copy_is_numbered():
     assert copy_title("Tea (copy 9)") == "Tea (copy 10)"
     assert copy_title("(copy)") == "(copy) (copy)"  # no title before it: a title of its own, copied
     assert copy_title("Tea (copyright)") == "Tea (copyright) (copy)"
+
+
+def test_a_draft_kept_at_a_quit_brings_back_the_chat_another_window_deleted(tmp_path):
+    """A quit's unsent text is the chat's draft (ChatSession.keep_draft): where another window deleted the chat
+    meanwhile, the chat comes back with it, as a save of a change does, rather than the draft being refused (no chat
+    to hold it); a blank input writes nothing, so another window's draft stays."""
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    chat_id = _chat(store)
+    here, there = ChatSession(store, ChatSettings()), ChatSession(HistoryStore(store.path), ChatSettings())
+    here.open(store.load(chat_id))
+    there.open(there.store.load(chat_id))
+    there.keep_draft("theirs")
+    here.keep_draft("  \n")
+    assert store.draft(chat_id) == "theirs"
+    store.delete(chat_id)
+    here.keep_draft("mine")
+    assert store.draft(chat_id) == "mine" and [m.content for m in store.load(chat_id).messages] == ["tea?", "yes, tea"]
