@@ -33,7 +33,7 @@ from engine.registry import resolve_model
 from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun
 from ssd_chat.machine import machine_info, read_bandwidth_gb_s
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError, Messages, encode_prompts, load_prompts
-from ssd_chat.sampling_words import FLAGS, check
+from ssd_chat.setting_words import FLAGS, check_sampling
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class BenchConfig:
             raise BenchInputError(f"--max-tokens must be >= 2 to measure decode speed, got {self.max_tokens}")
         if self.limit is not None and self.limit < 1:
             raise BenchInputError(f"--limit must be >= 1, got {self.limit}")
-        check(FLAGS, self.temperature, self.top_p, 0)  # a bad --temperature or --top-p, in the options' words,
+        check_sampling(FLAGS, self.temperature, self.top_p, 0)  # a bad --temperature or --top-p, in the options' words,
         self.sampling(0)  # and a bad --seed: its one line now, before any model loads
 
     def sampling(self, index: int, max_tokens: int | None = None) -> SamplingParams:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from ssd_chat.bench_results import BenchReport
-from ssd_chat.sampling_words import number_text
+from ssd_chat.setting_words import number_text
 
 
 def render_table(report: BenchReport) -> Table:

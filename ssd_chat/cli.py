@@ -63,7 +63,7 @@ from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.plain import print_stream, run_plain, tell_context_cut
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.sampling_defaults import chosen
-from ssd_chat.sampling_words import FLAGS, check_top_k
+from ssd_chat.setting_words import FLAGS, check_top_k
 
 if TYPE_CHECKING:
     import engine.llm

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from ssd_chat.sampling_defaults import filters_text
-from ssd_chat.sampling_words import number_text
+from ssd_chat.setting_words import number_text
 
 if TYPE_CHECKING:
     from ssd_chat.history import ChatSettings

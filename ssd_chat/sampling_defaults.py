@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.sampling_params import SamplingParams
-from ssd_chat import setting_words
-from ssd_chat.sampling_words import FLAGS, check, number_text
+from ssd_chat.setting_words import FLAGS, check_max_tokens, check_sampling, number_text
 
 
 @dataclass(frozen=True)
@@ -66,9 +65,9 @@ def chosen(target: str, temperature: float | None, top_p: float | None, top_k: i
     base = recommended(target)
     sampling = (base.temperature if temperature is None else temperature, base.top_p if top_p is None else top_p,
                 base.top_k if top_k is None else top_k)
-    check(FLAGS, *sampling)
+    check_sampling(FLAGS, *sampling)
     if "max_tokens" in others:
-        setting_words.check_max_tokens(setting_words.FLAGS["max_tokens"], others["max_tokens"])
+        check_max_tokens(FLAGS["max_tokens"], others["max_tokens"])
     return SamplingParams(temperature=sampling[0], top_p=sampling[1], top_k=sampling[2], **others)
 
 

@@ -29,7 +29,7 @@ from engine.config import SpeculationConfig
 from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
 from ssd_chat.sampling_defaults import filters_text
-from ssd_chat.sampling_words import number_text
+from ssd_chat.setting_words import number_text
 from ssd_chat.tui import child_stderr, preferences
 from ssd_chat.tui.chat_actions import ChatActions
 from ssd_chat.tui.commands import as_typed

@@ -110,19 +110,19 @@ class ChatActions(_Base):
 
     def speculation(self) -> SpeculationConfig:
         """The run's configuration (--backup, --fixed-k, ...) with this chat's mode, k and fan-out."""
-        s = self.session.settings
-        return replace(self.base_speculation, mode=s.mode, k=s.k, fanout=s.fanout)
+        return settings_fit.speculation(self.session.settings, self.base_speculation, self.max_draft)
 
     def change_settings(self, **changes) -> None:
         """Validate first (SpeculationConfig / SamplingParams raise one-line EngineErrors), then apply."""
-        settings_fit.check(replace(self.session.settings, **changes), self.base_speculation, self.vocab_size)
+        settings_fit.check(replace(self.session.settings, **changes), self.base_speculation, self.vocab_size,
+                           self.max_draft)
         self.session.update_settings(**changes)
         self.refresh_status()
 
     def fit_settings(self) -> None:
         """A chat saved with a value this version (or model) refuses: settings_fit's defaults, saved, and a notice."""
         changes, notice = settings_fit.fit(self.session.settings, self.base_speculation, self.run_settings,
-                                           self.vocab_size)
+                                           self.vocab_size, self.max_draft)
         if notice is not None:
             self.notify(notice, severity="warning", timeout=15)
             self.session.update_settings(**changes)
@@ -132,8 +132,7 @@ class ChatActions(_Base):
         if self.engine is None:
             return
         if mode not in available_modes(self.engine):
-            raise SlashError(f"mode {mode.upper()} needs a draft model: start with --draft" if mode in ("sd", "ssd")
-                             else f"unknown mode {mode!r}: ar, sd or ssd")
+            raise SlashError(f"mode {mode.upper()} needs a draft model: start with --draft")
         if mode != "ar" and self.draft_lost:  # (its replies would run AR under its name)
             self.notify(DRAFT_GONE, severity="warning")
             return

@@ -109,6 +109,12 @@ class EngineActions(_Base):
         return None if self.engine is None else self.engine.vocab_size
 
     @property
+    def max_draft(self) -> int | None:
+        """The most tokens the loaded engine drafts a round (EngineConfig.max_draft: the CPU's 31); None: no limit
+        past k's own, or not loaded yet."""
+        return None if self.engine is None else self.engine.config.max_draft
+
+    @property
     def engine_alive(self) -> bool:
         """False once the engine's own process died (killed, out of memory): nothing more can be sent."""
         return self.engine is None or getattr(self.engine, "alive", True)

@@ -40,7 +40,7 @@ class ChatEngine(Protocol):
     speculation: SpeculationConfig
     layout: dict[str, str]
     max_model_len: int  # the context; with encode_chat, which turns fit (ssd_chat.context_window)
-    vocab_size: int  # the target's vocabulary (a top-k at or past it filters nothing: sampling_words)
+    vocab_size: int  # the target's vocabulary (a top-k at or past it filters nothing: setting_words)
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
 

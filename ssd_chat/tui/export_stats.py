@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ssd_chat.history import ChatMessage, ChatSettings
 from ssd_chat.sampling_defaults import filters_text
-from ssd_chat.sampling_words import number_text
+from ssd_chat.setting_words import number_text
 
 STATS_HEADER = ("turn", "mode", "settings", "tokens", "decode tok/s", "TTFT ms", "tau", "acceptance", "cache hits",
                 "prefix reused", "finish")

@@ -14,7 +14,7 @@ from itertools import combinations
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
-from ssd_chat import sampling_words, setting_words
+from ssd_chat import setting_words
 from ssd_chat.history import ChatSettings
 
 # What fit may reset (as few as make the settings pass; of as many, the first in this order: a k+1 fan-out reopened
@@ -23,16 +23,24 @@ RESETS = {"fanout": ("fan-out", "/fanout"), "k": ("k", "/k"), "temperature": ("t
           "top_p": ("top-p", "/top-p"), "top_k": ("top-k", "/top-k"), "mode": ("mode", "/mode")}
 
 
-def check(settings: ChatSettings, base: SpeculationConfig, vocab: int | None = None) -> None:
-    """Raise a one-line EngineError for a value the engine refuses, naming its slash command (setting_words for the
-    mode, k and fan-out, sampling_words for a sampling value: SpeculationConfig's and SamplingParams' errors name their
-    fields, top_p), then SpeculationConfig's for the rest (`base`: the run's speculation settings, --backup and
-    --fixed-k, with the chat's mode, k and fan-out); `vocab`: the loaded model's vocabulary, which a top-k must be
-    under (None: not loaded yet)."""
-    setting_words.check(setting_words.SLASH, settings.mode, settings.k, settings.fanout)
-    replace(base, mode=settings.mode, k=settings.k, fanout=settings.fanout)
-    sampling_words.check(sampling_words.SLASH, settings.temperature, settings.top_p, settings.top_k, vocab)
+def check(settings: ChatSettings, base: SpeculationConfig, vocab: int | None = None,
+          max_draft: int | None = None) -> None:
+    """Raise a one-line EngineError for a value the engine refuses, naming its slash command (setting_words:
+    SpeculationConfig's and SamplingParams' errors name their fields, top_p), then SpeculationConfig's for the rest
+    (`base`: the run's speculation settings, --backup and --fixed-k, with the chat's mode, k and fan-out); `vocab`:
+    the loaded model's vocabulary, which a top-k must be under, and `max_draft`: the most its rounds draft (the CPU's
+    31: a fan-out has a count per accepted count up to it); None: not loaded yet, or no such limit."""
+    setting_words.check(setting_words.SLASH, settings.mode, settings.k, settings.fanout, max_draft)
+    speculation(settings, base, max_draft)
+    setting_words.check_sampling(setting_words.SLASH, settings.temperature, settings.top_p, settings.top_k, vocab)
     sampling_params(settings)
+
+
+def speculation(settings: ChatSettings, base: SpeculationConfig, max_draft: int | None = None) -> SpeculationConfig:
+    """What a reply of a chat with these settings speculates with: its k as the engine drafts it (/k 32 on the CPU:
+    31, the same rounds), so that a fan-out of k+1 counts for the k drafted is the engine's k+1."""
+    k = settings.k if max_draft is None else min(settings.k, max_draft)
+    return replace(base, mode=settings.mode, k=k, fanout=settings.fanout)
 
 
 def sampling_params(settings: ChatSettings) -> SamplingParams:
@@ -41,27 +49,29 @@ def sampling_params(settings: ChatSettings) -> SamplingParams:
                           max_tokens=settings.max_tokens)
 
 
-def fit(settings: ChatSettings, base: SpeculationConfig, defaults: ChatSettings,
-        vocab: int | None = None) -> tuple[dict[str, object], str | None]:
+def fit(settings: ChatSettings, base: SpeculationConfig, defaults: ChatSettings, vocab: int | None = None,
+        max_draft: int | None = None) -> tuple[dict[str, object], str | None]:
     """The changes that make `settings` usable and the notice that says so; ({}, None) where they are usable.
     `defaults`: the run's settings (what a new chat starts with: the model's temperature, the mode the engine was
     started in). The fewest settings go back to them, and only those: a valid one beside refused ones stays."""
-    if _refusal(settings, base, vocab) is None:
+    if _refusal(settings, base, vocab, max_draft) is None:
         return {}, None
     differ = [name for name in RESETS if getattr(settings, name) != getattr(defaults, name)]
     for count in range(1, len(differ) + 1):
         for names in combinations(differ, count):
             changes = {name: getattr(defaults, name) for name in names}
-            if _refusal(replace(settings, **changes), base, vocab) is None:
-                return changes, _notice(settings, base, changes, vocab)
+            if _refusal(replace(settings, **changes), base, vocab, max_draft) is None:
+                return changes, _notice(settings, base, changes, vocab, max_draft)
     return {}, None  # (none of these: the reply's error will say what)
 
 
-def _notice(settings: ChatSettings, base: SpeculationConfig, changes: dict[str, object], vocab: int | None) -> str:
+def _notice(settings: ChatSettings, base: SpeculationConfig, changes: dict[str, object], vocab: int | None,
+            max_draft: int | None) -> str:
     """One line: why each value was refused (its error, the other resets made: the fewest, so each is needed) and the
     default it is now."""
     others = [{n: v for n, v in changes.items() if n != name} for name in changes]
-    reasons = " · ".join(filter(None, (_refusal(replace(settings, **without), base, vocab) for without in others)))
+    reasons = " · ".join(filter(None, (_refusal(replace(settings, **without), base, vocab, max_draft)
+                                       for without in others)))
     what = [RESETS[name][0] + ("" if value is None else f" {_shown(value)}")  # (None: the default fan-out)
             for name, value in changes.items()]
     what = " and ".join([", ".join(what[:-1]), what[-1]] if len(what) > 1 else what)
@@ -69,10 +79,10 @@ def _notice(settings: ChatSettings, base: SpeculationConfig, changes: dict[str, 
     return f"this chat's settings are refused ({reasons}): it uses the default {what} now ({how})"
 
 
-def _refusal(settings: ChatSettings, base: SpeculationConfig, vocab: int | None) -> str | None:
+def _refusal(settings: ChatSettings, base: SpeculationConfig, vocab: int | None, max_draft: int | None) -> str | None:
     """check's error, or None where the settings pass."""
     try:
-        check(settings, base, vocab)
+        check(settings, base, vocab, max_draft)
     except EngineError as err:
         return str(err)
     return None
@@ -81,4 +91,4 @@ def _refusal(settings: ChatSettings, base: SpeculationConfig, vocab: int | None)
 def _shown(value: object) -> str:
     if isinstance(value, tuple):
         return ",".join(map(str, value))  # (a fan-out, as /fanout takes it)
-    return sampling_words.number_text(value) if isinstance(value, int | float) else str(value)
+    return setting_words.number_text(value) if isinstance(value, int | float) else str(value)

@@ -8,10 +8,18 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from ssd_chat.history import one_line
-from ssd_chat.sampling_words import SLASH, TAKES, number_text
+from ssd_chat.setting_words import (
+    SLASH,
+    TAKES,
+    fanout_counts,
+    fanout_text,
+    mode_named,
+    number_text,
+    typed_number,
+)
 from ssd_chat.tui import clipboard
 from ssd_chat.tui.chat_actions import NEXT_REPLY
-from ssd_chat.tui.commands import ENTER_MODES, SlashError, parse_fanout, parse_number
+from ssd_chat.tui.commands import ENTER_MODES, SlashError
 from ssd_chat.tui.export import code_blocks
 from ssd_chat.tui.widgets.prompt_input import PromptInput
 
@@ -27,18 +35,17 @@ class SlashActions(_Base):
     def slash_mode(self, arg: str) -> None:
         if not arg:
             raise SlashError(f"/mode takes ar, sd or ssd (now {self.session.settings.mode})")
-        self.set_mode(arg.lower())
+        self.set_mode(mode_named(SLASH, arg))  # (any case: /mode SD, as --mode SD)
 
     def slash_k(self, arg: str) -> None:
         if not arg:
-            raise SlashError(f"/k takes the most draft tokens per step, 1-32 (now {self.drafted_k()})")
-        self.change_settings(k=int(parse_number(arg, int, "k")), fanout=None)
+            raise SlashError(f"/k takes {TAKES['k']} (now {self.drafted_k()})")
+        self.change_settings(k=int(typed_number(SLASH, "k", arg, int)), fanout=None)
         self._changed_mid_reply(f"k {self.drafted_k()}")
 
     def slash_fanout(self, arg: str) -> None:
-        self.change_settings(fanout=parse_fanout(arg))
-        fanout = self.session.settings.fanout
-        self._changed_mid_reply(f"fan-out {'default' if fanout is None else ','.join(map(str, fanout))}")
+        self.change_settings(fanout=fanout_counts(SLASH, arg))  # (nothing, none or default: the default)
+        self._changed_mid_reply(f"fan-out {fanout_text(self.session.settings.fanout)}")
 
     def slash_temp(self, arg: str) -> None:
         self._set_sampling("temperature", float, arg)
@@ -55,7 +62,7 @@ class SlashActions(_Base):
         if not arg:
             now = number_text(getattr(self.session.settings, field))
             raise SlashError(f"/{command} takes {TAKES[field]} (now {now})")
-        self.change_settings(**{field: kind(parse_number(arg, kind, command))})
+        self.change_settings(**{field: kind(typed_number(SLASH, field, arg, kind))})
         shown = "temperature" if field == "temperature" else command
         self._changed_mid_reply(f"{shown} {number_text(getattr(self.session.settings, field))}")
 

@@ -15,7 +15,7 @@ ODD = ("1_0", "４", "٣", "\u30001", "1\u00a0", "1 2", "nan", "inf", "-inf", "1
 
 
 @pytest.mark.parametrize(("text", "value"), [("0.7", 0.7), ("-1", -1.0), ("+2", 2.0), (".5", 0.5), ("3.", 3.0),
-                                             ("1e-3", 1e-3), ("2E+2", 200.0), ("1e400", float("inf"))])
+                                             ("1e-3", 1e-3), ("2E+2", 200.0), ("0e-400", 0.0)])
 def test_plain_numbers_read_as_floats(text, value):
     assert parse(text, float) == value and isinstance(parse(text, float), float)
 

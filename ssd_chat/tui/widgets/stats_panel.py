@@ -11,7 +11,7 @@ from textual.widgets import Digits, Sparkline, Static
 
 from ssd_chat.history import ChatSettings
 from ssd_chat.sampling_defaults import filters_text
-from ssd_chat.sampling_words import number_text
+from ssd_chat.setting_words import fanout_text, number_text
 from ssd_chat.tui.live_stats import PanelData
 
 BAR_WIDTH = 18
@@ -74,7 +74,7 @@ class StatsPanel(VerticalScroll):
         table.add_column()
         for role in ("target", "draft"):
             table.add_row(role, Text(layout.get(role, "none (AR only)")))  # (a model's path is no markup)
-        fanout = "default" if settings.fanout is None else ",".join(map(str, settings.fanout))
+        fanout = fanout_text(settings.fanout)
         spec = "" if settings.mode == "ar" else f" · k {k}"
         spec += f" · fan-out {fanout}" if settings.mode == "ssd" else ""
         table.add_row("mode", settings.mode.upper() + spec)
