@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from ssd_chat.sampling_defaults import filters_text
-from ssd_chat.setting_words import number_text
+from ssd_chat.setting_words import fanout_text, number_text
 
 if TYPE_CHECKING:
     from ssd_chat.history import ChatSettings
@@ -50,8 +50,11 @@ class ReplySettings:
     def text(self, sep: str = ", ", ran: str | None = None) -> str:
         """Compact, for the export's stats table: "k 4, temp 0.7, top-p 0.9"; "temp 0" for a greedy AR reply (its
         filters do nothing: sampling_defaults.filters_text). k only where the reply drafted: started in SD or SSD and,
-        where `ran` is given (the mode its stats give), run in it (AR where the draft process was lost)."""
+        where `ran` is given (the mode its stats give), run in it (AR where the draft process was lost); the fan-out
+        only where an SSD reply's was set (/fanout, --fanout: "fan-out 1,2,2"), none: the default."""
         parts = [] if "ar" in (self.mode, ran) else [f"k {self.k}"]
+        if self.mode == "ssd" and ran in (None, "ssd") and self.fanout is not None:
+            parts.append(f"fan-out {fanout_text(self.fanout)}")
         parts.append(f"temp {number_text(self.temperature)}")
         filters = filters_text(self.temperature, self.top_p, self.top_k, sep)
         return sep.join(parts + ([filters] if filters else []))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ssd_chat.history import ChatMessage, ChatSettings
 from ssd_chat.sampling_defaults import filters_text
-from ssd_chat.setting_words import number_text
+from ssd_chat.setting_words import fanout_text, number_text
 
 STATS_HEADER = ("turn", "mode", "settings", "tokens", "decode tok/s", "TTFT ms", "tau", "acceptance", "cache hits",
                 "prefix reused", "finish")
@@ -13,9 +13,11 @@ STATS_HEADER = ("turn", "mode", "settings", "tokens", "decode tok/s", "TTFT ms",
 
 def settings_sentence(s: ChatSettings, mode: str, k: int | None = None) -> str:
     """The chat's settings at export time; `mode` as the format writes it (Markdown: as code); k only in SD and SSD
-    (AR drafts nothing), `k` where given: what the engine drafts for the chat's (EngineConfig.drafted_k)."""
+    (AR drafts nothing), `k` where given: what the engine drafts for the chat's (EngineConfig.drafted_k); the fan-out
+    in SSD where set (none: the default)."""
     filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
     drafts = "" if s.mode == "ar" else f"k {s.k if k is None else k}, "
+    drafts += f"fan-out {fanout_text(s.fanout)}, " if s.mode == "ssd" and s.fanout is not None else ""
     return (f"Mode {mode}, {drafts}temperature {number_text(s.temperature)}, {filters + ', ' if filters else ''}"
             f"max tokens {s.max_tokens} (the chat's settings when exported; the stats give each reply's own).")
 

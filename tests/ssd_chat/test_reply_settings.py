@@ -67,10 +67,24 @@ def test_a_history_saved_before_replies_kept_their_settings_still_loads(tmp_path
 
 
 def test_the_settings_cell_is_compact_and_says_what_applied():
-    assert SAMPLED.text() == "k 3, temp 0.6, top-p 0.9, top-k 20"
+    assert SAMPLED.text() == "k 3, fan-out 1,2,2, temp 0.6, top-p 0.9, top-k 20"  # (SSD: its fan-out, set)
     assert GREEDY.text() == "temp 0"  # AR drafts nothing (no k); greedy: its filters do nothing
     rows = _table_rows(to_markdown(_chat(_stats(SAMPLED), _stats(GREEDY))))
     assert [row[2] for row in rows[2:]] == [SAMPLED.text(), GREEDY.text()]
+
+
+def test_an_ssd_replys_fanout_shows_where_it_was_set():
+    """The settings cell left the fan-out out: two SSD replies with another /fanout read the same."""
+    default = ReplySettings("ssd", 3, None, 0.6, 1.0, 0, 64)
+    assert default.text() == "k 3, temp 0.6"  # (the default fan-out: geometric for the measured acceptance)
+    assert SAMPLED.text(ran="ssd").startswith("k 3, fan-out 1,2,2, ")
+    assert SAMPLED.text(ran="sd") == "k 3, temp 0.6, top-p 0.9, top-k 20"  # (it ran in SD: no fan-out applied)
+    assert ReplySettings("sd", 3, (1, 2, 2), 0.6, 1.0, 0, 64).text() == "k 3, temp 0.6"  # (SD fans out nothing)
+    chat = _chat(_stats(SAMPLED))
+    chat.settings = ChatSettings(mode="ssd", k=3, fanout=(2, 1, 1, 1), temperature=0.2)
+    markdown = to_markdown(chat)
+    assert "Mode `ssd`, k 3, fan-out 2,1,1,1, temperature 0.2" in markdown
+    assert _table_rows(markdown)[2][2] == SAMPLED.text()
 
 
 @pytest.mark.asyncio
