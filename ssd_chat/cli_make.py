@@ -11,10 +11,11 @@ import typer
 
 from engine import pair_measures, synthetic
 from engine.config import DEFAULT_TARGET
-from ssd_chat.cli_options import Target, Threads, report, user_errors
+from ssd_chat.cli_options import Target, Threads, plain, report, user_errors
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
+WHOLE, NUMBER = plain(int), plain(float)  # plain numbers, as the other commands take them (int() took 1_0 as ten)
 
 
 def make_pair(
@@ -22,12 +23,14 @@ def make_pair(
         Path | None,
         typer.Option(help="Directory for target/ and draft/.", show_default="the synthetic-* aliases' cache"),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
-    draft_layers: Annotated[int, typer.Option(help="Target layers the draft keeps.")] = synthetic.DEFAULT_DRAFT_LAYERS,
-    damping: Annotated[float, typer.Option(help="Scale of the deeper layers' output projections.")] = (
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.", parser=WHOLE)] = 0,
+    draft_layers: Annotated[int, typer.Option(help="Target layers the draft keeps.",
+                                              parser=WHOLE)] = synthetic.DEFAULT_DRAFT_LAYERS,
+    damping: Annotated[float, typer.Option(help="Scale of the deeper layers' output projections.", parser=NUMBER)] = (
         synthetic.DEFAULT_DAMPING),
     head_vocab: Annotated[
-        int, typer.Option(help="Tokens the target can emit (the draft's reduced head scores only these); 0: all.")
+        int, typer.Option(help="Tokens the target can emit (the draft's reduced head scores only these); 0: all.",
+                          parser=WHOLE)
     ] = synthetic.DEFAULT_HEAD_VOCAB,
     agreement: Annotated[bool, typer.Option(help="Measure the greedy draft/target agreement.")] = True,
 ) -> None:
@@ -59,28 +62,32 @@ def distill(
         typer.Option(help="Training prompts: plain lines or JSONL with prompt/messages.",
                      show_default="assets/prompts/distill.jsonl"),
     ] = None,
-    max_prompts: Annotated[int | None, typer.Option(help="Use the file's first N prompts (default: all).")] = None,
-    draft_layers: Annotated[int, typer.Option(help="Target layers the draft starts from.")] = 4,
+    max_prompts: Annotated[int | None, typer.Option(help="Use the file's first N prompts (default: all).",
+                                                    parser=WHOLE)] = None,
+    draft_layers: Annotated[int, typer.Option(help="Target layers the draft starts from.", parser=WHOLE)] = 4,
     head_vocab: Annotated[int, typer.Option(help="Tokens the draft's head scores (most frequent in the replies); "
-                                                 "0: all.")] = 8192,
-    steps: Annotated[int, typer.Option(help="Training steps (0: write the untrained draft).")] = 1800,
-    batch_size: Annotated[int, typer.Option(help="Replies per training step.")] = 16,
-    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warm-up, then cosine decay).")] = 1e-3,
+                                                 "0: all.", parser=WHOLE)] = 8192,
+    steps: Annotated[int, typer.Option(help="Training steps (0: write the untrained draft).", parser=WHOLE)] = 1800,
+    batch_size: Annotated[int, typer.Option(help="Replies per training step.", parser=WHOLE)] = 16,
+    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warm-up, then cosine decay).",
+                                      parser=NUMBER)] = 1e-3,
     loss: Annotated[str, typer.Option(help="ce: cross-entropy on the reply tokens (greedy acceptance, fast); "
                                            "kl: KL to the target's distribution (runs the target per step); "
                                            "topk: the target's top-16 distribution, scored once.")] = "ce",
     kl_steps: Annotated[int, typer.Option(help="Then this many steps of KL to the target's distribution (it ranks "
-                                               "the draft's other choices: SSD's cache hits).")] = 400,
-    kl_lr: Annotated[float, typer.Option(help="Peak learning rate of the KL steps.")] = 3e-4,
-    seed: Annotated[int, typer.Option(help="Seed of the batch order (and of sampled replies).")] = 0,
-    max_tokens: Annotated[int, typer.Option(help="Most tokens per target reply.")] = 192,
-    temperature: Annotated[float, typer.Option(help="The target's temperature for its replies; 0 = greedy.")] = 0.0,
+                                               "the draft's other choices: SSD's cache hits).", parser=WHOLE)] = 400,
+    kl_lr: Annotated[float, typer.Option(help="Peak learning rate of the KL steps.", parser=NUMBER)] = 3e-4,
+    seed: Annotated[int, typer.Option(help="Seed of the batch order (and of sampled replies).", parser=WHOLE)] = 0,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens per target reply.", parser=WHOLE)] = 192,
+    temperature: Annotated[float, typer.Option(help="The target's temperature for its replies; 0 = greedy.",
+                                               parser=NUMBER)] = 0.0,
     ignore_eos: Annotated[bool, typer.Option(help="Replies run to --max-tokens past the end of turn (the target "
                                                   "then writes and answers a new user turn).")] = True,
     eval_prompts: Annotated[int, typer.Option(help="Prompts held out to measure greedy agreement (they must leave "
-                                              "one --batch-size of training prompts).")] = 32,
-    eval_every: Annotated[int, typer.Option(help="Steps between agreement measurements.")] = 100,
-    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (and draft writes).")] = 100,
+                                              "one --batch-size of training prompts).", parser=WHOLE)] = 32,
+    eval_every: Annotated[int, typer.Option(help="Steps between agreement measurements.", parser=WHOLE)] = 100,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (and draft writes).",
+                                                  parser=WHOLE)] = 100,
     threads: Threads = None,
     resume: Annotated[bool, typer.Option(help="Continue the run found in --out (--no-resume: start over).")] = True,
     precision: Annotated[str, typer.Option(help="The training steps' matmuls: fp32, bf16, or auto (bf16 where the "
