@@ -52,6 +52,7 @@ from ssd_chat.cli_options import (
     TopK,
     TopP,
     Tp,
+    chat_settings,
     enter_mode,
     print_version,
     report,
@@ -174,7 +175,7 @@ def root(
         if app_runs or not from_env:  # (a bad SSD_CHAT_ENTER does not stop the plain mode: it means nothing there)
             enter = enter_mode(enter, "from SSD_CHAT_ENTER" if from_env else "on the command line")
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=app_runs)
-        spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
+        spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup, resume)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
                              compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul,
@@ -191,10 +192,7 @@ def root(
 
         with keys_reach_the_app():
             load_engine = _engine_loader(target, engine_kwargs)  # loading from here on, beside the app's start
-            from ssd_chat.history import ChatSettings
-
-            settings = ChatSettings(mode=spec.mode, k=spec.k, fanout=spec.fanout, temperature=params.temperature,
-                                    top_p=params.top_p, top_k=params.top_k, max_tokens=max_tokens, system=system)
+            settings = chat_settings(spec, fanout, params, system)
             given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "top_p", "top_k", "system")
                               if ctx.get_parameter_source(n).name == "COMMANDLINE")
             code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,

@@ -31,6 +31,7 @@ from ssd_chat.cli_options import (
     Threads,
     Tp,
     plain,
+    seed_number,
     speculation_config,
     user_errors,
 )
@@ -77,11 +78,11 @@ def bench(
     limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.", parser=plain(int))] = None,
     temperature: Annotated[float, typer.Option(help="Sample at this temperature (0 = greedy); sampled modes "
                                                     "follow the target's distribution, not AR's tokens.",
-                                                    parser=plain(float))] = 0.0,
+                                                    parser=plain(float, field="temperature"))] = 0.0,
     top_p: Annotated[float, typer.Option(help="Sampled replies: the nucleus's mass (1 = off).",
-                                         parser=plain(float))] = 1.0,
+                                         parser=plain(float, field="top_p"))] = 1.0,
     seed: Annotated[int, typer.Option(help="Sampled replies: prompt i is seeded with SEED + i in every mode.",
-                                      parser=plain(int))] = 0,
+                                      parser=seed_number)] = 0,
 ) -> None:
     """Fixed-length decode speed and TTFT per mode over a prompt set (greedy unless --temperature)."""
     from ssd_chat.bench import BenchConfig, run_bench  # here: it imports transformers' models, 0.3 s of every start
@@ -94,7 +95,7 @@ def bench(
             target=target, prompts_file=prompts, modes=tuple(dict.fromkeys(m.strip() for m in modes.split(",")
                                                                            if m.strip())),
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
-            fanout=speculation_config(draft, None, k, fanout).fanout, backup=backup, tp=tp,
+            fanout=speculation_config(draft, None, k, fanout, backup).fanout, backup=backup, tp=tp,
             target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
             draft_weights=draft_weights, packed_kernel=cpu_matmul,

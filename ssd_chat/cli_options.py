@@ -9,17 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from engine import EngineError
-from engine.config import BACKUPS, MAX_FANOUT, PREFILL_CHUNK, SpeculationConfig
+from engine.config import ATTENTION_BACKENDS, BACKUPS, DTYPES, MAX_FANOUT, MODES, PREFILL_CHUNK, SpeculationConfig
 from engine.errors import InvalidParameterError
 from ssd_chat import __version__, setting_words, typed_numbers
 from ssd_chat.engine_failure import EXIT_ENGINE_FAILED, EngineFailed
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.tui.commands import ENTER_MODES
+
+if TYPE_CHECKING:
+    from engine.sampling_params import SamplingParams
+    from ssd_chat.history import ChatSettings
 
 EXIT_USER_ERROR = 2
 # Started with stdout closed (`>&-`: Python's sys.stdout is None), the replies, tables and results had nowhere to
@@ -53,42 +57,83 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_ENGINE_FAILED) from None
 
 
-def plain(kind: type[int] | type[float], minimum: int | None = None) -> Callable[[object], object]:
+def plain(kind: type[int] | type[float], minimum: int | None = None, *, field: str = "", takes: str = "",
+          maximum: int | None = None) -> Callable[[object], object]:
     """A number option's parser: a plain number only (typed_numbers; typer's own read --temperature 1_0 as ten), at
-    least `minimum` where given (typer's min= does not apply to an option with a parser)."""
+    least `minimum` and at most `maximum` where given (typer's min= does not apply to an option with a parser), said
+    as `takes` ("a seed from 0 to 2^63-1"); `field`: the setting (setting_words.TAKES) a number past a float's range
+    says it takes."""
 
     def parse(value: object) -> object:
         if not isinstance(value, str):  # (a default)
             return value
         try:
             number = typed_numbers.parse(value, kind)
+        except typed_numbers.UnheldNumber as err:
+            raise typer.BadParameter(setting_words.unheld_text(err, field)) from None
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
-        if minimum is not None and number < minimum:
-            raise typer.BadParameter(f"takes at least {minimum}; got {value}")
+        if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+            raise typer.BadParameter(f"takes {takes or f'at least {minimum}'}; got {value.strip()}")
         return number
 
     parse.__name__ = kind.__name__  # (the metavar in --help: FLOAT, INT)
     return parse
 
 
+seed_number = plain(int, 0, maximum=2**63 - 1, takes="a whole number from 0 to 2^63-1")  # (SamplingParams')
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[object], object]:
+    """A word option's parser: one of `choices` (any case; the engine's own words named its Python field)."""
+
+    def parse(value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() not in choices:
+            raise typer.BadParameter(f"takes {', '.join(choices[:-1])} or {choices[-1]}; got {value!r}")
+        return value.strip().lower() if isinstance(value, str) else value
+
+    parse.__name__ = "text"
+    return parse
+
+
+def mode_case(value: object) -> object:
+    """--mode's parser: a mode in any case (SD) as MODES has it, as /mode takes it; any other word as typed, for
+    speculation_config's error (setting_words, the app's words)."""
+    if isinstance(value, str) and value.strip().lower() in MODES:
+        return value.strip().lower()
+    return value
+
+
 def speculation_config(
     draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit", fixed_k: bool = False,
-    no_lookup: bool = False,
+    no_lookup: bool = False, resume: bool = False,
 ) -> SpeculationConfig:
-    """The decoding mode the options ask for (EngineError on bad values, naming the option: setting_words)."""
-    try:
-        fanout_values = None if fanout is None else tuple(int(typed_numbers.parse(f.strip(), int))
-                                                          for f in fanout.split(","))
-    except ValueError:
-        raise InvalidParameterError(f"--fanout takes whole numbers (ASCII digits) separated by commas, got {fanout!r}"
-                                    ) from None
+    """The decoding mode the options ask for (EngineError on bad values, naming the option: setting_words).
+    `resume`: the chat's k is the resumed chat's (or --k, given over it), which a fan-out's number of counts is
+    checked against once the chat is open (settings_fit.fit: a notice, the default fan-out); here only each count is,
+    and a fan-out that does not fit `k` is not the run's own (the chat's alone)."""
+    counts = setting_words.fanout_counts(setting_words.FLAGS, fanout)
     mode = mode or ("sd" if draft else "ar")
-    setting_words.check(setting_words.FLAGS, mode, k, fanout_values)
+    for each in (counts or ()) if resume else ():
+        setting_words.check(setting_words.FLAGS, mode, k, (each,))
+    if resume and counts and len(counts) not in (1, k + 1):
+        counts = None
+    setting_words.check(setting_words.FLAGS, mode, k, counts)
     if backup not in BACKUPS:
         raise InvalidParameterError(f"--backup takes {' or '.join(BACKUPS)}; got {backup!r}")
-    return SpeculationConfig(mode=mode, k=k, fanout=fanout_values, backup=backup,
-                             adaptive_k=not fixed_k, lookup=not no_lookup)
+    return SpeculationConfig(mode=mode, k=k, fanout=counts, backup=backup, adaptive_k=not fixed_k,
+                             lookup=not no_lookup)
+
+
+def chat_settings(spec: SpeculationConfig, fanout: str | None, params: SamplingParams, system: str | None
+                  ) -> ChatSettings:
+    """The chat app's first settings: the options' (a fan-out as typed: under --resume it may fit the resumed chat's
+    k, not --k's, so it is not always the run's own)."""
+    from ssd_chat.history import ChatSettings  # (here: the plain mode and `ask` never need it)
+
+    return ChatSettings(mode=spec.mode, k=spec.k, fanout=setting_words.fanout_counts(setting_words.FLAGS, fanout),
+                        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                        max_tokens=params.max_tokens, system=system)
 
 
 Target = Annotated[
@@ -97,19 +142,21 @@ Target = Annotated[
 System = Annotated[str | None, typer.Option(help="System prompt.")]
 Temperature = Annotated[float | None, typer.Option(
     help="Sampling temperature; 0 = greedy. Default: the model's recommended one (smollm2-135m: 0.2, its model "
-         "card's; a directory's generation_config.json), else 0.7.", show_default=False, parser=plain(float))]
+         "card's; a directory's generation_config.json), else 0.7.", show_default=False,
+    parser=plain(float, field="temperature"))]
 TopP = Annotated[float | None, typer.Option(
     help="Nucleus sampling mass; 1 = off. Default: the model's recommended one (smollm2-135m: 0.9), else 1.",
-    show_default=False, parser=plain(float))]
+    show_default=False, parser=plain(float, field="top_p"))]
 TopK = Annotated[int | None, typer.Option(
     help="Sample among the k likeliest tokens; 0 = off. Default: the model's recommended one, else 0.",
     show_default=False, parser=plain(int))]
 MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.", parser=plain(int))]
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).",
-                                             parser=plain(int))]
+                                             parser=plain(int, 1, takes="a number of CPU threads, at least 1"))]
 Seed = Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply (in AR, or with --fixed-k: the "
-                                         "adaptive k follows measured speeds).", parser=plain(int))]
-MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).", parser=plain(int))]
+                                         "adaptive k follows measured speeds).", parser=seed_number)]
+MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).", parser=plain(
+    int, 2, takes="a context limit of at least 2 tokens"))]
 Draft = Annotated[
     str | None,
     typer.Option("--draft", "-d", help="Draft model (alias or directory): enables --mode sd / ssd. The chat and "
@@ -117,11 +164,13 @@ Draft = Annotated[
 ]
 Mode = Annotated[
     str | None,
-    typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd overlaps drafting with --draft-device."),
+    typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd overlaps drafting with --draft-device.",
+                 parser=mode_case),
 ]
 K = Annotated[int, typer.Option("--k", help="Most draft tokens per verify step (fewer when faster, unless --fixed-k; "
                                  "at most 31 on the CPU).", parser=plain(int))]
-Tp = Annotated[int, typer.Option("--tp", help="Target tensor-parallel ranks, one process each.", parser=plain(int))]
+Tp = Annotated[int, typer.Option("--tp", help="Target tensor-parallel ranks, one process each.",
+                                  parser=plain(int, 1, takes="a number of target ranks, at least 1"))]
 TargetDevices = Annotated[
     str | None, typer.Option(help="Target devices: CPU cores (cpu:0-1, split over the TP ranks) or GPUs (cuda:0-3).")
 ]
@@ -145,9 +194,11 @@ Fanout = Annotated[
                              f"0-{MAX_FANOUT} (default: geometric for the measured acceptance).")
 ]
 
-Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16.")]
+Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16.",
+                                    parser=one_of(DTYPES))]
 Attention = Annotated[
-    str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).")
+    str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).",
+                      parser=one_of(ATTENTION_BACKENDS))
 ]
 PrefillChunk = Annotated[int | None, typer.Option(
     help=f"Prompt tokens per prefill step (default: {PREFILL_CHUNK['cpu']} on the CPU, {PREFILL_CHUNK['cuda']} on "

@@ -162,7 +162,7 @@ def test_bench_samples_with_a_seed_per_prompt(tiny_llama_dir, tmp_path):
 def test_bench_refuses_bad_sampling_settings_before_loading(tiny_llama_dir, option, value):
     sampled = ["--temperature", "0.5"] if option != "--temperature" else []  # (a greedy bench draws no seed)
     args = ["bench", "--target", str(tiny_llama_dir), *sampled, option, value]
-    if value in ("1e400",):  # refused as the option is read (cli_options.plain): typer's one line
+    if value in ("1e400", "-3"):  # refused as the option is read (cli_options.plain): typer's one line
         result = run_ssd_chat(*args)
         assert result.returncode == 2 and result.stderr.startswith(f"error: Invalid value for '{option}': ")
         assert value in result.stderr

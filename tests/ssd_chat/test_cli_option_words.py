@@ -1,0 +1,124 @@
+"""The command line refuses a bad option value in one line naming the option, before any model loads: --seed,
+--threads, --tp, --max-model-len, --dtype and --attention said the engine's words ("threads must be >= 1"); `bench
+--backup x` loaded the model first; --mode SD was refused where /mode SD is taken; --fanout none (the default, as
+/help calls it) was refused; --resume --fanout was checked against --k's default, not the resumed chat's k;
+make-pair and distill took 1_0 as ten; 1e400 and 1e-400 were read as inf and 0."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from ssd_chat import cli
+from tests.ssd_chat.cli_runs import run_ssd_chat
+
+
+def _no_engine(**kwargs):
+    pytest.fail("a model loaded")
+
+
+class _Reached(Exception):
+    """The engine was reached: the options passed."""
+
+
+def _engine_kwargs(monkeypatch, args: list[str]) -> dict:
+    """What `ssd-chat ARGS` hands the engine (its options all taken)."""
+    seen: dict = {}
+
+    def llm(**kwargs):
+        seen.update(kwargs)
+        raise _Reached
+
+    monkeypatch.setattr(cli, "LLM", llm)
+    result = CliRunner().invoke(cli.app, args, input="")
+    assert isinstance(result.exception, _Reached), result.output
+    return seen
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--seed", "-1"], "--seed': takes a whole number from 0 to 2^63-1; got -1"),
+    (["--seed", "9223372036854775808"], "--seed': takes a whole number from 0 to 2^63-1; got 9223372036854775808"),
+    (["--threads", "0"], "--threads': takes a number of CPU threads, at least 1; got 0"),
+    (["--tp", "0"], "--tp': takes a number of target ranks, at least 1; got 0"),
+    (["--max-model-len", "1"], "--max-model-len': takes a context limit of at least 2 tokens; got 1"),
+    (["--dtype", "float8"], "--dtype': takes auto, float32, bfloat16 or float16; got 'float8'"),
+    (["--attention", "fast"], "--attention': takes auto, sdpa or flashinfer; got 'fast'"),
+])
+def test_engine_options_are_refused_in_one_line_naming_the_flag(monkeypatch, flags, message):
+    monkeypatch.setattr(cli, "LLM", _no_engine)
+    result = CliRunner().invoke(cli.app, ["ask", "hi", *flags], standalone_mode=False)
+    assert f"Invalid value for '{message}" == result.exception.format_message(), result.output
+
+
+def test_the_real_entry_point_says_it_in_one_line():
+    result = run_ssd_chat("ask", "hi", "--threads", "0")
+    assert result.returncode == 2
+    assert result.stderr == ("error: Invalid value for '--threads': takes a number of CPU threads, at least 1; "
+                             "got 0\n")
+
+
+def test_engine_options_in_range_and_any_case_pass(monkeypatch):
+    seen = _engine_kwargs(monkeypatch, ["ask", "hi", "--seed", "0", "--threads", "2", "--max-model-len", "2",
+                                        "--dtype", "Float32", "--attention", "SDPA", "--draft", "none"])
+    assert seen["dtype"] == "float32" and seen["attention"] == "sdpa" and seen["threads"] == 2
+
+
+@pytest.mark.parametrize("command", [["--plain"], ["ask", "hi"]])
+def test_mode_takes_any_case_as_mode_does_in_the_app(monkeypatch, command):
+    seen = _engine_kwargs(monkeypatch, [*command, "--mode", "SD", "--draft", "none"])
+    assert seen["speculation"].mode == "sd"
+
+
+@pytest.mark.parametrize(("typed", "fanout"), [("none", None), ("None", None), ("default", None), ("2", (2,))])
+def test_fanout_none_is_the_default(monkeypatch, typed, fanout):
+    seen = _engine_kwargs(monkeypatch, ["ask", "hi", "--mode", "ssd", "--fanout", typed])
+    assert seen["speculation"].fanout == fanout
+
+
+def test_a_resumed_chats_fanout_is_checked_against_its_own_k(monkeypatch):
+    from ssd_chat import tui
+
+    seen: dict = {}
+    monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: seen.update(kwargs) or 0)
+    monkeypatch.setattr(cli, "_engine_loader", lambda target, engine_kwargs: None)
+    monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
+    result = CliRunner().invoke(cli.app, ["--mode", "ssd", "--fanout", "1,2,3"])
+    assert result.exit_code == 2 and "k+1 = 5" in result.output  # a new chat: --k's
+    result = CliRunner().invoke(cli.app, ["--mode", "ssd", "--fanout", "1,2,3", "--resume"])
+    assert result.exit_code == 0, result.output
+    assert seen["settings"].fanout == (1, 2, 3) and "fanout" in seen["given"]  # (the chat's k: checked once open)
+    assert seen["speculation"].fanout is None  # (the run's own: it does not fit k 4)
+    result = CliRunner().invoke(cli.app, ["--mode", "ssd", "--fanout", "1,2,300", "--resume"])
+    assert result.exit_code == 2 and "--fanout takes counts from 0 to 256" in result.output
+
+
+def test_bench_refuses_a_bad_backup_before_loading(monkeypatch):
+    import ssd_chat.bench
+
+    monkeypatch.setattr(ssd_chat.bench, "run_bench", lambda *args, **kwargs: pytest.fail("the bench ran"))
+    result = CliRunner().invoke(cli.app, ["bench", "--backup", "x"])
+    assert result.exit_code == 2 and result.output == "error: --backup takes jit or fast; got 'x'\n"
+
+
+@pytest.mark.parametrize("args", [["make-pair", "--seed", "1_0"], ["make-pair", "--damping", "1_0"],
+                                  ["distill", "--out", "x", "--steps", "1_0"],
+                                  ["distill", "--out", "x", "--lr", "inf"]])
+def test_make_pair_and_distill_take_plain_numbers(monkeypatch, args):
+    import ssd_chat.distill
+    from engine import synthetic
+
+    monkeypatch.setattr(synthetic, "build_pair", lambda *a, **kw: pytest.fail("it built a pair"))
+    monkeypatch.setattr(ssd_chat.distill, "run_distill", lambda *a, **kw: pytest.fail("it distilled"))
+    result = CliRunner().invoke(cli.app, args, standalone_mode=False)
+    assert result.exception is not None and "is not a" in str(result.exception), result.output
+
+
+@pytest.mark.parametrize(("flag", "typed", "says"), [
+    ("--temperature", "1e-400", "1e-400 is below the smallest number it can hold; 0 turns sampling off (greedy)"),
+    ("--temperature", "1e400", "1e400 is above the largest number it can hold; it takes a temperature from 0 to 100"),
+    ("--top-p", "1e-400", "1e-400 is below the smallest number it can hold; it takes a mass in (0, 1], 1 = off"),
+])
+def test_a_number_past_a_floats_range_is_refused(monkeypatch, flag, typed, says):
+    monkeypatch.setattr(cli, "LLM", _no_engine)
+    result = CliRunner().invoke(cli.app, ["ask", "hi", flag, typed], standalone_mode=False)
+    assert result.exception is not None and says in str(result.exception)
