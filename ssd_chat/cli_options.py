@@ -114,9 +114,9 @@ def speculation_config(
     and a fan-out that does not fit `k` is not the run's own (the chat's alone)."""
     counts = setting_words.fanout_counts(setting_words.FLAGS, fanout)
     mode = mode or ("sd" if draft else "ar")
-    for each in (counts or ()) if resume else ():
-        setting_words.check(setting_words.FLAGS, mode, k, (each,))
     if resume and counts and len(counts) not in (1, k + 1):
+        for count in counts:
+            setting_words.check(setting_words.FLAGS, mode, k, (count,))
         counts = None
     setting_words.check(setting_words.FLAGS, mode, k, counts)
     if backup not in BACKUPS:
@@ -191,7 +191,7 @@ NoLookup = Annotated[
 ]
 Fanout = Annotated[
     str | None, typer.Option(help=f"SSD candidates per accepted count: one number, or k+1 comma-separated, each "
-                             f"0-{MAX_FANOUT} (default: geometric for the measured acceptance).")
+                             f"0-{MAX_FANOUT}; none: the default (geometric for the measured acceptance).")
 ]
 
 Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16.",
