@@ -14,7 +14,7 @@ from engine.config import MAX_FANOUT, SpeculationConfig
 from engine.errors import InvalidParameterError
 from engine.sampling_params import SamplingParams
 from ssd_chat import cli
-from ssd_chat.setting_words import FLAGS, SLASH, check, check_max_tokens
+from ssd_chat.setting_words import FLAGS, SLASH, check, check_max_tokens, check_sampling, number_text
 
 
 @pytest.mark.parametrize(("names", "values", "message"), [
@@ -79,3 +79,11 @@ def test_the_command_line_says_it_in_one_line_before_a_model_loads(monkeypatch, 
     monkeypatch.setattr(cli, "LLM", lambda **kwargs: pytest.fail("a model loaded"))
     result = CliRunner().invoke(cli.app, [*command, *flags], input="")
     assert result.exit_code == 2 and result.output == f"error: {message}\n"
+
+
+def test_numbers_show_as_typed_and_zero_has_no_sign():
+    """A typed -0 (or a saved -0.0) showed as -0 in the status line, the panel and the errors."""
+    assert [number_text(v) for v in (-0.0, 0.0, 0.9, 1.0, 1e-9, 0.123456789, 7)] == ["0", "0", "0.9", "1", "1e-9",
+                                                                                     "0.123456789", "7"]
+    with pytest.raises(InvalidParameterError, match=r"^/top-p takes a mass in \(0, 1\], 1 = off; got 0$"):
+        check_sampling(SLASH, 0.5, -0.0, 0)
