@@ -65,6 +65,7 @@ class BenchConfig:
     compile: bool = False
     draft_weights: str = "int8"  # CPU: the draft's matmul weights (engine.layers.low_bits)
     packed_kernel: str = "auto"  # CPU: the target's few-row matmul kernel (engine.layers.packed)
+    kv_dtype: str = "auto"  # CPU: the KV cache's dtype (auto: the model's; float16: half)
     ignore_eos: bool = True  # fixed-length replies (False: each stops at its end of turn, as in a chat)
     adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (False: always k)
     lookup: bool = True  # drafts take the context lookup's token where it has one (engine.lookup)
@@ -219,6 +220,7 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
         "backup": config.backup, "adaptive_k": config.adaptive_k, "lookup": config.lookup,
         "dtype": config.dtype, "attention": config.attention,
         "eager": config.eager, "compile": config.compile, "draft_weights": config.draft_weights,
+        "kv_dtype": config.kv_dtype,
         "packed_kernel": resolve_kernel(config.packed_kernel),  # the CPU kernel "auto" picked here
         "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
@@ -232,7 +234,7 @@ def _run_engine_modes(
     resolve_model(config.target)  # an unknown model: the one error line, before any progress line
     progress(f"loading {config.target}")
     fast = dict(dtype=config.dtype, attention=config.attention, eager=config.eager, compile=config.compile,
-                draft_weights=config.draft_weights, packed_kernel=config.packed_kernel)
+                draft_weights=config.draft_weights, packed_kernel=config.packed_kernel, kv_dtype=config.kv_dtype)
     llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False,
               tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, **fast)
     try:

@@ -38,6 +38,7 @@ from ssd_chat.cli_options import (
     Fanout,
     FixedK,
     K,
+    KvDtype,
     MaxModelLen,
     MaxTokens,
     Mode,
@@ -55,6 +56,7 @@ from ssd_chat.cli_options import (
     chat_settings,
     enter_mode,
     print_version,
+    read_stdin,
     report,
     speculation_config,
     user_errors,
@@ -71,7 +73,8 @@ if TYPE_CHECKING:
 
 REPL_OPTIONS = ("target", "system", "temperature", "top_p", "top_k", "max_tokens", "threads", "draft", "mode", "k",
                 "fanout", "plain", "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul",
-                "backup", "fixed_k", "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk", "enter")
+                "backup", "fixed_k", "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk", "enter",
+                "kv_dtype")
 
 app = typer.Typer(
     add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -147,6 +150,7 @@ def root(
     compile: Compile = False,
     draft_weights: DraftWeights = "int8",
     cpu_matmul: CpuMatmul = "auto",
+    kv_dtype: KvDtype = "auto",
     prefill_chunk: PrefillChunk = None,
     enter: Enter = None,
     plain: Annotated[
@@ -179,7 +183,7 @@ def root(
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
                              compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul,
-                             prefill_chunk_tokens=prefill_chunk)
+                             prefill_chunk_tokens=prefill_chunk, kv_dtype=kv_dtype)
         if not app_runs:
             if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
                 raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
@@ -249,6 +253,7 @@ def ask(
     compile: Compile = False,
     draft_weights: DraftWeights = "int8",
     cpu_matmul: CpuMatmul = "auto",
+    kv_dtype: KvDtype = "auto",
     prefill_chunk: PrefillChunk = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
@@ -257,7 +262,7 @@ def ask(
         params = chosen(target, temperature, top_p, top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
-        text = _read_stdin().rstrip("\n") if prompt == "-" else prompt
+        text = read_stdin().rstrip("\n") if prompt == "-" else prompt
         if not text.strip():
             raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")
         messages = [{"role": "system", "content": system}] if system is not None else []
@@ -265,18 +270,12 @@ def ask(
         with LLM(target=target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
                  target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
                  attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
-                 packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk) as llm:
+                 packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk, kv_dtype=kv_dtype) as llm:
             check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)
             output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout).output
             tell_context_cut(output, context_cut_notice(llm.max_model_len, "shorten the prompt", llm.model_max_len))
         if as_json:
             typer.echo(json.dumps(output.to_dict()))
-
-
-def _read_stdin() -> str:
-    if sys.stdin is None:  # started with stdin closed (`<&-`)
-        raise BenchInputError("stdin is closed: give the prompt as an argument, or - and the prompt on stdin")
-    return sys.stdin.read()
 
 
 @app.command()

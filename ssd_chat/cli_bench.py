@@ -25,6 +25,7 @@ from ssd_chat.cli_options import (
     Fanout,
     FixedK,
     K,
+    KvDtype,
     NoLookup,
     Target,
     TargetDevices,
@@ -62,6 +63,7 @@ def bench(
     compile: Compile = False,
     draft_weights: DraftWeights = "int8",
     cpu_matmul: CpuMatmul = "auto",
+    kv_dtype: KvDtype = "auto",
     hf: Annotated[bool, typer.Option("--hf", help="Also measure transformers' generate() as a baseline.")] = False,
     prompts: Annotated[
         Path,
@@ -98,7 +100,7 @@ def bench(
             fanout=speculation_config(draft, None, k, fanout, backup).fanout, backup=backup, tp=tp,
             target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
-            draft_weights=draft_weights, packed_kernel=cpu_matmul,
+            draft_weights=draft_weights, packed_kernel=cpu_matmul, kv_dtype=kv_dtype,
             ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup, temperature=temperature,
             top_p=top_p, seed=seed,
         )

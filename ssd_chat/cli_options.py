@@ -7,6 +7,7 @@ with exit code 1 (engine_failure).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
@@ -14,7 +15,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from engine import EngineError
-from engine.config import ATTENTION_BACKENDS, BACKUPS, DTYPES, MAX_FANOUT, MODES, PREFILL_CHUNK, SpeculationConfig
+from engine.config import (
+    ATTENTION_BACKENDS,
+    BACKUPS,
+    DTYPES,
+    KV_DTYPES,
+    MAX_FANOUT,
+    MODES,
+    PREFILL_CHUNK,
+    SpeculationConfig,
+)
 from engine.errors import InvalidParameterError
 from ssd_chat import __version__, setting_words, typed_numbers
 from ssd_chat.engine_failure import EXIT_ENGINE_FAILED, EngineFailed
@@ -200,6 +210,10 @@ Attention = Annotated[
     str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).",
                       parser=one_of(ATTENTION_BACKENDS))
 ]
+KvDtype = Annotated[str, typer.Option(
+    help="CPU: the KV cache's dtype: auto (the model's: float32) or float16 (half the memory and the bytes a step "
+    "reads: faster decoding in long chats; the keys and values rounded to half, so other tokens than float32's "
+    "can come, and SD and SSD still equal AR).", parser=one_of(KV_DTYPES))]
 PrefillChunk = Annotated[int | None, typer.Option(
     help=f"Prompt tokens per prefill step (default: {PREFILL_CHUNK['cpu']} on the CPU, {PREFILL_CHUNK['cuda']} on "
     "CUDA): a cancel lands between two steps.", parser=plain(int, minimum=1))]
@@ -214,6 +228,13 @@ CpuMatmul = Annotated[str, typer.Option(
     "q8 (panel4 with the activations of its 4- and 8-bit weights rounded to 8 bits, llama.cpp's arithmetic, on "
     "x86 with AVX2 (AVX-512 VNNI where it has it): "
     "faster, not the float32 model's bits; SD/SSD still equal AR under it), mkl, onednn.")]
+def read_stdin() -> str:
+    """`ask -`'s prompt: all of stdin."""
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise BenchInputError("stdin is closed: give the prompt as an argument, or - and the prompt on stdin")
+    return sys.stdin.read()
+
+
 def enter_mode(value: str | None, source: str) -> str | None:
     """--enter's value, checked only where the chat app runs (a bad SSD_CHAT_ENTER must not stop `ask`)."""
     if value is not None and value.lower() not in ENTER_MODES:

@@ -103,7 +103,7 @@ def test_ask_reads_the_prompt_from_stdin(tiny_llama_dir):
      "bench json in a missing directory", "bench json a directory", "prompt file not UTF-8", "unknown bench mode",
      "bench sd with no draft",
      "distill target that is no model", "backwards core range", "seed out of range", "bench unknown model",
-     "distill target that is a draft", "distill out is a file", "prefill chunk of zero",
+     "distill target that is a draft", "distill out is a file", "prefill chunk of zero", "unknown kv dtype",
      "distill on a held-out set under another name", "unknown enter mode", "verbose after a command",
      "fanout past the speculation cache"],
 )
@@ -160,6 +160,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
         "unknown draft weights": ["ask", "hi", "--target", tiny, "--draft", tiny, "--draft-weights", "int4"],
         "unknown cpu matmul": ["ask", "hi", "--target", tiny, "--cpu-matmul", "blas"],
         "prefill chunk of zero": ["ask", "hi", "--target", tiny, "--prefill-chunk", "0"],
+        "unknown kv dtype": ["ask", "hi", "--target", tiny, "--kv-dtype", "float8"],
         "unknown enter mode": ["--enter", "sideways"],
         "verbose after a command": ["ask", "hi", "-v"],
         "fanout past the speculation cache": ["ask", "hi", "--target", tiny, "--draft", tiny, "--mode", "ssd",
