@@ -96,7 +96,8 @@ def test_the_data_directory_follows_the_environment(tmp_path, monkeypatch):
 
 def test_markdown_export_has_the_turns_and_a_stats_table(tmp_path):
     text = to_markdown(_conversation())
-    assert text.startswith("# Tea\n\nMode `ssd`, k 3, temperature 0, max tokens 64 (the chat's settings when exported")
+    assert text.startswith("# Tea\n\nMode `ssd`, k 3, fan-out 1,2,2,1, temperature 0, max tokens 64 (the chat's "
+                           "settings when exported")
     assert "## System\n\nBe brief." in text
     assert "## You\n\nWrite a haiku about tea." in text
     assert "```python\nprint('tea')\n```" in text
