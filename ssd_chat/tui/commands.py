@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ssd_chat import typed_numbers
-
 
 @dataclass(frozen=True)
 class SlashSpec:
@@ -121,18 +119,3 @@ def complete(text: str) -> str | None:
     return f"/{common}" if len(common) > len(text) - 1 else None
 
 
-def parse_fanout(arg: str) -> tuple[int, ...] | None:
-    if not arg or arg == "default":
-        return None
-    try:
-        return tuple(int(typed_numbers.parse(f.strip(), int)) for f in arg.split(","))  # ("1, 2" is (1, 2))
-    except ValueError:
-        raise SlashError(f"/fanout takes whole numbers (ASCII digits) separated by commas, got {arg!r}") from None
-
-
-def parse_number(arg: str, kind: type[int] | type[float], command: str) -> int | float:
-    """`arg` as a `kind`, typed as a plain number (typed_numbers: not 1_0, a full-width ４, nan)."""
-    try:
-        return typed_numbers.parse(arg, kind)
-    except ValueError:
-        raise SlashError(f"/{command} needs {typed_numbers.WHAT[kind]}, got {arg!r}") from None

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from ssd_chat.setting_words import SLASH, fanout_counts
 from ssd_chat.tui.commands import (
     SlashCommand,
     SlashError,
     as_typed,
     complete,
     completions,
-    parse_fanout,
     parse_slash,
     prompt_text,
 )
@@ -93,7 +93,7 @@ def test_slash_parsing():
     assert [c.name for c in completions("/c")] == ["clear", "chats", "compare", "colors", "copy"]
     assert complete("/co") is None and complete("/com") == "/compare " and complete("/ch") == "/chats "
     assert complete("/r") == "/re" and complete("/re") is None and complete("hello") is None
-    assert parse_fanout("") is None and parse_fanout("1, 2") == (1, 2)
+    assert fanout_counts(SLASH, "") is None and fanout_counts(SLASH, "1, 2") == (1, 2)
 
 
 @pytest.mark.asyncio

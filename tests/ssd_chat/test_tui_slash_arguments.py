@@ -7,7 +7,9 @@ import threading
 
 import pytest
 
-from ssd_chat.tui.commands import SLASH_COMMANDS, SlashError, parse_fanout, parse_slash
+from engine.errors import InvalidParameterError
+from ssd_chat.setting_words import SLASH, fanout_counts
+from ssd_chat.tui.commands import SLASH_COMMANDS, SlashError, parse_slash
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from tests.ssd_chat.tui_fakes import FakeEngine, errors, first_delta, make_app, rendered, send, settle
 
@@ -24,10 +26,10 @@ def test_commands_that_take_no_argument_refuse_one():
     with pytest.raises(SlashError, match="/undo takes no argument"):
         parse_slash("/undo\nmore")  # (a second line typed with Ctrl+J)
     assert parse_slash("/chats cats and dogs").arg == "cats and dogs"  # free text stays free
-    assert parse_fanout(" 1 , 2 ") == (1, 2)
-    with pytest.raises(SlashError, match=r"/fanout takes whole numbers \(ASCII digits\) separated by commas, "
-                                         r"got '1 2'"):
-        parse_fanout("1 2")  # (it was 12)
+    assert fanout_counts(SLASH, " 1 , 2 ") == (1, 2)
+    with pytest.raises(InvalidParameterError, match=r"/fanout takes whole numbers \(ASCII digits\) separated by "
+                                                    r"commas, or none for the default; got '1 2'"):
+        fanout_counts(SLASH, "1 2")  # (it was 12)
     assert parse_slash("/export my notes.md").arg == "my notes.md"
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ssd_chat.tui.commands import SlashError, parse_fanout, parse_number
+from engine.errors import InvalidParameterError
+from ssd_chat.setting_words import SLASH, fanout_counts, typed_number
 from ssd_chat.typed_numbers import WHAT, parse
 from tests.ssd_chat.cli_runs import run_ssd_chat
 from tests.ssd_chat.tui_fakes import FakeEngine, errors, make_app, send, settle
@@ -34,14 +35,14 @@ def test_what_python_alone_would_take_is_refused(text):
 
 
 def test_slash_arguments_refuse_them_in_one_line():
-    with pytest.raises(SlashError, match=r"^/temp needs a number \(ASCII digits.*, got '1_0'$"):
-        parse_number("1_0", float, "temp")
-    with pytest.raises(SlashError, match=r"^/k needs a whole number \(ASCII digits, as 4\), got '４'$"):
-        parse_number("４", int, "k")
-    assert parse_fanout(" 1 , 2 ") == (1, 2)
+    with pytest.raises(InvalidParameterError, match=r"^/temp needs a number \(ASCII digits.*, got '1_0'$"):
+        typed_number(SLASH, "temperature", "1_0", float)
+    with pytest.raises(InvalidParameterError, match=r"^/k needs a whole number \(ASCII digits, as 4\), got '４'$"):
+        typed_number(SLASH, "k", "４", int)
+    assert fanout_counts(SLASH, " 1 , 2 ") == (1, 2)
     for typed in ("1_0", "1,２", "1.5"):
-        with pytest.raises(SlashError, match=r"^/fanout takes whole numbers"):
-            parse_fanout(typed)
+        with pytest.raises(InvalidParameterError, match=r"^/fanout takes whole numbers"):
+            fanout_counts(SLASH, typed)
 
 
 @pytest.mark.asyncio
