@@ -94,7 +94,7 @@ def bench(
         _check_writable(json_out)  # now, not after the whole run
         draft = None if draft is not None and draft.lower() == NO_DRAFT else draft  # (as the chat reads it)
         config = BenchConfig(  # (a mode named twice runs once)
-            target=target, prompts_file=prompts, modes=tuple(dict.fromkeys(m.strip() for m in modes.split(",")
+            target=target, prompts_file=prompts, modes=tuple(dict.fromkeys(m.strip().lower() for m in modes.split(",")
                                                                            if m.strip())),
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
             fanout=speculation_config(draft, None, k, fanout, backup).fanout, backup=backup, tp=tp,

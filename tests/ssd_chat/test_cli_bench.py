@@ -176,9 +176,9 @@ def test_bench_refuses_bad_sampling_settings_before_loading(tiny_llama_dir, opti
         assert result.output.startswith(f"error: {option} takes ")
 
 
-def test_bench_over_a_half_kv_cache_records_it_and_sd_still_equals_ar(tiny_llama_dir, tmp_path):
+def test_bench_over_a_half_kv_cache_records_it_and_sd_still_equals_ar_modes_in_any_case(tiny_llama_dir, tmp_path):
     out = tmp_path / "half.json"
-    args = ["bench", "--target", str(tiny_llama_dir), "--draft", str(tiny_llama_dir), "--modes", "ar,sd", "--k", "3",
+    args = ["bench", "--target", str(tiny_llama_dir), "--draft", str(tiny_llama_dir), "--modes", "AR,Sd", "--k", "3",
             "--fixed-k", "--draft-weights", "float32", "--max-tokens", "12", "--limit", "2", "--kv-dtype", "float16",
             "--json", str(out)]
     result = runner.invoke(cli.app, args)
@@ -186,4 +186,5 @@ def test_bench_over_a_half_kv_cache_records_it_and_sd_still_equals_ar(tiny_llama
     report = json.loads(out.read_text())
     assert report["config"]["kv_dtype"] == "float16"
     rows = {r["mode"]: r for r in report["results"]}
+    assert list(rows) == ["ar", "sd"]  # (--modes in any case, as --mode and /mode take them)
     assert rows["sd"]["identical_to_ar"] and rows["sd"]["tau"] > 1.0
