@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gzip
+import inspect
 import json
 import logging
 import sys
@@ -97,7 +98,9 @@ def decode(model, prompts: list[list[int]], max_new: int, *, pad_id: int, stop_i
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, W]
     cache = DynamicCache()
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+    # transformers 5.2x renamed past_key_values to cache (the old name warns, and goes in 5.40); 5.0 knows only it
+    given = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **given,
                    use_cache=True, logits_to_keep=1).logits[:, -1]  # [B, V]
     last = positions[:, -1]  # [B]
     out, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
@@ -112,8 +115,8 @@ def decode(model, prompts: list[list[int]], max_new: int, *, pad_id: int, stop_i
             break
         mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
         last = last + 1
-        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=last[:, None],
-                       past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=last[:, None], **given,
+                       use_cache=True).logits[:, -1]
     rows = torch.stack(out, dim=1).tolist()  # [B, steps]
     if stop_id is not None:
         rows = [row[: row.index(stop_id) + 1] if stop_id in row else row for row in rows]
