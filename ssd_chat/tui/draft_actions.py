@@ -24,8 +24,14 @@ else:
 
 class DraftActions(_Base):
     def keep_unsent(self) -> None:
-        """At a quit, once the reply under way is kept: what the input holds, saved as the chat's draft."""
-        self.session.keep_draft(self.query_one(PromptInput).text)
+        """At a quit, once the reply under way is kept: what the input holds, saved as the chat's draft. In an edit
+        (F4) that changed nothing, what the input held before it: the last prompt, saved, came back as a new
+        prompt to send, and the text typed before F4 was lost."""
+        text = self.query_one(PromptInput).text
+        edit = self.current_edit()
+        if edit is not None and text == as_typed(edit.turn[0].content):
+            text = edit.draft
+        self.session.keep_draft(text)
 
     def resume_latest(self) -> None:
         """--resume: the most recent chat, its settings from the command line winning; a prompt it holds with no

@@ -101,3 +101,18 @@ async def test_opening_a_chat_from_the_picker_brings_its_draft_back(tmp_path):
         assert area.text == "unsent" and "Ctrl+Z brings back" in list(app._notifications)[-1].message
         await pilot.press("ctrl+z")
         assert area.text == "typed here"
+
+
+@pytest.mark.asyncio
+async def test_a_quit_in_an_unchanged_edit_keeps_what_was_typed_before_it(tmp_path):
+    """F4 puts the last prompt in the input: a quit then saved that prompt as the draft (--resume offered it again,
+    to send as a new turn) and lost what was typed before F4, which Esc, a new chat or another chat give back."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        await type_text(pilot, "half a thought")
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: app.query_one(PromptArea).text == "hi", what="the edit")
+        await _quit(app, pilot)
+    assert await _resumed_input(tmp_path) == ("half a thought", ["hi"])
