@@ -40,7 +40,13 @@ class SlashActions(_Base):
     def slash_k(self, arg: str) -> None:
         if not arg:
             raise SlashError(f"/k takes {TAKES['k']} (now {self.drafted_k()})")
-        self.change_settings(k=int(typed_number(SLASH, "k", arg, int)), fanout=None)
+        k, fanout = int(typed_number(SLASH, "k", arg, int)), self.session.settings.fanout
+        drafted = k if self.max_draft is None else min(k, self.max_draft)
+        kept = fanout if fanout is not None and len(fanout) in (1, drafted + 1) else None  # (one count fits any k)
+        self.change_settings(k=k, fanout=kept)
+        if kept != fanout:  # (it was set back without a word)
+            self.notify(f"fan-out back to the default: its {len(fanout)} counts were one per accepted count of the "
+                        f"old k (/fanout sets it again)", timeout=6)
         self._changed_mid_reply(f"k {self.drafted_k()}")
 
     def slash_fanout(self, arg: str) -> None:

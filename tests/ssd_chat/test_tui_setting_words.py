@@ -97,3 +97,21 @@ async def test_fanout_none_is_the_default_as_help_says(tmp_path, typed):
         await send(app, pilot, "/fanout nothing")
         assert errors(app)[-1] == ("/fanout takes whole numbers (ASCII digits) separated by commas, or none for the "
                                    "default; got 'nothing'")
+
+
+@pytest.mark.asyncio
+async def test_k_keeps_a_fanout_that_fits_it_and_says_when_one_goes(tmp_path):
+    """/k set the fan-out back to the default without a word: a one-count fan-out, which fits any k, went too."""
+    app = make_app(FakeEngine(), tmp_path, settings=ChatSettings(mode="sd", temperature=0.0, max_tokens=64))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/fanout 2")
+        await send(app, pilot, "/k 8")
+        assert (app.session.settings.k, app.session.settings.fanout) == (8, (2,))
+        await send(app, pilot, "/fanout 1,2,2,1,1,1,1,1,1")
+        await send(app, pilot, "/k 8")  # (the same k: its k+1 counts still fit)
+        assert app.session.settings.fanout == (1, 2, 2, 1, 1, 1, 1, 1, 1)
+        await send(app, pilot, "/k 3")
+        assert (app.session.settings.k, app.session.settings.fanout) == (3, None)
+        assert "fan-out back to the default" in list(app._notifications)[-1].message
+        assert not errors(app)
