@@ -95,6 +95,7 @@ class Deleted:
     conversation: Conversation
     created: float
     updated: float
+    draft: str = ""  # the text its last quit kept unsent (save_draft)
 
 
 def default_db_path() -> Path:
@@ -230,6 +231,8 @@ class HistoryStore:
             self._db.execute("INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
                              (c.id, c.title, deleted.created, deleted.updated, json.dumps(asdict(c.settings))))
             self._write_messages(c.id, c.messages)
+            if deleted.draft:  # (not save_draft: the chat keeps its place in the list)
+                self._db.execute("INSERT INTO drafts (conversation_id, text) VALUES (?, ?)", (c.id, deleted.draft))
 
     def rename(self, conversation_id: int, title: str) -> None:
         with self._db:
@@ -240,9 +243,10 @@ class HistoryStore:
         conversation = self.load(conversation_id)
         times = self._db.execute("SELECT created, updated FROM conversations WHERE id = ?",
                                  (conversation_id,)).fetchone()
+        draft = self.draft(conversation_id)  # (the delete's cascade takes it)
         with self._db:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
-        return None if conversation is None or times is None else Deleted(conversation, *times)
+        return None if conversation is None or times is None else Deleted(conversation, *times, draft)
 
 
 def one_line(text: str) -> str:

@@ -56,6 +56,16 @@ def test_save_load_list_rename_delete(tmp_path):
     assert [s.title for s in reopened.list()] == ["Other"]
 
 
+def test_a_deleted_chat_brought_back_has_its_draft_again(tmp_path):
+    """Ctrl+O's `u` after `d d`: the chat came back without the text its last quit had kept unsent (the delete's
+    cascade took it, and restore wrote the turns alone)."""
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    chat_id = store.save(_conversation())
+    store.save_draft(chat_id, "half a thought")
+    store.restore(store.delete(chat_id))
+    assert store.draft(chat_id) == "half a thought"
+
+
 def test_a_failed_save_leaves_a_new_conversation_unsaved(tmp_path):
     """A write that fails after the conversation's row went in (its messages: a full disk) is rolled back: the
     conversation keeps no id, so the next save inserts it (it updated the rolled-back id, and failed for good)."""
