@@ -27,8 +27,12 @@ class RMSNorm(nn.Module):
             if torch.compiler.is_compiling():
                 return rms_norm_op(x, self.weight, self.eps)
             return rms_norm(x, self.weight, self.eps)
-        variance = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(variance + self.eps))
+        # in float32, as transformers' LlamaRMSNorm: a half hidden state's squares overflow (SmolLM2's residual stream
+        # reaches 7,000 on a chat prompt: 5e7 > float16's 65,504), which made the norm 0 and every --dtype float16
+        # reply token 0
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the pre-norm transformer's residual stream step."""

@@ -47,3 +47,17 @@ def test_the_compiled_op_gives_the_eager_bits():
     compiled = torch.compile(layer.forward, dynamic=True, fullgraph=True)
     for rows in (1, 5):
         assert torch.equal(compiled(x[:rows]), layer(x[:rows])), rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_hidden_state_is_normed_in_float32_as_transformers_norms_it(dtype):
+    """SmolLM2's residual stream reaches about 7,000 on a chat prompt: in float16 its squares overflow (5e7 > 65,504),
+    and a norm computed in float16 was 0, so every `--dtype float16` reply was token 0."""
+    layer, x = _norm(576, 7)
+    layer = layer.to(dtype)
+    big = (x * 3000).to(dtype)  # squares past float16's range
+    got = layer(big)
+    assert got.dtype == dtype and bool(torch.isfinite(got).all()) and got.abs().max() > 1
+    h = big.float()
+    want = layer.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)  # (LlamaRMSNorm's)
+    assert torch.equal(got, want)
