@@ -24,6 +24,8 @@ PREFILL_CHUNK = {"cpu": 256, "cuda": 2048}
 CPU_MAX_DRAFT = 31
 # SSD's scratch slots per request (engine.ssd): its branches' tokens, branches * k (branches past them are dropped)
 SCRATCH_SLOTS = 256
+# The most CPU threads a rank takes: OpenMP could not start 20,000 (libgomp's one-line failure) and 99,999 crashed
+MAX_THREADS = 1024
 # The most candidates per accepted count: a round of one draft token holds SCRATCH_SLOTS branches, so a larger fan-out
 # drafts none more (it only made each round rank the whole vocabulary, and 2**63 overflowed the draft process's channel)
 MAX_FANOUT = SCRATCH_SLOTS
@@ -147,8 +149,8 @@ class EngineConfig:
                                         "dtype (--dtype float16 or bfloat16)")
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.threads is not None and self.threads < 1:
-            raise InvalidParameterError(f"threads must be >= 1, got {self.threads}")
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise InvalidParameterError(f"threads must be between 1 and {MAX_THREADS}, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidParameterError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -21,6 +21,7 @@ from engine.config import (
     DTYPES,
     KV_DTYPES,
     MAX_FANOUT,
+    MAX_THREADS,
     MODES,
     PREFILL_CHUNK,
     SpeculationConfig,
@@ -162,7 +163,8 @@ TopK = Annotated[int | None, typer.Option(
     show_default=False, parser=plain(int))]
 MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.", parser=plain(int))]
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).",
-                                             parser=plain(int, 1, takes="a number of CPU threads, at least 1"))]
+                                             parser=plain(int, 1, maximum=MAX_THREADS,
+                                                          takes=f"a number of CPU threads, 1 to {MAX_THREADS}"))]
 Seed = Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply (in AR, or with --fixed-k: the "
                                          "adaptive k follows measured speeds).", parser=seed_number)]
 MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).", parser=plain(

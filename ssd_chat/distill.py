@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from engine.config import MAX_THREADS
 from engine.cpu_info import flags as cpu_flags
 from engine.errors import InvalidParameterError
 from engine.model_dir import inspect_model_dir
@@ -99,8 +100,8 @@ class DistillConfig:
             raise InvalidParameterError(f"--temperature must be between 0 (greedy) and 100, got {self.temperature}")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise InvalidParameterError(f"--max-prompts must be >= 1, got {self.max_prompts}")
-        if self.threads is not None and self.threads < 1:
-            raise InvalidParameterError(f"--threads must be >= 1, got {self.threads}")
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise InvalidParameterError(f"--threads must be between 1 and {MAX_THREADS}, got {self.threads}")
         if Path(self.prompts_file).resolve() in HELD_OUT_SETS:
             raise InvalidParameterError(f"{Path(self.prompts_file).name} is a held-out benchmark set: train on another "
                                         f"prompt file (default {DISTILL_PROMPTS.name})")

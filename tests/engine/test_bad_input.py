@@ -174,3 +174,10 @@ def test_settings_take_numpy_numbers_paths_and_generators_as_plain_values(tiny_l
     spec = SpeculationConfig(k=np.int64(3), fanout=(f for f in [1, 2, 3, 4]), draft_temperature=np.float32(0.5))
     assert (spec.k, spec.fanout, spec.draft_temperature) == (3, (1, 2, 3, 4), 0.5) and type(spec.k) is int
     assert SpeculationConfig(fanout=3).fanout == (3,)  # one number: every outcome's
+
+
+def test_threads_past_what_openmp_starts_are_refused_in_one_line():
+    # (--threads 20000: libgomp's "Thread creation failed"; 99999: a crash)
+    with pytest.raises(InvalidParameterError, match="threads must be between 1 and 1024, got 20000"):
+        EngineConfig(threads=20000)
+    assert EngineConfig(threads=1024).threads == 1024

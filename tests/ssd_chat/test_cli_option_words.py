@@ -38,7 +38,8 @@ def _engine_kwargs(monkeypatch, args: list[str]) -> dict:
 @pytest.mark.parametrize(("flags", "message"), [
     (["--seed", "-1"], "--seed': takes a whole number from 0 to 2^63-1; got -1"),
     (["--seed", "9223372036854775808"], "--seed': takes a whole number from 0 to 2^63-1; got 9223372036854775808"),
-    (["--threads", "0"], "--threads': takes a number of CPU threads, at least 1; got 0"),
+    (["--threads", "0"], "--threads': takes a number of CPU threads, 1 to 1024; got 0"),
+    (["--threads", "99999"], "--threads': takes a number of CPU threads, 1 to 1024; got 99999"),  # (it crashed)
     (["--tp", "0"], "--tp': takes a number of target ranks, at least 1; got 0"),
     (["--max-model-len", "1"], "--max-model-len': takes a context limit of at least 2 tokens; got 1"),
     (["--dtype", "float8"], "--dtype': takes auto, float32, bfloat16 or float16; got 'float8'"),
@@ -53,7 +54,7 @@ def test_engine_options_are_refused_in_one_line_naming_the_flag(monkeypatch, fla
 def test_the_real_entry_point_says_it_in_one_line():
     result = run_ssd_chat("ask", "hi", "--threads", "0")
     assert result.returncode == 2
-    assert result.stderr == ("error: Invalid value for '--threads': takes a number of CPU threads, at least 1; "
+    assert result.stderr == ("error: Invalid value for '--threads': takes a number of CPU threads, 1 to 1024; "
                              "got 0\n")
 
 
