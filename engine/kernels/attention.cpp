@@ -216,8 +216,8 @@ static void causal_attention_of(const float* q, long n, long H, long D, const T*
   over_panels(KVH * blocks, threads, [&](long u0, long u1) {
     float* work = (float*)malloc(sizeof(float) * rows * group * (most + ldacc + 18));
     void* tile = nullptr;  // a half tile as float32, in a 64-byte-aligned allocation of its own (see attend_rows)
-    if (posix_memalign(&tile, 64, sizeof(float) * (tile_keys(D) * D + 16)) != 0) tile = nullptr;
-    float* converted = (float*)tile;
+    if (sizeof(T) == 2 && posix_memalign(&tile, 64, sizeof(float) * tile_keys(D) * D) != 0) tile = nullptr;
+    float* converted = (float*)tile;  // a float32 cache is read in place: none
     for (long u = u0; u < u1; ++u) {  // a KV head's blocks one after the other: its keys still in L2
       const long kv = u / blocks, r0 = u % blocks * ATTN_ROWS, r1 = r0 + ATTN_ROWS < n ? r0 + ATTN_ROWS : n;
       attend_rows(q, n, H, D, K + (kv * S + first) * D, V + (kv * S + first) * D, kv, group, r0, r1, t, scale,
