@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionBackend, Index, SeqSpan
-from engine.attention.sdpa import SdpaBackend, attend, causal_rows, row_kernel
+from engine.attention.sdpa import SdpaBackend, attend, causal_rows, read_cache, row_kernel
 from engine.layers import panel
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,8 @@ class SliceSdpa(AttentionBackend):
         v_cache.narrow(1, start + t - n, n).copy_(v.transpose(0, 1))
         if row_kernel(q, k_cache):  # the eager path's op: each row the same bits at any row count
             return causal_rows(q, k_cache, v_cache, slice(start, start + t), t, scale)
-        keys = k_cache.narrow(1, start, t).unsqueeze(0).to(q.dtype)  # [1, KVH, T, D]
-        values = v_cache.narrow(1, start, t).unsqueeze(0).to(q.dtype)
+        keys = read_cache(k_cache, slice(start, start + t), q.dtype)  # [1, KVH, T, D]
+        values = read_cache(v_cache, slice(start, start + t), q.dtype)
         if n == 1:  # decode: the one query sees every key
             return attend(q.view(1, h, 1, d), keys, values, mask=None, causal=False, scale=scale).view(1, h * d)
         rows = torch.arange(n, device=q.device).unsqueeze(1) + (t - n)

@@ -126,12 +126,12 @@ class StaticSdpa(AttentionBackend):
 
     def forward(self, layer, q, k, v, meta: StaticStepMetadata, scale: float) -> torch.Tensor:
         k_cache, v_cache = self.inner.k[layer], self.inner.v[layer]  # [KVH, S, D]
-        k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
-        v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
+        k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         n, h, d = q.shape
         b, rows = meta.batch, meta.rows
-        keys = k_cache[:, meta.key_slots].transpose(0, 1).to(q.dtype)    # [B, KVH, L, D]
-        values = v_cache[:, meta.key_slots].transpose(0, 1).to(q.dtype)  # [B, KVH, L, D]
+        keys = k_cache[:, meta.key_slots].transpose(0, 1)    # [B, KVH, L, D]
+        values = v_cache[:, meta.key_slots].transpose(0, 1)  # [B, KVH, L, D]
         queries = q.view(b, rows, h, d).transpose(1, 2)      # [B, H, Q, D]
         o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.key_mask[:, None], scale=scale,
                                            enable_gqa=True)  # [B, H, Q, D]

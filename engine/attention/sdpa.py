@@ -57,8 +57,8 @@ class SdpaBackend(AttentionBackend):
         kernel = row_kernel(q, k_cache)  # few-row causal spans: each row the same bits at any row count
         if len(meta.spans) == 1 and n == 1 and not kernel:  # decode of one sequence: q [1, H, D] -> [1, H, 1, D]
             span = meta.spans[0]
-            o = attend(q.view(1, h, 1, d), _read(k_cache, span.key_slots, q.dtype),
-                       _read(v_cache, span.key_slots, q.dtype), mask=None, causal=False, scale=scale)
+            o = attend(q.view(1, h, 1, d), read_cache(k_cache, span.key_slots, q.dtype),
+                       read_cache(v_cache, span.key_slots, q.dtype), mask=None, causal=False, scale=scale)
             return o.view(1, h * d)
         # several sequences, one query each: q [B, H, D]. Where the row kernel runs, each goes through it below,
         # the bits it gets alone (the padded batch's last bits differ: under q8 they flipped tokens; 3-10% of a
@@ -78,8 +78,9 @@ class SdpaBackend(AttentionBackend):
                                         span.num_keys, scale))  # [q, H*D]
                 continue
             q_s = q.narrow(0, span.q_start, span.q_len).transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            o = attend(q_s, _read(k_cache, span.key_slots, q.dtype), _read(v_cache, span.key_slots, q.dtype), mask=mask,
-                       causal=span.is_square_causal and span.q_len > 1, scale=scale)  # [1, H, q, D]
+            keys, values = (read_cache(c, span.key_slots, q.dtype) for c in (k_cache, v_cache))
+            o = attend(q_s, keys, values, mask=mask, causal=span.is_square_causal and span.q_len > 1,
+                       scale=scale)  # [1, H, q, D]
             outs.append(o[0].transpose(0, 1).reshape(span.q_len, h * d))  # [q, H*D]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
@@ -170,9 +171,9 @@ def _write(cache: torch.Tensor, slots: Index, new: torch.Tensor) -> None:
         cache.index_copy_(1, slots, new.transpose(0, 1).to(cache.dtype))
 
 
-def _read(cache: torch.Tensor, slots: Index, dtype: torch.dtype) -> torch.Tensor:
-    """[1, KVH, T, D] in `dtype` (the queries'; a half cache's values convert exactly): a view for a slice of slots
-    of a cache in that dtype, a gather or a copy otherwise."""
+def read_cache(cache: torch.Tensor, slots: Index, dtype: torch.dtype) -> torch.Tensor:
+    """A cache's keys or values at `slots`, [1, KVH, T, D] in `dtype` (the queries'; a half cache's values convert
+    exactly): a view for a slice of slots of a cache in that dtype, a gather or a copy otherwise."""
     if isinstance(slots, slice):
         return cache.narrow(1, slots.start, slots.stop - slots.start).unsqueeze(0).to(dtype)
     return cache.index_select(1, slots).unsqueeze(0).to(dtype)
