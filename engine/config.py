@@ -24,6 +24,7 @@ PREFILL_CHUNK = {"cpu": 256, "cuda": 2048}
 CPU_MAX_DRAFT = 31
 # SSD's scratch slots per request (engine.ssd): its branches' tokens, branches * k (branches past them are dropped)
 SCRATCH_SLOTS = 256
+MAX_K = 32  # the most draft tokens per step SpeculationConfig.k takes
 # The most CPU threads a rank takes: OpenMP could not start 20,000 (libgomp's one-line failure) and 99,999 crashed
 MAX_THREADS = 1024
 # The most candidates per accepted count: a round of one draft token holds SCRATCH_SLOTS branches, so a larger fan-out
@@ -196,8 +197,8 @@ class SpeculationConfig:
                          "adaptive_k": flag, "lookup": flag})
         if self.mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not (1 <= self.k <= 32):
-            raise InvalidParameterError(f"k (draft tokens per step) must be between 1 and 32, got {self.k}")
+        if not (1 <= self.k <= MAX_K):
+            raise InvalidParameterError(f"k (draft tokens per step) must be between 1 and {MAX_K}, got {self.k}")
         fanout = self.fanout
         if fanout is not None and (not fanout or any(f < 0 for f in fanout) or len(fanout) not in (1, self.k + 1)):
             raise InvalidParameterError(

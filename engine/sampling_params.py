@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from engine.errors import InvalidParameterError
 from engine.values import flag, normalise, number, optional, texts, whole, wholes
 
+MAX_TEMPERATURE = 100.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -31,9 +33,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         normalise(self, {"temperature": number, "top_p": number, "top_k": whole, "max_tokens": whole,
                          "seed": optional(whole), "stop": texts, "stop_token_ids": wholes, "ignore_eos": flag})
-        if not (0.0 <= self.temperature <= 100.0):
+        if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
             raise InvalidParameterError(
-                f"temperature must be between 0 and 100 (0 = greedy), got {self.temperature}"
+                f"temperature must be between 0 and {MAX_TEMPERATURE:g} (0 = greedy), got {self.temperature}"
             )
         if self.top_k < 0:
             raise InvalidParameterError(f"top_k must be >= 0 (0 = off), got {self.top_k}")

@@ -28,6 +28,7 @@ from engine.cpu_info import flags as cpu_flags
 from engine.errors import InvalidParameterError
 from engine.model_dir import inspect_model_dir
 from engine.registry import resolve_model
+from engine.sampling_params import MAX_TEMPERATURE
 from ssd_chat import distill_data as data
 from ssd_chat import distill_teacher
 from ssd_chat.distill_model import SAVE_WEIGHTS, init_draft, load_target, num_params_per_token, save_draft
@@ -96,7 +97,7 @@ class DistillConfig:
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 raise InvalidParameterError(f"--{name.replace('_', '-')} must be a number > 0, got "
                                             f"{getattr(self, name)}")
-        if not 0.0 <= self.temperature <= 100.0:
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
             raise InvalidParameterError(f"--temperature must be between 0 (greedy) and 100, got {self.temperature}")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise InvalidParameterError(f"--max-prompts must be >= 1, got {self.max_prompts}")

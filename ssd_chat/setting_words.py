@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine.config import MAX_FANOUT, MODES, SCRATCH_SLOTS
+from engine.config import MAX_FANOUT, MAX_K, MODES, SCRATCH_SLOTS
 from engine.errors import InvalidParameterError
+from engine.sampling_params import MAX_TEMPERATURE
 from ssd_chat import typed_numbers
 
-MAX_K = 32  # (SpeculationConfig's)
-MAX_TEMPERATURE = 100.0  # (SamplingParams')
 TAKES = {"temperature": "a temperature from 0 to 100, 0 = greedy", "top_p": "a mass in (0, 1], 1 = off",
          "top_k": "a number of tokens, 0 = off", "k": f"the most draft tokens per step, 1-{MAX_K}"}
 # The options' names: the chat app's commands and the command line's options
