@@ -58,9 +58,13 @@ class Streamed(NamedTuple):
 
     output: RequestOutput
     text: str
-    tokens: int
     tally: PrintedTally
     stopped: bool  # by `cancel` (a Ctrl-C)
+
+    @property
+    def tokens(self) -> int:
+        """The tokens of the text written."""
+        return self.tally.tokens
 
     @property
     def stats(self) -> TurnStats:
@@ -214,7 +218,7 @@ def print_stream(events: Iterator[Event], out: TextIO | None, *, cancel: threadi
         out.write("\n")
         out.flush()
     assert output is not None, "a stream ends with RequestFinished"
-    return Streamed(output, "".join(written), tally.tokens, tally, cancel is not None and cancel.is_set())
+    return Streamed(output, "".join(written), tally, cancel is not None and cancel.is_set())
 
 
 def discard_typed_ahead(fd: int) -> int:
