@@ -179,7 +179,8 @@ def root(
         if app_runs or not from_env:  # (a bad SSD_CHAT_ENTER does not stop the plain mode: it means nothing there)
             enter = enter_mode(enter, "from SSD_CHAT_ENTER" if from_env else "on the command line")
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=app_runs)
-        spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup, resume)
+        spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup, resume,
+                                  target_devices=lay.target_devices)
         engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
                              target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
                              compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul,
@@ -196,7 +197,7 @@ def root(
 
         with keys_reach_the_app():
             load_engine = _engine_loader(target, engine_kwargs)  # loading from here on, beside the app's start
-            settings = chat_settings(spec, fanout, params, system)
+            settings = chat_settings(spec, k, fanout, params, system)
             given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "top_p", "top_k", "system")
                               if ctx.get_parameter_source(n).name == "COMMANDLINE")
             code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
@@ -261,7 +262,8 @@ def ask(
     with user_errors(), _quiet_when_the_reader_goes():
         params = chosen(target, temperature, top_p, top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
-        spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup)
+        spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup,
+                                  target_devices=lay.target_devices)
         text = read_stdin().rstrip("\n") if prompt == "-" else prompt
         if not text.strip():
             raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")

@@ -93,11 +93,12 @@ def bench(
     with user_errors():
         _check_writable(json_out)  # now, not after the whole run
         draft = None if draft is not None and draft.lower() == NO_DRAFT else draft  # (as the chat reads it)
+        spec = speculation_config(draft, None, k, fanout, backup, target_devices=target_devices)  # (its k: drafted)
         config = BenchConfig(  # (a mode named twice runs once)
             target=target, prompts_file=prompts, modes=tuple(dict.fromkeys(m.strip().lower() for m in modes.split(",")
                                                                            if m.strip())),
-            hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=k,
-            fanout=speculation_config(draft, None, k, fanout, backup).fanout, backup=backup, tp=tp,
+            hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=spec.k,
+            fanout=spec.fanout, backup=backup, tp=tp,
             target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
             draft_weights=draft_weights, packed_kernel=cpu_matmul, kv_dtype=kv_dtype,

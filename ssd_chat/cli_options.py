@@ -24,6 +24,7 @@ from engine.config import (
     MAX_THREADS,
     MODES,
     PREFILL_CHUNK,
+    EngineConfig,
     SpeculationConfig,
 )
 from engine.errors import InvalidParameterError
@@ -117,32 +118,36 @@ def mode_case(value: object) -> object:
 
 def speculation_config(
     draft: str | None, mode: str | None, k: int, fanout: str | None, backup: str = "jit", fixed_k: bool = False,
-    no_lookup: bool = False, resume: bool = False,
+    no_lookup: bool = False, resume: bool = False, *, target_devices: str | None = None,
 ) -> SpeculationConfig:
-    """The decoding mode the options ask for (EngineError on bad values, naming the option: setting_words).
+    """The decoding mode the options ask for (EngineError on bad values, naming the option: setting_words), with
+    `k` as a round drafts it on the target's devices (`target_devices`, the layout's): EngineConfig.drafted_k, the
+    chat app's rule (--k 32 on the CPU drafts at most 31), so that a fan-out has one count per accepted count 0..31
+    there, as /fanout after /k 32 takes it, and the engine is given that k (settings_fit.speculation, the app's).
     `resume`: the chat's k is the resumed chat's (or --k, given over it), which a fan-out's number of counts is
     checked against once the chat is open (settings_fit.fit: a notice, the default fan-out); here only each count is,
     and a fan-out that does not fit `k` is not the run's own (the chat's alone)."""
     counts = setting_words.fanout_counts(setting_words.FLAGS, fanout)
     mode = mode or ("sd" if draft else "ar")
-    if resume and counts and len(counts) not in (1, k + 1):
+    drafted = EngineConfig(target_devices=target_devices).drafted_k(k)  # (the device decides: the engine's rule)
+    if resume and counts and len(counts) not in (1, drafted + 1):
         for count in counts:
             setting_words.check(setting_words.FLAGS, mode, k, (count,))
         counts = None
-    setting_words.check(setting_words.FLAGS, mode, k, counts)
+    setting_words.check(setting_words.FLAGS, mode, k, counts, drafted)
     if backup not in BACKUPS:
         raise InvalidParameterError(f"--backup takes {' or '.join(BACKUPS)}; got {backup!r}")
-    return SpeculationConfig(mode=mode, k=k, fanout=counts, backup=backup, adaptive_k=not fixed_k,
+    return SpeculationConfig(mode=mode, k=drafted, fanout=counts, backup=backup, adaptive_k=not fixed_k,
                              lookup=not no_lookup)
 
 
-def chat_settings(spec: SpeculationConfig, fanout: str | None, params: SamplingParams, system: str | None
+def chat_settings(spec: SpeculationConfig, k: int, fanout: str | None, params: SamplingParams, system: str | None
                   ) -> ChatSettings:
-    """The chat app's first settings: the options' (a fan-out as typed: under --resume it may fit the resumed chat's
-    k, not --k's, so it is not always the run's own)."""
+    """The chat app's first settings: the options' (`k` as given: the app shows it as the engine drafts it; a fan-out
+    as typed: under --resume it may fit the resumed chat's k, not --k's, so it is not always the run's own)."""
     from ssd_chat.history import ChatSettings  # (here: the plain mode and `ask` never need it)
 
-    return ChatSettings(mode=spec.mode, k=spec.k, fanout=setting_words.fanout_counts(setting_words.FLAGS, fanout),
+    return ChatSettings(mode=spec.mode, k=k, fanout=setting_words.fanout_counts(setting_words.FLAGS, fanout),
                         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                         max_tokens=params.max_tokens, system=system)
 

@@ -123,3 +123,58 @@ def test_a_number_past_a_floats_range_is_refused(monkeypatch, flag, typed, says)
     monkeypatch.setattr(cli, "LLM", _no_engine)
     result = CliRunner().invoke(cli.app, ["ask", "hi", flag, typed], standalone_mode=False)
     assert result.exception is not None and says in str(result.exception)
+
+
+def _counts(n: int) -> str:
+    return ",".join(["1"] * n)
+
+
+def test_fanout_has_a_count_per_count_the_cpu_drafts(monkeypatch):
+    """--k 32 on the CPU drafts at most 31 a round (EngineConfig.drafted_k): 33 counts passed and the engine ignored
+    the last; 32 were refused, where the chat app's /fanout after /k 32 takes 32 and refuses 33."""
+    monkeypatch.setattr(cli, "LLM", _no_engine)
+    result = CliRunner().invoke(cli.app, ["ask", "hi", "--mode", "ssd", "--k", "32", "--fanout", _counts(33)])
+    assert result.exit_code == 2 and "k+1 = 32 of them" in result.output, result.output
+    seen = _engine_kwargs(monkeypatch, ["ask", "hi", "--mode", "ssd", "--k", "32", "--fanout", _counts(32)])
+    assert seen["speculation"].k == 31 and len(seen["speculation"].fanout) == 32  # (the app's engine k: 31)
+
+
+def test_fanout_on_cuda_has_a_count_per_k(monkeypatch):
+    """On CUDA a round drafts the whole --k: its k+1 counts."""
+    flags = ["--mode", "ssd", "--k", "32", "--target-devices", "cuda:0", "--draft", "none"]
+    seen = _engine_kwargs(monkeypatch, ["ask", "hi", *flags, "--fanout", _counts(33)])
+    assert seen["speculation"].k == 32 and len(seen["speculation"].fanout) == 33
+    monkeypatch.setattr(cli, "LLM", _no_engine)
+    result = CliRunner().invoke(cli.app, ["ask", "hi", *flags, "--fanout", _counts(32)])
+    assert result.exit_code == 2 and "k+1 = 33 of them" in result.output, result.output
+
+
+def test_the_chat_apps_k_stays_as_given_with_a_fanout_for_the_drafted_k(monkeypatch):
+    from ssd_chat import tui
+
+    seen: dict = {}
+    monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: seen.update(kwargs) or 0)
+    monkeypatch.setattr(cli, "_engine_loader", lambda target, engine_kwargs: None)
+    monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
+    result = CliRunner().invoke(cli.app, ["--mode", "ssd", "--k", "32", "--fanout", _counts(32)])
+    assert result.exit_code == 0, result.output
+    assert seen["settings"].k == 32 and len(seen["settings"].fanout) == 32  # (/k says 31: the app's drafted_k)
+    assert seen["speculation"].k == 31 and len(seen["speculation"].fanout) == 32
+
+
+def test_bench_checks_a_fanout_against_the_drafted_k(monkeypatch):
+    import ssd_chat.bench
+
+    configs: list = []
+
+    def run_bench(config, **kwargs):
+        configs.append(config)
+        raise _Reached
+
+    monkeypatch.setattr(ssd_chat.bench, "run_bench", run_bench)
+    flags = ["bench", "--modes", "ssd", "--draft", "smollm2-135m-draft", "--k", "32", "--fanout"]
+    result = CliRunner().invoke(cli.app, [*flags, _counts(33)])
+    assert result.exit_code == 2 and "k+1 = 32 of them" in result.output and not configs, result.output
+    result = CliRunner().invoke(cli.app, [*flags, _counts(32)])
+    assert isinstance(result.exception, _Reached), result.output
+    assert configs[0].k == 31 and len(configs[0].fanout) == 32  # (what the run's rounds draft at most)
