@@ -63,6 +63,7 @@ from ssd_chat.cli_options import (
 )
 from ssd_chat.context_window import context_cut_notice
 from ssd_chat.defaults import Layout, apply_defaults
+from ssd_chat.engine_failure import loaded
 from ssd_chat.plain import print_stream, run_plain, tell_context_cut
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.sampling_defaults import chosen
@@ -189,7 +190,7 @@ def root(
             if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
                 raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
                                       "pipe or a file)")
-            with _quiet_when_the_reader_goes(), LLM(target=target, **engine_kwargs) as llm:  # (closed at the end)
+            with _quiet_when_the_reader_goes(), loaded(LLM, target=target, **engine_kwargs) as llm:  # (closed at end)
                 check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)  # (known once loaded)
                 run_repl(llm, params, system)
             return
@@ -269,10 +270,10 @@ def ask(
             raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
-        with LLM(target=target, threads=threads, max_model_len=max_model_len, draft=lay.draft, speculation=spec, tp=tp,
-                 target_devices=lay.target_devices, draft_device=lay.draft_device, dtype=dtype,
-                 attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
-                 packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk, kv_dtype=kv_dtype) as llm:
+        with loaded(LLM, target=target, threads=threads, max_model_len=max_model_len, draft=lay.draft,
+                    speculation=spec, tp=tp, target_devices=lay.target_devices, draft_device=lay.draft_device,
+                    dtype=dtype, attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
+                    packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk, kv_dtype=kv_dtype) as llm:
             check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)
             output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout).output
             tell_context_cut(output, context_cut_notice(llm.max_model_len, "shorten the prompt", llm.model_max_len))

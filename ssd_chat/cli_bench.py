@@ -37,6 +37,7 @@ from ssd_chat.cli_options import (
     user_errors,
 )
 from ssd_chat.defaults import NO_DRAFT
+from ssd_chat.engine_failure import engine_failures
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError
 
 
@@ -105,7 +106,8 @@ def bench(
             ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup, temperature=temperature,
             top_p=top_p, seed=seed,
         )
-        report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
+        with engine_failures(writes=False):  # (a bug, a broken model: one line, exit 1; it writes stderr alone)
+            report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     console = Console(width=None if sys.stdout.isatty() else 200)  # a file or pipe: the whole table, not 80 columns
     console.print(render_table(report))
     for line in round_lines(report):

@@ -1,43 +1,64 @@
-"""A failure inside the engine while it runs a reply (a bug, a broken model: a RuntimeError from the sampler), as
-one line for the user instead of a traceback: `the engine failed (RuntimeError: ...)`.
+"""A failure inside the engine (a bug, a broken model: a RuntimeError from the sampler, a model file torch cannot
+read), as one line for the user instead of a traceback: `the engine failed (RuntimeError: ...)`, or while it
+loads `the engine failed to load (...)`.
 
 `engine_failures()` marks where the engine runs (plain.print_stream, where `ask` and the plain mode stream a
-reply; the plain mode's whole turn) and turns such an exception into EngineFailed. The plain mode tells it and goes
-on with the chat; `ask` (cli_options.user_errors) tells it and exits with EXIT_ENGINE_FAILED. `-v` logs the
-traceback. What is no failure of the engine passes unchanged: an EngineError (the user's: a prompt too long, a bad
-value: exit 2), an OSError (a reader gone: the pipe's own exit), a KeyboardInterrupt, and anything raised once a
-stop signal came (the run ends with that signal's exit code, stop_signals).
+reply; the plain mode's whole turn; `bench`'s run) and turns such an exception into EngineFailed; `loaded()`
+builds an engine under it (`ask` and the plain mode's load). The plain mode tells a reply's failure and goes on
+with the chat; `ask`, `bench` and a failed load (cli_options.user_errors) tell it and exit with
+EXIT_ENGINE_FAILED. `-v` logs the traceback. What is no failure of the engine passes unchanged: the user's (an
+EngineError: a model not found, a prompt too long, a bad value; a BenchInputError: an unusable prompt file; exit
+2), a reader gone (where the block writes to stdout or a terminal, any OSError: the pipe's own exit), a
+KeyboardInterrupt, and anything raised once a stop signal came (the run ends with that signal's exit code,
+stop_signals).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
 
 from engine.errors import EngineError
 from ssd_chat import stop_signals
+from ssd_chat.prompts import BenchInputError
 
 log = logging.getLogger(__name__)
 EXIT_ENGINE_FAILED = 1  # (a user error is 2: cli_options.EXIT_USER_ERROR)
+FAILED = "failed"
+FAILED_TO_LOAD = "failed to load"
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class EngineFailed(Exception):
     """An exception from inside the engine, told as one line; the original is its __cause__."""
 
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(f"the engine failed ({type(cause).__name__}: {cause})")
+    def __init__(self, cause: Exception, what: str = FAILED) -> None:
+        super().__init__(f"the engine {what} ({type(cause).__name__}: {cause})")
 
 
 @contextmanager
-def engine_failures() -> Iterator[None]:
-    """Raise EngineFailed from an exception inside the `with` block that is no user error, lost reader or stop."""
+def engine_failures(what: str = FAILED, *, writes: bool = True) -> Iterator[None]:
+    """Raise EngineFailed (`the engine WHAT (...)`) from an exception inside the `with` block that is no user error,
+    lost reader or stop. `writes`: the block writes to stdout or a terminal, so that any OSError is the reader or
+    the terminal gone; where it writes none (a load, the bench's run: its progress on stderr), only a
+    BrokenPipeError is, and another OSError is the engine's (a model's file unreadable, a child process lost)."""
     try:
         yield
-    except (EngineError, OSError, EngineFailed):
+    except (EngineError, BenchInputError, EngineFailed, BrokenPipeError):
         raise
     except Exception as error:
+        if writes and isinstance(error, OSError):  # (the reader or the terminal gone: main ends it, as SIGPIPE)
+            raise
         if stop_signals.received() is not None:  # (an error on the way out of a stopped run: main() ends it)
             raise
-        log.info("the engine failed", exc_info=True)  # (-v: the traceback, for a bug report)
-        raise EngineFailed(error) from error
+        log.info("the engine %s", what, exc_info=True)  # (-v: the traceback, for a bug report)
+        raise EngineFailed(error, what) from error
+
+
+def loaded(make: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """make(*args, **kwargs), the engine it builds (cli.LLM), a failure while it loads told as EngineFailed."""
+    with engine_failures(FAILED_TO_LOAD, writes=False):
+        return make(*args, **kwargs)
