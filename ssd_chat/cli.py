@@ -68,6 +68,7 @@ from ssd_chat.plain import print_stream, run_plain, tell_context_cut
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.sampling_defaults import chosen
 from ssd_chat.setting_words import FLAGS, check_top_k
+from ssd_chat.usage_errors import OneLineUsageErrors
 
 if TYPE_CHECKING:
     import engine.llm
@@ -78,7 +79,7 @@ REPL_OPTIONS = ("target", "system", "temperature", "top_p", "top_k", "max_tokens
                 "kv_dtype")
 
 app = typer.Typer(
-    add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
+    cls=OneLineUsageErrors, add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
     help="Chat with a local LLM on the ssd-chat engine. With no command: the chat app (TUI), or --plain.",
 )
 app.command("make-pair")(make_pair)
@@ -86,16 +87,13 @@ app.command()(distill)
 
 
 def main() -> None:
-    """Console-script entry: typer's own usage errors become one `error:` line too. SIGTERM and SIGHUP stop a
-    command as Ctrl-C does (ssd_chat.stop_signals)."""
+    """Console-script entry: typer's own errors become one `error:` line too (its usage errors, in the commands'
+    own words: usage_errors). SIGTERM and SIGHUP stop a command as Ctrl-C does (ssd_chat.stop_signals)."""
     stop_signals.install()
     try:
         code = app(standalone_mode=False) if sys.stdout is not None else report(STDOUT_CLOSED)
-    except typer.TyperException as err:  # typer's usage errors: bad value, missing argument, unknown option
-        message = err.format_message()
-        if getattr(err, "option_name", None) in ("-v", "--verbose"):  # the app's option, given after a command
-            message += " here: give it before the command (ssd-chat -v ask ...)"
-        code = report(message)
+    except typer.TyperException as err:  # (click's errors that are no usage error, told in one line by the group)
+        code = report(err.format_message())
     except (typer.Abort, KeyboardInterrupt):  # (a second Ctrl-C can land in click's own handling of the first)
         code = 130
     except Exception:

@@ -74,7 +74,7 @@ def plain(kind: type[int] | type[float], minimum: int | None = None, *, field: s
     """A number option's parser: a plain number only (typed_numbers; typer's own read --temperature 1_0 as ten), at
     least `minimum` and at most `maximum` where given (typer's min= does not apply to an option with a parser), said
     as `takes` ("a seed from 0 to 2^63-1"); `field`: the setting (setting_words.TAKES) a number past a float's range
-    says it takes."""
+    says it takes. Its refusal is what follows the option's name in the error line (usage_errors: `--k takes ...`)."""
 
     def parse(value: object) -> object:
         if not isinstance(value, str):  # (a default)
@@ -83,8 +83,8 @@ def plain(kind: type[int] | type[float], minimum: int | None = None, *, field: s
             number = typed_numbers.parse(value, kind)
         except typed_numbers.UnheldNumber as err:
             raise typer.BadParameter(setting_words.unheld_text(err, field)) from None
-        except ValueError as err:
-            raise typer.BadParameter(str(err)) from None
+        except ValueError:
+            raise typer.BadParameter(f"takes {typed_numbers.WHAT[kind]}; got {value!r}") from None
         if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
             raise typer.BadParameter(f"takes {takes or f'at least {minimum}'}; got {value.strip()}")
         return number

@@ -180,7 +180,8 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     if case == "fanout past the speculation cache":
         assert lines[0].startswith("error: --fanout takes counts from 0 to 256 (SSD's speculation cache")
     if case == "verbose after a command":
-        assert lines[0].endswith("give it before the command (ssd-chat -v ask ...)")
+        assert lines[0] == ("error: -v is an option of python -m ssd_chat itself: give it before the command "
+                            "(python -m ssd_chat -v ask ...)")
     if case == "distill on a held-out set under another name":
         assert "held-out benchmark set chat.jsonl" in lines[0] and not (tmp_path / "d3").exists()
     if case == "bench sd with no draft":

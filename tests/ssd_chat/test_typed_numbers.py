@@ -64,4 +64,5 @@ def test_the_command_line_refuses_them_in_one_line_naming_the_option(option, val
     result = run_ssd_chat("ask", "hi", option, value)  # (refused as it parses: no model loads)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: Invalid value for '{option}': {value!r} is not a"), lines
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option} takes a "), lines
+    assert lines[0].endswith(f"; got {value!r}"), lines

@@ -1,0 +1,84 @@
+"""The command line's usage errors (typer's, from click: a bad option value, an unknown option, a missing argument)
+in the project's one line: the option named as typed on the command line, then what it takes or what to do.
+
+A value an option's parser refuses (cli_options.plain, one_of) reads as the errors the commands raise themselves
+(`--mode takes ar, sd or ssd; got 'x'`): `--threads takes a number of CPU threads, 1 to 1024; got 0`, where click
+wrote `Invalid value for '--threads': takes ...` (in a box, in typer's standalone mode). An unknown option and the
+other usage errors point to the command's --help (`--thread is no option of ssd-chat ask (did you mean
+--threads?): see ssd-chat ask --help`). The app's group (OneLineUsageErrors) reports them all through usage_line,
+with exit code 2, before typer's own handling sees them: the console script's and a test's CliRunner alike.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from ssd_chat.cli_options import report
+
+# the click typer parses with (recent typers' own copy, typer._click; click itself before), for its exceptions
+click_errors = importlib.import_module(typer.BadParameter.__module__)
+UsageError = click_errors.UsageError
+ROOT_ONLY = ("-v", "--verbose")  # the app's own options, given after a command
+
+
+class OneLineUsageErrors(TyperGroup):
+    """The `ssd-chat` group (typer.Typer(cls=...)): a usage error while it or a command parses its arguments, or
+    while it picks the command, is one `error:` line and exit code 2, in typer's standalone mode or not."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:  # (the app's own options)
+        with _told_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:  # (the command's name, and the command's options as it parses them)
+        with _told_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _told_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click_errors.NoArgsIsHelpError:  # (its message is the whole help)
+        raise
+    except UsageError as err:
+        raise typer.Exit(report(usage_line(err))) from None
+
+
+def usage_line(err: UsageError) -> str:
+    """`err` as one line naming the option (no "Invalid value for", no "Error:" box)."""
+    command = err.ctx.command_path if err.ctx is not None else "ssd-chat"
+    see_help = f"see {command} --help"
+    if isinstance(err, click_errors.MissingParameter):  # (before BadParameter: one of them)
+        return f"{_sentence(err.format_message())}: {see_help}"
+    if isinstance(err, click_errors.BadParameter) and err.param is not None:  # a parser's refusal: "takes ..."
+        return f"{option_name(err.param)} {err.message}"
+    if isinstance(err, click_errors.NoSuchOption):
+        if err.option_name in ROOT_ONLY:
+            root, _, name = command.rpartition(" ")
+            return f"{err.option_name} is an option of {root} itself: give it before the command ({root} -v {name} ...)"
+        guess = f" (did you mean {' or '.join(sorted(err.possibilities))}?)" if err.possibilities else ""
+        return f"{err.option_name} is no option of {command}{guess}: {see_help}"
+    if isinstance(err, click_errors.BadOptionUsage) and "requires an argument" in err.message:
+        return f"{err.option_name} needs a value" + (f": {see_help}" if err.ctx is not None else "")  # (click's
+        # parser gives this one no context: which command's help is not known)
+    return f"{_sentence(err.format_message())}: {see_help}"  # no such command, an extra argument, ...
+
+
+def option_name(param: object) -> str:
+    """How the error names an option: its long name (--target, not -t); an argument by its metavar (PROMPT)."""
+    opts = getattr(param, "opts", None) or []
+    long = [o for o in opts if o.startswith("--")]
+    if getattr(param, "param_type_name", "") == "option" and (long or opts):
+        return (long or opts)[0]
+    return param.human_readable_name  # type: ignore[attr-defined]
+
+
+def _sentence(message: str) -> str:
+    """click's message without its full stop (the line goes on after it)."""
+    return message.strip().removesuffix(".")

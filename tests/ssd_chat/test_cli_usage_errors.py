@@ -1,0 +1,77 @@
+"""Every usage error of the command line is one line in the commands' own style, naming the option: a value an
+option's parser refused said click's `Invalid value for '--threads': takes ...` (in a box in typer's standalone
+mode) beside our own `--mode takes ar, sd or ssd; got 'x'`; an unknown option said `No such option: --thread
+(Possible options: --threads)`, with no word of what to do. Still exit code 2; --help still prints the help."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from ssd_chat import cli
+from tests.ssd_chat.cli_runs import run_ssd_chat
+
+
+def _no_engine(**kwargs):
+    pytest.fail("a model loaded")
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["ask", "hi", "--threads", "0"], "--threads takes a number of CPU threads, 1 to 1024; got 0"),
+    (["ask", "hi", "--k", "1_0"], "--k takes a whole number (ASCII digits, as 4); got '1_0'"),
+    (["ask", "hi", "-t", "x", "--top-p", "x"], "--top-p takes a number (ASCII digits, a sign, a decimal point and an "
+                                               "exponent, as 0.7, -1 or 1e-3); got 'x'"),
+    (["ask", "hi", "--dtype", "float8"], "--dtype takes auto, float32, bfloat16 or float16; got 'float8'"),
+    (["ask", "hi", "--thread", "2"], "--thread is no option of ssd-chat ask (did you mean --threads?): see ssd-chat "
+                                     "ask --help"),
+    (["ask", "hi", "--zzz"], "--zzz is no option of ssd-chat ask: see ssd-chat ask --help"),
+    (["--thread", "2"], "--thread is no option of ssd-chat (did you mean --threads?): see ssd-chat --help"),
+    (["ask", "hi", "-v"], "-v is an option of ssd-chat itself: give it before the command (ssd-chat -v ask ...)"),
+    (["bench", "--verbose"], "--verbose is an option of ssd-chat itself: give it before the command (ssd-chat -v "
+                             "bench ...)"),
+    (["ask"], "Missing argument 'prompt': see ssd-chat ask --help"),
+    (["ask", "hi", "--k"], "--k needs a value"),
+    (["nope"], "No such command 'nope': see ssd-chat --help"),
+])
+def test_usage_errors_are_one_line_naming_the_option(monkeypatch, args, line):
+    monkeypatch.setattr(cli, "LLM", _no_engine)
+    result = CliRunner().invoke(cli.app, args, prog_name="ssd-chat")  # (typer's standalone mode: no box either)
+    assert (result.exit_code, result.stderr, result.stdout) == (2, f"error: {line}\n", "")
+
+
+def test_a_parsers_refusal_reads_as_the_commands_own_errors(monkeypatch):
+    """--threads 0 (refused by its parser, as typer reads it) and --mode x (by speculation_config, in the command):
+    the same form."""
+    monkeypatch.setattr(cli, "LLM", _no_engine)
+    parsed = CliRunner().invoke(cli.app, ["ask", "hi", "--threads", "0"])
+    checked = CliRunner().invoke(cli.app, ["ask", "hi", "--mode", "x"])
+    assert (checked.exit_code, checked.stderr) == (2, "error: --mode takes ar, sd or ssd; got 'x'\n")
+    assert (parsed.exit_code, parsed.stderr) == (2, "error: --threads takes a number of CPU threads, 1 to 1024; "
+                                                    "got 0\n")
+
+
+def test_the_group_tells_them_whether_typer_runs_standalone_or_not():
+    """cli.main() runs typer with standalone_mode=False, where typer raises them; a test's CliRunner standalone,
+    where typer drew its box."""
+    for standalone in (True, False):
+        result = CliRunner().invoke(cli.app, ["ask", "hi", "--thread", "2"], standalone_mode=standalone,
+                                    prog_name="ssd-chat")
+        assert (result.exit_code if standalone else result.return_value) == 2, result.exception  # (the code
+        # typer returns where it does not exit)
+        assert result.stderr == ("error: --thread is no option of ssd-chat ask (did you mean --threads?): see "
+                                 "ssd-chat ask --help\n")
+
+
+def test_the_real_entry_point_says_them_in_one_line_with_exit_2():
+    for args, line in [(["ask", "hi", "--threads", "0"], "--threads takes a number of CPU threads, 1 to 1024; got 0"),
+                       (["ask", "hi", "--thread", "2"], "--thread is no option of python -m ssd_chat ask (did you "
+                                                        "mean --threads?): see python -m ssd_chat ask --help")]:
+        result = run_ssd_chat(*args)
+        assert (result.returncode, result.stderr, result.stdout) == (2, f"error: {line}\n", "")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["ask", "--help"]])
+def test_help_still_prints_the_help(args):
+    result = run_ssd_chat(*args)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "Usage: python -m ssd_chat" in result.stdout and "--threads" in result.stdout
