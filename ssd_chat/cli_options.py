@@ -22,7 +22,6 @@ from engine.config import (
     KV_DTYPES,
     MAX_FANOUT,
     MAX_THREADS,
-    MODES,
     PREFILL_CHUNK,
     EngineConfig,
     SpeculationConfig,
@@ -108,12 +107,15 @@ def one_of(choices: tuple[str, ...]) -> Callable[[object], object]:
     return parse
 
 
-def mode_case(value: object) -> object:
-    """--mode's parser: a mode in any case (SD) as MODES has it, as /mode takes it; any other word as typed, for
-    speculation_config's error (setting_words, the app's words)."""
-    if isinstance(value, str) and value.strip().lower() in MODES:
-        return value.strip().lower()
-    return value
+def mode_word(value: object) -> object:
+    """--mode's parser: /mode's, setting_words.mode_named (a mode in any case, SD, as MODES has it; any other word
+    refused as it names the option: usage_errors tells its EngineError as it is)."""
+    if not isinstance(value, str):  # (a default)
+        return value
+    try:
+        return setting_words.mode_named(setting_words.FLAGS, value)
+    except InvalidParameterError as err:
+        raise typer.BadParameter(str(err)) from err
 
 
 def speculation_config(
@@ -182,7 +184,7 @@ Draft = Annotated[
 Mode = Annotated[
     str | None,
     typer.Option(help="ar | sd | ssd (default: sd with a draft, else ar). ssd overlaps drafting with --draft-device.",
-                 parser=mode_case),
+                 parser=mode_word),
 ]
 K = Annotated[int, typer.Option("--k", help="Most draft tokens per verify step (fewer when faster, unless --fixed-k; "
                                  "at most 31 on the CPU).", parser=plain(int))]

@@ -19,6 +19,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from engine.errors import EngineError
 from ssd_chat.cli_options import report
 
 # the click typer parses with (recent typers' own copy, typer._click; click itself before), for its exceptions
@@ -57,6 +58,8 @@ def usage_line(err: UsageError) -> str:
     if isinstance(err, click_errors.MissingParameter):  # (before BadParameter: one of them)
         return f"{_sentence(err.format_message())}: {see_help}"
     if isinstance(err, click_errors.BadParameter) and err.param is not None:  # a parser's refusal: "takes ..."
+        if isinstance(err.__cause__, EngineError):  # setting_words' own (--mode's), which names the option itself
+            return str(err.__cause__)
         return f"{option_name(err.param)} {err.message}"
     if isinstance(err, click_errors.NoSuchOption):
         if err.option_name in ROOT_ONLY:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from engine.errors import InvalidParameterError
 from ssd_chat import cli
+from ssd_chat.setting_words import SLASH, mode_named
 from tests.ssd_chat.cli_runs import run_ssd_chat
 
 
@@ -67,6 +69,21 @@ def test_engine_options_in_range_and_any_case_pass(monkeypatch):
 def test_mode_takes_any_case_as_mode_does_in_the_app(monkeypatch, command):
     seen = _engine_kwargs(monkeypatch, [*command, "--mode", "SD", "--draft", "none"])
     assert seen["speculation"].mode == "sd"
+
+
+@pytest.mark.parametrize("typed", ["SD", " ssd ", "Ar", "x", "s d", "sd,ssd"])
+def test_mode_is_read_by_the_apps_parser(monkeypatch, typed):
+    """--mode and /mode take and refuse the same words, with the same message (setting_words.mode_named: --mode had
+    a parser of its own that let an unknown word through, to be refused later, after the layout was chosen)."""
+    monkeypatch.setattr(cli, "apply_defaults", lambda *a, **kw: pytest.fail("the mode reached the layout"))
+    try:
+        mode = mode_named(SLASH, typed)
+    except InvalidParameterError as refused:
+        result = CliRunner().invoke(cli.app, ["ask", "hi", "--mode", typed])
+        assert (result.exit_code, result.stderr) == (2, f"error: {str(refused).replace('/mode', '--mode')}\n")
+        return
+    monkeypatch.undo()
+    assert _engine_kwargs(monkeypatch, ["ask", "hi", "--mode", typed, "--draft", "none"])["speculation"].mode == mode
 
 
 @pytest.mark.parametrize(("typed", "fanout"), [("none", None), ("None", None), ("default", None), ("2", (2,))])

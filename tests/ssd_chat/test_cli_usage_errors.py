@@ -40,12 +40,13 @@ def test_usage_errors_are_one_line_naming_the_option(monkeypatch, args, line):
 
 
 def test_a_parsers_refusal_reads_as_the_commands_own_errors(monkeypatch):
-    """--threads 0 (refused by its parser, as typer reads it) and --mode x (by speculation_config, in the command):
-    the same form."""
+    """--threads 0 (refused by its parser, as typer reads it) and --fanout x (by speculation_config, in the
+    command): the same form."""
     monkeypatch.setattr(cli, "LLM", _no_engine)
     parsed = CliRunner().invoke(cli.app, ["ask", "hi", "--threads", "0"])
-    checked = CliRunner().invoke(cli.app, ["ask", "hi", "--mode", "x"])
-    assert (checked.exit_code, checked.stderr) == (2, "error: --mode takes ar, sd or ssd; got 'x'\n")
+    checked = CliRunner().invoke(cli.app, ["ask", "hi", "--fanout", "x"])
+    assert (checked.exit_code, checked.stderr) == (2, "error: --fanout takes whole numbers (ASCII digits) separated "
+                                                      "by commas, or none for the default; got 'x'\n")
     assert (parsed.exit_code, parsed.stderr) == (2, "error: --threads takes a number of CPU threads, 1 to 1024; "
                                                     "got 0\n")
 
