@@ -137,8 +137,6 @@ def speculation_config(
             setting_words.check(setting_words.FLAGS, mode, k, (count,))
         counts = None
     setting_words.check(setting_words.FLAGS, mode, k, counts, drafted)
-    if backup not in BACKUPS:
-        raise InvalidParameterError(f"--backup takes {' or '.join(BACKUPS)}; got {backup!r}")
     return SpeculationConfig(mode=mode, k=drafted, fanout=counts, backup=backup, adaptive_k=not fixed_k,
                              lookup=not no_lookup)
 
@@ -198,7 +196,8 @@ DraftDevice = Annotated[
     typer.Option(help="SSD's draft in its own process on this device (cpu:1, cuda:4); default: in-process."),
 ]
 Backup = Annotated[
-    str, typer.Option(help="SSD on a speculation-cache miss: jit (re-draft) or fast (guess from the context).")
+    str, typer.Option(help="SSD on a speculation-cache miss: jit (re-draft) or fast (guess from the context).",
+                      parser=one_of(BACKUPS))
 ]
 FixedK = Annotated[
     bool, typer.Option("--fixed-k", help="Always draft k tokens (default: the k <= --k with the most expected tokens "

@@ -109,6 +109,16 @@ def test_a_resumed_chats_fanout_is_checked_against_its_own_k(monkeypatch):
     assert result.exit_code == 2 and "--fanout takes counts from 0 to 256" in result.output
 
 
+@pytest.mark.parametrize("command", [["--plain"], ["ask", "hi"]])
+def test_backup_is_a_word_option_as_the_others(monkeypatch, command):
+    """--backup was checked by hand in speculation_config: refused once the layout was chosen, and in one case."""
+    seen = _engine_kwargs(monkeypatch, [*command, "--backup", "FAST", "--draft", "none"])
+    assert seen["speculation"].backup == "fast"
+    monkeypatch.setattr(cli, "apply_defaults", lambda *a, **kw: pytest.fail("the backup reached the layout"))
+    result = CliRunner().invoke(cli.app, [*command, "--backup", "slow"], input="")
+    assert (result.exit_code, result.stderr) == (2, "error: --backup takes jit or fast; got 'slow'\n")
+
+
 def test_bench_refuses_a_bad_backup_before_loading(monkeypatch):
     import ssd_chat.bench
 
