@@ -8,6 +8,7 @@ from engine.errors import InvalidParameterError
 from engine.values import flag, normalise, number, optional, texts, whole, wholes
 
 MAX_TEMPERATURE = 100.0
+MAX_SEED = 2**63 - 1  # the largest seed: torch's generators take a signed 64-bit one
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class SamplingParams:
             raise InvalidParameterError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if self.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise InvalidParameterError(f"seed must be in 0..2^63-1, got {self.seed}")
         if any(s == "" for s in self.stop):
             raise InvalidParameterError("stop strings must not be empty")

@@ -27,6 +27,7 @@ from engine.config import (
     SpeculationConfig,
 )
 from engine.errors import InvalidParameterError
+from engine.sampling_params import MAX_SEED
 from ssd_chat import __version__, setting_words, typed_numbers
 from ssd_chat.engine_failure import EXIT_ENGINE_FAILED, EngineFailed
 from ssd_chat.prompts import BenchInputError
@@ -92,7 +93,7 @@ def plain(kind: type[int] | type[float], minimum: int | None = None, *, field: s
     return parse
 
 
-seed_number = plain(int, 0, maximum=2**63 - 1, takes="a whole number from 0 to 2^63-1")  # (SamplingParams')
+seed_number = plain(int, 0, maximum=MAX_SEED, takes="a whole number from 0 to 2^63-1")  # (SamplingParams')
 
 
 def one_of(choices: tuple[str, ...]) -> Callable[[object], object]:

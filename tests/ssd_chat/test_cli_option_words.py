@@ -7,6 +7,7 @@ make-pair and distill took 1_0 as ten; 1e400 and 1e-400 were read as inf and 0."
 from __future__ import annotations
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from engine.errors import InvalidParameterError
@@ -205,3 +206,15 @@ def test_bench_checks_a_fanout_against_the_drafted_k(monkeypatch):
     result = CliRunner().invoke(cli.app, [*flags, _counts(32)])
     assert "(_Reached: )" in result.output, result.output
     assert configs[0].k == 31 and len(configs[0].fanout) == 32  # (what the run's rounds draft at most)
+
+
+def test_the_command_line_takes_the_seeds_the_engine_takes():
+    """--seed's limit was a copy of SamplingParams' (2**63 - 1 beside `< 2**63`): now both read MAX_SEED."""
+    from engine.sampling_params import MAX_SEED, SamplingParams
+    from ssd_chat.cli_options import seed_number
+
+    assert seed_number(str(MAX_SEED)) == SamplingParams(seed=MAX_SEED).seed == 2**63 - 1
+    with pytest.raises(typer.BadParameter, match=f"got {MAX_SEED + 1}$"):
+        seed_number(str(MAX_SEED + 1))
+    with pytest.raises(InvalidParameterError, match=f"got {MAX_SEED + 1}$"):
+        SamplingParams(seed=MAX_SEED + 1)
