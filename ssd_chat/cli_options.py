@@ -18,10 +18,12 @@ from engine import EngineError
 from engine.config import (
     ATTENTION_BACKENDS,
     BACKUPS,
+    DRAFT_WEIGHTS,
     DTYPES,
     KV_DTYPES,
     MAX_FANOUT,
     MAX_THREADS,
+    PACKED_KERNELS,
     PREFILL_CHUNK,
     EngineConfig,
     SpeculationConfig,
@@ -228,7 +230,7 @@ PrefillChunk = Annotated[int | None, typer.Option(
     "CUDA): a cancel lands between two steps.", parser=plain(int, minimum=1))]
 DraftWeights = Annotated[str, typer.Option(
     help="CPU: the draft's matmul weights: int8, float16 or float32 (the target's stay in --dtype; the draft "
-    "only proposes, so this never changes the output).")]
+    "only proposes, so this never changes the output).", parser=one_of(DRAFT_WEIGHTS))]
 CpuMatmul = Annotated[str, typer.Option(
     help="CPU: the target's matmul kernel: auto (panel4 on any AVX-512, AVX2 or ARM CPU where it builds; else mkl on "
     "Intel, "
@@ -236,7 +238,8 @@ CpuMatmul = Annotated[str, typer.Option(
     "copies of the weights that are 4-bit values and 8-bit copies of 8-bit ones: the same bits, fewer bytes), "
     "q8 (panel4 with the activations of its 4- and 8-bit weights rounded to 8 bits, llama.cpp's arithmetic, on "
     "x86 with AVX2 (AVX-512 VNNI where it has it): "
-    "faster, not the float32 model's bits; SD/SSD still equal AR under it), mkl, onednn.")]
+    "faster, not the float32 model's bits; SD/SSD still equal AR under it), mkl, onednn.",
+    parser=one_of(PACKED_KERNELS))]
 def read_stdin() -> str:
     """`ask -`'s prompt: all of stdin."""
     if sys.stdin is None:  # started with stdin closed (`<&-`)

@@ -47,6 +47,8 @@ def _engine_kwargs(monkeypatch, args: list[str]) -> dict:
     (["--max-model-len", "1"], "--max-model-len takes a context limit of at least 2 tokens; got 1"),
     (["--dtype", "float8"], "--dtype takes auto, float32, bfloat16 or float16; got 'float8'"),
     (["--attention", "fast"], "--attention takes auto, sdpa or flashinfer; got 'fast'"),
+    (["--draft-weights", "int4"], "--draft-weights takes float32, float16 or int8; got 'int4'"),  # (the engine's
+    (["--cpu-matmul", "blas"], "--cpu-matmul takes auto, mkl, onednn, panel, panel4 or q8; got 'blas'"),  # words)
 ])
 def test_engine_options_are_refused_in_one_line_naming_the_flag(monkeypatch, flags, message):
     monkeypatch.setattr(cli, "LLM", _no_engine)
@@ -62,8 +64,10 @@ def test_the_real_entry_point_says_it_in_one_line():
 
 def test_engine_options_in_range_and_any_case_pass(monkeypatch):
     seen = _engine_kwargs(monkeypatch, ["ask", "hi", "--seed", "0", "--threads", "2", "--max-model-len", "2",
-                                        "--dtype", "Float32", "--attention", "SDPA", "--draft", "none"])
+                                        "--dtype", "Float32", "--attention", "SDPA", "--draft", "none",
+                                        "--draft-weights", "Float16", "--cpu-matmul", "PANEL"])
     assert seen["dtype"] == "float32" and seen["attention"] == "sdpa" and seen["threads"] == 2
+    assert seen["draft_weights"] == "float16" and seen["packed_kernel"] == "panel"
 
 
 @pytest.mark.parametrize("command", [["--plain"], ["ask", "hi"]])
