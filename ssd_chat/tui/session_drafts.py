@@ -1,0 +1,39 @@
+"""The open chat's draft: the input's unsent text kept in the history at a quit and taken back into the input when the
+chat opens again (ssd_chat/tui/draft_actions.py is the app's side). A mixin of ChatSession."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ssd_chat.tui.session import ChatSession
+
+    _Base = ChatSession
+else:
+    _Base = object
+
+
+class SessionDrafts(_Base):
+    def keep_draft(self, text: str) -> None:
+        """At a quit: `text`, typed and not sent, saved as the chat's draft (--resume puts it back in the input); a
+        new chat with no turn is saved for it. Blank: nothing is written (take_draft took the chat's draft out, and
+        another window's quit may have left one since)."""
+        if self.store is None or not text.strip():
+            return
+        self.save(keep_empty=True)  # (a new chat, or one another window deleted, saved for it; else no write)
+        try:
+            if self.conversation.id is not None:  # (None: the save failed, and said so)
+                self.store.save_draft(self.conversation.id, text)
+        except sqlite3.Error as err:
+            self.on_save_error(f"the text you had not sent could not be saved ({err})")
+
+    def take_draft(self) -> str:
+        """The open chat's draft ("": none), taken out of the history for the input (the next quit saves the input)."""
+        try:
+            draft = "" if self.store is None or self.conversation.id is None else self.store.draft(self.conversation.id)
+            if draft:
+                self.store.save_draft(self.conversation.id, "")
+        except sqlite3.Error:  # (the chat opens all the same: told at its first save)
+            return ""
+        return draft
