@@ -205,6 +205,16 @@ class HistoryStore:
                              (conversation_id, text))
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
 
+    def drop_if_empty(self, conversation_id: int) -> bool:
+        """Delete the conversation where it holds no message and no draft (saved for a draft alone, which went back
+        into the input); returns whether it did. One statement: turns or a draft another window saved keep it."""
+        with self._db:
+            cur = self._db.execute(
+                "DELETE FROM conversations WHERE id = ?"
+                " AND NOT EXISTS (SELECT 1 FROM messages WHERE conversation_id = ?)"
+                " AND NOT EXISTS (SELECT 1 FROM drafts WHERE conversation_id = ?)", (conversation_id,) * 3)
+        return cur.rowcount > 0
+
     def draft(self, conversation_id: int) -> str:
         """The conversation's draft ("": none)."""
         row = self._db.execute("SELECT text FROM drafts WHERE conversation_id = ?", (conversation_id,)).fetchone()

@@ -29,11 +29,18 @@ class SessionDrafts(_Base):
             self.on_save_error(f"the text you had not sent could not be saved ({err})")
 
     def take_draft(self) -> str:
-        """The open chat's draft ("": none), taken out of the history for the input (the next quit saves the input)."""
+        """The open chat's draft ("": none), taken out of the history for the input (the next quit saves the input).
+        A chat with no turn, saved for its draft alone, goes with it (else, the input cleared, it stayed in Ctrl+O's
+        list as an empty "New chat"): the open chat is a new one again, saved by its first reply or by the next
+        quit's unsent text. Turns another window saved in it meanwhile keep it (HistoryStore.drop_if_empty)."""
+        if self.store is None or self.conversation.id is None:
+            return ""
         try:
-            draft = "" if self.store is None or self.conversation.id is None else self.store.draft(self.conversation.id)
+            draft = self.store.draft(self.conversation.id)
             if draft:
                 self.store.save_draft(self.conversation.id, "")
+            if not self.messages and self.store.drop_if_empty(self.conversation.id):
+                self.conversation.id, self._synced = None, None
         except sqlite3.Error:  # (the chat opens all the same: told at its first save)
             return ""
         return draft

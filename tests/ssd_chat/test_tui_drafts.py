@@ -53,7 +53,9 @@ async def test_text_typed_and_not_sent_comes_back_with_resume(tmp_path):
 
 
 @pytest.mark.asyncio
-async def test_a_new_chat_with_nothing_but_typed_text_is_kept_for_it(tmp_path):
+async def test_a_new_chat_with_nothing_but_typed_text_is_kept_for_it_until_the_text_is_back(tmp_path):
+    """Saved for its draft alone, a chat goes once the draft is back in the input: it stayed in Ctrl+O's list as an
+    empty "New chat" (0 messages) once the input was cleared."""
     app = make_app(FakeEngine(), tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
@@ -61,9 +63,11 @@ async def test_a_new_chat_with_nothing_but_typed_text_is_kept_for_it(tmp_path):
         await send(app, pilot, "/new")
         await type_text(pilot, "not sent")
         await _quit(app, pilot)
-    assert await _resumed_input(tmp_path) == ("not sent", [])
-    titles = [c.title for c in HistoryStore(tmp_path / "history.sqlite3").list()]
-    assert titles == ["New chat", "an earlier chat"]  # (its first prompt names it, as a new chat's does)
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    listed = [(c.title, c.num_messages) for c in store.list()]
+    assert listed == [("New chat", 0), ("an earlier chat", 2)]  # (its first prompt names it, as a new chat's does)
+    assert await _resumed_input(tmp_path) == ("not sent", [])  # (the input cleared before its quit)
+    assert [(c.title, c.num_messages) for c in store.list()] == [("an earlier chat", 2)]
 
 
 @pytest.mark.asyncio
@@ -116,3 +120,4 @@ async def test_a_quit_in_an_unchanged_edit_keeps_what_was_typed_before_it(tmp_pa
         await wait_for(pilot, lambda: app.query_one(PromptArea).text == "hi", what="the edit")
         await _quit(app, pilot)
     assert await _resumed_input(tmp_path) == ("half a thought", ["hi"])
+
