@@ -15,6 +15,8 @@ from pathlib import Path
 
 from platformdirs import user_data_dir
 
+from ssd_chat import history_drafts
+from ssd_chat.history_drafts import Draft, EditDraft
 from ssd_chat.history_search import ConversationSummary, connect, list_all, search
 from ssd_chat.turn_stats import TurnStats
 
@@ -37,10 +39,6 @@ CREATE TABLE IF NOT EXISTS messages (
     content TEXT NOT NULL,
     stats TEXT,
     PRIMARY KEY (conversation_id, position)
-);
-CREATE TABLE IF NOT EXISTS drafts (
-    conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
-    text TEXT NOT NULL
 );
 """
 
@@ -95,7 +93,7 @@ class Deleted:
     conversation: Conversation
     created: float
     updated: float
-    draft: str = ""  # the text its last quit kept unsent (save_draft)
+    draft: Draft = field(default_factory=Draft)  # what its last quit kept unsent (save_draft)
 
 
 def default_db_path() -> Path:
@@ -111,7 +109,8 @@ class HistoryStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = connect(self.path)
         self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(_SCHEMA + history_drafts.SCHEMA)
+        history_drafts.migrate(self._db)
 
     def close(self) -> None:
         self._db.close()
@@ -194,15 +193,15 @@ class HistoryStore:
         return Conversation(conversation_id, row[0], ChatSettings.from_dict(json.loads(row[1])),
                             self._messages(conversation_id))
 
-    def save_draft(self, conversation_id: int, text: str) -> None:
-        """`text`, typed in the chat app and not sent, as the conversation's draft ("": none), which makes it the
-        latest conversation (the one --resume opens: the user was in it last)."""
+    def save_draft(self, conversation_id: int, text: str, edit: EditDraft | None = None) -> None:
+        """`text`, typed in the chat app and not sent, as the conversation's draft ("" and no `edit`: none), with the
+        `edit` of its last prompt under way, if any (history_drafts), which makes it the latest conversation (the
+        one --resume opens: the user was in it last)."""
         with self._db:
-            if not text:
+            if not text and edit is None:
                 self._db.execute("DELETE FROM drafts WHERE conversation_id = ?", (conversation_id,))
                 return
-            self._db.execute("INSERT OR REPLACE INTO drafts (conversation_id, text) VALUES (?, ?)",
-                             (conversation_id, text))
+            history_drafts.write(self._db, conversation_id, Draft(text, edit))
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
 
     def drop_if_empty(self, conversation_id: int) -> bool:
@@ -215,10 +214,9 @@ class HistoryStore:
                 " AND NOT EXISTS (SELECT 1 FROM drafts WHERE conversation_id = ?)", (conversation_id,) * 3)
         return cur.rowcount > 0
 
-    def draft(self, conversation_id: int) -> str:
-        """The conversation's draft ("": none)."""
-        row = self._db.execute("SELECT text FROM drafts WHERE conversation_id = ?", (conversation_id,)).fetchone()
-        return "" if row is None else row[0]
+    def draft(self, conversation_id: int) -> Draft:
+        """The conversation's draft (Draft(): none)."""
+        return history_drafts.read(self._db, conversation_id)
 
     def list(self) -> list[ConversationSummary]:
         """Every conversation, the most recently updated first."""
@@ -241,8 +239,8 @@ class HistoryStore:
             self._db.execute("INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
                              (c.id, c.title, deleted.created, deleted.updated, json.dumps(asdict(c.settings))))
             self._write_messages(c.id, c.messages)
-            if deleted.draft:  # (not save_draft: the chat keeps its place in the list)
-                self._db.execute("INSERT INTO drafts (conversation_id, text) VALUES (?, ?)", (c.id, deleted.draft))
+            if not deleted.draft.is_empty:  # (not save_draft: the chat keeps its place in the list)
+                history_drafts.write(self._db, c.id, deleted.draft)
 
     def rename(self, conversation_id: int, title: str) -> None:
         with self._db:

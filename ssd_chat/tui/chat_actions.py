@@ -156,6 +156,7 @@ class ChatActions(_Base):
                 # the next rebuild, Ctrl+N right after opening a chat, and that crashed the app)
                 transcript.add_assistant(message.content, colours=self.colours,
                                          stats="" if message.stats is None else message.stats.line())
+        self.mark_edited_turn()  # (edit_actions)
         self.show_last_figures()
         self.refresh_status()
 

@@ -62,6 +62,24 @@ class EditActions(_Base):
         self._tell_editing()
         self.refresh_status()
 
+    def resume_edit(self, text: str, draft: str) -> bool:
+        """An edit a quit kept (draft_actions): it goes on, `text` in the input and `draft`, what the input held
+        before F4, kept for after it. Whether the input held typed text (one Ctrl+Z away, as bring_back says)."""
+        self.edit = Edit(self.session.conversation, self.session.last_turn(), draft)
+        typed = self.query_one(PromptInput).bring_back(text)
+        self.mark_edited_turn()
+        send = send_key(self.query_one(PromptInput).enter_sends)
+        self.notify(f"your edit of the last prompt is back: {send} sends it in place of the last turn, Esc cancels"
+                    + (" (Ctrl+Z brings back what you had typed)" if typed else ""), timeout=6)
+        self.refresh_status()
+        return typed
+
+    def mark_edited_turn(self) -> None:
+        """The edit's turn dimmed (again, once show_conversation rebuilt the transcript: a --resume's edit waits
+        for the models to load)."""
+        if self.current_edit() is not None:
+            self._mark_turn(True)
+
     def _tell_editing(self) -> None:
         self.notify(editing_notice(self.query_one(PromptInput).enter_sends), timeout=4)
 

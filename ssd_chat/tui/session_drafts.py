@@ -6,6 +6,8 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING
 
+from ssd_chat.history_drafts import Draft, EditDraft
+
 if TYPE_CHECKING:
     from ssd_chat.tui.session import ChatSession
 
@@ -15,32 +17,34 @@ else:
 
 
 class SessionDrafts(_Base):
-    def keep_draft(self, text: str) -> None:
-        """At a quit: `text`, typed and not sent, saved as the chat's draft (--resume puts it back in the input); a
-        new chat with no turn is saved for it. Blank: nothing is written (take_draft took the chat's draft out, and
-        another window's quit may have left one since)."""
-        if self.store is None or not text.strip():
+    def keep_draft(self, text: str, edit: EditDraft | None = None) -> None:
+        """At a quit: `text`, typed and not sent, saved as the chat's draft (--resume puts it back in the input),
+        with a changed `edit` of the last prompt under way (`text` is then what the input held before F4); a new
+        chat with no turn is saved for it. Blank and no edit: nothing is written (take_draft took the chat's draft
+        out, and another window's quit may have left one since)."""
+        if self.store is None or (not text.strip() and edit is None):
             return
         self.save(keep_empty=True)  # (a new chat, or one another window deleted, saved for it; else no write)
         try:
             if self.conversation.id is not None:  # (None: the save failed, and said so)
-                self.store.save_draft(self.conversation.id, text)
+                self.store.save_draft(self.conversation.id, text if text.strip() else "", edit)
         except sqlite3.Error as err:
             self.on_save_error(f"the text you had not sent could not be saved ({err})")
 
-    def take_draft(self) -> str:
-        """The open chat's draft ("": none), taken out of the history for the input (the next quit saves the input).
+    def take_draft(self) -> Draft:
+        """The open chat's draft (Draft(): none), taken out of the history for the input (the next quit saves the
+        input).
         A chat with no turn, saved for its draft alone, goes with it (else, the input cleared, it stayed in Ctrl+O's
         list as an empty "New chat"): the open chat is a new one again, saved by its first reply or by the next
         quit's unsent text. Turns another window saved in it meanwhile keep it (HistoryStore.drop_if_empty)."""
         if self.store is None or self.conversation.id is None:
-            return ""
+            return Draft()
         try:
             draft = self.store.draft(self.conversation.id)
-            if draft:
+            if not draft.is_empty:
                 self.store.save_draft(self.conversation.id, "")
             if not self.messages and self.store.drop_if_empty(self.conversation.id):
                 self.conversation.id, self._synced = None, None
         except sqlite3.Error:  # (the chat opens all the same: told at its first save)
-            return ""
+            return Draft()
         return draft

@@ -11,6 +11,8 @@ from ssd_chat.history import (
     ChatMessage,
     ChatSettings,
     Conversation,
+    Draft,
+    EditDraft,
     HistoryStore,
     TurnStats,
     default_db_path,
@@ -63,7 +65,7 @@ def test_a_deleted_chat_brought_back_has_its_draft_again(tmp_path):
     chat_id = store.save(_conversation())
     store.save_draft(chat_id, "half a thought")
     store.restore(store.delete(chat_id))
-    assert store.draft(chat_id) == "half a thought"
+    assert store.draft(chat_id).text == "half a thought"
 
 
 def test_a_failed_save_leaves_a_new_conversation_unsaved(tmp_path):
@@ -299,11 +301,34 @@ def test_a_draft_is_kept_with_its_chat_and_makes_it_the_latest(tmp_path):
     store = HistoryStore(tmp_path / "h.sqlite3")
     older = store.save(Conversation(None, "older", messages=[ChatMessage("user", "a")]))
     newer = store.save(Conversation(None, "newer", messages=[ChatMessage("user", "b")]))
-    assert store.latest().id == newer and store.draft(older) == ""
+    assert store.latest().id == newer and store.draft(older).text == ""
     store.save_draft(older, "typed\nnot sent")
-    assert store.draft(older) == "typed\nnot sent" and store.latest().id == older
+    assert store.draft(older).text == "typed\nnot sent" and store.latest().id == older
     store.save_draft(older, "")
-    assert store.draft(older) == ""
+    assert store.draft(older).text == ""
     store.save_draft(newer, "x")
     store.delete(newer)
     assert store._db.execute("SELECT COUNT(*) FROM drafts").fetchone()[0] == 0
+
+
+def test_a_draft_keeps_an_edit_beside_the_text_and_an_older_file_takes_it(tmp_path):
+    """A quit in a changed edit (F4) keeps the edit and what the input held before F4 (one text lost one of them); a
+    history file made before drafts had the edit's columns gets them, its drafts kept."""
+    path = tmp_path / "h.sqlite3"
+    old = sqlite3.connect(path)
+    with old:
+        old.executescript("CREATE TABLE conversations (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,"
+                          " created REAL NOT NULL, updated REAL NOT NULL, settings TEXT NOT NULL);"
+                          " CREATE TABLE drafts (conversation_id INTEGER PRIMARY KEY, text TEXT NOT NULL);"
+                          " INSERT INTO conversations VALUES (1, 'Old', 0, 0, '{}');"
+                          " INSERT INTO drafts VALUES (1, 'kept before');")
+    old.close()
+    store = HistoryStore(path)
+    assert store.draft(1) == Draft("kept before")
+    chat_id = store.save(_conversation())
+    store.save_draft(chat_id, "typed before F4", EditDraft("Write a haiku about coffee.", 0))
+    assert store.draft(chat_id) == Draft("typed before F4", EditDraft("Write a haiku about coffee.", 0))
+    store.save_draft(chat_id, "", EditDraft("only the edit", 0))  # (nothing typed before F4)
+    assert store.draft(chat_id) == Draft("", EditDraft("only the edit", 0))
+    store.restore(store.delete(chat_id))
+    assert store.draft(chat_id) == Draft("", EditDraft("only the edit", 0))

@@ -152,10 +152,11 @@ def test_a_draft_kept_at_a_quit_brings_back_the_chat_another_window_deleted(tmp_
     there.open(there.store.load(chat_id))
     there.keep_draft("theirs")
     here.keep_draft("  \n")
-    assert store.draft(chat_id) == "theirs"
+    assert store.draft(chat_id).text == "theirs"
     store.delete(chat_id)
     here.keep_draft("mine")
-    assert store.draft(chat_id) == "mine" and [m.content for m in store.load(chat_id).messages] == ["tea?", "yes, tea"]
+    assert store.draft(chat_id).text == "mine"
+    assert [m.content for m in store.load(chat_id).messages] == ["tea?", "yes, tea"]
 
 
 def test_taking_a_draft_drops_its_empty_chat_but_never_one_with_turns(tmp_path):
@@ -168,16 +169,16 @@ def test_taking_a_draft_drops_its_empty_chat_but_never_one_with_turns(tmp_path):
     here = ChatSession(store, ChatSettings())
     here.open(store.load(empty.id))
     _add_turn(HistoryStore(store.path), empty.id, "from there")  # (here still holds it empty)
-    assert here.take_draft() == "unsent" and here.conversation.id == empty.id
+    assert here.take_draft().text == "unsent" and here.conversation.id == empty.id
     assert store.load(empty.id).messages[0].content == "from there"
     chat_id = _chat(store)
     store.save_draft(chat_id, "more")
     here.open(store.load(chat_id))
-    assert here.take_draft() == "more" and here.conversation.id == chat_id and store.load(chat_id) is not None
+    assert here.take_draft().text == "more" and here.conversation.id == chat_id and store.load(chat_id) is not None
     lone = Conversation(None)
     store.save(lone)
     store.save_draft(lone.id, "alone")
     here.open(store.load(lone.id))
-    assert here.take_draft() == "alone" and here.conversation.id is None and store.load(lone.id) is None
+    assert here.take_draft().text == "alone" and here.conversation.id is None and store.load(lone.id) is None
     here.keep_draft("alone")  # kept again at a quit: saved again, as a new chat
-    assert here.conversation.id is not None and store.draft(here.conversation.id) == "alone"
+    assert here.conversation.id is not None and store.draft(here.conversation.id).text == "alone"

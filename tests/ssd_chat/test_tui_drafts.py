@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from ssd_chat.history import HistoryStore
+from ssd_chat.history import ChatMessage, HistoryStore
 from ssd_chat.tui.screens.chats import ChatsScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
-from ssd_chat.tui.widgets.transcript import UserMessage
+from ssd_chat.tui.widgets.transcript import Transcript, UserMessage
 from tests.ssd_chat.test_tui_compare_queue import _queued
-from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle, type_text, wait_for
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
 
 SIZE = (120, 40)
 
@@ -121,3 +121,49 @@ async def test_a_quit_in_an_unchanged_edit_keeps_what_was_typed_before_it(tmp_pa
         await _quit(app, pilot)
     assert await _resumed_input(tmp_path) == ("half a thought", ["hi"])
 
+
+
+async def _quit_in_a_changed_edit(tmp_path) -> None:
+    """A chat "hi", "half a thought" typed, then F4 and the edit changed to "hi there"; then a quit."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        await type_text(pilot, "half a thought")
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: app.query_one(PromptArea).text == "hi", what="the edit")
+        await type_text(pilot, " there")
+        await _quit(app, pilot)
+
+
+@pytest.mark.asyncio
+async def test_a_quit_in_a_changed_edit_keeps_the_edit_and_what_was_typed_before_it(tmp_path):
+    """One draft slot kept the edit and lost the text typed before F4: now the chat reopens in the edit, and Esc (or
+    sending it) gives that text back."""
+    await _quit_in_a_changed_edit(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        area = app.query_one(PromptArea)
+        assert area.text == "hi there" and app.current_edit() is not None
+        assert [v.has_class("replaced") for v in app.query_one(Transcript).children] == [True, True]
+        assert "editing the last prompt" in rendered(app.query_one("#status"))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: area.text == "half a thought", what="the text typed before F4")
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["hi"]
+        area.clear()
+        await _quit(app, pilot)
+
+
+@pytest.mark.asyncio
+async def test_a_kept_edit_whose_prompt_is_no_longer_the_last_follows_the_text(tmp_path):
+    """Another window added a turn since: the edit would replace that one, so it goes in the input after the text."""
+    await _quit_in_a_changed_edit(tmp_path)
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    chat = store.latest()
+    chat.messages += [ChatMessage("user", "from there"), ChatMessage("assistant", "ok")]
+    store.save(chat)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.query_one(PromptArea).text == "half a thought\n\nhi there" and app.current_edit() is None
