@@ -194,15 +194,19 @@ class HistoryStore:
                             self._messages(conversation_id))
 
     def save_draft(self, conversation_id: int, text: str, edit: EditDraft | None = None) -> None:
-        """`text`, typed in the chat app and not sent, as the conversation's draft ("" and no `edit`: none), with the
-        `edit` of its last prompt under way, if any (history_drafts), which makes it the latest conversation (the
-        one --resume opens: the user was in it last)."""
+        """`text`, typed in the chat app and not sent, as the conversation's draft, with the `edit` of its last prompt
+        under way, if any (history_drafts), which makes it the latest conversation (the one --resume opens: the user
+        was in it last). Nothing to keep ("" and no edit) is refused: drop_draft removes a draft."""
+        if not text and edit is None:
+            raise ValueError("save_draft: an empty draft (drop_draft removes the chat's draft)")
         with self._db:
-            if not text and edit is None:
-                self._db.execute("DELETE FROM drafts WHERE conversation_id = ?", (conversation_id,))
-                return
             history_drafts.write(self._db, conversation_id, Draft(text, edit))
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
+
+    def drop_draft(self, conversation_id: int) -> None:
+        """Remove the conversation's draft, if any (its place in the list stays)."""
+        with self._db:
+            self._db.execute("DELETE FROM drafts WHERE conversation_id = ?", (conversation_id,))
 
     def drop_if_empty(self, conversation_id: int) -> bool:
         """Delete the conversation where it holds no message and no draft (saved for a draft alone, which went back

@@ -42,7 +42,7 @@ class SessionDrafts(_Base):
         try:
             draft = self.store.draft(self.conversation.id)
             if not draft.is_empty:
-                self.store.save_draft(self.conversation.id, "")
+                self.store.drop_draft(self.conversation.id)
             if not self.messages and self.store.drop_if_empty(self.conversation.id):
                 self.conversation.id, self._synced = None, None
         except sqlite3.Error:  # (the chat opens all the same: told at its first save)

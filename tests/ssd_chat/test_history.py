@@ -297,15 +297,19 @@ def test_a_tab_indented_line_after_a_list_item_is_exported_where_the_chat_app_sh
 
 def test_a_draft_is_kept_with_its_chat_and_makes_it_the_latest(tmp_path):
     """The chat app's unsent input at a quit (HistoryStore.save_draft): --resume opens the latest chat, so the chat
-    with the draft becomes it; "" removes the draft, and deleting the chat deletes its draft."""
+    with the draft becomes it; drop_draft removes the draft, and deleting the chat deletes its draft."""
     store = HistoryStore(tmp_path / "h.sqlite3")
     older = store.save(Conversation(None, "older", messages=[ChatMessage("user", "a")]))
     newer = store.save(Conversation(None, "newer", messages=[ChatMessage("user", "b")]))
     assert store.latest().id == newer and store.draft(older).text == ""
     store.save_draft(older, "typed\nnot sent")
     assert store.draft(older).text == "typed\nnot sent" and store.latest().id == older
-    store.save_draft(older, "")
-    assert store.draft(older).text == ""
+    with pytest.raises(ValueError, match="drop_draft"):  # (it deleted the draft: a call that did two things)
+        store.save_draft(older, "")
+    assert store.draft(older).text == "typed\nnot sent"
+    updated = [s.updated for s in store.list()]
+    store.drop_draft(older)
+    assert store.draft(older).is_empty and [s.updated for s in store.list()] == updated  # (the list's order stays)
     store.save_draft(newer, "x")
     store.delete(newer)
     assert store._db.execute("SELECT COUNT(*) FROM drafts").fetchone()[0] == 0
