@@ -154,6 +154,7 @@ class LLM:
         compiled = self.core.runner.compiled
         fast = ", compiled" if compiled is not None and compiled.available else ""
         fast += ", 8-bit activations (q8)" if runs_q8(self.core.runner.model) else ""  # not the float32 bits
+        fast += ", half KV cache" if self.config.kv_dtype == "float16" else ""  # (--kv-dtype; auto: the model's)
         return describe(self.placement, self.config.target, self.config.draft, remote=self.remote is not None,
                         threads=torch.get_num_threads(), extras=fast)
 

@@ -85,7 +85,9 @@ def test_a_half_cache_holds_half_the_bytes_and_gives_logits_close_to_float32s(wi
             cache = _runner_cache(llm)
             logits[kv_dtype] = step_logits(llm.core.runner, ids, 0, 30)
             logits[kv_dtype, "bytes"] = cache.element_size()
+            logits[kv_dtype, "layout"] = llm.layout["target"]  # (the chat's panel: the target's row)
     assert (logits["auto", "bytes"], logits["float16", "bytes"]) == (4, 2)
+    assert "KV" not in logits["auto", "layout"] and logits["float16", "layout"].endswith(", half KV cache)")
     assert not torch.equal(logits["auto"], logits["float16"])  # (the values were rounded)
     torch.testing.assert_close(logits["float16"], logits["auto"], rtol=0, atol=0.02)
 
