@@ -13,7 +13,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Log, ProgressBar, Static
 
-from ssd_chat.tui.widgets.prompt_input import NEWLINE_KEYS, PromptArea
+from ssd_chat.tui.typed_behind import type_into, typed_line
+from ssd_chat.tui.widgets.prompt_input import PromptArea
 
 
 class EngineLogLine(Message):
@@ -51,19 +52,10 @@ class LoadingScreen(Screen):
     def on_key(self, event: events.Key) -> None:
         """Typing while the models load goes into the prompt, there once they are (it was lost)."""
         area = self._prompt()
-        if event.is_printable and event.character:
-            self._make_room(area)
-            area.insert(event.character)
-        elif event.key in NEWLINE_KEYS or (event.key == "enter" and not area.enter_sends):
-            self._make_room(area)
-            area.insert("\n")  # (Enter that sends waits for the engine: nothing to send to yet)
-        elif event.key == "backspace":
-            if not self._waiting(area):  # (the prompt that waits to come back is not edited blind)
-                area.action_delete_left()
-        else:
-            return
-        event.stop()
-        self._show_typed(area)
+        # (the prompt that waits to come back is not edited blind)
+        if type_into(area, event, make_room=lambda: self._make_room(area), can_delete=not self._waiting(area)):
+            event.stop()
+            self._show_typed(area)
 
     def on_paste(self, event: events.Paste) -> None:
         area = self._prompt()
@@ -75,11 +67,8 @@ class LoadingScreen(Screen):
     def _show_typed(self, area: PromptArea) -> None:
         """What was typed (its last line, the end of it where long), so that typing blind is not blind: it waits
         in the prompt."""
-        lines = area.text.split("\n")
         width = max(self.query_one("#loading-box").content_size.width - 50, 20)  # (the words around it: < 50)
-        last = lines[-1] if len(lines[-1]) <= width else "…" + lines[-1][-width:]
-        more = f" ({len(lines)} lines)" if len(lines) > 1 else ""
-        typed = f"typed{more}: {last}▏ (in the prompt once loaded)" if area.text else ""
+        typed = typed_line(area.text, width, "in the prompt once loaded")
         shown = self.query_one("#loading-typed", Static)
         shown.update(typed)
         shown.display = bool(typed)

@@ -1,0 +1,41 @@
+"""Typing while a screen covers the chat's prompt (the loading screen, a compare): the keys go into the prompt, where
+they wait for the screen to close, and a line on the screen shows the end of what waits there, so that typing blind
+is not blind. Enter that sends inserts nothing (there is nothing to send to yet): the text waits to be sent."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from textual import events
+
+from ssd_chat.tui.widgets.prompt_input import NEWLINE_KEYS, PromptArea
+
+
+def type_into(area: PromptArea, event: events.Key, *, make_room: Callable[[], None] = lambda: None,
+              can_delete: bool = True) -> bool:
+    """`event` into `area` where it is typing: a character, a new line (Enter too, where it breaks lines), Backspace
+    (only where `can_delete`). `make_room` runs before an insert. Whether it was typing (the caller stops it)."""
+    if event.is_printable and event.character:
+        text = event.character
+    elif event.key in NEWLINE_KEYS or (event.key == "enter" and not area.enter_sends):
+        text = "\n"
+    elif event.key == "backspace":
+        if can_delete:
+            area.action_delete_left()
+        return True
+    else:
+        return False
+    make_room()
+    area.insert(text)
+    return True
+
+
+def typed_line(text: str, width: int, until: str) -> str:
+    """What waits in the prompt, on one line: its last line (the end of it, past `width` characters) and how many
+    lines it has; "" when nothing does. `until`: when it is there to see ("in the prompt once loaded")."""
+    if not text:
+        return ""
+    lines = text.split("\n")
+    last = lines[-1] if len(lines[-1]) <= width else "…" + lines[-1][-width:]
+    more = f" ({len(lines)} lines)" if len(lines) > 1 else ""
+    return f"typed{more}: {last}▏ ({until})"
