@@ -3,7 +3,8 @@
 Greedy SD and SSD must give AR's tokens exactly; the report says whether they did, next to the
 speed-ups. Runs in the engine worker thread; the engine's previous speculation config is restored
 whatever happens. While it runs it reports progress (the rows done so far, the mode running and its
-token count), a few times a second at most, so a live demo shows it moving.
+token count, or while a long prompt prefills, its tokens read so far, as a reply's status line shows them), a few
+times a second at most, so a live demo shows it moving.
 
 The prefix cache is kept fair and whole: a two-token warm-up in every mode first, so each row starts from
 the same cached prompt (target and draft) and none pays the conversation's prefill for the others (two: SSD's
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from engine.outputs import RequestFinished, RequestOutput, TokenDelta
+from engine.outputs import PrefillProgress, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
 from ssd_chat.tui.engine_worker import ChatEngine, available_modes
 
@@ -60,6 +61,7 @@ class CompareSnapshot:
     report: CompareReport
     mode: str
     tokens: int
+    prefill: tuple[int, int] | None = None  # (done, total) prompt tokens while the prompt prefills (PrefillProgress)
 
 
 PROGRESS_INTERVAL_S = 0.2  # at most ~5 progress reports a second while a mode streams
@@ -91,17 +93,19 @@ def run_compare(
             if cancel.is_set():
                 break
             engine.speculation = replace(previous, mode=mode)
-            _run(engine, messages, warm_up, cancel)
+            _run(engine, messages, warm_up, cancel, on_prefill=progress.prefill)
         for mode in modes:
             if cancel.is_set():
                 break
             progress.start(CompareReport(prompt, tuple(rows)), mode)
             engine.speculation = replace(previous, mode=mode)
-            rows.append(_row(mode, _run(engine, messages, params, cancel, on_tokens=progress.tokens)))
+            rows.append(_row(mode, _run(engine, messages, params, cancel, on_tokens=progress.tokens,
+                                        on_prefill=progress.prefill)))
         if keep is not None and len(engine.encode_chat(keep)) < engine.max_model_len:  # (a reply the limit cut: none)
             progress.start(CompareReport(prompt, tuple(rows)), RESTORE)
             engine.speculation = previous
-            _run(engine, keep, one_token, threading.Event())  # (short: the prompt's blocks are cached)
+            _run(engine, keep, one_token, threading.Event(), on_prefill=progress.prefill)  # (short: the prompt's
+            # blocks are cached; the reply's are not, and a long one prefills a while)
     finally:
         engine.speculation = previous
     return CompareReport(prompt, tuple(rows))
@@ -123,21 +127,33 @@ class _Progress:
         self.send(CompareSnapshot(done, mode, 0))
 
     def tokens(self, count: int) -> None:
-        now = self.clock()
-        if now - self.last >= self.interval_s:
-            self.last = now
+        if self._due():
             self.send(CompareSnapshot(self.done, self.mode, count))
 
+    def prefill(self, done: int, total: int) -> None:
+        if self._due():
+            self.send(CompareSnapshot(self.done, self.mode, 0, (done, total)))
 
-def _run(engine: ChatEngine, messages, params, cancel, *,
-         on_tokens: Callable[[int], None] = lambda count: None) -> RequestOutput:
-    """One request to its end; `on_tokens` gets the running token count after each delta."""
+    def _due(self) -> bool:
+        now = self.clock()
+        if now - self.last < self.interval_s:
+            return False
+        self.last = now
+        return True
+
+
+def _run(engine: ChatEngine, messages, params, cancel, *, on_tokens: Callable[[int], None] = lambda count: None,
+         on_prefill: Callable[[int, int], None] = lambda done, total: None) -> RequestOutput:
+    """One request to its end; `on_tokens` gets the running token count after each delta, `on_prefill` the prompt
+    tokens read and their total after each prefill chunk of a long prompt."""
     output = None
     tokens = 0
     for event in engine.chat(messages, params, cancel=cancel):
         if isinstance(event, TokenDelta):
             tokens += len(event.token_ids)
             on_tokens(tokens)
+        elif isinstance(event, PrefillProgress):
+            on_prefill(event.done, event.total)
         elif isinstance(event, RequestFinished):
             output = event.output
     if output is None:

@@ -290,3 +290,26 @@ async def test_compare_after_the_draft_process_died_says_why_not(tmp_path):
         await settle(app, pilot)
         assert not isinstance(app.screen, CompareScreen) and len(engine.calls) == before
         assert "the draft process is gone" in [n.message for n in app._notifications][-1]
+
+
+@pytest.mark.asyncio
+async def test_a_compare_shows_a_long_prompts_prefill_as_a_reply_does(tmp_path):
+    """A long prompt prefills a chunk a step (the warm-up after --resume, where nothing is cached): a reply's status
+    line counts the tokens read, and a compare said only "warming the prefix cache…" meanwhile."""
+    engine, gate = FakeEngine(), threading.Event()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        engine.prefill_chunks, engine.gate = 2, gate  # (each chunk after the first waits for the gate)
+        app.clock = FakeClock(step=1.0)  # every reading is past the throttle's interval
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await wait_for(pilot, lambda: "warming the prefix cache: reading the prompt: 512 / 1,124 tokens… (Esc stops)"
+                       in rendered(screen.query_one("#compare-status")), what="the warm-up's prefill")
+        gate.set()
+        await settle(app, pilot)
+        assert [r[0] for r in _rows(screen)] == ["AR", "SD", "SSD"]
+        assert "token-identical: yes" in rendered(screen.query_one("#compare-status"))
+

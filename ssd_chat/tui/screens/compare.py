@@ -1,6 +1,7 @@
 """The compare result: one row per mode (tok/s, TTFT, tau, cache hits, speed-up vs AR) and whether
 their greedy outputs are token-identical. Shown while it runs: each mode's row as soon as it finishes,
-the running mode's token count in the status line; Esc stops it or closes it (twice: closes at once)."""
+the running mode's token count in the status line (a long prompt's prefill: the tokens read so far); Esc stops it or
+closes it (twice: closes at once)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ class CompareScreen(ModalScreen[None]):
             return
         tokens = f" {snapshot.tokens:,} token{'' if snapshot.tokens == 1 else 's'}" if snapshot.tokens else ""
         doing = PHASES.get(snapshot.mode) or f"running {snapshot.mode.upper()}"
+        if snapshot.prefill is not None:  # (as a reply's status line: a long prompt, a chunk a step)
+            doing += ": reading the prompt: {:,} / {:,} tokens".format(*snapshot.prefill)
         self.query_one("#compare-status", Static).update(f"{doing}…{tokens} (Esc stops)")
 
     def show_report(self, report: CompareReport, *, failed: bool = False) -> None:
