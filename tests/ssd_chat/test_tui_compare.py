@@ -10,6 +10,7 @@ from textual.widgets import DataTable
 from engine.config import SpeculationConfig
 from ssd_chat.tui.compare import WARM_UP_TOKENS, run_compare
 from ssd_chat.tui.screens.compare import CompareScreen
+from ssd_chat.tui.widgets.prompt_input import PromptArea
 from tests.ssd_chat.tui_fakes import FakeClock, FakeEngine, make_app, rendered, send, settle, wait_for
 
 SIZE = (120, 40)
@@ -313,3 +314,27 @@ async def test_a_compare_shows_a_long_prompts_prefill_as_a_reply_does(tmp_path):
         assert [r[0] for r in _rows(screen)] == ["AR", "SD", "SSD"]
         assert "token-identical: yes" in rendered(screen.query_one("#compare-status"))
 
+
+@pytest.mark.asyncio
+async def test_what_is_typed_during_a_compare_waits_in_the_prompt(tmp_path):
+    """Keys typed while the compare's screen covered the prompt were lost: they go into the prompt now, shown on the
+    compare's screen; q is a q while it runs, and closes it once it has ended."""
+    engine, gate = FakeEngine(), threading.Event()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        _gate_the_rows(engine, gate)
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await pilot.press("q", "u", "i", "z", "z", "backspace", "shift+enter", "n", "o", "w")
+        area = app.query_one(PromptArea)
+        assert area.text == "quiz\nnow" and app.busy and not screen.stopping  # (q did not stop it)
+        typed = rendered(screen.query_one("#compare-typed"))
+        assert typed.startswith("typed (2 lines): now") and "in the prompt once closed" in typed
+        gate.set()
+        await settle(app, pilot)
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not isinstance(app.screen, CompareScreen), what="q to close the compare")
+        assert area.text == "quiz\nnow"

@@ -1,12 +1,14 @@
 """The compare result: one row per mode (tok/s, TTFT, tau, cache hits, speed-up vs AR) and whether
 their greedy outputs are token-identical. Shown while it runs: each mode's row as soon as it finishes,
 the running mode's token count in the status line (a long prompt's prefill: the tokens read so far); Esc stops it or
-closes it (twice: closes at once)."""
+closes it (twice: closes at once). What is typed meanwhile goes into the chat's prompt (typed_behind), shown here;
+q, which types a q while the compare runs, closes it once it has ended."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
@@ -14,6 +16,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from ssd_chat.tui.compare import RESTORE, WARM_UP, CompareReport, CompareSnapshot
+from ssd_chat.tui.typed_behind import type_into, typed_line
+from ssd_chat.tui.widgets.prompt_input import PromptArea
 
 COLUMNS = ("mode", "decode tok/s", "TTFT ms", "tokens", "tau", "cache hits", "speed-up vs AR")
 NARROW_COLUMNS = ("mode", "tok/s", "TTFT", "tokens", "tau", "hits", "vs AR")  # under NARROW terminal columns
@@ -37,6 +41,7 @@ class CompareScreen(ModalScreen[None]):
             yield Static(self.prompt[:200], id="compare-prompt", markup=False)
             yield DataTable(id="compare-table", show_cursor=False)
             yield Static("starting…", id="compare-status")
+            yield Static("", id="compare-typed", markup=False)
 
     def on_mount(self) -> None:
         self._set_columns()
@@ -92,6 +97,26 @@ class CompareScreen(ModalScreen[None]):
                 "–" if row.cache_hit_rate is None else f"{row.cache_hit_rate:.0%}",
                 "–" if speedup is None else f"{speedup:.2f}x",
             )
+
+    def on_key(self, event: events.Key) -> None:
+        """Typing goes into the chat's prompt, there once the compare closes (it was lost); q closes an ended one."""
+        if event.key == "q" and self.report is not None:
+            return
+        area = self.app.screen_stack[0].query_one(PromptArea)
+        if type_into(area, event):
+            event.stop()
+            self._show_typed(area)
+
+    def on_paste(self, event: events.Paste) -> None:
+        area = self.app.screen_stack[0].query_one(PromptArea)
+        area.insert(event.text)
+        event.stop()
+        self._show_typed(area)
+
+    def _show_typed(self, area: PromptArea) -> None:
+        shown = self.query_one("#compare-typed", Static)
+        shown.update(typed_line(area.text, max(self.app.size.width - 50, 20), "in the prompt once closed"))
+        shown.display = bool(area.text)
 
     def action_close(self) -> None:
         if self.report is None and not self.stopping:
