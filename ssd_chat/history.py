@@ -236,15 +236,21 @@ class HistoryStore:
         summaries = self.list()
         return self.load(summaries[0].id) if summaries else None
 
-    def restore(self, deleted: Deleted) -> None:
-        """Put a deleted conversation back as it was: its id (no other took it: ids are AUTOINCREMENT), its times."""
+    def restore(self, deleted: Deleted) -> bool:
+        """Put a deleted conversation back as it was: its id (no other took it: ids are AUTOINCREMENT), its times.
+        False, and nothing written, where it is back already: a save in another window that had it open (a reply, a
+        quit's draft) brought it back since, with that window's turns and draft, the later ones."""
         c = deleted.conversation
         with self._db:
-            self._db.execute("INSERT INTO conversations (id, title, created, updated, settings) VALUES (?, ?, ?, ?, ?)",
-                             (c.id, c.title, deleted.created, deleted.updated, json.dumps(asdict(c.settings))))
+            cur = self._db.execute("INSERT OR IGNORE INTO conversations (id, title, created, updated, settings)"
+                                   " VALUES (?, ?, ?, ?, ?)",
+                                   (c.id, c.title, deleted.created, deleted.updated, json.dumps(asdict(c.settings))))
+            if not cur.rowcount:
+                return False
             self._write_messages(c.id, c.messages)
             if not deleted.draft.is_empty:  # (not save_draft: the chat keeps its place in the list)
                 history_drafts.write(self._db, c.id, deleted.draft)
+        return True
 
     def rename(self, conversation_id: int, title: str) -> None:
         with self._db:

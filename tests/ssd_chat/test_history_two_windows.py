@@ -182,3 +182,21 @@ def test_taking_a_draft_drops_its_empty_chat_but_never_one_with_turns(tmp_path):
     assert here.take_draft().text == "alone" and here.conversation.id is None and store.load(lone.id) is None
     here.keep_draft("alone")  # kept again at a quit: saved again, as a new chat
     assert here.conversation.id is not None and store.draft(here.conversation.id).text == "alone"
+
+
+def test_undoing_a_delete_leaves_a_chat_another_window_brought_back_since(tmp_path):
+    """A draft (or a reply) saved after Ctrl+O deleted the chat can only come from another window that had it open,
+    whose save brings the chat back: the undo then failed with SQLite's "UNIQUE constraint failed". It leaves that
+    chat as it is now, with the later draft."""
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    chat_id = _chat(store)
+    store.save_draft(chat_id, "before the delete")
+    there = ChatSession(HistoryStore(store.path), ChatSettings())
+    there.open(there.store.load(chat_id))
+    deleted = store.delete(chat_id)
+    with pytest.raises(sqlite3.IntegrityError):  # (no draft without its chat: a draft alone cannot be written)
+        there.store.save_draft(chat_id, "no chat to hold it")
+    there.keep_draft("after the delete")
+    assert store.restore(deleted) is False
+    assert store.draft(chat_id).text == "after the delete" and len(store.load(chat_id).messages) == 2
+    assert [s.id for s in store.list()] == [chat_id]

@@ -291,3 +291,32 @@ async def test_the_picker_searches_a_text_once(tmp_path, monkeypatch):
         await type_text(pilot, "x")
         await wait_for(pilot, lambda: app.screen.query_one(DataTable).row_count == 0, what="the new search")
         assert calls == ["rivers x"]
+
+
+@pytest.mark.asyncio
+async def test_undoing_a_delete_of_a_chat_another_window_brought_back_says_so(tmp_path):
+    """Another window with the chat open brought it back (its quit kept a draft): u failed with "the chat history
+    could not be changed (UNIQUE constraint failed: conversations.id)", and again at each u."""
+    from ssd_chat.history import ChatSettings
+    from ssd_chat.tui.session import ChatSession
+
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "Keep me")
+        kept = app.session.conversation.id
+        await pilot.press("ctrl+n")
+        await send(app, pilot, "Other")
+        store = HistoryStore(tmp_path / "history.sqlite3")
+        there = ChatSession(HistoryStore(store.path), ChatSettings())
+        there.open(there.store.load(kept))
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("down", "d", "d")
+        await wait_for(pilot, lambda: store.load(kept) is None, what="the delete")
+        there.keep_draft("typed there")
+        await pilot.press("u")
+        await wait_for(pilot, lambda: "is back already" in list(app._notifications)[-1].message, what="the undo")
+        assert not [n for n in app._notifications if n.severity == "error"]
+        assert store.draft(kept).text == "typed there" and app.screen.query_one(DataTable).row_count == 2
+        assert app.screen.deleted is None

@@ -185,8 +185,12 @@ class ChatsScreen(ModalScreen[int | None]):
         if self.deleted is None:
             return
         with self._history_write():
-            self.store.restore(self.deleted)
-            self.app.notify(f"“{self.deleted.conversation.title}” is back", timeout=3)
+            title = self.deleted.conversation.title
+            if self.store.restore(self.deleted):
+                self.app.notify(f"“{title}” is back", timeout=3)
+            else:  # (restore's SQLite error said "UNIQUE constraint failed", and u kept failing)
+                self.app.notify(f"“{title}” is back already: another window that had it open saved it since, as it "
+                                "has it", timeout=6)
             self.deleted = None
         self.refresh_rows()
 
