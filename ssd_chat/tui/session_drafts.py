@@ -33,16 +33,16 @@ class SessionDrafts(_Base):
 
     def take_draft(self) -> Draft:
         """The open chat's draft (Draft(): none), taken out of the history for the input (the next quit saves the
-        input).
-        A chat with no turn, saved for its draft alone, goes with it (else, the input cleared, it stayed in Ctrl+O's
-        list as an empty "New chat"): the open chat is a new one again, saved by its first reply or by the next
-        quit's unsent text. Turns another window saved in it meanwhile keep it (HistoryStore.drop_if_empty)."""
+        input). A chat with no turn, saved for its draft alone, goes with it (else, the input cleared, it stayed in
+        Ctrl+O's list as an empty "New chat"): the open chat is a new one again, saved by its first reply or by the
+        next quit's unsent text. Turns another window saved in it meanwhile keep it (HistoryStore.drop_if_empty)."""
         if self.store is None or self.conversation.id is None:
             return Draft()
         try:
             draft = self.store.draft(self.conversation.id)
-            if not draft.is_empty:
-                self.store.drop_draft(self.conversation.id)
+            if draft.is_empty:  # (an emptied chat, /clear's, is kept: its title and settings are the user's)
+                return draft
+            self.store.drop_draft(self.conversation.id)
             if not self.messages and self.store.drop_if_empty(self.conversation.id):
                 self.conversation.id, self._synced = None, None
         except sqlite3.Error:  # (the chat opens all the same: told at its first save)

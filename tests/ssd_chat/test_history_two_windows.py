@@ -182,6 +182,10 @@ def test_taking_a_draft_drops_its_empty_chat_but_never_one_with_turns(tmp_path):
     assert here.take_draft().text == "alone" and here.conversation.id is None and store.load(lone.id) is None
     here.keep_draft("alone")  # kept again at a quit: saved again, as a new chat
     assert here.conversation.id is not None and store.draft(here.conversation.id).text == "alone"
+    cleared = Conversation(None, "Named, then cleared", ChatSettings(system="Be brief."))
+    store.save(cleared)  # (as /clear leaves a chat: no turn, no draft; its title and settings the user's)
+    here.open(store.load(cleared.id))
+    assert here.take_draft().is_empty and here.conversation.id == cleared.id and store.load(cleared.id) is not None
 
 
 def test_undoing_a_delete_leaves_a_chat_another_window_brought_back_since(tmp_path):
