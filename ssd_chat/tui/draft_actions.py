@@ -33,7 +33,8 @@ class DraftActions(_Base):
     def keep_unsent(self) -> None:
         """At a quit, once the reply under way is kept: what the input holds, saved as the chat's draft. In an edit
         (F4) that changed nothing, what the input held before it: the last prompt, saved, came back as a new
-        prompt to send, and the text typed before F4 was lost."""
+        prompt to send, and the text typed before F4 was lost; in one that changed it, both (the module's
+        docstring)."""
         text = self.query_one(PromptInput).text
         edit = self.current_edit()
         if edit is None:
@@ -63,7 +64,7 @@ class DraftActions(_Base):
         if draft.is_empty:
             return
         typed = self._put_back(draft)
-        if draft.edit is None:
+        if self.current_edit() is None:  # (resume_edit says it: Ctrl+O ended any edit before)
             self.notify("the text you had not sent in this chat is back in the input"
                         + (" (Ctrl+Z brings back what you had typed)" if typed else ""), timeout=6)
 

@@ -167,3 +167,22 @@ async def test_a_kept_edit_whose_prompt_is_no_longer_the_last_follows_the_text(t
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         assert app.query_one(PromptArea).text == "half a thought\n\nhi there" and app.current_edit() is None
+
+
+@pytest.mark.asyncio
+async def test_a_kept_edit_goes_on_in_the_chat_opened_from_the_picker(tmp_path):
+    await _quit_in_a_changed_edit(tmp_path)
+    app = make_app(FakeEngine(), tmp_path)  # (no --resume: a new chat)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await type_text(pilot, "typed here")
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the chats picker")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="the chat to open")
+        area = app.query_one(PromptArea)
+        assert area.text == "hi there" and app.current_edit() is not None
+        notice = list(app._notifications)[-1].message
+        assert notice.startswith("your edit of the last prompt is back") and "Ctrl+Z brings back" in notice
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: area.text == "half a thought", what="the text typed before F4")
