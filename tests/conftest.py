@@ -17,6 +17,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per cor
     import torch
 
     torch.set_num_threads(1)
+    # and one in each process a test starts (the CLI, an engine or draft process, a script) unless it asks for more:
+    # two OpenMP threads spinning on a core the other worker holds made a tiny training run 4x slower
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 
