@@ -10,6 +10,7 @@ half-written model; a marker file, written last, says the directory is complete.
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import logging
 import os
@@ -98,7 +99,7 @@ def _convert_atomically(gguf: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{ALIAS}.tmp-", dir=target.parent))
     try:
         started = time.perf_counter()
-        logger.info("converting %s to safetensors in %s (once, about 20-30 s)", gguf.name, target)
+        logger.info("converting %s to safetensors in %s (once, about 10-20 s)", gguf.name, target)
         _convert(gguf, tmp)
         (tmp / MARKER_NAME).write_text(f"converted from {gguf}\n")
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the final directory should look like any other
@@ -115,8 +116,9 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with _gguf_read_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses the GGUF-loaded model (its quantization_config): copy into a plain one.
     cfg = loaded.config.to_dict()
     cfg.pop("quantization_config", None)
@@ -131,3 +133,24 @@ def _convert(gguf: Path, out: Path) -> None:
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+@contextmanager
+def _gguf_read_once() -> Iterator[None]:
+    """transformers parses the GGUF file anew for the config, the tokenizer and the weights (about 5 s each), and
+    builds gguf's tensor-name map again for each of the model's 397 modules (about 6 s): within the block, one
+    parse per file and one map per architecture (the reader and the map are only read). Where gguf lacks either
+    name, transformers runs as it is."""
+    import gguf
+
+    names = ("GGUFReader", "get_tensor_name_map")
+    if not all(hasattr(gguf, name) for name in names):
+        return (yield)
+    kept = {name: getattr(gguf, name) for name in names}
+    for name, original in kept.items():
+        setattr(gguf, name, functools.cache(original))  # (transformers imports both from gguf at each call)
+    try:
+        yield
+    finally:
+        for name, original in kept.items():
+            setattr(gguf, name, original)

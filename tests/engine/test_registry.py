@@ -254,3 +254,23 @@ def test_the_shipped_draft_alias_names_its_fix_when_assets_are_missing(monkeypat
     with pytest.raises(WeightsUnavailableError, match="restore assets/"):
         resolve_model("smollm2-135m-draft")
     assert not is_available_locally(ALIASES["smollm2-135m-draft"])
+
+
+def test_the_conversion_parses_a_gguf_once_and_leaves_gguf_as_it_was(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    with smollm2._gguf_read_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is first  # transformers' second and third parse: the first's reader
+        assert bytes(first.fields["general.architecture"].parts[-1]) == b"llama"
+        arch = next(iter(gguf.MODEL_ARCH_NAMES))
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, names)
+    assert gguf.GGUFReader(path) is not gguf.GGUFReader(path)
