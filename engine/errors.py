@@ -33,3 +33,21 @@ class PromptTooLongError(EngineError):
 
 class InvalidParameterError(EngineError):
     """An invalid sampling or engine parameter."""
+
+
+class WeightShapeError(ModelFilesError):
+    """A checkpoint tensor whose shape is not the one the model's config.json gives: the config and the weights
+    are of different models. The weight loaders raise it; ``engine.loader`` names the tensor and its file."""
+
+    def __init__(self, expected: tuple[int, ...], found: tuple[int, ...]):
+        self.expected, self.found = expected, found
+        super().__init__(f"a checkpoint tensor has shape {found}, where config.json gives {expected}: the config "
+                         "and the weights are of different models")
+
+
+def check_shape(found: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    """Refuse a whole (unsharded) checkpoint tensor of another shape than `expected`, before any slice of it is
+    copied: a narrow or a slice of a larger tensor succeeds, and loads a model that answers garbage."""
+    found, expected = tuple(found), tuple(expected)
+    if found != expected:
+        raise WeightShapeError(expected, found)

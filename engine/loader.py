@@ -10,7 +10,6 @@ same q.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine import interrupts
-from engine.errors import ModelFilesError
+from engine.errors import ModelFilesError, WeightShapeError, check_shape
 from engine.layers.linear import to_k_major
 from engine.layers.low_bits import quantize_weights
 from engine.layers.packed import pack_weights
@@ -28,8 +27,6 @@ from engine.models.args import ModelArgs
 from engine.models.llama import PACKED, CausalLM
 
 log = logging.getLogger(__name__)
-# torch's words where a copy or a narrow meets other sizes ("must match the size", "exceeds dimension size")
-_SHAPE_ERROR = re.compile(r"\bsize\b|\bshape\b", re.IGNORECASE)
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 EMBEDDING = "model.embed_tokens.weight"
@@ -56,7 +53,11 @@ def read_tensor(f, name: str) -> torch.Tensor:
         if name + SCALE_SUFFIX not in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             raise ModelFilesError(f"int8 tensor {name} has no {name + SCALE_SUFFIX}: the weights are not ssd-chat's "
                                   "int8 format")
-        tensor = dequantize(tensor, get_tensor(f, name + SCALE_SUFFIX))
+        scales = get_tensor(f, name + SCALE_SUFFIX)
+        if tensor.dim() != 2 or tuple(scales.shape) != (tensor.shape[0],):
+            raise ModelFilesError(f"int8 tensor {name} {tuple(tensor.shape)} has scales {name + SCALE_SUFFIX} of "
+                                  f"shape {tuple(scales.shape)}, not one per row: the weights are corrupt")
+        tensor = dequantize(tensor, scales)
     return tensor
 
 
@@ -68,9 +69,18 @@ def _target_name(name: str) -> tuple[str, object]:
 
 
 def _copy_whole(param: torch.nn.Parameter, full: torch.Tensor, shard_id: object = None) -> None:
-    if param.shape != full.shape:
-        raise ModelFilesError(f"a checkpoint tensor has shape {tuple(full.shape)}, expected {tuple(param.shape)}")
+    check_shape(full.shape, param.shape)
     param.data.copy_(full)
+
+
+def _shape_error(path: Path, name: str, err: WeightShapeError, *, borrowed: bool) -> ModelFilesError:
+    """`err` with the tensor and its file named, and what to do."""
+    where = f"{path}: tensor {name} has shape {err.found}, where "
+    if borrowed:  # a draft's embedding, from its target's files
+        return ModelFilesError(f"{where}the draft's config.json gives {err.expected}: the draft borrows its "
+                               "target's input embedding, so its target must have the same vocabulary and hidden size")
+    return ModelFilesError(f"{where}config.json gives {err.expected}: the config and the weights are of different "
+                           "models (restore the model's own config.json)")
 
 
 def load_weights(model: CausalLM, weight_files: Iterable[Path], embedding_files: Iterable[Path] = ()) -> None:
@@ -99,13 +109,8 @@ def load_weights(model: CausalLM, weight_files: Iterable[Path], embedding_files:
                     tensor = read_tensor(f, name).to(param.dtype)
                     try:
                         getattr(param, "weight_loader", _copy_whole)(param, tensor, shard_id)
-                    except RuntimeError as exc:  # a sliced copy's shapes disagree: the config is another model's
-                        if not _SHAPE_ERROR.search(str(exc)):  # (anything else is no user error: as it is)
-                            raise
-                        raise ModelFilesError(
-                            f"{path}: tensor {name} has shape {tuple(tensor.shape)}, which the sizes in config.json "
-                            "do not give: the config and the weights are of different models (restore the model's "
-                            "own config.json)") from exc
+                    except WeightShapeError as exc:
+                        raise _shape_error(path, name, exc, borrowed=only is not None) from exc
                     loaded.add(f"{target}:{shard_id}")
         except SafetensorError as exc:
             raise ModelFilesError(f"cannot read {path}: {exc}; delete it and download the model again") from exc

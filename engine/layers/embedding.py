@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import ModelFilesError
+from engine.errors import ModelFilesError, check_shape
 from engine.layers import panel8
 from engine.layers.packed import linear
 from engine.layers.parallel import SINGLE, TensorParallel
@@ -27,6 +27,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self._load
 
     def _load(self, param: nn.Parameter, full: torch.Tensor, shard_id: object = None) -> None:
+        check_shape(full.shape, (self.vocab_size, param.shape[1]))
         part = full[self.vocab_start : self.vocab_start + self.vocab_local]
         param.data[: part.shape[0]].copy_(part)
 
@@ -79,6 +80,9 @@ class ReducedLMHead(nn.Module):
         self.register_buffer("vocab_ids", torch.zeros(0, dtype=torch.long), persistent=False)  # [Vr]
 
     def _load(self, param: nn.Parameter, rows: torch.Tensor, shard_id: object = None) -> None:
+        if rows.dim() != 2 or not 0 < rows.shape[0] <= self.vocab_size:  # [Vr, D] kept rows, or the full [V, D]
+            check_shape(rows.shape, (self.vocab_size, param.shape[1]))
+        check_shape(rows.shape, (rows.shape[0], param.shape[1]))
         param.data = rows.to(param.dtype).contiguous()
 
     def set_vocab_ids(self, ids: torch.Tensor) -> None:

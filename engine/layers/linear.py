@@ -2,7 +2,9 @@
 
 Each parameter carries a ``weight_loader(param, full_tensor, shard_id)`` that copies this rank's slice of
 a full (unsharded) checkpoint tensor, so a checkpoint is sliced per TP rank at load time. Fused layers
-(QKV, gate+up) take several checkpoint tensors, told apart by ``shard_id``.
+(QKV, gate+up) take several checkpoint tensors, told apart by ``shard_id``. Every loader first checks the full
+tensor's shape against the one the config gives (engine.errors.check_shape): a slice of a larger tensor copies
+without complaint.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from engine.errors import check_shape
 from engine.layers.packed import linear
 from engine.layers.parallel import SINGLE, TensorParallel
 
@@ -41,6 +44,7 @@ class ColumnParallelLinear(nn.Module):
 
     def _load(self, param: nn.Parameter, full: torch.Tensor, shard_id: object = None) -> None:
         rows = param.shape[0]
+        check_shape(full.shape, (rows * self.tp.size, *param.shape[1:]))
         param.data.copy_(full.narrow(0, self.tp.rank * rows, rows))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,6 +62,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         assert isinstance(shard_id, int), shard_id
         size = self.local_sizes[shard_id]
         offset = sum(self.local_sizes[:shard_id])
+        check_shape(full.shape, (size * self.tp.size, *param.shape[1:]))
         param.data.narrow(0, offset, size).copy_(full.narrow(0, self.tp.rank * size, size))
 
 
@@ -89,6 +94,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             assert shard_id == "v", shard_id
             offset, rows, rank = q_rows + kv_rows, kv_rows, self.tp.rank // self.kv_replicas
+        ranks = self.tp.size if shard_id == "q" else self.tp.size // self.kv_replicas  # ranks of distinct rows
+        check_shape(full.shape, (rows * ranks, *param.shape[1:]))
         param.data.narrow(0, offset, rows).copy_(full.narrow(0, rank * rows, rows))
 
 
@@ -109,9 +116,14 @@ class RowParallelLinear(nn.Module):
         self.weight.weight_loader = self._load_weight
         self.bias = _param(out_features) if bias else None
         if self.bias is not None:
-            self.bias.weight_loader = lambda p, full, shard_id=None: p.data.copy_(full)
+            self.bias.weight_loader = self._load_bias
+
+    def _load_bias(self, param: nn.Parameter, full: torch.Tensor, shard_id: object = None) -> None:
+        check_shape(full.shape, param.shape)
+        param.data.copy_(full)
 
     def _load_weight(self, param: nn.Parameter, full: torch.Tensor, shard_id: object = None) -> None:
+        check_shape(full.shape, (param.shape[0], self.in_local * self.tp.size))
         param.data.copy_(full.narrow(1, self.tp.rank * self.in_local, self.in_local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
