@@ -49,7 +49,8 @@ from engine.registry import resolve_model  # noqa: E402
 from engine.sampling import keep_top_k_top_p  # noqa: E402
 from engine.startup import load_tokenizer  # noqa: E402
 from ssd_chat import distill_data as data  # noqa: E402
-from ssd_chat.distill import DISTILL_PROMPTS, _eos_ids  # noqa: E402
+from ssd_chat.distill import _eos_ids  # noqa: E402
+from ssd_chat.distill_config import DISTILL_PROMPTS  # noqa: E402
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft  # noqa: E402
 from ssd_chat.distill_train import (  # noqa: E402
     TrainSettings,

@@ -11,7 +11,8 @@ import typer
 
 from engine import pair_measures, synthetic
 from engine.config import DEFAULT_TARGET
-from ssd_chat.cli_options import Target, Threads, plain, report, user_errors
+from ssd_chat.cli_options import Target, Threads, one_of, plain, report, user_errors
+from ssd_chat.distill_config import DISTILL_PROMPTS, LOSSES, PRECISIONS, REPLY_DTYPES, SAVE_WEIGHTS, DistillConfig
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
@@ -73,7 +74,8 @@ def distill(
                                       parser=NUMBER)] = 1e-3,
     loss: Annotated[str, typer.Option(help="ce: cross-entropy on the reply tokens (greedy acceptance, fast); "
                                            "kl: KL to the target's distribution (runs the target per step); "
-                                           "topk: the target's top-16 distribution, scored once.")] = "ce",
+                                           "topk: the target's top-16 distribution, scored once.",
+                                      parser=one_of(LOSSES))] = "ce",
     kl_steps: Annotated[int, typer.Option(help="Then this many steps of KL to the target's distribution (it ranks "
                                                "the draft's other choices: SSD's cache hits).", parser=WHOLE)] = 400,
     kl_lr: Annotated[float, typer.Option(help="Peak learning rate of the KL steps.", parser=NUMBER)] = 3e-4,
@@ -91,14 +93,17 @@ def distill(
     threads: Threads = None,
     resume: Annotated[bool, typer.Option(help="Continue the run found in --out (--no-resume: start over).")] = True,
     precision: Annotated[str, typer.Option(help="The training steps' matmuls: fp32, bf16, or auto (bf16 where the "
-                                                "CPU has native bfloat16, else fp32).")] = "auto",
+                                                "CPU has native bfloat16, else fp32).",
+                                           parser=one_of(PRECISIONS))] = "auto",
     reply_dtype: Annotated[str, typer.Option(help="The target's dtype while it writes the replies: float32, or "
-                                                  "bfloat16 (faster where the CPU has AMX).")] = "float32",
+                                                  "bfloat16 (faster where the CPU has AMX).",
+                                             parser=one_of(REPLY_DTYPES))] = "float32",
     save_weights: Annotated[str, typer.Option(help="How the draft's matmul weights are stored: int8 (row scales; "
-                                                   "what the engine's default int8 draft runs) or float16.")] = "int8",
+                                                   "what the engine's default int8 draft runs) or float16.",
+                                              parser=one_of(SAVE_WEIGHTS))] = "int8",
 ) -> None:
     """Train a cheap draft for --target on its own replies (self-distillation, CPU); --draft DIR loads it."""
-    from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, progress_bar, run_distill
+    from ssd_chat.distill import progress_bar, run_distill
 
     with user_errors():
         config = DistillConfig(

@@ -103,7 +103,7 @@ def one_of(choices: tuple[str, ...]) -> Callable[[object], object]:
 
     def parse(value: object) -> object:
         if isinstance(value, str) and value.strip().lower() not in choices:
-            raise typer.BadParameter(f"takes {', '.join(choices[:-1])} or {choices[-1]}; got {value!r}")
+            raise typer.BadParameter(f"takes {setting_words.listed(choices)}; got {value!r}")
         return value.strip().lower() if isinstance(value, str) else value
 
     parse.__name__ = "text"

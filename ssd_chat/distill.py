@@ -14,7 +14,6 @@ Data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,89 +22,21 @@ from pathlib import Path
 
 import torch
 
-from engine.config import MAX_THREADS
 from engine.cpu_info import flags as cpu_flags
 from engine.errors import InvalidParameterError
 from engine.model_dir import inspect_model_dir
 from engine.registry import resolve_model
-from engine.sampling_params import MAX_TEMPERATURE
 from ssd_chat import distill_data as data
 from ssd_chat import distill_teacher
-from ssd_chat.distill_model import SAVE_WEIGHTS, init_draft, load_target, num_params_per_token, save_draft
+from ssd_chat.distill_config import DistillConfig
+from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
 from ssd_chat.distill_run import check_settings, logged_agreement, prepare_out
 from ssd_chat.distill_train import TrainSettings, train
 from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
 
-DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "distill.jsonl"
-PRECISIONS = ("auto", "fp32", "bf16")
-REPLY_DTYPES = ("float32", "bfloat16")
-LOSSES = ("ce", "kl", "topk")
-MAX_SEED = 2**32 - 1  # the seeds derived from it (reply_seed, the epoch orders) stay in torch's range
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "labels" | "training"), done, total, detail
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    target: str
-    out: Path
-    prompts_file: Path = DISTILL_PROMPTS
-    max_prompts: int | None = None  # the file's first N prompts (the reply cache is shared by every N)
-    draft_layers: int = 4
-    head_vocab: int = 8192  # 0: the whole vocabulary
-    steps: int = 1800
-    batch_size: int = 16
-    lr: float = 1e-3
-    loss: str = "ce"  # ce: cross-entropy on the (greedy) reply tokens; kl: KL to the target's distribution;
-    # topk: cross-entropy against the target's top-k distribution, scored once (distill_teacher)
-    kl_steps: int = 400  # then KL steps: they teach the draft the target's ranking of its other choices
-    kl_lr: float = 3e-4
-    seed: int = 0
-    max_tokens: int = 192
-    temperature: float = 0.0
-    ignore_eos: bool = True  # replies run to max_tokens: past the end of turn the target writes a new chat turn
-    eval_prompts: int = 32
-    eval_every: int = 100
-    checkpoint_every: int = 100
-    threads: int | None = None
-    resume: bool = True
-    precision: str = "auto"  # the training matmuls: fp32, bf16, or auto (bf16 where the CPU has it natively)
-    reply_dtype: str = "float32"  # the target's dtype while it writes the replies (and so --loss ce's labels)
-    save_weights: str = "int8"  # how the draft's matmul weights are stored (distill_model.SAVE_WEIGHTS)
-
-    def __post_init__(self) -> None:
-        for name in ("draft_layers", "batch_size", "max_tokens", "eval_every", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("head_vocab", "steps", "kl_steps", "seed", "eval_prompts"):
-            if getattr(self, name) < 0:
-                raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.precision not in PRECISIONS:
-            raise InvalidParameterError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.reply_dtype not in REPLY_DTYPES:
-            raise InvalidParameterError(f"--reply-dtype must be one of {', '.join(REPLY_DTYPES)}, "
-                                        f"got {self.reply_dtype!r}")
-        if self.save_weights not in SAVE_WEIGHTS:
-            raise InvalidParameterError(f"--save-weights must be one of {', '.join(SAVE_WEIGHTS)}, "
-                                        f"got {self.save_weights!r}")
-        if self.loss not in LOSSES:
-            raise InvalidParameterError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        if self.seed > MAX_SEED:
-            raise InvalidParameterError(f"--seed must be at most {MAX_SEED}, got {self.seed}")
-        for name in ("lr", "kl_lr"):  # (inf trains the draft into NaNs)
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise InvalidParameterError(f"--{name.replace('_', '-')} must be a number > 0, got "
-                                            f"{getattr(self, name)}")
-        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise InvalidParameterError(f"--temperature must be between 0 (greedy) and 100, got {self.temperature}")
-        if self.max_prompts is not None and self.max_prompts < 1:
-            raise InvalidParameterError(f"--max-prompts must be >= 1, got {self.max_prompts}")
-        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
-            raise InvalidParameterError(f"--threads must be between 1 and {MAX_THREADS}, got {self.threads}")
-        if Path(self.prompts_file).resolve() in HELD_OUT_SETS:
-            raise InvalidParameterError(f"{Path(self.prompts_file).name} is a held-out benchmark set: train on another "
-                                        f"prompt file (default {DISTILL_PROMPTS.name})")
 
 
 def _refuse_held_out(prompts: list, path: Path) -> None:

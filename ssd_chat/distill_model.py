@@ -5,8 +5,8 @@ The draft starts as the target's embedding (shared and frozen), its first ``num_
 only those tokens: ``logits`` is [B, T, Vr].
 
 Saved, it is a Hugging Face directory of the target's architecture with the target's tokenizer and chat
-template files, made small: the matmul weights are int8 with float32 row scales (``SAVE_WEIGHTS``, the form
-the engine's default int8 draft products run: engine.layers.low_bits.int8_rows; or float16), the norms
+template files, made small: the matmul weights are int8 with float32 row scales (``distill_config.SAVE_WEIGHTS``,
+the form the engine's default int8 draft products run: engine.layers.low_bits.int8_rows; or float16), the norms
 float16, the input embedding is left out (config ``"embedding_from_target": true``: the engine reads the
 target's), and the head holds only the kept rows [Vr, D] plus ``lm_head.vocab_ids`` [Vr] (config
 ``"reduced_head": true``). For SmolLM2-135M with 4 layers and 8192 kept tokens that is 38 MB in float16 instead
@@ -28,8 +28,6 @@ from engine.loader import SCALE_SUFFIX, dequantize
 from engine.synthetic import TOKENIZER_FILES, quiet_transformers
 
 EXTRA_FILES = ("special_tokens_map.json", "generation_config.json")  # copied from the target when present
-SAVE_WEIGHTS = ("int8", "float16")  # the matmul weights' storage; the draft only proposes tokens: its rounding
-# never touches exactness
 WEIGHTS = "model.safetensors"
 
 
@@ -99,7 +97,7 @@ def init_draft(target: nn.Module, num_layers: int, head_ids: torch.Tensor) -> Dr
 
 def save_draft(draft: DraftModel, target_dir: Path, out_dir: Path, weights: str = "int8") -> None:
     """Write ``out_dir`` as a draft directory: config.json, model.safetensors (matmul weights in `weights`, one of
-    SAVE_WEIGHTS), the target's tokenizer files."""
+    distill_config.SAVE_WEIGHTS), the target's tokenizer files."""
     from safetensors.torch import save_file
 
     config = copy.deepcopy(draft.lm.config)

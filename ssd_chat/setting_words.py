@@ -125,8 +125,13 @@ def number_text(value: float) -> str:
     return mantissa.removesuffix(".0") + (f"e{int(exponent)}" if exponent else "")
 
 
+def listed(words: tuple[str, ...]) -> str:
+    """The words a word option takes, as its refusal names them: "ar, sd or ssd"."""
+    return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else words[0]
+
+
 def _mode_refused(names: Mapping[str, str], mode: object) -> str:
-    return f"{names['mode']} takes {', '.join(MODES[:-1])} or {MODES[-1]}; got {_given(mode)}"
+    return f"{names['mode']} takes {listed(MODES)}; got {_given(mode)}"
 
 
 def _fits(field: str, value: object) -> bool:

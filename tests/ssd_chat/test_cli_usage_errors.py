@@ -32,6 +32,11 @@ def _no_engine(**kwargs):
     (["ask"], "Missing argument 'prompt': see ssd-chat ask --help"),
     (["ask", "hi", "--k"], "--k needs a value"),
     (["nope"], "No such command 'nope': see ssd-chat --help"),
+    # distill's word options said "--loss must be one of ce, kl, topk, got 'mse'"
+    (["distill", "--out", "d", "--loss", "mse"], "--loss takes ce, kl or topk; got 'mse'"),
+    (["distill", "--out", "d", "--precision", "fp8"], "--precision takes auto, fp32 or bf16; got 'fp8'"),
+    (["distill", "--out", "d", "--reply-dtype", "int4"], "--reply-dtype takes float32 or bfloat16; got 'int4'"),
+    (["distill", "--out", "d", "--save-weights", "int4"], "--save-weights takes int8 or float16; got 'int4'"),
 ])
 def test_usage_errors_are_one_line_naming_the_option(monkeypatch, args, line):
     monkeypatch.setattr(cli, "LLM", _no_engine)
@@ -76,3 +81,22 @@ def test_help_still_prints_the_help(args):
     result = run_ssd_chat(*args)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert "Usage: python -m ssd_chat" in result.stdout and "--threads" in result.stdout
+
+
+def test_distills_words_are_taken_in_any_case_and_its_config_refuses_them_alike(monkeypatch, tmp_path):
+    from ssd_chat import distill
+    from ssd_chat.distill_config import DistillConfig
+
+    seen = []
+
+    def run(config, progress):
+        seen.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(distill, "run_distill", run)
+    CliRunner().invoke(cli.app, ["distill", "--out", str(tmp_path / "d"), "--loss", "KL", "--precision", " BF16",
+                                 "--reply-dtype", "BFloat16", "--save-weights", "Float16"])
+    assert [(c.loss, c.precision, c.reply_dtype, c.save_weights) for c in seen] == [("kl", "bf16", "bfloat16",
+                                                                                     "float16")]
+    with pytest.raises(ValueError, match=r"^--precision takes auto, fp32 or bf16; got 'fp8'$"):
+        DistillConfig(target="t", out=tmp_path / "d", precision="fp8")

@@ -16,7 +16,8 @@ from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.errors import InvalidParameterError, ModelFilesError
 from ssd_chat import cli, distill
-from ssd_chat.distill import DISTILL_PROMPTS, DistillConfig, run_distill
+from ssd_chat.distill import DistillConfig, run_distill
+from ssd_chat.distill_config import DISTILL_PROMPTS
 from ssd_chat.distill_model import load_hf_draft
 from ssd_chat.prompts import DEFAULT_PROMPTS, UNSEEN_PROMPTS, load_prompts
 

@@ -81,7 +81,7 @@ class _Counting(torch.nn.Module):
 
 
 def test_topk_training_beats_the_untrained_draft(tiny_llama_dir, tmp_path):
-    from ssd_chat.distill import DISTILL_PROMPTS
+    from ssd_chat.distill_config import DISTILL_PROMPTS
     from tests.ssd_chat.test_distill import MAX_TOKENS, NUM_PROMPTS
 
     prompts = tmp_path / "p.jsonl"
