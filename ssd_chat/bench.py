@@ -30,10 +30,10 @@ from engine.config import SpeculationConfig
 from engine.layers.packed_kernels import resolve_kernel
 from engine.placement import plan
 from engine.registry import resolve_model
-from ssd_chat.bench_results import BenchReport, ModeResult, PromptRun
+from ssd_chat.bench_results import ENGINE_MODES, EVERY_CORE, BenchReport, ModeResult, PromptRun
 from ssd_chat.machine import machine_info, read_bandwidth_gb_s
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError, Messages, encode_prompts, load_prompts
-from ssd_chat.setting_words import FLAGS, check_sampling
+from ssd_chat.setting_words import FLAGS, check_sampling, listed
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,9 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.modes if m not in ENGINE_MODES]
-        if unknown or not self.modes:
-            raise BenchInputError(
-                f"unknown mode(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(ENGINE_MODES)}"
-            )
+        if not self.modes or any(m not in ENGINE_MODES for m in self.modes):  # (as cli_options.word_list refuses)
+            raise BenchInputError(f"--modes takes {listed(ENGINE_MODES)}, separated by commas; got "
+                                  f"{','.join(self.modes)!r}")
         if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
             raise BenchInputError("modes sd, ssd and sd-all need a draft model: pass --draft (e.g. --draft"
                                   " smollm2-135m-draft)")
@@ -118,11 +116,6 @@ def run_engine_mode(
                         100 * compiled_share)
     return ModeResult(spec.mode, runs, row_cost=round(cost.fit.value, 3) if measured else None,
                       compiled_share=compiled_share)
-
-
-# ar-all / sd-all: AR / SD in one process with a thread per core of the machine (SD's draft in that process)
-EVERY_CORE = {"ar-all": "ar", "sd-all": "sd"}
-ENGINE_MODES = ("ar", "sd", "ssd", *EVERY_CORE)
 
 
 def run_hf(

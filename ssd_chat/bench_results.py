@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from engine.outputs import SpecStats
 
+# ar-all / sd-all: AR / SD in one process with a thread per core of the machine (SD's draft in that process)
+EVERY_CORE = {"ar-all": "ar", "sd-all": "sd"}
+ENGINE_MODES = ("ar", "sd", "ssd", *EVERY_CORE)  # what --modes takes (the command line reads them: no torch here)
+
 
 @dataclass(frozen=True)
 class PromptRun:

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from engine.config import DEFAULT_TARGET
+from ssd_chat.bench_results import ENGINE_MODES
 from ssd_chat.bench_table import render_table, round_lines
 from ssd_chat.cli_options import (
     Attention,
@@ -35,6 +36,7 @@ from ssd_chat.cli_options import (
     seed_number,
     speculation_config,
     user_errors,
+    word_list,
 )
 from ssd_chat.defaults import NO_DRAFT
 from ssd_chat.engine_failure import engine_failures
@@ -45,7 +47,7 @@ def bench(
     target: Target = DEFAULT_TARGET,
     modes: Annotated[
         str, typer.Option(help="Comma-separated engine modes: ar, sd, ssd, and ar-all / sd-all (AR / SD in one"
-                               " process on every core).")
+                               " process on every core).", parser=word_list(ENGINE_MODES))
     ] = "ar",
     draft: Annotated[str | None, typer.Option(
         "--draft", "-d", help="Draft model (alias or directory) for the modes sd, ssd and sd-all; the bench loads "
@@ -95,9 +97,8 @@ def bench(
         _check_writable(json_out)  # now, not after the whole run
         draft = None if draft is not None and draft.lower() == NO_DRAFT else draft  # (as the chat reads it)
         spec = speculation_config(draft, None, k, fanout, backup, target_devices=target_devices)  # (its k: drafted)
-        config = BenchConfig(  # (a mode named twice runs once)
-            target=target, prompts_file=prompts, modes=tuple(dict.fromkeys(m.strip().lower() for m in modes.split(",")
-                                                                           if m.strip())),
+        config = BenchConfig(
+            target=target, prompts_file=prompts, modes=tuple(modes.split(",")),
             hf=hf, max_tokens=max_tokens, threads=threads, raw=raw, limit=limit, draft=draft, k=spec.k,
             fanout=spec.fanout, backup=backup, tp=tp,
             target_devices=target_devices,

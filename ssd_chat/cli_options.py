@@ -110,6 +110,22 @@ def one_of(choices: tuple[str, ...]) -> Callable[[object], object]:
     return parse
 
 
+def word_list(choices: tuple[str, ...]) -> Callable[[object], object]:
+    """A comma-separated word list's parser (bench --modes): each word one of `choices` (any case, as one_of), a
+    word named twice kept once; the words as `a,b`, in lower case."""
+
+    def parse(value: object) -> object:
+        if not isinstance(value, str):  # (a default)
+            return value
+        words = [word.strip().lower() for word in value.split(",") if word.strip()]
+        if not words or any(word not in choices for word in words):
+            raise typer.BadParameter(f"takes {setting_words.listed(choices)}, separated by commas; got {value!r}")
+        return ",".join(dict.fromkeys(words))
+
+    parse.__name__ = "text"
+    return parse
+
+
 def mode_word(value: object) -> object:
     """--mode's parser: /mode's, setting_words.mode_named (a mode in any case, SD, as MODES has it; any other word
     refused as it names the option: usage_errors tells its EngineError as it is)."""

@@ -174,7 +174,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     if case == "weights missing offline":
         assert "hf download Qwen/Qwen3-0.6B" in lines[0]
     if case == "unknown bench mode":
-        assert "unknown mode(s) xx" in lines[0]
+        assert lines[0] == "error: --modes takes ar, sd, ssd, ar-all or sd-all, separated by commas; got 'xx'"
     if case == "unknown enter mode":
         assert lines[0] == "error: --enter (on the command line) takes send or newline, got 'sideways'"
     if case == "fanout past the speculation cache":

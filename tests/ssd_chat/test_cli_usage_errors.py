@@ -32,6 +32,9 @@ def _no_engine(**kwargs):
     (["ask"], "Missing argument 'prompt': see ssd-chat ask --help"),
     (["ask", "hi", "--k"], "--k needs a value"),
     (["nope"], "No such command 'nope': see ssd-chat --help"),
+    # bench --modes said "unknown mode(s) xx; available: ar, sd, ssd, ar-all, sd-all"
+    (["bench", "--modes", "AR,xx"], "--modes takes ar, sd, ssd, ar-all or sd-all, separated by commas; got 'AR,xx'"),
+    (["bench", "--modes", " , "], "--modes takes ar, sd, ssd, ar-all or sd-all, separated by commas; got ' , '"),
     # distill's word options said "--loss must be one of ce, kl, topk, got 'mse'"
     (["distill", "--out", "d", "--loss", "mse"], "--loss takes ce, kl or topk; got 'mse'"),
     (["distill", "--out", "d", "--precision", "fp8"], "--precision takes auto, fp32 or bf16; got 'fp8'"),
@@ -100,3 +103,22 @@ def test_distills_words_are_taken_in_any_case_and_its_config_refuses_them_alike(
                                                                                      "float16")]
     with pytest.raises(ValueError, match=r"^--precision takes auto, fp32 or bf16; got 'fp8'$"):
         DistillConfig(target="t", out=tmp_path / "d", precision="fp8")
+
+
+def test_bench_modes_are_taken_in_any_case_once_each_and_its_config_refuses_them_alike(monkeypatch):
+    from ssd_chat import bench
+    from ssd_chat.bench import BenchConfig
+    from ssd_chat.prompts import BenchInputError
+
+    seen = []
+
+    def run(config, progress):
+        seen.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(bench, "run_bench", run)
+    CliRunner().invoke(cli.app, ["bench", "--modes", "AR-all, ar,Ar-All"])
+    assert [c.modes for c in seen] == [("ar-all", "ar")]
+    with pytest.raises(BenchInputError, match=r"^--modes takes ar, sd, ssd, ar-all or sd-all, separated by commas; "
+                                              r"got 'ar,xx'$"):
+        BenchConfig(target="t", modes=("ar", "xx"))
