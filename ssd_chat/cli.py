@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from engine.config import DEFAULT_TARGET
@@ -64,11 +63,11 @@ from ssd_chat.cli_options import (
 from ssd_chat.context_window import context_cut_notice
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.engine_failure import loaded
-from ssd_chat.plain import print_stream, run_plain, tell_context_cut
+from ssd_chat.plain import PipeConsole, print_stream, run_plain, tell_context_cut
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.sampling_defaults import chosen
 from ssd_chat.setting_words import FLAGS, check_top_k
-from ssd_chat.usage_errors import OneLineUsageErrors
+from ssd_chat.usage_errors import OneLineCommand, OneLineUsageErrors
 
 if TYPE_CHECKING:
     import engine.llm
@@ -82,8 +81,8 @@ app = typer.Typer(
     cls=OneLineUsageErrors, add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
     help="Chat with a local LLM on the ssd-chat engine. With no command: the chat app (TUI), or --plain.",
 )
-app.command("make-pair")(make_pair)
-app.command()(distill)
+app.command("make-pair", cls=OneLineCommand)(make_pair)
+app.command(cls=OneLineCommand)(distill)
 
 
 def main() -> None:
@@ -225,7 +224,7 @@ def _in_a_terminal() -> bool:
     return all(stream is not None and stream.isatty() for stream in (sys.stdout, sys.stdin))  # None: fd closed
 
 
-@app.command()
+@app.command(cls=OneLineCommand)
 def ask(
     prompt: Annotated[str, typer.Argument(help='The prompt; "-" reads it from stdin.')],
     target: Target = DEFAULT_TARGET,
@@ -279,7 +278,7 @@ def ask(
             typer.echo(json.dumps(output.to_dict()))
 
 
-@app.command()
+@app.command(cls=OneLineCommand)
 def models() -> None:
     """List the model aliases and whether their weights are on this machine."""
     table = Table(title="models")
@@ -290,8 +289,8 @@ def models() -> None:
     table.add_column("local", justify="center")
     for spec, is_local in list_models():
         table.add_row(spec.alias, spec.repo_id, spec.num_params, spec.family, "yes" if is_local else "no")
-    Console(width=None if sys.stdout.isatty() else 200).print(table)  # a pipe: whole repo ids, not 80 columns
+    PipeConsole(width=None if sys.stdout.isatty() else 200).print(table)  # a pipe: whole repo ids, not 80 columns
 
 
-app.command()(bench)
+app.command(cls=OneLineCommand)(bench)
 run_repl = run_plain  # the plain mode's read-reply loop (ssd_chat/plain.py)

@@ -40,6 +40,7 @@ from ssd_chat.cli_options import (
 )
 from ssd_chat.defaults import NO_DRAFT
 from ssd_chat.engine_failure import engine_failures
+from ssd_chat.plain import PipeConsole
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError
 
 
@@ -109,7 +110,7 @@ def bench(
         )
         with engine_failures(writes=False):  # (a bug, a broken model: one line, exit 1; it writes stderr alone)
             report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
-    console = Console(width=None if sys.stdout.isatty() else 200)  # a file or pipe: the whole table, not 80 columns
+    console = PipeConsole(width=None if sys.stdout.isatty() else 200)  # a file or pipe: the whole table, not 80 columns
     console.print(render_table(report))
     for line in round_lines(report):
         console.print(line, markup=False, highlight=False, soft_wrap=True)

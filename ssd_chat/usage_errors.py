@@ -7,6 +7,10 @@ wrote `Invalid value for '--threads': takes ...` (in a box, in typer's standalon
 other usage errors point to the command's --help (`--thread is no option of ssd-chat ask (did you mean
 --threads?): see ssd-chat ask --help`). The app's group (OneLineUsageErrors) reports them all through usage_line,
 with exit code 2, before typer's own handling sees them: the console script's and a test's CliRunner alike.
+
+A write to a stdout whose reader went away (`ssd-chat --help | head -1`) ends the command as SIGPIPE ends a filter,
+with 128 + SIGPIPE, as a reply's does (stop_signals.reader_gone): click's own handling exited with 1, and so did
+rich's in typer's help (OneLineCommand). The commands are registered with cls=OneLineCommand.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from engine.errors import EngineError
+from ssd_chat import stop_signals
 from ssd_chat.cli_options import report
 
 # the click typer parses with (recent typers' own copy, typer._click; click itself before), for its exceptions
@@ -40,6 +45,28 @@ class OneLineUsageErrors(TyperGroup):
         with _told_in_one_line():
             return super().invoke(ctx)
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _rich_pipe_errors():
+            super().format_help(ctx, formatter)
+
+
+class OneLineCommand(TyperCommand):
+    """A command (app.command(cls=...)) whose help, written to a reader that went away, ends as SIGPIPE would."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _rich_pipe_errors():
+            super().format_help(ctx, formatter)
+
+
+@contextmanager
+def _rich_pipe_errors() -> Iterator[None]:
+    """typer writes the help with rich, whose broken pipe (its on_broken_pipe) exits with 1: a BrokenPipeError
+    instead, as print's is (writing the help exits no other way)."""
+    try:
+        yield
+    except SystemExit as exc:
+        raise BrokenPipeError from exc
+
 
 @contextmanager
 def _told_in_one_line() -> Iterator[None]:
@@ -49,6 +76,8 @@ def _told_in_one_line() -> Iterator[None]:
         raise
     except UsageError as err:
         raise typer.Exit(report(usage_line(err))) from None
+    except BrokenPipeError:  # (--help, --version, models' table: click's own handling exits with 1)
+        raise typer.Exit(stop_signals.reader_gone()) from None
 
 
 def usage_line(err: UsageError) -> str:

@@ -5,11 +5,16 @@ mode) beside our own `--mode takes ar, sd or ssd; got 'x'`; an unknown option sa
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
 from ssd_chat import cli
-from tests.ssd_chat.cli_runs import run_ssd_chat
+from tests.ssd_chat.cli_runs import REPO_ROOT, run_ssd_chat
 
 
 def _no_engine(**kwargs):
@@ -122,3 +127,17 @@ def test_bench_modes_are_taken_in_any_case_once_each_and_its_config_refuses_them
     with pytest.raises(BenchInputError, match=r"^--modes takes ar, sd, ssd, ar-all or sd-all, separated by commas; "
                                               r"got 'ar,xx'$"):
         BenchConfig(target="t", modes=("ar", "xx"))
+
+
+@pytest.mark.parametrize("args", [["--help"], ["ask", "--help"], ["distill", "--help"], ["--version"], ["models"]])
+def test_what_the_commands_print_to_a_gone_reader_ends_as_sigpipe_would(args):
+    """`ssd-chat --help | head -1`: 128 + SIGPIPE and not a word, as `ask ... | head` (test_cli_exits); the help
+    (rich's own handling), --version and models' table (click's) exited with 1."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ssd_chat", *args], cwd=REPO_ROOT, stdout=write,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (128 + signal.SIGPIPE, "")
