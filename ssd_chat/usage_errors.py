@@ -5,8 +5,10 @@ A value an option's parser refuses (cli_options.plain, one_of) reads as the erro
 (`--mode takes ar, sd or ssd; got 'x'`): `--threads takes a number of CPU threads, 1 to 1024; got 0`, where click
 wrote `Invalid value for '--threads': takes ...` (in a box, in typer's standalone mode). An unknown option and the
 other usage errors point to the command's --help (`--thread is no option of ssd-chat ask (did you mean
---threads?): see ssd-chat ask --help`). The app's group (OneLineUsageErrors) reports them all through usage_line,
-with exit code 2, before typer's own handling sees them: the console script's and a test's CliRunner alike.
+--threads?): see ssd-chat ask --help`); a missing argument says what to give (`ask needs a prompt (ssd-chat ask
+"your question", or - to read stdin): see ssd-chat ask --help`). The app's group (OneLineUsageErrors) reports
+them all through usage_line, with exit code 2, before typer's own handling sees them: the console script's and a
+test's CliRunner alike.
 
 A write to a stdout whose reader went away (`ssd-chat --help | head -1`) ends the command as SIGPIPE ends a filter,
 with 128 + SIGPIPE, as a reply's does (stop_signals.reader_gone): click's own handling exited with 1, and so did
@@ -31,6 +33,8 @@ from ssd_chat.cli_options import report
 click_errors = importlib.import_module(typer.BadParameter.__module__)
 UsageError = click_errors.UsageError
 ROOT_ONLY = ("-v", "--verbose")  # the app's own options, given after a command
+# what a command's missing argument is, said with an example: {command} is its path (ssd-chat ask)
+MISSING = {"prompt": 'a prompt ({command} "your question", or - to read stdin)'}
 
 
 class OneLineUsageErrors(TyperGroup):
@@ -85,7 +89,7 @@ def usage_line(err: UsageError) -> str:
     command = err.ctx.command_path if err.ctx is not None else "ssd-chat"
     see_help = f"see {command} --help"
     if isinstance(err, click_errors.MissingParameter):  # (before BadParameter: one of them)
-        return f"{_sentence(err.format_message())}: {see_help}"
+        return f"{_missing(err, command)}: {see_help}"
     if isinstance(err, click_errors.BadParameter) and err.param is not None:  # a parser's refusal: "takes ..."
         if isinstance(err.__cause__, EngineError):  # setting_words' own (--mode's), which names the option itself
             return str(err.__cause__)
@@ -100,6 +104,15 @@ def usage_line(err: UsageError) -> str:
         return f"{err.option_name} needs a value" + (f": {see_help}" if err.ctx is not None else "")  # (click's
         # parser gives this one no context: which command's help is not known)
     return f"{_sentence(err.format_message())}: {see_help}"  # no such command, an extra argument, ...
+
+
+def _missing(err: UsageError, command: str) -> str:
+    """`ask needs a prompt (...)`, `distill needs --out`: click said "Missing argument 'prompt'"."""
+    name = getattr(err.param, "name", None)
+    if err.ctx is None or err.param is None:
+        return _sentence(err.format_message())
+    what = MISSING[name].format(command=command) if name in MISSING else option_name(err.param)
+    return f"{err.ctx.info_name} needs {what}"
 
 
 def option_name(param: object) -> str:

@@ -34,7 +34,10 @@ def _no_engine(**kwargs):
     (["ask", "hi", "-v"], "-v is an option of ssd-chat itself: give it before the command (ssd-chat -v ask ...)"),
     (["bench", "--verbose"], "--verbose is an option of ssd-chat itself: give it before the command (ssd-chat -v "
                              "bench ...)"),
-    (["ask"], "Missing argument 'prompt': see ssd-chat ask --help"),
+    # a missing argument or option said "Missing argument 'prompt'", "Missing option '--out'"
+    (["ask"], 'ask needs a prompt (ssd-chat ask "your question", or - to read stdin): see ssd-chat ask --help'),
+    (["distill"], "distill needs --out: see ssd-chat distill --help"),
+    (["distill", "--out"], "--out needs a value"),
     (["ask", "hi", "--k"], "--k needs a value"),
     (["nope"], "No such command 'nope': see ssd-chat --help"),
     # bench --modes said "unknown mode(s) xx; available: ar, sd, ssd, ar-all, sd-all"
