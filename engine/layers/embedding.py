@@ -80,9 +80,8 @@ class ReducedLMHead(nn.Module):
         self.register_buffer("vocab_ids", torch.zeros(0, dtype=torch.long), persistent=False)  # [Vr]
 
     def _load(self, param: nn.Parameter, rows: torch.Tensor, shard_id: object = None) -> None:
-        if rows.dim() != 2 or not 0 < rows.shape[0] <= self.vocab_size:  # [Vr, D] kept rows, or the full [V, D]
-            check_shape(rows.shape, (self.vocab_size, param.shape[1]))
-        check_shape(rows.shape, (rows.shape[0], param.shape[1]))
+        kept = rows.shape[0] if rows.dim() == 2 and 0 < rows.shape[0] <= self.vocab_size else self.vocab_size
+        check_shape(rows.shape, (kept, param.shape[1]))  # [Vr, D] kept rows (Vr <= V), or the full [V, D]
         param.data = rows.to(param.dtype).contiguous()
 
     def set_vocab_ids(self, ids: torch.Tensor) -> None:
