@@ -15,7 +15,7 @@ from engine.errors import InvalidParameterError
 from ssd_chat import distill_data as data
 
 if TYPE_CHECKING:
-    from ssd_chat.distill import DistillConfig
+    from ssd_chat.distill_config import DistillConfig
 
 logger = logging.getLogger(__name__)
 WORK_DIR = "distill"  # inside the output directory: the run's state, not part of the model

@@ -10,7 +10,7 @@ import pytest
 
 import engine
 from ssd_chat import distill_data as data
-from ssd_chat.distill import DISTILL_PROMPTS
+from ssd_chat.distill_config import DISTILL_PROMPTS
 from ssd_chat.prompts import load_prompts
 
 MAX_TOKENS = 12
