@@ -266,7 +266,7 @@ def read_stdin() -> str:
 def enter_mode(value: str | None, source: str) -> str | None:
     """--enter's value, checked only where the chat app runs (a bad SSD_CHAT_ENTER must not stop `ask`)."""
     if value is not None and value.lower() not in ENTER_MODES:
-        raise InvalidParameterError(f"--enter ({source}) takes {' or '.join(ENTER_MODES)}, got {value!r}")
+        raise InvalidParameterError(f"--enter ({source}) takes {setting_words.listed(ENTER_MODES)}; got {value!r}")
     return None if value is None else value.lower()
 
 

@@ -92,7 +92,7 @@ class SlashActions(_Base):
 
     def slash_enter(self, arg: str) -> None:
         if arg.lower() not in ENTER_MODES:
-            raise SlashError(f"/enter takes send or newline, got {arg!r}" if arg else "/enter takes send or newline")
+            raise SlashError(f"/enter takes send or newline; got {arg!r}" if arg else "/enter takes send or newline")
         self.query_one(PromptInput).set_enter_sends(arg.lower() == "send")
         self.set_preferences(enter=arg.lower())
         keys = "Enter sends" if arg.lower() == "send" else "Enter is a new line, Ctrl+S sends"
@@ -144,7 +144,7 @@ class SlashActions(_Base):
         this desktop through its clipboard tool as well (clipboard.copy_locally). While a reply streams: the reply on
         screen, so far (it copied the one before)."""
         if arg.lower() not in ("", "code"):
-            raise SlashError(f"/copy takes nothing or code, got {arg!r}")
+            raise SlashError(f"/copy takes nothing or code; got {arg!r}")
         if self.reply_view is not None:
             text, what = self.reply_view.text, "the reply so far"
             if not text:

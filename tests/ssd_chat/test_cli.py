@@ -176,7 +176,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
     if case == "unknown bench mode":
         assert lines[0] == "error: --modes takes ar, sd, ssd, ar-all or sd-all, separated by commas; got 'xx'"
     if case == "unknown enter mode":
-        assert lines[0] == "error: --enter (on the command line) takes send or newline, got 'sideways'"
+        assert lines[0] == "error: --enter (on the command line) takes send or newline; got 'sideways'"
     if case == "fanout past the speculation cache":
         assert lines[0].startswith("error: --fanout takes counts from 0 to 256 (SSD's speculation cache")
     if case == "verbose after a command":

@@ -197,4 +197,4 @@ def test_a_bad_ssd_chat_enter_stops_only_the_chat_app(monkeypatch):
     assert plain.exit_code == 0, plain.output
     chat = CliRunner().invoke(cli.app, [], env={"SSD_CHAT_ENTER": "sideways"})
     assert chat.exit_code == 2
-    assert "--enter (from SSD_CHAT_ENTER) takes send or newline, got 'sideways'" in chat.output
+    assert "--enter (from SSD_CHAT_ENTER) takes send or newline; got 'sideways'" in chat.output

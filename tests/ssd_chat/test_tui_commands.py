@@ -144,6 +144,7 @@ async def test_enter_newline_breaks_the_line_and_ctrl_s_sends_and_slash_enter_sw
             await pilot.press("ctrl+s")
             await pilot.pause()
             assert "/enter takes send or newline" in errors(app)[-1] and area.text == bad
+            assert bad == "/enter" or errors(app)[-1].endswith("; got 'sideways'")
         area.text = "/enter SEND"
         await pilot.press("ctrl+s")
         await pilot.pause()

@@ -92,7 +92,7 @@ async def test_copy_puts_the_last_reply_or_its_code_blocks_on_the_clipboard(tmp_
         await send(app, pilot, "/copy code")
         assert "the last reply has no code block" in errors(app)[-1] and app.clipboard == "x = 1\n\ny\n```"
         await send(app, pilot, "/copy everything")
-        assert "/copy takes nothing or code" in errors(app)[-1]
+        assert "/copy takes nothing or code; got 'everything'" in errors(app)[-1]
 
 
 @pytest.mark.asyncio
