@@ -81,9 +81,10 @@ class BenchConfig:
             raise BenchInputError("modes sd, ssd and sd-all need a draft model: pass --draft (e.g. --draft"
                                   " smollm2-135m-draft)")
         if self.max_tokens < 2:
-            raise BenchInputError(f"--max-tokens must be >= 2 to measure decode speed, got {self.max_tokens}")
+            raise BenchInputError(f"--max-tokens takes at least 2 (a decode speed needs two tokens); got "
+                                  f"{self.max_tokens}")
         if self.limit is not None and self.limit < 1:
-            raise BenchInputError(f"--limit must be >= 1, got {self.limit}")
+            raise BenchInputError(f"--limit takes at least 1; got {self.limit}")
         check_sampling(FLAGS, self.temperature, self.top_p, 0)  # a bad --temperature or --top-p, in the options' words,
         self.sampling(0)  # and a bad --seed: its one line now, before any model loads
 

@@ -14,7 +14,7 @@ from engine.config import MAX_THREADS
 from engine.errors import InvalidParameterError
 from engine.sampling_params import MAX_TEMPERATURE
 from ssd_chat.prompts import HELD_OUT_SETS
-from ssd_chat.setting_words import listed
+from ssd_chat.setting_words import TAKES, listed, number_text
 
 DISTILL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "distill.jsonl"
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -56,27 +56,31 @@ class DistillConfig:
     def __post_init__(self) -> None:
         for name in ("draft_layers", "batch_size", "max_tokens", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 1:
-                raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise _refused(name, "at least 1", getattr(self, name))
         for name in ("head_vocab", "steps", "kl_steps", "seed", "eval_prompts"):
             if getattr(self, name) < 0:
-                raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+                raise _refused(name, "at least 0", getattr(self, name))
         for option, value, words in (("--precision", self.precision, PRECISIONS), ("--loss", self.loss, LOSSES),
                                      ("--reply-dtype", self.reply_dtype, REPLY_DTYPES),
                                      ("--save-weights", self.save_weights, SAVE_WEIGHTS)):
             if value not in words:  # (the command line refuses them as it reads them: cli_options.one_of)
                 raise InvalidParameterError(f"{option} takes {listed(words)}; got {value!r}")
         if self.seed > MAX_SEED:
-            raise InvalidParameterError(f"--seed must be at most {MAX_SEED}, got {self.seed}")
+            raise _refused("seed", "a whole number from 0 to 2^32-1", self.seed)
         for name in ("lr", "kl_lr"):  # (inf trains the draft into NaNs)
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise InvalidParameterError(f"--{name.replace('_', '-')} must be a number > 0, got "
-                                            f"{getattr(self, name)}")
+                raise _refused(name, "a learning rate above 0", getattr(self, name))
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise InvalidParameterError(f"--temperature must be between 0 (greedy) and 100, got {self.temperature}")
+            raise _refused("temperature", TAKES["temperature"], self.temperature)
         if self.max_prompts is not None and self.max_prompts < 1:
-            raise InvalidParameterError(f"--max-prompts must be >= 1, got {self.max_prompts}")
+            raise _refused("max_prompts", "at least 1", self.max_prompts)
         if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
-            raise InvalidParameterError(f"--threads must be between 1 and {MAX_THREADS}, got {self.threads}")
+            raise _refused("threads", f"a number of CPU threads, 1 to {MAX_THREADS}", self.threads)
         if Path(self.prompts_file).resolve() in HELD_OUT_SETS:
             raise InvalidParameterError(f"{Path(self.prompts_file).name} is a held-out benchmark set: train on another "
                                         f"prompt file (default {DISTILL_PROMPTS.name})")
+
+
+def _refused(field: str, takes: str, value: float) -> InvalidParameterError:
+    """A number DistillConfig refuses, in the command line's words: `--steps takes at least 0; got -1`."""
+    return InvalidParameterError(f"--{field.replace('_', '-')} takes {takes}; got {number_text(value)}")

@@ -144,3 +144,19 @@ def test_what_the_commands_print_to_a_gone_reader_ends_as_sigpipe_would(args):
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (128 + signal.SIGPIPE, "")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["distill", "--out", "x", "--steps", "-1"], "--steps takes at least 0; got -1"),
+    (["distill", "--out", "x", "--draft-layers", "0"], "--draft-layers takes at least 1; got 0"),
+    (["distill", "--out", "x", "--seed", "4294967296"], "--seed takes a whole number from 0 to 2^32-1; got 4294967296"),
+    (["distill", "--out", "x", "--lr", "0"], "--lr takes a learning rate above 0; got 0"),
+    (["distill", "--out", "x", "--temperature", "101"],
+     "--temperature takes a temperature from 0 to 100, 0 = greedy; got 101"),
+    (["bench", "--max-tokens", "1"], "--max-tokens takes at least 2 (a decode speed needs two tokens); got 1"),
+    (["bench", "--limit", "0"], "--limit takes at least 1; got 0"),
+])
+def test_distill_and_bench_refuse_a_number_as_the_other_options_do(args, message):
+    """DistillConfig's and BenchConfig's own checks said `--steps must be >= 0, got -1`."""
+    result = CliRunner().invoke(cli.app, args)
+    assert (result.exit_code, result.stderr) == (2, f"error: {message}\n"), result.output
