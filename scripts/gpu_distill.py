@@ -9,8 +9,9 @@ pass (``--budget-s``) of four phases:
 1. prompts: ``assets/prompts/distill.jsonl`` (its held-out prompts and their twins left out of training, as
    distill does) plus ``--self-prompts`` requests the target writes itself (``make_self_prompts``' method and
    filter: its chat template up to a user turn, temperature 1, top-p 0.9, seeded), minus any that share a
-   ``SHINGLE``-word run with a held-out benchmark prompt (``chat.jsonl``, ``chat-unseen.jsonl``); or the prompts of
-   ``--self-prompts-file`` (the H200 run's 13,717 are ``assets/prompts/distill-gpu-self.jsonl``);
+   ``SHINGLE``-word run with a held-out benchmark prompt (``chat.jsonl``, ``chat-unseen.jsonl``: make_self_prompts'
+   ``shares_run``); or the prompts of ``--self-prompts-file`` (the H200 run's 13,717 are
+   ``assets/prompts/distill-gpu-self.jsonl``);
 2. replies: greedy, ``--max-tokens`` each, past the end of turn (distill's ``--ignore-eos``), float32 (TF32 off),
    many decoded together, until the time box ends; reply caches (``--replies``: distill's ``DIR/distill/data.jsonl``
    holds the CPU target's own, an earlier run's ``data.jsonl.gz`` its new prompts') supply the replies they hold;
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gzip
-import inspect
 import json
 import logging
 import sys
@@ -42,11 +42,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from make_self_prompts import keep, user_turn_prefix  # noqa: E402 (after the path set-up)
+from hf_decode import decode_split  # noqa: E402 (after the path set-up; many rows decoded together)
+from make_self_prompts import held_out_shingles, keep, shares_run, user_turn_prefix  # noqa: E402
 
 from engine.chat import encode_chat  # noqa: E402
 from engine.registry import resolve_model  # noqa: E402
-from engine.sampling import keep_top_k_top_p  # noqa: E402
 from engine.startup import load_tokenizer  # noqa: E402
 from ssd_chat import distill_data as data  # noqa: E402
 from ssd_chat.distill import _eos_ids  # noqa: E402
@@ -62,10 +62,9 @@ from ssd_chat.distill_train import (  # noqa: E402
     target_argmax,
     target_logits,
 )
-from ssd_chat.prompts import HELD_OUT_SETS, load_prompts  # noqa: E402
+from ssd_chat.prompts import load_prompts  # noqa: E402
 
 PROBE_STEPS, SAFETY = 4, 0.8  # training steps timed to fit the count to the time; the share of the time planned
-SHINGLE = 5  # words: a self-written prompt sharing a run this long with a held-out prompt is dropped
 log = logging.getLogger("gpu_distill")
 
 
@@ -80,88 +79,6 @@ class Clock:
 
     def left(self) -> float:
         return self.budget_s - self.elapsed()
-
-
-@torch.no_grad()
-def decode(model, prompts: list[list[int]], max_new: int, *, pad_id: int, stop_id: int | None = None,
-           temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None) -> list[list[int]]:
-    """Left-padded batch decoding with transformers' KV cache: greedy (temperature 0) or top-p sampling. Without
-    ``stop_id`` every row runs ``max_new`` tokens; with it a row's tokens end at (and include) its first stop."""
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, W]
-    cache = DynamicCache()
-    # transformers 5.2x renamed past_key_values to cache (the old name warns, and goes in 5.40); 5.0 knows only it
-    given = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **given,
-                   use_cache=True, logits_to_keep=1).logits[:, -1]  # [B, V]
-    last = positions[:, -1]  # [B]
-    out, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    for step in range(max_new):
-        token = _pick(logits.float(), temperature, top_p, generator)  # [B]
-        out.append(token)
-        if stop_id is not None:
-            done |= token == stop_id
-            if bool(done.all()):
-                break
-        if step + 1 == max_new:
-            break
-        mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
-        last = last + 1
-        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=last[:, None], **given,
-                       use_cache=True).logits[:, -1]
-    rows = torch.stack(out, dim=1).tolist()  # [B, steps]
-    if stop_id is not None:
-        rows = [row[: row.index(stop_id) + 1] if stop_id in row else row for row in rows]
-    return rows
-
-
-def decode_split(model, prompts: list[list[int]], max_new: int, **kwargs) -> list[list[int]]:
-    """``decode``, in halves (recursively) where a batch runs out of device memory."""
-    try:
-        return decode(model, prompts, max_new, **kwargs)
-    except torch.OutOfMemoryError:
-        if len(prompts) == 1:
-            raise
-        torch.cuda.empty_cache()
-        log.warning("out of memory at %d rows: halving", len(prompts))
-        half = len(prompts) // 2
-        return decode_split(model, prompts[:half], max_new, **kwargs) + decode_split(model, prompts[half:], max_new,
-                                                                                       **kwargs)
-
-
-def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """[B, V] -> [B]: the argmax, or a sample from the top-p nucleus of softmax(logits / temperature) (the
-    engine's nucleus, engine.sampling)."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = keep_top_k_top_p((logits / temperature).softmax(-1), 0, top_p)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
-
-
-def held_out_shingles() -> set[tuple[str, ...]]:
-    """Every SHINGLE-word run of the held-out benchmark prompts' turns (lower case)."""
-    runs = set()
-    for path in HELD_OUT_SETS:
-        for messages in load_prompts(path):
-            for message in messages:
-                words = message["content"].lower().split()
-                runs.update(tuple(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1))
-    return runs
-
-
-def shares_run(text: str, banned: set[tuple[str, ...]]) -> bool:
-    """Whether ``text`` holds one of the ``banned`` SHINGLE-word runs (lower case)."""
-    words = text.lower().split()
-    return any(tuple(words[i : i + SHINGLE]) in banned for i in range(len(words) - SHINGLE + 1))
 
 
 def self_prompts(model, tokenizer, count: int, *, batch: int, seed: int, pad_id: int, stop_id: int,

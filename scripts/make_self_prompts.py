@@ -4,7 +4,8 @@ An instruct model that is given its chat template up to the start of a user turn
 ``<|im_start|>user\\n``) writes a plausible user message: the kind of request it was tuned on. Sampling many of
 them (temperature 1, top-p 0.9, one seed per prompt) gives prompts far more varied than templates, and in the
 target's own distribution. Kept: messages that end with the end-of-turn token, 4-80 words, mostly ASCII, no
-chat markers, no subject of the held-out benchmark set (``chat.jsonl``), no repeats.
+chat markers, no subject of the held-out benchmark set (``chat.jsonl``), no repeats. scripts/gpu_distill.py adds
+a stricter test of its own prompts: no ``SHINGLE``-word run shared with a held-out prompt (``shares_run``).
 
 Deterministic on a given torch build: ``python scripts/make_self_prompts.py [--target smollm2-135m]``.
 About 16 minutes for 2000 prompts on a 2-core CPU.
@@ -20,10 +21,12 @@ from pathlib import Path
 from make_distill_prompts import HELD_OUT_SUBJECTS, PROMPTS
 
 from engine import LLM, FinishReason, SamplingParams
+from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
 
 OUT = PROMPTS / "distill-self.jsonl"
 BATCH = 128
 MARKER = "\x00USER\x00"
+SHINGLE = 5  # words: a self-written prompt sharing a run this long with a held-out prompt is dropped
 log = logging.getLogger("make_self_prompts")
 
 
@@ -39,6 +42,23 @@ def keep(text: str) -> bool:
     lowered = text.lower()
     return (4 <= len(words) <= 80 and ascii_share >= 0.98 and "<|" not in text
             and not any(subject in lowered for subject in HELD_OUT_SUBJECTS))
+
+
+def held_out_shingles() -> set[tuple[str, ...]]:
+    """Every SHINGLE-word run of the held-out benchmark prompts' turns (lower case)."""
+    runs = set()
+    for path in HELD_OUT_SETS:
+        for messages in load_prompts(path):
+            for message in messages:
+                words = message["content"].lower().split()
+                runs.update(tuple(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1))
+    return runs
+
+
+def shares_run(text: str, banned: set[tuple[str, ...]]) -> bool:
+    """Whether ``text`` holds one of the ``banned`` SHINGLE-word runs (lower case)."""
+    words = text.lower().split()
+    return any(tuple(words[i : i + SHINGLE]) in banned for i in range(len(words) - SHINGLE + 1))
 
 
 def main(target: str, count: int, out: Path) -> None:

@@ -24,15 +24,21 @@ def gd():
 
 
 @pytest.fixture(scope="module")
+def hf_decode(gd):
+    """scripts/hf_decode.py, gpu_distill's batched decoding (gd put scripts/ on the path)."""
+    return importlib.import_module("hf_decode")
+
+
+@pytest.fixture(scope="module")
 def tiny_target(tiny_llama_dir):
     from ssd_chat.distill_model import load_target
 
     return load_target(tiny_llama_dir)
 
 
-def test_left_padded_batch_decodes_each_prompt_as_alone(gd, tiny_target):
+def test_left_padded_batch_decodes_each_prompt_as_alone(hf_decode, tiny_target):
     prompts = [[5, 9, 13], [7, 2, 8, 31, 4, 6, 19], [11]]
-    batched = gd.decode(tiny_target, prompts, 12, pad_id=0)
+    batched = hf_decode.decode(tiny_target, prompts, 12, pad_id=0)
     for prompt, row in zip(prompts, batched, strict=True):
         ids = torch.tensor([prompt])
         for _ in range(12):  # no cache, no padding: the plain greedy continuation
@@ -40,30 +46,30 @@ def test_left_padded_batch_decodes_each_prompt_as_alone(gd, tiny_target):
         assert row == ids[0, len(prompt):].tolist()
 
 
-def test_rows_end_at_their_stop_token(gd, tiny_target):
+def test_rows_end_at_their_stop_token(hf_decode, tiny_target):
     prompts = [[5, 9, 13], [7, 2, 8]]
-    full = gd.decode(tiny_target, prompts, 10, pad_id=0)
+    full = hf_decode.decode(tiny_target, prompts, 10, pad_id=0)
     stop = full[0][3]  # a token row 0 writes: it must end there, stop included
-    rows = gd.decode(tiny_target, prompts, 10, pad_id=0, stop_id=stop)
+    rows = hf_decode.decode(tiny_target, prompts, 10, pad_id=0, stop_id=stop)
     for whole, row in zip(full, rows, strict=True):
         cut = whole.index(stop) + 1 if stop in whole else len(whole)
         assert row == whole[:cut]
 
 
-def test_top_p_samples_stay_in_the_nucleus(gd):
+def test_top_p_samples_stay_in_the_nucleus(hf_decode):
     logits = torch.tensor([[4.0, 3.0, 0.0, -1.0, -2.0]]).repeat(200, 1)
     generator = torch.Generator().manual_seed(0)
-    tokens = gd._pick(logits, 1.0, 0.5, generator)
+    tokens = hf_decode._pick(logits, 1.0, 0.5, generator)
     assert set(tokens.tolist()) == {0}  # token 0 alone holds 0.7 > 0.5 of the mass
-    tokens = gd._pick(logits, 1.0, 0.9, generator)
+    tokens = hf_decode._pick(logits, 1.0, 0.9, generator)
     assert set(tokens.tolist()) == {0, 1}  # 0.70 + 0.26: the next ones are outside
-    assert gd._pick(logits[:1], 0.0, 1.0, None).tolist() == [0]
+    assert hf_decode._pick(logits[:1], 0.0, 1.0, None).tolist() == [0]
 
 
 def test_held_out_runs_are_banned(gd):
     banned = gd.held_out_shingles()
     assert ("explain", "in", "two", "sentences", "why") in banned  # chat.jsonl's second prompt
-    assert all(len(run) == gd.SHINGLE for run in banned)
+    assert all(len(run) == importlib.import_module("make_self_prompts").SHINGLE for run in banned)
     assert gd.shares_run("Please EXPLAIN in two sentences why cats nap.", banned)
     assert not gd.shares_run("Explain in three sentences why", banned)
 
