@@ -38,12 +38,19 @@ class Draft:
 
 
 def migrate(db: sqlite3.Connection) -> None:
-    """A history file made before drafts kept an edit: the columns added (NULL in each row: no edit)."""
+    """A history file made before drafts kept an edit: the columns added (NULL in each row: no edit). Another window
+    that opened the file at the same moment may add them first: its column is as good (the window's history was
+    off, "duplicate column name")."""
     columns = {row[1] for row in db.execute("PRAGMA table_info(drafts)")}
     with db:
         for name, kind in (("edit", "TEXT"), ("edit_at", "INTEGER")):
-            if name not in columns:
+            if name in columns:
+                continue
+            try:
                 db.execute(f"ALTER TABLE drafts ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as err:
+                if "duplicate column" not in str(err):
+                    raise
 
 
 def read(db: sqlite3.Connection, conversation_id: int) -> Draft:

@@ -336,3 +336,39 @@ def test_a_draft_keeps_an_edit_beside_the_text_and_an_older_file_takes_it(tmp_pa
     assert store.draft(chat_id) == Draft("", EditDraft("only the edit", 0))
     store.restore(store.delete(chat_id))
     assert store.draft(chat_id) == Draft("", EditDraft("only the edit", 0))
+
+
+def test_two_windows_that_open_an_older_file_at_once_both_take_the_edit_columns(tmp_path):
+    """The other window adds the columns between this one's look at the table and its ALTER: that window's history
+    was off ("duplicate column name: edit")."""
+    from ssd_chat import history_drafts
+
+    path = tmp_path / "h.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript("CREATE TABLE drafts (conversation_id INTEGER PRIMARY KEY, text TEXT NOT NULL);")
+    old.close()
+
+    class LooksFirst:  # this window's connection: the other window migrates right after its look at the table
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def execute(self, sql: str, *args):
+            rows = self.db.execute(sql, *args).fetchall()
+            if sql.startswith("PRAGMA"):
+                other = sqlite3.connect(path)
+                history_drafts.migrate(other)
+                other.close()
+            return iter(rows)
+
+        def __enter__(self):
+            return self.db.__enter__()
+
+        def __exit__(self, *exc):
+            return self.db.__exit__(*exc)
+
+    db = sqlite3.connect(path)
+    history_drafts.migrate(LooksFirst(db))
+    assert [row[1] for row in db.execute("PRAGMA table_info(drafts)")] == ["conversation_id", "text", "edit",
+                                                                           "edit_at"]
+    db.close()
+    assert HistoryStore(path).draft(1).is_empty
