@@ -43,11 +43,12 @@ class EngineFailed(Exception):
 def engine_failures(what: str = FAILED, *, writes: bool = True) -> Iterator[None]:
     """Raise EngineFailed (`the engine WHAT (...)`) from an exception inside the `with` block that is no user error,
     lost reader or stop. `writes`: the block writes to stdout or a terminal, so that any OSError is the reader or
-    the terminal gone; where it writes none (a load, the bench's run: its progress on stderr), only a
-    BrokenPipeError is, and another OSError is the engine's (a model's file unreadable, a child process lost)."""
+    the terminal gone; where it writes none (a load, the bench's run: its progress on stderr, whose broken pipe rich
+    ends itself), an OSError is the engine's, a BrokenPipeError too (a pipe or socket to a process of its own: no
+    reader of ours went away; were stderr's, the error line's write would meet it and end the run as SIGPIPE)."""
     try:
         yield
-    except (EngineError, BenchInputError, EngineFailed, BrokenPipeError):
+    except (EngineError, BenchInputError, EngineFailed):
         raise
     except Exception as error:
         if writes and isinstance(error, OSError):  # (the reader or the terminal gone: main ends it, as SIGPIPE)

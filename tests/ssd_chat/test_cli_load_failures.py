@@ -1,6 +1,7 @@
 """A failure while the engine loads (`ask`, the plain mode) or while `bench` runs is one `error:` line on stderr and
 exit code 1, as a failure while `ask` writes a reply is (test_cli_exits): the load's ended in a traceback and the
-bench was not wrapped at all. The user's errors stay exit code 2."""
+bench was not wrapped at all. The user's errors stay exit code 2. A BrokenPipeError there is the engine's (a pipe to a
+process of its own: nothing writes to stdout then); it ended the run as a reader gone, with 141 and not a word."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def _one_line(result, code: int) -> str:
 
 
 @pytest.mark.parametrize("command", COMMANDS.values(), ids=COMMANDS.keys())
-@pytest.mark.parametrize("error", [RuntimeError("CUDA error: out of memory"), OSError(5, "Input/output error")],
-                         ids=["RuntimeError", "OSError"])
+@pytest.mark.parametrize("error", [RuntimeError("CUDA error: out of memory"), OSError(5, "Input/output error"),
+                                   BrokenPipeError(32, "Broken pipe")], ids=["RuntimeError", "OSError", "BrokenPipe"])
 def test_a_failure_while_the_engine_loads_is_one_line_and_exit_1(monkeypatch, command, error):
     monkeypatch.setattr(cli, "LLM", _raising(error))
     line = _one_line(runner.invoke(cli.app, [*command, "--draft", "none"], input="hi\n"), 1)
@@ -49,6 +50,7 @@ def test_a_user_error_while_the_engine_loads_stays_exit_2(monkeypatch, command):
 @pytest.mark.parametrize(("error", "code", "says"), [
     (RuntimeError("cannot sample"), 1, "error: the engine failed (RuntimeError: cannot sample)"),
     (OSError(5, "Input/output error"), 1, "error: the engine failed (OSError: [Errno 5] Input/output error)"),
+    (BrokenPipeError(32, "Broken pipe"), 1, "error: the engine failed (BrokenPipeError: [Errno 32] Broken pipe)"),
     (InvalidParameterError("unknown model 'x'"), 2, "error: unknown model 'x'"),
     (BenchInputError("prompts.txt has no prompts"), 2, "error: prompts.txt has no prompts"),
 ])
