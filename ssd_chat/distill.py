@@ -8,7 +8,7 @@ the kept tokens (``kl``), then for ``kl_steps`` more steps on KL (after ``--step
 directory is a compact draft directory (``--draft DIR``, see ``distill_model``); ``DIR/distill/`` holds the
 run: settings, reply cache, checkpoint and log. The defaults are the recipe of the shipped
 ``smollm2-135m-draft``.
-Data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train``.
+Settings: ``distill_config``; data: ``distill_data``; model: ``distill_model``; training loop: ``distill_train``.
 """
 
 from __future__ import annotations
