@@ -37,7 +37,18 @@ ROOT_ONLY = ("-v", "--verbose")  # the app's own options, given after a command
 MISSING = {"prompt": 'a prompt ({command} "your question", or - to read stdin)'}
 
 
-class OneLineUsageErrors(TyperGroup):
+class _HelpToAGoneReader:
+    """typer writes the help with rich, whose broken pipe (its on_broken_pipe) exits with 1: a BrokenPipeError
+    instead, as print's is (writing the help exits no other way), which the group ends as SIGPIPE would."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        try:
+            super().format_help(ctx, formatter)  # type: ignore[misc]
+        except SystemExit as exc:
+            raise BrokenPipeError from exc
+
+
+class OneLineUsageErrors(_HelpToAGoneReader, TyperGroup):
     """The `ssd-chat` group (typer.Typer(cls=...)): a usage error while it or a command parses its arguments, or
     while it picks the command, is one `error:` line and exit code 2, in typer's standalone mode or not."""
 
@@ -49,27 +60,9 @@ class OneLineUsageErrors(TyperGroup):
         with _told_in_one_line():
             return super().invoke(ctx)
 
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        with _rich_pipe_errors():
-            super().format_help(ctx, formatter)
 
-
-class OneLineCommand(TyperCommand):
+class OneLineCommand(_HelpToAGoneReader, TyperCommand):
     """A command (app.command(cls=...)) whose help, written to a reader that went away, ends as SIGPIPE would."""
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        with _rich_pipe_errors():
-            super().format_help(ctx, formatter)
-
-
-@contextmanager
-def _rich_pipe_errors() -> Iterator[None]:
-    """typer writes the help with rich, whose broken pipe (its on_broken_pipe) exits with 1: a BrokenPipeError
-    instead, as print's is (writing the help exits no other way)."""
-    try:
-        yield
-    except SystemExit as exc:
-        raise BrokenPipeError from exc
 
 
 @contextmanager
