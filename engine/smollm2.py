@@ -99,7 +99,7 @@ def _convert_atomically(gguf: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{ALIAS}.tmp-", dir=target.parent))
     try:
         started = time.perf_counter()
-        logger.info("converting %s to safetensors in %s (once, about 10-20 s)", gguf.name, target)
+        logger.info("converting %s to safetensors in %s (once, 15-30 s)", gguf.name, target)
         _convert(gguf, tmp)
         (tmp / MARKER_NAME).write_text(f"converted from {gguf}\n")
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the final directory should look like any other
