@@ -15,10 +15,12 @@ text made the edit a new prompt to send, and the user separate them by hand.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import TYPE_CHECKING
 
 from ssd_chat.history_drafts import Draft, EditDraft
 from ssd_chat.tui.commands import as_typed
+from ssd_chat.tui.screens.chats import ChatsScreen
 from ssd_chat.tui.widgets.prompt_input import PromptInput
 
 if TYPE_CHECKING:
@@ -34,7 +36,9 @@ class DraftActions(_Base):
         """At a quit, once the reply under way is kept: what the input holds, saved as the chat's draft. In an edit
         (F4) that changed nothing, what the input held before it: the last prompt, saved, came back as a new
         prompt to send, and the text typed before F4 was lost; in one that changed it, both (the module's
-        docstring)."""
+        docstring). From the chats picker, the open chat as its closing leaves it: one deleted there is gone."""
+        if any(isinstance(screen, ChatsScreen) for screen in self.screen_stack):
+            self._leave_if_deleted()
         text = self.query_one(PromptInput).text
         edit = self.current_edit()
         if edit is None:
@@ -43,6 +47,16 @@ class DraftActions(_Base):
             self.session.keep_draft(edit.draft)
         else:  # (both: the edit, and what it will give back)
             self.session.keep_draft(edit.draft, EditDraft(text, len(self.session.messages) - len(edit.turn)))
+
+    def _leave_if_deleted(self) -> None:
+        """A new chat in place of the open one where the history no longer holds it (deleted in the picker): saved
+        with its draft, it came back, every turn of it, as a chat another window deleted does."""
+        store, chat_id = self.session.store, self.session.conversation.id
+        try:
+            if store is not None and chat_id is not None and store.load(chat_id) is None:
+                self.session.new()
+        except sqlite3.Error:  # (the draft's save tries, and says what failed)
+            pass
 
     def resume_latest(self) -> None:
         """--resume: the most recent chat, its settings from the command line winning; a prompt it holds with no

@@ -186,3 +186,23 @@ async def test_a_kept_edit_goes_on_in_the_chat_opened_from_the_picker(tmp_path):
         assert notice.startswith("your edit of the last prompt is back") and "Ctrl+Z brings back" in notice
         await pilot.press("escape")
         await wait_for(pilot, lambda: area.text == "half a thought", what="the text typed before F4")
+
+
+@pytest.mark.asyncio
+async def test_a_quit_from_the_picker_after_deleting_the_open_chat_does_not_bring_it_back(tmp_path):
+    """d d on the open chat, then Ctrl+Q with the picker still open and text in the input: the quit saved that text
+    with the open chat, and the save put the deleted chat back, every turn of it. The text goes to a new chat, as
+    once the picker had closed."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "delete me")
+        await type_text(pilot, "not sent")
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the chats picker")
+        await pilot.press("d", "d")
+        store = HistoryStore(tmp_path / "history.sqlite3")
+        await wait_for(pilot, lambda: not store.list(), what="the delete")
+        await _quit(app, pilot)
+    assert [(c.title, c.num_messages) for c in store.list()] == [("New chat", 0)]
+    assert await _resumed_input(tmp_path) == ("not sent", [])
