@@ -10,6 +10,8 @@ from textual import events
 
 from ssd_chat.tui.widgets.prompt_input import NEWLINE_KEYS, PromptArea
 
+MIN_SHOWN = 6  # characters of what was typed shown however narrow the box (the line wraps there)
+
 
 def type_into(area: PromptArea, event: events.Key, *, make_room: Callable[[], None] = lambda: None,
               can_delete: bool = True) -> bool:
@@ -31,11 +33,14 @@ def type_into(area: PromptArea, event: events.Key, *, make_room: Callable[[], No
 
 
 def typed_line(text: str, width: int, until: str) -> str:
-    """What waits in the prompt, on one line: its last line (the end of it, past `width` characters) and how many
+    """What waits in the prompt, on one line of `width` columns (the box's that shows it): its last line (the end of
+    it, where the words around it leave too little room, and never fewer than MIN_SHOWN characters) and how many
     lines it has; "" when nothing does. `until`: when it is there to see ("in the prompt once loaded")."""
     if not text:
         return ""
     lines = text.split("\n")
-    last = lines[-1] if len(lines[-1]) <= width else "…" + lines[-1][-width:]
     more = f" ({len(lines)} lines)" if len(lines) > 1 else ""
-    return f"typed{more}: {last}▏ ({until})"
+    head, tail = f"typed{more}: ", f"▏ ({until})"
+    room = max(width - len(head) - len(tail), MIN_SHOWN)
+    last = lines[-1] if len(lines[-1]) <= room else "…" + lines[-1][-(room - 1):]
+    return f"{head}{last}{tail}"

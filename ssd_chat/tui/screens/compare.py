@@ -115,7 +115,8 @@ class CompareScreen(ModalScreen[None]):
 
     def _show_typed(self, area: PromptArea) -> None:
         shown = self.query_one("#compare-typed", Static)
-        shown.update(typed_line(area.text, max(self.app.size.width - 50, 20), "in the prompt once closed"))
+        width = self.query_one(".modal-box").content_size.width
+        shown.update(typed_line(area.text, width, "in the prompt once closed"))
         shown.display = bool(area.text)
 
     def action_close(self) -> None:

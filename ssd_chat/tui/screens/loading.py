@@ -67,8 +67,7 @@ class LoadingScreen(Screen):
     def _show_typed(self, area: PromptArea) -> None:
         """What was typed (its last line, the end of it where long), so that typing blind is not blind: it waits
         in the prompt."""
-        width = max(self.query_one("#loading-box").content_size.width - 50, 20)  # (the words around it: < 50)
-        typed = typed_line(area.text, width, "in the prompt once loaded")
+        typed = typed_line(area.text, self.query_one("#loading-box").content_size.width, "in the prompt once loaded")
         shown = self.query_one("#loading-typed", Static)
         shown.update(typed)
         shown.display = bool(typed)

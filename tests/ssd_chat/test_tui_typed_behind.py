@@ -1,0 +1,71 @@
+"""The line of what was typed while a screen covers the chat's prompt (a compare, the loading screen): it waits in the
+prompt, and the line shows the end of it on one line of the screen's box at any terminal width."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from textual import events
+
+from ssd_chat.history import ChatSettings
+from ssd_chat.tui.app import ChatApp
+from ssd_chat.tui.screens.compare import CompareScreen
+from ssd_chat.tui.screens.loading import LoadingScreen
+from ssd_chat.tui.typed_behind import typed_line
+from tests.ssd_chat.test_tui_compare import _gate_the_rows
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
+
+LONG = "a long line typed while the models load, " * 4 + "the end"
+
+
+def test_the_line_fits_its_width_with_the_words_around_it():
+    for width in (54, 86, 96):  # (54: the compare's box at 60 columns)
+        line = typed_line("first\n" + LONG, width, "in the prompt once closed")
+        assert len(line) == width and line.startswith("typed (2 lines): …") and "the end▏" in line
+    assert typed_line("short", 96, "in the prompt once closed") == "typed: short▏ (in the prompt once closed)"
+    assert "…" + LONG[-5:] + "▏" in typed_line(LONG, 10, "x")  # (too narrow: the last characters, wrapped)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("width", [60, 80, 140, 200])
+async def test_what_was_typed_during_a_compare_shows_on_one_line_of_its_box(tmp_path, width):
+    """Its end was cut to the terminal's width less 50 columns, but the box is 100 columns at most: from about 120
+    columns on, the line wrapped (at 200, over three lines), its start and end apart; and at 60, where the box is
+    the terminal's width, the words around it took more than the 50 columns left for them."""
+    engine, gate = FakeEngine(), threading.Event()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=(width, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        _gate_the_rows(engine, gate)
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await type_text(pilot, LONG)
+        await pilot.pause()
+        shown = screen.query_one("#compare-typed")
+        assert rendered(shown).startswith("typed: …") and "the end▏" in rendered(shown)
+        assert shown.size.height == 1
+        gate.set()
+        await settle(app, pilot)
+
+
+@pytest.mark.asyncio
+async def test_what_was_typed_while_the_models_load_shows_on_one_line_at_60_columns():
+    release = threading.Event()
+
+    def load() -> FakeEngine:
+        release.wait(30)
+        return FakeEngine()
+
+    app = ChatApp(load, settings=ChatSettings(mode="ar"), target="fake-target")
+    async with app.run_test(size=(60, 30)) as pilot:
+        assert isinstance(app.screen, LoadingScreen)
+        await type_text(pilot, "x")
+        app.screen.post_message(events.Paste(LONG))
+        await pilot.pause()
+        shown = app.screen.query_one("#loading-typed")
+        assert "the end▏" in rendered(shown) and shown.size.height == 1
+        release.set()
+        await wait_for(pilot, lambda: not isinstance(app.screen, LoadingScreen), what="the chat screen")
