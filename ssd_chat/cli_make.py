@@ -11,11 +11,13 @@ import typer
 
 from engine import pair_measures, synthetic
 from engine.config import DEFAULT_TARGET
+from engine.errors import InvalidParameterError
 from ssd_chat.cli_options import Target, Threads, one_of, plain, report, user_errors
 from ssd_chat.distill_config import DISTILL_PROMPTS, LOSSES, PRECISIONS, REPLY_DTYPES, SAVE_WEIGHTS, DistillConfig
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
+PAIR_OPTIONS = ("seed", "draft_layers", "damping", "head_vocab")  # synthetic.PairSettings' fields, as make-pair's
 WHOLE, NUMBER = plain(int), plain(float)  # plain numbers, as the other commands take them (int() took 1_0 as ten)
 
 
@@ -42,6 +44,8 @@ def make_pair(
         try:
             paths = synthetic.build_pair(out_dir, seed=seed, draft_layers=draft_layers, damping=damping,
                                          head_vocab=head_vocab)
+        except InvalidParameterError as err:
+            raise typer.Exit(report(_as_option(str(err)))) from None
         except OSError as err:
             raise typer.Exit(report(f"cannot write the pair to {out_dir}: {err.strerror or err}")) from None
         typer.echo(f"ready in {time.perf_counter() - started:.1f} s (seed {seed}, draft layers {draft_layers}, "
@@ -53,6 +57,12 @@ def make_pair(
             prompts = [turns[-1]["content"] for turns in messages]
             rate = pair_measures.greedy_agreement(*paths, prompts, AGREEMENT_TOKENS)
             typer.echo(f"greedy agreement: {rate:.3f} ({len(prompts)} prompts x {AGREEMENT_TOKENS} tokens)")
+
+
+def _as_option(error: str) -> str:
+    """The pair's settings name a refused value by its field (`draft_layers must be ...`): the option as typed."""
+    field, _, rest = error.partition(" ")
+    return f"--{field.replace('_', '-')} {rest}" if field in PAIR_OPTIONS else error
 
 
 def distill(
