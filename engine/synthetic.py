@@ -84,16 +84,16 @@ class PairSettings:
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**64:  # (torch's generator takes no other seed)
-            raise InvalidParameterError(f"seed must be in 0..2^64-1, got {self.seed}")
+            raise InvalidParameterError(f"seed takes a whole number from 0 to 2^64-1; got {self.seed}")
         if not 1 <= self.draft_layers < self.shape.num_layers:
             raise InvalidParameterError(
-                f"draft_layers must be between 1 and {self.shape.num_layers - 1} (the target has "
-                f"{self.shape.num_layers} layers), got {self.draft_layers}"
+                f"draft_layers takes 1 to {self.shape.num_layers - 1} (the target has {self.shape.num_layers} "
+                f"layers); got {self.draft_layers}"
             )
         if self.head_vocab < 0:
-            raise InvalidParameterError(f"head_vocab must be >= 0, got {self.head_vocab}")
+            raise InvalidParameterError(f"head_vocab takes at least 0 (0: all); got {self.head_vocab}")
         if not 0.0 <= self.damping <= 1.0:
-            raise InvalidParameterError(f"damping must be between 0 and 1, got {self.damping}")
+            raise InvalidParameterError(f"damping takes a number from 0 to 1; got {self.damping:g}")
 
 
 def default_pair_dir() -> Path:
@@ -164,7 +164,7 @@ def _build_atomically(settings: PairSettings, tokenizer_dir: Path, out_dir: Path
         logger.info("building a synthetic pair in %s (%s)", out_dir, settings)
         vocab_size = _vocab_size(tokenizer_dir / "tokenizer.json")
         if settings.head_vocab > vocab_size:
-            raise InvalidParameterError(f"head_vocab must be at most the vocabulary's {vocab_size} tokens (0: all), "
+            raise InvalidParameterError(f"head_vocab takes at most the vocabulary's {vocab_size} tokens (0: all); "
                                         f"got {settings.head_vocab}")
         target = target_state_dict(settings, vocab_size)
         draft = draft_state_dict(target, settings.draft_layers)

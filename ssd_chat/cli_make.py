@@ -60,7 +60,7 @@ def make_pair(
 
 
 def _as_option(error: str) -> str:
-    """The pair's settings name a refused value by its field (`draft_layers must be ...`): the option as typed."""
+    """The pair's settings name a refused value by its field (`draft_layers takes ...`): the option as typed."""
     field, _, rest = error.partition(" ")
     return f"--{field.replace('_', '-')} {rest}" if field in PAIR_OPTIONS else error
 

@@ -206,7 +206,7 @@ def test_aliases_resolve_to_the_pair_in_the_cache(cache: Path, pair: tuple[Path,
 def test_make_pair_reports_bad_values_in_one_line(cache: Path) -> None:
     result = CliRunner().invoke(cli.app, ["make-pair", "--damping", "2", "--no-agreement"])
     assert result.exit_code == cli_options.EXIT_USER_ERROR
-    assert result.stderr.strip() == "error: damping must be between 0 and 1, got 2.0"
+    assert result.stderr.strip() == "error: --damping takes a number from 0 to 1; got 2"
     result = CliRunner().invoke(cli.app, ["make-pair", "--out", str(cache / "models" / smollm2.ALIAS)])
     assert result.exit_code == cli_options.EXIT_USER_ERROR
     assert "holds no synthetic pair" in result.stderr

@@ -163,13 +163,13 @@ def test_distill_and_bench_refuse_a_number_as_the_other_options_do(args, message
 
 
 @pytest.mark.parametrize(("args", "line"), [
-    (["--draft-layers", "30"], "--draft-layers must be between 1 and 29 (the target has 30 layers), got 30"),
-    (["--damping", "2"], "--damping must be between 0 and 1, got 2.0"),
-    (["--seed", "-1"], "--seed must be in 0..2^64-1, got -1"),
-    (["--head-vocab", "-5"], "--head-vocab must be >= 0, got -5"),
-    (["--head-vocab", "99999"], "--head-vocab must be at most the vocabulary's 49152 tokens (0: all), got 99999"),
+    (["--draft-layers", "30"], "--draft-layers takes 1 to 29 (the target has 30 layers); got 30"),
+    (["--damping", "2"], "--damping takes a number from 0 to 1; got 2"),
+    (["--seed", "-1"], "--seed takes a whole number from 0 to 2^64-1; got -1"),
+    (["--head-vocab", "-5"], "--head-vocab takes at least 0 (0: all); got -5"),
+    (["--head-vocab", "99999"], "--head-vocab takes at most the vocabulary's 49152 tokens (0: all); got 99999"),
 ])
 def test_make_pairs_refusals_name_the_option_as_typed(tmp_path, args, line):
-    """The pair's settings refused a value by its Python field (`draft_layers must be ...`), not by the option."""
+    """The pair's settings refused a value by its Python field (`draft_layers takes ...`), not by the option."""
     result = CliRunner().invoke(cli.app, ["make-pair", "--out", str(tmp_path / "pair"), *args], prog_name="ssd-chat")
     assert (result.exit_code, result.stderr) == (2, f"error: {line}\n")
