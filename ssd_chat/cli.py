@@ -53,6 +53,7 @@ from ssd_chat.cli_options import (
     TopP,
     Tp,
     chat_settings,
+    check_before_loading,
     enter_mode,
     print_version,
     read_stdin,
@@ -191,6 +192,7 @@ def root(
                 check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)  # (known once loaded)
                 run_repl(llm, params, system)
             return
+        check_before_loading(target, engine_kwargs)
         from ssd_chat.tui import keys_reach_the_app, run_tui
 
         with keys_reach_the_app():

@@ -29,6 +29,7 @@ from engine.config import (
     SpeculationConfig,
 )
 from engine.errors import InvalidParameterError
+from engine.placement import plan
 from engine.sampling_params import MAX_SEED
 from ssd_chat import __version__, setting_words, typed_numbers
 from ssd_chat.engine_failure import EXIT_ENGINE_FAILED, EngineFailed
@@ -261,6 +262,17 @@ def read_stdin() -> str:
     if sys.stdin is None:  # started with stdin closed (`<&-`)
         raise BenchInputError("stdin is closed: give the prompt as an argument, or - and the prompt on stdin")
     return sys.stdin.read()
+
+
+def check_before_loading(target: str, engine_kwargs: dict) -> None:
+    """Refuse, before the chat app takes the screen, what the engine would refuse as it starts (the app showed its
+    screen, then left it for the error line): a setting EngineConfig refuses, a placement the cores or GPUs do not
+    hold (--tp 3 on two cores), a speculative mode with no draft (--mode ssd --draft none). No torch, no model read."""
+    spec = engine_kwargs.get("speculation")
+    config = EngineConfig(target=target, **{name: v for name, v in engine_kwargs.items() if name != "speculation"})
+    plan(config.tp, config.target_devices, config.draft_device, config.threads, default_device=config.device)
+    if spec is not None and spec.mode != "ar" and config.draft is None:
+        raise InvalidParameterError(f"mode {spec.mode!r} needs a draft model: pass --draft")  # (as the engine says)
 
 
 def enter_mode(value: str | None, source: str) -> str | None:

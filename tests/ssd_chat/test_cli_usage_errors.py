@@ -173,3 +173,23 @@ def test_make_pairs_refusals_name_the_option_as_typed(tmp_path, args, line):
     """The pair's settings refused a value by its Python field (`draft_layers takes ...`), not by the option."""
     result = CliRunner().invoke(cli.app, ["make-pair", "--out", str(tmp_path / "pair"), *args], prog_name="ssd-chat")
     assert (result.exit_code, result.stderr) == (2, f"error: {line}\n")
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--tp", str(len(os.sched_getaffinity(0)) + 1)], "needs at least"),
+    (["--mode", "ssd", "--draft", "none"], "mode 'ssd' needs a draft model: pass --draft"),
+    (["--kv-dtype", "float16", "--target-devices", "cuda:0"], "--kv-dtype float16 is for the CPU"),
+])
+def test_the_chat_app_refuses_what_the_engine_would_before_it_takes_the_screen(monkeypatch, args, line):
+    """The app showed its screen, started the engine process, then left for the engine's error line."""
+    from ssd_chat import tui
+
+    started: list = []
+    monkeypatch.setattr(cli, "_in_a_terminal", lambda: True)
+    monkeypatch.setattr(cli, "_engine_loader", lambda target, engine_kwargs: started.append("engine"))
+    monkeypatch.setattr(tui, "run_tui", lambda load_engine, **kwargs: started.append("app") or 0)
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 2 and started == [], result.output
+    assert result.stderr.startswith("error: ") and line in result.stderr and len(result.stderr.splitlines()) == 1
+    result = CliRunner().invoke(cli.app, [])  # the defaults pass
+    assert result.exit_code == 0 and started == ["engine", "app"], result.output
