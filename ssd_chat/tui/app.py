@@ -217,10 +217,10 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
     def busy(self) -> bool:
         return self.buffer is not None or self.compare_cancel is not None
 
-    def drafted_k(self) -> int:
-        """The chat's k as the engine drafts it, at most EngineConfig.max_draft a round (/k 32 on the CPU: 31): the
-        status line's, the panel's, /k's, and the export's."""
-        k = self.session.settings.k
+    def drafted_k(self, k: int | None = None) -> int:
+        """The chat's k (or `k`) as the engine drafts it, at most EngineConfig.max_draft a round (/k 32 on the CPU:
+        31): the status line's, the panel's, /k's, and the export's."""
+        k = self.session.settings.k if k is None else k
         return k if self.engine is None else self.engine.config.drafted_k(k)
 
     def refresh_status(self) -> None:

@@ -41,8 +41,8 @@ class SlashActions(_Base):
         if not arg:
             raise SlashError(f"/k takes {TAKES['k']} (now {self.drafted_k()})")
         k, fanout = int(typed_number(SLASH, "k", arg, int)), self.session.settings.fanout
-        drafted = k if self.max_draft is None else min(k, self.max_draft)
-        kept = fanout if fanout is not None and len(fanout) in (1, drafted + 1) else None  # (one count fits any k)
+        kept = fanout if fanout is not None and len(fanout) in (1, self.drafted_k(k) + 1) else None  # (one count
+        # fits any k)
         self.change_settings(k=k, fanout=kept)
         if kept != fanout:  # (it was set back without a word)
             self.notify(f"fan-out back to the default: its {len(fanout)} counts were one per accepted count of the "
