@@ -223,3 +223,9 @@ def _q8_builds() -> bool:
     from engine.layers import packed_kernels
 
     return packed_kernels.available("q8")
+
+
+def check_has_draft(mode: str, has_draft: bool) -> None:
+    """Refuse a speculative mode with no draft model to draft with (LLM.speculation; the chat app before it starts)."""
+    if mode != "ar" and not has_draft:
+        raise InvalidParameterError(f"mode {mode!r} needs a draft model: pass --draft")

@@ -19,7 +19,7 @@ import torch
 from engine import interrupts
 from engine.build import check_tp, resolve_dtype, warn_slow_compile, weight_bytes
 from engine.chat import check_text, encode_chat
-from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig
+from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig, check_has_draft
 from engine.core_share import CoreShare
 from engine.detokenizer import IncrementalDetokenizer, make_decoder, make_tail_check
 from engine.errors import EngineError, InvalidParameterError
@@ -93,8 +93,7 @@ class LLM:
 
     @speculation.setter
     def speculation(self, spec: SpeculationConfig) -> None:
-        if spec.mode != "ar" and self.core.drafter is None:
-            raise InvalidParameterError(f"mode {spec.mode!r} needs a draft model: pass --draft")
+        check_has_draft(spec.mode, self.core.drafter is not None)
         self._speculation = spec
         self._share_cores()
 

@@ -27,6 +27,7 @@ from engine.config import (
     PREFILL_CHUNK,
     EngineConfig,
     SpeculationConfig,
+    check_has_draft,
 )
 from engine.errors import InvalidParameterError
 from engine.placement import plan
@@ -271,8 +272,8 @@ def check_before_loading(target: str, engine_kwargs: dict) -> None:
     spec = engine_kwargs.get("speculation")
     config = EngineConfig(target=target, **{name: v for name, v in engine_kwargs.items() if name != "speculation"})
     plan(config.tp, config.target_devices, config.draft_device, config.threads, default_device=config.device)
-    if spec is not None and spec.mode != "ar" and config.draft is None:
-        raise InvalidParameterError(f"mode {spec.mode!r} needs a draft model: pass --draft")  # (as the engine says)
+    if spec is not None:
+        check_has_draft(spec.mode, config.draft is not None)  # (LLM.speculation's check)
 
 
 def enter_mode(value: str | None, source: str) -> str | None:
