@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from textual import events
+from textual.widgets import Static
 
 from ssd_chat.tui.widgets.prompt_input import NEWLINE_KEYS, PromptArea
 
@@ -44,3 +45,9 @@ def typed_line(text: str, width: int, until: str) -> str:
     room = max(width - len(head) - len(tail), MIN_SHOWN)
     last = lines[-1] if len(lines[-1]) <= room else "…" + lines[-1][-(room - 1):]
     return f"{head}{last}{tail}"
+
+
+def show_typed(shown: Static, text: str, width: int, until: str) -> None:
+    """`shown`, the screen's line of what waits in the prompt: typed_line's, hidden while nothing does."""
+    shown.update(typed_line(text, width, until))
+    shown.display = bool(text)

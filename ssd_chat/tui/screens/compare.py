@@ -16,7 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from ssd_chat.tui.compare import RESTORE, WARM_UP, CompareReport, CompareSnapshot
-from ssd_chat.tui.typed_behind import type_into, typed_line
+from ssd_chat.tui.typed_behind import show_typed, type_into
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 
 COLUMNS = ("mode", "decode tok/s", "TTFT ms", "tokens", "tau", "cache hits", "speed-up vs AR")
@@ -114,10 +114,8 @@ class CompareScreen(ModalScreen[None]):
         self._show_typed(area)
 
     def _show_typed(self, area: PromptArea) -> None:
-        shown = self.query_one("#compare-typed", Static)
-        width = self.query_one(".modal-box").content_size.width
-        shown.update(typed_line(area.text, width, "in the prompt once closed"))
-        shown.display = bool(area.text)
+        show_typed(self.query_one("#compare-typed", Static), area.text,
+                   self.query_one(".modal-box").content_size.width, "in the prompt once closed")
 
     def action_close(self) -> None:
         if self.report is None and not self.stopping:

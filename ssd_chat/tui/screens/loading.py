@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Log, ProgressBar, Static
 
-from ssd_chat.tui.typed_behind import type_into, typed_line
+from ssd_chat.tui.typed_behind import show_typed, type_into
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 
 
@@ -67,10 +67,8 @@ class LoadingScreen(Screen):
     def _show_typed(self, area: PromptArea) -> None:
         """What was typed (its last line, the end of it where long), so that typing blind is not blind: it waits
         in the prompt."""
-        typed = typed_line(area.text, self.query_one("#loading-box").content_size.width, "in the prompt once loaded")
-        shown = self.query_one("#loading-typed", Static)
-        shown.update(typed)
-        shown.display = bool(typed)
+        show_typed(self.query_one("#loading-typed", Static), area.text,
+                   self.query_one("#loading-box").content_size.width, "in the prompt once loaded")
 
     def _waiting(self, area: PromptArea) -> bool:
         """Whether the input holds the prompt that waits to come back (/restart from the palette leaves it there)."""
