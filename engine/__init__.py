@@ -18,13 +18,14 @@ from engine.outputs import (
     RequestFinished,
     RequestOutput,
     RequestStats,
+    ThreadsChanged,
     TokenDelta,
 )
 from engine.sampling_params import SamplingParams
 
 __all__ = [
     "DEFAULT_TARGET", "LLM", "EngineConfig", "EngineError", "EngineWarning", "Event", "FinishReason", "PrefillProgress",
-    "RequestFinished", "RequestOutput", "RequestStats", "SamplingParams", "TokenDelta",
+    "RequestFinished", "RequestOutput", "RequestStats", "SamplingParams", "ThreadsChanged", "TokenDelta",
 ]
 
 

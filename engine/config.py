@@ -68,6 +68,7 @@ class EngineConfig:
     draft_timeout_s: float = 120.0   # a draft process that does not answer within this is lost (AR takes over)
     dtype: str = "auto"
     threads: int | None = None
+    adapt_threads: bool = True       # CPU: fewer threads while other programs use the cores (engine.cpu_contention)
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_tokens: int | None = None
@@ -124,7 +125,8 @@ class EngineConfig:
                          "max_model_len": optional(whole), "block_size": whole, "kv_cache_tokens": optional(whole),
                          "max_num_seqs": whole, "prefill_chunk_tokens": optional(whole), "seed": optional(whole),
                          "draft_timeout_s": number, "enable_prefix_caching": flag, "eager": flag, "compile": flag,
-                         "k_major_weights": flag, "packed_weights": flag})
+                         "k_major_weights": flag, "packed_weights": flag,
+                         "adapt_threads": flag})
         if self.attention not in ATTENTION_BACKENDS:
             raise InvalidParameterError(
                 f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}"

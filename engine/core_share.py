@@ -6,7 +6,8 @@ leaves the draft's cores while SSD runs, or its threads would wait for the busy 
 draft process and close() give every core back. Pinning is process-wide: one such engine per process.
 
 torch's (OpenMP's) thread count belongs to the thread that set it, so every step first restores the count this
-engine chose (`sync_thread`): the chat app runs each reply on whichever worker thread is free.
+engine chose (`sync_thread`): the chat app runs each reply on whichever worker thread is free. With `adapt`, that
+count is lowered while other programs use the process's cores (engine.cpu_contention).
 """
 
 from __future__ import annotations
@@ -16,15 +17,19 @@ import logging
 import torch
 
 from engine.affinity import pin, usable
+from engine.cpu_contention import ThreadGovernor
 from engine.placement import Placement, crowding, off_the_draft
 
 log = logging.getLogger(__name__)
 
 
 class CoreShare:
-    def __init__(self, placement: Placement) -> None:
-        self.placement = placement
+    def __init__(self, placement: Placement, adapt: bool = False) -> None:
+        self.placement, self.adapt = placement, adapt
         self.affinity = usable()  # the cores this process had before any pin
+        self.cores = self.affinity  # the cores it steps on now
+        self.governor: ThreadGovernor | None = None  # (adapt, and several threads: the count while others are busy)
+        self.thread_changes = 0  # how often the governor changed the count (the bench reports it)
         if (warning := crowding(placement, self.affinity)) is not None:
             log.warning(warning)
         self.threads = self.step_threads = torch.get_num_threads()  # until pin_leader sets them
@@ -33,8 +38,8 @@ class CoreShare:
     def pin_leader(self) -> None:
         """Pin this process to the target leader's cores, with its thread count (the placement's, or one a core)."""
         leader = self.placement.target[0]
-        self._pin(leader.cores, self.placement.threads_for(leader))
-        self.threads = self.step_threads = torch.get_num_threads()
+        self._pin(leader.cores, self.placement.threads_for(leader) or torch.get_num_threads())
+        self.threads = self.step_threads
 
     def share(self, ssd: bool) -> None:
         """Off the draft process's cores while `ssd` (SSD runs, its draft process serving), on every core else."""
@@ -53,13 +58,26 @@ class CoreShare:
         elif self.placement.target[0].cores is not None:
             self._pin(self.affinity, None)
 
-    def sync_thread(self) -> None:
-        """The calling thread steps with the engine's thread count (it may not be the thread that set it)."""
-        if torch.get_num_threads() != self.step_threads:
-            torch.set_num_threads(self.step_threads)
+    @property
+    def threads_now(self) -> int:
+        """The thread count steps run with now: the governor's, else the engine's."""
+        return self.step_threads if self.governor is None else self.governor.threads
+
+    def sync_thread(self) -> bool:
+        """The calling thread steps with the engine's thread count (it may not be the thread that set it), or the
+        governor's where other programs use the cores. True where the governor changed it."""
+        before = self.threads_now
+        threads = self.step_threads if self.governor is None else self.governor.tick()
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        self.thread_changes += threads != before
+        return threads != before
 
     def _pin(self, cores: set[int] | tuple[int, ...] | None, threads: int | None) -> None:
         """engine.affinity.pin, remembering the thread count every step must run with."""
         pin(cores, threads)
+        if cores is not None:
+            self.cores = set(cores)
         if threads is not None:
             self.step_threads = threads
+        self.governor = ThreadGovernor.where_useful(self.cores, self.step_threads) if self.adapt else None

@@ -212,4 +212,17 @@ class PrefillProgress:
     total: int
 
 
-Event = TokenDelta | StepStats | EngineWarning | PrefillProgress | RequestFinished
+@dataclass(frozen=True)
+class ThreadsChanged:
+    """The engine's steps run on `threads` of its `most` CPU threads from here: fewer while other programs use its
+    cores, all again once they stop (engine.cpu_contention). A request that starts on fewer gets one first."""
+
+    request_id: int
+    threads: int
+    most: int
+
+
+FEWER_THREADS = "fewer threads for a while: other programs used the CPU"  # what a reply's figures say after it
+
+
+Event = TokenDelta | StepStats | EngineWarning | PrefillProgress | ThreadsChanged | RequestFinished

@@ -66,6 +66,7 @@ class BenchConfig:
     draft_weights: str = "int8"  # CPU: the draft's matmul weights (engine.layers.low_bits)
     packed_kernel: str = "auto"  # CPU: the target's few-row matmul kernel (engine.layers.packed)
     kv_dtype: str = "auto"  # CPU: the KV cache's dtype (auto: the model's; float16: half)
+    adapt_threads: bool = True  # CPU: fewer threads while other programs use the cores (engine.cpu_contention)
     ignore_eos: bool = True  # fixed-length replies (False: each stops at its end of turn, as in a chat)
     adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (False: always k)
     lookup: bool = True  # drafts take the context lookup's token where it has one (engine.lookup)
@@ -103,6 +104,7 @@ def run_engine_mode(
     runs = []
     runner = llm.core.runner
     compiled_before, forwards_before = (runner.compiled.num_runs if runner.compiled else 0), runner.num_forwards
+    changes_before = llm.core_share.thread_changes
     for i, ids in enumerate(prompt_ids):
         progress(f"{spec.mode}: prompt {i + 1}/{len(prompt_ids)}")
         out = llm.generate([ids], config.sampling(i))[0]
@@ -116,7 +118,7 @@ def run_engine_mode(
             log.warning("%s: only %.0f%% of the target's forwards ran compiled (the rest eager)", spec.mode,
                         100 * compiled_share)
     return ModeResult(spec.mode, runs, row_cost=round(cost.fit.value, 3) if measured else None,
-                      compiled_share=compiled_share)
+                      compiled_share=compiled_share, thread_changes=llm.core_share.thread_changes - changes_before)
 
 
 def run_hf(
@@ -214,7 +216,7 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
         "backup": config.backup, "adaptive_k": config.adaptive_k, "lookup": config.lookup,
         "dtype": config.dtype, "attention": config.attention,
         "eager": config.eager, "compile": config.compile, "draft_weights": config.draft_weights,
-        "kv_dtype": config.kv_dtype,
+        "kv_dtype": config.kv_dtype, "adapt_threads": config.adapt_threads,
         "packed_kernel": resolve_kernel(config.packed_kernel),  # the CPU kernel "auto" picked here
         "num_prompts": len(prompts), "prefix_caching": False, **bound,
     }
@@ -228,7 +230,8 @@ def _run_engine_modes(
     resolve_model(config.target)  # an unknown model: the one error line, before any progress line
     progress(f"loading {config.target}")
     fast = dict(dtype=config.dtype, attention=config.attention, eager=config.eager, compile=config.compile,
-                draft_weights=config.draft_weights, packed_kernel=config.packed_kernel, kv_dtype=config.kv_dtype)
+                draft_weights=config.draft_weights, packed_kernel=config.packed_kernel, kv_dtype=config.kv_dtype,
+                adapt_threads=config.adapt_threads)
     llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False,
               tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, **fast)
     try:

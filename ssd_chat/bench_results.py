@@ -28,6 +28,7 @@ class ModeResult:
     identical_to_ar: bool | None = None  # None for "ar" itself, or when "ar" was not run
     row_cost: float | None = None  # SD / SSD: the extra verify time per query row the engine fitted (spec_length)
     compiled_share: float | None = None  # --compile: the share of the target's forwards that ran compiled
+    thread_changes: int = 0  # how often the engine changed its thread count: other programs used its cores
 
     @property
     def outputs(self) -> list[list[int]]:
@@ -114,6 +115,7 @@ class ModeResult:
             "identical_to_ar": self.identical_to_ar,
             "row_cost": self.row_cost,
             "compiled_share": self.compiled_share,
+            "thread_changes": self.thread_changes,
             "round_ms": self.round_ms,
         }
 

@@ -36,6 +36,7 @@ from ssd_chat.cli_options import (
     Enter,
     Fanout,
     FixedK,
+    FixedThreads,
     K,
     KvDtype,
     MaxModelLen,
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
 REPL_OPTIONS = ("target", "system", "temperature", "top_p", "top_k", "max_tokens", "threads", "draft", "mode", "k",
                 "fanout", "plain", "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul",
                 "backup", "fixed_k", "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk", "enter",
-                "kv_dtype")
+                "kv_dtype", "fixed_threads")
 
 app = typer.Typer(
     cls=OneLineUsageErrors, add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -133,6 +134,7 @@ def root(
     top_k: TopK = None,
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
+    fixed_threads: FixedThreads = False,
     draft: Draft = None,
     mode: Mode = None,
     k: K = 4,
@@ -180,9 +182,10 @@ def root(
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device), ssd_ready=app_runs)
         spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup, resume,
                                   target_devices=lay.target_devices)
-        engine_kwargs = dict(threads=threads, draft=lay.draft, speculation=spec, tp=tp, dtype=dtype, eager=eager,
-                             target_devices=lay.target_devices, draft_device=lay.draft_device, attention=attention,
-                             compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul,
+        engine_kwargs = dict(threads=threads, adapt_threads=not fixed_threads, draft=lay.draft, speculation=spec,
+                             tp=tp, dtype=dtype, eager=eager, target_devices=lay.target_devices,
+                             draft_device=lay.draft_device, attention=attention, compile=compile,
+                             draft_weights=draft_weights, packed_kernel=cpu_matmul,
                              prefill_chunk_tokens=prefill_chunk, kv_dtype=kv_dtype)
         if not app_runs:
             if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
@@ -237,6 +240,7 @@ def ask(
     seed: Seed = None,
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
+    fixed_threads: FixedThreads = False,
     max_model_len: MaxModelLen = None,
     draft: Draft = None,
     mode: Mode = None,
@@ -269,10 +273,11 @@ def ask(
             raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
-        with loaded(LLM, target=target, threads=threads, max_model_len=max_model_len, draft=lay.draft,
-                    speculation=spec, tp=tp, target_devices=lay.target_devices, draft_device=lay.draft_device,
-                    dtype=dtype, attention=attention, eager=eager, compile=compile, draft_weights=draft_weights,
-                    packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk, kv_dtype=kv_dtype) as llm:
+        with loaded(LLM, target=target, threads=threads, adapt_threads=not fixed_threads, max_model_len=max_model_len,
+                    draft=lay.draft, speculation=spec, tp=tp, target_devices=lay.target_devices,
+                    draft_device=lay.draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
+                    draft_weights=draft_weights, packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk,
+                    kv_dtype=kv_dtype) as llm:
             check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)
             output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout).output
             tell_context_cut(output, context_cut_notice(llm.max_model_len, "shorten the prompt", llm.model_max_len))

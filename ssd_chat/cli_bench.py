@@ -25,6 +25,7 @@ from ssd_chat.cli_options import (
     Eager,
     Fanout,
     FixedK,
+    FixedThreads,
     K,
     KvDtype,
     NoLookup,
@@ -79,6 +80,7 @@ def bench(
     ignore_eos: Annotated[bool, typer.Option(help="Fixed-length replies; --no-ignore-eos: each reply stops at its "
                                                   "end of turn, as in a chat.")] = True,
     threads: Threads = None,
+    fixed_threads: FixedThreads = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results to this JSON file.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.", parser=plain(int))] = None,
@@ -105,8 +107,8 @@ def bench(
             target_devices=target_devices,
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
             draft_weights=draft_weights, packed_kernel=cpu_matmul, kv_dtype=kv_dtype,
-            ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup, temperature=temperature,
-            top_p=top_p, seed=seed,
+            adapt_threads=not fixed_threads, ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
+            temperature=temperature, top_p=top_p, seed=seed,
         )
         with engine_failures(writes=False):  # (a bug, a broken model: one line, exit 1; it writes stderr alone)
             report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))

@@ -224,6 +224,10 @@ FixedK = Annotated[
     bool, typer.Option("--fixed-k", help="Always draft k tokens (default: the k <= --k with the most expected tokens "
                        "per second for the measured acceptance and round costs).")
 ]
+FixedThreads = Annotated[
+    bool, typer.Option("--fixed-threads", help="Keep every CPU thread while other programs use the cores (default, "
+                       "on Linux: step with fewer while they take some, as one thread then beats two).")
+]
 NoLookup = Annotated[
     bool, typer.Option("--no-lookup", help="Drafts come from the draft model alone (default: the context "
                        "lookup's token wherever the context has one; see engine/lookup.py).")

@@ -23,7 +23,14 @@ from typing import NamedTuple, Protocol, TextIO
 from rich.console import Console
 
 from engine.errors import EngineError, PromptTooLongError
-from engine.outputs import Event, FinishReason, RequestFinished, RequestOutput, StepStats, TokenDelta
+from engine.outputs import (
+    FEWER_THREADS,
+    Event,
+    FinishReason,
+    RequestFinished,
+    RequestOutput,
+    TokenDelta,
+)
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.engine_failure import EngineFailed, engine_failures
@@ -144,6 +151,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         history.append({"role": "assistant", "content": printed if cancel.is_set() else output.text})
         # (after a Ctrl-C: the tokens, tok/s and tau of the text printed); stdout keeps only the replies
         err.print(streamed.stats.line(), style="dim", markup=False, soft_wrap=True)
+        if streamed.tally.fewer_threads:
+            err.print(f"({FEWER_THREADS}; --fixed-threads keeps them)", style="dim", markup=False, soft_wrap=True)
         fix = "shorten the prompt" + (", or /clear the earlier turns" if earlier else "")
         tell_context_cut(output, context_cut_notice(llm.max_model_len, fix), err)
 
@@ -200,7 +209,7 @@ def print_stream(events: Iterator[Event], out: TextIO | None, *, cancel: threadi
                 progress.update(event)
                 if isinstance(event, RequestFinished):
                     output = event.output
-                elif isinstance(event, TokenDelta | StepStats) and not (cancel is not None and cancel.is_set()):
+                elif not (cancel is not None and cancel.is_set()):  # (the tally takes what it counts)
                     tally.add(event)
                     if isinstance(event, TokenDelta) and event.text:
                         written.append(event.text)

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TextIO
 
-from engine.outputs import Event, PrefillProgress
+from engine.outputs import Event, PrefillProgress, ThreadsChanged
 
 ERASE = "\r\x1b[K"  # back to the line's start, erase to its end
 
@@ -21,7 +21,7 @@ class PrefillLine:
         self.shown = False
 
     def update(self, event: Event) -> None:
-        """Show a PrefillProgress; any other event (the reply's first tokens) erases the line."""
+        """Show a PrefillProgress; any other event (the reply's first tokens) but a thread count erases the line."""
         if not self.enabled:
             return
         if isinstance(event, PrefillProgress):
@@ -29,7 +29,7 @@ class PrefillLine:
             self.stream.write(ERASE + text[: _columns(self.stream) - 1])  # a wrapped line could not be rewritten
             self.stream.flush()
             self.shown = True
-        else:
+        elif not isinstance(event, ThreadsChanged):
             self.clear()
 
     def clear(self) -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from engine.outputs import Event, RequestOutput, StepStats, TokenDelta
+from engine.outputs import Event, RequestOutput, StepStats, ThreadsChanged, TokenDelta
 from ssd_chat.turn_stats import TurnStats
 
 
@@ -35,9 +35,12 @@ class PrintedTally:
     _pending_tokens: int = 0  # textless deltas' tokens, counted once the text they complete is printed
     _pending_steps: list[tuple[StepStats, int]] = field(default_factory=list)  # ... their steps, and tokens each
     _step: StepStats | None = None  # the verify step whose TokenDelta comes next
+    fewer_threads: bool = False  # the engine stepped with fewer threads for a while: other programs used the CPU
 
     def add(self, event: Event) -> None:
-        if isinstance(event, StepStats):
+        if isinstance(event, ThreadsChanged):
+            self.fewer_threads |= event.threads < event.most
+        elif isinstance(event, StepStats):
             self._step = event
         elif isinstance(event, TokenDelta):
             self._pending_tokens += len(event.token_ids)

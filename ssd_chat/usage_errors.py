@@ -91,7 +91,7 @@ def usage_line(err: UsageError) -> str:
         if err.option_name in ROOT_ONLY:
             root, _, name = command.rpartition(" ")
             return f"{err.option_name} is an option of {root} itself: give it before the command ({root} -v {name} ...)"
-        guess = f" (did you mean {' or '.join(sorted(err.possibilities))}?)" if err.possibilities else ""
+        guess = f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""  # (closest first)
         return f"{err.option_name} is no option of {command}{guess}: {see_help}"
     if isinstance(err, click_errors.BadOptionUsage) and "requires an argument" in err.message:
         return f"{err.option_name} needs a value" + (f": {see_help}" if err.ctx is not None else "")  # (click's

@@ -22,6 +22,7 @@ from engine.outputs import (
     RequestFinished,
     RequestOutput,
     StepStats,
+    ThreadsChanged,
     TokenDelta,
     TokenSource,
 )
@@ -118,6 +119,8 @@ class ReplyBuffer:
                                                        else ""))
             elif isinstance(event, PrefillProgress):
                 self._prefill = (event.done, event.total)
+            elif isinstance(event, ThreadsChanged):
+                self.stats.on_threads(event)
 
     def drain(self) -> Drained:
         with self._lock:

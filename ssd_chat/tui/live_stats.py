@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from engine.outputs import RequestOutput, StepStats
+from engine.outputs import RequestOutput, StepStats, ThreadsChanged
 from ssd_chat.history import TurnStats
 
 RATE_WINDOW = 6      # deltas per tok/s sample (smooths the sparkline)
@@ -41,6 +41,8 @@ class PanelData:
     reused_prefix_tokens: int | None = None
     prompt_tokens: int | None = None
     is_final: bool = False
+    threads: tuple[int, int] | None = None  # (now, most) where the engine stepped with fewer: others used the CPU
+    fewer_threads: bool = False  # it did at some time in this reply
 
 
 @dataclass
@@ -65,6 +67,8 @@ class LiveStats:
     histogram: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    threads: tuple[int, int] | None = None
+    fewer_threads: bool = False
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=RATE_SAMPLES))
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
 
@@ -113,6 +117,10 @@ class LiveStats:
             else:
                 self.miss_emitted += emitted
 
+    def on_threads(self, change: ThreadsChanged) -> None:
+        self.threads = (change.threads, change.most)
+        self.fewer_threads |= change.threads < change.most
+
     def _grow(self, k: int) -> None:
         extra = k - self.k
         self.k = k
@@ -138,6 +146,7 @@ class LiveStats:
             cache_hit_rate=self.hit_steps / self.num_steps if spec and self.saw_cache else None,
             tau_on_hit=self.hit_emitted / self.hit_steps if self.saw_cache and self.hit_steps else None,
             tau_on_miss=self.miss_emitted / misses if self.saw_cache and misses else None,
+            threads=self.threads, fewer_threads=self.fewer_threads,
             **_step_times(self.num_steps if spec else 0, self.verify_s, self.wait_s, self.idle_s),
         )
 
@@ -145,7 +154,8 @@ class LiveStats:
         """The engine's exact figures for the finished reply (those the history keeps: `saved_panel`, and the
         per-position and step figures), with the live histogram and sparkline."""
         spec = output.stats.spec
-        saved = replace(saved_panel(TurnStats.from_output(output)), k=self.k, rates=tuple(self.rates))
+        saved = replace(saved_panel(TurnStats.from_output(output)), k=self.k, rates=tuple(self.rates),
+                        threads=self.threads, fewer_threads=self.fewer_threads)
         if spec is None:
             return saved
         return replace(

@@ -27,10 +27,11 @@ def _no_engine(**kwargs):
     (["ask", "hi", "-t", "x", "--top-p", "x"], "--top-p takes a number (ASCII digits, a sign, a decimal point and an "
                                                "exponent, as 0.7, -1 or 1e-3); got 'x'"),
     (["ask", "hi", "--dtype", "float8"], "--dtype takes auto, float32, bfloat16 or float16; got 'float8'"),
-    (["ask", "hi", "--thread", "2"], "--thread is no option of ssd-chat ask (did you mean --threads?): see ssd-chat "
-                                     "ask --help"),
+    (["ask", "hi", "--thread", "2"], "--thread is no option of ssd-chat ask (did you mean --threads or "
+                                     "--fixed-threads?): see ssd-chat ask --help"),
     (["ask", "hi", "--zzz"], "--zzz is no option of ssd-chat ask: see ssd-chat ask --help"),
-    (["--thread", "2"], "--thread is no option of ssd-chat (did you mean --threads?): see ssd-chat --help"),
+    (["--thread", "2"], "--thread is no option of ssd-chat (did you mean --threads or --fixed-threads?): see "
+                        "ssd-chat --help"),
     (["ask", "hi", "-v"], "-v is an option of ssd-chat itself: give it before the command (ssd-chat -v ask ...)"),
     (["bench", "--verbose"], "--verbose is an option of ssd-chat itself: give it before the command (ssd-chat -v "
                              "bench ...)"),
@@ -75,14 +76,15 @@ def test_the_group_tells_them_whether_typer_runs_standalone_or_not():
                                     prog_name="ssd-chat")
         assert (result.exit_code if standalone else result.return_value) == 2, result.exception  # (the code
         # typer returns where it does not exit)
-        assert result.stderr == ("error: --thread is no option of ssd-chat ask (did you mean --threads?): see "
-                                 "ssd-chat ask --help\n")
+        assert result.stderr == ("error: --thread is no option of ssd-chat ask (did you mean --threads or "
+                                 "--fixed-threads?): see ssd-chat ask --help\n")
 
 
 def test_the_real_entry_point_says_them_in_one_line_with_exit_2():
     for args, line in [(["ask", "hi", "--threads", "0"], "--threads takes a number of CPU threads, 1 to 1024; got 0"),
                        (["ask", "hi", "--thread", "2"], "--thread is no option of python -m ssd_chat ask (did you "
-                                                        "mean --threads?): see python -m ssd_chat ask --help")]:
+                                                        "mean --threads or --fixed-threads?): see python -m "
+                                                        "ssd_chat ask --help")]:
         result = run_ssd_chat(*args)
         assert (result.returncode, result.stderr, result.stdout) == (2, f"error: {line}\n", "")
 

@@ -7,7 +7,7 @@ import io
 import os
 
 from engine import SamplingParams
-from engine.outputs import PrefillProgress, TokenDelta
+from engine.outputs import PrefillProgress, ThreadsChanged, TokenDelta
 from ssd_chat import plain
 from ssd_chat.plain import run_plain
 from ssd_chat.prefill_line import ERASE, PrefillLine
@@ -18,7 +18,8 @@ from tests.ssd_chat.tui_fakes import FakeEngine
 def test_the_line_is_rewritten_then_erased_by_the_reply():
     out = io.StringIO()
     line = PrefillLine(out, enabled=True)
-    for event in (PrefillProgress(1, 256, 1000), PrefillProgress(1, 512, 1000), TokenDelta(1, (5,), "Hi")):
+    for event in (PrefillProgress(1, 256, 1000), ThreadsChanged(1, 1, 2), PrefillProgress(1, 512, 1000),
+                  TokenDelta(1, (5,), "Hi")):  # (a change of thread count mid-prefill leaves the line)
         line.update(event)
     line.update(TokenDelta(1, (6,), "!"))
     line.clear()

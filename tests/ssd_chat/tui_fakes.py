@@ -16,6 +16,7 @@ from engine.outputs import (
     RequestStats,
     SpecStats,
     StepStats,
+    ThreadsChanged,
     TokenDelta,
     TokenSource,
 )
@@ -60,6 +61,7 @@ class FakeEngine:
     gate: threading.Event | None = None     # each delta after the first waits for this event
     diverge_in: str | None = None           # a mode whose last token differs (a broken speculative path)
     prefill_chunks: int = 0                 # PrefillProgress events (512 tokens each) before the first delta
+    threads: tuple[int, ...] = ()           # after the first delta, a ThreadsChanged(of 2) for each count here
     ends: FinishReason | None = None        # how a reply that is not cut by max_tokens ends (default: STOP)
     layout: dict[str, str] = field(default_factory=lambda: {"target": "fake-target on cpu (TP=1, 2 threads)",
                                                             "draft": "fake-draft on cpu"})
@@ -144,6 +146,8 @@ class FakeEngine:
             i += n
             if self.warning and i == n:
                 yield EngineWarning(request_id, self.warning, draft_lost=True)
+            if i == n:
+                yield from (ThreadsChanged(request_id, count, 2) for count in self.threads)
         spec_stats = None
         if mode != "ar":
             spec_stats = SpecStats(

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Digits, Sparkline, Static
 
+from engine.outputs import FEWER_THREADS
 from ssd_chat.history import ChatSettings
 from ssd_chat.sampling_defaults import filters_text
 from ssd_chat.setting_words import fanout_text, number_text
@@ -27,6 +28,13 @@ def _bar(fraction: float, width: int = BAR_WIDTH) -> str:
 
 def _opt(value: float | None, fmt: str, missing: str = "–") -> str:
     return missing if value is None else fmt.format(value)
+
+
+def _threads_note(data: PanelData) -> str:
+    """A line where the engine stepped with fewer threads than it has: other programs used its cores."""
+    if data.threads is not None and data.threads[0] < data.threads[1]:
+        return f"\n{data.threads[0]} of {data.threads[1]} threads: other programs use the CPU"
+    return f"\n{FEWER_THREADS}" if data.fewer_threads else ""
 
 
 class StatsPanel(VerticalScroll):
@@ -59,6 +67,7 @@ class StatsPanel(VerticalScroll):
         self.query_one("#rate-spark", Sparkline).data = list(data.rates)
         self.query_one("#speed", Static).update(Text(
             f"TTFT {_opt(data.ttft_s and 1000 * data.ttft_s, '{:.0f} ms')} · {data.generated_tokens} tokens"
+            + _threads_note(data)
         ))
         self.query_one("#spec", Static).update(self._spec_text(data))
         self.query_one("#histogram", Static).update(self._histogram(data))

@@ -1,0 +1,170 @@
+"""Fewer threads while other programs use the engine's cores (engine.cpu_contention): the rule that turns free
+cores into a thread count, the governor's windows on a fake clock and /proc/stat, the real /proc/stat, and the
+engine: greedy output is the same when the count changes at every step, and each reply hears of the changes."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import pytest
+
+from engine import LLM, SamplingParams, ThreadsChanged, TokenDelta, affinity
+from engine import cpu_contention as cc
+from engine.config import DEFAULT_TARGET, SpeculationConfig
+from engine.registry import SHIPPED_DRAFT_ALIAS
+from tests.engine.test_spec_decode import PROMPTS, noisy_copy
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc/stat")
+
+
+@pytest.mark.parametrize(("free", "now", "most", "chosen"), [
+    (2.0, 2, 2, 2), (1.5, 2, 2, 2), (1.45, 2, 2, 2),  # a half core taken: one thread and two are as fast
+    (1.35, 2, 2, 1), (1.0, 2, 2, 1), (0.0, 2, 2, 1),  # a core taken: one thread; never none
+    (1.55, 1, 2, 1), (1.65, 1, 2, 2), (2.0, 1, 2, 2),  # back up once the other program leaves the core
+    (3.9, 1, 2, 2), (2.3, 8, 8, 2), (6.8, 2, 8, 7),  # never more than the engine's count; several cores at once
+])
+def test_the_thread_count_follows_the_free_cores_with_a_margin(free, now, most, chosen):
+    assert cc.threads_for(free, now, most) == chosen
+
+
+def test_free_cores_are_the_cores_less_what_other_programs_used():
+    start, end = cc.Sample(10.0, 100.0, 5.0), cc.Sample(10.5, 101.8, 5.9)  # 1.8 core-s busy, 0.9 of them ours
+    assert cc.free_cores(start, end, 2) == pytest.approx(2 - 0.9 / 0.5)
+    assert cc.free_cores(start, cc.Sample(10.5, 100.8, 5.9), 2) == 2.0  # (ticks: busy can read below ours)
+
+
+class FakeMachine:
+    """A clock and /proc/stat: `others` cores' worth of other programs' time, `ours` of this process's."""
+
+    def __init__(self) -> None:
+        self.now, self.busy, self.ours, self.others = 0.0, 0.0, 0.0, 0.0
+
+    def run(self, seconds: float, ours: float = 2.0) -> None:
+        self.now += seconds
+        self.busy += seconds * (ours + self.others)
+        self.ours += seconds * ours
+
+    def read(self, cores) -> cc.Sample:
+        return cc.Sample(self.now, self.busy, self.ours)
+
+
+def test_the_governor_drops_a_thread_while_another_program_runs_and_takes_it_back(caplog):
+    machine = FakeMachine()
+    governor = cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now)
+
+    def steps(seconds: float, ours: float = 2.0) -> list[int]:
+        """10 ms steps for `seconds`, this process using `ours` cores: the count of each."""
+        counts = []
+        for _ in range(round(seconds / 0.01)):
+            counts.append(governor.tick())
+            machine.run(0.01, ours)
+        return counts
+
+    assert set(steps(1.0)) == {2}  # quiet
+    machine.others = 1.0  # a busy loop: while we step on two threads it gets about 2/3 of a core
+    with caplog.at_level(logging.INFO, logger="engine.cpu_contention"):
+        assert steps(0.6, ours=1.33)[-1] == 1
+    assert "stepping with 1 of 2 threads" in caplog.text
+    assert set(steps(2.0, ours=1.0)) == {1}  # it has its core now: one thread stays
+    machine.others = 0.0
+    assert steps(1.2, ours=1.0)[-1] == 2
+
+
+def test_a_pause_between_steps_starts_a_new_window():
+    machine = FakeMachine()
+    governor = cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now)
+    governor.tick()
+    machine.others = 2.0  # between replies something else runs on both cores, and stops before the next one
+    machine.run(5.0, ours=0.0)
+    machine.others = 0.0
+    ticks = []
+    for _ in range(100):
+        ticks.append(governor.tick())
+        machine.run(0.01)
+    assert set(ticks) == {2}  # the idle time was not counted as a busy window
+
+
+def test_no_governor_for_one_thread_more_threads_than_cores_or_without_proc_stat(monkeypatch):
+    assert cc.ThreadGovernor.where_useful({0}, 1) is None
+    assert cc.ThreadGovernor.where_useful({0}, 2) is None  # (--threads 2 on one core: as asked)
+    monkeypatch.setattr(cc, "read_sample", lambda cores: None)
+    assert cc.ThreadGovernor.where_useful({0, 1}, 2) is None
+
+
+@linux_only
+def test_proc_stat_counts_this_process_work_as_busy_time():
+    cores = tuple(affinity.usable())
+    start = cc.read_sample(cores)
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # (CPU time, not a sleep: the work /proc/stat must see)
+        pass
+    end = cc.read_sample(cores)
+    assert end.ours - start.ours >= 0.3
+    assert end.busy - start.busy >= end.ours - start.ours - 0.05  # ours is part of the cores' busy time (ticks)
+
+
+class Flipper:
+    """A governor that changes the count at every step: 2, 1, 2, ..."""
+
+    def __init__(self) -> None:
+        self.threads, self.most, self.ticks = 2, 2, 0
+
+    def tick(self) -> int:
+        self.ticks += 1
+        self.threads = 1 + self.ticks % 2
+        return self.threads
+
+
+def _flipping(llm: LLM) -> Flipper:
+    llm.core_share.governor = flipper = Flipper()
+    return flipper
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd"])
+def test_greedy_output_is_the_same_when_the_thread_count_changes_every_step(mode, tiny_llama_dir, tmp_path):
+    draft = noisy_copy(tiny_llama_dir, tmp_path / "draft", scale=0.3)
+    with LLM(str(tiny_llama_dir), max_model_len=256, threads=1) as llm:
+        ar = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    with LLM(str(tiny_llama_dir), draft=str(draft), max_model_len=256, threads=2, mode=mode) as llm:
+        flipper = _flipping(llm)
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ar
+        assert flipper.ticks >= GREEDY.max_tokens // 4
+
+
+def test_each_reply_hears_of_the_thread_count(tiny_llama_dir):
+    with LLM(str(tiny_llama_dir), max_model_len=256, threads=2, adapt_threads=False) as llm:
+        assert llm.core_share.governor is None  # switched off
+        _flipping(llm)
+        events = list(llm.stream(PROMPTS[0], GREEDY))
+        changes = [e for e in events if isinstance(e, ThreadsChanged)]
+        assert len(changes) >= GREEDY.max_tokens - 1 and {(e.threads, e.most) for e in changes} == {(1, 2), (2, 2)}
+        assert changes[0].request_id == events[-1].output.request_id
+        llm.core_share.governor = type("Stuck", (), {"threads": 1, "tick": lambda self: 1})()  # one thread from here
+        events = list(llm.stream(PROMPTS[1], GREEDY))  # a reply that starts on fewer threads hears so first
+        assert isinstance(events[0], ThreadsChanged) and (events[0].threads, events[0].most) == (1, 2)
+        assert not any(isinstance(e, ThreadsChanged) for e in events[1:])
+        assert any(isinstance(e, TokenDelta) for e in events)
+
+
+@linux_only
+def test_an_engine_on_several_threads_has_a_governor(tiny_llama_dir):
+    with LLM(str(tiny_llama_dir), max_model_len=256, threads=2) as llm:
+        assert llm.core_share.governor is not None and llm.core_share.governor.most == 2
+    with LLM(str(tiny_llama_dir), max_model_len=256, threads=1) as llm:
+        assert llm.core_share.governor is None
+
+
+@pytest.mark.slow
+def test_the_real_pair_is_exact_when_the_thread_count_changes_every_step():
+    """The real model's layers are wide enough for every kernel to split its work between two threads."""
+    prompts = PROMPTS[:2]
+    with LLM(DEFAULT_TARGET, draft=SHIPPED_DRAFT_ALIAS, max_model_len=512, threads=1, mode="ar") as llm:
+        ar = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    with LLM(DEFAULT_TARGET, draft=SHIPPED_DRAFT_ALIAS, max_model_len=512, threads=2) as llm:
+        for mode in ("ar", "sd"):
+            llm.speculation = SpeculationConfig(mode=mode)
+            _flipping(llm)
+            assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == ar, mode

@@ -1,0 +1,90 @@
+"""What the user sees when other programs use the engine's cores (engine.cpu_contention): the chat app's panel and
+the plain mode say the engine stepped with fewer threads, the bench says which rows were measured so, and
+--fixed-threads keeps every thread (the chat, `ask`, the plain mode and the bench)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from engine import LLM, SamplingParams
+from engine.core_share import ThreadGovernor
+from engine.outputs import FEWER_THREADS, ThreadsChanged
+from ssd_chat import cli
+from ssd_chat.plain import run_plain
+from ssd_chat.tui.live_stats import LiveStats
+from ssd_chat.tui.widgets.stats_panel import _threads_note
+from tests.ssd_chat.test_plain import REPLY, _feed
+from tests.ssd_chat.tui_fakes import FakeEngine
+
+runner = CliRunner()
+
+
+def test_the_panel_says_while_and_after_the_engine_steps_with_fewer_threads():
+    stats = LiveStats(mode="ar", k=0, started=0.0)
+    stats.on_tokens(1, 0.1)
+    assert _threads_note(stats.snapshot()) == ""
+    stats.on_threads(ThreadsChanged(1, 1, 2))  # another program took a core
+    assert "1 of 2 threads: other programs use the CPU" in _threads_note(stats.snapshot())
+    stats.on_threads(ThreadsChanged(1, 2, 2))  # ... and left it
+    assert _threads_note(stats.snapshot()) == "\n" + FEWER_THREADS
+
+
+def test_the_plain_mode_says_a_reply_ran_on_fewer_threads(monkeypatch, capsys):
+    _feed(monkeypatch, ["hi", "again"])
+    run_plain(FakeEngine(threads=(1, 2)), SamplingParams(temperature=0, max_tokens=32), None)
+    first = capsys.readouterr()
+    assert first.out == 2 * (REPLY + "\n")  # stdout keeps the replies alone
+    assert first.err.count(FEWER_THREADS + "; --fixed-threads keeps them") == 2
+    _feed(monkeypatch, ["hi"])
+    run_plain(FakeEngine(threads=(2,)), SamplingParams(temperature=0, max_tokens=32), None)  # (never fewer)
+    assert "threads" not in capsys.readouterr().err
+
+
+class Flipper:
+    """A governor that changes the count at every step."""
+
+    def __init__(self, cores, most: int) -> None:
+        self.threads, self.most = most, most
+
+    def tick(self) -> int:
+        self.threads = 1 + self.threads % self.most
+        return self.threads
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the governor reads Linux's /proc/stat")
+@pytest.mark.parametrize("fixed", [False, True])
+def test_the_bench_says_which_rows_ran_on_fewer_threads(fixed, tiny_llama_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(ThreadGovernor, "where_useful", Flipper)
+    out = tmp_path / "bench.json"
+    args = ["bench", "--target", str(tiny_llama_dir), "--modes", "ar", "--threads", "2", "--max-tokens", "8",
+            "--limit", "1", "--json", str(out)] + (["--fixed-threads"] if fixed else [])
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["config"]["adapt_threads"] is not fixed
+    changes = report["results"][0]["thread_changes"]
+    assert (changes == 0) if fixed else (changes >= 7)  # (the warm-up's steps are not the row's)
+    line = "ar: other programs used the engine's cores, and it changed its thread count"
+    assert (line in result.stdout) is not fixed
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_ask_and_the_plain_mode_take_fixed_threads(fixed, tiny_llama_dir, monkeypatch):
+    made = []
+
+    def recording_llm(**kwargs):
+        made.append(kwargs)
+        return LLM(**kwargs)
+
+    monkeypatch.setattr(cli, "LLM", recording_llm)
+    extra = ["--fixed-threads"] if fixed else []
+    ask = ["ask", "hi", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "2", *extra]
+    plain = ["--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "2", "--plain", *extra]
+    for args in (ask, plain):
+        result = runner.invoke(cli.app, args, input="hi\n")
+        assert result.exit_code == 0, result.output
+    assert [kwargs["adapt_threads"] for kwargs in made] == [not fixed] * 2
