@@ -16,9 +16,9 @@ from engine.outputs import FEWER_THREADS, ThreadsChanged
 from ssd_chat import cli
 from ssd_chat.plain import run_plain
 from ssd_chat.tui.live_stats import LiveStats
-from ssd_chat.tui.widgets.stats_panel import _threads_note
+from ssd_chat.tui.widgets.stats_panel import StatsPanel, _threads_note
 from tests.ssd_chat.test_plain import REPLY, _feed
-from tests.ssd_chat.tui_fakes import FakeEngine
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle
 
 runner = CliRunner()
 
@@ -31,6 +31,16 @@ def test_the_panel_says_while_and_after_the_engine_steps_with_fewer_threads():
     assert "1 of 2 threads: other programs use the CPU" in _threads_note(stats.snapshot())
     stats.on_threads(ThreadsChanged(1, 2, 2))  # ... and left it
     assert _threads_note(stats.snapshot()) == "\n" + FEWER_THREADS
+
+
+@pytest.mark.asyncio
+async def test_the_chat_apps_panel_says_a_reply_ran_on_fewer_threads(tmp_path):
+    app = make_app(FakeEngine(threads=(1,)), tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        speed = str(app.query_one(StatsPanel).query_one("#speed").render())
+        assert "1 of 2 threads: other programs use the CPU" in speed
 
 
 def test_the_plain_mode_says_a_reply_ran_on_fewer_threads(monkeypatch, capsys):
