@@ -78,7 +78,7 @@ def off_the_draft(placement: Placement, affinity: set[int], threads: int) -> tup
 def plan(tp: int = 1, target_devices: str | None = None, draft_device: str | None = None,
          threads: int | None = None, default_device: str = "cpu") -> Placement:
     if tp < 1:
-        raise InvalidParameterError(f"--tp must be at least 1, got {tp}")
+        raise InvalidParameterError(f"--tp takes a number of target ranks, at least 1; got {tp}")
     kind, ids = _parse(target_devices or default_device, "--target-devices")
     if kind == "cpu":
         if ids is None and tp > 1:
@@ -101,18 +101,20 @@ def plan(tp: int = 1, target_devices: str | None = None, draft_device: str | Non
     if draft_device is not None:
         dkind, dids = _parse(draft_device, "--draft-device")
         if dkind == "cuda" and dids is not None and len(dids) != 1:
-            raise InvalidParameterError(f"--draft-device takes one GPU, got {draft_device}")
+            raise InvalidParameterError(f"--draft-device takes one GPU (as cuda:1); got {draft_device!r}")
         draft = Device("cpu", None if dids is None else tuple(dids)) if dkind == "cpu" else \
             Device("cuda", None, (dids or [0])[0])
     if threads is not None and threads < 1:
-        raise InvalidParameterError(f"--threads must be at least 1, got {threads}")
+        raise InvalidParameterError(f"--threads takes a number of CPU threads, at least 1; got {threads}")
     return Placement(target, draft, threads)
 
 
 def _parse(text: str, option: str) -> tuple[str, list[int] | None]:
     m = _DEVICES.match(text.strip())
     if not m:
-        raise InvalidParameterError(f"{option} must look like cpu:0-3, cpu:0,2 or cuda:0-3, got {text!r}")
+        raise InvalidParameterError(
+            f"{option} takes cpu or cuda, or CPU cores or GPUs as cpu:0-3, cpu:0,2 or cuda:0-3; got {text!r}"
+        )
     kind, spec = m.group(1), m.group(2)
     ids = None
     if spec is not None:

@@ -89,7 +89,7 @@ def typed_number(names: Mapping[str, str], field: str, typed: str, kind: type[in
     except typed_numbers.UnheldNumber as err:
         raise InvalidParameterError(f"{names[field]} {unheld_text(err, field)}") from None
     except ValueError:
-        raise InvalidParameterError(f"{names[field]} needs {typed_numbers.WHAT[kind]}, got {typed!r}") from None
+        raise InvalidParameterError(f"{names[field]} takes {typed_numbers.WHAT[kind]}; got {typed!r}") from None
 
 
 def unheld_text(err: typed_numbers.UnheldNumber, field: str) -> str:

@@ -18,7 +18,7 @@ from tests.engine.processes import TWO_CORES
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(tp=64, target_devices="cpu"), "needs at least 64 cores"),
     (dict(target_devices="cpu:999"), "core 999 does not exist"),
-    (dict(target_devices="gpu:0"), "must look like cpu:0-3"),
+    (dict(target_devices="gpu:0"), "^--target-devices takes cpu or cuda, .*; got 'gpu:0'$"),
     (dict(draft_device="cuda:0"), "no CUDA device"),
     (dict(tp=3, target_devices="cpu:0", threads=1), "needs at least 3 cores"),
 ])
@@ -28,6 +28,16 @@ def test_bad_placements_are_refused_up_front(tiny_llama_dir, kwargs, message):
     with pytest.raises(InvalidParameterError, match=message) as err:
         LLM(str(tiny_llama_dir), **kwargs)
     assert "\n" not in str(err.value)
+
+
+def test_a_plans_own_refusals_read_as_the_command_lines():
+    """They said `--tp must be at least 1, got 0`: the comma, where the command line's errors have `; got`."""
+    from engine.placement import plan
+
+    with pytest.raises(InvalidParameterError, match=r"^--tp takes a number of target ranks, at least 1; got 0$"):
+        plan(0)
+    with pytest.raises(InvalidParameterError, match=r"^--threads takes a number of CPU threads, at least 1; got 0$"):
+        plan(1, threads=0)
 
 
 def test_a_crowded_placement_is_warned_about():

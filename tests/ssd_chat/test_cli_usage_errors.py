@@ -181,6 +181,9 @@ def test_make_pairs_refusals_name_the_option_as_typed(tmp_path, args, line):
     (["--tp", str(len(os.sched_getaffinity(0)) + 1)], "needs at least"),
     (["--mode", "ssd", "--draft", "none"], "mode 'ssd' needs a draft model: pass --draft"),
     (["--kv-dtype", "float16", "--target-devices", "cuda:0"], "--kv-dtype float16 is for the CPU"),
+    # it said "--draft-device must look like cpu:0-3, cpu:0,2 or cuda:0-3, got 'gpu'": the comma, not `; got`
+    (["--draft-device", "gpu"], "error: --draft-device takes cpu or cuda, or CPU cores or GPUs as cpu:0-3, cpu:0,2 "
+                                "or cuda:0-3; got 'gpu'\n"),
 ])
 def test_the_chat_app_refuses_what_the_engine_would_before_it_takes_the_screen(monkeypatch, args, line):
     """The app showed its screen, started the engine process, then left for the engine's error line."""

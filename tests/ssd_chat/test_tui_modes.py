@@ -117,7 +117,7 @@ async def test_k_fanout_temp_and_system_reach_the_next_request(tmp_path):
         assert "system You are terse." in rendered(app.query_one("#layout"))
 
         for bad, message in [("/k 0", "/k takes the most draft tokens per step, 1-32; got 0"),
-                             ("/k many", "needs a whole number"), ("/fanout 1,2", "k+1 = 4"),
+                             ("/k many", "/k takes a whole number"), ("/fanout 1,2", "k+1 = 4"),
                              ("/temp -1", "/temp takes a temperature from 0 to 100, 0 = greedy; got -1"),
                              ("/frobnicate", "unknown command /frobnicate"), ("/k", "/k takes the most draft tokens "
                              "per step, 1-32 (now 3)"), ("/temp", "(now 0.5)"), ("/mode", "ar, sd or ssd (now ssd)")]:
@@ -152,7 +152,7 @@ async def test_top_p_and_top_k_reach_the_next_request_and_show_where_they_apply(
         for bad, message in [("/top-p 0", "/top-p takes a mass in (0, 1], 1 = off; got 0"),
                              ("/top-p 1e400", "/top-p 1e400 is above the largest number it can hold; it takes a "
                                               "mass in (0, 1], 1 = off"),
-                             ("/top-p x", "/top-p needs a number"),
+                             ("/top-p x", "/top-p takes a number"),
                              ("/temp 1e400", "/temp 1e400 is above the largest number it can hold; it takes a "
                                              "temperature from 0 to 100, 0 = greedy"),
                              ("/top-k -1", "/top-k takes a number of tokens, 0 = off; got -1"),

@@ -35,9 +35,9 @@ def test_what_python_alone_would_take_is_refused(text):
 
 
 def test_slash_arguments_refuse_them_in_one_line():
-    with pytest.raises(InvalidParameterError, match=r"^/temp needs a number \(ASCII digits.*, got '1_0'$"):
+    with pytest.raises(InvalidParameterError, match=r"^/temp takes a number \(ASCII digits.*; got '1_0'$"):
         typed_number(SLASH, "temperature", "1_0", float)
-    with pytest.raises(InvalidParameterError, match=r"^/k needs a whole number \(ASCII digits, as 4\), got '４'$"):
+    with pytest.raises(InvalidParameterError, match=r"^/k takes a whole number \(ASCII digits, as 4\); got '４'$"):
         typed_number(SLASH, "k", "４", int)
     assert fanout_counts(SLASH, " 1 , 2 ") == (1, 2)
     for typed in ("1_0", "1,２", "1.5"):
@@ -55,7 +55,7 @@ async def test_the_chat_app_keeps_its_settings_on_such_a_number(tmp_path):
             await send(app, pilot, typed)
             command, arg = typed.split()
             what = WHAT[int if command in ("/k", "/top-k") else float]
-            assert errors(app)[-1] == f"{command} needs {what}, got {arg!r}"
+            assert errors(app)[-1] == f"{command} takes {what}; got {arg!r}"
         assert app.session.settings == before
 
 
