@@ -6,7 +6,8 @@ A value an option's parser refuses (cli_options.plain, one_of) reads as the erro
 wrote `Invalid value for '--threads': takes ...` (in a box, in typer's standalone mode). An unknown option and the
 other usage errors point to the command's --help (`--thread is no option of ssd-chat ask (did you mean
 --threads?): see ssd-chat ask --help`); a missing argument says what to give (`ask needs a prompt (ssd-chat ask
-"your question", or - to read stdin): see ssd-chat ask --help`). The app's group (OneLineUsageErrors) reports
+"your question", or - to read stdin): see ssd-chat ask --help`), and so does an option given no value (`--out
+needs a value: see ssd-chat distill --help`). The app's group (OneLineUsageErrors) reports
 them all through usage_line, with exit code 2, before typer's own handling sees them: the console script's and a
 test's CliRunner alike.
 
@@ -48,7 +49,20 @@ class _HelpToAGoneReader:
             raise BrokenPipeError from exc
 
 
-class OneLineUsageErrors(_HelpToAGoneReader, TyperGroup):
+class _ParserErrorsInContext:
+    """click's parser raises an option given no value (`--out` last on the line) with no context, so the error
+    could not say which command's --help to see: the context being parsed, given to it."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)  # type: ignore[misc]
+        except UsageError as err:
+            if err.ctx is None:
+                err.ctx, err.cmd = ctx, ctx.command
+            raise
+
+
+class OneLineUsageErrors(_ParserErrorsInContext, _HelpToAGoneReader, TyperGroup):
     """The `ssd-chat` group (typer.Typer(cls=...)): a usage error while it or a command parses its arguments, or
     while it picks the command, is one `error:` line and exit code 2, in typer's standalone mode or not."""
 
@@ -61,7 +75,7 @@ class OneLineUsageErrors(_HelpToAGoneReader, TyperGroup):
             return super().invoke(ctx)
 
 
-class OneLineCommand(_HelpToAGoneReader, TyperCommand):
+class OneLineCommand(_ParserErrorsInContext, _HelpToAGoneReader, TyperCommand):
     """A command (app.command(cls=...)) whose help, written to a reader that went away, ends as SIGPIPE would."""
 
 
@@ -94,8 +108,9 @@ def usage_line(err: UsageError) -> str:
         guess = f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""  # (closest first)
         return f"{err.option_name} is no option of {command}{guess}: {see_help}"
     if isinstance(err, click_errors.BadOptionUsage) and "requires an argument" in err.message:
-        return f"{err.option_name} needs a value" + (f": {see_help}" if err.ctx is not None else "")  # (click's
-        # parser gives this one no context: which command's help is not known)
+        return f"{err.option_name} needs a value: {see_help}"
+    if isinstance(err, click_errors.BadOptionUsage) and "does not take a value" in err.message:  # (--json=x)
+        return f"{err.option_name} takes no value: {see_help}"
     return f"{_sentence(err.format_message())}: {see_help}"  # no such command, an extra argument, ...
 
 

@@ -38,8 +38,13 @@ def _no_engine(**kwargs):
     # a missing argument or option said "Missing argument 'prompt'", "Missing option '--out'"
     (["ask"], 'ask needs a prompt (ssd-chat ask "your question", or - to read stdin): see ssd-chat ask --help'),
     (["distill"], "distill needs --out: see ssd-chat distill --help"),
-    (["distill", "--out"], "--out needs a value"),
-    (["ask", "hi", "--k"], "--k needs a value"),
+    # an option with no value, last on the line, said no more: no pointer to the command's --help
+    (["distill", "--target", "smollm2-135m", "--out"], "--out needs a value: see ssd-chat distill --help"),
+    (["ask", "hi", "--max-tokens"], "--max-tokens needs a value: see ssd-chat ask --help"),
+    (["ask", "hi", "--k"], "--k needs a value: see ssd-chat ask --help"),
+    (["--threads"], "--threads needs a value: see ssd-chat --help"),
+    (["ask", "hi", "--json=yes"], "--json takes no value: see ssd-chat ask --help"),  # (click's "Option '--json'
+    # does not take a value.")
     (["nope"], "No such command 'nope': see ssd-chat --help"),
     # bench --modes said "unknown mode(s) xx; available: ar, sd, ssd, ar-all, sd-all"
     (["bench", "--modes", "AR,xx"], "--modes takes ar, sd, ssd, ar-all or sd-all, separated by commas; got 'AR,xx'"),
