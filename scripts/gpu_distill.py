@@ -49,9 +49,14 @@ from engine.chat import encode_chat  # noqa: E402
 from engine.registry import resolve_model  # noqa: E402
 from engine.startup import load_tokenizer  # noqa: E402
 from ssd_chat import distill_data as data  # noqa: E402
-from ssd_chat.distill import _eos_ids  # noqa: E402
 from ssd_chat.distill_config import DISTILL_PROMPTS  # noqa: E402
-from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft  # noqa: E402
+from ssd_chat.distill_model import (  # noqa: E402
+    init_draft,
+    load_target,
+    num_params_per_token,
+    save_draft,
+    target_eos_ids,
+)
 from ssd_chat.distill_train import (  # noqa: E402
     TrainSettings,
     batch_indices,
@@ -187,7 +192,7 @@ def main(args: argparse.Namespace) -> None:
     target_dir = resolve_model(args.target)
     tokenizer = load_tokenizer(target_dir)
     target = load_target(target_dir).to(device)
-    eos = _eos_ids(target)
+    eos = target_eos_ids(target)
     pad_id = eos[0] if eos else 0
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else pad_id
     out = Path(args.out)

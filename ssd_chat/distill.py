@@ -29,7 +29,7 @@ from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat import distill_teacher
 from ssd_chat.distill_config import DistillConfig
-from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft
+from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft, target_eos_ids
 from ssd_chat.distill_run import check_settings, logged_agreement, prepare_out
 from ssd_chat.distill_train import TrainSettings, train
 from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
@@ -118,7 +118,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
 
     started = time.perf_counter()
     target = load_target(target_dir)
-    eos_ids = _eos_ids(target)
+    eos_ids = target_eos_ids(target)
     head_ids = data.head_vocab_ids(train_examples, target.config.vocab_size, config.head_vocab, always=eos_ids)
     draft = init_draft(target, config.draft_layers, head_ids)
     trains = config.steps > 0  # --steps 0: the untrained draft, no labels to score and no KL stage
@@ -152,15 +152,6 @@ def training_precision(precision: str) -> str:
     if precision != "auto":
         return precision
     return "bf16" if {"avx512_bf16", "amx_bf16"} & cpu_flags() else "fp32"
-
-
-def _eos_ids(target) -> list[int]:
-    ids: list[int] = []
-    for source in (target.config.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
-        for token in source if isinstance(source, list) else [] if source is None else [source]:
-            if token not in ids:
-                ids.append(int(token))
-    return ids
 
 
 @contextmanager

@@ -41,6 +41,17 @@ def load_target(target_dir: Path) -> nn.Module:
     return model
 
 
+def target_eos_ids(target: nn.Module) -> list[int]:
+    """The target's end-of-sequence ids, its config's then its generation config's, each once: the head always
+    keeps them, and the first pads a batch."""
+    ids: list[int] = []
+    for source in (target.config.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
+        for token in source if isinstance(source, list) else [] if source is None else [source]:
+            if token not in ids:
+                ids.append(int(token))
+    return ids
+
+
 class DraftModel(nn.Module):
     """The draft being trained: ``lm.model`` (embedding, layers, norm) plus ``head`` over ``head_ids`` only."""
 
