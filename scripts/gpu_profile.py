@@ -86,19 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device: run on a GPU machine, or pass --smoke for the CPU dry run", file=sys.stderr)
         return 2
     import gpu_check as gc  # scripts/, beside this file, is on the path when it runs as a script
+    import gpu_pair as gp
 
     from engine import LLM, SamplingParams, smollm2
 
     device = "cuda:0" if cuda else "cpu"
-    target, draft = (gc.SMOKE_TARGET, gc.SMOKE_DRAFT) if args.smoke else (gc.TARGET_8B, gc.DRAFT_1B)
+    target, draft = (gp.SMOKE_TARGET, gp.SMOKE_DRAFT) if args.smoke else (gp.TARGET_8B, gp.DRAFT_1B)
     out_dir = args.out_dir or (smollm2.cache_root() / "gpu-check" / ("smoke" if args.smoke else "8b-1b"))
-    pair = gc.build_pair(out_dir, target, draft, damping=0.05, smoke=args.smoke, device=device)
+    pair = gp.build_pair(out_dir, target, draft, damping=0.05, smoke=args.smoke, device=device)
     reps = 3 if args.smoke else 20
     report: dict = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__}
     report["copy_gb_s"] = copy = gc.copy_bandwidth_gb_s(device, (64 << 20) if args.smoke else (4 << 30))
     with LLM(str(pair / "target"), dtype="float32" if args.smoke else "bfloat16", enable_prefix_caching=False,
              max_model_len=512 if args.smoke else 2048, target_devices=device if cuda else None) as llm:
-        ids = llm.tokenizer.encode(gc.PROMPTS[0])
+        ids = llm.tokenizer.encode(gp.PROMPTS[0])
         llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))  # fills the buffers
         runner = llm.core.runner
         report["weight_bytes"] = llm.weight_bytes

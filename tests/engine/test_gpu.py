@@ -12,6 +12,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.attention import SdpaBackend, SeqSpan, build_metadata, flashinfer_installed
 from engine.config import SpeculationConfig
+from engine.synthetic import PairShape
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 needs_flashinfer = pytest.mark.skipif(not flashinfer_installed(), reason="needs flashinfer (pip install -e '.[gpu]')")
@@ -32,7 +33,7 @@ def _gpu_check():
 def pair(tmp_path_factory) -> Path:
     """A small correlated pair with head_dim 64 (flashinfer's kernels take 64, 128, 256)."""
     gc = _gpu_check()
-    target, draft = gc.PairShape(256, 512, 3, 4, 2, 64), gc.PairShape(128, 256, 2, 2, 2, 64)
+    target, draft = PairShape(256, 512, 3, 4, 2, 64), PairShape(128, 256, 2, 2, 2, 64)
     return gc.build_pair(tmp_path_factory.mktemp("gpu-pair"), target, draft, damping=0.3, smoke=True, device="cuda")
 
 
