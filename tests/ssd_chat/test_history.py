@@ -1,4 +1,4 @@
-"""The SQLite history store and the Markdown export, without a UI."""
+"""The SQLite history store, without a UI: saving, listing, search, titles and stats lines, drafts."""
 
 from __future__ import annotations
 
@@ -18,23 +18,12 @@ from ssd_chat.history import (
     default_db_path,
     title_from,
 )
-from ssd_chat.tui.export import code_blocks, export_path, to_markdown
-
-STATS = TurnStats(mode="ssd", decode_tok_s=41.25, ttft_s=0.081, generated_tokens=12, prompt_tokens=30,
-                  reused_prefix_tokens=16, finish_reason="stop", tau=2.75, acceptance_rate=0.5, cache_hit_rate=0.8)
-
-
-def _conversation() -> Conversation:
-    settings = ChatSettings(mode="ssd", k=3, fanout=(1, 2, 2, 1), temperature=0.0, max_tokens=64, system="Be brief.")
-    return Conversation(None, "Tea", settings, [
-        ChatMessage("user", "Write a haiku about tea."),
-        ChatMessage("assistant", "Steam over the cup\n\n```python\nprint('tea')\n```", STATS),
-    ])
+from tests.ssd_chat.tea_chat import STATS, tea_chat
 
 
 def test_save_load_list_rename_delete(tmp_path):
     store = HistoryStore(tmp_path / "h.sqlite3")
-    first = _conversation()
+    first = tea_chat()
     first_id = store.save(first)
     assert first.id == first_id
     second = Conversation(None, "Other", ChatSettings(), [ChatMessage("user", "hi")])
@@ -62,7 +51,7 @@ def test_a_deleted_chat_brought_back_has_its_draft_again(tmp_path):
     """Ctrl+O's `u` after `d d`: the chat came back without the text its last quit had kept unsent (the delete's
     cascade took it, and restore wrote the turns alone)."""
     store = HistoryStore(tmp_path / "h.sqlite3")
-    chat_id = store.save(_conversation())
+    chat_id = store.save(tea_chat())
     store.save_draft(chat_id, "half a thought")
     store.restore(store.delete(chat_id))
     assert store.draft(chat_id).text == "half a thought"
@@ -76,7 +65,7 @@ def test_a_failed_save_leaves_a_new_conversation_unsaved(tmp_path):
     other = sqlite3.connect(path)
     with other:
         other.execute("CREATE TRIGGER full BEFORE INSERT ON messages BEGIN SELECT RAISE(ABORT, 'disk full'); END")
-    conversation = _conversation()
+    conversation = tea_chat()
     with pytest.raises(sqlite3.Error, match="disk full"):
         store.save(conversation)
     assert conversation.id is None and store.list() == []
@@ -91,7 +80,7 @@ def test_a_chat_deleted_by_another_window_is_saved_again_by_the_one_that_has_it_
     """Two apps on one history: one deletes the chat the other has open; the other's next save puts it back (it
     failed on the messages' foreign key, every save after too)."""
     here, there = HistoryStore(tmp_path / "h.sqlite3"), HistoryStore(tmp_path / "h.sqlite3")
-    conversation = _conversation()
+    conversation = tea_chat()
     saved_id = here.save(conversation)
     there.delete(saved_id)
     conversation.messages.append(ChatMessage("user", "still here?"))
@@ -104,23 +93,6 @@ def test_the_data_directory_follows_the_environment(tmp_path, monkeypatch):
     assert default_db_path() == tmp_path / "data" / "history.sqlite3"
     store = HistoryStore()
     assert store.path.is_file()
-
-
-def test_markdown_export_has_the_turns_and_a_stats_table(tmp_path):
-    text = to_markdown(_conversation())
-    assert text.startswith("# Tea\n\nMode `ssd`, k 3, fan-out 1,2,2,1, temperature 0, max tokens 64 (the chat's "
-                           "settings when exported")
-    assert "## System\n\nBe brief." in text
-    assert "## You\n\nWrite a haiku about tea." in text
-    assert "```python\nprint('tea')\n```" in text
-    assert "| 1 | ssd |  | 12 | 41.2 | 81 | 2.75 | 50% | 80% | 16/30 | stop |" in text  # (no settings kept)
-    nucleus = Conversation(None, "Tea", settings=ChatSettings(temperature=0.2, top_p=0.9, top_k=20))
-    assert "temperature 0.2, top-p 0.9, top-k 20, max tokens 512 (" in to_markdown(nucleus)
-    stopped = ChatMessage("assistant", "", TurnStats("sd", 0.0, 11.162, 0, 4478, 48, "cancelled"))  # (earlier versions)
-    assert "| 1 | sd |  | 0 | 0.0 | – |" in to_markdown(Conversation(None, "Stopped", messages=[stopped]))
-    assert export_path(_conversation(), tmp_path) == tmp_path / "tea.md"
-    (tmp_path / "tea.md").write_text("x")
-    assert export_path(_conversation(), tmp_path) == tmp_path / "tea-2.md"
 
 
 def test_titles_and_stats_lines():
@@ -139,7 +111,7 @@ def test_titles_and_stats_lines():
 
 def test_search_finds_every_word_in_titles_and_messages_in_any_case(tmp_path):
     store = HistoryStore(tmp_path / "h.sqlite3")
-    tea = store.save(_conversation())  # "Tea": a haiku about tea, with a code block
+    tea = store.save(tea_chat())  # "Tea": a haiku about tea, with a code block
     rivers = store.save(Conversation(None, "Rivers", ChatSettings(), [
         ChatMessage("user", "Name three long rivers."),
         ChatMessage("assistant", "The Nile, the Amazon and the Yangtze. " + "They flow far. " * 10 + "Straße."),
@@ -177,7 +149,7 @@ def test_a_pasted_search_of_thousands_of_words_is_answered(tmp_path):
     from ssd_chat.history_search import MAX_SEARCH_WORDS
 
     store = HistoryStore(tmp_path / "h.sqlite3")
-    tea = store.save(_conversation())
+    tea = store.save(tea_chat())
     assert [s.id for s in store.search("tea haiku " + "word " * 3000)] == []  # "word" is one of the first words
     assert [s.id for s in store.search("tea " * 3000 + "haiku")] == [tea]  # repeats count once
     eight = "tea haiku cup steam over the python print"  # each in the tea chat
@@ -194,7 +166,7 @@ def test_a_searcher_answers_as_the_store_and_stops_when_interrupted(tmp_path, mo
 
     store = HistoryStore(tmp_path / "h.sqlite3")
     for _ in range(20):  # rows to go after the held one (SQLite looks for an interrupt as it steps)
-        store.save(_conversation())
+        store.save(tea_chat())
     searcher = history.Searcher(store.path)
     assert searcher.search("haiku") == store.search("haiku") and searcher.search("") == store.list()
 
@@ -217,82 +189,6 @@ def test_a_searcher_answers_as_the_store_and_stops_when_interrupted(tmp_path, mo
     assert answers == [None]
     monkeypatch.setattr(history, "_folded", fold)
     assert searcher.search("haiku") == store.search("haiku")  # the next one is answered
-
-
-def test_the_export_closes_a_code_fence_a_cut_reply_left_open():
-    """A reply cut by the length limit inside a code block: the rest of the document read as code."""
-    from ssd_chat.tui.export import closed_fences
-
-    cut = "Here:\n\n```python\nclass Account:\n    def deposit(self, amount):\n        if amount <="
-    assert closed_fences(cut) == cut + "\n```"
-    assert closed_fences("```\ncode\n```\ntext") == "```\ncode\n```\ntext"  # closed: as it was
-    assert closed_fences("~~~~\na\n```\nb\n") == "~~~~\na\n```\nb\n~~~~"  # only its own marker closes it
-    assert closed_fences("````\n```\n````") == "````\n```\n````"
-    assert closed_fences("no code") == "no code"
-    conversation = Conversation(None, "Cut", ChatSettings(), [ChatMessage("user", "code please"),
-                                                               ChatMessage("assistant", cut)])
-    from ssd_chat.tui.export import to_markdown
-
-    assert to_markdown(conversation).count("```") == 2
-
-
-def test_code_blocks_are_the_fenced_blocks_contents_with_a_cut_one_to_the_end():
-    assert code_blocks("a\n```py\nx = 1\n```\nb\n~~~\ny\n```\n~~~") == ["x = 1", "y\n```"]
-    assert code_blocks("```\n```") == [""] and code_blocks("text ``` inline") == []
-    assert code_blocks("go:\n````\nfn()\n```\nmore") == ["fn()\n```\nmore"]  # cut: runs to the end
-    assert code_blocks("| a | b |\n|---|---|\n| 1 | 2 |\n    code here\n") == ["code here"]  # as the transcript: GFM
-
-
-def test_code_blocks_in_list_items_and_quotes_come_without_their_indent():
-    """A numbered answer indents its code under each step (4 spaces is common): `/copy code` found no code block
-    in it, and one indented 3 spaces came with the indent, which Python refuses."""
-    steps = ("1. Install:\n\n    ```bash\n    pip install x\n    ```\n\n"
-             "2. Run:\n   ```python\n   if x:\n       go()\n   ```\n")
-    assert code_blocks(steps) == ["pip install x", "if x:\n    go()"]
-    assert code_blocks("> ```\n> quoted\n> ```") == ["quoted"]
-    assert code_blocks("text\n\n    indented = 1\n") == ["indented = 1"]  # shown as code, copied as code
-
-
-def test_the_export_closes_a_cut_fence_inside_a_list_item_where_it_was_opened():
-    """A ``` at column 0 after a cut list item's fence opened a new block: the stats table read as code."""
-    from ssd_chat.tui.export import closed_fences, to_markdown
-
-    cut = "Steps:\n\n1. Install:\n   ```bash\n   pip install"
-    assert closed_fences(cut) == cut + "\n   ```"
-    assert closed_fences("> ```py\n> x = 1") == "> ```py\n> x = 1\n> ```"
-    for still_open in ("```md\n> ```", "```md\n    ```", "a\x0cb\n```py\nx = 1", "a\u2028b\n```py\nx = 1"):
-        assert closed_fences(still_open) == still_open + "\n```", still_open  # (no closing line; other line breaks)
-    conversation = Conversation(None, "Cut", ChatSettings(), [ChatMessage("user", "how?"),
-                                                               ChatMessage("assistant", cut, STATS)])
-    assert code_blocks(to_markdown(conversation)) == ["pip install"]
-
-
-def test_the_export_keeps_a_replys_lines_as_the_chat_app_shows_them():
-    """A poem's single newlines are soft breaks to other Markdown viewers, which join its lines: each line a
-    paragraph goes on after ends in two spaces; code, lists, tables and an explicit break stay as written."""
-    from markdown_it import MarkdownIt
-
-    rest = "\n\n```\ncode\nline\n```\n- a\n- b\n\n| a | b |\n|---|---|\n| 1 | 2 |"
-    poem = "In the depths,\nA world\nof wonder." + rest
-    chat = Conversation(None, "Sea", messages=[ChatMessage("user", "a poem"), ChatMessage("assistant", poem)])
-    text = to_markdown(chat)
-    assert "In the depths,  \nA world  \nof wonder." + rest in text
-    breaks = [c.type for t in MarkdownIt("gfm-like").parse(text) for c in (t.children or []) if "break" in c.type]
-    assert breaks == ["hardbreak", "hardbreak"]
-
-
-def test_a_tab_indented_line_after_a_list_item_is_exported_where_the_chat_app_shows_it():
-    """A QA pass read "- item" then a tab-indented line as two blocks in the chat and one in the export. The chat
-    app shows it in the item too (CommonMark: a tab is 4 columns, past the item's 2): the export, read by a plain
-    GFM parser, gives the transcript's HTML."""
-    from markdown_it import MarkdownIt
-
-    from ssd_chat.tui.widgets.transcript import _parser
-
-    for reply in ("- item\n\tcode line", "- item\n\n\tcode line", "- item\n\n\t\tx = 1", "1. one\n\tfoo()\n2. two"):
-        chat = Conversation(None, "Tabs", messages=[ChatMessage("user", "q"), ChatMessage("assistant", reply)])
-        exported = to_markdown(chat).split("## Assistant\n\n")[1]
-        assert MarkdownIt("gfm-like").render(exported) == _parser().render(reply), reply
 
 
 def test_a_draft_is_kept_with_its_chat_and_makes_it_the_latest(tmp_path):
@@ -329,7 +225,7 @@ def test_a_draft_keeps_an_edit_beside_the_text_and_an_older_file_takes_it(tmp_pa
     old.close()
     store = HistoryStore(path)
     assert store.draft(1) == Draft("kept before")
-    chat_id = store.save(_conversation())
+    chat_id = store.save(tea_chat())
     store.save_draft(chat_id, "typed before F4", EditDraft("Write a haiku about coffee.", 0))
     assert store.draft(chat_id) == Draft("typed before F4", EditDraft("Write a haiku about coffee.", 0))
     store.save_draft(chat_id, "", EditDraft("only the edit", 0))  # (nothing typed before F4)
