@@ -6,44 +6,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from engine import LLM, SamplingParams
 from engine.errors import PromptTooLongError
-from engine.outputs import (
-    FinishReason,
-    RequestFinished,
-    RequestOutput,
-    RequestStats,
-    SpecStats,
-    StepStats,
-    TokenDelta,
-)
-from engine.outputs import TokenSource as S
-from ssd_chat.plain import discard_typed_ahead, print_stream, run_plain
+from engine.outputs import RequestFinished
+from ssd_chat.plain import run_plain
+from tests.ssd_chat.plain_input import REPLY, feed
 from tests.ssd_chat.tui_fakes import FakeEngine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-REPLY = "Hello from the **fake** engine."
-
-
-def _feed(monkeypatch, lines: list[str]) -> None:
-    queue = iter(lines)
-
-    def fake_input(prompt: str = "") -> str:
-        try:
-            return next(queue)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", fake_input)
 
 
 def test_plain_streams_replies_with_a_stats_line(monkeypatch, capsys):
     engine = FakeEngine()
     engine.speculation = engine.speculation.__class__(mode="ssd")
-    _feed(monkeypatch, ["hi", "", "again", "/clear", "fresh", "/exit", "never sent"])
+    feed(monkeypatch, ["hi", "", "again", "/clear", "fresh", "/exit", "never sent"])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), "Be brief.")
     captured = capsys.readouterr()
     assert captured.out == 3 * (REPLY + "\n")  # the text as streamed: no markup, no wrapping, nothing else
@@ -56,7 +34,7 @@ def test_plain_streams_replies_with_a_stats_line(monkeypatch, capsys):
 def test_plain_refuses_an_unknown_command_and_sends_a_doubled_slash_as_a_prompt(monkeypatch, capsys):
     """The chat app's rule: a line that starts with one / is a command (a path too); // sends a literal /."""
     engine = FakeEngine()
-    _feed(monkeypatch, ["/mode ar", "/temp 0", "/foo", "/usr/bin/foo is a path", "//usr/bin/foo is a path", "hi",
+    feed(monkeypatch, ["/mode ar", "/temp 0", "/foo", "/usr/bin/foo is a path", "//usr/bin/foo is a path", "hi",
                         "/CLEAR", "again"])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     captured = capsys.readouterr()
@@ -70,7 +48,7 @@ def test_plain_refuses_an_unknown_command_and_sends_a_doubled_slash_as_a_prompt(
 
 def test_plain_reports_an_engine_error_in_one_line_and_goes_on(monkeypatch, capsys):
     engine = FakeEngine()
-    _feed(monkeypatch, ["too long", "fine"])
+    feed(monkeypatch, ["too long", "fine"])
     original = engine.chat
 
     def chat(messages, params=None, *, cancel=None):
@@ -91,7 +69,7 @@ def test_plain_reports_an_engine_error_in_one_line_and_goes_on(monkeypatch, caps
 def test_plain_keeps_the_window_after_a_refused_prompt(monkeypatch, capsys):
     """A prompt too long on its own is refused: the next one still sees the earlier turns."""
     engine = FakeEngine(max_model_len=64)
-    _feed(monkeypatch, ["one", "two", "x " * 6000, "three"])
+    feed(monkeypatch, ["one", "two", "x " * 6000, "three"])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=6), None)
     err = capsys.readouterr().err
     assert "no longer holds" not in err  # (nothing left the view)
@@ -118,7 +96,7 @@ def test_ssd_chat_is_plain_when_piped(tiny_llama_dir):
 
 
 def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(tiny_llama_dir, monkeypatch, capsys):
-    _feed(monkeypatch, ["Paris is", "bad \udcff\udcfe bytes", "and Rome"])
+    feed(monkeypatch, ["Paris is", "bad \udcff\udcfe bytes", "and Rome"])
     with LLM(str(tiny_llama_dir), threads=1) as llm:
         run_plain(llm, SamplingParams(temperature=0, max_tokens=4), None)
     captured = capsys.readouterr()
@@ -126,28 +104,6 @@ def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(tiny_llama_dir,
     assert len(errors) == 1 and errors[0].startswith("error: the text is not valid UTF-8")
     assert len([line for line in captured.err.splitlines() if "tok/s" in line]) == 2
     assert "tok/s" not in captured.out
-
-
-def test_ctrl_c_drops_the_lines_pasted_ahead_on_a_terminal_only():
-    """The plain mode reads one prompt per line: after Ctrl-C stopped a reply, the rest of a multi-line paste
-    (unread in the terminal) is dropped, so one Ctrl-C stops it all; a pipe keeps its lines."""
-    import pty
-    import select
-
-    master, slave = pty.openpty()
-    try:
-        os.write(master, b"second line\nthird line\n")
-        select.select([slave], [], [], 5)
-        assert discard_typed_ahead(slave) == len(b"second line\nthird line\n")
-        assert select.select([slave], [], [], 0.1)[0] == []  # nothing left to read
-    finally:
-        os.close(master), os.close(slave)
-    read, write = os.pipe()
-    try:
-        os.write(write, b"next prompt\n")
-        assert discard_typed_ahead(read) == 0 and os.read(read, 100) == b"next prompt\n"
-    finally:
-        os.close(read), os.close(write)
 
 
 def test_typed_at_a_terminal_into_a_file_the_file_gets_only_the_replies(monkeypatch, capsys):
@@ -173,120 +129,11 @@ def test_typed_at_a_terminal_into_a_file_the_file_gets_only_the_replies(monkeypa
 
 def test_plain_clear_with_words_after_it_is_refused_and_keeps_the_conversation(monkeypatch, capsys):
     engine = FakeEngine()
-    _feed(monkeypatch, ["hi", "/clear now", "again"])
+    feed(monkeypatch, ["hi", "/clear now", "again"])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == ["error: /clear takes no argument: send /clear alone"]
     assert [len(m) for m, _, _ in engine.calls] == [1, 3]  # the second turn still sees the first
-
-
-def test_plain_a_reply_stopped_before_its_first_token_leaves_no_turn(monkeypatch, capsys):
-    engine = FakeEngine()
-    _feed(monkeypatch, ["hi", "stop me", "next"])
-    original = engine.chat
-
-    def chat(messages, params=None, *, cancel=None):
-        if messages[-1]["content"] == "stop me":
-            cancel.set()  # (a Ctrl-C while the engine reads the prompt)
-        return original(messages, params, cancel=cancel)
-
-    engine.chat = chat
-    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
-    assert "stopped before the reply began" in capsys.readouterr().err
-    assert [m["content"] for m in engine.calls[-1][0]] == ["hi", REPLY, "next"]  # no "stop me" and empty reply
-
-
-def test_plain_prints_nothing_more_of_a_reply_after_ctrl_c(monkeypatch, capsys):
-    """The step under way when Ctrl-C landed still printed its token: the reply went on after the stop. What was
-    printed is the partial reply the conversation keeps."""
-    engine = FakeEngine(draft=None)  # (AR: a token a step)
-    _feed(monkeypatch, ["hi", "next"])
-    original = engine.chat
-
-    def chat(messages, params=None, *, cancel=None):
-        for event in original(messages, params, cancel=cancel):
-            if isinstance(event, TokenDelta) and event.text == " from" and messages[-1]["content"] == "hi":
-                cancel.set()  # (a Ctrl-C while the step of " from" ran)
-            yield event
-
-    engine.chat = chat
-    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
-    assert capsys.readouterr().out == "Hello\n" + REPLY + "\n"
-    assert [m["content"] for m in engine.calls[-1][0]] == ["hi", "Hello", "next"]
-
-
-def test_plain_stats_after_ctrl_c_count_only_the_tokens_printed(monkeypatch, capsys):
-    """The step under way when Ctrl-C landed ran on and its tokens were not printed: the stats line counted them."""
-    engine = FakeEngine(accept=1)  # (SD: a step gives its accepted draft and a recovery token)
-    _feed(monkeypatch, ["hi"])
-    original, generated = engine.chat, []
-
-    def chat(messages, params=None, *, cancel=None):
-        deltas = 0
-        for event in original(messages, params, cancel=cancel):
-            deltas += isinstance(event, TokenDelta)
-            if deltas == 3:
-                cancel.set()  # (a Ctrl-C while the third step ran)
-            if isinstance(event, RequestFinished):
-                generated.append(event.output.stats.generated_tokens)
-            yield event
-
-    engine.chat = chat
-    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
-    captured = capsys.readouterr()
-    printed = captured.out.removesuffix("\n")
-    printed_tokens = next(n for n in range(len(engine.words) + 1) if "".join(engine.words[:n]) == printed)
-    assert 1 < printed_tokens < generated[0]  # (the engine generated the step the user did not see)
-    stats = [line for line in captured.err.splitlines() if "tok/s" in line]
-    assert len(stats) == 1 and f" {printed_tokens} tokens " in stats[0] and stats[0].endswith("stopped: cancelled")
-
-
-def test_print_stream_counts_a_textless_deltas_tokens_once_their_text_is_printed():
-    """A delta with no text (half a character, a possible stop string) prints its tokens with the next one's text:
-    they count then, and not where Ctrl-C came first."""
-    def events(cancel):
-        yield TokenDelta(1, (5,), "Caf")
-        yield TokenDelta(1, (6,), "")  # the first byte of "é"
-        yield TokenDelta(1, (7, 8), "é au")
-        yield TokenDelta(1, (9,), "")
-        cancel.set()
-        yield TokenDelta(1, (10, 11), "é lait")
-        yield RequestFinished(1, output)
-
-    output = RequestOutput(1, [1], list(range(5, 12)), "Café au é lait", FinishReason.CANCELLED, None)
-    cancel = threading.Event()
-    streamed = print_stream(events(cancel), None, cancel=cancel)
-    assert streamed.text == "Café au" and streamed.tokens == len([5, 6, 7, 8]) and streamed.output is output
-
-
-def test_print_stream_figures_after_ctrl_c_are_those_of_the_text_printed():
-    """tok/s and tau after a Ctrl-C took in the step that ran on unprinted (the engine's figures): they are now the
-    printed steps' and the time between the first text printed and the last."""
-    def events(cancel):
-        yield TokenDelta(1, (0,), "A", (S.TARGET,))  # the prefill's token
-        yield StepStats(1, num_drafted=4, num_accepted=3, verify_time_s=0.1, draft_time_s=0.1)
-        yield TokenDelta(1, (1, 2, 3, 4), "BCDE")
-        yield StepStats(1, num_drafted=4, num_accepted=1, verify_time_s=0.1, draft_time_s=0.1)
-        yield TokenDelta(1, (5, 6), "FG")
-        cancel.set()  # (a Ctrl-C while the next step ran: all 4 drafts accepted, 5 tokens, never printed)
-        yield StepStats(1, num_drafted=4, num_accepted=4, verify_time_s=0.1, draft_time_s=0.1)
-        yield TokenDelta(1, (7, 8, 9, 10, 11), "HIJKL")
-        yield RequestFinished(1, output)
-
-    spec = SpecStats(num_steps=3, num_drafted=12, num_accepted=8, num_emitted=11, accepted_per_position=(3, 2, 2, 1),
-                     drafted_per_position=(3, 3, 3, 3))
-    engine_stats = RequestStats(mode="sd", prompt_tokens=10, reused_prefix_tokens=0, prefill_tokens=10,
-                                generated_tokens=12, ttft_s=0.05, decode_time_s=1.0, total_time_s=1.05, spec=spec)
-    output = RequestOutput(1, [1], list(range(12)), "ABCDEFGHIJKL", FinishReason.CANCELLED, engine_stats)
-    ticks = iter([1.0, 2.0, 3.0])  # the clock as each text is printed: "A", "BCDE", "FG"
-    cancel = threading.Event()
-    streamed = print_stream(events(cancel), None, cancel=cancel, clock=lambda: next(ticks))
-    stats = streamed.stats
-    assert streamed.text == "ABCDEFG" and stats.generated_tokens == 7
-    assert stats.decode_tok_s == 3.0  # 6 tokens after the first in 2 s (the engine's: 11 in 1 s)
-    assert stats.tau == 3.0 and stats.acceptance_rate == 0.5  # 6 tokens in 2 steps, 4 of 8 drafts (engine: 3.67, 67%)
-    assert stats.line() == ("3.0 tok/s · TTFT 50 ms · 7 tokens · prefix reused 0/10 · sd tau 3.00 · accepted 50% · "
-                            "stopped: cancelled")
 
 
 def test_plain_says_what_to_do_when_the_context_limit_cut_a_reply(tiny_llama_dir, monkeypatch, capsys):
@@ -294,17 +141,17 @@ def test_plain_says_what_to_do_when_the_context_limit_cut_a_reply(tiny_llama_dir
     said why. One dim line on stderr says so and what to do; /clear only where earlier turns take room."""
     notice = "(the reply stopped at the context limit of {} tokens: shorten the prompt{})"
     with LLM(str(tiny_llama_dir), max_model_len=128, threads=1) as llm:  # (the tiny model never ends a reply)
-        _feed(monkeypatch, ["Paris is"])
+        feed(monkeypatch, ["Paris is"])
         run_plain(llm, SamplingParams(temperature=0, max_tokens=1000), None)
         captured = capsys.readouterr()
         assert [line for line in captured.err.splitlines() if "limit" in line] == [notice.format(128, "")]
         assert captured.out.count("\n") == 1  # stdout: the reply alone
-        _feed(monkeypatch, ["Paris is", "And then?"])
+        feed(monkeypatch, ["Paris is", "And then?"])
         run_plain(llm, SamplingParams(temperature=0, max_tokens=30), None)  # replies of 30 tokens: none cut
         assert "limit" not in capsys.readouterr().err
     with LLM(str(tiny_llama_dir), max_model_len=256, threads=1) as llm:
         # the second reply has room for a quarter of the context (the window keeps the first turn) but not for 85
-        _feed(monkeypatch, ["Paris is", "And then?"])
+        feed(monkeypatch, ["Paris is", "And then?"])
         run_plain(llm, SamplingParams(temperature=0, max_tokens=85), None)
         err = capsys.readouterr().err.splitlines()
         assert err[0].endswith("stopped: length") and err[-2].endswith("stopped: context")
