@@ -39,6 +39,7 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.spec_decode import ssd_step
 from engine.ssd import SsdDrafter
+from tests.engine.chi_square import P_BROKEN, P_PASS, chi_square_p_value
 from tests.engine.test_spec_step_exact import (
     BLOCK_SIZE,
     DRAFT_LOGITS,
@@ -53,7 +54,6 @@ from tests.engine.test_spec_step_exact import (
     draft_length,
     exact_ar_probs,
 )
-from tests.engine.test_speculative import P_BROKEN, P_PASS, chi_square_p_value
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 SAMPLED = (

@@ -1,6 +1,6 @@
 """Sampled SD and SSD steps, end to end through the engine's own step code, follow AR's distribution exactly.
 
-test_speculative.py checks the rejection rule (`verify_sampled`) on distributions it builds itself; the engine
+test_speculative*.py check the rejection rule (`verify_sampled`) on distributions they build themselves; the engine
 checks (test_spec_sampling.py) run real models but never a draft temperature, top-k or top-p, and take minutes.
 Here the real `sd_step` / `ssd_step`, `Drafter` / `SsdDrafter` (proposals, cache, hits, misses, fast backup),
 `draw_rows` and `spec_decode.verify` run on stand-in runners whose "models" are order-1 Markov chains (a token's
@@ -27,7 +27,7 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.spec_decode import sd_step, ssd_step
 from engine.ssd import SsdDrafter
-from tests.engine.test_speculative import P_BROKEN, P_PASS, chi_square_p_value
+from tests.engine.chi_square import P_BROKEN, P_PASS, chi_square_p_value
 
 VOCAB, START, NUM_EMIT, MAX_K = 4, 1, 4, 2
 BLOCK_SIZE, MAX_LEN = 4, 64
