@@ -17,7 +17,7 @@ from ssd_chat import cli
 from ssd_chat.plain import run_plain
 from ssd_chat.tui.live_stats import LiveStats
 from ssd_chat.tui.widgets.stats_panel import StatsPanel, _threads_note
-from tests.ssd_chat.test_plain import REPLY, _feed
+from tests.ssd_chat.plain_input import REPLY, feed
 from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle
 
 runner = CliRunner()
@@ -44,12 +44,12 @@ async def test_the_chat_apps_panel_says_a_reply_ran_on_fewer_threads(tmp_path):
 
 
 def test_the_plain_mode_says_a_reply_ran_on_fewer_threads(monkeypatch, capsys):
-    _feed(monkeypatch, ["hi", "again"])
+    feed(monkeypatch, ["hi", "again"])
     run_plain(FakeEngine(threads=(1, 2)), SamplingParams(temperature=0, max_tokens=32), None)
     first = capsys.readouterr()
     assert first.out == 2 * (REPLY + "\n")  # stdout keeps the replies alone
     assert first.err.count(FEWER_THREADS + "; --fixed-threads keeps them") == 2
-    _feed(monkeypatch, ["hi"])
+    feed(monkeypatch, ["hi"])
     run_plain(FakeEngine(threads=(2,)), SamplingParams(temperature=0, max_tokens=32), None)  # (never fewer)
     assert "threads" not in capsys.readouterr().err
 

@@ -9,7 +9,7 @@ import pytest
 from engine import LLM, SamplingParams
 from ssd_chat.context_window import reply_reserve, window_start
 from ssd_chat.plain import run_plain
-from tests.ssd_chat.test_plain import _feed
+from tests.ssd_chat.plain_input import feed
 from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle
 
 ROLES = ["user", "assistant"] * 5 + ["user"]  # five turns and a new prompt
@@ -78,7 +78,7 @@ async def test_the_chat_app_sends_the_latest_turns_and_keeps_them_all(tmp_path):
 
 def test_the_plain_mode_sends_the_latest_turns(monkeypatch, capsys):
     engine = FakeEngine(max_model_len=60)
-    _feed(monkeypatch, [f"question number {n}" for n in range(6)])
+    feed(monkeypatch, [f"question number {n}" for n in range(6)])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), "Be brief.")
     captured = capsys.readouterr()
     assert captured.out.count("Hello from the **fake** engine.") == 6
@@ -90,7 +90,7 @@ def test_the_plain_mode_sends_the_latest_turns(monkeypatch, capsys):
 
 def test_a_real_engine_chats_past_its_context(tiny_llama_dir, monkeypatch, capsys):
     with LLM(str(tiny_llama_dir), max_model_len=128, threads=1) as llm:
-        _feed(monkeypatch, [f"tell me about the number {n} and its neighbours" for n in range(12)])
+        feed(monkeypatch, [f"tell me about the number {n} and its neighbours" for n in range(12)])
         run_plain(llm, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), None)
     captured = capsys.readouterr()
     assert "error" not in captured.err and "no longer holds" in captured.err
@@ -140,7 +140,7 @@ def test_the_plain_mode_says_when_its_system_prompt_does_not_fit(monkeypatch, ca
     from engine.errors import PromptTooLongError
 
     engine = FakeEngine(max_model_len=8192, error=PromptTooLongError("the prompt has 9032 tokens: shorten it"))
-    _feed(monkeypatch, ["hello there"])
+    feed(monkeypatch, ["hello there"])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), "word " * 9000)
     assert capsys.readouterr().err.strip() == ("error: the system prompt has 9,003 tokens but the context limit is "
                                                "8,192: start again with a shorter --system, or none")

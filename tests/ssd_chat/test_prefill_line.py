@@ -11,7 +11,7 @@ from engine.outputs import PrefillProgress, ThreadsChanged, TokenDelta
 from ssd_chat import plain
 from ssd_chat.plain import run_plain
 from ssd_chat.prefill_line import ERASE, PrefillLine
-from tests.ssd_chat.test_plain import REPLY, _feed
+from tests.ssd_chat.plain_input import REPLY, feed
 from tests.ssd_chat.tui_fakes import FakeEngine
 
 
@@ -46,14 +46,14 @@ def test_nothing_is_written_where_the_stream_is_no_terminal():
 
 def test_the_plain_mode_shows_a_long_prompts_progress_on_a_terminal_only(monkeypatch, capsys):
     engine = FakeEngine(prefill_chunks=2)
-    _feed(monkeypatch, ["a long paste"])
+    feed(monkeypatch, ["a long paste"])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     piped = capsys.readouterr()
     assert piped.out == REPLY + "\n" and "reading the prompt" not in piped.err
 
     shown = io.StringIO()
     monkeypatch.setattr(plain, "PrefillLine", lambda **kwargs: PrefillLine(shown, enabled=True))
-    _feed(monkeypatch, ["a long paste"])
+    feed(monkeypatch, ["a long paste"])
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     assert capsys.readouterr().out == REPLY + "\n"  # stdout keeps the reply alone
     assert shown.getvalue().count("reading the prompt: ") == 2 and shown.getvalue().endswith(ERASE)
