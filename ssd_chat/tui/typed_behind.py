@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from textual import events
+from textual.widget import Widget
 from textual.widgets import Static
 
 from ssd_chat.tui.widgets.prompt_input import NEWLINE_KEYS, PromptArea
@@ -47,7 +48,26 @@ def typed_line(text: str, width: int, until: str) -> str:
     return f"{head}{last}{tail}"
 
 
-def show_typed(shown: Static, text: str, width: int, until: str) -> None:
-    """`shown`, the screen's line of what waits in the prompt: typed_line's, hidden while nothing does."""
-    shown.update(typed_line(text, width, until))
-    shown.display = bool(text)
+class TypedLine(Static):
+    """The screen's line of what waits in the prompt (typed_line's), hidden while nothing does. It keeps the text and
+    draws it again whenever its box's width changes: drawn once, as the keys came, a terminal made narrower wrapped it
+    over two lines, and one made wider left it short."""
+
+    def __init__(self, until: str, *, id: str) -> None:
+        super().__init__("", id=id, markup=False)
+        self.until = until
+        self.typed = ""
+
+    def show(self, text: str) -> None:
+        self.typed = text
+        self._draw()
+
+    def on_resize(self) -> None:
+        """The box resized (the terminal did): the line fits its new width."""
+        self._draw()
+
+    def _draw(self) -> None:
+        box = self.parent
+        width = box.content_size.width if isinstance(box, Widget) else self.size.width
+        self.update(typed_line(self.typed, width, self.until))
+        self.display = bool(self.typed)

@@ -69,3 +69,29 @@ async def test_what_was_typed_while_the_models_load_shows_on_one_line_at_60_colu
         assert "the end▏" in rendered(shown) and shown.size.height == 1
         release.set()
         await wait_for(pilot, lambda: not isinstance(app.screen, LoadingScreen), what="the chat screen")
+
+
+@pytest.mark.asyncio
+async def test_the_line_fits_the_box_again_after_a_resize(tmp_path):
+    """Its width was read once, as the keys came: a terminal made narrower wrapped the line over two, and one made
+    wider left it short of the box."""
+    engine, gate = FakeEngine(), threading.Event()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        _gate_the_rows(engine, gate)
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await type_text(pilot, LONG)
+        shown, box = screen.query_one("#compare-typed"), screen.query_one(".modal-box")
+        for width, inside in ((60, 54), (140, 94)):  # (the box: 100 columns at most, less its border and padding)
+            await pilot.resize_terminal(width, 40)
+            await pilot.pause()
+            assert box.content_size.width == inside
+            assert len(rendered(shown)) == box.content_size.width and shown.size.height == 1
+            assert "the end▏" in rendered(shown)
+        gate.set()
+        await settle(app, pilot)
+

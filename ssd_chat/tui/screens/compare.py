@@ -16,7 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from ssd_chat.tui.compare import RESTORE, WARM_UP, CompareReport, CompareSnapshot
-from ssd_chat.tui.typed_behind import show_typed, type_into
+from ssd_chat.tui.typed_behind import TypedLine, type_into
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 
 COLUMNS = ("mode", "decode tok/s", "TTFT ms", "tokens", "tau", "cache hits", "speed-up vs AR")
@@ -41,7 +41,7 @@ class CompareScreen(ModalScreen[None]):
             yield Static(self.prompt[:200], id="compare-prompt", markup=False)
             yield DataTable(id="compare-table", show_cursor=False)
             yield Static("starting…", id="compare-status")
-            yield Static("", id="compare-typed", markup=False)
+            yield TypedLine("in the prompt once closed", id="compare-typed")
 
     def on_mount(self) -> None:
         self._set_columns()
@@ -114,8 +114,7 @@ class CompareScreen(ModalScreen[None]):
         self._show_typed(area)
 
     def _show_typed(self, area: PromptArea) -> None:
-        show_typed(self.query_one("#compare-typed", Static), area.text,
-                   self.query_one(".modal-box").content_size.width, "in the prompt once closed")
+        self.query_one(TypedLine).show(area.text)
 
     def action_close(self) -> None:
         if self.report is None and not self.stopping:

@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Log, ProgressBar, Static
 
-from ssd_chat.tui.typed_behind import show_typed, type_into
+from ssd_chat.tui.typed_behind import TypedLine, type_into
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 
 
@@ -37,7 +37,7 @@ class LoadingScreen(Screen):
             yield Static(Text.assemble(("ssd-chat", "bold"), f"  loading {pair}"), id="loading-title")  # (no markup)
             yield ProgressBar(total=2 if self.draft is None else 3, show_eta=False, id="loading-progress")
             yield Static("", id="loading-elapsed")
-            yield Static("", id="loading-typed", markup=False)
+            yield TypedLine("in the prompt once loaded", id="loading-typed")
             yield Log(id="loading-log", max_lines=200)
 
     def on_mount(self) -> None:
@@ -67,8 +67,7 @@ class LoadingScreen(Screen):
     def _show_typed(self, area: PromptArea) -> None:
         """What was typed (its last line, the end of it where long), so that typing blind is not blind: it waits
         in the prompt."""
-        show_typed(self.query_one("#loading-typed", Static), area.text,
-                   self.query_one("#loading-box").content_size.width, "in the prompt once loaded")
+        self.query_one(TypedLine).show(area.text)
 
     def _waiting(self, area: PromptArea) -> bool:
         """Whether the input holds the prompt that waits to come back (/restart from the palette leaves it there)."""
