@@ -8,11 +8,12 @@ import threading
 import pytest
 from textual import events
 
-from ssd_chat.history import ChatSettings
+from ssd_chat.history import ChatSettings, Conversation, HistoryStore
 from ssd_chat.tui.app import ChatApp
 from ssd_chat.tui.screens.compare import CompareScreen
 from ssd_chat.tui.screens.loading import LoadingScreen
 from ssd_chat.tui.typed_behind import typed_line
+from ssd_chat.tui.widgets.prompt_input import PromptArea
 from tests.ssd_chat.test_tui_compare import _gate_the_rows
 from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
 
@@ -95,3 +96,49 @@ async def test_the_line_fits_the_box_again_after_a_resize(tmp_path):
         gate.set()
         await settle(app, pilot)
 
+
+@pytest.mark.asyncio
+async def test_text_already_in_the_prompt_shows_as_a_compare_starts(tmp_path):
+    """It showed only once a key was typed on the compare's screen: the text left in the prompt before Ctrl+R was
+    there all along, unseen."""
+    engine, gate = FakeEngine(), threading.Event()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        _gate_the_rows(engine, gate)
+        await type_text(pilot, "half a thought")
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await pilot.pause()
+        shown = screen.query_one("#compare-typed")
+        assert shown.display and rendered(shown).startswith("typed: half a thought▏")
+        assert shown.size.height == 1
+        gate.set()
+        await settle(app, pilot)
+
+
+@pytest.mark.asyncio
+async def test_a_resumed_draft_shows_while_the_models_load(tmp_path):
+    """--resume puts the chat's draft in the prompt before the models load, and typing then adds to it: the line
+    showed it only once a key was typed."""
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    chat = Conversation(None)
+    store.save(chat)
+    store.save_draft(chat.id, "half a thought")
+    release = threading.Event()
+
+    def load() -> FakeEngine:
+        release.wait(30)
+        return FakeEngine()
+
+    app = ChatApp(load, settings=ChatSettings(mode="ar"), store=store, target="fake-target", resume=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        assert isinstance(app.screen, LoadingScreen)
+        await pilot.pause()
+        shown = app.screen.query_one("#loading-typed")
+        assert shown.display and rendered(shown).startswith("typed: half a thought▏ (in the prompt once loaded)")
+        release.set()
+        await wait_for(pilot, lambda: not isinstance(app.screen, LoadingScreen), what="the chat screen")
+        assert app.query_one(PromptArea).text == "half a thought"

@@ -45,6 +45,7 @@ class CompareScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self._set_columns()
+        self._show_typed(self._prompt())  # (what the prompt held before Ctrl+R waits there too: it showed at a key)
 
     def on_resize(self) -> None:
         """The headers follow the terminal's width (short ones under NARROW columns)."""
@@ -102,16 +103,20 @@ class CompareScreen(ModalScreen[None]):
         """Typing goes into the chat's prompt, there once the compare closes (it was lost); q closes an ended one."""
         if event.key == "q" and self.report is not None:
             return
-        area = self.app.screen_stack[0].query_one(PromptArea)
+        area = self._prompt()
         if type_into(area, event):
             event.stop()
             self._show_typed(area)
 
     def on_paste(self, event: events.Paste) -> None:
-        area = self.app.screen_stack[0].query_one(PromptArea)
+        area = self._prompt()
         area.insert(event.text)
         event.stop()
         self._show_typed(area)
+
+    def _prompt(self) -> PromptArea:
+        """The chat screen's prompt, under this one."""
+        return self.app.screen_stack[0].query_one(PromptArea)
 
     def _show_typed(self, area: PromptArea) -> None:
         self.query_one(TypedLine).show(area.text)

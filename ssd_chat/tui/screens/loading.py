@@ -43,6 +43,7 @@ class LoadingScreen(Screen):
     def on_mount(self) -> None:
         self.set_interval(0.25, self._tick)
         self.add_line("starting the engine")
+        self._show_typed(self._prompt())  # (--resume's draft, there before the load: typing adds to it)
 
     def on_screen_resume(self) -> None:
         """Back on top after a dialog opened during the load (help, palette): leave if the engine is ready."""
@@ -65,9 +66,10 @@ class LoadingScreen(Screen):
         self._show_typed(area)
 
     def _show_typed(self, area: PromptArea) -> None:
-        """What was typed (its last line, the end of it where long), so that typing blind is not blind: it waits
-        in the prompt."""
-        self.query_one(TypedLine).show(area.text)
+        """What waits in the prompt (its last line, the end of it where long), so that typing blind is not blind: what
+        was typed, and what it adds to (--resume's draft); not the prompt that waits to come back, which what is
+        typed replaces (_make_room)."""
+        self.query_one(TypedLine).show("" if self._waiting(area) else area.text)
 
     def _waiting(self, area: PromptArea) -> bool:
         """Whether the input holds the prompt that waits to come back (/restart from the palette leaves it there)."""
