@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from platformdirs import user_data_dir
@@ -208,15 +208,25 @@ class HistoryStore:
         with self._db:
             self._db.execute("DELETE FROM drafts WHERE conversation_id = ?", (conversation_id,))
 
-    def drop_if_empty(self, conversation_id: int) -> bool:
-        """Delete the conversation where it holds no message and no draft (saved for a draft alone, which went back
-        into the input); returns whether it did. One statement: turns or a draft another window saved keep it."""
+    def drop_if_empty(self, conversation_id: int, new_chat: ChatSettings) -> bool:
+        """Delete the conversation where it holds nothing of its own (saved for a draft alone, which went back into
+        the input): no message, no draft, no title (UNTITLED) and `new_chat`'s settings, those a new chat starts with
+        (max_tokens aside: the run's, not a chat's). A title or settings it was given (/rename, the picker's rename,
+        /temp, a named chat /clear emptied) keep it: they went with it, at the next quit with the input empty.
+        Returns whether it did. One transaction: turns, a draft, a title or settings another window saved keep it."""
         with self._db:
-            cur = self._db.execute(
-                "DELETE FROM conversations WHERE id = ?"
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                "SELECT title, settings FROM conversations WHERE id = ?"
                 " AND NOT EXISTS (SELECT 1 FROM messages WHERE conversation_id = ?)"
-                " AND NOT EXISTS (SELECT 1 FROM drafts WHERE conversation_id = ?)", (conversation_id,) * 3)
-        return cur.rowcount > 0
+                " AND NOT EXISTS (SELECT 1 FROM drafts WHERE conversation_id = ?)", (conversation_id,) * 3).fetchone()
+            if row is None or row[0] != UNTITLED:
+                return False
+            settings = ChatSettings.from_dict(json.loads(row[1]))
+            if replace(settings, max_tokens=new_chat.max_tokens) != new_chat:
+                return False
+            self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        return True
 
     def draft(self, conversation_id: int) -> Draft:
         """The conversation's draft (Draft(): none)."""

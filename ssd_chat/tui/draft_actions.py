@@ -70,11 +70,11 @@ class DraftActions(_Base):
         if self.given:
             self.session.update_settings(**self.given)
         if unanswered is None:
-            self._put_back(self.session.take_draft())
+            self._put_back(self.session.take_draft(self.run_settings))
 
     def bring_back_draft(self) -> None:
         """A chat opened from Ctrl+O: its draft in the input, what was typed there one Ctrl+Z away."""
-        draft = self.session.take_draft()
+        draft = self.session.take_draft(self.run_settings)
         if draft.is_empty:
             return
         typed = self._put_back(draft)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING
 
+from ssd_chat.history import ChatSettings
 from ssd_chat.history_drafts import Draft, EditDraft
 
 if TYPE_CHECKING:
@@ -31,11 +32,13 @@ class SessionDrafts(_Base):
         except sqlite3.Error as err:
             self.on_save_error(f"the text you had not sent could not be saved ({err})")
 
-    def take_draft(self) -> Draft:
+    def take_draft(self, run_settings: ChatSettings) -> Draft:
         """The open chat's draft (Draft(): none), taken out of the history for the input (the next quit saves the
-        input). A chat with no turn, saved for its draft alone, goes with it (else, the input cleared, it stayed in
-        Ctrl+O's list as an empty "New chat"): the open chat is a new one again, saved by its first reply or by the
-        next quit's unsent text. Turns another window saved in it meanwhile keep it (HistoryStore.drop_if_empty)."""
+        input). A chat with no turn, saved for its draft alone, goes with it where it has nothing else of its own: no
+        title and `run_settings`, those this run starts a new chat with (else, the input cleared, it stayed in Ctrl+O's
+        list as an empty "New chat"): the open chat is a new one again, saved by its first reply or by the next quit's
+        unsent text. A title or settings it was given keep it (dropped, they were lost at a quit with the input
+        empty), and so do turns another window saved in it meanwhile (HistoryStore.drop_if_empty)."""
         if self.store is None or self.conversation.id is None:
             return Draft()
         try:
@@ -43,7 +46,7 @@ class SessionDrafts(_Base):
             if draft.is_empty:  # (an emptied chat, /clear's, is kept: its title and settings are the user's)
                 return draft
             self.store.drop_draft(self.conversation.id)
-            if not self.messages and self.store.drop_if_empty(self.conversation.id):
+            if not self.messages and self.store.drop_if_empty(self.conversation.id, run_settings):
                 self.conversation.id, self._synced = None, None
         except sqlite3.Error:  # (the chat opens all the same: told at its first save)
             return Draft()

@@ -4,6 +4,7 @@ did, and never writes over turns the other one saved (its own changed turns go t
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
@@ -166,27 +167,50 @@ def test_taking_a_draft_drops_its_empty_chat_but_never_one_with_turns(tmp_path):
     empty = Conversation(None)
     store.save(empty)
     store.save_draft(empty.id, "unsent")
-    here = ChatSession(store, ChatSettings())
+    run = ChatSettings()  # (what the run starts a new chat with: the chats below have it)
+    here = ChatSession(store, run)
     here.open(store.load(empty.id))
     _add_turn(HistoryStore(store.path), empty.id, "from there")  # (here still holds it empty)
-    assert here.take_draft().text == "unsent" and here.conversation.id == empty.id
+    assert here.take_draft(run).text == "unsent" and here.conversation.id == empty.id
     assert store.load(empty.id).messages[0].content == "from there"
     chat_id = _chat(store)
     store.save_draft(chat_id, "more")
     here.open(store.load(chat_id))
-    assert here.take_draft().text == "more" and here.conversation.id == chat_id and store.load(chat_id) is not None
+    assert here.take_draft(run).text == "more" and here.conversation.id == chat_id and store.load(chat_id) is not None
     lone = Conversation(None)
     store.save(lone)
     store.save_draft(lone.id, "alone")
     here.open(store.load(lone.id))
-    assert here.take_draft().text == "alone" and here.conversation.id is None and store.load(lone.id) is None
+    assert here.take_draft(run).text == "alone" and here.conversation.id is None and store.load(lone.id) is None
     here.keep_draft("alone")  # kept again at a quit: saved again, as a new chat
     assert here.conversation.id is not None and store.draft(here.conversation.id).text == "alone"
     cleared = Conversation(None, "Named, then cleared", ChatSettings(system="Be brief."))
     store.save(cleared)  # (as /clear leaves a chat: no turn, no draft; its title and settings the user's)
     here.open(store.load(cleared.id))
-    assert here.take_draft().is_empty and here.conversation.id == cleared.id and store.load(cleared.id) is not None
+    assert here.take_draft(run).is_empty and here.conversation.id == cleared.id and store.load(cleared.id) is not None
 
+
+
+def test_taking_a_draft_keeps_its_chat_where_it_has_a_title_or_settings_of_its_own(tmp_path):
+    """A chat saved for its draft alone that was given a title (/rename before the quit, the picker's rename since) or
+    settings (/temp, ...) went with the draft all the same, and a quit with the input empty lost them. Its max tokens
+    are the run's, not its own: they keep nothing."""
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    run = ChatSettings(temperature=0.0, max_tokens=64)  # (what this run starts a new chat with)
+    here = ChatSession(store, run)
+    kept = {"titled": Conversation(None, "Tea for two", run), "set": Conversation(None, settings=replace(run, k=2)),
+            "renamed": Conversation(None, settings=run)}
+    for chat in (*kept.values(), lone := Conversation(None, settings=replace(run, max_tokens=512))):
+        store.save(chat)
+        store.save_draft(chat.id, "unsent")
+    store.rename(kept["renamed"].id, "Named in the picker")
+    for name, chat in kept.items():
+        here.open(store.load(chat.id))
+        assert here.take_draft(run).text == "unsent" and here.conversation.id == chat.id, name
+        assert store.load(chat.id) is not None and store.draft(chat.id).is_empty, name
+    here.open(store.load(lone.id))
+    assert here.take_draft(run).text == "unsent" and here.conversation.id is None and store.load(lone.id) is None
+    assert [c.title for c in store.list()] == ["Named in the picker", "New chat", "Tea for two"]
 
 def test_undoing_a_delete_leaves_a_chat_another_window_brought_back_since(tmp_path):
     """A draft (or a reply) saved after Ctrl+O deleted the chat can only come from another window that had it open,

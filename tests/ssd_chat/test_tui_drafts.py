@@ -70,6 +70,24 @@ async def test_a_new_chat_with_nothing_but_typed_text_is_kept_for_it_until_the_t
     assert [(c.title, c.num_messages) for c in store.list()] == [("an earlier chat", 2)]
 
 
+
+@pytest.mark.asyncio
+async def test_a_chat_with_nothing_but_typed_text_keeps_a_title_and_settings_it_was_given(tmp_path):
+    """Named and set before any turn, then kept for its draft at a quit, the chat went with the draft as it came
+    back in the input: a quit with the input cleared lost its title and settings."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/rename Tea for two")
+        await send(app, pilot, "/temp 0.5")
+        await type_text(pilot, "not sent")
+        await _quit(app, pilot)
+    assert await _resumed_input(tmp_path) == ("not sent", [])  # (the input cleared before its quit)
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    [chat] = store.list()
+    assert (chat.title, chat.num_messages) == ("Tea for two", 0)
+    assert store.load(chat.id).settings.temperature == 0.5 and store.draft(chat.id).is_empty
+
 @pytest.mark.asyncio
 async def test_a_prompt_queued_behind_a_closing_compare_is_kept_at_a_quit(tmp_path):
     async with _queued(tmp_path) as (app, _engine, pilot, go_on, area):
