@@ -29,7 +29,7 @@ class CoreShare:
         self.affinity = usable()  # the cores this process had before any pin
         self.cores = self.affinity  # the cores it steps on now
         self.governor: ThreadGovernor | None = None  # (adapt, and several threads: the count while others are busy)
-        self.thread_changes = 0  # how often the governor changed the count (the bench reports it)
+        self.steps = self.steps_on_fewer = 0  # steps, and those on fewer threads than step_threads (for the bench)
         if (warning := crowding(placement, self.affinity)) is not None:
             log.warning(warning)
         self.threads = self.step_threads = torch.get_num_threads()  # until pin_leader sets them
@@ -70,7 +70,8 @@ class CoreShare:
         threads = self.step_threads if self.governor is None else self.governor.tick()
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        self.thread_changes += threads != before
+        self.steps += 1
+        self.steps_on_fewer += threads < self.step_threads
         return threads != before
 
     def _pin(self, cores: set[int] | tuple[int, ...] | None, threads: int | None) -> None:

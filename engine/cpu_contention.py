@@ -5,9 +5,14 @@ meeting waits for the OS to run the thread it put aside, and on two cores a step
 is then 2-3x faster than two (README, "A busy CPU"). Linux's /proc/stat counts each core's busy time, all programs
 and the hypervisor's steal together, and the process knows its own CPU time (its spinning threads included): the
 difference is what others took from the engine's cores. Every half second of stepping the governor turns that
-into the cores left free and steps with about that many threads, up to the engine's own count. It changes only
-when the free cores are more than `MARGIN` past the half-way point between two counts, so a load of about half a
-core (where one thread and two are as fast: tested beside a duty-cycle load) does not flip it every window.
+into a thread count, up to the engine's own.
+
+Each core others use `DROP_AT` of (0.3 of a core, 1.3 of two, ...) costs a thread, and the engine takes it back
+once they use less than `BACK_AT` of it. Both are low because the engine's spinning threads crowd the others out
+while it steps on every core: on the 2-vCPU VM (2026-12-06) a busy loop got 0.70 of a core there and 1.00 beside
+one thread, a load of half a core 0.37 and 0.49; one thread was the faster from loads of about 0.4 of a core on
+(beside a duty-cycle load of 10 ms periods). The gap between the two keeps a load near them from flipping the
+count every window.
 
 Exactness does not depend on it: every CPU kernel sums each output in one order on any thread count (the kernels'
 tests check 1 and 2 threads; tests/engine/test_cpu_contention.py a generation whose count changes every step).
@@ -17,6 +22,7 @@ Where /proc/stat is missing (macOS) the governor is off: the engine keeps its co
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Collection
@@ -25,7 +31,8 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 WINDOW_S = 0.5  # seconds of stepping per measurement
-MARGIN = 0.1  # cores past the half-way point between two thread counts before the count changes
+DROP_AT = 0.3  # of a core that others use: the engine gives that core up
+BACK_AT = 0.2  # ... and takes it back once they use less
 IDLE_S = 0.25  # a pause between steps this long starts a new window (the engine was idle, not busy)
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat's user, nice, system, irq, softirq, steal (guest is in user)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's units a second
@@ -54,19 +61,21 @@ def read_sample(cores: Collection[int]) -> Sample | None:
     return Sample(wall, busy / _TICKS, ours)
 
 
-def free_cores(start: Sample, end: Sample, cores: int) -> float:
-    """The cores others left free between two samples: `cores` less what others used (in cores), at least 0."""
-    wall = end.wall - start.wall
-    others = max(0.0, (end.busy - start.busy) - (end.ours - start.ours)) / wall
-    return max(0.0, cores - others)
+def others_use(start: Sample, end: Sample) -> float:
+    """The cores' worth of time others took from the cores between two samples, at least 0."""
+    return max(0.0, (end.busy - start.busy) - (end.ours - start.ours)) / (end.wall - start.wall)
 
 
-def threads_for(free: float, now: int, most: int) -> int:
-    """The thread count for `free` cores, stepping with `now`: the nearest count in 1..most once `free` is more than
-    MARGIN past the half-way point to another count, else `now`."""
-    if abs(free - now) <= 0.5 + MARGIN:
-        return now
-    return max(1, min(most, round(free)))
+def threads_for(others: float, cores: int, now: int, most: int) -> int:
+    """The thread count on `cores` cores stepping with `now` threads (at most `most`) while others use `others`
+    cores' worth: fewer once they use DROP_AT of a core more, more once they use BACK_AT of one less."""
+    fewer = cores - math.floor(others + 1 - DROP_AT)  # the cores they leave, a core counted from DROP_AT of it
+    more = cores - math.floor(others + 1 - BACK_AT)
+    if fewer < now:
+        return max(1, fewer)
+    if more > now:
+        return min(most, more)
+    return now
 
 
 class ThreadGovernor:
@@ -101,10 +110,10 @@ class ThreadGovernor:
         if end is None:
             return self.threads
         self._start = end
-        free = free_cores(start, end, len(self.cores))
-        chosen = threads_for(free, self.threads, self.most)
+        others = others_use(start, end)
+        chosen = threads_for(others, len(self.cores), self.threads, self.most)
         if chosen != self.threads:
-            log.info("stepping with %d of %d threads: other programs leave %.1f of the engine's %d cores free",
-                     chosen, self.most, free, len(self.cores))
+            log.info("stepping with %d of %d threads: other programs use %.2f of the engine's %d cores",
+                     chosen, self.most, others, len(self.cores))
             self.threads = chosen
         return self.threads

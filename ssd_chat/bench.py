@@ -104,7 +104,7 @@ def run_engine_mode(
     runs = []
     runner = llm.core.runner
     compiled_before, forwards_before = (runner.compiled.num_runs if runner.compiled else 0), runner.num_forwards
-    changes_before = llm.core_share.thread_changes
+    steps_before, fewer_before = llm.core_share.steps, llm.core_share.steps_on_fewer
     for i, ids in enumerate(prompt_ids):
         progress(f"{spec.mode}: prompt {i + 1}/{len(prompt_ids)}")
         out = llm.generate([ids], config.sampling(i))[0]
@@ -118,7 +118,9 @@ def run_engine_mode(
             log.warning("%s: only %.0f%% of the target's forwards ran compiled (the rest eager)", spec.mode,
                         100 * compiled_share)
     return ModeResult(spec.mode, runs, row_cost=round(cost.fit.value, 3) if measured else None,
-                      compiled_share=compiled_share, thread_changes=llm.core_share.thread_changes - changes_before)
+                      compiled_share=compiled_share,
+                      fewer_threads_share=(llm.core_share.steps_on_fewer - fewer_before)
+                      / max(1, llm.core_share.steps - steps_before))
 
 
 def run_hf(

@@ -28,7 +28,7 @@ class ModeResult:
     identical_to_ar: bool | None = None  # None for "ar" itself, or when "ar" was not run
     row_cost: float | None = None  # SD / SSD: the extra verify time per query row the engine fitted (spec_length)
     compiled_share: float | None = None  # --compile: the share of the target's forwards that ran compiled
-    thread_changes: int = 0  # how often the engine changed its thread count: other programs used its cores
+    fewer_threads_share: float = 0.0  # its steps on fewer threads than the engine has: other programs used its cores
 
     @property
     def outputs(self) -> list[list[int]]:
@@ -115,7 +115,7 @@ class ModeResult:
             "identical_to_ar": self.identical_to_ar,
             "row_cost": self.row_cost,
             "compiled_share": self.compiled_share,
-            "thread_changes": self.thread_changes,
+            "fewer_threads_share": self.fewer_threads_share,
             "round_ms": self.round_ms,
         }
 

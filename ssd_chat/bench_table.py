@@ -64,13 +64,12 @@ def render_table(report: BenchReport) -> Table:
 
 def round_lines(report: BenchReport) -> list[str]:
     """One line per speculative mode under the table: where its mean round's time went; one per mode whose engine
-    changed its thread count (another program used its cores: its figures are not a quiet machine's)."""
+    stepped with fewer threads (another program used its cores: its figures are not a quiet machine's)."""
     lines = []
     for r in report.results:
-        if r.thread_changes:
-            times = "once" if r.thread_changes == 1 else f"{r.thread_changes} times"
-            lines.append(f"{r.mode}: other programs used the engine's cores, and it changed its thread count {times} "
-                         "(--fixed-threads keeps them)")
+        if r.fewer_threads_share:
+            lines.append(f"{r.mode}: {r.fewer_threads_share:.0%} of its steps ran on fewer threads, as other programs "
+                         "used the engine's cores (--fixed-threads keeps them)")
         ms = r.round_ms
         if ms is None:
             continue

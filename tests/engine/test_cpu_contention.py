@@ -20,20 +20,23 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc/stat")
 
 
-@pytest.mark.parametrize(("free", "now", "most", "chosen"), [
-    (2.0, 2, 2, 2), (1.5, 2, 2, 2), (1.45, 2, 2, 2),  # a half core taken: one thread and two are as fast
-    (1.35, 2, 2, 1), (1.0, 2, 2, 1), (0.0, 2, 2, 1),  # a core taken: one thread; never none
-    (1.55, 1, 2, 1), (1.65, 1, 2, 2), (2.0, 1, 2, 2),  # back up once the other program leaves the core
-    (3.9, 1, 2, 2), (2.3, 8, 8, 2), (6.8, 2, 8, 7),  # never more than the engine's count; several cores at once
+@pytest.mark.parametrize(("others", "cores", "now", "most", "chosen"), [
+    (0.0, 2, 2, 2, 2), (0.25, 2, 2, 2, 2),  # quiet, or a light load: both threads
+    (0.35, 2, 2, 2, 1), (0.7, 2, 2, 2, 1), (1.0, 2, 2, 2, 1),  # a half-core load, a busy loop (as measured beside
+    (2.0, 2, 2, 2, 1),  # two threads, which crowd it out): one thread; and never none
+    (1.0, 2, 1, 2, 1), (0.25, 2, 1, 2, 1),  # beside one thread the load shows whole: it keeps the core
+    (0.15, 2, 1, 2, 2), (0.0, 2, 1, 2, 2),  # it left: both threads again
+    (1.0, 4, 2, 2, 2), (2.5, 4, 2, 2, 1),  # two threads on four cores: others have room beside them, until they don't
+    (1.4, 8, 8, 8, 6), (1.4, 8, 6, 8, 6), (0.5, 8, 6, 8, 7),  # eight cores: a core a load, each way
 ])
-def test_the_thread_count_follows_the_free_cores_with_a_margin(free, now, most, chosen):
-    assert cc.threads_for(free, now, most) == chosen
+def test_each_core_others_use_costs_a_thread_with_a_gap_before_it_comes_back(others, cores, now, most, chosen):
+    assert cc.threads_for(others, cores, now, most) == chosen
 
 
-def test_free_cores_are_the_cores_less_what_other_programs_used():
+def test_others_use_what_the_cores_were_busy_with_beyond_this_process():
     start, end = cc.Sample(10.0, 100.0, 5.0), cc.Sample(10.5, 101.8, 5.9)  # 1.8 core-s busy, 0.9 of them ours
-    assert cc.free_cores(start, end, 2) == pytest.approx(2 - 0.9 / 0.5)
-    assert cc.free_cores(start, cc.Sample(10.5, 100.8, 5.9), 2) == 2.0  # (ticks: busy can read below ours)
+    assert cc.others_use(start, end) == pytest.approx(0.9 / 0.5)
+    assert cc.others_use(start, cc.Sample(10.5, 100.8, 5.9)) == 0.0  # (ticks: busy can read below ours)
 
 
 class FakeMachine:
@@ -64,10 +67,11 @@ def test_the_governor_drops_a_thread_while_another_program_runs_and_takes_it_bac
         return counts
 
     assert set(steps(1.0)) == {2}  # quiet
-    machine.others = 1.0  # a busy loop: while we step on two threads it gets about 2/3 of a core
+    machine.others = 0.7  # a busy loop: while we step on two threads it gets about 0.7 of a core
     with caplog.at_level(logging.INFO, logger="engine.cpu_contention"):
-        assert steps(0.6, ours=1.33)[-1] == 1
+        assert steps(0.6, ours=1.3)[-1] == 1
     assert "stepping with 1 of 2 threads" in caplog.text
+    machine.others = 1.0
     assert set(steps(2.0, ours=1.0)) == {1}  # it has its core now: one thread stays
     machine.others = 0.0
     assert steps(1.2, ours=1.0)[-1] == 2
