@@ -7,12 +7,13 @@ and the hypervisor's steal together, and the process knows its own CPU time (its
 difference is what others took from the engine's cores. Every half second of stepping the governor turns that
 into a thread count, up to the engine's own.
 
-Each core others use `DROP_AT` of (0.3 of a core, 1.3 of two, ...) costs a thread, and the engine takes it back
-once they use less than `BACK_AT` of it. Both are low because the engine's spinning threads crowd the others out
-while it steps on every core: on the 2-vCPU VM (2026-12-06) a busy loop got 0.70 of a core there and 1.00 beside
-one thread, a load of half a core 0.37 and 0.49; one thread was the faster from loads of about 0.4 of a core on
-(beside a duty-cycle load of 10 ms periods). The gap between the two keeps a load near them from flipping the
-count every window.
+Each core others use `TAKEN_AT` of (0.35 of a core, 1.35 of two, ...) costs a thread. On the 2-vCPU VM
+(2026-12-06, beside a load busy for a share of every 10 ms) two threads and one were about as fast at 0.4-0.5 of a
+core of load (one run or the other ahead, by the VM's noise), one thread the faster from 0.75 on, two below 0.3;
+and a load shows less than it is while the engine steps on every core, as its spinning threads crowd it out: a
+busy loop as 0.70 of a core, half a core as 0.37, 0.4 as 0.29 (beside one thread each shows whole). So a load
+drops a thread from about half a core, and the thread comes back once the load is under 0.35: loads between stay
+where they are, and do not flip the count every window.
 
 Exactness does not depend on it: every CPU kernel sums each output in one order on any thread count (the kernels'
 tests check 1 and 2 threads; tests/engine/test_cpu_contention.py a generation whose count changes every step).
@@ -31,8 +32,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 WINDOW_S = 0.5  # seconds of stepping per measurement
-DROP_AT = 0.3  # of a core that others use: the engine gives that core up
-BACK_AT = 0.2  # ... and takes it back once they use less
+TAKEN_AT = 0.35  # of a core that others use (as measured): the engine gives that core up
 IDLE_S = 0.25  # a pause between steps this long starts a new window (the engine was idle, not busy)
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat's user, nice, system, irq, softirq, steal (guest is in user)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's units a second
@@ -66,16 +66,10 @@ def others_use(start: Sample, end: Sample) -> float:
     return max(0.0, (end.busy - start.busy) - (end.ours - start.ours)) / (end.wall - start.wall)
 
 
-def threads_for(others: float, cores: int, now: int, most: int) -> int:
-    """The thread count on `cores` cores stepping with `now` threads (at most `most`) while others use `others`
-    cores' worth: fewer once they use DROP_AT of a core more, more once they use BACK_AT of one less."""
-    fewer = cores - math.floor(others + 1 - DROP_AT)  # the cores they leave, a core counted from DROP_AT of it
-    more = cores - math.floor(others + 1 - BACK_AT)
-    if fewer < now:
-        return max(1, fewer)
-    if more > now:
-        return min(most, more)
-    return now
+def threads_for(others: float, cores: int, most: int) -> int:
+    """The thread count (1 to `most`) on `cores` cores while others use `others` cores' worth of them: the cores
+    they leave, each core counted as theirs from TAKEN_AT of it."""
+    return max(1, min(most, cores - math.floor(others + 1 - TAKEN_AT)))
 
 
 class ThreadGovernor:
@@ -111,7 +105,7 @@ class ThreadGovernor:
             return self.threads
         self._start = end
         others = others_use(start, end)
-        chosen = threads_for(others, len(self.cores), self.threads, self.most)
+        chosen = threads_for(others, len(self.cores), self.most)
         if chosen != self.threads:
             log.info("stepping with %d of %d threads: other programs use %.2f of the engine's %d cores",
                      chosen, self.most, others, len(self.cores))
