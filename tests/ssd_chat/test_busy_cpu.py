@@ -5,18 +5,22 @@ the plain mode say the engine stepped with fewer threads, the bench says which r
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
 from typer.testing import CliRunner
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, affinity
 from engine.core_share import ThreadGovernor
 from engine.outputs import FEWER_THREADS, ThreadsChanged
 from ssd_chat import cli
 from ssd_chat.plain import run_plain
 from ssd_chat.tui.live_stats import LiveStats
 from ssd_chat.tui.widgets.stats_panel import StatsPanel, _threads_note
+from tests.engine.test_spec_decode import noisy_copy
+from tests.ssd_chat.cli_runs import REPO_ROOT
 from tests.ssd_chat.plain_input import REPLY, feed
 from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle
 
@@ -98,3 +102,20 @@ def test_ask_and_the_plain_mode_take_fixed_threads(fixed, tiny_llama_dir, monkey
         result = runner.invoke(cli.app, args, input="hi\n")
         assert result.exit_code == 0, result.output
     assert [kwargs["adapt_threads"] for kwargs in made] == [not fixed] * 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(affinity.usable()) < 2,
+                    reason="the governor reads Linux's /proc/stat, and has nothing to drop on one core")
+def test_the_busy_cpu_script_runs_end_to_end(tiny_llama_dir, tmp_path):
+    """scripts/busy_cpu.py on the tiny model: a row per load, the same tokens in every round, the reply's line."""
+    draft = noisy_copy(tiny_llama_dir, tmp_path / "draft", scale=0.3)
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "busy_cpu.py"), "--target", str(tiny_llama_dir), "--draft",
+         str(draft), "--loads", "0,1", "--rounds", "2", "--limit", "1", "--max-tokens", "6", "--reply-tokens", "8"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("load ")]
+    assert [row.split(":")[0] for row in rows] == ["load 0", "load 1"]
+    assert all(row.endswith("tokens the same") and row.count("%)") == 2 for row in rows)
+    assert proc.stdout.rstrip().splitlines()[-1].endswith(" s") and "the reply ended at" in proc.stdout
