@@ -74,6 +74,11 @@ class CoreShare:
         self.steps_on_fewer += threads < self.step_threads
         return threads != before
 
+    def stepped(self) -> None:
+        """After each step (the governor's pauses are from a step's end)."""
+        if self.governor is not None:
+            self.governor.done()
+
     def _pin(self, cores: set[int] | tuple[int, ...] | None, threads: int | None) -> None:
         """engine.affinity.pin, remembering the thread count every step must run with."""
         pin(cores, threads)

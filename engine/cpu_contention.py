@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 WINDOW_S = 0.5  # seconds of stepping per measurement
 TAKEN_AT = 0.35  # of a core that others use (as measured): the engine gives that core up
-IDLE_S = 0.25  # a pause between steps this long starts a new window (the engine was idle, not busy)
+IDLE_S = 0.25  # a pause this long from one step's end to the next's start starts a new window (idle, not busy)
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat's user, nice, system, irq, softirq, steal (guest is in user)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's units a second
 
@@ -81,7 +81,7 @@ class ThreadGovernor:
         self.cores, self.most, self.threads = tuple(cores), most, most
         self._read, self._clock = read, clock
         self._start: Sample | None = None
-        self._last_step = float("-inf")
+        self._last_end = float("-inf")  # when the last step ended
 
     @classmethod
     def where_useful(cls, cores: Collection[int], most: int) -> ThreadGovernor | None:
@@ -94,9 +94,9 @@ class ThreadGovernor:
     def tick(self) -> int:
         """Called before each step: the thread count for it."""
         now = self._clock()
-        if now - self._last_step > IDLE_S:  # the first step, or after a pause: measure from here
+        if now - self._last_end > IDLE_S:  # the first step, or after a pause: measure from here
             self._start = self._read(self.cores)
-        self._last_step = now
+        self._last_end = now  # (until done(): a step that never reports its end is no pause)
         start = self._start
         if start is None or now - start.wall < WINDOW_S:
             return self.threads
@@ -111,3 +111,10 @@ class ThreadGovernor:
                      chosen, self.most, others, len(self.cores))
             self.threads = chosen
         return self.threads
+
+    def done(self) -> None:
+        """Called after each step: the time to the next one is the engine's pause, not the step's. (From the start
+        of a step, a step slowed by the very programs the governor measures looked like a pause: beside a busy
+        loop and the chat app's UI a verify took 0.5-0.9 s, and no window ever completed.)"""
+        self._last_end = self._clock()
+

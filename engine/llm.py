@@ -263,6 +263,7 @@ class LLM:
                 return
             try:
                 outputs = self.core.step()
+                self.core_share.stepped()
             except KeyboardInterrupt:  # a second Ctrl-C cut the step: its lists and SSD's draft process half-way
                 self._cut = True
                 if self.remote is not None:

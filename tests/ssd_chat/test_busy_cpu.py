@@ -68,6 +68,9 @@ class Flipper:
         self.threads = 1 + self.threads % self.most
         return self.threads
 
+    def done(self) -> None:
+        pass
+
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the governor reads Linux's /proc/stat")
 @pytest.mark.parametrize("fixed", [False, True])
