@@ -18,6 +18,7 @@ import torch
 
 from engine.affinity import pin, usable
 from engine.cpu_contention import ThreadGovernor
+from engine.outputs import ThreadsChanged
 from engine.placement import Placement, crowding, off_the_draft
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ class CoreShare:
     def threads_now(self) -> int:
         """The thread count steps run with now: the governor's, else the engine's."""
         return self.step_threads if self.governor is None else self.governor.threads
+
+    def threads_note(self, request_id: int) -> ThreadsChanged:
+        """The event that tells a request the thread count steps run with now."""
+        return ThreadsChanged(request_id, self.threads_now, self.step_threads)
 
     def sync_thread(self) -> bool:
         """The calling thread steps with the engine's thread count (it may not be the thread that set it), or the

@@ -25,7 +25,7 @@ from engine.detokenizer import IncrementalDetokenizer, make_decoder, make_tail_c
 from engine.errors import EngineError, InvalidParameterError
 from engine.layers.packed import runs_q8
 from engine.model_dir import inspect_model_dir
-from engine.outputs import ALSO_AN_EVENT, Event, FinishReason, RequestOutput, ThreadsChanged
+from engine.outputs import ALSO_AN_EVENT, Event, FinishReason, RequestOutput
 from engine.placement import describe, plan
 from engine.registry import resolve_model
 from engine.remote_drafter import RemoteDrafter
@@ -229,8 +229,8 @@ class LLM:
         detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
         state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=self.config.drafted_k(spec.k))
         self._requests[seq.seq_id] = state
-        if self.core_share.threads_now < self.core_share.step_threads:
-            self._tell_threads([state])
+        if self.core_share.threads_now < self.core_share.step_threads:  # (others use the cores: it hears so first)
+            state.events.append(self.core_share.threads_note(state.request_id))
         self.core.add(seq, spec)
         self._report_warnings()  # (a mode whose draft process was lost: its warning, and the state reports AR)
         return state
@@ -247,14 +247,10 @@ class LLM:
                     state.fell_back_to_ar()
         self.core.warnings.clear()
 
-    def _tell_threads(self, states) -> None:
-        for state in states:
-            state.events.append(ThreadsChanged(state.request_id, self.core_share.threads_now,
-                                               self.core_share.step_threads))
-
     def _step(self) -> None:
         if self.core_share.sync_thread():  # (a step on another thread would take torch's default: one thread a core)
-            self._tell_threads(self._requests.values())
+            for state in self._requests.values():
+                state.events.append(self.core_share.threads_note(state.request_id))
         # close() from another thread waits for this step; a Ctrl-C lands between steps (engine.interrupts), so
         # the engine stays whole (SSD's draft process mid-round went out of step: close() then waited 2 minutes)
         with self._stepping, interrupts.held():
