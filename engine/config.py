@@ -32,6 +32,11 @@ MAX_THREADS = 1024
 MAX_FANOUT = SCRATCH_SLOTS
 
 
+
+def capped(k: int, max_draft: int | None) -> int:
+    """The most tokens a round drafts for a k of `k` where rounds draft at most `max_draft` (None: no cap)."""
+    return k if max_draft is None else min(k, max_draft)
+
 @dataclass(frozen=True)
 class FastPath:
     """The fast paths, each with a switch (the CPU ignores eager and refuses flashinfer).
@@ -112,7 +117,7 @@ class EngineConfig:
 
     def drafted_k(self, k: int) -> int:
         """The most tokens a round drafts for SpeculationConfig.k = k: k, or max_draft where lower (the CPU's 31)."""
-        return k if self.max_draft is None else min(k, self.max_draft)
+        return capped(k, self.max_draft)
 
     @property
     def on_cuda(self) -> bool:

@@ -6,7 +6,7 @@ for any proposal length and any speculation cache.
 
 from __future__ import annotations
 
-from engine.config import CPU_MAX_DRAFT, SpeculationConfig
+from engine.config import CPU_MAX_DRAFT, SpeculationConfig, capped
 from engine.sequence import Sequence, StepOutput
 from engine.spec_length import PROBE_EVERY, ROW_COST, RoundCost, best_k
 
@@ -63,8 +63,7 @@ class SpecPolicy:
 
     def draft_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
         """_chosen_length, at most `max_draft` (the verify rows that still give one-row decoding's bits)."""
-        k = self._chosen_length(seq, spec)
-        return k if self.max_draft is None else min(k, self.max_draft)
+        return capped(self._chosen_length(seq, spec), self.max_draft)
 
     def fanout(self, spec: SpeculationConfig, k: int, seqs: list[Sequence]) -> tuple[int, ...]:
         """SSD's branches per outcome for a round of at most `k` drafts: the setting's, or the geometric fan-out

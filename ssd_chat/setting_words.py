@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine.config import MAX_FANOUT, MAX_K, MODES, SCRATCH_SLOTS
+from engine.config import MAX_FANOUT, MAX_K, MODES, SCRATCH_SLOTS, capped
 from engine.errors import InvalidParameterError
 from engine.sampling_params import MAX_TEMPERATURE
 from ssd_chat import typed_numbers
@@ -37,7 +37,7 @@ def check(names: Mapping[str, str], mode: object, k: object, fanout: object, dra
         raise InvalidParameterError(f"{names['k']} takes {TAKES['k']}; got {_given(k)}")
     if fanout is None:  # (the default: geometric for the measured acceptance)
         return
-    drafts = k if drafted is None else min(k, drafted)
+    drafts = capped(k, drafted)
     counts = (fanout,) if _whole(fanout) else tuple(fanout) if isinstance(fanout, tuple | list) else ()
     if not counts or len(counts) not in (1, drafts + 1):
         raise InvalidParameterError(f"{names['fanout']} takes one count or k+1 = {drafts + 1} of them (SSD's "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import combinations
 
-from engine.config import SpeculationConfig
+from engine.config import SpeculationConfig, capped
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
 from ssd_chat import setting_words
@@ -39,7 +39,7 @@ def check(settings: ChatSettings, base: SpeculationConfig, vocab: int | None = N
 def speculation(settings: ChatSettings, base: SpeculationConfig, max_draft: int | None = None) -> SpeculationConfig:
     """What a reply of a chat with these settings speculates with: its k as the engine drafts it (/k 32 on the CPU:
     31, the same rounds), so that a fan-out of k+1 counts for the k drafted is the engine's k+1."""
-    k = settings.k if max_draft is None else min(settings.k, max_draft)
+    k = capped(settings.k, max_draft)
     return replace(base, mode=settings.mode, k=k, fanout=settings.fanout)
 
 
