@@ -13,6 +13,7 @@ count is lowered while other programs use the process's cores (engine.cpu_conten
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from engine.affinity import pin, usable
 from engine.cpu_contention import ThreadGovernor
 from engine.outputs import ThreadsChanged
 from engine.placement import Placement, crowding, off_the_draft
+
+if TYPE_CHECKING:
+    from engine.request import RequestState
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +68,24 @@ class CoreShare:
         """The thread count steps run with now: the governor's, else the engine's."""
         return self.step_threads if self.governor is None else self.governor.threads
 
-    def threads_note(self, request_id: int) -> ThreadsChanged:
-        """The event that tells a request the thread count steps run with now."""
-        return ThreadsChanged(request_id, self.threads_now, self.step_threads)
+    def tell(self, state: RequestState) -> None:
+        """A ThreadsChanged for a request where steps run on another count than the one it last heard (a new one
+        presumes every thread): the governor's changes, and a new governor (_pin: SSD's draft process lost mid-reply
+        gives every core back) that starts on every thread after the old one had told it of fewer."""
+        now = (self.threads_now, self.step_threads)
+        heard = state.threads_heard or (now[1], now[1])
+        if now != heard and (now[0] < now[1] or heard[0] < heard[1]):  # (not for a new count of all threads)
+            state.events.append(ThreadsChanged(state.request_id, *now))
+            state.threads_heard = now
 
-    def sync_thread(self) -> bool:
+    def sync_thread(self) -> None:
         """The calling thread steps with the engine's thread count (it may not be the thread that set it), or the
-        governor's where other programs use the cores. True where the governor changed it."""
-        before = self.threads_now
+        governor's where other programs use the cores."""
         threads = self.step_threads if self.governor is None else self.governor.tick()
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         self.steps += 1
         self.steps_on_fewer += threads < self.step_threads
-        return threads != before
 
     def stepped(self) -> None:
         """After each step (the governor's pauses are from a step's end)."""

@@ -229,8 +229,7 @@ class LLM:
         detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
         state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=self.config.drafted_k(spec.k))
         self._requests[seq.seq_id] = state
-        if self.core_share.threads_now < self.core_share.step_threads:  # (others use the cores: it hears so first)
-            state.events.append(self.core_share.threads_note(state.request_id))
+        self.core_share.tell(state)  # (where others use the cores: it hears so first)
         self.core.add(seq, spec)
         self._report_warnings()  # (a mode whose draft process was lost: its warning, and the state reports AR)
         return state
@@ -248,9 +247,9 @@ class LLM:
         self.core.warnings.clear()
 
     def _step(self) -> None:
-        if self.core_share.sync_thread():  # (a step on another thread would take torch's default: one thread a core)
-            for state in self._requests.values():
-                state.events.append(self.core_share.threads_note(state.request_id))
+        self.core_share.sync_thread()  # (a step on another thread would take torch's default: one thread a core)
+        for state in self._requests.values():  # (each hears of a change of the count it steps on)
+            self.core_share.tell(state)
         # close() from another thread waits for this step; a Ctrl-C lands between steps (engine.interrupts), so
         # the engine stays whole (SSD's draft process mid-round went out of step: close() then waited 2 minutes)
         with self._stepping, interrupts.held():

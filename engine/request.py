@@ -48,6 +48,7 @@ class RequestState:
         self.t_last: float | None = None
         self.output: RequestOutput | None = None
         self.spec = _SpecCounters(k) if mode != "ar" else None
+        self.threads_heard: tuple[int, int] | None = None  # its last ThreadsChanged's (threads, most) (CoreShare.tell)
 
     @property
     def request_id(self) -> int:

@@ -175,6 +175,22 @@ def test_each_reply_hears_of_the_thread_count(tiny_llama_dir):
         assert any(isinstance(e, TokenDelta) for e in events)
 
 
+def test_a_reply_told_of_fewer_threads_hears_of_all_again_when_the_governor_is_replaced(tiny_llama_dir):
+    """A new governor mid-reply (CoreShare._pin: SSD's draft process lost gives the target every core back) starts
+    on every thread: a reply told it ran on fewer hears so, rather than show the old count to its end."""
+    with LLM(str(tiny_llama_dir), max_model_len=256, threads=2, adapt_threads=False) as llm:
+        stuck = Flipper()
+        stuck.tick = lambda: 1
+        stuck.threads = 1
+        llm.core_share.governor = stuck
+        events = llm.stream(PROMPTS[0], GREEDY)
+        first = next(events)
+        assert isinstance(first, ThreadsChanged) and (first.threads, first.most) == (1, 2)
+        llm.core_share._pin(None, 2)  # (as share(False) does; adapt_threads=False: no governor from here)
+        changes = [(e.threads, e.most) for e in events if isinstance(e, ThreadsChanged)]
+        assert changes == [(2, 2)]
+
+
 @linux_only
 def test_an_engine_on_several_threads_has_a_governor(tiny_llama_dir):
     with LLM(str(tiny_llama_dir), max_model_len=256, threads=2) as llm:
