@@ -4,23 +4,22 @@ and without it (--fixed-threads), beside duty-cycle loads, and when a busy loop 
     python scripts/busy_cpu.py [--mode ar|sd] [--loads 0,0.25,0.5,0.75,1] [--rounds 2] [--limit 4]
                                [--max-tokens 128] [--reply-tokens 900]
 
-One engine with a thread a core (`LLM(threads=os.cpu_count())`); for each load, a child process that is busy for
-that share of every 10 ms (1: a busy loop), then the prompts of assets/prompts/chat.jsonl through the chat template,
-greedy, alternately with the governor and with every thread, `--rounds` times. Prints tok/s, the share of steps on
-fewer threads, and whether every round's tokens equal the first's. Then one long reply, a busy loop from 2 s to 5 s:
-when the thread count changed. Linux only (the governor reads /proc/stat).
+One engine with a thread a core it may use (`LLM(threads=len(affinity.usable()))`); for each load, a child process
+that is busy for that share of every 10 ms (1: a busy loop), then the prompts of assets/prompts/chat.jsonl through
+the chat template, greedy, alternately with the governor and with every thread, `--rounds` times. Prints tok/s, the
+share of steps on fewer threads, and whether every round's tokens equal the first's. Then one long reply, a busy
+loop from 2 s to 5 s: when the thread count changed. Linux only (the governor reads /proc/stat).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import subprocess
 import sys
 import time
 
-from engine import LLM, SamplingParams, ThreadsChanged, TokenDelta
+from engine import LLM, SamplingParams, ThreadsChanged, TokenDelta, affinity
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 # Busy for `share` (argv[1]) of every 10 ms, asleep the rest, until killed: a child of its own that imports nothing
@@ -94,13 +93,14 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     draft = dict(draft=args.draft, mode="sd", k=4) if args.mode == "sd" else {}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    with LLM(args.target, threads=os.cpu_count(), **draft) as llm:
+    threads = len(affinity.usable())  # (not os.cpu_count(): under taskset or a cpuset, more threads than cores)
+    with LLM(args.target, threads=threads, **draft) as llm:
         governor = llm.core_share.governor
         if governor is None:
             parser.error("no thread governor here: it needs Linux's /proc/stat and at least two cores")
         prompts = [llm.encode_chat(m) for m in load_prompts(DEFAULT_PROMPTS, limit=args.limit)]
         first = rate(llm, prompts, params, True, governor)[2]  # (warm-up; every round's tokens against these)
-        print(f"{args.mode}, {os.cpu_count()} threads, {len(prompts)} prompts x {args.max_tokens} tokens: tok/s "
+        print(f"{args.mode}, {threads} threads, {len(prompts)} prompts x {args.max_tokens} tokens: tok/s "
               "(share of steps on fewer threads)")
         for share in (float(x) for x in args.loads.split(",")):
             child, rows, same = load(share), {True: [], False: []}, True

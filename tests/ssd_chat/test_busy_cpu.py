@@ -4,6 +4,7 @@ the plain mode say the engine stepped with fewer threads, the bench says which r
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -122,3 +123,19 @@ def test_the_busy_cpu_script_runs_end_to_end(tiny_llama_dir, tmp_path):
     assert [row.split(":")[0] for row in rows] == ["load 0", "load 1"]
     assert all(row.endswith("tokens the same") and row.count("%)") == 2 for row in rows)
     assert proc.stdout.rstrip().splitlines()[-1].endswith(" s") and "the reply ended at" in proc.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(affinity.usable()) < 2,
+                    reason="the governor reads Linux's /proc/stat, and has nothing to drop on one core")
+def test_the_busy_cpu_script_takes_a_thread_a_core_it_may_use(tiny_llama_dir, monkeypatch, capsys):
+    """Fewer usable cores than the machine has (taskset, a container's cpuset): a thread for each usable one, where
+    one a core of the machine's left the engine no governor (more threads than cores) and the script stopped."""
+    spec = importlib.util.spec_from_file_location("busy_cpu", REPO_ROOT / "scripts" / "busy_cpu.py")
+    busy_cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(busy_cpu)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4 * len(affinity.usable()))
+    monkeypatch.setattr(sys, "argv", ["busy_cpu.py", "--target", str(tiny_llama_dir), "--mode", "ar", "--loads", "0",
+                                      "--rounds", "1", "--limit", "1", "--max-tokens", "4", "--reply-tokens", "4"])
+    busy_cpu.main()
+    out = capsys.readouterr().out
+    assert f"ar, {len(affinity.usable())} threads" in out and "load 0: governor" in out
