@@ -32,10 +32,10 @@ MAX_THREADS = 1024
 MAX_FANOUT = SCRATCH_SLOTS
 
 
-
 def capped(k: int, max_draft: int | None) -> int:
     """The most tokens a round drafts for a k of `k` where rounds draft at most `max_draft` (None: no cap)."""
     return k if max_draft is None else min(k, max_draft)
+
 
 @dataclass(frozen=True)
 class FastPath:
