@@ -155,7 +155,7 @@ class LLM:
         fast += ", 8-bit activations (q8)" if runs_q8(self.core.runner.model) else ""  # not the float32 bits
         fast += ", half KV cache" if self.config.kv_dtype == "float16" else ""  # (--kv-dtype; auto: the model's)
         return describe(self.placement, self.config.target, self.config.draft, remote=self.remote is not None,
-                        threads=torch.get_num_threads(), extras=fast)
+                        threads=self.core_share.step_threads, extras=fast)
 
     @property
     def num_forward_tokens(self) -> int:

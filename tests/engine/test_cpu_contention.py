@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams, ThreadsChanged, TokenDelta, affinity
 from engine import cpu_contention as cc
@@ -189,6 +190,22 @@ def test_a_reply_told_of_fewer_threads_hears_of_all_again_when_the_governor_is_r
         llm.core_share._pin(None, 2)  # (as share(False) does; adapt_threads=False: no governor from here)
         changes = [(e.threads, e.most) for e in events if isinstance(e, ThreadsChanged)]
         assert changes == [(2, 2)]
+
+
+def test_the_layout_says_the_engines_thread_count_not_the_governors(tiny_llama_dir):
+    """The layout (the panel's, after a /mode; the bench's) is read on the stepping thread, whose torch count is the
+    governor's last: it says the engine's own."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # (torch's count, as an engine with no --threads on two cores takes it)
+    try:
+        with LLM(str(tiny_llama_dir), max_model_len=256, adapt_threads=False) as llm:
+            stuck = Flipper()
+            stuck.tick = lambda: 1
+            llm.core_share.governor = stuck
+            llm.generate(PROMPTS[0], GREEDY)
+            assert "2 threads per rank" in llm.layout["target"]
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or len(affinity.usable()) < 2,
