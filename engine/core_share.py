@@ -34,6 +34,7 @@ class CoreShare:
         self.affinity = usable()  # the cores this process had before any pin
         self.cores = self.affinity  # the cores it steps on now
         self.governor: ThreadGovernor | None = None  # (adapt, and several threads: the count while others are busy)
+        self.carried: int | None = None  # a lowered count a governor had, for the next one to start on
         self.steps = self.steps_on_fewer = 0  # steps, and those on fewer threads than step_threads (for the bench)
         if (warning := crowding(placement, self.affinity)) is not None:
             log.warning(warning)
@@ -99,4 +100,10 @@ class CoreShare:
             self.cores = set(cores)
         if threads is not None:
             self.step_threads = threads
-        self.governor = ThreadGovernor.where_useful(self.cores, self.step_threads) if self.adapt else None
+        # A new governor (a mode switch, SSD and back, each row of a compare) starts on the count the last one had
+        # lowered to: beside a busy program every thread would run its first half second 4-5x slower (in the chat
+        # app, whose UI is one more runnable thread, far more); where the load has gone, half a second gives it back
+        if self.governor is not None:
+            self.carried = self.governor.threads if self.governor.threads < self.governor.most else None
+        self.governor = (ThreadGovernor.where_useful(self.cores, self.step_threads, self.carried) if self.adapt
+                         else None)

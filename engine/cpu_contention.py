@@ -75,21 +75,24 @@ def threads_for(others: float, cores: int, most: int) -> int:
 class ThreadGovernor:
     """The thread count each step runs with, lowered while other programs hold the engine's cores (see above)."""
 
-    def __init__(self, cores: Collection[int], most: int, *,
+    def __init__(self, cores: Collection[int], most: int, *, threads: int | None = None,
                  read: Callable[[Collection[int]], Sample | None] = read_sample,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.cores, self.most, self.threads = tuple(cores), most, most
+        """`threads`: the count to start on (at most `most`; None: `most`)."""
+        self.cores, self.most = tuple(cores), most
+        self.threads = most if threads is None else max(1, min(most, threads))
         self._read, self._clock = read, clock
         self._start: Sample | None = None
         self._last_end = float("-inf")  # when the last step ended
 
     @classmethod
-    def where_useful(cls, cores: Collection[int], most: int) -> ThreadGovernor | None:
-        """A governor for a process stepping with `most` threads on `cores`, or None where it has nothing to do:
-        one thread, more threads than cores (asked for: the count is kept), or no /proc/stat."""
+    def where_useful(cls, cores: Collection[int], most: int, threads: int | None = None) -> ThreadGovernor | None:
+        """A governor for a process stepping with at most `most` threads on `cores`, starting on `threads`, or None
+        where it has nothing to do: one thread, more threads than cores (asked for: the count is kept), or no
+        /proc/stat."""
         if not 2 <= most <= len(cores) or read_sample(cores) is None:
             return None
-        return cls(cores, most)
+        return cls(cores, most, threads=threads)
 
     def tick(self) -> int:
         """Called before each step: the thread count for it."""

@@ -11,9 +11,10 @@ import time
 import pytest
 import torch
 
-from engine import LLM, SamplingParams, ThreadsChanged, TokenDelta, affinity
+from engine import LLM, SamplingParams, ThreadsChanged, TokenDelta, affinity, core_share
 from engine import cpu_contention as cc
 from engine.config import DEFAULT_TARGET, SpeculationConfig
+from engine.placement import plan
 from engine.registry import SHIPPED_DRAFT_ALIAS
 from tests.engine.test_spec_decode import PROMPTS, noisy_copy
 
@@ -228,3 +229,23 @@ def test_the_real_pair_is_exact_when_the_thread_count_changes_every_step():
             llm.speculation = SpeculationConfig(mode=mode)
             _flipping(llm)
             assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == ar, mode
+
+
+@linux_only
+def test_a_new_governor_starts_on_the_count_the_last_one_lowered_to(monkeypatch):
+    """A mode switch (SD to SSD and back, a compare's rows) pins the process anew and makes a new governor: beside a
+    busy program it starts on the lowered count, not on every thread's 4-5x slower steps."""
+    monkeypatch.setattr(core_share, "pin", lambda cores, threads: None)  # (this test process stays where it is)
+    share = core_share.CoreShare(plan(1, None, None, None), adapt=True)
+    share._pin({0, 1}, 2)
+    assert share.governor.threads == 2
+    share.governor.threads = 1  # another program took a core
+    share._pin({0}, 1)  # SSD: the target on one core, one thread (nothing to govern)
+    assert share.governor is None
+    share._pin({0, 1}, 2)  # back to SD on both cores
+    assert (share.governor.threads, share.governor.most) == (1, 2)
+    share._pin({0, 1}, 2)  # (a governor on every thread carries nothing)
+    assert share.governor.threads == 1
+    share.governor.threads = 2
+    share._pin({0, 1}, 2)
+    assert share.governor.threads == 2
