@@ -5,7 +5,8 @@ meeting waits for the OS to run the thread it put aside, and on two cores a step
 is then 2-3x faster than two (README, "A busy CPU"). Linux's /proc/stat counts each core's busy time, all programs
 and the hypervisor's steal together, and the process knows its own CPU time (its spinning threads included): the
 difference is what others took from the engine's cores. Every half second of stepping the governor turns that
-into a thread count, up to the engine's own.
+into a thread count, up to the engine's own. On fewer threads, where a load shows whole stepping or not, a pause
+between steps counts too, to give threads back (a reply shorter than a window completes none).
 
 Each core others use `TAKEN_AT` of (0.35 of a core, 1.35 of two, ...) costs a thread. On the 2-vCPU VM
 (2026-12-06, beside a load busy for a share of every 10 ms) two threads and one were about as fast at 0.4-0.5 of a
@@ -98,7 +99,12 @@ class ThreadGovernor:
         """Called before each step: the thread count for it."""
         now = self._clock()
         if now - self._last_end > IDLE_S:  # the first step, or after a pause: measure from here
-            self._start = self._read(self.cores)
+            start, self._start = self._start, self._read(self.cores)
+            if self.threads < self.most and start is not None and self._start is not None:
+                # On fewer threads a load shows whole, stepping or not: the steps since the window began and the
+                # pause after them tell whether it has gone (replies shorter than a window, a few dozen tokens,
+                # never completed one, and kept the count a load had left them)
+                self._choose(others_use(start, self._start), more_only=True)
         self._last_end = now  # (until done(): a step that never reports its end is no pause)
         start = self._start
         if start is None or now - start.wall < WINDOW_S:
@@ -107,13 +113,15 @@ class ThreadGovernor:
         if end is None:
             return self.threads
         self._start = end
-        others = others_use(start, end)
+        self._choose(others_use(start, end))
+        return self.threads
+
+    def _choose(self, others: float, *, more_only: bool = False) -> None:
         chosen = threads_for(others, len(self.cores), self.most)
-        if chosen != self.threads:
+        if chosen != self.threads and (chosen > self.threads or not more_only):
             log.info("stepping with %d of %d threads: other programs use %.2f of the engine's %d cores",
                      chosen, self.most, others, len(self.cores))
             self.threads = chosen
-        return self.threads
 
     def done(self) -> None:
         """Called after each step: the time to the next one is the engine's pause, not the step's. (From the start

@@ -96,6 +96,32 @@ def test_a_pause_between_steps_starts_a_new_window():
     assert set(ticks) == {2}  # the idle time was not counted as a busy window
 
 
+def test_short_replies_take_the_thread_back_once_the_load_has_gone():
+    """Replies shorter than a window (a few dozen tokens) never completed one: after a busy loop had stopped, the
+    chat stayed on one thread, its panel saying other programs used the CPU, for as long as its replies were short.
+    On fewer threads a load shows whole, stepping or not, so the last steps and the pause after them are a window."""
+    machine = FakeMachine()
+    governor = cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now)
+    machine.others = 1.0
+    for _ in range(60):  # a reply beside a busy loop: one thread from its first window on
+        governor.tick()
+        machine.run(0.01, ours=1.0)
+        governor.done()
+    assert governor.threads == 1
+    machine.others = 0.0  # the loop stops
+    counts = []
+    for _ in range(3):  # short replies, each 0.2 s of steps, 2 s apart
+        machine.run(2.0, ours=0.0)
+        for _ in range(20):
+            counts.append(governor.tick())
+            machine.run(0.01, ours=1.0)
+            governor.done()
+    assert counts[0] == 2 and set(counts) == {2}
+    machine.others = 1.0  # a pause beside a busy loop, on two threads: no change (a window of steps decides)
+    machine.run(2.0, ours=0.0)
+    assert governor.tick() == 2
+
+
 def test_steps_slowed_by_other_programs_are_no_pause():
     """Beside a busy loop and the chat app's UI a verify took 0.5-0.9 s on two threads: each is one window."""
     machine = FakeMachine()
