@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from engine.outputs import ALSO_AN_EVENT
+
 log = logging.getLogger(__name__)
 
 WINDOW_S = 0.5  # seconds of stepping per measurement
@@ -120,7 +122,8 @@ class ThreadGovernor:
         chosen = threads_for(others, len(self.cores), self.most)
         if chosen != self.threads and (chosen > self.threads or not more_only):
             log.info("stepping with %d of %d threads: other programs use %.2f of the engine's %d cores",
-                     chosen, self.most, others, len(self.cores))
+                     chosen, self.most, others, len(self.cores),
+                     extra={ALSO_AN_EVENT: True})  # (it ticks in a step: each request there hears ThreadsChanged)
             self.threads = chosen
 
     def done(self) -> None:
