@@ -31,6 +31,7 @@ from engine.layers.packed_kernels import resolve_kernel
 from engine.placement import plan
 from engine.registry import resolve_model
 from ssd_chat.bench_results import ENGINE_MODES, EVERY_CORE, BenchReport, ModeResult, PromptRun
+from ssd_chat.cli_options import check_before_loading
 from ssd_chat.machine import machine_info, read_bandwidth_gb_s
 from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError, Messages, encode_prompts, load_prompts
 from ssd_chat.setting_words import FLAGS, check_sampling, listed
@@ -229,13 +230,18 @@ def _run_engine_modes(
     config: BenchConfig, prompts: list[Messages], progress: Progress
 ) -> tuple[Path, Path | None, list[list[int]], list[ModeResult], dict]:
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
-    resolve_model(config.target)  # an unknown model: the one error line, before any progress line
-    progress(f"loading {config.target}")
     fast = dict(dtype=config.dtype, attention=config.attention, eager=config.eager, compile=config.compile,
                 draft_weights=config.draft_weights, packed_kernel=config.packed_kernel, kv_dtype=config.kv_dtype,
                 adapt_threads=config.adapt_threads)
-    llm = LLM(target=config.target, draft=config.draft, threads=config.threads, enable_prefix_caching=False,
-              tp=config.tp, target_devices=config.target_devices, draft_device=config.draft_device, **fast)
+    placed = dict(draft=config.draft, threads=config.threads, tp=config.tp, target_devices=config.target_devices,
+                  draft_device=config.draft_device)
+    # an unknown model or a placement the machine refuses: the one error line, before any progress line
+    for model in (config.target, config.draft):
+        if model is not None:
+            resolve_model(model)
+    check_before_loading(config.target, {**placed, **fast})
+    progress(f"loading {config.target}")
+    llm = LLM(target=config.target, enable_prefix_caching=False, **placed, **fast)
     try:
         prompt_ids = encode_prompts(llm, prompts, raw=config.raw)
         results = [run_engine_mode(llm, _speculation(config, mode), prompt_ids, config, progress)

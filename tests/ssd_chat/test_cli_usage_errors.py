@@ -203,3 +203,16 @@ def test_the_chat_app_refuses_what_the_engine_would_before_it_takes_the_screen(m
     assert result.stderr.startswith("error: ") and line in result.stderr and len(result.stderr.splitlines()) == 1
     result = CliRunner().invoke(cli.app, [])  # the defaults pass
     assert result.exit_code == 0 and started == ["engine", "app"], result.output
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--draft-device", "gpu"], "--draft-device takes cpu or cuda, or CPU cores or GPUs as cpu:0-3, cpu:0,2 or "
+                                "cuda:0-3; got 'gpu'"),
+    (["--tp", str(len(os.sched_getaffinity(0)) + 1)], "needs at least"),
+    (["--modes", "sd", "--draft", "nonexistent-model"], "unknown model 'nonexistent-model'"),
+])
+def test_the_bench_refuses_a_placement_or_a_draft_before_its_first_progress_line(args, line):
+    """It printed "loading smollm2-135m", then the engine's refusal."""
+    result = CliRunner().invoke(cli.app, ["bench", *args])
+    assert result.exit_code == 2 and result.stderr.startswith("error: ") and line in result.stderr, result.output
+    assert len(result.stderr.splitlines()) == 1, result.stderr
