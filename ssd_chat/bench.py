@@ -98,8 +98,11 @@ class BenchConfig:
 
 
 def run_engine_mode(
-    llm: LLM, spec: SpeculationConfig, prompt_ids: list[list[int]], config: BenchConfig, progress: Progress
+    llm: LLM, spec: SpeculationConfig, prompt_ids: list[list[int]], config: BenchConfig, progress: Progress,
+    name: str | None = None,
 ) -> ModeResult:
+    """One row: `spec`'s mode over every prompt, named `name` (default: the mode; ar-all runs AR)."""
+    name = name or spec.mode
     llm.speculation = spec
     llm.generate([prompt_ids[0]], config.sampling(0, min(config.max_tokens, WARMUP_TOKENS)))
     runs = []
@@ -107,7 +110,7 @@ def run_engine_mode(
     compiled_before, forwards_before = (runner.compiled.num_runs if runner.compiled else 0), runner.num_forwards
     steps_before, fewer_before = llm.core_share.steps, llm.core_share.steps_on_fewer
     for i, ids in enumerate(prompt_ids):
-        progress(f"{spec.mode}: prompt {i + 1}/{len(prompt_ids)}")
+        progress(f"{name}: prompt {i + 1}/{len(prompt_ids)}")
         out = llm.generate([ids], config.sampling(i))[0]
         runs.append(PromptRun(list(out.token_ids), out.stats.ttft_s, out.stats.decode_time_s, out.stats.spec))
     cost = llm.core.policy.round_cost.get(spec.mode)
@@ -116,9 +119,9 @@ def run_engine_mode(
     if runner.compiled is not None and runner.num_forwards > forwards_before:
         compiled_share = (runner.compiled.num_runs - compiled_before) / (runner.num_forwards - forwards_before)
         if compiled_share < 0.9:
-            log.warning("%s: only %.0f%% of the target's forwards ran compiled (the rest eager)", spec.mode,
+            log.warning("%s: only %.0f%% of the target's forwards ran compiled (the rest eager)", name,
                         100 * compiled_share)
-    return ModeResult(spec.mode, runs, row_cost=round(cost.fit.value, 3) if measured else None,
+    return ModeResult(name, runs, row_cost=round(cost.fit.value, 3) if measured else None,
                       compiled_share=compiled_share,
                       fewer_threads_share=(llm.core_share.steps_on_fewer - fewer_before)
                       / max(1, llm.core_share.steps - steps_before))
@@ -262,9 +265,8 @@ def _run_engine_modes(
         with LLM(target=config.target, draft=draft, threads=os.cpu_count(), enable_prefix_caching=False,
                  **fast) as every_core:
             for mode in every:
-                result = run_engine_mode(every_core, _speculation(config, EVERY_CORE[mode]), prompt_ids, config,
-                                         progress)
-                results.append(replace(result, mode=mode))
+                results.append(run_engine_mode(every_core, _speculation(config, EVERY_CORE[mode]), prompt_ids,
+                                               config, progress, mode))
     return llm.model_path, llm.draft_path, prompt_ids, results, {**bound, "layout": layout}
 
 

@@ -108,6 +108,8 @@ def test_bench_places_the_draft_in_its_own_process_and_measures_every_core(tiny_
     assert rows["ar-all"]["tau"] is None and rows["sd-all"]["tau"] > 1.0  # the every-core SD row speculates
     assert rows["ar-all"]["row_cost"] is None and rows["sd-all"]["row_cost"] is not None  # fitted in SD rounds
     assert "own process" in report["config"]["layout"]["draft"]
+    for mode in rows:  # each row's progress in its own name (the every-core rows' said "ar: prompt 1/2")
+        assert f"{mode}: prompt 2/2" in result.stderr
 
 
 def test_bench_every_core_row_keeps_the_fast_path_options(tiny_llama_dir, tmp_path, monkeypatch):
