@@ -142,3 +142,31 @@ async def test_a_resumed_draft_shows_while_the_models_load(tmp_path):
         release.set()
         await wait_for(pilot, lambda: not isinstance(app.screen, LoadingScreen), what="the chat screen")
         assert app.query_one(PromptArea).text == "half a thought"
+
+
+@pytest.mark.asyncio
+async def test_esc_while_the_models_load_clears_the_line_too_and_ctrl_z_brings_the_text_back():
+    """Esc cleared the prompt behind the loading screen ("input cleared: Ctrl+Z brings it back"), while its line
+    still showed the text; Ctrl+Z there did nothing, so the text seemed kept and came back only by a Ctrl+Z after
+    the load."""
+    release = threading.Event()
+
+    def load() -> FakeEngine:
+        release.wait(30)
+        return FakeEngine()
+
+    app = ChatApp(load, settings=ChatSettings(mode="ar"), target="fake-target")
+    async with app.run_test(size=(80, 30)) as pilot:
+        assert isinstance(app.screen, LoadingScreen)
+        await type_text(pilot, "typed text")
+        shown = app.screen.query_one("#loading-typed")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen_stack[0].query_one(PromptArea).text == "" and not shown.display
+        await pilot.press("ctrl+z")
+        await pilot.pause()
+        assert app.screen_stack[0].query_one(PromptArea).text == "typed text"
+        assert "typed: typed text▏" in rendered(shown) and shown.display
+        release.set()
+        await wait_for(pilot, lambda: not isinstance(app.screen, LoadingScreen), what="the chat screen")
+        assert app.query_one(PromptArea).text == "typed text"

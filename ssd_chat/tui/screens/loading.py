@@ -53,8 +53,15 @@ class LoadingScreen(Screen):
     def on_key(self, event: events.Key) -> None:
         """Typing while the models load goes into the prompt, there once they are (it was lost)."""
         area = self._prompt()
+        if event.key in ("escape", "ctrl+z"):  # Esc clears the input, as in the chat, and Ctrl+Z, as its notice says,
+            event.stop()                       # brings it back: the line here shows either (it kept the text)
+            if event.key == "escape":
+                self.app.action_escape()
+            else:
+                area.action_undo()
+            self._show_typed(area)
         # (the prompt that waits to come back is not edited blind)
-        if type_into(area, event, make_room=lambda: self._make_room(area), can_delete=not self._waiting(area)):
+        elif type_into(area, event, make_room=lambda: self._make_room(area), can_delete=not self._waiting(area)):
             event.stop()
             self._show_typed(area)
 
