@@ -228,8 +228,7 @@ class LLM:
         spec = self.speculation
         detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)
         state = RequestState(seq, detokenizer, mode=spec.mode, stop_ids=stop_ids, k=self.config.drafted_k(spec.k))
-        self._requests[seq.seq_id] = state
-        self.core_share.tell(state)  # (where others use the cores: it hears so first)
+        self._requests[seq.seq_id] = state  # (on fewer threads, its first step tells it so before its tokens)
         self.core.add(seq, spec)
         self._report_warnings()  # (a mode whose draft process was lost: its warning, and the state reports AR)
         return state

@@ -279,3 +279,19 @@ def test_a_new_governor_starts_on_the_count_the_last_one_lowered_to(monkeypatch)
     share.governor.threads = 2
     share._pin({0, 1}, 2)
     assert share.governor.threads == 2
+
+
+def test_a_reply_whose_first_step_takes_every_thread_back_hears_nothing(tiny_llama_dir):
+    """A reply added while the count is lowered, whose first step finds the load gone, ran on every thread: it is
+    told nothing (it was told of fewer when added, and its panel said "fewer threads for a while")."""
+    with LLM(str(tiny_llama_dir), max_model_len=256, threads=2, adapt_threads=False) as llm:
+        back = Flipper()
+        back.threads = 1  # lowered by the last reply's load ...
+
+        def tick() -> int:  # ... which has gone by this reply's first step
+            back.threads = 2
+            return 2
+
+        back.tick = tick
+        llm.core_share.governor = back
+        assert not any(isinstance(e, ThreadsChanged) for e in llm.stream(PROMPTS[0], GREEDY))
