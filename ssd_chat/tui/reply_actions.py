@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from textual import work
 
 from engine.errors import EngineError, PromptTooLongError
-from engine.outputs import FinishReason
+from engine.outputs import FEWER_THREADS, FinishReason
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
 from ssd_chat.history import TurnStats
@@ -147,7 +147,8 @@ class ReplyActions(_Base):
             self._stopped_before_reply()
             return
         stats = TurnStats.from_output(output, self.reply_settings)
-        self.reply_view.finish(output.text, stats.line())
+        fewer = f" · {FEWER_THREADS}" if self.buffer.stats.fewer_threads else ""  # (the panel's note; none under 90
+        self.reply_view.finish(output.text, stats.line() + fewer)  # columns, where the panel steps aside)
         self.query_one(StatsPanel).show(self.buffer.stats.final(output))
         self.session.add_reply(output.text, stats)
         self.replacing_draft, self.regenerating = None, False

@@ -20,6 +20,7 @@ from ssd_chat import cli
 from ssd_chat.plain import run_plain
 from ssd_chat.tui.live_stats import LiveStats
 from ssd_chat.tui.widgets.stats_panel import StatsPanel, _threads_note
+from ssd_chat.tui.widgets.transcript import AssistantMessage
 from tests.engine.test_spec_decode import noisy_copy
 from tests.ssd_chat.cli_runs import REPO_ROOT
 from tests.ssd_chat.plain_input import REPLY, feed
@@ -33,9 +34,9 @@ def test_the_panel_says_while_and_after_the_engine_steps_with_fewer_threads():
     stats.on_tokens(1, 0.1)
     assert _threads_note(stats.snapshot()) == ""
     stats.on_threads(ThreadsChanged(1, 1, 2))  # another program took a core
-    assert "1 of 2 threads: other programs use the CPU" in _threads_note(stats.snapshot())
+    assert "1 of 2 threads: the CPU is busy" in _threads_note(stats.snapshot())
     stats.on_threads(ThreadsChanged(1, 2, 2))  # ... and left it
-    assert _threads_note(stats.snapshot()) == "\n" + FEWER_THREADS
+    assert _threads_note(stats.snapshot()) == "\nfewer threads for a while: CPU busy"
 
 
 @pytest.mark.asyncio
@@ -45,7 +46,17 @@ async def test_the_chat_apps_panel_says_a_reply_ran_on_fewer_threads(tmp_path):
         await settle(app, pilot)
         await send(app, pilot, "hi")
         speed = str(app.query_one(StatsPanel).query_one("#speed").render())
-        assert "1 of 2 threads: other programs use the CPU" in speed
+        assert "1 of 2 threads: the CPU is busy" in speed
+        stats = str(app.query(AssistantMessage).last().query_one(".reply-stats").render())
+        assert stats.endswith(" · " + FEWER_THREADS)  # (the reply's own line says it too: under 90 columns the
+        await pilot.resize_terminal(80, 24)  # panel steps aside)
+        await send(app, pilot, "again")
+        assert FEWER_THREADS in str(app.query(AssistantMessage).last().query_one(".reply-stats").render())
+    async with make_app(FakeEngine(), tmp_path / "quiet").run_test(size=(120, 40)) as pilot:
+        app = pilot.app
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        assert "threads" not in str(app.query(AssistantMessage).last().query_one(".reply-stats").render())
 
 
 def test_the_plain_mode_says_a_reply_ran_on_fewer_threads(monkeypatch, capsys):

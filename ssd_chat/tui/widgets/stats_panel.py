@@ -9,7 +9,6 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Digits, Sparkline, Static
 
-from engine.outputs import FEWER_THREADS
 from ssd_chat.history import ChatSettings
 from ssd_chat.sampling_defaults import filters_text
 from ssd_chat.setting_words import fanout_text, number_text
@@ -31,10 +30,11 @@ def _opt(value: float | None, fmt: str, missing: str = "–") -> str:
 
 
 def _threads_note(data: PanelData) -> str:
-    """A line where the engine stepped with fewer threads than it has: other programs used its cores."""
+    """A line where the engine stepped with fewer threads than it has: other programs used its cores. (Short: the
+    panel's 42 columns wrapped "other programs use the CPU" with "CPU" alone on a line.)"""
     if data.threads is not None and data.threads[0] < data.threads[1]:
-        return f"\n{data.threads[0]} of {data.threads[1]} threads: other programs use the CPU"
-    return f"\n{FEWER_THREADS}" if data.fewer_threads else ""
+        return f"\n{data.threads[0]} of {data.threads[1]} threads: the CPU is busy"
+    return "\nfewer threads for a while: CPU busy" if data.fewer_threads else ""
 
 
 class StatsPanel(VerticalScroll):
