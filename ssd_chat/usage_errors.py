@@ -105,13 +105,28 @@ def usage_line(err: UsageError) -> str:
         if err.option_name in ROOT_ONLY:
             root, _, name = command.rpartition(" ")
             return f"{err.option_name} is an option of {root} itself: give it before the command ({root} -v {name} ...)"
-        guess = f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""  # (closest first)
+        if owners := _commands_with(err):
+            return (f"{err.option_name} is an option of {' and '.join(owners)}, not of the chat: give it after the "
+                    f"command's name ({owners[0]} ... {err.option_name})")
+        closest = err.possibilities[:2]  # (click's, the closest first; a third was a stretch: bench --thread: --raw)
+        guess = f" (did you mean {' or '.join(closest)}?)" if closest else ""
         return f"{err.option_name} is no option of {command}{guess}: {see_help}"
     if isinstance(err, click_errors.BadOptionUsage) and "requires an argument" in err.message:
         return f"{err.option_name} needs a value: {see_help}"
     if isinstance(err, click_errors.BadOptionUsage) and "does not take a value" in err.message:  # (--json=x)
         return f"{err.option_name} takes no value: {see_help}"
     return f"{_sentence(err.format_message())}: {see_help}"  # no such command, an extra argument, ...
+
+
+def _commands_with(err: click_errors.NoSuchOption) -> list[str]:
+    """Given to the group itself (the chat), an option unknown there: the group's commands that take it
+    (`ssd-chat --json`: ssd-chat ask and ssd-chat bench), else none."""
+    group = err.ctx.command if err.ctx is not None else None
+    if not isinstance(group, TyperGroup) or err.option_name is None:
+        return []
+    name = err.option_name.split("=")[0]
+    return [f"{err.ctx.command_path} {cmd_name}" for cmd_name, cmd in sorted(group.commands.items())
+            if any(name in p.opts or name in p.secondary_opts for p in cmd.params)]
 
 
 def _missing(err: UsageError, command: str) -> str:

@@ -30,6 +30,12 @@ def _no_engine(**kwargs):
     (["ask", "hi", "--thread", "2"], "--thread is no option of ssd-chat ask (did you mean --threads or "
                                      "--fixed-threads?): see ssd-chat ask --help"),
     (["ask", "hi", "--zzz"], "--zzz is no option of ssd-chat ask: see ssd-chat ask --help"),
+    (["bench", "--thread", "2"], "--thread is no option of ssd-chat bench (did you mean --threads or "
+                                 "--fixed-threads?): see ssd-chat bench --help"),  # (click's third guess: --raw)
+    (["--json=yes"], "--json is an option of ssd-chat ask and ssd-chat bench, not of the chat: give it after the "
+                     "command's name (ssd-chat ask ... --json)"),  # (it said: did you mean --version?)
+    (["--hf"], "--hf is an option of ssd-chat bench, not of the chat: give it after the command's name (ssd-chat "
+               "bench ... --hf)"),
     (["--thread", "2"], "--thread is no option of ssd-chat (did you mean --threads or --fixed-threads?): see "
                         "ssd-chat --help"),
     (["ask", "hi", "-v"], "-v is an option of ssd-chat itself: give it before the command (ssd-chat -v ask ...)"),
