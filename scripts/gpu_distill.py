@@ -49,14 +49,8 @@ from engine.chat import encode_chat  # noqa: E402
 from engine.registry import resolve_model  # noqa: E402
 from engine.startup import load_tokenizer  # noqa: E402
 from ssd_chat import distill_data as data  # noqa: E402
+from ssd_chat import distill_model as dm  # noqa: E402
 from ssd_chat.distill_config import DISTILL_PROMPTS  # noqa: E402
-from ssd_chat.distill_model import (  # noqa: E402
-    init_draft,
-    load_target,
-    num_params_per_token,
-    save_draft,
-    target_eos_ids,
-)
 from ssd_chat.distill_train import (  # noqa: E402
     TrainSettings,
     batch_indices,
@@ -139,7 +133,7 @@ def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Ex
                 device: torch.device, log_rows: list[dict], min_steps: int) -> tuple[object, dict]:
     """One draft trained on KL for about ``seconds`` (the step count fitted after timing PROBE_STEPS steps); its
     agreement on ``held`` against the target's greedy tokens ``expected`` (distill_train.target_argmax)."""
-    draft = init_draft(target, layers, head_ids.to(device)).to(device)
+    draft = dm.init_draft(target, layers, head_ids.to(device)).to(device)
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, fused=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
@@ -181,7 +175,7 @@ def train_draft(target, layers: int, head_ids: torch.Tensor, train: list[data.Ex
             log_rows.append(row)
             log.info("L%d %s", layers, row)
     return draft, {"layers": layers, "steps": steps, "step_s": round(step_s, 4), "agreement_before": round(before, 4),
-                   "agreement": log_rows[-1]["agreement"], "params_per_token": num_params_per_token(draft)}
+                   "agreement": log_rows[-1]["agreement"], "params_per_token": dm.num_params_per_token(draft)}
 
 
 def main(args: argparse.Namespace) -> None:
@@ -191,8 +185,8 @@ def main(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     target_dir = resolve_model(args.target)
     tokenizer = load_tokenizer(target_dir)
-    target = load_target(target_dir).to(device)
-    eos = target_eos_ids(target)
+    target = dm.load_target(target_dir).to(device)
+    eos = dm.target_eos_ids(target)
     pad_id = eos[0] if eos else 0
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else pad_id
     out = Path(args.out)
@@ -255,7 +249,7 @@ def main(args: argparse.Namespace) -> None:
                                     log_rows=log_rows, min_steps=args.min_steps)
         # a copy goes to the CPU: the draft's embedding is the target's own tensor (moving the draft itself once
         # took a tied target's head along, on the H200)
-        save_draft(copy.deepcopy(draft).to("cpu"), target_dir, out / f"draft-L{num_layers}", "int8")
+        dm.save_draft(copy.deepcopy(draft).to("cpu"), target_dir, out / f"draft-L{num_layers}", "int8")
         del draft
         summary["drafts"].append(result | {"done_s": round(clock.elapsed(), 1)})
         (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log_rows), "utf-8")
