@@ -43,7 +43,9 @@ from ssd_chat.cli_options import (
     MaxTokens,
     Mode,
     NoLookup,
+    Plain,
     PrefillChunk,
+    Resume,
     Seed,
     System,
     Target,
@@ -53,10 +55,11 @@ from ssd_chat.cli_options import (
     TopK,
     TopP,
     Tp,
+    Verbose,
+    Version,
     chat_settings,
     check_before_loading,
     enter_mode,
-    print_version,
     read_stdin,
     report,
     speculation_config,
@@ -154,14 +157,10 @@ def root(
     kv_dtype: KvDtype = "auto",
     prefill_chunk: PrefillChunk = None,
     enter: Enter = None,
-    plain: Annotated[
-        bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")
-    ] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="TUI: reopen the most recent conversation.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log engine diagnostics.")] = False,
-    version: Annotated[
-        bool, typer.Option("--version", callback=print_version, is_eager=True, help="Print the version.")
-    ] = False,
+    plain: Plain = False,
+    resume: Resume = False,
+    verbose: Verbose = False,
+    version: Version = False,
 ) -> None:
     """Chat with a local LLM. With no command: the chat app (F1 lists keys), or with --plain a streaming REPL."""
     level = logging.INFO if verbose else logging.WARNING

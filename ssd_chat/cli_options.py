@@ -224,6 +224,10 @@ FixedK = Annotated[
     bool, typer.Option("--fixed-k", help="Always draft k tokens (default: the k <= --k with the most expected tokens "
                        "per second for the measured acceptance and round costs).")
 ]
+Plain = Annotated[bool, typer.Option("--plain", help="Plain streaming chat instead of the TUI (automatic when piped).")]
+Resume = Annotated[bool, typer.Option("--resume", help="TUI: reopen the most recent conversation.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log engine diagnostics.")]
+Version = Annotated[bool, typer.Option("--version", callback=print_version, is_eager=True, help="Print the version.")]
 FixedThreads = Annotated[
     bool, typer.Option("--fixed-threads", help="Keep every CPU thread while other programs use the cores (default, "
                        "on Linux: step with fewer while they take some, as one thread then beats two).")
