@@ -101,7 +101,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.session = ChatSession(store, settings, on_save_error=self._history_not_saved, on_copy=self._saved_as_copy)
         self.target, self.draft, self.resume = target, draft, resume
         self.given = {name: getattr(settings, name) for name in given}  # settings from the command line: they win
-        self.run_settings = settings  # what a new chat starts with (settings_fit's defaults)
+        self.run_settings = settings  # this run's (the command line's): a first chat's, settings_fit's defaults
         # over a resumed chat's (--resume --mode ssd: that chat, in SSD)
         # The run's settings besides a chat's own mode, k and fan-out (--backup, --fixed-k): every reply keeps them.
         self.base_speculation = speculation or SpeculationConfig()
