@@ -68,7 +68,7 @@ from ssd_chat.cli_options import (
 from ssd_chat.context_window import context_cut_notice
 from ssd_chat.defaults import Layout, apply_defaults
 from ssd_chat.engine_failure import loaded
-from ssd_chat.plain import PipeConsole, print_stream, run_plain, tell_context_cut
+from ssd_chat.plain import PipeConsole, print_stream, run_plain, tell_context_cut, tell_fewer_threads
 from ssd_chat.prompts import BenchInputError
 from ssd_chat.sampling_defaults import chosen
 from ssd_chat.setting_words import FLAGS, check_top_k
@@ -278,8 +278,9 @@ def ask(
                     draft_weights=draft_weights, packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk,
                     kv_dtype=kv_dtype) as llm:
             check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)
-            output = print_stream(llm.chat(messages, params), None if as_json else sys.stdout).output
+            output = (streamed := print_stream(llm.chat(messages, params), None if as_json else sys.stdout)).output
             tell_context_cut(output, context_cut_notice(llm.max_model_len, "shorten the prompt", llm.model_max_len))
+            tell_fewer_threads(streamed)
         if as_json:
             typer.echo(json.dumps(output.to_dict()))
 

@@ -151,8 +151,7 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
         history.append({"role": "assistant", "content": printed if cancel.is_set() else output.text})
         # (after a Ctrl-C: the tokens, tok/s and tau of the text printed); stdout keeps only the replies
         err.print(streamed.stats.line(), style="dim", markup=False, soft_wrap=True)
-        if streamed.tally.fewer_threads:
-            err.print(f"({FEWER_THREADS}; --fixed-threads keeps them)", style="dim", markup=False, soft_wrap=True)
+        tell_fewer_threads(streamed, err)
         fix = "shorten the prompt" + (", or /clear the earlier turns" if earlier else "")
         tell_context_cut(output, context_cut_notice(llm.max_model_len, fix), err)
 
@@ -163,6 +162,14 @@ def tell_context_cut(output: RequestOutput, notice: str, err: Console | None = N
     if output.finish_reason is FinishReason.CONTEXT:
         (err or PipeConsole(stderr=True, highlight=False)).print(f"({notice})", style="dim", markup=False,
                                                                  soft_wrap=True)
+
+
+def tell_fewer_threads(streamed: Streamed, err: Console | None = None) -> None:
+    """A dim line on stderr where the engine stepped the reply on fewer threads for a while (engine.cpu_contention):
+    other programs used its cores, and its figures are not a quiet machine's."""
+    if streamed.tally.fewer_threads:
+        (err or PipeConsole(stderr=True, highlight=False)).print(
+            f"({FEWER_THREADS}; --fixed-threads keeps them)", style="dim", markup=False, soft_wrap=True)
 
 
 def _is_terminal(stream: TextIO) -> bool:

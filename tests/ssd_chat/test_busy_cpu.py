@@ -102,7 +102,7 @@ def test_the_bench_says_which_rows_ran_on_fewer_threads(fixed, tiny_llama_dir, t
 
 
 @pytest.mark.parametrize("fixed", [False, True])
-def test_ask_and_the_plain_mode_take_fixed_threads(fixed, tiny_llama_dir, monkeypatch):
+def test_ask_and_the_plain_mode_take_fixed_threads_and_say_when_they_ran_on_fewer(fixed, tiny_llama_dir, monkeypatch):
     made = []
 
     def recording_llm(**kwargs):
@@ -110,12 +110,16 @@ def test_ask_and_the_plain_mode_take_fixed_threads(fixed, tiny_llama_dir, monkey
         return LLM(**kwargs)
 
     monkeypatch.setattr(cli, "LLM", recording_llm)
+    monkeypatch.setattr(ThreadGovernor, "where_useful", Flipper)  # (every other step on one thread of two)
     extra = ["--fixed-threads"] if fixed else []
-    ask = ["ask", "hi", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "2", *extra]
-    plain = ["--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "2", "--plain", *extra]
+    ask = ["ask", "hi", "--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "4", "--threads", "2",
+           *extra]
+    plain = ["--target", str(tiny_llama_dir), "--temperature", "0", "--max-tokens", "4", "--threads", "2", "--plain",
+             *extra]
     for args in (ask, plain):
         result = runner.invoke(cli.app, args, input="hi\n")
         assert result.exit_code == 0, result.output
+        assert (FEWER_THREADS + "; --fixed-threads keeps them" in result.stderr) is not fixed, result.stderr
     assert [kwargs["adapt_threads"] for kwargs in made] == [not fixed] * 2
 
 
