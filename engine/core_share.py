@@ -38,7 +38,7 @@ class CoreShare:
         self.steps = self.steps_on_fewer = 0  # steps, and those on fewer threads than step_threads (for the bench)
         if (warning := crowding(placement, self.affinity)) is not None:
             log.warning(warning)
-        self.threads = self.step_threads = torch.get_num_threads()  # until pin_leader sets them
+        self.threads = self.step_threads = self.before = torch.get_num_threads()  # (before: the process's, for close)
         self.yielded = False  # the target is off SSD's draft cores for now
 
     def pin_leader(self) -> None:
@@ -57,12 +57,11 @@ class CoreShare:
             self.yielded = ssd
 
     def restore(self) -> None:
-        """Every core this process had before the engine, and its thread count where SSD had taken some."""
-        if self.yielded:
-            self._pin(self.affinity, self.threads)
-            self.yielded = False
-        elif self.placement.target[0].cores is not None:
-            self._pin(self.affinity, None)
+        """Every core this process had before the engine, and the thread count it had (an engine on two threads
+        left the process on two: the next engine there with threads=None took them, and the governor with them)."""
+        pinned = self.yielded or self.placement.target[0].cores is not None
+        self.yielded = False
+        self._pin(self.affinity if pinned else None, self.before)
 
     @property
     def threads_now(self) -> int:

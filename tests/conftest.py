@@ -22,6 +22,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per cor
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_each_test():
+    """Under xdist, every test starts on one torch thread: one that left two (torch.set_num_threads is the
+    process's) made the next engine with threads=None step on two, with a thread governor whose note, on a busy CI
+    machine, landed in another test's expected stderr."""
+    yield
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        if torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _private_data_dir(tmp_path_factory, monkeypatch):

@@ -295,3 +295,17 @@ def test_a_reply_whose_first_step_takes_every_thread_back_hears_nothing(tiny_lla
         back.tick = tick
         llm.core_share.governor = back
         assert not any(isinstance(e, ThreadsChanged) for e in llm.stream(PROMPTS[0], GREEDY))
+
+
+def test_closing_an_engine_gives_the_process_its_thread_count_back(tiny_llama_dir):
+    """An engine on two threads left the process on two: the next engine there (threads=None) took them, and a
+    governor with them (in the tests' workers, on one thread each, a note on stderr where none was expected)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with LLM(str(tiny_llama_dir), max_model_len=256, threads=2) as llm:
+            llm.generate(PROMPTS[:1], GREEDY)
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
