@@ -221,6 +221,11 @@ class ThreadsChanged:
     threads: int
     most: int
 
+    @property
+    def fewer(self) -> bool:
+        """Whether steps run on fewer threads than the engine has."""
+        return self.threads < self.most
+
 
 FEWER_THREADS = "fewer threads for a while: other programs used the CPU"  # what a reply's figures say after it
 

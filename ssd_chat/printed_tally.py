@@ -39,7 +39,7 @@ class PrintedTally:
 
     def add(self, event: Event) -> None:
         if isinstance(event, ThreadsChanged):
-            self.fewer_threads |= event.threads < event.most
+            self.fewer_threads |= event.fewer
         elif isinstance(event, StepStats):
             self._step = event
         elif isinstance(event, TokenDelta):

@@ -119,7 +119,7 @@ class LiveStats:
 
     def on_threads(self, change: ThreadsChanged) -> None:
         self.threads = (change.threads, change.most)
-        self.fewer_threads |= change.threads < change.most
+        self.fewer_threads |= change.fewer
 
     def _grow(self, k: int) -> None:
         extra = k - self.k
