@@ -20,6 +20,16 @@ from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settl
 LONG = "a long line typed while the models load, " * 4 + "the end"
 
 
+def _held_load(release: threading.Event):
+    """A load of the engine that lasts until `release` is set (the loading screen stays up)."""
+
+    def load() -> FakeEngine:
+        release.wait(30)
+        return FakeEngine()
+
+    return load
+
+
 def test_the_line_fits_its_width_with_the_words_around_it():
     for width in (54, 86, 96):  # (54: the compare's box at 60 columns)
         line = typed_line("first\n" + LONG, width, "in the prompt once closed")
@@ -55,12 +65,7 @@ async def test_what_was_typed_during_a_compare_shows_on_one_line_of_its_box(tmp_
 @pytest.mark.asyncio
 async def test_what_was_typed_while_the_models_load_shows_on_one_line_at_60_columns():
     release = threading.Event()
-
-    def load() -> FakeEngine:
-        release.wait(30)
-        return FakeEngine()
-
-    app = ChatApp(load, settings=ChatSettings(mode="ar"), target="fake-target")
+    app = ChatApp(_held_load(release), settings=ChatSettings(mode="ar"), target="fake-target")
     async with app.run_test(size=(60, 30)) as pilot:
         assert isinstance(app.screen, LoadingScreen)
         await type_text(pilot, "x")
@@ -128,12 +133,7 @@ async def test_a_resumed_draft_shows_while_the_models_load(tmp_path):
     store.save(chat)
     store.save_draft(chat.id, "half a thought")
     release = threading.Event()
-
-    def load() -> FakeEngine:
-        release.wait(30)
-        return FakeEngine()
-
-    app = ChatApp(load, settings=ChatSettings(mode="ar"), store=store, target="fake-target", resume=True)
+    app = ChatApp(_held_load(release), settings=ChatSettings(mode="ar"), store=store, target="fake-target", resume=True)
     async with app.run_test(size=(120, 30)) as pilot:
         assert isinstance(app.screen, LoadingScreen)
         await pilot.pause()
@@ -150,12 +150,7 @@ async def test_esc_while_the_models_load_clears_the_line_too_and_ctrl_z_brings_t
     still showed the text; Ctrl+Z there did nothing, so the text seemed kept and came back only by a Ctrl+Z after
     the load."""
     release = threading.Event()
-
-    def load() -> FakeEngine:
-        release.wait(30)
-        return FakeEngine()
-
-    app = ChatApp(load, settings=ChatSettings(mode="ar"), target="fake-target")
+    app = ChatApp(_held_load(release), settings=ChatSettings(mode="ar"), target="fake-target")
     async with app.run_test(size=(80, 30)) as pilot:
         assert isinstance(app.screen, LoadingScreen)
         await type_text(pilot, "typed text")
