@@ -7,7 +7,9 @@ minutes fall on all of them alike (separate `ssd-chat bench` runs here differ by
 
 Variants: eager (the default engine), compile-panel (--compile, the panel kernel as an op), compile-mkl
 (--compile with MKL's GEMM, as on a CPU without the panel kernel), avx2 (the default engine on the kernels' AVX2
-build, as an AVX2 CPU runs them), no-kernels (none of our kernels: MKL's or oneDNN's; $SSD_CHAT_CPU_ISA=none).
+build, as an AVX2 CPU runs them), no-kernels (none of our kernels: MKL's or oneDNN's; $SSD_CHAT_CPU_ISA=none),
+draft-panels (the int8 draft on the 8-bit panels wherever q8 runs: $SSD_CHAT_DRAFT_PANELS=always), full-head
+(greedy steps run the whole head, not the screened one: $SSD_CHAT_GREEDY_HEAD=0).
 Prints decode tok/s per repeat and the median, and whether each variant's greedy tokens equal the first one's
 (chat template applied, EOS respected). SSD needs a draft process on another core, which this script does not
 start: use `ssd-chat bench` for it.
@@ -23,20 +25,22 @@ import statistics
 from engine import LLM, SamplingParams
 from engine.affinity import pin
 from engine.config import SpeculationConfig
-from engine.layers import native
+from engine.layers import greedy_head, low_bits, native
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 VARIANTS = {"eager": dict(compile=False), "compile-panel": dict(compile=True, packed_kernel="panel"),
-            "compile-mkl": dict(compile=True, packed_kernel="mkl"), "avx2": dict(), "no-kernels": dict()}
-ISA = {"avx2": "avx2", "no-kernels": "none"}  # $SSD_CHAT_CPU_ISA while the variant loads and runs
+            "compile-mkl": dict(compile=True, packed_kernel="mkl"), "avx2": dict(), "no-kernels": dict(),
+            "draft-panels": dict(), "full-head": dict()}
+ENV = {"avx2": {native.ISA_ENV: "avx2"}, "no-kernels": {native.ISA_ENV: "none"},  # while the variant loads and runs
+       "draft-panels": {low_bits.PANELS_ENV: "always"}, "full-head": {greedy_head.ENV: "0"}}
 
 
-def use_isa(name: str) -> None:
-    """Our kernels' build for variant `name` (the CPU's best where it names none), from its next call on."""
-    if name in ISA:
-        os.environ[native.ISA_ENV] = ISA[name]
-    else:
-        os.environ.pop(native.ISA_ENV, None)
+def use_env(name: str) -> None:
+    """Variant `name`'s environment (every other variant's variables unset), from the kernels' next call on."""
+    for variables in ENV.values():
+        for variable in variables:
+            os.environ.pop(variable, None)
+    os.environ.update(ENV.get(name, {}))
     native.forget()
 
 
@@ -59,7 +63,7 @@ def main() -> None:
         parser.error(f"unknown variant {unknown[0]!r}: pick from {', '.join(VARIANTS)}")
     engines = {}
     for name in names:
-        use_isa(name)
+        use_env(name)
         llm = LLM(target=args.target, draft=args.draft if args.mode == "sd" else None, **VARIANTS[name])
         llm.speculation = SpeculationConfig(mode=args.mode)
         engines[name] = llm
@@ -69,7 +73,7 @@ def main() -> None:
     tokens: dict[str, list[list[int]]] = {}
     for _ in range(args.repeats):
         for name, llm in engines.items():
-            use_isa(name)
+            use_env(name)
             outs = [llm.generate([p], params)[0] for p in prompts]  # one at a time: batches never compile
             decoded = sum(o.stats.generated_tokens - 1 for o in outs)
             rates[name].append(decoded / sum(o.stats.decode_time_s for o in outs))

@@ -14,7 +14,11 @@ int8 GEMM. The target never takes this path: its products must stay those of its
 AVX-512 VNNI the same int8 weights run on the panel kernels instead (`int8_panels`: engine.layers.panel8's layout,
 each row's scale in every block, products with the activations rounded to 8 bits per 32 inputs:
 engine/kernels/q8_gemm.cpp), so the draft's one-sequence steps take the fused layers (engine.layers.fused) as the
-target's do, without a dozen Python-level calls a layer. ``SSD_CHAT_DRAFT_PANELS=0`` keeps fbgemm.
+target's do, without a dozen Python-level calls a layer. With AVX2 alone they stay on fbgemm: on a 2-vCPU AMD EPYC
+Zen 1 (2026-12-06; `ssd-chat bench --modes sd,ssd`, 8 prompts, two runs each, interleaved) q8's AVX2 code made the
+target wait longer for drafts a round, SD 2.1 and 2.3 ms against fbgemm's 1.8 and 1.9, SSD 3.9 and 4.2 against 3.0
+and 3.4 (on Zen 4 it was faster at one row, slower at five). ``SSD_CHAT_DRAFT_PANELS=always`` takes the panels
+wherever q8 runs, ``0`` keeps fbgemm everywhere.
 
 A compiled step (--compile) cannot trace fbgemm's packed weight (a TorchScript object), so it calls the same
 product as one opaque op, `ssd_chat::low_bits_linear`, that finds the weight by an integer key.
@@ -40,7 +44,7 @@ from engine.layers.packed_kernels import EVERY_STEP
 log = logging.getLogger(__name__)
 
 KINDS = DRAFT_WEIGHTS
-PANELS = os.environ.get("SSD_CHAT_DRAFT_PANELS", "1") != "0"  # int8 drafts on the panel kernels where they run
+PANELS_ENV = "SSD_CHAT_DRAFT_PANELS"  # int8 drafts on the panel kernels: "1" where they run VNNI, "always", "0"
 
 LowBitsLinear = Callable[[torch.Tensor], torch.Tensor]  # x [..., K] -> [..., N]
 
@@ -112,10 +116,19 @@ def int8_panels(weight: torch.Tensor) -> panel8.Panel8 | None:
     return panel8.from_rows(q, scales[:, None].expand(n, k // panel8.BLOCK), q8=True)
 
 
+def panels_wanted() -> bool:
+    """Whether an int8 draft takes the 8-bit panels ($SSD_CHAT_DRAFT_PANELS, read at each load): "1" (the default)
+    where q8 runs its AVX-512 VNNI code, "always" wherever q8 runs (AVX2's code too), "0" never (fbgemm)."""
+    choice = os.environ.get(PANELS_ENV, "1")
+    if choice == "0":
+        return False
+    return native.q8_available() if choice == "always" else native.q8_vnni()
+
+
 def _on_panels(modules: list[nn.Module]) -> int:
     """Run every module's int8 weight on the 8-bit panels (all of them, or none: the fused layers take a step
     only when every product of a layer runs the panel kernels): the number of weights, 0 where not."""
-    if not (PANELS and native.q8_vnni()):  # AVX2's q8 code, timed on Zen 4 only, was slower than fbgemm at 5 rows
+    if not panels_wanted():
         return 0
     copies: dict[int, panel8.Panel8 | None] = {}
     for module in modules:

@@ -21,8 +21,7 @@ PROMPTS = [[1, 5, 9, 12], [3, 3, 7], list(range(2, 40))]
 
 @pytest.fixture(autouse=True)
 def on_fbgemm(monkeypatch):
-    monkeypatch.setattr(low_bits, "PANELS", False)
-    monkeypatch.setenv("SSD_CHAT_DRAFT_PANELS", "0")  # SSD's draft process, spawned afresh, reads it
+    monkeypatch.setenv(low_bits.PANELS_ENV, "0")  # SSD's draft process, spawned afresh, reads it
 TOLERANCE = {"float16": 2e-3, "int8": 5e-2}  # relative error of a product
 
 

@@ -224,12 +224,12 @@ def test_int8_draft_weights_on_the_panels_are_the_int8_rows_products(path):
     assert 0 < float(error) < 5e-2  # the int8 tolerance of tests/engine/test_low_bits.py
 
 
-@pytest.mark.skipif(not native.q8_vnni(), reason="int8 drafts take the panels where q8 runs AVX-512 VNNI")
 @pytest.mark.parametrize("panels", [True, False])
 def test_an_int8_draft_on_the_panels_takes_the_fused_layers_and_keeps_the_output(wide_heads_dir, panels,
                                                                                 monkeypatch):
-    monkeypatch.setattr(low_bits, "PANELS", panels)  # SSD_CHAT_DRAFT_PANELS=0: fbgemm
-    monkeypatch.setenv("SSD_CHAT_DRAFT_PANELS", "1" if panels else "0")  # SSD's draft process reads it
+    # "always": on the panels with AVX2's q8 code too (by default there only with AVX-512 VNNI); "0": fbgemm.
+    # SSD's draft process, spawned afresh, reads it too
+    monkeypatch.setenv(low_bits.PANELS_ENV, "always" if panels else "0")
     with LLM(str(wide_heads_dir), max_model_len=128, threads=1) as alone:
         want = [alone.generate([ids], GREEDY)[0].token_ids for ids in PROMPTS]
     rows = []

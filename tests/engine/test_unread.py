@@ -123,15 +123,16 @@ def test_smollm2s_lookups_from_its_head_copy_are_its_embeddings_bits(off_intel):
             assert torch.equal(embed(ids).view(torch.int32), weight[ids].view(torch.int32))
 
 
-def test_a_tied_draft_on_int8_panels_looks_up_its_own_bits(tiny_qwen3_dir, tmp_path):
+def test_a_tied_draft_on_int8_panels_looks_up_its_own_bits(tiny_qwen3_dir, tmp_path, monkeypatch):
     """A draft's int8 head panels hold its weight rounded per row (engine.layers.low_bits), not the embedding's
     values: the tied embedding's lookups must come from an exact copy of its own, not from the head's."""
     from safetensors import safe_open
 
-    from engine.layers import native
+    from engine.layers import low_bits, native
 
-    if not native.q8_vnni():
-        pytest.skip("the draft's int8 matmuls run on the panels with AVX-512 VNNI only")
+    if not native.q8_available():
+        pytest.skip("the draft's int8 matmuls run on the panels with q8's code only (x86 with AVX2)")
+    monkeypatch.setenv(low_bits.PANELS_ENV, "always")  # AVX2's q8 code too (by default AVX-512 VNNI only)
     tied = rewritten(tiny_qwen3_dir, tmp_path, lambda name, w: q4_form(w) if "proj" in name else q8_form(w))
     with LLM(str(tied), draft=str(tied), packed_kernel="panel4", threads=1) as llm:
         draft = llm.core.drafter.runner.model
