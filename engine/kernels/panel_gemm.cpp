@@ -141,6 +141,37 @@ static inline void low_bit_panels(const float* __restrict x, long K, const unsig
 typedef void (*low_bit_kernel)(const float*, long, const unsigned char*, const float*, const float*, int, float*,
                                long);
 
+// One panel's weights rebuilt into float32, out [K][32]: each weight by low_bit_panels' own operation (the same bits).
+template <int BITS>
+static void rebuild_panel(long K, const unsigned char* __restrict Q, const float* __restrict D,
+                          const float* __restrict Mn, float* __restrict out) {
+  const long bytes = 4 * BITS;
+  for (long b = 0; b < K / 32; ++b)
+    for (int c = 0; c < 2; ++c) {
+      const v16 d = v_load(D + b * 32 + 16 * c), mn = BITS == 4 ? v_load(Mn + b * 32 + 16 * c) : v_zero();
+      for (long k = b * 32; k < b * 32 + 32; ++k) {
+        const unsigned char* q = Q + k * bytes;
+        v16 w;
+        if constexpr (BITS == 4) {
+          const b16 v = b_load(q);
+          w = v_fmadd(d, v_from_u8(c == 0 ? b_low_nibbles(v) : b_high_nibbles(v)), mn);
+        } else {
+          w = v_mul(d, v_from_i8(b_load(q + 16 * c)));
+        }
+        v_store(out + k * 32 + 16 * c, w);
+      }
+    }
+}
+
+// Rows from which a low-bit GEMM rebuilds each panel once into float32 and runs the float32 kernel's passes over
+// it (each output the same FMA chain over k: the same bits), instead of rebuilding every weight once per pass of
+// LOW_BIT_ROWS rows (a prefill's dozens of rows). low_bit_rebuild_rows sets it (0: the default; tests).
+static long rebuild_from = LOW_BIT_REBUILD_ROWS;
+extern "C" long low_bit_rebuild_rows(long rows) {
+  if (rows >= 0) rebuild_from = rows > 0 ? rows : LOW_BIT_REBUILD_ROWS;
+  return rebuild_from;
+}
+
 // y [M, N] = x [M, K] @ the BITS-bit panels: LOW_BIT_ROWS rows and LOW_BIT_BLOCKS column blocks a pass,
 // LOW_BIT_GROUP(M) panels at once where that many are left.
 template <int BITS>
@@ -153,6 +184,20 @@ static void low_bit_gemm(const float* x, long M, long K, const unsigned char* Q,
   static const low_bit_kernel TWO[5] = {0, low_bit_panels<BITS, 1, 2, LB>, low_bit_panels<BITS, 2, 2, LB>,
                                         low_bit_panels<BITS, 3, 2, LB>, low_bit_panels<BITS, 4, 2, LB>};
   const long blocks = K / 32;
+  if (M >= rebuild_from) {
+    over_panels(N / 32, threads, [&](long p0, long p1) {
+      float* w = (float*)aligned_alloc(64, K * 32 * sizeof(float));  // a panel: 73 KB (K = 576) to 196 KB (1536)
+      if (w == 0) abort();
+      for (long p = p0; p < p1; ++p) {
+        rebuild_panel<BITS>(K, Q + p * K * 4 * BITS, D + p * blocks * 32, BITS == 4 ? Mn + p * blocks * 32 : nullptr,
+                            w);
+        for (long m0 = 0; m0 < M; m0 += FP32_ROWS)
+          ::ONE[MIN(M - m0, FP32_ROWS)](x + m0 * K, K, K, w, y + m0 * N + 32 * p, N, N - 32 * p);
+      }
+      free(w);
+    });
+    return;
+  }
   over_panels(N / 32, threads, [&](long p0, long p1) {
     for (long p = p0; p < p1;) {
       const long take = p + LOW_BIT_GROUP(M) <= p1 ? LOW_BIT_GROUP(M) : 1;

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
-from engine.layers import packed, panel, panel4
+from engine.layers import native, packed, panel, panel4
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
 
@@ -41,16 +41,22 @@ def test_q4_weights_compress_and_give_the_float32_panels_bits(n, k):
 
 
 def assert_float32_panel_bits(low_bit, weight: torch.Tensor, generator: torch.Generator) -> None:
-    """A low-bit copy's products are the float32 panels' bits for 1-40 rows on 1 and 2 threads."""
+    """A low-bit copy's products are the float32 panels' bits for 1-40 rows on 1 and 2 threads, its weights rebuilt
+    in every pass of rows, once a panel (panel_gemm.cpp's low_bit_rebuild_rows) or as this CPU's build chooses."""
     panels = panel.to_panels(weight)
+    lib = native.library()
     try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            for rows in (1, 2, 3, 4, 5, 8, 9, 13, 40):
-                x = torch.randn(rows, weight.shape[1], generator=generator)
-                assert torch.equal(low_bit.matmul(x), panel.matmul(x, panels, weight.shape[0])), (threads, rows)
+        for rebuild_from in (1 << 40, 1, 0):  # never, from one row on, the build's choice (0)
+            lib.low_bit_rebuild_rows(rebuild_from)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                for rows in (1, 2, 3, 5, 6, 8, 9, 13, 40):
+                    x = torch.randn(rows, weight.shape[1], generator=generator)
+                    got = low_bit.matmul(x)
+                    assert torch.equal(got, panel.matmul(x, panels, weight.shape[0])), (rebuild_from, threads, rows)
     finally:
         torch.set_num_threads(1)
+        lib.low_bit_rebuild_rows(0)
 
 
 def test_other_weights_keep_float32_panels():
