@@ -116,7 +116,9 @@ def sample_counts(target, draft, variant: str, n: int, *, check_both_paths: bool
 @pytest.mark.parametrize("mode", list(VARIANTS))
 def test_sampled_tokens_follow_the_target_distribution(pair, mode):
     target, draft, exact = pair
-    n = 4000
+    # SSD's variants, 2000 requests: its batched branches cost 2.5x SD's steps here (a minute each at 4000 on a
+    # slow CPU); they reuse SD's acceptance rule, which 4000 test, and check what SSD adds, the q rows of a hit
+    n = 2000 if VARIANTS[mode][0] == "ssd" else 4000
     stat, dof = chi_square(sample_counts(target, draft, mode, n), exact, n)
     assert stat < critical_value(dof), (stat, dof)
 
