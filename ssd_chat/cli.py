@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -116,17 +114,6 @@ def LLM(**kwargs) -> engine.llm.LLM:  # the engine's class, imported on first us
     return EngineLLM(**kwargs)
 
 
-@contextmanager
-def _quiet_when_the_reader_goes() -> Iterator[None]:
-    """`... | head`: a write to stdout after its reader went away ends the command quietly with 128 + SIGPIPE, as
-    SIGPIPE ends a filter (stop_signals.reader_gone), once what it opened is closed (the exception left those
-    `with` blocks). Click's own handling of it would exit with 1."""
-    try:
-        yield
-    except BrokenPipeError:
-        raise typer.Exit(stop_signals.reader_gone()) from None
-
-
 @app.callback()
 def root(
     ctx: typer.Context,
@@ -190,7 +177,7 @@ def root(
             if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
                 raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
                                       "pipe or a file)")
-            with _quiet_when_the_reader_goes(), loaded(LLM, target=target, **engine_kwargs) as llm:  # (closed at end)
+            with stop_signals.quiet_when_the_reader_goes(), loaded(LLM, target=target, **engine_kwargs) as llm:
                 check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)  # (known once loaded)
                 run_repl(llm, params, system)
             return
@@ -262,7 +249,7 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
-    with user_errors(), _quiet_when_the_reader_goes():
+    with user_errors(), stop_signals.quiet_when_the_reader_goes():
         params = chosen(target, temperature, top_p, top_k, seed=seed, max_tokens=max_tokens)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup,

@@ -17,7 +17,7 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -160,6 +160,19 @@ def reader_gone() -> int:
         same = False
     _devnull_over([1, 2] if same else [1])
     return 128 + getattr(signal, "SIGPIPE", 13)
+
+
+@contextlib.contextmanager
+def quiet_when_the_reader_goes() -> Iterator[None]:
+    """`... | head`: a write to stdout after its reader went away ends the command quietly with 128 + SIGPIPE, as
+    SIGPIPE ends a filter (`reader_gone`), once what it opened is closed (the exception left those `with` blocks).
+    Click's own handling of it would exit with 1."""
+    import typer
+
+    try:
+        yield
+    except BrokenPipeError:
+        raise typer.Exit(reader_gone()) from None
 
 
 def stdout_flushed(code: int) -> int:
