@@ -90,6 +90,43 @@ static void panel_range(const float* x, long M, long K, const float* P, float* y
   }
 }
 
+// A tall pass: M rows of a float32 panel's 16-column block c0 (w: [K][32]); width: the columns that exist.
+#define TALL_ROWS 6
+template <int M>
+static void tall_pass(const float* __restrict x, long K, const float* __restrict w, int c0, float* __restrict y,
+                      long ldy, long width) {
+  v16 a[1][1][M];
+  zero<M, 1, 1>(a);
+  for (long k = 0; k < K; ++k) {
+    const v16 wv[1] = {v_load(w + k * 32 + 16 * c0)};
+    chain<M, 1, 1>(x, K, k, 0, wv, a);
+  }
+  store<M, 1, 1>(y, ldy, c0, width, a);
+}
+typedef void (*tall_kernel)(const float*, long, const float*, int, float*, long, long);
+static const tall_kernel TALL[7] = {0, tall_pass<1>, tall_pass<2>, tall_pass<3>, tall_pass<4>, tall_pass<5>,
+                                    tall_pass<6>};
+
+// One float32 panel (w: [K][32]) for all M rows by tall passes: y at its column 0, width: the columns that exist.
+static void tall_panel(const float* x, long M, long K, const float* w, float* y, long N, long width) {
+  for (int c0 = 0; c0 < 2 && 16 * c0 < width; ++c0)
+    for (long m0 = 0; m0 < M; m0 += TALL_ROWS)
+      TALL[MIN(M - m0, TALL_ROWS)](x + m0 * K, K, w, c0, y + m0 * N, N, width);
+}
+
+// Rows from which a low-bit GEMM rebuilds each panel once into float32 and runs tall passes over it (each output
+// the same FMA chain over k: the same bits), instead of rebuilding every weight once per pass of LOW_BIT_ROWS rows
+// (a prefill's dozens of rows). On AVX2, 6 rows of one block a pass (12 accumulators) ran a prefill's matmuls
+// faster than the float32 kernel's 2 rows of two blocks over the rebuilt panel (Zen 1, 64 rows: 413 against 552
+// ms; oneDNN 427; README "AVX2 CPUs"). The float32 GEMM keeps its passes: streaming its weights from memory, tall
+// passes (each 64-byte block of a k in its own pass) were slower from 6 to 16 rows (85.0 against 71.9 ms at 6) and
+// faster only at 64 (446 against 507). low_bit_rebuild_rows sets it (0: the default; tests).
+static long rebuild_from = LOW_BIT_REBUILD_ROWS;
+extern "C" long low_bit_rebuild_rows(long rows) {
+  if (rows >= 0) rebuild_from = rows > 0 ? rows : LOW_BIT_REBUILD_ROWS;
+  return rebuild_from;
+}
+
 // x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major.
 extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads) {
   const long group = M <= FP32_ROWS ? FP32_GROUP(M) : 1;
@@ -163,33 +200,6 @@ static void rebuild_panel(long K, const unsigned char* __restrict Q, const float
     }
 }
 
-// A rebuilt panel's pass: M rows of its 16-column block c0; w: [K][32] float32.
-#define REBUILT_ROWS 6
-template <int M>
-static void rebuilt_block(const float* __restrict x, long K, const float* __restrict w, int c0, float* __restrict y,
-                          long ldy) {
-  v16 a[1][1][M];
-  zero<M, 1, 1>(a);
-  for (long k = 0; k < K; ++k) {
-    const v16 wv[1] = {v_load(w + k * 32 + 16 * c0)};
-    chain<M, 1, 1>(x, K, k, 0, wv, a);
-  }
-  store<M, 1, 1>(y, ldy, c0, 32, a);
-}
-typedef void (*rebuilt_kernel)(const float*, long, const float*, int, float*, long);
-static const rebuilt_kernel REBUILT[7] = {0, rebuilt_block<1>, rebuilt_block<2>, rebuilt_block<3>, rebuilt_block<4>,
-                                          rebuilt_block<5>, rebuilt_block<6>};
-
-// Rows from which a low-bit GEMM rebuilds each panel once into float32 and runs rebuilt_block's passes over it
-// (each output the same FMA chain over k: the same bits), instead of rebuilding every weight once per pass of
-// LOW_BIT_ROWS rows (a prefill's dozens of rows). On AVX2, 6 rows of one block a pass (12 accumulators) ran a
-// prefill's matmuls faster than the float32 kernel's 2 rows of two blocks (Zen 1, 64 rows: 413 against 552 ms;
-// oneDNN 427; README "AVX2 CPUs"). low_bit_rebuild_rows sets it (0: the default; tests).
-static long rebuild_from = LOW_BIT_REBUILD_ROWS;
-extern "C" long low_bit_rebuild_rows(long rows) {
-  if (rows >= 0) rebuild_from = rows > 0 ? rows : LOW_BIT_REBUILD_ROWS;
-  return rebuild_from;
-}
 
 // y [M, N] = x [M, K] @ the BITS-bit panels: LOW_BIT_ROWS rows and LOW_BIT_BLOCKS column blocks a pass,
 // LOW_BIT_GROUP(M) panels at once where that many are left.
@@ -210,9 +220,7 @@ static void low_bit_gemm(const float* x, long M, long K, const unsigned char* Q,
       for (long p = p0; p < p1; ++p) {
         rebuild_panel<BITS>(K, Q + p * K * 4 * BITS, D + p * blocks * 32, BITS == 4 ? Mn + p * blocks * 32 : nullptr,
                             w);
-        for (int c0 = 0; c0 < 2; ++c0)
-          for (long m0 = 0; m0 < M; m0 += REBUILT_ROWS)
-            REBUILT[MIN(M - m0, REBUILT_ROWS)](x + m0 * K, K, w, c0, y + m0 * N + 32 * p, N);
+        tall_panel(x, M, K, w, y + 32 * p, N, 32);
       }
       free(w);
     });
