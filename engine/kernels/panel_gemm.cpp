@@ -118,9 +118,7 @@ static void tall_panel(const float* x, long M, long K, const float* w, float* y,
 // the same FMA chain over k: the same bits), instead of rebuilding every weight once per pass of LOW_BIT_ROWS rows
 // (a prefill's dozens of rows). On AVX2, 6 rows of one block a pass (12 accumulators) ran a prefill's matmuls
 // faster than the float32 kernel's 2 rows of two blocks over the rebuilt panel (Zen 1, 64 rows: 413 against 552
-// ms; oneDNN 427; README "AVX2 CPUs"). The float32 GEMM keeps its passes: streaming its weights from memory, tall
-// passes (each 64-byte block of a k in its own pass) were slower from 6 to 16 rows (85.0 against 71.9 ms at 6) and
-// faster only at 64 (446 against 507). low_bit_rebuild_rows sets it (0: the default; tests).
+// ms; oneDNN 427; README "AVX2 CPUs"). low_bit_rebuild_rows sets it (0: the default; tests).
 static long rebuild_from = LOW_BIT_REBUILD_ROWS;
 extern "C" long low_bit_rebuild_rows(long rows) {
   if (rows >= 0) rebuild_from = rows > 0 ? rows : LOW_BIT_REBUILD_ROWS;
@@ -128,7 +126,23 @@ extern "C" long low_bit_rebuild_rows(long rows) {
 }
 
 // x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major.
+// Rows from which the float32 GEMM runs tall passes over its panels instead of its own (the same bits). Its weights
+// stream from memory, each 64-byte block of a k read in a pass of its own: on AVX2 (Zen 1, SmolLM2-135M's matmuls,
+// one core) tall passes were slower up to 16 rows (85.0 against 71.9 ms at 6, 160.1 against 157.7 at 16) and faster
+// from 24 (217.3 against 226.6; 32 rows 274.8 against 298.5, 48 377.8 against 429.7). fp32_tall_rows sets it.
+static long fp32_tall_from = FP32_TALL_ROWS;
+extern "C" long fp32_tall_rows(long rows) {
+  if (rows >= 0) fp32_tall_from = rows > 0 ? rows : FP32_TALL_ROWS;
+  return fp32_tall_from;
+}
+
 extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads) {
+  if (M >= fp32_tall_from) {
+    over_panels((N + 31) / 32, threads, [&](long p0, long p1) {
+      for (long p = p0; p < p1; ++p) tall_panel(x, M, K, P + p * K * 32, y + 32 * p, N, MIN(N - 32 * p, 32L));
+    });
+    return;
+  }
   const long group = M <= FP32_ROWS ? FP32_GROUP(M) : 1;
   over_panels((N + 31) / 32, threads, [&](long p0, long p1) { panel_range(x, M, K, P, y, N, p0, p1, group); });
 }

@@ -87,6 +87,7 @@ INLINE v16 v_sum16(const v16* a) {
 #define LOW_BIT_BLOCKS 2
 #define LOW_BIT_GROUP(m) ((m) <= 4 ? 2 : 1)
 #define LOW_BIT_REBUILD_ROWS (1L << 40)  // panel_gemm.cpp: not measured on AVX-512, so never
+#define FP32_TALL_ROWS (1L << 40)  // panel_gemm.cpp: not measured here, so never
 #define ATTN_ACCUMULATORS 16  // attention.cpp's value sums: v16 accumulators a pass (heads x D / 16)
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -160,6 +161,7 @@ INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (tor
 #define LOW_BIT_BLOCKS 1
 #define LOW_BIT_GROUP(m) 1
 #define LOW_BIT_REBUILD_ROWS 6  // panel_gemm.cpp (measured on a Zen 1: from 6 rows on)
+#define FP32_TALL_ROWS 24  // panel_gemm.cpp (measured on a Zen 1: from 24 rows on)
 #define ATTN_ACCUMULATORS 4
 
 #elif defined(__aarch64__) && defined(__ARM_NEON)
@@ -250,6 +252,7 @@ INLINE float v_sum(v16 a) {
 #define LOW_BIT_BLOCKS 1
 #define LOW_BIT_GROUP(m) 1
 #define LOW_BIT_REBUILD_ROWS (1L << 40)  // panel_gemm.cpp: not measured on NEON, so never
+#define FP32_TALL_ROWS (1L << 40)  // panel_gemm.cpp: not measured here, so never
 #define ATTN_ACCUMULATORS 4
 
 #else

@@ -244,6 +244,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_support.argtypes, lib.q8_support.restype = [], ctypes.c_int
     lib.q8_path.argtypes, lib.q8_path.restype = [ctypes.c_int], ctypes.c_int
     lib.low_bit_rebuild_rows.argtypes, lib.low_bit_rebuild_rows.restype = [ctypes.c_long], ctypes.c_long
+    lib.fp32_tall_rows.argtypes, lib.fp32_tall_rows.restype = [ctypes.c_long], ctypes.c_long
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]  # norm.py's
     lib.rms_norm.restype = None
