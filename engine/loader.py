@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine import interrupts
 from engine.errors import ModelFilesError, WeightShapeError, check_shape
+from engine.layers import greedy_head
 from engine.layers.linear import to_k_major
 from engine.layers.low_bits import quantize_weights
 from engine.layers.packed import pack_weights
@@ -161,6 +162,7 @@ def build_model(
     fewer_bits = dtype == torch.float32 and quantize_weights(model, low_bits) > 0
     if packed and not fewer_bits and torch.device(device).type == "cpu":
         pack_weights(model, packed_kernel)
+        greedy_head.prepare(model.lm_head)
     if release and torch.device(device).type == "cpu":
         release_unread(model, exact_copies=not fewer_bits)
     return model.eval()
