@@ -39,10 +39,7 @@ def applies(head: nn.Module, hidden: torch.Tensor) -> bool:
     alone is decided once for its packed copy and kept on it, with the bound sums: (packed, sums or None)."""
     if os.environ.get(ENV, "1") == "0":
         return False
-    packed = getattr(head, "packed", None)
-    screen = head.__dict__.get("_screen")
-    if screen is None or screen[0] is not packed:
-        head._screen = screen = (packed, _bound_sums(head))
+    screen = _screen(head)
     rows = hidden.shape[0]
     return (screen[1] is not None and hidden.device.type == "cpu" and hidden.dtype == torch.float32
             and hidden.dim() == 2 and head.packed_min_rows <= rows <= head.packed_rows)
@@ -52,7 +49,16 @@ def prepare(head: nn.Module) -> None:
     """Decide what `applies` keeps on the head now, at load, not in a reply's first greedy step (SmolLM2-135M's bound
     sums: 57 ms of a 2-vCPU Zen 1's, a quarter of the first reply's time to its first token)."""
     if os.environ.get(ENV, "1") != "0":
-        head._screen = (getattr(head, "packed", None), _bound_sums(head))
+        _screen(head)
+
+
+def _screen(head: nn.Module) -> tuple[object, torch.Tensor | None]:
+    """(packed, its bound sums or None), made once per packed copy and kept on the head."""
+    packed = getattr(head, "packed", None)
+    screen = head.__dict__.get("_screen")
+    if screen is None or screen[0] is not packed:
+        head._screen = screen = (packed, _bound_sums(head))
+    return screen
 
 
 def _bound_sums(head: nn.Module) -> torch.Tensor | None:
