@@ -120,22 +120,21 @@ static void tall_panel(const float* x, long M, long K, const float* w, float* y,
 // faster than the float32 kernel's 2 rows of two blocks over the rebuilt panel (Zen 1, 64 rows: 413 against 552
 // ms; oneDNN 427; README "AVX2 CPUs"). low_bit_rebuild_rows sets it (0: the default; tests).
 static long rebuild_from = LOW_BIT_REBUILD_ROWS;
-extern "C" long low_bit_rebuild_rows(long rows) {
-  if (rows >= 0) rebuild_from = rows > 0 ? rows : LOW_BIT_REBUILD_ROWS;
-  return rebuild_from;
+// A row threshold's setter: rows > 0 that many, 0 the build's default, < 0 unchanged; returns the threshold.
+static long set_rows(long& threshold, long rows, long build_default) {
+  if (rows >= 0) threshold = rows > 0 ? rows : build_default;
+  return threshold;
 }
+extern "C" long low_bit_rebuild_rows(long rows) { return set_rows(rebuild_from, rows, LOW_BIT_REBUILD_ROWS); }
 
-// x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major.
 // Rows from which the float32 GEMM runs tall passes over its panels instead of its own (the same bits). Its weights
 // stream from memory, each 64-byte block of a k read in a pass of its own: on AVX2 (Zen 1, SmolLM2-135M's matmuls,
 // one core) tall passes were slower up to 16 rows (85.0 against 71.9 ms at 6, 160.1 against 157.7 at 16) and faster
 // from 24 (217.3 against 226.6; 32 rows 274.8 against 298.5, 48 377.8 against 429.7). fp32_tall_rows sets it.
 static long fp32_tall_from = FP32_TALL_ROWS;
-extern "C" long fp32_tall_rows(long rows) {
-  if (rows >= 0) fp32_tall_from = rows > 0 ? rows : FP32_TALL_ROWS;
-  return fp32_tall_from;
-}
+extern "C" long fp32_tall_rows(long rows) { return set_rows(fp32_tall_from, rows, FP32_TALL_ROWS); }
 
+// x: [M, K] row-major; P: [ceil(N / 32), K, 32]; y: [M, N] row-major.
 extern "C" void panel_gemm(const float* x, long M, long K, const float* P, float* y, long N, int threads) {
   if (M >= fp32_tall_from) {
     over_panels((N + 31) / 32, threads, [&](long p0, long p1) {
@@ -213,7 +212,6 @@ static void rebuild_panel(long K, const unsigned char* __restrict Q, const float
       }
     }
 }
-
 
 // y [M, N] = x [M, K] @ the BITS-bit panels: LOW_BIT_ROWS rows and LOW_BIT_BLOCKS column blocks a pass,
 // LOW_BIT_GROUP(M) panels at once where that many are left.
