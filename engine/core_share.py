@@ -92,6 +92,11 @@ class CoreShare:
         if self.governor is not None:
             self.governor.done()
 
+    def idle(self) -> None:
+        """The engine has no requests (it has loaded, the last reply ended, a mode was switched between replies)."""
+        if self.governor is not None:
+            self.governor.idle()
+
     def _pin(self, cores: set[int] | tuple[int, ...] | None, threads: int | None) -> None:
         """engine.affinity.pin, remembering the thread count every step must run with."""
         pin(cores, threads)

@@ -8,6 +8,11 @@ difference is what others took from the engine's cores. Every half second of ste
 into a thread count, up to the engine's own. On fewer threads, where a load shows whole stepping or not, a pause
 between steps counts too, to give threads back (a reply shorter than a window completes none).
 
+An idle engine (no requests) shows a load whole too, so a reply that comes after a pause of `PAUSE_READ_S` or more
+takes its first step's count from the pause alone, both ways. Before, a load that began while the engine waited
+cost the next reply its first half second on every thread, 4-5x slower steps: in the chat app, beside a busy loop,
+a first token after 1.4-2.6 s. A load that stopped just before the reply costs it a window on one thread instead.
+
 Each core others use `TAKEN_AT` of (0.35 of a core, 1.35 of two, ...) costs a thread. On the 2-vCPU VM
 (2026-12-06, beside a load busy for a share of every 10 ms) two threads and one were about as fast at 0.4-0.5 of a
 core of load (one run or the other ahead, by the VM's noise), one thread the faster from 0.75 on, two below 0.3;
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 WINDOW_S = 0.5  # seconds of stepping per measurement
 TAKEN_AT = 0.35  # of a core that others use (as measured): the engine gives that core up
 IDLE_S = 0.25  # a pause this long from one step's end to the next's start starts a new window (idle, not busy)
+PAUSE_READ_S = 1.0  # an idle pause this long is a measurement of its own (/proc/stat counts in 10 ms ticks)
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat's user, nice, system, irq, softirq, steal (guest is in user)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's units a second
 
@@ -87,6 +93,7 @@ class ThreadGovernor:
         self._read, self._clock = read, clock
         self._start: Sample | None = None
         self._last_end = float("-inf")  # when the last step ended
+        self._idle: Sample | None = None  # read when the engine last went idle, until the next step
 
     @classmethod
     def where_useful(cls, cores: Collection[int], most: int, threads: int | None = None) -> ThreadGovernor | None:
@@ -100,9 +107,12 @@ class ThreadGovernor:
     def tick(self) -> int:
         """Called before each step: the thread count for it."""
         now = self._clock()
+        idle, self._idle = self._idle, None
         if now - self._last_end > IDLE_S:  # the first step, or after a pause: measure from here
             start, self._start = self._start, self._read(self.cores)
-            if self.threads < self.most and start is not None and self._start is not None:
+            if idle is not None and self._start is not None and self._start.wall - idle.wall >= PAUSE_READ_S:
+                self._choose(others_use(idle, self._start))  # the load while nothing of ours stepped
+            elif self.threads < self.most and start is not None and self._start is not None:
                 # On fewer threads a load shows whole, stepping or not: the steps since the window began and the
                 # pause after them tell whether it has gone (replies shorter than a window, a few dozen tokens,
                 # never completed one, and kept the count a load had left them)
@@ -125,6 +135,12 @@ class ThreadGovernor:
                      chosen, self.most, others, len(self.cores),
                      extra={ALSO_AN_EVENT: True})  # (it ticks in a step: each request there hears ThreadsChanged)
             self.threads = chosen
+
+    def idle(self) -> None:
+        """Called when the engine has no requests left (and once it has loaded): the next step, after a pause of
+        PAUSE_READ_S or more, takes its count from the load over that pause. (A step in between, with no pause,
+        drops the reading: a pause after it could be inside a request.)"""
+        self._idle = self._read(self.cores)
 
     def done(self) -> None:
         """Called after each step: the time to the next one is the engine's pause, not the step's. (From the start

@@ -101,6 +101,8 @@ class LLM:
         """The target off SSD's draft cores while SSD runs on the draft process (engine.core_share)."""
         serving = self.remote is not None and self.core.drafters.get("ssd") is self.remote
         self.core_share.share(self._open and self.speculation.mode == "ssd" and serving)
+        if not self._requests:  # (loaded, or a mode switched between replies: the pause from here is idle)
+            self.core_share.idle()
 
     # -- public API --------------------------------------------------------------------------------
     def generate(
@@ -275,6 +277,8 @@ class LLM:
                 if seq.is_finished:
                     self._requests.pop(seq.seq_id)
                     state.finalize()
+            if not self._requests:
+                self.core_share.idle()
 
     def _cancel_all(self) -> None:
         for state in list(self._requests.values()):
@@ -288,6 +292,8 @@ class LLM:
             state.seq.status, state.seq.finish_reason = SeqStatus.FINISHED, reason
         if self._requests.pop(state.request_id, None) is not None:
             state.finalize()
+            if not self._requests:  # (a cancelled reply)
+                self.core_share.idle()
 
 
 def _is_token_ids(prompt: object) -> bool:

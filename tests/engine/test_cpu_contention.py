@@ -126,6 +126,66 @@ def test_short_replies_take_the_thread_back_once_the_load_has_gone():
     assert governor.tick() == 2
 
 
+def _steps(governor: cc.ThreadGovernor, machine: FakeMachine, seconds: float, ours: float) -> list[int]:
+    """10 ms steps for `seconds`, this process using `ours` cores: the count of each."""
+    counts = []
+    for _ in range(round(seconds / 0.01)):
+        counts.append(governor.tick())
+        machine.run(0.01, ours)
+        governor.done()
+    return counts
+
+
+def test_a_reply_after_an_idle_pause_starts_on_the_count_the_pause_tells():
+    """A load that began while the engine waited cost the next reply its first half second on every thread (in the
+    chat app, beside a busy loop, a first token after 1.4-2.6 s). An idle engine shows a load whole: the reply's
+    first step takes its count from the pause, both ways."""
+    machine = FakeMachine()
+    governor = cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now)
+    governor.idle()  # loaded
+    machine.others = 1.0  # a busy loop starts while the user types
+    machine.run(3.0, ours=0.0)
+    assert set(_steps(governor, machine, 1.0, ours=1.0)) == {1}  # from the first step
+    governor.idle()  # the reply ends
+    machine.others = 0.0  # the loop stops during the next pause
+    machine.run(2.0, ours=0.0)
+    assert _steps(governor, machine, 0.1, ours=2.0) == [2] * 10
+    governor.idle()
+    machine.others = 0.2  # a light load (the chat app's UI drawing a reply): every thread
+    machine.run(2.0, ours=0.0)
+    assert governor.tick() == 2
+
+
+def test_a_short_pause_or_a_load_that_has_gone_costs_at_most_a_window():
+    machine = FakeMachine()
+    governor = cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now)
+    governor.idle()
+    machine.others = 1.0
+    machine.run(cc.PAUSE_READ_S * 0.6, ours=0.0)  # too short to tell a load from a UI's burst: no change
+    assert governor.tick() == 2
+    machine.run(0.01, ours=2.0)
+    governor.done()
+    governor.idle()
+    machine.run(2.5, ours=0.0)  # a load for most of the pause, gone at its end: one thread, for one window
+    machine.others = 0.0
+    machine.run(0.5, ours=0.0)
+    counts = _steps(governor, machine, 1.0, ours=1.0)
+    assert counts[0] == 1 and counts[-1] == 2 and counts.index(2) <= round(cc.WINDOW_S / 0.01) + 1
+
+
+def test_an_idle_reading_is_dropped_by_the_next_step():
+    """A reply that comes right after the last (no pause) drops it: a later pause inside a request, with steps in
+    the reading, is no idle pause (on every thread, a window of steps decides, as before)."""
+    machine = FakeMachine()
+    governor = cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now)
+    _steps(governor, machine, 0.2, ours=2.0)
+    governor.idle()
+    assert _steps(governor, machine, 0.2, ours=2.0) == [2] * 20  # the next reply at once
+    machine.others = 1.0
+    machine.run(2.0, ours=0.0)  # a pause, no idle(): a request is still open
+    assert governor.tick() == 2
+
+
 def test_steps_slowed_by_other_programs_are_no_pause():
     """Beside a busy loop and the chat app's UI a verify took 0.5-0.9 s on two threads: each is one window."""
     machine = FakeMachine()
@@ -162,7 +222,7 @@ class Flipper:
     """A governor that changes the count at every step: 2, 1, 2, ..."""
 
     def __init__(self) -> None:
-        self.threads, self.most, self.ticks = 2, 2, 0
+        self.threads, self.most, self.ticks, self.idles = 2, 2, 0, 0
 
     def tick(self) -> int:
         self.ticks += 1
@@ -171,6 +231,9 @@ class Flipper:
 
     def done(self) -> None:
         pass
+
+    def idle(self) -> None:
+        self.idles += 1
 
 
 def _flipping(llm: LLM) -> Flipper:
@@ -221,6 +284,25 @@ def test_a_reply_told_of_fewer_threads_hears_of_all_again_when_the_governor_is_r
         llm.core_share._pin(None, 2)  # (as share(False) does; adapt_threads=False: no governor from here)
         changes = [(e.threads, e.most) for e in events if isinstance(e, ThreadsChanged)]
         assert changes == [(2, 2)]
+
+
+def test_the_engine_tells_the_governor_when_it_goes_idle(tiny_llama_dir, tmp_path, monkeypatch):
+    """Once loaded, when its last request ends or is cancelled, after a mode switch between replies: not while a
+    request is open (a pause then is no idle one)."""
+    idles = []
+    monkeypatch.setattr(core_share.CoreShare, "idle", lambda self: idles.append(self))
+    draft = noisy_copy(tiny_llama_dir, tmp_path / "draft", scale=0.3)
+    with LLM(str(tiny_llama_dir), draft=str(draft), max_model_len=256, threads=2) as llm:
+        assert len(idles) == 1  # loaded
+        llm.generate(PROMPTS[:2], GREEDY)
+        assert len(idles) == 2
+        llm.speculation = SpeculationConfig(mode="ar")
+        assert len(idles) == 3
+        events = llm.stream(PROMPTS[0], GREEDY)
+        next(events)
+        assert len(idles) == 3
+        events.close()  # cancelled
+        assert len(idles) == 4
 
 
 def test_the_layout_says_the_engines_thread_count_not_the_governors(tiny_llama_dir):
