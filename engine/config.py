@@ -74,6 +74,7 @@ class EngineConfig:
     dtype: str = "auto"
     threads: int | None = None
     adapt_threads: bool = True       # CPU: fewer threads while other programs use the cores (engine.cpu_contention)
+    companion_pids: tuple[int, ...] = ()  # processes whose work while the engine waits is its own (the chat app's UI)
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_tokens: int | None = None
@@ -131,7 +132,7 @@ class EngineConfig:
                          "max_num_seqs": whole, "prefill_chunk_tokens": optional(whole), "seed": optional(whole),
                          "draft_timeout_s": number, "enable_prefix_caching": flag, "eager": flag, "compile": flag,
                          "k_major_weights": flag, "packed_weights": flag,
-                         "adapt_threads": flag})
+                         "adapt_threads": flag, "companion_pids": wholes})
         if self.attention not in ATTENTION_BACKENDS:
             raise InvalidParameterError(
                 f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}"

@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class CoreShare:
-    def __init__(self, placement: Placement, adapt: bool = False) -> None:
-        self.placement, self.adapt = placement, adapt
+    def __init__(self, placement: Placement, adapt: bool = False, companions: tuple[int, ...] = ()) -> None:
+        """`companions`: the pids of processes whose work is the engine's own (ThreadGovernor's)."""
+        self.placement, self.adapt, self.companions = placement, adapt, companions
         self.affinity = usable()  # the cores this process had before any pin
         self.cores = self.affinity  # the cores it steps on now
         self.governor: ThreadGovernor | None = None  # (adapt, and several threads: the count while others are busy)
@@ -109,5 +110,5 @@ class CoreShare:
         # app, whose UI is one more runnable thread, far more); where the load has gone, half a second gives it back
         if self.governor is not None:
             self.carried = self.governor.threads if self.governor.threads < self.governor.most else None
-        self.governor = (ThreadGovernor.where_useful(self.cores, self.step_threads, self.carried) if self.adapt
-                         else None)
+        self.governor = (ThreadGovernor.where_useful(self.cores, self.step_threads, self.carried, self.companions)
+                         if self.adapt else None)

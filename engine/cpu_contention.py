@@ -12,6 +12,9 @@ An idle engine (no requests) shows a load whole too, so a reply that comes after
 takes its first step's count from the pause alone, both ways. Before, a load that began while the engine waited
 cost the next reply its first half second on every thread, 4-5x slower steps: in the chat app, beside a busy loop,
 a first token after 1.4-2.6 s. A load that stopped just before the reply costs it a window on one thread instead.
+The engine's companions (`EngineConfig.companion_pids`: the chat app's UI process, which imports and draws its
+first screen for about a second after the engine has loaded, 0.5 of a core over a 4 s pause) count as the engine's
+own there, not as other programs; while it steps, their work competes with the step's threads like any other's.
 
 Each core others use `TAKEN_AT` of (0.35 of a core, 1.35 of two, ...) costs a thread. On the 2-vCPU VM
 (2026-12-06, beside a load busy for a share of every 10 ms) two threads and one were about as fast at 0.4-0.5 of a
@@ -33,7 +36,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.outputs import ALSO_AN_EVENT
 
@@ -70,6 +73,19 @@ def read_sample(cores: Collection[int]) -> Sample | None:
     return Sample(wall, busy / _TICKS, ours)
 
 
+def cpu_seconds(pids: Collection[int]) -> float:
+    """The CPU seconds the processes `pids` spent so far (their own, every thread); a process gone counts 0."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # (after the name, which may hold spaces)
+        except (OSError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime: the stat's 14th and 15th fields
+    return total / _TICKS
+
+
 def others_use(start: Sample, end: Sample) -> float:
     """The cores' worth of time others took from the cores between two samples, at least 0."""
     return max(0.0, (end.busy - start.busy) - (end.ours - start.ours)) / (end.wall - start.wall)
@@ -86,23 +102,27 @@ class ThreadGovernor:
 
     def __init__(self, cores: Collection[int], most: int, *, threads: int | None = None,
                  read: Callable[[Collection[int]], Sample | None] = read_sample,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """`threads`: the count to start on (at most `most`; None: `most`)."""
+                 clock: Callable[[], float] = time.monotonic,
+                 companions: Callable[[], float] | None = None) -> None:
+        """`threads`: the count to start on (at most `most`; None: `most`). `companions`: the CPU seconds the
+        engine's companion processes spent so far (counted as the engine's own over an idle pause)."""
         self.cores, self.most = tuple(cores), most
         self.threads = most if threads is None else max(1, min(most, threads))
-        self._read, self._clock = read, clock
+        self._read, self._clock, self._companions = read, clock, companions
         self._start: Sample | None = None
         self._last_end = float("-inf")  # when the last step ended
         self._idle: Sample | None = None  # read when the engine last went idle, until the next step
 
     @classmethod
-    def where_useful(cls, cores: Collection[int], most: int, threads: int | None = None) -> ThreadGovernor | None:
+    def where_useful(cls, cores: Collection[int], most: int, threads: int | None = None,
+                     companions: Collection[int] = ()) -> ThreadGovernor | None:
         """A governor for a process stepping with at most `most` threads on `cores`, starting on `threads`, or None
         where it has nothing to do: one thread, more threads than cores (asked for: the count is kept), or no
-        /proc/stat."""
+        /proc/stat. `companions`: the pids of the engine's companion processes."""
         if not 2 <= most <= len(cores) or read_sample(cores) is None:
             return None
-        return cls(cores, most, threads=threads)
+        pids = tuple(companions)
+        return cls(cores, most, threads=threads, companions=(lambda: cpu_seconds(pids)) if pids else None)
 
     def tick(self) -> int:
         """Called before each step: the thread count for it."""
@@ -111,7 +131,7 @@ class ThreadGovernor:
         if now - self._last_end > IDLE_S:  # the first step, or after a pause: measure from here
             start, self._start = self._start, self._read(self.cores)
             if idle is not None and self._start is not None and self._start.wall - idle.wall >= PAUSE_READ_S:
-                self._choose(others_use(idle, self._start))  # the load while nothing of ours stepped
+                self._choose(others_use(idle, self._with_companions(self._start)))  # while nothing of ours stepped
             elif self.threads < self.most and start is not None and self._start is not None:
                 # On fewer threads a load shows whole, stepping or not: the steps since the window began and the
                 # pause after them tell whether it has gone (replies shorter than a window, a few dozen tokens,
@@ -140,7 +160,13 @@ class ThreadGovernor:
         """Called when the engine has no requests left (and once it has loaded): the next step, after a pause of
         PAUSE_READ_S or more, takes its count from the load over that pause. (A step in between, with no pause,
         drops the reading: a pause after it could be inside a request.)"""
-        self._idle = self._read(self.cores)
+        if self._idle is None:  # (idle since the first call: the chat app sets the mode before each reply)
+            self._idle = self._with_companions(self._read(self.cores))
+
+    def _with_companions(self, sample: Sample | None) -> Sample | None:
+        if sample is None or self._companions is None:
+            return sample
+        return replace(sample, ours=sample.ours + self._companions())
 
     def done(self) -> None:
         """Called after each step: the time to the next one is the engine's pause, not the step's. (From the start

@@ -52,7 +52,8 @@ class LLM:
         self.config = config
         self.placement = plan(config.tp, config.target_devices, config.draft_device, config.threads,
                               default_device=config.device)
-        self.core_share = CoreShare(self.placement, adapt=config.adapt_threads and not config.on_cuda)
+        self.core_share = CoreShare(self.placement, adapt=config.adapt_threads and not config.on_cuda,
+                                    companions=config.companion_pids)
         self._open = True
         self._cut = False  # a second Ctrl-C stopped a step half-way: the scheduler's state is unknown from then on
         self._stepping = threading.RLock()  # a step's; close() from another thread waits for the step to end

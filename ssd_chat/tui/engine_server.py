@@ -80,7 +80,7 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
     engine_log.propagate = False
     engine_log.addHandler(_ToParent(pipe))
     try:
-        llm = LLM(target=target, **kwargs)
+        llm = LLM(target=target, companion_pids=(parent,), **kwargs)  # (the app's work is no other program's)
     except EngineError as err:
         _tell_load_failure(wire, str(err), stderr_path)
         return

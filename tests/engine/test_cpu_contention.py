@@ -145,6 +145,7 @@ def test_a_reply_after_an_idle_pause_starts_on_the_count_the_pause_tells():
     governor.idle()  # loaded
     machine.others = 1.0  # a busy loop starts while the user types
     machine.run(3.0, ours=0.0)
+    governor.idle()  # (the chat app sets the mode right before each reply: still idle since the first call)
     assert set(_steps(governor, machine, 1.0, ours=1.0)) == {1}  # from the first step
     governor.idle()  # the reply ends
     machine.others = 0.0  # the loop stops during the next pause
@@ -171,6 +172,37 @@ def test_a_short_pause_or_a_load_that_has_gone_costs_at_most_a_window():
     machine.run(0.5, ours=0.0)
     counts = _steps(governor, machine, 1.0, ours=1.0)
     assert counts[0] == 1 and counts[-1] == 2 and counts.index(2) <= round(cc.WINDOW_S / 0.01) + 1
+
+
+def test_a_companion_process_working_through_the_pause_is_no_other_program():
+    """The chat app's UI imports and draws its first screen for a second after the engine has loaded (0.5 of a core
+    over a 4 s pause): its work is the engine's own. While the engine steps, it is any other program's."""
+    companion = [0.0]
+
+    def governor(companions) -> cc.ThreadGovernor:
+        return cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now, companions=companions)
+
+    for companions, chosen in ((None, 1), (lambda: companion[0], 2)):
+        machine, companion[0] = FakeMachine(), 0.0
+        governed = governor(companions)
+        governed.idle()
+        machine.others = 0.8  # the UI: busy with its start, it is counted in the cores' busy time ...
+        machine.run(2.0, ours=0.0)
+        companion[0] += 0.8 * 2.0  # ... and in its own CPU time
+        machine.others = 0.0
+        machine.run(2.0, ours=0.0)
+        assert governed.tick() == chosen
+
+
+@linux_only
+def test_cpu_seconds_reads_a_process_time():
+    import os
+    start = cc.cpu_seconds([os.getpid()])
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    assert cc.cpu_seconds([os.getpid()]) - start >= 0.25  # (ticks of 10 ms)
+    assert cc.cpu_seconds([os.getpid(), 2**22 + 1]) >= start + 0.25  # a process gone (or never there) counts 0
 
 
 def test_an_idle_reading_is_dropped_by_the_next_step():

@@ -288,3 +288,36 @@ async def test_the_terminals_log_handler_is_held_off_while_the_app_runs_and_gets
         assert terminal in root.handlers and terminal.stream.getvalue() == "mind the gap\n"
     finally:
         root.removeHandler(terminal)
+
+
+def test_the_engine_process_counts_the_apps_work_as_its_own(monkeypatch):
+    """The app imports and draws its first screen for a second after the engine has loaded: the governor's reading
+    of the pause before the first reply took that for another program (a quiet machine's first reply on one thread,
+    its panel saying the CPU was busy)."""
+    import multiprocessing
+    import os
+
+    import engine
+    from engine.errors import EngineError
+    from ssd_chat.tui import engine_server
+
+    seen = {}
+
+    class Stop:
+        def __init__(self, **kwargs) -> None:
+            seen.update(kwargs)
+            raise EngineError("stopped here")
+
+    monkeypatch.setattr(engine, "LLM", Stop)
+    monkeypatch.setattr(engine_server, "_watch", lambda parent, closing: None)
+    engine_log = logging.getLogger(ENGINE_LOGGER)
+    handlers, propagate, level = list(engine_log.handlers), engine_log.propagate, engine_log.level
+    app_end, engine_end = multiprocessing.Pipe()
+    try:
+        engine_server.serve(engine_end, 4321, "target", {"threads": 2})
+    finally:
+        engine_log.handlers[:], engine_log.propagate = handlers, propagate
+        engine_log.setLevel(level)
+    assert seen == {"target": "target", "threads": 2, "companion_pids": (4321,)}
+    assert app_end.recv() == ("error", "stopped here")
+    assert os.getpid() not in seen["companion_pids"]
