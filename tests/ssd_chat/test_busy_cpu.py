@@ -73,7 +73,7 @@ def test_the_plain_mode_says_a_reply_ran_on_fewer_threads(monkeypatch, capsys):
 class Flipper:
     """A governor that changes the count at every step."""
 
-    def __init__(self, cores, most: int, threads: int | None = None) -> None:
+    def __init__(self, cores, most: int, threads: int | None = None, companions=()) -> None:
         self.threads, self.most = most, most
 
     def tick(self) -> int:
@@ -81,6 +81,9 @@ class Flipper:
         return self.threads
 
     def done(self) -> None:
+        pass
+
+    def idle(self) -> None:
         pass
 
 
