@@ -12,9 +12,11 @@ An idle engine (no requests) shows a load whole too, so a reply that comes after
 takes its first step's count from the pause alone, both ways. Before, a load that began while the engine waited
 cost the next reply its first half second on every thread, 4-5x slower steps: in the chat app, beside a busy loop,
 a first token after 1.4-2.6 s. A load that stopped just before the reply costs it a window on one thread instead.
-The engine's companions (`EngineConfig.companion_pids`: the chat app's UI process, which imports and draws its
-first screen for about a second after the engine has loaded, 0.5 of a core over a 4 s pause) count as the engine's
-own there, not as other programs; while it steps, their work competes with the step's threads like any other's.
+The engine is idle from the start of its load (a first request right after it, as `ask`'s, takes its count from
+the load, whose own work is the process's), and its companions count as its own over the pause, not as other
+programs: the processes it started (SSD's idle draft process loads beside it) and `EngineConfig.companion_pids` (the
+chat app's UI process, which imports and draws its first screen for about a second after the engine has loaded: 0.5
+of a core over a 4 s pause). While the engine steps, their work competes with the step's threads like any other's.
 
 Each core others use `TAKEN_AT` of (0.35 of a core, 1.35 of two, ...) costs a thread. On the 2-vCPU VM
 (2026-12-06, beside a load busy for a share of every 10 ms) two threads and one were about as fast at 0.4-0.5 of a
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Collection
@@ -86,6 +89,11 @@ def cpu_seconds(pids: Collection[int]) -> float:
     return total / _TICKS
 
 
+def _children() -> tuple[int, ...]:
+    """The pids of the processes this one started with multiprocessing (SSD's draft process, TP ranks)."""
+    return tuple(p.pid for p in multiprocessing.active_children() if p.pid is not None)
+
+
 def others_use(start: Sample, end: Sample) -> float:
     """The cores' worth of time others took from the cores between two samples, at least 0."""
     return max(0.0, (end.busy - start.busy) - (end.ours - start.ours)) / (end.wall - start.wall)
@@ -122,7 +130,7 @@ class ThreadGovernor:
         if not 2 <= most <= len(cores) or read_sample(cores) is None:
             return None
         pids = tuple(companions)
-        return cls(cores, most, threads=threads, companions=(lambda: cpu_seconds(pids)) if pids else None)
+        return cls(cores, most, threads=threads, companions=lambda: cpu_seconds(pids + _children()))
 
     def tick(self) -> int:
         """Called before each step: the thread count for it."""

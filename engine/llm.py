@@ -72,6 +72,7 @@ class LLM:
         self.draft_path = None if config.draft is None else check_draft(config, self.model_path, self.tokenizer)
         try:
             self.core_share.pin_leader()
+            self.core_share.idle()  # (the load's work is this process's or its children's: a pause like any other)
             started = start_engine(config, self.placement, files, self.model_path, self.draft_path, self.tokenizer,
                                    Sizes(num_blocks, self.max_model_len, dtype), self._workers)
             self.core, self.model_args, self.remote = started.core, started.model_args, started.remote
