@@ -94,7 +94,8 @@ class CoreShare:
             self.governor.done()
 
     def idle(self) -> None:
-        """The engine has no requests (it has loaded, the last reply ended, a mode was switched between replies)."""
+        """The engine has no requests (its load began or ended, the last reply ended, a mode was switched between
+        replies): ThreadGovernor.idle."""
         if self.governor is not None:
             self.governor.idle()
 

@@ -11,12 +11,15 @@ between steps counts too, to give threads back (a reply shorter than a window co
 An idle engine (no requests) shows a load whole too, so a reply that comes after a pause of `PAUSE_READ_S` or more
 takes its first step's count from the pause alone, both ways. Before, a load that began while the engine waited
 cost the next reply its first half second on every thread, 4-5x slower steps: in the chat app, beside a busy loop,
-a first token after 1.4-2.6 s. A load that stopped just before the reply costs it a window on one thread instead.
-The engine is idle from the start of its load (a first request right after it, as `ask`'s, takes its count from
-the load, whose own work is the process's), and its companions count as its own over the pause, not as other
-programs: the processes it started (SSD's idle draft process loads beside it) and `EngineConfig.companion_pids` (the
-chat app's UI process, which imports and draws its first screen for about a second after the engine has loaded: 0.5
-of a core over a 4 s pause). While the engine steps, their work competes with the step's threads like any other's.
+a first token after 1.4-2.6 s. The reading is the pause's average: a load that stopped before the reply, for most
+of the pause, costs it a window on one thread instead. The engine is idle from the start of its load (a first
+request right after it, as `ask`'s, takes its count from the load, whose own work is the process's; not where the
+load ends by moving the engine to other cores, as SSD's layout on 3+ cores does: a new governor), and its
+companions count as its own over the pause, not as other programs: the processes it started (SSD's idle draft
+process loads beside it; not their own children, as a compiler's) and `EngineConfig.companion_pids` (the chat app's
+UI process, which imports and draws its first screen for about a second after the engine has loaded: 0.5 of a core
+over a 4 s pause), each for the time it spent over the pause (one that ended in it: none). While the engine steps,
+their work competes with the step's threads like any other's.
 
 Each core others use `TAKEN_AT` of (0.35 of a core, 1.35 of two, ...) costs a thread. On the 2-vCPU VM
 (2026-12-06, beside a load busy for a share of every 10 ms) two threads and one were about as fast at 0.4-0.5 of a
@@ -33,9 +36,9 @@ Where /proc/stat is missing (macOS) the governor is off: the engine keeps its co
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
-import multiprocessing
 import os
 import time
 from collections.abc import Callable, Collection
@@ -76,22 +79,35 @@ def read_sample(cores: Collection[int]) -> Sample | None:
     return Sample(wall, busy / _TICKS, ours)
 
 
-def cpu_seconds(pids: Collection[int]) -> float:
-    """The CPU seconds the processes `pids` spent so far (their own, every thread); a process gone counts 0."""
-    total = 0
+def cpu_seconds(pids: Collection[int]) -> dict[int, float]:
+    """The CPU seconds each of the processes `pids` spent so far (its own, every thread); a process gone is left out."""
+    spent = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()  # (after the name, which may hold spaces)
-        except (OSError, IndexError):
+            spent[pid] = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime: the stat's 14th and 15th
+        except (OSError, IndexError, ValueError):
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime: the stat's 14th and 15th fields
-    return total / _TICKS
+    return spent
 
 
-def _children() -> tuple[int, ...]:
-    """The pids of the processes this one started with multiprocessing (SSD's draft process, TP ranks)."""
-    return tuple(p.pid for p in multiprocessing.active_children() if p.pid is not None)
+def children() -> set[int]:
+    """The pids of this process's children (started by any of its threads), from /proc; none where it can't say."""
+    pids: set[int] = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            with open(path, "rb") as f:
+                pids.update(int(pid) for pid in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def grown(start: dict[int, float], end: dict[int, float]) -> float:
+    """The CPU seconds processes spent between two cpu_seconds readings: those in both (a process that ended in
+    between is left out, not subtracted: its whole time would read as other programs')."""
+    return sum(max(0.0, spent - start[pid]) for pid, spent in end.items() if pid in start)
 
 
 def others_use(start: Sample, end: Sample) -> float:
@@ -111,15 +127,16 @@ class ThreadGovernor:
     def __init__(self, cores: Collection[int], most: int, *, threads: int | None = None,
                  read: Callable[[Collection[int]], Sample | None] = read_sample,
                  clock: Callable[[], float] = time.monotonic,
-                 companions: Callable[[], float] | None = None) -> None:
-        """`threads`: the count to start on (at most `most`; None: `most`). `companions`: the CPU seconds the
-        engine's companion processes spent so far (counted as the engine's own over an idle pause)."""
+                 companions: Callable[[], dict[int, float]] | None = None) -> None:
+        """`threads`: the count to start on (at most `most`; None: `most`). `companions`: the CPU seconds each of
+        the engine's companion processes spent so far, by pid (cpu_seconds; their work over an idle pause is the
+        engine's own)."""
         self.cores, self.most = tuple(cores), most
         self.threads = most if threads is None else max(1, min(most, threads))
         self._read, self._clock, self._companions = read, clock, companions
         self._start: Sample | None = None
         self._last_end = float("-inf")  # when the last step ended
-        self._idle: Sample | None = None  # read when the engine last went idle, until the next step
+        self._idle: tuple[Sample, dict[int, float]] | None = None  # when the engine went idle, until the next step
 
     @classmethod
     def where_useful(cls, cores: Collection[int], most: int, threads: int | None = None,
@@ -129,8 +146,8 @@ class ThreadGovernor:
         /proc/stat. `companions`: the pids of the engine's companion processes."""
         if not 2 <= most <= len(cores) or read_sample(cores) is None:
             return None
-        pids = tuple(companions)
-        return cls(cores, most, threads=threads, companions=lambda: cpu_seconds(pids + _children()))
+        given = set(companions)
+        return cls(cores, most, threads=threads, companions=lambda: cpu_seconds((given | children()) - {os.getpid()}))
 
     def tick(self) -> int:
         """Called before each step: the thread count for it."""
@@ -138,8 +155,9 @@ class ThreadGovernor:
         idle, self._idle = self._idle, None
         if now - self._last_end > IDLE_S:  # the first step, or after a pause: measure from here
             start, self._start = self._start, self._read(self.cores)
-            if idle is not None and self._start is not None and self._start.wall - idle.wall >= PAUSE_READ_S:
-                self._choose(others_use(idle, self._with_companions(self._start)))  # while nothing of ours stepped
+            if idle is not None and self._start is not None and self._start.wall - idle[0].wall >= PAUSE_READ_S:
+                theirs = 0.0 if self._companions is None else grown(idle[1], self._companions())
+                self._choose(others_use(idle[0], replace(self._start, ours=self._start.ours + theirs)))
             elif self.threads < self.most and start is not None and self._start is not None:
                 # On fewer threads a load shows whole, stepping or not: the steps since the window began and the
                 # pause after them tell whether it has gone (replies shorter than a window, a few dozen tokens,
@@ -165,16 +183,12 @@ class ThreadGovernor:
             self.threads = chosen
 
     def idle(self) -> None:
-        """Called when the engine has no requests left (and once it has loaded): the next step, after a pause of
-        PAUSE_READ_S or more, takes its count from the load over that pause. (A step in between, with no pause,
-        drops the reading: a pause after it could be inside a request.)"""
-        if self._idle is None:  # (idle since the first call: the chat app sets the mode before each reply)
-            self._idle = self._with_companions(self._read(self.cores))
-
-    def _with_companions(self, sample: Sample | None) -> Sample | None:
-        if sample is None or self._companions is None:
-            return sample
-        return replace(sample, ours=sample.ours + self._companions())
+        """Called when the engine has no requests left, from the start of its load on: the next step, after a pause
+        of PAUSE_READ_S or more, takes its count from the load over the pause. A later call keeps the first reading
+        (the chat app sets the mode before each reply); a step in between, with no pause, drops it (a pause after
+        it could be inside a request)."""
+        if self._idle is None and (sample := self._read(self.cores)) is not None:
+            self._idle = sample, ({} if self._companions is None else self._companions())
 
     def done(self) -> None:
         """Called after each step: the time to the next one is the engine's pause, not the step's. (From the start

@@ -295,7 +295,6 @@ def test_the_engine_process_counts_the_apps_work_as_its_own(monkeypatch):
     of the pause before the first reply took that for another program (a quiet machine's first reply on one thread,
     its panel saying the CPU was busy)."""
     import multiprocessing
-    import os
 
     import engine
     from engine.errors import EngineError
@@ -315,9 +314,10 @@ def test_the_engine_process_counts_the_apps_work_as_its_own(monkeypatch):
     app_end, engine_end = multiprocessing.Pipe()
     try:
         engine_server.serve(engine_end, 4321, "target", {"threads": 2})
+        assert app_end.recv() == ("error", "stopped here")
     finally:
         engine_log.handlers[:], engine_log.propagate = handlers, propagate
         engine_log.setLevel(level)
+        app_end.close()
+        engine_end.close()
     assert seen == {"target": "target", "threads": 2, "companion_pids": (4321,)}
-    assert app_end.recv() == ("error", "stopped here")
-    assert os.getpid() not in seen["companion_pids"]
