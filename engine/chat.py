@@ -34,3 +34,11 @@ def encode_chat(tokenizer, messages: list[dict[str, str]], *, model: str) -> lis
         raise EngineError(f"{model} has no chat template: send raw prompts instead")
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def turn_prefix(tokenizer, messages: list[dict[str, str]], *, model: str) -> list[int]:
+    """The token ids every next user turn after `messages` starts with: the template's opening (with its default
+    system prompt, where it has one: SmolLM2's 26 tokens) and the turn's header. Two turns' ids, up to where they part
+    (a tokenizer may merge the turn's first character with what precedes it: never past that)."""
+    a, b = (encode_chat(tokenizer, [*messages, {"role": "user", "content": c}], model=model) for c in ("a", "b"))
+    return a[:next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))]

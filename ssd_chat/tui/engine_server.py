@@ -12,8 +12,10 @@ import threading
 import time
 from collections import deque
 
+from engine.chat import turn_prefix
 from engine.errors import EngineError
 from engine.outputs import not_also_an_event
+from engine.sampling_params import SamplingParams
 from ssd_chat.tui import child_stderr
 
 ENGINE_LOGGER = "engine"
@@ -91,6 +93,7 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
     try:
         wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer,
                              llm.vocab_size)))
+        cache_turn_prefix(llm)  # (while the user types the first message)
         _answer(llm, wire)
     except _AppGone:  # (its pipe closed, maybe before this process was handed to a new parent: unlink it here)
         _remove(stderr_path)
@@ -98,6 +101,23 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
         closing.set()
         llm.close()
         _exit_now()
+
+
+def cache_turn_prefix(llm) -> int:
+    """Prefill the whole blocks of the chat template's opening into the prefix cache (engine.chat.turn_prefix, with
+    no system message of the app's: the template's own), so the first reply reuses them as every later one does;
+    the prompt tokens cached. (The first reply's TTFT was the later ones' plus about 16 prompt tokens' prefill.)"""
+    if not llm.config.enable_prefix_caching:
+        return 0
+    try:
+        prefix = turn_prefix(llm.tokenizer, [], model=llm.config.target)
+        whole = len(prefix) - len(prefix) % llm.config.block_size
+        if whole:
+            llm.generate(prefix[:whole], SamplingParams(temperature=0.0, max_tokens=1))
+    except EngineError as err:  # (no chat template: nothing to cache)
+        logging.getLogger(__name__).info("the chat template's opening was not cached: %s", err)
+        return 0
+    return whole
 
 
 def _tell_load_failure(wire: _Wire, line: str, stderr_path: str | None) -> None:

@@ -321,3 +321,25 @@ def test_the_engine_process_counts_the_apps_work_as_its_own(monkeypatch):
         app_end.close()
         engine_end.close()
     assert seen == {"target": "target", "threads": 2, "companion_pids": (4321,)}
+
+
+def test_the_engine_process_caches_the_chat_templates_opening_for_the_first_reply(tiny_llama_dir):
+    """Every reply after the first reused the template's opening from the prefix cache (on SmolLM2 its default
+    system prompt: 16 of a first prompt's 40 tokens), the first prefilled it: it is cached while the user types."""
+    from engine import LLM, RequestFinished, SamplingParams
+    from engine.chat import turn_prefix
+    from ssd_chat.tui.engine_server import cache_turn_prefix
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    system = [{"role": "system", "content": "You are a helpful assistant who answers briefly."}]
+    with LLM(str(tiny_llama_dir), max_model_len=256, block_size=4) as llm:
+        opening = turn_prefix(llm.tokenizer, [], model=llm.config.target)
+        assert llm.tokenizer.decode(opening) == "<|im_start|>user\n"
+        assert len(turn_prefix(llm.tokenizer, system, model=llm.config.target)) > len(opening)
+        whole = len(opening) // 4 * 4
+        assert cache_turn_prefix(llm) == whole > 0
+        done = [e for e in llm.chat([{"role": "user", "content": "Hello there"}], greedy)
+                if isinstance(e, RequestFinished)]
+        assert done[0].output.stats.reused_prefix_tokens == whole
+    with LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, enable_prefix_caching=False) as llm:
+        assert cache_turn_prefix(llm) == 0
