@@ -91,7 +91,7 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
         _tell_load_failure(wire, f"loading the engine failed: {err!r}", stderr_path)
         return
     try:
-        wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, llm.tokenizer,
+        wire.send(("ready", (llm.config, llm.max_model_len, llm.speculation, llm.layout, TokenDecoder(llm.tokenizer),
                              llm.vocab_size)))
         cache_turn_prefix(llm)  # (while the user types the first message)
         _answer(llm, wire)
@@ -101,6 +101,23 @@ def serve(pipe, parent: int, target: str, kwargs: dict, stderr_path: str | None 
         closing.set()
         llm.close()
         _exit_now()
+
+
+class TokenDecoder:
+    """The engine's tokenizer as the app uses it, `decode(ids)` (engine_worker.token_texts: each token's text for
+    the provenance colours), pickled as the `tokenizers` library's tokenizer alone where that decodes the same. The
+    app unpickled transformers' whole tokenizer, importing transformers: 1.1 s between the engine's "ready" and the
+    app's. A tokenizer that cleans up spaces after decoding (transformers' step, not the library's) goes whole."""
+
+    def __init__(self, tokenizer) -> None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        light = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._backend, self._tokenizer = (backend, None) if light else (None, tokenizer)
+
+    def decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=False)  # (transformers' default: special ones kept)
+        return self._tokenizer.decode(ids)
 
 
 def cache_turn_prefix(llm) -> int:

@@ -80,3 +80,28 @@ def test_a_ctrl_q_before_the_app_has_the_terminal_waits_for_it(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("piped"))
     with keys_reach_the_app():
         pass
+
+
+def test_the_app_reads_the_engines_token_texts_without_transformers(tiny_llama_dir, tmp_path):
+    """The engine's "ready" carried transformers' tokenizer, and unpickling it imported transformers in the app:
+    1.1 s before the app said it was ready. Its TokenDecoder carries the `tokenizers` library's alone, and decodes
+    each token as transformers' tokenizer does."""
+    import pickle
+
+    from engine.registry import resolve_model
+    from engine.startup import load_tokenizer
+    from ssd_chat.tui.engine_server import TokenDecoder
+
+    for path in (tiny_llama_dir, resolve_model("smollm2-135m")):
+        tokenizer = load_tokenizer(path)
+        blob = pickle.dumps(TokenDecoder(tokenizer))
+        decoder = pickle.loads(blob)
+        ids = range(0, len(tokenizer), max(1, len(tokenizer) // 3000))  # (specials first, then every 16th id)
+        assert [decoder.decode([i]) for i in ids] == [tokenizer.decode([i]) for i in ids]
+    (tmp_path / "decoder.pickle").write_bytes(blob)
+    loaded = _run(f"""
+        import json, pickle, sys
+        pickle.loads(open({str(tmp_path / "decoder.pickle")!r}, "rb").read()).decode([1, 2, 3])
+        print(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))
+    """)
+    assert loaded == {"torch": False, "transformers": False, "textual": False}
