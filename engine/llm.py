@@ -6,6 +6,7 @@ interleaved: each request's events are buffered until its own consumer reads the
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import secrets
@@ -63,17 +64,17 @@ class LLM:
         self._requests: dict[int, RequestState] = {}
         self.model_path: Path = resolve_model(config.target)
         files = inspect_model_dir(self.model_path)
-        self.tokenizer = load_tokenizer(self.model_path)
+        tokenizer = functools.cache(lambda: load_tokenizer(self.model_path))  # (after SSD's draft process starts)
         self.device = torch.device(self.placement.target[0].torch_device)
         warn_slow_compile(config, self.device)
         dtype = resolve_dtype(config.dtype, self.device)
         self.max_model_len, self.model_max_len, num_blocks = context_sizes(config, files.config)
         check_tp(files.config, self.placement.tp, config.target)
-        self.draft_path = None if config.draft is None else check_draft(config, self.model_path, self.tokenizer)
+        self.draft_path = None if config.draft is None else check_draft(config, self.model_path, tokenizer)
         try:
             self.core_share.pin_leader()
             self.core_share.idle()  # (the load's work is this process's or its children's: a pause like any other)
-            started = start_engine(config, self.placement, files, self.model_path, self.draft_path, self.tokenizer,
+            started = start_engine(config, self.placement, files, self.model_path, self.draft_path, tokenizer,
                                    Sizes(num_blocks, self.max_model_len, dtype), self._workers)
             self.core, self.model_args, self.remote = started.core, started.model_args, started.remote
             self.eos_token_ids = started.eos_token_ids
@@ -82,6 +83,7 @@ class LLM:
         except BaseException:  # e.g. mode "ssd" without a draft: stop what started, unpin
             self.close()
             raise
+        self.tokenizer = tokenizer()
         self._decode = make_decoder(self.tokenizer)
         self._ends_inside_a_character = make_tail_check(self.tokenizer)
         self._ids = itertools.count()
