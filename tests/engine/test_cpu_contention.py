@@ -54,18 +54,22 @@ class FakeMachine:
         return cc.Sample(self.now, self.busy, self.ours)
 
 
+def _steps(governor: cc.ThreadGovernor, machine: FakeMachine, seconds: float, ours: float = 2.0) -> list[int]:
+    """10 ms steps for `seconds`, this process using `ours` cores: the count of each."""
+    counts = []
+    for _ in range(round(seconds / 0.01)):
+        counts.append(governor.tick())
+        machine.run(0.01, ours)
+        governor.done()
+    return counts
+
+
 def test_the_governor_drops_a_thread_while_another_program_runs_and_takes_it_back(caplog):
     machine = FakeMachine()
     governor = cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now)
 
     def steps(seconds: float, ours: float = 2.0) -> list[int]:
-        """10 ms steps for `seconds`, this process using `ours` cores: the count of each."""
-        counts = []
-        for _ in range(round(seconds / 0.01)):
-            counts.append(governor.tick())
-            machine.run(0.01, ours)
-            governor.done()
-        return counts
+        return _steps(governor, machine, seconds, ours)
 
     assert set(steps(1.0)) == {2}  # quiet
     machine.others = 0.7  # a busy loop: while we step on two threads it gets about 0.7 of a core
@@ -124,16 +128,6 @@ def test_short_replies_take_the_thread_back_once_the_load_has_gone():
     machine.others = 1.0  # a pause beside a busy loop, on two threads: no change (a window of steps decides)
     machine.run(2.0, ours=0.0)
     assert governor.tick() == 2
-
-
-def _steps(governor: cc.ThreadGovernor, machine: FakeMachine, seconds: float, ours: float) -> list[int]:
-    """10 ms steps for `seconds`, this process using `ours` cores: the count of each."""
-    counts = []
-    for _ in range(round(seconds / 0.01)):
-        counts.append(governor.tick())
-        machine.run(0.01, ours)
-        governor.done()
-    return counts
 
 
 def test_a_reply_after_an_idle_pause_starts_on_the_count_the_pause_tells():
