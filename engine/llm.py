@@ -80,10 +80,10 @@ class LLM:
             self.eos_token_ids = started.eos_token_ids
             spec = speculation or SpeculationConfig(mode="sd" if config.draft else "ar")
             self.speculation = replace(spec, **{n: v for n, v in (("mode", mode), ("k", k)) if v is not None})
+            self.tokenizer = tokenizer()  # (loaded by start_engine)
         except BaseException:  # e.g. mode "ssd" without a draft: stop what started, unpin
             self.close()
             raise
-        self.tokenizer = tokenizer()
         self._decode = make_decoder(self.tokenizer)
         self._ends_inside_a_character = make_tail_check(self.tokenizer)
         self._ids = itertools.count()

@@ -107,11 +107,15 @@ class TokenDecoder:
     """The engine's tokenizer as the app uses it, `decode(ids)` (engine_worker.token_texts: each token's text for
     the provenance colours), pickled as the `tokenizers` library's tokenizer alone where that decodes the same. The
     app unpickled transformers' whole tokenizer, importing transformers: 1.1 s between the engine's "ready" and the
-    app's. A tokenizer that cleans up spaces after decoding (transformers' step, not the library's) goes whole."""
+    app's. A tokenizer that cleans up spaces after decoding (transformers' step, not the library's), or whose class
+    decodes in a way of its own, goes whole."""
 
     def __init__(self, tokenizer) -> None:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        light = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        light = (backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+                 and getattr(type(tokenizer), "_decode", None) is TokenizersBackend._decode)
         self._backend, self._tokenizer = (backend, None) if light else (None, tokenizer)
 
     def decode(self, ids: list[int]) -> str:
@@ -129,10 +133,16 @@ def cache_turn_prefix(llm) -> int:
     try:
         prefix = turn_prefix(llm.tokenizer, [], model=llm.config.target)
         whole = len(prefix) - len(prefix) % llm.config.block_size
-        if whole:
-            llm.generate(prefix[:whole], SamplingParams(temperature=0.0, max_tokens=1))
+        if whole:  # (a stream, closed on a failure: its request is cancelled, its blocks freed)
+            once = SamplingParams(temperature=0.0, max_tokens=1)
+            with contextlib.closing(llm.stream(prefix[:whole], once)) as events:
+                for _ in events:
+                    pass
     except EngineError as err:  # (no chat template: nothing to cache)
         logging.getLogger(__name__).info("the chat template's opening was not cached: %s", err)
+        return 0
+    except Exception:  # a failure here is the first reply's to report ("failed"), not the end of this process
+        logging.getLogger(__name__).exception("caching the chat template's opening failed")
         return 0
     return whole
 

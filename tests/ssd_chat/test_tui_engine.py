@@ -343,3 +343,55 @@ def test_the_engine_process_caches_the_chat_templates_opening_for_the_first_repl
         assert done[0].output.stats.reused_prefix_tokens == whole
     with LLM(str(tiny_llama_dir), max_model_len=256, block_size=4, enable_prefix_caching=False) as llm:
         assert cache_turn_prefix(llm) == 0
+
+
+def test_the_engine_process_says_ready_with_a_light_tokenizer_then_caches_and_survives_a_failed_warm_up(monkeypatch):
+    """The "ready" payload carries a TokenDecoder (no transformers for the app to import); the template's opening is
+    prefilled after it; a failure there is logged, and the process goes on answering (it had ended, silently)."""
+    import multiprocessing
+
+    import engine
+    from engine.config import EngineConfig
+    from ssd_chat.tui import engine_server
+    from tests.conftest import build_tokenizer
+
+    calls = []
+
+    class Loaded:
+        def __init__(self, **kwargs) -> None:
+            self.config = EngineConfig(target="tiny", block_size=2)
+            self.tokenizer, self.max_model_len, self.speculation, self.layout, self.vocab_size = (
+                build_tokenizer(), 256, None, {}, 100)
+
+        def stream(self, prompt, params):
+            calls.append(("stream", list(prompt)))
+            yield from ()
+            raise RuntimeError("a kernel failed")
+
+        def encode_chat(self, messages):
+            calls.append(("encode",))
+            return [1, 2, 3]
+
+        def close(self) -> None:
+            calls.append(("close",))
+
+    monkeypatch.setattr(engine, "LLM", Loaded)
+    monkeypatch.setattr(engine_server, "_watch", lambda parent, closing: None)
+    monkeypatch.setattr(engine_server, "_exit_now", lambda: None)
+    engine_log = logging.getLogger(ENGINE_LOGGER)
+    handlers, propagate, level = list(engine_log.handlers), engine_log.propagate, engine_log.level
+    app_end, engine_end = multiprocessing.Pipe()
+    try:
+        app_end.send(("encode", [{"role": "user", "content": "hi"}]))
+        app_end.send(("close",))
+        engine_server.serve(engine_end, 4321, "tiny", {})
+        kind, payload = app_end.recv()
+        assert kind == "ready" and isinstance(payload[4], engine_server.TokenDecoder)
+        assert app_end.recv() == ("ok", [1, 2, 3])  # still answering after the failed warm-up
+    finally:
+        engine_log.handlers[:], engine_log.propagate = handlers, propagate
+        engine_log.setLevel(level)
+        app_end.close()
+        engine_end.close()
+    opening = build_tokenizer().encode("<|im_start|>user\n", add_special_tokens=False)
+    assert calls == [("stream", opening[:len(opening) // 2 * 2]), ("encode",), ("close",)]
