@@ -290,15 +290,40 @@ async def test_the_terminals_log_handler_is_held_off_while_the_app_runs_and_gets
         root.removeHandler(terminal)
 
 
+def _serve(monkeypatch, engine_class, sent: list, kwargs: dict) -> list:
+    """engine_server.serve in this process, with `engine_class` for engine.LLM and `sent` already in its pipe (no
+    watch, no exit at its end; the engine logger's handlers put back): what it answered."""
+    import multiprocessing
+
+    import engine
+    from ssd_chat.tui import engine_server
+
+    monkeypatch.setattr(engine, "LLM", engine_class)
+    monkeypatch.setattr(engine_server, "_watch", lambda parent, closing: None)
+    monkeypatch.setattr(engine_server, "_exit_now", lambda: None)
+    engine_log = logging.getLogger(ENGINE_LOGGER)
+    handlers, propagate, level = list(engine_log.handlers), engine_log.propagate, engine_log.level
+    app_end, engine_end = multiprocessing.Pipe()
+    try:
+        for message in sent:
+            app_end.send(message)
+        engine_server.serve(engine_end, 4321, "target", kwargs)
+        answers = []
+        while app_end.poll():
+            answers.append(app_end.recv())
+        return answers
+    finally:
+        engine_log.handlers[:], engine_log.propagate = handlers, propagate
+        engine_log.setLevel(level)
+        app_end.close()
+        engine_end.close()
+
+
 def test_the_engine_process_counts_the_apps_work_as_its_own(monkeypatch):
     """The app imports and draws its first screen for a second after the engine has loaded: the governor's reading
     of the pause before the first reply took that for another program (a quiet machine's first reply on one thread,
     its panel saying the CPU was busy)."""
-    import multiprocessing
-
-    import engine
     from engine.errors import EngineError
-    from ssd_chat.tui import engine_server
 
     seen = {}
 
@@ -307,19 +332,7 @@ def test_the_engine_process_counts_the_apps_work_as_its_own(monkeypatch):
             seen.update(kwargs)
             raise EngineError("stopped here")
 
-    monkeypatch.setattr(engine, "LLM", Stop)
-    monkeypatch.setattr(engine_server, "_watch", lambda parent, closing: None)
-    engine_log = logging.getLogger(ENGINE_LOGGER)
-    handlers, propagate, level = list(engine_log.handlers), engine_log.propagate, engine_log.level
-    app_end, engine_end = multiprocessing.Pipe()
-    try:
-        engine_server.serve(engine_end, 4321, "target", {"threads": 2})
-        assert app_end.recv() == ("error", "stopped here")
-    finally:
-        engine_log.handlers[:], engine_log.propagate = handlers, propagate
-        engine_log.setLevel(level)
-        app_end.close()
-        engine_end.close()
+    assert _serve(monkeypatch, Stop, [], {"threads": 2}) == [("error", "stopped here")]
     assert seen == {"target": "target", "threads": 2, "companion_pids": (4321,)}
 
 
@@ -348,9 +361,6 @@ def test_the_engine_process_caches_the_chat_templates_opening_for_the_first_repl
 def test_the_engine_process_says_ready_with_a_light_tokenizer_then_caches_and_survives_a_failed_warm_up(monkeypatch):
     """The "ready" payload carries a TokenDecoder (no transformers for the app to import); the template's opening is
     prefilled after it; a failure there is logged, and the process goes on answering (it had ended, silently)."""
-    import multiprocessing
-
-    import engine
     from engine.config import EngineConfig
     from ssd_chat.tui import engine_server
     from tests.conftest import build_tokenizer
@@ -375,23 +385,9 @@ def test_the_engine_process_says_ready_with_a_light_tokenizer_then_caches_and_su
         def close(self) -> None:
             calls.append(("close",))
 
-    monkeypatch.setattr(engine, "LLM", Loaded)
-    monkeypatch.setattr(engine_server, "_watch", lambda parent, closing: None)
-    monkeypatch.setattr(engine_server, "_exit_now", lambda: None)
-    engine_log = logging.getLogger(ENGINE_LOGGER)
-    handlers, propagate, level = list(engine_log.handlers), engine_log.propagate, engine_log.level
-    app_end, engine_end = multiprocessing.Pipe()
-    try:
-        app_end.send(("encode", [{"role": "user", "content": "hi"}]))
-        app_end.send(("close",))
-        engine_server.serve(engine_end, 4321, "tiny", {})
-        kind, payload = app_end.recv()
-        assert kind == "ready" and isinstance(payload[4], engine_server.TokenDecoder)
-        assert app_end.recv() == ("ok", [1, 2, 3])  # still answering after the failed warm-up
-    finally:
-        engine_log.handlers[:], engine_log.propagate = handlers, propagate
-        engine_log.setLevel(level)
-        app_end.close()
-        engine_end.close()
+    answers = _serve(monkeypatch, Loaded, [("encode", [{"role": "user", "content": "hi"}]), ("close",)], {})
+    (kind, payload), *rest = answers
+    assert kind == "ready" and isinstance(payload[4], engine_server.TokenDecoder)
+    assert rest == [("ok", [1, 2, 3])]  # still answering after the failed warm-up
     opening = build_tokenizer().encode("<|im_start|>user\n", add_special_tokens=False)
     assert calls == [("stream", opening[:len(opening) // 2 * 2]), ("encode",), ("close",)]
