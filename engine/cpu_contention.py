@@ -127,7 +127,7 @@ class ThreadGovernor:
     def __init__(self, cores: Collection[int], most: int, *, threads: int | None = None,
                  read: Callable[[Collection[int]], Sample | None] = read_sample,
                  clock: Callable[[], float] = time.monotonic,
-                 companions: Callable[[], dict[int, float]] | None = None) -> None:
+                 companions: Callable[[], dict[int, float]] = dict) -> None:
         """`threads`: the count to start on (at most `most`; None: `most`). `companions`: the CPU seconds each of
         the engine's companion processes spent so far, by pid (cpu_seconds; their work over an idle pause is the
         engine's own)."""
@@ -156,8 +156,9 @@ class ThreadGovernor:
         if now - self._last_end > IDLE_S:  # the first step, or after a pause: measure from here
             start, self._start = self._start, self._read(self.cores)
             if idle is not None and self._start is not None and self._start.wall - idle[0].wall >= PAUSE_READ_S:
-                theirs = 0.0 if self._companions is None else grown(idle[1], self._companions())
-                self._choose(others_use(idle[0], replace(self._start, ours=self._start.ours + theirs)))
+                (since, companions), end = idle, self._start
+                theirs = grown(companions, self._companions())
+                self._choose(others_use(since, replace(end, ours=end.ours + theirs)))
             elif self.threads < self.most and start is not None and self._start is not None:
                 # On fewer threads a load shows whole, stepping or not: the steps since the window began and the
                 # pause after them tell whether it has gone (replies shorter than a window, a few dozen tokens,
@@ -188,7 +189,7 @@ class ThreadGovernor:
         (the chat app sets the mode before each reply); a step in between, with no pause, drops it (a pause after
         it could be inside a request)."""
         if self._idle is None and (sample := self._read(self.cores)) is not None:
-            self._idle = sample, ({} if self._companions is None else self._companions())
+            self._idle = sample, self._companions()
 
     def done(self) -> None:
         """Called after each step: the time to the next one is the engine's pause, not the step's. (From the start

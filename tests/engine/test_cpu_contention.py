@@ -176,7 +176,7 @@ def test_a_companion_process_working_through_the_pause_is_no_other_program():
     def governor(companions) -> cc.ThreadGovernor:
         return cc.ThreadGovernor((0, 1), 2, read=machine.read, clock=lambda: machine.now, companions=companions)
 
-    for companions, chosen in ((None, 1), (lambda: dict(companion), 2)):
+    for companions, chosen in ((dict, 1), (lambda: dict(companion), 2)):  # (none, then the UI)
         machine, companion[4321] = FakeMachine(), 0.0
         governed = governor(companions)
         governed.idle()
