@@ -279,10 +279,7 @@ class LLM:
                 if state.hit_stop_string:
                     self.core.stop_string_hit(seq, num_dropped=len(out.tokens) - keep)
                 if seq.is_finished:
-                    self._requests.pop(seq.seq_id)
-                    state.finalize()
-            if not self._requests:
-                self.core_share.idle()
+                    self._retire(state)
 
     def _cancel_all(self) -> None:
         for state in list(self._requests.values()):
@@ -294,10 +291,16 @@ class LLM:
                 self.core.finish(state.seq, reason)
         elif not state.seq.is_finished:  # the scheduler's lists are not to be trusted: only the request ends
             state.seq.status, state.seq.finish_reason = SeqStatus.FINISHED, reason
-        if self._requests.pop(state.request_id, None) is not None:
-            state.finalize()
-            if not self._requests:  # (a cancelled reply)
-                self.core_share.idle()
+        if state.request_id in self._requests:
+            self._retire(state)
+
+    def _retire(self, state: RequestState) -> None:
+        """An open request ends (finished or cancelled): its output is final, and the engine idle once it was the
+        last (the governor reads the pause from here)."""
+        self._requests.pop(state.request_id)
+        state.finalize()
+        if not self._requests:
+            self.core_share.idle()
 
 
 def _is_token_ids(prompt: object) -> bool:
