@@ -27,6 +27,19 @@ def field(name: str) -> str:
     return ""
 
 
+def halves_256_bit() -> bool:
+    """Whether the CPU runs each 256-bit vector operation as two 128-bit halves: AMD's Zen 1 and Zen+ (family 0x17,
+    models below 0x30) and Hygon's Dhyana (family 0x18, a Zen 1). AVX2 code that pays on CPUs with full-width
+    units may not pay there (engine.layers.low_bits: the int8 draft's panels). Intel's Atom cores (Gracemont) split
+    them too and are not named here: not measured."""
+    vendor, family, number = field("vendor_id"), field("cpu family"), field("model")
+    if not (family.isdigit() and number.isdigit()):
+        return False
+    family_no, model_no = int(family), int(number)
+    return (vendor == "AuthenticAMD" and family_no == 0x17 and model_no < 0x30) or (
+        vendor == "HygonGenuine" and family_no == 0x18)
+
+
 def flags() -> frozenset[str]:
     """The CPU's feature flags (empty where /proc/cpuinfo has none)."""
     return frozenset(field("flags").split())

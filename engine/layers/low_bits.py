@@ -14,11 +14,17 @@ int8 GEMM. The target never takes this path: its products must stay those of its
 AVX-512 VNNI the same int8 weights run on the panel kernels instead (`int8_panels`: engine.layers.panel8's layout,
 each row's scale in every block, products with the activations rounded to 8 bits per 32 inputs:
 engine/kernels/q8_gemm.cpp), so the draft's one-sequence steps take the fused layers (engine.layers.fused) as the
-target's do, without a dozen Python-level calls a layer. With AVX2 alone they stay on fbgemm: on a 2-vCPU AMD EPYC
-Zen 1 (2026-12-06; `ssd-chat bench --modes sd,ssd`, 8 prompts, two runs each, interleaved) q8's AVX2 code made the
-target wait longer for drafts a round, SD 2.1 and 2.3 ms against fbgemm's 1.8 and 1.9, SSD 3.9 and 4.2 against 3.0
-and 3.4 (on Zen 4 it was faster at one row, slower at five). ``SSD_CHAT_DRAFT_PANELS=always`` takes the panels
-wherever q8 runs, ``0`` keeps fbgemm everywhere.
+target's do, without a dozen Python-level calls a layer. With AVX2 alone (q8_avx2.cpp) they take the panels too,
+except on CPUs that split 256-bit operations in halves (`cpu_info.halves_256_bit`: AMD's Zen 1), which keep fbgemm:
+- on a 2-vCPU AMD EPYC Zen 3 (2026-12-07) the draft's matmuls alone ran faster on fbgemm (1.27 against 1.75 ms a
+  one-row step, warm), but its steps, fused, cost the target less: at a fixed k = 4 without the lookup it waited
+  9.6 and 9.4 ms a round for drafts against fbgemm's 16.3 and 15.3 (`ssd-chat bench --modes sd`), and plain
+  `ssd-chat`'s mode (sd-all) decoded at 118.7 and 134.8 tok/s against 106.2 and 120.9 (`--modes ar,sd,ssd,sd-all`,
+  8 prompts, two runs each, interleaved);
+- on a 2-vCPU AMD EPYC Zen 1 (2026-12-06; `--modes sd,ssd`, 8 prompts, two runs each, interleaved) q8's AVX2 code
+  made the target wait longer for drafts a round, SD 2.1 and 2.3 ms against fbgemm's 1.8 and 1.9, SSD 3.9 and 4.2
+  against 3.0 and 3.4 (on Zen 4 it was faster at one row, slower at five).
+``SSD_CHAT_DRAFT_PANELS=always`` takes the panels wherever q8 runs, ``0`` keeps fbgemm everywhere.
 
 A compiled step (--compile) cannot trace fbgemm's packed weight (a TorchScript object), so it calls the same
 product as one opaque op, `ssd_chat::low_bits_linear`, that finds the weight by an integer key.
@@ -36,6 +42,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from engine import cpu_info
 from engine.config import DRAFT_WEIGHTS
 from engine.layers import native, panel, panel8
 from engine.layers.packed import bias_free_matmuls
@@ -44,7 +51,7 @@ from engine.layers.packed_kernels import EVERY_STEP
 log = logging.getLogger(__name__)
 
 KINDS = DRAFT_WEIGHTS
-PANELS_ENV = "SSD_CHAT_DRAFT_PANELS"  # int8 drafts on the panel kernels: "1" where they run VNNI, "always", "0"
+PANELS_ENV = "SSD_CHAT_DRAFT_PANELS"  # int8 drafts on the panel kernels: "1" (see panels_wanted), "always", "0"
 
 LowBitsLinear = Callable[[torch.Tensor], torch.Tensor]  # x [..., K] -> [..., N]
 
@@ -118,11 +125,12 @@ def int8_panels(weight: torch.Tensor) -> panel8.Panel8 | None:
 
 def panels_wanted() -> bool:
     """Whether an int8 draft takes the 8-bit panels ($SSD_CHAT_DRAFT_PANELS, read at each load): "1" (the default)
-    where q8 runs its AVX-512 VNNI code, "always" wherever q8 runs (AVX2's code too), "0" never (fbgemm)."""
+    where q8 runs, but for its AVX2 code on a CPU that splits 256-bit operations (cpu_info.halves_256_bit), "always"
+    wherever q8 runs, "0" never (fbgemm)."""
     choice = os.environ.get(PANELS_ENV, "1")
-    if choice == "0":
+    if choice == "0" or not native.q8_available():
         return False
-    return native.q8_available() if choice == "always" else native.q8_vnni()
+    return choice == "always" or native.q8_vnni() or not cpu_info.halves_256_bit()
 
 
 def _on_panels(modules: list[nn.Module]) -> int:

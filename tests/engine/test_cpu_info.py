@@ -41,3 +41,19 @@ def test_without_either_platform_names_it(fresh):
     fresh.setattr(cpu_info.platform, "processor", lambda: "")
     fresh.setattr(cpu_info.platform, "machine", lambda: "aarch64")
     assert cpu_info.model() == "aarch64"
+
+
+@pytest.mark.parametrize(("vendor", "family", "model", "halves"), [
+    ("AuthenticAMD", "23", "1", True),     # Zen 1 (EPYC Naples)
+    ("AuthenticAMD", "23", "24", True),    # Zen+ (Picasso)
+    ("AuthenticAMD", "23", "49", False),   # Zen 2 (EPYC Rome): full-width units
+    ("AuthenticAMD", "25", "1", False),    # Zen 3 (EPYC Milan)
+    ("AuthenticAMD", "25", "17", False),   # Zen 4 (EPYC Genoa)
+    ("HygonGenuine", "24", "0", True),     # Dhyana: a Zen 1
+    ("GenuineIntel", "6", "207", False),   # Emerald Rapids
+    ("", "", "", False),                   # no /proc/cpuinfo (macOS, ARM Linux)
+])
+def test_halves_256_bit_names_zen_1_class_cores(monkeypatch, vendor, family, model, halves):
+    fields = {"vendor_id": vendor, "cpu family": family, "model": model, "model name": "a CPU"}
+    monkeypatch.setattr(cpu_info, "field", lambda name: fields.get(name, ""))
+    assert cpu_info.halves_256_bit() is halves

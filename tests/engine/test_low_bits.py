@@ -134,3 +134,22 @@ def test_compiled_draft_steps_run_the_fewer_bit_product_and_keep_greedy_ar(tiny_
     weight = RowParallelLinear(64, 32).weight.data.normal_()
     product = low_bits.LowBits(low_bits._int8(weight), 32)
     assert torch.equal(low_bits.linear_op(x, product.key, 32), product(x))
+
+
+@pytest.mark.parametrize(("choice", "support", "halves", "wanted"), [
+    (None, 2, False, True),     # AVX-512 VNNI: the panels
+    (None, 1, False, True),     # AVX2 on full-width units (Zen 3, Intel): the panels, measured faster
+    (None, 1, True, False),     # AVX2 in 128-bit halves (Zen 1): fbgemm, measured faster
+    (None, 0, False, False),    # no q8 code (ARM, no compiler): fbgemm
+    ("always", 1, True, True),
+    ("always", 0, False, False),
+    ("0", 2, False, False),
+])
+def test_panels_wanted_by_the_cpu_and_the_switch(monkeypatch, choice, support, halves, wanted):
+    if choice is None:
+        monkeypatch.delenv(low_bits.PANELS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(low_bits.PANELS_ENV, choice)
+    monkeypatch.setattr(low_bits.native, "q8_support", lambda: support)
+    monkeypatch.setattr(low_bits.cpu_info, "halves_256_bit", lambda: halves)
+    assert low_bits.panels_wanted() is wanted

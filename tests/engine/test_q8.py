@@ -204,7 +204,7 @@ def test_compiled_steps_under_q8_give_its_eager_tokens(q4_wide):
         assert llm.core.runner.compiled is not None and llm.core.runner.compiled.available
         draft = llm.core.drafter.runner.model  # its int8 weights on the panels, called as an op when compiled
         on_panels = [isinstance(m.packed, panel8.Panel8) for m in packed.bias_free_matmuls(draft)]
-        assert all(on_panels) if native.q8_vnni() else not any(on_panels)
+        assert all(on_panels) if low_bits.panels_wanted() else not any(on_panels)
         for mode in ("ar", "sd"):
             llm.speculation = SpeculationConfig(mode=mode, k=3, adaptive_k=False)
             runs = llm.core.runner.compiled.num_runs
