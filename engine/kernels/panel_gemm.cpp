@@ -17,7 +17,7 @@
 #define PREFETCH_AHEAD 32  // k steps (32 x 128 bytes) ahead of the loads
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define LB LOW_BIT_BLOCKS
+#define LB(m) LOW_BIT_BLOCKS(m)  // column blocks a low-bit pass of m rows takes (simd.h)
 
 // The kernels' shared pieces: zeroed accumulators (G panels x C column blocks x M rows), the FMA chain step for
 // one k (every row m: a += x[m, k] * w, w the weights of k for the C blocks), and the stores. Forced inline: left
@@ -174,11 +174,9 @@ static inline void low_bit_panels(const float* __restrict x, long K, const unsig
         v16 w[C];
         for (int c = 0; c < C; ++c) {
           if constexpr (BITS == 4) {
-            const b16 v = b_load(q);
-            const b16 nibbles = c0 + c == 0 ? b_low_nibbles(v) : b_high_nibbles(v);
-            w[c] = v_fmadd(d[g][c], v_from_u8(nibbles), mn[g][c]);
+            w[c] = v_fmadd(d[g][c], v_from_nibbles(q, c0 + c), mn[g][c]);
           } else {
-            w[c] = v_mul(d[g][c], v_from_i8(b_load(q + 16 * (c0 + c))));
+            w[c] = v_mul(d[g][c], v_from_i8_at(q + 16 * (c0 + c)));
           }
         }
         chain<M, G, C>(x, K, k, g, w, a);
@@ -203,27 +201,26 @@ static void rebuild_panel(long K, const unsigned char* __restrict Q, const float
         const unsigned char* q = Q + k * bytes;
         v16 w;
         if constexpr (BITS == 4) {
-          const b16 v = b_load(q);
-          w = v_fmadd(d, v_from_u8(c == 0 ? b_low_nibbles(v) : b_high_nibbles(v)), mn);
+          w = v_fmadd(d, v_from_nibbles(q, c), mn);
         } else {
-          w = v_mul(d, v_from_i8(b_load(q + 16 * c)));
+          w = v_mul(d, v_from_i8_at(q + 16 * c));
         }
         v_store(out + k * 32 + 16 * c, w);
       }
     }
 }
 
-// y [M, N] = x [M, K] @ the BITS-bit panels: LOW_BIT_ROWS rows and LOW_BIT_BLOCKS column blocks a pass,
+// y [M, N] = x [M, K] @ the BITS-bit panels: LOW_BIT_ROWS rows and LOW_BIT_BLOCKS(rows) column blocks a pass,
 // LOW_BIT_GROUP(M) panels at once where that many are left.
 template <int BITS>
 static void low_bit_gemm(const float* x, long M, long K, const unsigned char* Q, const float* D, const float* Mn,
                          float* y, long N, int threads) {
   static const low_bit_kernel ONE[9] = {
-      0, low_bit_panels<BITS, 1, 1, LB>, low_bit_panels<BITS, 2, 1, LB>, low_bit_panels<BITS, 3, 1, LB>,
-      low_bit_panels<BITS, 4, 1, LB>, low_bit_panels<BITS, 5, 1, LB>, low_bit_panels<BITS, 6, 1, LB>,
-      low_bit_panels<BITS, 7, 1, LB>, low_bit_panels<BITS, 8, 1, LB>};
-  static const low_bit_kernel TWO[5] = {0, low_bit_panels<BITS, 1, 2, LB>, low_bit_panels<BITS, 2, 2, LB>,
-                                        low_bit_panels<BITS, 3, 2, LB>, low_bit_panels<BITS, 4, 2, LB>};
+      0, low_bit_panels<BITS, 1, 1, LB(1)>, low_bit_panels<BITS, 2, 1, LB(2)>, low_bit_panels<BITS, 3, 1, LB(3)>,
+      low_bit_panels<BITS, 4, 1, LB(4)>, low_bit_panels<BITS, 5, 1, LB(5)>, low_bit_panels<BITS, 6, 1, LB(6)>,
+      low_bit_panels<BITS, 7, 1, LB(7)>, low_bit_panels<BITS, 8, 1, LB(8)>};
+  static const low_bit_kernel TWO[5] = {0, low_bit_panels<BITS, 1, 2, LB(1)>, low_bit_panels<BITS, 2, 2, LB(2)>,
+                                        low_bit_panels<BITS, 3, 2, LB(3)>, low_bit_panels<BITS, 4, 2, LB(4)>};
   const long blocks = K / 32;
   if (M >= rebuild_from) {
     over_panels(N / 32, threads, [&](long p0, long p1) {
@@ -241,12 +238,12 @@ static void low_bit_gemm(const float* x, long M, long K, const unsigned char* Q,
   over_panels(N / 32, threads, [&](long p0, long p1) {
     for (long p = p0; p < p1;) {
       const long take = p + LOW_BIT_GROUP(M) <= p1 ? LOW_BIT_GROUP(M) : 1;
-      for (int c0 = 0; c0 < 2; c0 += LB)
-        for (long m0 = 0; m0 < M; m0 += LOW_BIT_ROWS) {
-          const long rows = MIN(M - m0, LOW_BIT_ROWS);
+      for (long m0 = 0; m0 < M; m0 += LOW_BIT_ROWS) {
+        const long rows = MIN(M - m0, LOW_BIT_ROWS);
+        for (int c0 = 0; c0 < 2; c0 += LB(rows))
           (take == 2 ? TWO[rows] : ONE[rows])(x + m0 * K, K, Q + p * K * 4 * BITS, D + p * blocks * 32,
                                               BITS == 4 ? Mn + p * blocks * 32 : nullptr, c0, y + m0 * N + 32 * p, N);
-        }
+      }
       p += take;
     }
   });
@@ -289,8 +286,8 @@ extern "C" long panel8_screened(const float* x, long M, long K, const signed cha
       for (long m = 0; m < M; ++m) {
         float* out = y + m * N + 32 * p;
         if (exact_here(m, p)) {
-          for (int c0 = 0; c0 < 2; c0 += LB)
-            low_bit_panels<8, 1, 1, LB>(x + m * K, K, (const unsigned char*)Q + p * K * 32, D + p * blocks * 32,
+          for (int c0 = 0; c0 < 2; c0 += LB(1))
+            low_bit_panels<8, 1, 1, LB(1)>(x + m * K, K, (const unsigned char*)Q + p * K * 32, D + p * blocks * 32,
                                         nullptr, c0, out, N);
         } else {
           for (int j = 0; j < 32; ++j) out[j] = -INFINITY;

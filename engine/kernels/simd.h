@@ -84,7 +84,7 @@ INLINE v16 v_sum16(const v16* a) {
 #define FP32_ROWS 8
 #define FP32_GROUP(m) ((m) <= 2 ? 4 : (m) <= 6 ? 2 : 1)  // panels at once
 #define LOW_BIT_ROWS 8
-#define LOW_BIT_BLOCKS 2
+#define LOW_BIT_BLOCKS(m) 2
 #define LOW_BIT_GROUP(m) ((m) <= 4 ? 2 : 1)
 #define LOW_BIT_REBUILD_ROWS (1L << 40)  // panel_gemm.cpp: not measured on AVX-512, so never
 #define FP32_TALL_ROWS (1L << 40)  // panel_gemm.cpp: not measured here, so never
@@ -142,6 +142,33 @@ INLINE v16 v_select(vmask m, v16 a, v16 b) {  // m ? a : b
 INLINE v16 v_from_u8(b16 b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
+// The low (high = 0) or high nibbles of the 16 bytes at p as floats, byte j's in lane j: v_from_u8 of b_low_nibbles
+// or b_high_nibbles of b_load(p), in fewer vector operations (the low-bit GEMMs' one-row steps are bound by them):
+// the bytes loaded into both 128-bit halves, then in-lane byte shuffles (vpshufb) instead of vpmovzxbd, which
+// crosses the halves (two operations each on Zen 3) and needs its upper 8 bytes shifted down first.
+#define HAVE_V_FROM_NIBBLES 1  // (and v_from_i8_at)
+INLINE v16 v_from_nibbles(const unsigned char* p, int high) {
+  __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
+  if (high) b = _mm256_srli_epi16(b, 4);
+  b = _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+  // each byte to the low byte of its lane, zeros above (-1: bit 7 set, a zero byte)
+  const __m256i first = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,   // bytes 0-3
+                                         4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);  // 4-7
+  const __m256i second = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1,     // 8-11
+                                          12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1);  // 12-15
+  return {_mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, first)), _mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, second))};
+}
+// The 16 signed bytes at p as floats (v_from_i8 of b_load(p)), the same way: each byte shuffled to the top byte of its
+// lane, then an arithmetic shift by 24 (the sign extension).
+INLINE v16 v_from_i8_at(const unsigned char* p) {
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
+  const __m256i first = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,   // bytes 0-3
+                                         -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);  // 4-7
+  const __m256i second = _mm256_setr_epi8(-1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11,     // 8-11
+                                          -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15);  // 12-15
+  return {_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_shuffle_epi8(b, first), 24)),
+          _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_shuffle_epi8(b, second), 24))};
+}
 INLINE v16 v_from_i8(b16 b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
 }
@@ -154,11 +181,12 @@ INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (tor
   _mm_storeu_si128((__m128i*)(p + 8), _mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 // 16 registers: a float32 pass takes 2 rows of whole panels (the others stream from cache again), a low-bit pass
-// 5 rows of half a panel (the low nibbles, then the high ones).
+// 5 rows of half a panel (the low nibbles, then the high ones); one row, the whole panel (4 FMA chains at once: one
+// row's pass of half a panel took 14.6 ms a step of SmolLM2-135M's matmuls on a Zen 3 against 13.0; 2 rows spill).
 #define FP32_ROWS 2
 #define FP32_GROUP(m) ((m) <= 1 ? 2 : 1)
 #define LOW_BIT_ROWS 5
-#define LOW_BIT_BLOCKS 1
+#define LOW_BIT_BLOCKS(m) ((m) <= 1 ? 2 : 1)
 #define LOW_BIT_GROUP(m) 1
 #define LOW_BIT_REBUILD_ROWS 6  // panel_gemm.cpp (measured on a Zen 1: from 6 rows on)
 #define FP32_TALL_ROWS 24  // panel_gemm.cpp (measured on a Zen 1: from 24 rows on)
@@ -249,7 +277,7 @@ INLINE float v_sum(v16 a) {
 #define FP32_ROWS 2
 #define FP32_GROUP(m) ((m) <= 1 ? 2 : 1)
 #define LOW_BIT_ROWS 5
-#define LOW_BIT_BLOCKS 1
+#define LOW_BIT_BLOCKS(m) 1
 #define LOW_BIT_GROUP(m) 1
 #define LOW_BIT_REBUILD_ROWS (1L << 40)  // panel_gemm.cpp: not measured on NEON, so never
 #define FP32_TALL_ROWS (1L << 40)  // panel_gemm.cpp: not measured here, so never
@@ -257,6 +285,16 @@ INLINE float v_sum(v16 a) {
 
 #else
 #error "the CPU kernels need AVX-512, AVX2 with FMA, or AArch64 (NEON)"
+#endif
+
+#ifndef HAVE_V_FROM_NIBBLES
+// The low (high = 0) or high nibbles of the 16 bytes at p as floats, byte j's in lane j.
+INLINE v16 v_from_nibbles(const unsigned char* p, int high) {
+  const b16 b = b_load(p);
+  return v_from_u8(high ? b_high_nibbles(b) : b_low_nibbles(b));
+}
+// The 16 signed bytes at p as floats.
+INLINE v16 v_from_i8_at(const unsigned char* p) { return v_from_i8(b_load(p)); }
 #endif
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
