@@ -118,7 +118,10 @@ static void tall_panel(const float* x, long M, long K, const float* w, float* y,
 // the same FMA chain over k: the same bits), instead of rebuilding every weight once per pass of LOW_BIT_ROWS rows
 // (a prefill's dozens of rows). On AVX2, 6 rows of one block a pass (12 accumulators) ran a prefill's matmuls
 // faster than the float32 kernel's 2 rows of two blocks over the rebuilt panel (Zen 1, 64 rows: 413 against 552
-// ms; oneDNN 427; README "AVX2 CPUs"). low_bit_rebuild_rows sets it (0: the default; tests).
+// ms; oneDNN 427; README "AVX2 CPUs"). AVX2 rebuilds from 11 rows on: with the weights widened as they load
+// (simd.h, v_from_nibbles) the passes over the 4-bit panel were faster up to 10 rows on a Zen 3 (SmolLM2-135M's
+// matmuls, one core: 41.7 against 43.4 ms at 10 rows, 51.0 against 46.7 at 11; Zen 1's 6 rows were measured with
+// the weights widened in registers). low_bit_rebuild_rows sets it (0: the default; tests).
 static long rebuild_from = LOW_BIT_REBUILD_ROWS;
 // A row threshold's setter: rows > 0 that many, 0 the build's default, < 0 unchanged; returns the threshold.
 static long set_rows(long& threshold, long rows, long build_default) {

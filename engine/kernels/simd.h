@@ -143,31 +143,22 @@ INLINE v16 v_from_u8(b16 b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
 // The low (high = 0) or high nibbles of the 16 bytes at p as floats, byte j's in lane j: v_from_u8 of b_low_nibbles
-// or b_high_nibbles of b_load(p), in fewer vector operations (the low-bit GEMMs' one-row steps are bound by them):
-// the bytes loaded into both 128-bit halves, then in-lane byte shuffles (vpshufb) instead of vpmovzxbd, which
-// crosses the halves (two operations each on Zen 3) and needs its upper 8 bytes shifted down first.
+// or b_high_nibbles of b_load(p), in fewer vector operations (the low-bit GEMMs' one-row steps were bound by them:
+// SmolLM2-135M's one-row matmuls on a Zen 3 took 16.3 ms, 12.7 with in-lane byte shuffles of a broadcast load, 11.1):
+// each 8 bytes widened to 32-bit lanes as they load (vpmovzxbd from memory), then masked or shifted there, instead
+// of nibbles taken in 128 bits, the upper 8 bytes shifted down, and both widened from a register.
 #define HAVE_V_FROM_NIBBLES 1  // (and v_from_i8_at)
 INLINE v16 v_from_nibbles(const unsigned char* p, int high) {
-  __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
-  if (high) b = _mm256_srli_epi16(b, 4);
-  b = _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
-  // each byte to the low byte of its lane, zeros above (-1: bit 7 set, a zero byte)
-  const __m256i first = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,   // bytes 0-3
-                                         4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);  // 4-7
-  const __m256i second = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1,     // 8-11
-                                          12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1);  // 12-15
-  return {_mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, first)), _mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, second))};
+  const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));  // bytes 0-7, one a lane
+  const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));  // 8-15
+  if (high) return {_mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4))};
+  const __m256i nibble = _mm256_set1_epi32(0x0F);
+  return {_mm256_cvtepi32_ps(_mm256_and_si256(lo, nibble)), _mm256_cvtepi32_ps(_mm256_and_si256(hi, nibble))};
 }
-// The 16 signed bytes at p as floats (v_from_i8 of b_load(p)), the same way: each byte shuffled to the top byte of its
-// lane, then an arithmetic shift by 24 (the sign extension).
+// The 16 signed bytes at p as floats (v_from_i8 of b_load(p)), each 8 widened as they load.
 INLINE v16 v_from_i8_at(const unsigned char* p) {
-  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
-  const __m256i first = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,   // bytes 0-3
-                                         -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);  // 4-7
-  const __m256i second = _mm256_setr_epi8(-1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11,     // 8-11
-                                          -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15);  // 12-15
-  return {_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_shuffle_epi8(b, first), 24)),
-          _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_shuffle_epi8(b, second), 24))};
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))};
 }
 INLINE v16 v_from_i8(b16 b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
@@ -182,13 +173,14 @@ INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (tor
 }
 // 16 registers: a float32 pass takes 2 rows of whole panels (the others stream from cache again), a low-bit pass
 // 5 rows of half a panel (the low nibbles, then the high ones); one row, the whole panel (4 FMA chains at once: one
-// row's pass of half a panel took 14.6 ms a step of SmolLM2-135M's matmuls on a Zen 3 against 13.0; 2 rows spill).
+// row's pass of half a panel took 14.2-14.6 ms a step of SmolLM2-135M's matmuls on a Zen 3 against 11.2-11.4; 2 rows
+// spill).
 #define FP32_ROWS 2
 #define FP32_GROUP(m) ((m) <= 1 ? 2 : 1)
 #define LOW_BIT_ROWS 5
 #define LOW_BIT_BLOCKS(m) ((m) <= 1 ? 2 : 1)
 #define LOW_BIT_GROUP(m) 1
-#define LOW_BIT_REBUILD_ROWS 6  // panel_gemm.cpp (measured on a Zen 1: from 6 rows on)
+#define LOW_BIT_REBUILD_ROWS 11  // panel_gemm.cpp (measured on a Zen 3: from 11 rows on)
 #define FP32_TALL_ROWS 24  // panel_gemm.cpp (measured on a Zen 1: from 24 rows on)
 #define ATTN_ACCUMULATORS 4
 
