@@ -172,13 +172,13 @@ INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (tor
   _mm_storeu_si128((__m128i*)(p + 8), _mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 // 16 registers: a float32 pass takes 2 rows of whole panels (the others stream from cache again), a low-bit pass
-// 5 rows of half a panel (the low nibbles, then the high ones); one row, the whole panel (4 FMA chains at once: one
-// row's pass of half a panel took 14.2-14.6 ms a step of SmolLM2-135M's matmuls on a Zen 3 against 11.2-11.4; 2 rows
-// spill).
+// 5 rows of half a panel (the low nibbles, then the high ones), or 1 or 2 rows of the whole panel (SmolLM2-135M's
+// matmuls on a Zen 3, ms a step, whole / half: 1 row 11.2-11.4 / 14.2-14.6, 2 rows 14.6 / 15.6-15.8, 3 rows 22.3 /
+// 18.6-19.2: spilled).
 #define FP32_ROWS 2
 #define FP32_GROUP(m) ((m) <= 1 ? 2 : 1)
 #define LOW_BIT_ROWS 5
-#define LOW_BIT_BLOCKS(m) ((m) <= 1 ? 2 : 1)
+#define LOW_BIT_BLOCKS(m) ((m) <= 2 ? 2 : 1)
 #define LOW_BIT_GROUP(m) 1
 #define LOW_BIT_REBUILD_ROWS 11  // panel_gemm.cpp (measured on a Zen 3: from 11 rows on)
 #define FP32_TALL_ROWS 24  // panel_gemm.cpp (measured on a Zen 1: from 24 rows on)
