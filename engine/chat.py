@@ -1,5 +1,6 @@
-"""Chat prompts as token ids: a conversation (system / user / assistant messages) through the model's chat
-template, ending where the assistant's reply starts. Needs only the tokenizer, not the model."""
+"""Prompts as token ids: raw text or ids (`encode_prompt`), and a conversation (system / user / assistant messages)
+through the model's chat template, ending where the assistant's reply starts. Needs only the tokenizer, not the
+model."""
 
 from __future__ import annotations
 
@@ -25,6 +26,21 @@ def check_text(text: str) -> None:
     except UnicodeEncodeError as err:
         raise InvalidParameterError(f"the text is not valid UTF-8 (at character {err.start}): give UTF-8 text") \
             from None
+
+
+def encode_prompt(tokenizer, prompt: str | list[int]) -> list[int]:
+    """A raw prompt's token ids: text tokenized as is (no chat template), or a list of token ids as given."""
+    if isinstance(prompt, str):
+        check_text(prompt)
+        return tokenizer.encode(prompt)
+    if not (is_token_ids(prompt) or (isinstance(prompt, list | tuple) and not prompt)):  # []: see below
+        raise InvalidParameterError("a prompt must be a string or a list of token ids")
+    return list(prompt)  # ([]: engine.request.check_prompt says "the prompt is empty"; it said "must be ... token ids")
+
+
+def is_token_ids(prompt: object) -> bool:
+    return isinstance(prompt, list | tuple) and len(prompt) > 0 and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt)
 
 
 def encode_chat(tokenizer, messages: list[dict[str, str]], *, model: str) -> list[int]:

@@ -19,7 +19,7 @@ import torch
 
 from engine import interrupts
 from engine.build import check_tp, resolve_dtype, warn_slow_compile, weight_bytes
-from engine.chat import check_text, encode_chat
+from engine.chat import encode_chat, encode_prompt, is_token_ids
 from engine.config import DEFAULT_TARGET, EngineConfig, SpeculationConfig, check_has_draft
 from engine.core_share import CoreShare
 from engine.detokenizer import IncrementalDetokenizer, make_decoder, make_tail_check
@@ -114,12 +114,12 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt (text is tokenized as is, no chat template) to completion, batched. ``params`` is
         one SamplingParams for all prompts or a list of one per prompt (e.g. a seed each)."""
-        batch = [prompts] if isinstance(prompts, str) or _is_token_ids(prompts) else list(prompts)
+        batch = [prompts] if isinstance(prompts, str) or is_token_ids(prompts) else list(prompts)
         per_prompt = params if isinstance(params, list) else [params or SamplingParams()] * len(batch)
         if len(per_prompt) != len(batch):
             raise InvalidParameterError(f"got {len(per_prompt)} SamplingParams for {len(batch)} prompts: "
                                         "give one, or one per prompt")
-        states = [self._add(self._encode(p), q) for p, q in zip(batch, per_prompt, strict=True)]
+        states = [self._add(encode_prompt(self.tokenizer, p), q) for p, q in zip(batch, per_prompt, strict=True)]
         while any(s.output is None for s in states):
             self._step()
         for s in states:
@@ -131,7 +131,7 @@ class LLM:
     ) -> Iterator[Event]:
         """Token deltas, then one RequestFinished. Setting `cancel` (from any thread) or closing the
         generator ends the request and frees its KV blocks."""
-        return self._stream(self._add(self._encode(prompt), params or SamplingParams()), cancel)
+        return self._stream(self._add(encode_prompt(self.tokenizer, prompt), params or SamplingParams()), cancel)
 
     def chat(
         self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
@@ -209,14 +209,6 @@ class LLM:
         finally:
             if state.output is None:  # the consumer closed the generator mid-way
                 self._finish(state, FinishReason.CANCELLED)
-
-    def _encode(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            check_text(prompt)
-            return self.tokenizer.encode(prompt)
-        if not (_is_token_ids(prompt) or (isinstance(prompt, list | tuple) and not prompt)):  # []: see below
-            raise InvalidParameterError("a prompt must be a string or a list of token ids")
-        return list(prompt)  # ([]: check_prompt says "the prompt is empty"; it said "must be ... token ids")
 
     def _add(self, token_ids: list[int], params: SamplingParams) -> RequestState:
         if not self._open:
@@ -301,11 +293,6 @@ class LLM:
         state.finalize()
         if not self._requests:
             self.core_share.idle()
-
-
-def _is_token_ids(prompt: object) -> bool:
-    return isinstance(prompt, list | tuple) and len(prompt) > 0 and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt)
 
 
 __all__ = ["LLM"]
