@@ -144,7 +144,8 @@ INLINE v16 v_from_u8(b16 b) {
 }
 // The low (high = 0) or high nibbles of the 16 bytes at p as floats, byte j's in lane j: v_from_u8 of b_low_nibbles
 // or b_high_nibbles of b_load(p), in fewer vector operations (the low-bit GEMMs' one-row steps were bound by them:
-// SmolLM2-135M's one-row matmuls on a Zen 3 took 16.3 ms, 12.7 with in-lane byte shuffles of a broadcast load, 11.1):
+// SmolLM2-135M's one-row matmuls on a Zen 3, a loop over them: 16.3 ms, 12.7 with in-lane byte shuffles of a
+// broadcast load, 11.1 so; README "AVX2 CPUs", scripts/matmul_rows.py: 18.8 -> 11.7 ms):
 // each 8 bytes widened to 32-bit lanes as they load (vpmovzxbd from memory), then masked or shifted there, instead
 // of nibbles taken in 128 bits, the upper 8 bytes shifted down, and both widened from a register.
 #define HAVE_V_FROM_NIBBLES 1  // (and v_from_i8_at)
@@ -173,8 +174,8 @@ INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (tor
 }
 // 16 registers: a float32 pass takes 2 rows of whole panels (the others stream from cache again), a low-bit pass
 // 5 rows of half a panel (the low nibbles, then the high ones), or 1 or 2 rows of the whole panel (SmolLM2-135M's
-// matmuls on a Zen 3, ms a step, whole / half: 1 row 11.2-11.4 / 14.2-14.6, 2 rows 14.6 / 15.6-15.8, 3 rows 22.3 /
-// 18.6-19.2: spilled).
+// matmuls on a Zen 3, a loop over them, ms a step, whole / half: 1 row 11.2-11.4 / 14.2-14.6, 2 rows 14.6-15.1 /
+// 15.6-15.8, 3 rows 22.3 / 18.6-19.2: spilled).
 #define FP32_ROWS 2
 #define FP32_GROUP(m) ((m) <= 1 ? 2 : 1)
 #define LOW_BIT_ROWS 5

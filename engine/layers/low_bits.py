@@ -14,8 +14,9 @@ int8 GEMM. The target never takes this path: its products must stay those of its
 AVX-512 VNNI the same int8 weights run on the panel kernels instead (`int8_panels`: engine.layers.panel8's layout,
 each row's scale in every block, products with the activations rounded to 8 bits per 32 inputs:
 engine/kernels/q8_gemm.cpp), so the draft's one-sequence steps take the fused layers (engine.layers.fused) as the
-target's do, without a dozen Python-level calls a layer. With AVX2 alone (q8_avx2.cpp) they take the panels too,
-except on CPUs that split 256-bit operations in halves (`cpu_info.halves_256_bit`: AMD's Zen 1), which keep fbgemm:
+target's do, without a dozen Python-level calls a layer. On CPUs with AVX2 and no AVX-512 (q8_avx2.cpp's code)
+they take the panels too, except where 256-bit operations split in halves (`cpu_info.halves_256_bit`: AMD's Zen 1),
+which keep fbgemm, as do AVX-512 CPUs without VNNI and VBMI (not measured):
 - on a 2-vCPU AMD EPYC Zen 3 (2026-12-07) the draft's matmuls alone ran faster on fbgemm (1.27 against 1.75 ms a
   one-row step, warm), but its steps, fused, cost the target less: at a fixed k = 4 without the lookup it waited
   9.6 and 9.4 ms a round for drafts against fbgemm's 16.3 and 15.3 (`ssd-chat bench --modes sd`), and plain
@@ -125,12 +126,15 @@ def int8_panels(weight: torch.Tensor) -> panel8.Panel8 | None:
 
 def panels_wanted() -> bool:
     """Whether an int8 draft takes the 8-bit panels ($SSD_CHAT_DRAFT_PANELS, read at each load): "1" (the default)
-    where q8 runs, but for its AVX2 code on a CPU that splits 256-bit operations (cpu_info.halves_256_bit), "always"
-    wherever q8 runs, "0" never (fbgemm)."""
+    where q8 runs its AVX-512 VNNI code, or its AVX2 code on a CPU without AVX-512 (measured on a Zen 3) that does not
+    split 256-bit operations (cpu_info.halves_256_bit: measured slower on a Zen 1); AVX-512 CPUs without VNNI and
+    VBMI (Skylake, Cascade Lake: not measured) keep fbgemm. "always" wherever q8 runs, "0" never (fbgemm)."""
     choice = os.environ.get(PANELS_ENV, "1")
     if choice == "0" or not native.q8_available():
         return False
-    return choice == "always" or native.q8_vnni() or not cpu_info.halves_256_bit()
+    if choice == "always" or native.q8_vnni():
+        return True
+    return "avx512f" not in cpu_info.flags() and not cpu_info.halves_256_bit()
 
 
 def _on_panels(modules: list[nn.Module]) -> int:

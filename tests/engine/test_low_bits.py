@@ -136,20 +136,23 @@ def test_compiled_draft_steps_run_the_fewer_bit_product_and_keep_greedy_ar(tiny_
     assert torch.equal(low_bits.linear_op(x, product.key, 32), product(x))
 
 
-@pytest.mark.parametrize(("choice", "support", "halves", "wanted"), [
-    (None, 2, False, True),     # AVX-512 VNNI: the panels
-    (None, 1, False, True),     # AVX2 on full-width units (Zen 3, Intel): the panels, measured faster
-    (None, 1, True, False),     # AVX2 in 128-bit halves (Zen 1): fbgemm, measured faster
-    (None, 0, False, False),    # no q8 code (ARM, no compiler): fbgemm
-    ("always", 1, True, True),
-    ("always", 0, False, False),
-    ("0", 2, False, False),
+@pytest.mark.parametrize(("choice", "support", "avx512", "halves", "wanted"), [
+    (None, 2, True, False, True),     # AVX-512 VNNI: the panels
+    (None, 1, False, False, True),    # AVX2 on full-width units (Zen 3, Intel clients): the panels, measured faster
+    (None, 1, False, True, False),    # AVX2 in 128-bit halves (Zen 1): fbgemm, measured faster
+    (None, 1, True, False, False),    # AVX-512 without VNNI and VBMI (Skylake): fbgemm, as before (not measured)
+    (None, 0, False, False, False),   # no q8 code (ARM, no compiler): fbgemm
+    ("always", 1, True, True, True),
+    ("always", 0, False, False, False),
+    ("0", 2, True, False, False),
 ])
-def test_panels_wanted_by_the_cpu_and_the_switch(monkeypatch, choice, support, halves, wanted):
+def test_panels_wanted_by_the_cpu_and_the_switch(monkeypatch, choice, support, avx512, halves, wanted):
     if choice is None:
         monkeypatch.delenv(low_bits.PANELS_ENV, raising=False)
     else:
         monkeypatch.setenv(low_bits.PANELS_ENV, choice)
     monkeypatch.setattr(low_bits.native, "q8_support", lambda: support)
     monkeypatch.setattr(low_bits.cpu_info, "halves_256_bit", lambda: halves)
+    flags = frozenset({"avx2", "fma", "avx512f"} if avx512 else {"avx2", "fma"})
+    monkeypatch.setattr(low_bits.cpu_info, "flags", lambda: flags)
     assert low_bits.panels_wanted() is wanted
