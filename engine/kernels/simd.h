@@ -139,15 +139,13 @@ INLINE v16 v_zero_where(vmask m, v16 a) { return {_mm256_andnot_ps(m.lo, a.lo), 
 INLINE v16 v_select(vmask m, v16 a, v16 b) {  // m ? a : b
   return {_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)};
 }
-INLINE v16 v_from_u8(b16 b) {
-  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
-}
-// The low (high = 0) or high nibbles of the 16 bytes at p as floats, byte j's in lane j: v_from_u8 of b_low_nibbles
-// or b_high_nibbles of b_load(p), in fewer vector operations (the low-bit GEMMs' one-row steps were bound by them:
-// SmolLM2-135M's one-row matmuls on a Zen 3, a loop over them: 16.3 ms, 12.7 with in-lane byte shuffles of a
-// broadcast load, 11.1 so; README "AVX2 CPUs", scripts/matmul_rows.py: 18.8 -> 11.7 ms):
-// each 8 bytes widened to 32-bit lanes as they load (vpmovzxbd from memory), then masked or shifted there, instead
-// of nibbles taken in 128 bits, the upper 8 bytes shifted down, and both widened from a register.
+// The low (high = 0) or high nibbles of the 16 bytes at p as floats, byte j's in lane j (the other builds'
+// v_from_nibbles below: v_from_u8 of b_low_nibbles or b_high_nibbles of b_load(p)), in fewer vector operations: each
+// 8 bytes widened to 32-bit lanes as they load (vpmovzxbd from memory), then masked or shifted there, instead of
+// nibbles taken in 128 bits, the upper 8 bytes shifted down, and both widened from a register (vpmovzxbd from a
+// register crosses the 128-bit halves: two operations on Zen 3). The low-bit GEMMs' one-row steps were bound by
+// them: SmolLM2-135M's one-row matmuls on a Zen 3, a loop over them, took 16.3 ms, 12.7 with in-lane byte shuffles
+// of a broadcast load, 11.1 so (README "AVX2 CPUs", scripts/matmul_rows.py: 18.8 -> 11.7 ms).
 #define HAVE_V_FROM_NIBBLES 1  // (and v_from_i8_at)
 INLINE v16 v_from_nibbles(const unsigned char* p, int high) {
   const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));  // bytes 0-7, one a lane
@@ -156,13 +154,10 @@ INLINE v16 v_from_nibbles(const unsigned char* p, int high) {
   const __m256i nibble = _mm256_set1_epi32(0x0F);
   return {_mm256_cvtepi32_ps(_mm256_and_si256(lo, nibble)), _mm256_cvtepi32_ps(_mm256_and_si256(hi, nibble))};
 }
-// The 16 signed bytes at p as floats (v_from_i8 of b_load(p)), each 8 widened as they load.
+// The 16 signed bytes at p as floats (the other builds': v_from_i8 of b_load(p)), each 8 widened as they load.
 INLINE v16 v_from_i8_at(const unsigned char* p) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))),
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))};
-}
-INLINE v16 v_from_i8(b16 b) {
-  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
 }
 INLINE __m256 v_fold(v16 a) { return _mm256_add_ps(a.hi, a.lo); }
 INLINE v16 v_load_half(const uint16_t* p) {  // F16C
