@@ -134,7 +134,7 @@ def panels_wanted() -> bool:
         return False
     if choice == "always" or native.q8_vnni():
         return True
-    return "avx512f" not in cpu_info.flags() and not cpu_info.halves_256_bit()
+    return "avx512" not in native.cpu_isas() and not cpu_info.halves_256_bit()
 
 
 def _on_panels(modules: list[nn.Module]) -> int:

@@ -153,6 +153,5 @@ def test_panels_wanted_by_the_cpu_and_the_switch(monkeypatch, choice, support, a
         monkeypatch.setenv(low_bits.PANELS_ENV, choice)
     monkeypatch.setattr(low_bits.native, "q8_support", lambda: support)
     monkeypatch.setattr(low_bits.cpu_info, "halves_256_bit", lambda: halves)
-    flags = frozenset({"avx2", "fma", "avx512f"} if avx512 else {"avx2", "fma"})
-    monkeypatch.setattr(low_bits.cpu_info, "flags", lambda: flags)
+    monkeypatch.setattr(low_bits.native, "cpu_isas", lambda: ["avx512", "avx2"] if avx512 else ["avx2"])
     assert low_bits.panels_wanted() is wanted
