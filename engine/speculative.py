@@ -80,7 +80,7 @@ def verify_sampled(
         if not u[i] * float(q[x]) < float(p[x]):  # rejected: t* from the residual
             return Verdict(i, inverse_cdf(_residual(p.double(), q.double()), torch.tensor(u[num_draft])))
     # All kept: the bonus comes straight from the target's last position.
-    return Verdict(num_draft, inverse_cdf(target_probs[num_draft].double(), torch.tensor(u[num_draft])))
+    return Verdict(num_draft, inverse_cdf(target_probs[num_draft], torch.tensor(u[num_draft])))
 
 
 class Rows:

@@ -22,26 +22,6 @@ static inline float dot(const float* __restrict a, const float* __restrict b, lo
   return v_sum(acc);
 }
 
-// exp(x) for 16 x <= 0 at once (Cephes' expf: x = n ln 2 + r, |r| <= ln 2 / 2, a degree-6 polynomial in r, times
-// 2^n; within a few ulp of libm's), 0 below -87. Which of a row's keys take it (all but the last keys % 16, which
-// take libm's expf) depends only on the row's own key count: the same in a one-row step and in a verify.
-static inline v16 exp16(v16 x) {
-  const v16 lo = v_set1(-87.33654f);
-  const vmask zero = v_below(x, lo);
-  x = v_max(x, lo);
-  const v16 n = v_round(v_mul(x, v_set1(1.44269504088896341f)));
-  v16 r = v_fnmadd(n, v_set1(0.693359375f), x);
-  r = v_fnmadd(n, v_set1(-2.12194440e-4f), r);
-  v16 y = v_set1(1.9875691500e-4f);
-  y = v_fmadd(y, r, v_set1(1.3981999507e-3f));
-  y = v_fmadd(y, r, v_set1(8.3334519073e-3f));
-  y = v_fmadd(y, r, v_set1(4.1665795894e-2f));
-  y = v_fmadd(y, r, v_set1(1.6666665459e-1f));
-  y = v_fmadd(y, r, v_set1(5.0000001201e-1f));
-  y = v_fmadd(y, v_mul(r, r), v_add(r, v_set1(1.0f)));
-  return v_zero_where(zero, v_mul(y, v_pow2(n)));
-}
-
 // p_j = (q . k_j) * scale for keys 0 .. keys - 1 (k_j at k + j D). With AVX-512, 16 keys at a time where D is a
 // multiple of 16: each key's products summed as dot sums them, the 16 sums then reduced together by v_sum16,
 // which adds v_sum's pairs: the same bits as dot, key by key.

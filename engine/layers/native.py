@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "panel_gemm.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention.cpp"),
            SOURCE.with_name("layer.cpp"), SOURCE.with_name("q8_gemm.cpp"),
-           SOURCE.with_name("q8_avx2.cpp"))  # one library, all rows alike
+           SOURCE.with_name("q8_avx2.cpp"), SOURCE.with_name("sampling.cpp"))  # one library, all rows alike
 HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("threads.h"), SOURCE.with_name("q8.h"))
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma", "-mf16c"), "neon": ()}  # best first
 # x86 (F16C: half-precision KV; every AVX2 CPU has it); every AArch64 CPU has NEON, FMA and half conversions
@@ -245,6 +245,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.q8_path.argtypes, lib.q8_path.restype = [ctypes.c_int], ctypes.c_int
     lib.low_bit_rebuild_rows.argtypes, lib.low_bit_rebuild_rows.restype = [ctypes.c_long], ctypes.c_long
     lib.fp32_tall_rows.argtypes, lib.fp32_tall_rows.restype = [ctypes.c_long], ctypes.c_long
+    lib.sampling_probs.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_long, ctypes.c_float,
+                                   ctypes.c_void_p]  # engine/sampling.py's
+    lib.sampling_probs.restype = ctypes.c_int
+    lib.sampling_inverse_cdf.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_double]
+    lib.sampling_inverse_cdf.restype = ctypes.c_long
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]  # norm.py's
     lib.rms_norm.restype = None

@@ -1,0 +1,196 @@
+// The distribution a sampled request draws from, and the draw, for one row of V logits: engine/sampling.py's
+// `probabilities` and `inverse_cdf` on the CPU, in a few passes over the row where torch took a dozen kernels and a
+// top-k (about 1 ms a token at the chat's default temperature 0.2 and top-p 0.9, 9% of a one-core step).
+//
+// sampling_probs: m = max x; s_i = (x_i - m) / T; e_i = exp(s_i) where s_i > -87, else 0 (a float32 exp below e^-87
+// would be subnormal); p = e / sum e. Then, as engine.sampling.keep_top_k_top_p: top-k zeroes the tokens below the
+// k-th largest p, top-p those outside the nucleus (a token stays where the tokens more probable than it hold less
+// than top_p of the mass, summed from the largest down in float32; tokens tied with a kept one stay), each
+// renormalising. A row's result depends on the row alone (sums in a fixed order), so it is the same batched or not.
+// It is not torch's bits (its exp and its sums' order differ by an ulp or so); every sampled path (AR's draws, the
+// draft's q, the target's p in verification) takes this one function, which is what exactness needs.
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "simd.h"
+
+// The largest of x[0..V) (V >= 1), and whether every x is finite (no NaN, no inf).
+static float row_max(const float* x, long V, bool* finite) {
+  v16 top = v_set1(-INFINITY), nan = v_zero();
+  long i = 0;
+  for (; i + 16 <= V; i += 16) {
+    const v16 v = v_load(x + i);
+    top = v_max(top, v);
+    nan = v_add(nan, v_mul(v, v_zero()));  // 0 for finite lanes, NaN once any lane met NaN or inf
+  }
+  float t[16];
+  v_store(t, top);
+  float m = t[0], bad = v_sum(nan);
+  for (int j = 1; j < 16; ++j) m = std::max(m, t[j]);
+  for (; i < V; ++i) {
+    m = std::max(m, x[i]);
+    bad += x[i] * 0.0f;
+  }
+  *finite = bad == 0.0f;
+  return m;
+}
+
+// Whether any of the 16 floats at p has a bit set (a prefilter for nonzero: -0.0 passes it, and is then skipped).
+static inline bool any_bits(const float* p) {
+  uint32_t bits[16];
+  memcpy(bits, p, sizeof bits);
+  uint32_t any = 0;
+  for (int j = 0; j < 16; ++j) any |= bits[j];
+  return any != 0;
+}
+
+// p[i] *= scale for the row; returns the new sum (16 lanes, then v_sum: a fixed order).
+static float scale_row(float* p, long V, float scale) {
+  v16 acc = v_zero();
+  const v16 f = v_set1(scale);
+  long i = 0;
+  for (; i + 16 <= V; i += 16) {  // (whole blocks: AVX2's masked stores are slow on AMD)
+    const v16 v = v_mul(v_load(p + i), f);
+    v_store(p + i, v);
+    acc = v_add(acc, v);
+  }
+  if (i < V) {
+    const v16 v = v_mul(v_load_n(p + i, V - i), f);
+    v_store_n(p + i, v, V - i);
+    acc = v_add(acc, v);
+  }
+  return v_sum(acc);
+}
+
+// Zero p[i] < floor, renormalise (the kept mass summed in a fixed order).
+static void keep_at_least(float* p, long V, float floor) {
+  v16 acc = v_zero();
+  const v16 f = v_set1(floor);
+  long i = 0;
+  for (; i + 16 <= V; i += 16) {
+    const v16 v = v_load(p + i);
+    const v16 kept = v_zero_where(v_below(v, f), v);
+    v_store(p + i, kept);
+    acc = v_add(acc, kept);
+  }
+  if (i < V) {
+    const v16 v = v_load_n(p + i, V - i);
+    const v16 kept = v_zero_where(v_below(v, f), v);
+    v_store_n(p + i, kept, V - i);
+    acc = v_add(acc, kept);
+  }
+  const float total = v_sum(acc);
+  scale_row(p, V, 1.0f / total);
+}
+
+// Append to c the p[i] >= t (and > 0), 16 at a time: a block with none is skipped after one compare.
+static void gather(const float* p, long V, float t, std::vector<float>& c) {
+  c.clear();
+  const v16 vt = v_set1(t);
+  float kept[16];
+  for (long b = 0; b < V; b += 16) {
+    const v16 v = b + 16 <= V ? v_load(p + b) : v_load_n(p + b, V - b);
+    v_store(kept, v_zero_where(v_below(v, vt), v));
+    if (!any_bits(kept)) continue;
+    for (int j = 0; j < 16 && b + j < V; ++j)
+      if (kept[j] > 0.0f) c.push_back(kept[j]);
+  }
+}
+
+// The k-th largest p (1 <= k < V; pmax the largest): among the candidates p >= t, t falling until there are k.
+static float kth_largest(const float* p, long V, float pmax, long k, std::vector<float>& c) {
+  for (float t = pmax * 0x1p-12f;; t = t > 0x1p-100f ? t * 0x1p-24f : 0.0f) {
+    gather(p, V, t, c);
+    if ((long)c.size() >= k || t == 0.0f) break;
+  }
+  if ((long)c.size() < k) return 0.0f;  // fewer than k tokens with mass: all stay
+  std::nth_element(c.begin(), c.begin() + (k - 1), c.end(), std::greater<float>());
+  return c[k - 1];
+}
+
+// The least probability inside the top-p nucleus of p (pmax its largest): the candidates p >= t, largest first,
+// summed in float32 until the mass before one reaches top_p; t falls until the nucleus ends among them (or every
+// token with mass is one).
+static float nucleus_floor(const float* p, long V, float pmax, float top_p, std::vector<float>& c) {
+  for (float t = pmax * 0x1p-12f;; t = t > 0x1p-100f ? t * 0x1p-24f : 0.0f) {
+    gather(p, V, t, c);
+    std::sort(c.begin(), c.end(), std::greater<float>());
+    float before = 0.0f, floor = c.empty() ? 0.0f : c[0];
+    for (float v : c) {
+      if (!(before < top_p)) return floor;  // the nucleus ended before v
+      floor = v;
+      before += v;
+    }
+    if (t == 0.0f) return floor;
+  }
+}
+
+static float row_largest(const float* p, long V) {
+  v16 top = v_zero();
+  for (long i = 0; i < V; i += 16) top = v_max(top, i + 16 <= V ? v_load(p + i) : v_load_n(p + i, V - i));
+  float t[16];
+  v_store(t, top);
+  return *std::max_element(t, t + 16);
+}
+
+// p[0..V) from logits x (as above); returns 0, or -1 where the row has a NaN or an infinite logit or no mass (the
+// caller then takes torch's path, which says so).
+extern "C" int sampling_probs(const float* x, long V, float temperature, long top_k, float top_p, float* p) {
+  bool finite;
+  const float m = row_max(x, V, &finite);
+  if (!finite) return -1;
+  const v16 vm = v_set1(m), vt = v_set1(temperature), cut = v_set1(-86.99999237f);  // s <= -87: s < this
+  v16 acc = v_zero();
+  long i = 0;
+  for (; i + 16 <= V; i += 16) {
+    const v16 s = v_div(v_sub(v_load(x + i), vm), vt);
+    const v16 e = v_zero_where(v_below(s, cut), exp16(s));
+    v_store(p + i, e);
+    acc = v_add(acc, e);
+  }
+  if (i < V) {
+    const v16 s = v_div(v_sub(v_load_n(x + i, V - i), vm), vt);
+    v_store_n(p + i, v_zero_where(v_below(s, cut), exp16(s)), V - i);
+    acc = v_add(acc, v_load_n(p + i, V - i));  // (the lanes past V read back as 0)
+  }
+  const float total = v_sum(acc);
+  if (!(total > 0.0f) || !std::isfinite(total)) return -1;
+  scale_row(p, V, 1.0f / total);
+  std::vector<float> c;
+  if (top_k > 0 && top_k < V) keep_at_least(p, V, kth_largest(p, V, row_largest(p, V), top_k, c));
+  if (top_p < 1.0f) keep_at_least(p, V, nucleus_floor(p, V, row_largest(p, V), top_p, c));
+  return 0;
+}
+
+// The token whose CDF interval [cdf_{i-1}, cdf_i) holds u * total (float64 sums in index order, as a cumulative sum
+// of the row in float64 gives them: a token without mass adds nothing and is never picked); -1 where the total is not
+// positive and finite. p: [V] >= 0, u in [0, 1).
+extern "C" long sampling_inverse_cdf(const float* p, long V, double u) {
+  double total = 0.0;
+  long last = -1;
+  for (long b = 0; b < V; b += 16) {
+    if (b + 16 <= V && !any_bits(p + b)) continue;  // 16 zeros: nothing to add
+    for (long i = b; i < std::min(b + 16, V); ++i)
+      if (p[i] != 0.0f) {
+        total += (double)p[i];
+        last = i;
+      }
+  }
+  if (!(total > 0.0) || !std::isfinite(total)) return -1;
+  const double v = u * total;
+  double cdf = 0.0;
+  for (long b = 0; b <= last; b += 16) {
+    if (b + 16 <= V && !any_bits(p + b)) continue;
+    for (long i = b; i < std::min(b + 16, last + 1); ++i)
+      if (p[i] != 0.0f) {
+        cdf += (double)p[i];
+        if (cdf > v) return i;
+      }
+  }
+  return last;  // u * total rounded up to total: the last token with mass
+}
