@@ -145,9 +145,11 @@ class EngineCore:
         if spec.mode == "sd":
             outputs = sd_step(seqs, self.runner, drafter, k=k, **common)
         else:
-            fanout = self.policy.fanout(spec, max(k.values()), seqs)
+            ahead = {s: self.policy.pre_draft(s, spec) for s in seqs if k[s] == 0}
+            fanout = self.policy.fanout(spec, max([*k.values(), *ahead.values()]), seqs)
             try:
-                outputs = ssd_step(seqs, self.runner, drafter, k=k, fanout=fanout, backup=spec.backup, **common)
+                outputs = ssd_step(seqs, self.runner, drafter, k=k, fanout=fanout, backup=spec.backup, ahead=ahead,
+                                   **common)
             except DraftLost as exc:
                 self._drop_draft(drafter, exc)
                 return self._decode(seqs)

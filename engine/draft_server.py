@@ -3,7 +3,9 @@
 Per round the leader sends only what changed (new sequences, each request's verification outcome
 (drafted, accepted, t*), finished requests); the server answers with the next proposal (from the
 speculation cache on a hit, drafted just in time on a miss), and then, while the target verifies,
-builds the speculation cache for the outcomes of that round. Greedy rounds carry token ids only;
+builds the speculation cache for the outcomes of that round. A round where no request drafts (k = 0: the target
+runs plain steps) gets no answer: the leader goes on at once, and the server pre-drafts only what the message asks
+for (`ahead`: before SSD's probe of a paused request). Greedy rounds carry token ids only;
 sampled rounds add the q rows the target's rejection rule needs. A START's prompts prefill a chunk at a time
 between the leader's messages (engine.draft_prefill).
 
@@ -124,16 +126,17 @@ class _Server:
         self.prefills.add(seqs)  # prefilled a chunk at a time by the loop, between messages
 
     def _round(self, msg: list[int], idle: float) -> None:
-        # [ROUND, n, draft_temperature, backup, lookup, n_fanout, fanout..., then per request:
-        #  seq_id, wanted, drafted, accepted, t*, committed length]
-        n, temp, backup, lookup, n_fan = msg[1], bits_float(msg[2]), BACKUPS[msg[3]], bool(msg[4]), msg[5]
+        # [ROUND, n, draft_temperature, backup, lookup, quiet, n_fanout, fanout..., then per request:
+        #  seq_id, wanted, ahead, drafted, accepted, t*, committed length]; a quiet round (nobody drafts) gets no reply
+        n, temp, backup, lookup, quiet = msg[1], bits_float(msg[2]), BACKUPS[msg[3]], bool(msg[4]), bool(msg[5])
         draft_temperature = None if temp == NO_TEMPERATURE else temp
-        fanout = tuple(msg[6 : 6 + n_fan])
+        n_fan = msg[6]
+        fanout = tuple(msg[7 : 7 + n_fan])
         self.reused |= self.prefills.settle()
-        wanted, i = {}, 6 + n_fan
+        wanted, ahead, i = {}, {}, 7 + n_fan
         for _ in range(n):
-            seq_id, k, drafted, accepted, t_star, length = msg[i : i + 6]
-            i += 6
+            seq_id, k, pre, drafted, accepted, t_star, length = msg[i : i + 7]
+            i += 7
             seq = self.shadow[seq_id]
             if drafted != NO_OUTCOME:
                 seq.token_ids += [*self.last.get(seq_id, [])[:accepted], t_star]
@@ -141,7 +144,14 @@ class _Server:
             if len(seq.token_ids) != length:
                 raise RuntimeError(f"request {seq_id}: draft holds {len(seq.token_ids)} tokens, target {length}")
             wanted[seq] = k
+            if pre:
+                ahead[seq] = pre
         proposals, hits = self.drafter.answer(wanted, draft_temperature, fanout, backup=backup, lookup=lookup)
+        if quiet:
+            for seq in wanted:
+                self.last[seq.seq_id] = []
+            self.drafter.build_cache(proposals, fanout, draft_temperature, lookup, ahead)
+            return
         reply, rows = [n, int(idle * 1e6)], []
         for seq in wanted:  # the leader reads the q rows in its own order
             prop = proposals[seq]
@@ -153,7 +163,7 @@ class _Server:
         self.channel.send_ints(reply)
         if rows:
             self.channel.send_tensor(torch.stack(rows).float())  # [sampled draft tokens, V]
-        self.drafter.build_cache(proposals, fanout, draft_temperature, lookup)
+        self.drafter.build_cache(proposals, fanout, draft_temperature, lookup, ahead)
 
     def _finish(self, seq_id: int) -> None:
         seq = self.shadow.pop(seq_id, None)

@@ -36,6 +36,8 @@ class SpecStats:
     accepted_per_position: tuple[int, ...]  # [K]: rounds whose i-th draft token was accepted
     drafted_per_position: tuple[int, ...]   # [K]: rounds that proposed an i-th draft token
     num_cache_hits: int | None = None       # SSD only
+    num_plain_steps: int = 0                # steps that drafted nothing (k = 0): neither hit nor miss
+    draft_time_plain_s: float = 0.0  # the part of draft_time_s spent in those steps (SSD: sending the outcome)
     emitted_on_hit: int = 0                 # SSD: tokens from rounds answered by the cache
     verify_time_s: float = 0.0       # time the target spent verifying
     draft_time_s: float = 0.0        # time the target waited for drafts
@@ -61,12 +63,14 @@ class SpecStats:
 
     @property
     def cache_hit_rate(self) -> float | None:
-        return None if self.num_cache_hits is None or not self.num_steps else self.num_cache_hits / self.num_steps
+        """SSD: the share of the rounds that drafted whose proposal came from the cache."""
+        drafting = self.num_steps - self.num_plain_steps
+        return None if self.num_cache_hits is None or not drafting else self.num_cache_hits / drafting
 
     @property
     def num_misses(self) -> int | None:
         """SSD: verify rounds drafted just in time (the first round counts as a miss); None outside SSD."""
-        return None if self.num_cache_hits is None else self.num_steps - self.num_cache_hits
+        return None if self.num_cache_hits is None else self.num_steps - self.num_plain_steps - self.num_cache_hits
 
     @property
     def tau_on_hit(self) -> float | None:
@@ -77,7 +81,7 @@ class SpecStats:
     def tau_on_miss(self) -> float | None:
         """SSD: tokens per round drafted just in time (the first round counts as a miss)."""
         misses = self.num_misses
-        return (self.num_emitted - self.emitted_on_hit) / misses if misses else None
+        return (self.num_emitted - self.num_plain_steps - self.emitted_on_hit) / misses if misses else None
 
     @property
     def wait_s_on_hit(self) -> float | None:
@@ -88,7 +92,7 @@ class SpecStats:
     def wait_s_on_miss(self) -> float | None:
         """SSD: the mean wait in a round drafted just in time (the first round counts as a miss)."""
         misses = self.num_misses
-        return (self.draft_time_s - self.draft_time_on_hit_s) / misses if misses else None
+        return (self.draft_time_s - self.draft_time_on_hit_s - self.draft_time_plain_s) / misses if misses else None
 
     @property
     def ideal_tok_s(self) -> float | None:

@@ -126,14 +126,21 @@ class RemoteDrafter:
 
     def answer(
         self, wanted: dict[Sequence, int], draft_temperature: float | None, fanout: tuple[int, ...], *,
-        backup: str = "jit", lookup: bool = False,
+        backup: str = "jit", lookup: bool = False, ahead: dict[Sequence, int] | None = None,
     ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
+        """The round's proposals. A round where no request drafts (k = 0: plain steps) only tells the draft process
+        the outcomes (and what to pre-draft: `ahead`), and does not wait for its answer."""
         temp = NO_TEMPERATURE if draft_temperature is None else draft_temperature
-        msg = [ROUND, len(wanted), float_bits(temp), BACKUPS.index(backup), int(lookup), len(fanout), *fanout]
+        quiet = not any(wanted.values())
+        msg = [ROUND, len(wanted), float_bits(temp), BACKUPS.index(backup), int(lookup), int(quiet), len(fanout),
+               *fanout]
         for seq, k in wanted.items():
             drafted, accepted, t_star, length = self.outcome.pop(seq.seq_id, (NO_OUTCOME, 0, 0, len(seq.token_ids)))
-            msg += [seq.seq_id, k, drafted, accepted, t_star, length]
+            msg += [seq.seq_id, k, (ahead or {}).get(seq, 0), drafted, accepted, t_star, length]
         self._send(msg)
+        if quiet:
+            self.last_idle_s = None
+            return {seq: proposal_of([], None) for seq in wanted}, dict.fromkeys(wanted)
         self.last_idle_s, replies = decode_reply(self._call(self.channel.recv_ints))
         num_rows = sum(len(replies[s.seq_id][2]) for s in wanted if not s.params.is_greedy)
         rows = self._call(self.channel.recv_tensor, (num_rows, self.vocab_size), torch.float32) if num_rows else None
@@ -148,7 +155,7 @@ class RemoteDrafter:
             proposals[seq], hits[seq] = proposal_of(tokens, q), hit
         return proposals, hits
 
-    def build_cache(self, proposals, fanout, draft_temperature, lookup: bool = False) -> None:
+    def build_cache(self, proposals, fanout, draft_temperature, lookup: bool = False, ahead=None) -> None:
         """Nothing to do here: the draft rank builds its cache by itself while the target verifies."""
 
     def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:

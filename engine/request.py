@@ -146,6 +146,8 @@ class _SpecCounters:
         self.draft_idle: float | None = None
         self.hits: int | None = None
         self.emitted_on_hit = 0
+        self.plain = 0
+        self.draft_plain_s = 0.0
 
     def add(self, out: StepOutput, *, num_kept: int) -> None:
         stats = out.stats
@@ -160,6 +162,9 @@ class _SpecCounters:
         self.draft_s += stats.draft_time_s
         if stats.draft_idle_s is not None:
             self.draft_idle = (self.draft_idle or 0.0) + stats.draft_idle_s
+        if stats.num_drafted == 0:
+            self.plain += 1
+            self.draft_plain_s += stats.draft_time_s
         if stats.cache_hit is not None:
             self.hits = (self.hits or 0) + stats.cache_hit
             self.emitted_on_hit += num_kept if stats.cache_hit else 0
@@ -172,4 +177,5 @@ class _SpecCounters:
             verify_time_s=self.verify_s, draft_time_s=self.draft_s, draft_time_on_hit_s=self.draft_on_hit_s,
             draft_reused_prefix_tokens=self.draft_reused,
             num_cache_hits=self.hits, emitted_on_hit=self.emitted_on_hit, draft_idle_s=self.draft_idle,
+            num_plain_steps=self.plain, draft_time_plain_s=self.draft_plain_s,
         )

@@ -48,15 +48,18 @@ def sd_step(
 def ssd_step(
     seqs: list[Sequence], runner: ModelRunner, drafter: SsdDrafter | RemoteDrafter, *, k: Mapping[Sequence, int],
     fanout: tuple[int, ...], draft_temperature: float | None, max_model_len: int, ensure_capacity, backup: str = "jit",
-    lookup: bool = False,
+    lookup: bool = False, ahead: Mapping[Sequence, int] | None = None,
 ) -> dict[Sequence, StepOutput]:
     """SSD: take the proposal from the speculation cache (or draft it on a miss), let the draft build the
     cache for this round's possible outcomes, then verify. A draft in its own process builds the cache
-    while the target verifies; an in-process one builds it first (same tokens, no overlap)."""
+    while the target verifies; an in-process one builds it first (same tokens, no overlap). A request that drafts
+    nothing this round (k = 0: a plain step) and has ahead[seq] > 0 gets that many drafts pre-drafted for its next
+    round's likely first tokens."""
     wanted = {s: lookahead(s, k[s], max_model_len) for s in seqs}
+    ahead = {s: lookahead(s, n, max_model_len - 1) for s, n in (ahead or {}).items() if n and not wanted[s]}
     t0 = time.perf_counter()
-    proposals, hits = drafter.answer(wanted, draft_temperature, fanout, backup=backup, lookup=lookup)
-    drafter.build_cache(proposals, fanout, draft_temperature, lookup)  # a no-op for a draft process
+    proposals, hits = drafter.answer(wanted, draft_temperature, fanout, backup=backup, lookup=lookup, ahead=ahead)
+    drafter.build_cache(proposals, fanout, draft_temperature, lookup, ahead=ahead)  # a no-op for a draft process
     draft_time = time.perf_counter() - t0
     outputs = verify(seqs, proposals, runner, ensure_capacity, draft_time=draft_time, hits=hits,
                      draft_idle=drafter.last_idle_s)

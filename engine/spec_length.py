@@ -11,10 +11,11 @@ small GEMMs grow with the rows, a GPU's barely do; it also changes with the thre
 --compile, so it is fitted to the measured verify times: RowCostFit, from a per-device prior); d is the
 measured target wait for drafts per drafted token (SD: the whole drafting; SSD: only the misses' just-in-time
 drafts). v1 and d are moving averages of the rounds this engine ran. A weak draft then drafts fewer tokens, and
-a strong one the full k. SD may also pick k = 0, a plain one-row step (cost v1, one token), when no k pays for
-its drafting; it then still drafts every PROBE_EVERY-th round, so the acceptance and costs it decides on stay
-measured (the engine's core counts the rounds). On a machine where verifying rows or drafting is dear, or on
-text the draft cannot predict, SD then runs at about AR's speed instead of below it.
+a strong one the full k. A round may also pick k = 0, a plain one-row step (cost v1, one token), when no k pays
+for its drafting (SSD: for its verify rows); it then still drafts every PROBE_EVERY-th round, so the acceptance and
+costs it decides on stay measured (the engine's core counts the rounds; SSD's draft process pre-drafts that probe
+during the round before it). On a machine where verifying rows or drafting is dear, or on text the draft cannot
+predict, SD and SSD then run at about AR's speed instead of below it.
 Exactness never depends on k: verification is the same for any proposal length.
 """
 

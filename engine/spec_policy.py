@@ -52,7 +52,7 @@ class SpecPolicy:
 
     def __init__(self, device_type: str) -> None:
         self.acceptance: dict[int, AcceptanceEstimate] = {}  # request id -> its draft acceptance
-        self.paused: dict[int, int] = {}  # request id -> SD rounds it ran with k = 0 (engine.spec_length)
+        self.paused: dict[int, int] = {}  # request id -> rounds it ran with k = 0 (engine.spec_length)
         row_cost = ROW_COST.get(device_type, ROW_COST["cuda"])
         self.round_cost = {mode: RoundCost(row_cost) for mode in ("sd", "ssd")}  # measured, for the adaptive k
         # CPU: a verify of k + 1 rows reproduces one-row decoding bit for bit only up to ROW_KERNEL_ROWS rows (the
@@ -64,6 +64,16 @@ class SpecPolicy:
     def draft_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
         """_chosen_length, at most `max_draft` (the verify rows that still give one-row decoding's bits)."""
         return capped(self._chosen_length(seq, spec), self.max_draft)
+
+    def pre_draft(self, seq: Sequence, spec: SpeculationConfig) -> int:
+        """SSD, for a request that pauses this round (k = 0): the k its next round drafts if that round probes (every
+        PROBE_EVERY-th paused round drafts), so that the draft process pre-drafts its outcomes while the target runs
+        this round's plain step and the probe is a cache hit; else 0 (the draft process then only follows)."""
+        if self.paused.get(seq.seq_id, 0) % PROBE_EVERY != PROBE_EVERY - 1:
+            return 0
+        estimate = self.acceptance.get(seq.seq_id)
+        acceptance = AcceptanceEstimate.PRIOR if estimate is None else estimate.value
+        return capped(best_k(spec.k, acceptance, self.round_cost[spec.mode]), self.max_draft)
 
     def fanout(self, spec: SpeculationConfig, k: int, seqs: list[Sequence]) -> tuple[int, ...]:
         """SSD's branches per outcome for a round of at most `k` drafts: the setting's, or the geometric fan-out
@@ -78,7 +88,13 @@ class SpecPolicy:
         if stats is not None:
             rows = sum(o.num_drafted + 1 for o in outputs.values())
             drafted = sum(o.num_drafted for o in outputs.values())
-            self.round_cost[mode].update(rows, stats.verify_time_s, drafted, stats.draft_time_s)
+            # SSD: a round with nothing cached to look up (a request's first, or the first after plain rounds that
+            # pre-drafted nothing) also waits for the draft process to finish the prompt or catch up: not what a
+            # drafted token costs, and one such wait of a prompt's prefill would stop the drafting for a while
+            unknown = mode == "ssd" and any(o.num_drafted and o.stats is not None and o.stats.cache_hit is None
+                                            for o in outputs.values())
+            self.round_cost[mode].update(rows, stats.verify_time_s, 0 if unknown else drafted,
+                                         0.0 if unknown else stats.draft_time_s)
 
     def accepted(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         if num_drafted:
@@ -90,15 +106,15 @@ class SpecPolicy:
 
     def _chosen_length(self, seq: Sequence, spec: SpeculationConfig) -> int:
         """spec.k, or with adaptive_k the k <= spec.k with the most expected tokens per second for this request's
-        measured acceptance (the prior until it has some) and the mode's measured round costs. SD may pick 0 (a
-        plain step), except every PROBE_EVERY-th such round, which drafts to keep the measurements current."""
+        measured acceptance (the prior until it has some) and the mode's measured round costs. It may pick 0 (a
+        plain step), except every PROBE_EVERY-th such round, which drafts to keep the measurements current (SSD's
+        probe comes from the cache: `pre_draft`)."""
         if not spec.adaptive_k:
             return spec.k
         estimate = self.acceptance.get(seq.seq_id)
         acceptance = AcceptanceEstimate.PRIOR if estimate is None else estimate.value
         cost = self.round_cost[spec.mode]
-        plain_ok = spec.mode == "sd" and cost.verify_one_row_s is not None  # SSD's draft process always drafts
-        k = best_k(spec.k, acceptance, cost, min_k=0 if plain_ok else 1)
+        k = best_k(spec.k, acceptance, cost, min_k=0 if cost.verify_one_row_s is not None else 1)
         if k > 0:
             return k
         paused = self.paused[seq.seq_id] = self.paused.get(seq.seq_id, 0) + 1

@@ -50,18 +50,18 @@ class SsdDrafter(Drafter):
     # -- answering ---------------------------------------------------------------------------------
     def answer(
         self, wanted: dict[Sequence, int], draft_temperature: float | None, fanout: tuple[int, ...] = (), *,
-        backup: str = "jit", lookup: bool = False,
+        backup: str = "jit", lookup: bool = False, ahead: dict[Sequence, int] | None = None,
     ) -> tuple[dict[Sequence, Proposal], dict[Sequence, bool | None]]:
         """Proposals for this round: from the cache on a hit; on a miss drafted just in time (backup "jit") or
         guessed from the context at no cost (backup "fast": see `_fast_guess`). hit is None for a request's
-        first round (nothing could be cached yet). `lookup`: just-in-time drafts take the context lookup's
-        token where it has one. (`fanout`: the draft process's reply needs it; here `build_cache` takes
-        it.)"""
+        first round (nothing could be cached yet) and for a round that drafts nothing (k = 0). `lookup`:
+        just-in-time drafts take the context lookup's token where it has one. (`fanout`, `ahead`: the draft
+        process's message carries them; here `build_cache` takes them.)"""
         proposals, hits, misses = {}, {}, {}
         for seq, k in wanted.items():
             outcome = self.outcome.pop(seq.seq_id, None)
             branch = self.cache.pop(seq.seq_id, {}).get(outcome) if outcome else None
-            hits[seq] = None if outcome is None else branch is not None
+            hits[seq] = None if outcome is None or k == 0 else branch is not None
             if branch is not None and k > 0:
                 self.mirror(seq)
                 proposals[seq] = _handed_out(branch, k, self.head)
@@ -88,25 +88,29 @@ class SsdDrafter(Drafter):
     # -- building the cache ------------------------------------------------------------------------
     def build_cache(
         self, proposals: dict[Sequence, Proposal], fanout: tuple[int, ...], draft_temperature: float | None,
-        lookup: bool = False,
+        lookup: bool = False, ahead: dict[Sequence, int] | None = None,
     ) -> None:
         """Draft the branches for this round's likely outcomes (`lookup`: they take the context lookup's token
-        where it has one)."""
+        where it has one). A request that drafts nothing this round gets branches only with ahead[seq] > 0: that
+        many drafts after each likely token of the target's plain step, the round's whole fan-out on that one
+        outcome (the policy asks for them before SSD's probe of a paused request: engine.spec_policy.pre_draft)."""
         # The glue pass always runs on a proposal (the verify positions fit: see spec_decode.lookahead), so
         # the draft's KV along the verified path is right whether the proposal came from the cache or not.
-        seqs = [s for s, p in proposals.items() if p.tokens]
+        ahead = ahead or {}
+        length = {s: len(p.tokens) or ahead.get(s, 0) for s, p in proposals.items()}  # each branch's drafts
+        seqs = [s for s in proposals if length[s]]
         if not seqs:
             return
-        glue = self._glue(seqs, proposals)  # per seq [K+1, V or Vr]
+        glue = self._glue(seqs, proposals)  # per seq [k+1, V or Vr]
         for seq in seqs:
             self.cache[seq.seq_id] = {}
             self.glued.add(seq.seq_id)
-        seqs = [s for s in seqs if self._has_room(s, len(proposals[s].tokens))]  # branches need K more positions
+        seqs = [s for s in seqs if self._has_room(s, length[s])]  # branches need K more positions
         branches = []  # (seq, j, t*)
         for seq in seqs:
             drafts = proposals[seq].tokens
             for j, row in enumerate(glue[seq]):
-                width = fanout[min(j, len(fanout) - 1)]
+                width = fanout[min(j, len(fanout) - 1)] if drafts else sum(fanout)
                 top = torch.topk(row, min(width + 1, row.shape[-1])).indices
                 top = top.tolist() if self.head is None else self.head.tokens(top)
                 skip = drafts[j] if j < len(drafts) else None  # the target would have accepted it
@@ -117,10 +121,10 @@ class SsdDrafter(Drafter):
                     if guess is not None and guess not in candidates:
                         candidates.append(guess)
                 branches += [(seq, j, t) for t in candidates]
-        limit = {s: SCRATCH_SLOTS // len(proposals[s].tokens) for s in seqs}
+        limit = {s: SCRATCH_SLOTS // length[s] for s in seqs}
         branches = _cap_per_request(branches, limit)
         rows = _pad_rows(branches, limit)
-        drafted = self._draft_branches(rows, proposals, draft_temperature, lookup) if branches else []
+        drafted = self._draft_branches(rows, proposals, length, draft_temperature, lookup) if branches else []
         for (seq, j, t), branch in zip(branches, drafted, strict=False):  # padding rows come last and are dropped
             self.cache[seq.seq_id][(j, t)] = branch
 
@@ -129,22 +133,26 @@ class SsdDrafter(Drafter):
         return len(seq.token_ids) + 2 * k <= self.max_model_len
 
     def _glue(self, seqs: list[Sequence], proposals: dict[Sequence, Proposal]) -> dict[Sequence, torch.Tensor]:
-        """One forward over each request's [t, x1..xK] at their true positions (real KV slots)."""
+        """One forward over each request's [t, x1..xK] at their true positions (real KV slots), after the committed
+        tokens the draft has no KV for yet (rounds that drafted nothing and built no cache: the draft only
+        followed). Returns the last K+1 rows of each."""
         chunks = []
         for seq in seqs:
-            draft_seq = self.seqs[seq.seq_id]
-            self.blocks.ensure_capacity(draft_seq, len(seq.token_ids) + len(proposals[seq].tokens))
-            chunks.append(Chunk.path(draft_seq, seq.token_ids, proposals[seq].tokens))
-        logits = self.runner.run(chunks, all_logits=True, compact=self.head is not None)  # [sum(K_i + 1), V or Vr]
+            draft_seq, drafts = self.seqs[seq.seq_id], proposals[seq].tokens
+            n = len(seq.token_ids)
+            self.blocks.ensure_capacity(draft_seq, n + len(drafts))
+            start = min(draft_seq.num_computed_tokens, n - 1)
+            chunks.append(Chunk(draft_seq, start, n + len(drafts), (*seq.token_ids[start:], *drafts)))
+        logits = self.runner.run(chunks, all_logits=True, compact=self.head is not None)  # [sum(rows_i), V or Vr]
         out, row = {}, 0
-        for seq in seqs:
-            k = len(proposals[seq].tokens)
-            out[seq], row = logits[row : row + k + 1], row + k + 1
+        for seq, chunk in zip(seqs, chunks, strict=True):
+            row += chunk.end - chunk.start
+            out[seq] = logits[row - len(proposals[seq].tokens) - 1 : row]  # [K+1, V or Vr]
         return out
 
     def _draft_branches(
         self, branches: list[tuple[Sequence, int, int]], proposals: dict[Sequence, Proposal],
-        draft_temperature: float | None, lookup: bool,
+        length: dict[Sequence, int], draft_temperature: float | None, lookup: bool,
     ) -> list[Proposal]:
         """K batched decode steps over every branch, branch tokens in per-request scratch slots. With `lookup`, a
         branch takes the context lookup's token where it has one and skips the model for that step; the
@@ -156,18 +164,18 @@ class SsdDrafter(Drafter):
             index = per_seq.get(seq, 0)
             per_seq[seq] = index + 1
             region = self.runner.first_extra_slot + self.region[seq.seq_id] * SCRATCH_SLOTS
-            scratch_base.append(region + index * len(proposals[seq].tokens))
+            scratch_base.append(region + index * length[seq])
         out = [Proposal([], None if seq.params.is_greedy else []) for seq, _, _ in branches]
         paths = []  # real KV slots each branch sees: the prefix and the verified path up to its j
         for seq, j, _ in branches:
             path = slot_index(self.seqs[seq.seq_id].block_table, 0, len(seq.token_ids) + j, bs)
             paths.append(torch.arange(path.start, path.stop) if isinstance(path, slice) else path)
         done = [0] * len(branches)  # branch tokens (t*, then its drafts) whose KV is in its scratch slots
-        num_steps = max(len(proposals[seq].tokens) for seq, _, _ in branches)
+        num_steps = max(length[seq] for seq, _, _ in branches)
         for step in range(num_steps):
             run = []
             for i, (seq, j, t_star) in enumerate(branches):
-                if step >= len(proposals[seq].tokens):
+                if step >= length[seq]:
                     continue
                 guess = self.guess(seq, [*proposals[seq].tokens[:j], t_star, *out[i].tokens], lookup)
                 if guess is None:
@@ -195,8 +203,8 @@ class SsdDrafter(Drafter):
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def commit(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        draft_seq = self.seqs[seq.seq_id]
-        if seq.seq_id in self.glued:  # the glue pass wrote [t, x1..xK]: its KV is right up to x_k
+        draft_seq, glued = self.seqs[seq.seq_id], seq.seq_id in self.glued
+        if glued:  # the glue pass wrote [t, x1..xK]: its KV is right up to x_k
             self.record_lookup(seq, num_drafted, num_accepted)
             self.glued.discard(seq.seq_id)
             self.frontier.pop(seq.seq_id, None)  # a just-in-time proposal's frontier: the glue supersedes it
@@ -205,7 +213,7 @@ class SsdDrafter(Drafter):
             self.blocks.commit(draft_seq)
         else:
             super().commit(seq, num_drafted, num_accepted)
-        if num_drafted > 0:
+        if num_drafted > 0 or glued:  # (glued without drafts: a plain step's outcome was pre-drafted)
             self.outcome[seq.seq_id] = (num_accepted, seq.token_ids[-1])
 
     def finish(self, seq: Sequence) -> None:

@@ -61,9 +61,10 @@ class ModeResult:
 
     @property
     def cache_hit_rate(self) -> float | None:
-        """SSD: verify steps whose proposal came from the speculation cache."""
+        """SSD: the verify steps that drafted (not the plain ones: k = 0) whose proposal came from the cache."""
         hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
-        return hits / self._spec_sum("num_steps") if hits is not None and self._spec_sum("num_steps") else None
+        drafting = (self._spec_sum("num_steps") or 0) - (self._spec_sum("num_plain_steps") or 0)
+        return hits / drafting if hits is not None and drafting else None
 
     @property
     def ideal_tok_s(self) -> float | None:
@@ -77,19 +78,25 @@ class ModeResult:
     def round_ms(self) -> dict[str, float] | None:
         """Where a round's time goes, in ms: the target's verify forward and its wait for the proposal, per round;
         SSD also splits the wait into rounds the cache answered and rounds drafted just in time (the first round
-        of each prompt counts as a miss). SD's wait is its whole drafting; SSD's, on a hit, mostly messages."""
+        of each prompt counts as a miss). SD's wait is its whole drafting; SSD's, on a hit, mostly messages.
+        "plain": the share of the rounds that drafted nothing (k = 0: a plain step), and SSD's "wait_on_plain" there
+        (sending the outcome)."""
         steps = self._spec_sum("num_steps")
         if not steps:
             return None
-        wait = self._spec_sum("draft_time_s")
-        out = {"verify": 1e3 * self._spec_sum("verify_time_s") / steps, "wait": 1e3 * wait / steps}
+        wait, plain = self._spec_sum("draft_time_s"), self._spec_sum("num_plain_steps")
+        out = {"verify": 1e3 * self._spec_sum("verify_time_s") / steps, "wait": 1e3 * wait / steps,
+               "plain": plain / steps}
         hits = self._spec_sum("num_cache_hits") if self.mode == "ssd" else None
         if hits is not None:
             on_hit = self._spec_sum("draft_time_on_hit_s")
             if hits:
                 out["wait_on_hit"] = 1e3 * on_hit / hits
-            if steps > hits:
-                out["wait_on_miss"] = 1e3 * (wait - on_hit) / (steps - hits)
+            if plain:
+                out["wait_on_plain"] = 1e3 * self._spec_sum("draft_time_plain_s") / plain
+            if steps - plain > hits:
+                misses = steps - plain - hits
+                out["wait_on_miss"] = 1e3 * (wait - on_hit - self._spec_sum("draft_time_plain_s")) / misses
         return out
 
     @property

@@ -75,5 +75,7 @@ def round_lines(report: BenchReport) -> list[str]:
             continue
         split = [f"{name} {ms['wait_on_' + name]:.1f}" for name in ("hit", "miss") if f"wait_on_{name}" in ms]
         detail = f" (cache {', '.join(split)})" if split else ""
-        lines.append(f"{r.mode} per round: verify {ms['verify']:.1f} ms + wait for drafts {ms['wait']:.1f} ms{detail}")
+        plain = f"; {ms['plain']:.0%} plain steps (k = 0)" if ms.get("plain") else ""
+        lines.append(f"{r.mode} per round: verify {ms['verify']:.1f} ms + wait for drafts {ms['wait']:.1f} ms{detail}"
+                     f"{plain}")
     return lines

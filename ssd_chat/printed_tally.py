@@ -29,6 +29,7 @@ class PrintedTally:
     drafted: int = 0
     accepted: int = 0
     hits: int = 0  # SSD: of those steps, the ones the speculation cache answered
+    drafting: int = 0  # of those steps, the ones that drafted (a plain step, k = 0, is neither a hit nor a miss)
     first_tokens: int = 0  # the tokens of the first text printed: the decode time starts once they are
     first_s: float | None = None
     last_s: float | None = None
@@ -62,6 +63,7 @@ class PrintedTally:
             self.drafted += step.num_drafted
             self.accepted += step.num_accepted
             self.hits += bool(step.cache_hit)
+            self.drafting += step.num_drafted > 0
         self._pending_tokens, self._pending_steps = 0, []
 
     def stats(self, output: RequestOutput) -> TurnStats:
@@ -80,6 +82,6 @@ class PrintedTally:
         return replace(
             stats, tau=self.step_tokens / self.steps if self.steps else 0.0,
             acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
-            cache_hit_rate=None if spec.num_cache_hits is None or not self.steps else self.hits / self.steps,
+            cache_hit_rate=None if spec.num_cache_hits is None or not self.drafting else self.hits / self.drafting,
             tau_on_hit=None, tau_on_miss=None,
         )

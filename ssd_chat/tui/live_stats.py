@@ -132,7 +132,8 @@ class LiveStats:
         decode_span = (self.last_token_at or 0.0) - (self.first_token_at or 0.0)
         tok_s = (self.num_tokens - 1) / decode_span if self.num_tokens > 1 and decode_span > 0 else 0.0
         spec = self.mode != "ar" and self.num_steps > 0
-        misses = self.num_steps - self.hit_steps
+        drafting = self.num_steps - self.plain_steps  # (a plain step, k = 0, is neither a hit nor a miss)
+        misses = drafting - self.hit_steps
         return PanelData(
             mode=self.mode, k=self.k, tok_s=tok_s, generated_tokens=self.num_tokens, rates=tuple(self.rates),
             ttft_s=None if self.first_token_at is None else self.first_token_at - self.started,
@@ -143,7 +144,7 @@ class LiveStats:
             per_position=tuple(a / d if d else None for a, d in zip(
                 self.accepted_per_position, self.drafted_per_position, strict=True)) if spec else (),
             position_drafts=tuple(self.drafted_per_position) if spec else (),
-            cache_hit_rate=self.hit_steps / self.num_steps if spec and self.saw_cache else None,
+            cache_hit_rate=self.hit_steps / drafting if spec and self.saw_cache and drafting else None,
             tau_on_hit=self.hit_emitted / self.hit_steps if self.saw_cache and self.hit_steps else None,
             tau_on_miss=self.miss_emitted / misses if self.saw_cache and misses else None,
             threads=self.threads, fewer_threads=self.fewer_threads,

@@ -126,11 +126,14 @@ def mixed_batch(seed: int) -> list[Sequence]:
 
 
 def run_batch(
-    remote: RemoteDrafter, seqs: list[Sequence], draft_temperature: float | None, backup: str, lookup: bool
+    remote: RemoteDrafter, seqs: list[Sequence], draft_temperature: float | None, backup: str, lookup: bool,
+    pauses: bool = False,
 ) -> dict[str, int]:
     """Decode every request to NUM_EMIT tokens as the core does (the draft process gets the prompts, the target
     samples the first token, then ssd_step rounds over the whole batch, commits, and finishes), and tally the
-    rounds of sampled requests: accepted draft tokens, rounds with a rejection, cache hits and misses."""
+    rounds of sampled requests: accepted draft tokens, rounds with a rejection, cache hits and misses. `pauses`:
+    every other round, the first included, drafts nothing for any request (a quiet round: the draft process does
+    not answer) and pre-drafts for the next (`ahead`)."""
     target, blocks = MarkovRunner(TARGET_LOGITS), Blocks()
     remote.start(seqs, lambda seq: MAX_LEN)
     for seq in seqs:
@@ -138,13 +141,16 @@ def run_batch(
         seq.token_ids.append(sample_token(TARGET_LOGITS[seq.token_ids[-1]], seq.params, seq.generator))
         remote.commit(seq, 0, 0)  # (the core commits the prefill's token too: the draft process hears of it)
     tally = {"hit": 0, "miss": 0, "rejected": 0, "accepted": 0}
-    active = seqs
+    active, paused = seqs, pauses
     while active:
+        k = {seq: 0 if paused else draft_length(seq) for seq in active}
+        paused = pauses and not paused
         outputs = ssd_step(
             active,
             target,
             remote,
-            k={seq: draft_length(seq) for seq in active},
+            k=k,
+            ahead={seq: 1 + seq.seq_id % 2 for seq in active if not k[seq]},  # pre-drafts in plain rounds
             fanout=FANOUT,
             backup=backup,
             draft_temperature=draft_temperature,
@@ -181,15 +187,17 @@ def ar_joint(params: SamplingParams) -> torch.Tensor:
     return exact_ar_probs(torch.stack([probabilities(row, params) for row in TARGET_LOGITS]))
 
 
-@pytest.mark.parametrize(("draft_temperature", "backup", "lookup"), [(None, "jit", True), (1.7, "fast", False)])
-def test_a_mixed_batch_through_the_draft_process_follows_ar(remote, draft_temperature, backup, lookup):
+@pytest.mark.parametrize(("draft_temperature", "backup", "lookup", "pauses"),
+                         [(None, "jit", True, False), (1.7, "fast", False, False), (None, "jit", False, True)])
+def test_a_mixed_batch_through_the_draft_process_follows_ar(remote, draft_temperature, backup, lookup, pauses):
     # (lookup: the draft process proposes the context lookup's tokens where it has one, with one-hot q rows)
     seqs = mixed_batch(seed=23)
-    tally = run_batch(remote, seqs, draft_temperature, backup, lookup)
+    tally = run_batch(remote, seqs, draft_temperature, backup, lookup, pauses)
     assert remote.alive and remote.stats()[2] == 0  # in step to the end, and every request finished there
     # both paths of the rejection rule, and (after the first round) proposals from the cache and from the backup
     assert tally["accepted"] > PER_SETTING / 2 and tally["rejected"] > PER_SETTING / 2, tally
-    assert tally["hit"] > PER_SETTING / 10 and tally["miss"] > PER_SETTING / 10, tally
+    # (with pauses every drafted round is pre-drafted, over the whole fan-out: all 4 tokens, so always a hit)
+    assert tally["hit"] > PER_SETTING / 10 and (tally["miss"] > PER_SETTING / 10 or pauses), tally
     for seq in seqs:
         if seq.params.is_greedy:
             assert seq.generated_ids[:NUM_EMIT] == greedy_ar(seq.token_ids[0]), seq.seq_id

@@ -9,8 +9,11 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
 from engine.outputs import StepStats
+from engine.sequence import Sequence, StepOutput
 from engine.spec_length import PROBE_EVERY, RoundCost, RowCostFit, best_k, expected_tokens
+from engine.spec_policy import AcceptanceEstimate, SpecPolicy
 from tests.conftest import make_tiny_model_dir
+from tests.engine.processes import DRAFT_CORE
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
@@ -126,11 +129,49 @@ def test_a_weak_draft_drafts_fewer_tokens_and_output_stays_exact(tiny_llama_dir,
             drafted[adaptive] = [e.num_drafted for e in events if isinstance(e, StepStats)]
     assert drafted[False][:20] == [4] * 20  # fixed k (rounds near max_tokens are cut short)
     assert drafted[True][0] == 4  # nothing measured yet: the prior (0.8) asks for the full k
-    if mode == "ssd":  # then the measured acceptance says one token is worth drafting
-        assert drafted[True][-4:-1] == [1, 1, 1]
-    else:  # SD: none is; a plain step pays best, with a drafted probe round every PROBE_EVERY-th
-        tail = drafted[True][-2 * PROBE_EVERY:]
-        assert tail.count(0) >= 2 * (PROBE_EVERY - 1) - 1 and 0 < sum(tail) <= 2 * max(tail)
+    # then none is worth drafting: a plain step pays best, with a drafted probe round every PROBE_EVERY-th
+    tail = drafted[True][-2 * PROBE_EVERY:]
+    assert tail.count(0) >= 2 * (PROBE_EVERY - 1) - 1 and 0 < sum(tail) <= 2 * max(tail)
+
+
+@pytest.mark.parametrize("where", ["in-process", "draft process"])
+def test_ssd_pauses_and_its_probes_come_from_the_cache(tiny_llama_dir, where, monkeypatch):
+    # Acceptance held at 0.05 (a draft the policy thinks useless) and the draft the target itself: SSD runs plain
+    # steps, and every PROBE_EVERY-th round drafts, from branches the draft pre-drafted during the plain step before
+    # it (the target's token is among the draft's top ones), so the probes are cache hits. The plain rounds of a
+    # draft process get no answer (a quiet round); the output stays AR's. The round costs are a fixed model (as above:
+    # the tiny model's rows cost next to nothing, and a one-token draft at 0.05 could pay).
+    monkeypatch.setattr(AcceptanceEstimate, "value", property(lambda self: 0.05))
+    measured = RoundCost.update
+
+    def modelled(cost, num_rows, verify_s, num_drafted, draft_s):
+        measured(cost, num_rows, 0.010 * (1 + 0.12 * (num_rows - 1)), num_drafted, 0.002 * num_drafted)
+
+    monkeypatch.setattr(RoundCost, "update", modelled)
+    device = {"in-process": None, "draft process": DRAFT_CORE}[where]
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    with LLM(str(tiny_llama_dir), draft=str(tiny_llama_dir), max_model_len=256, block_size=4, draft_device=device,
+             threads=1) as llm:
+        llm.speculation = SpeculationConfig(mode="ar")
+        ar = llm.generate(["The quick brown fox"], params)[0].token_ids
+        llm.speculation = SpeculationConfig(mode="ssd", k=4)
+        events = list(llm.stream("The quick brown fox", params))
+    assert events[-1].output.token_ids == ar
+    steps = [e for e in events if isinstance(e, StepStats)]
+    assert all(s.cache_hit is None for s in steps if s.num_drafted == 0)  # a plain step: no hit, no miss
+    assert [s.num_drafted for s in steps].count(0) >= len(steps) * (PROBE_EVERY - 1) / PROBE_EVERY - 2
+    probes = [s for s in steps[1:] if s.num_drafted > 0]  # (the first round drafts: nothing measured yet)
+    assert len(probes) >= 4 and all(s.cache_hit for s in probes), [(s.num_drafted, s.cache_hit) for s in steps]
+    spec = events[-1].output.stats.spec
+    assert spec.num_plain_steps == sum(s.num_drafted == 0 for s in steps) and spec.num_plain_steps > 0
+    assert spec.num_cache_hits == sum(bool(s.cache_hit) for s in steps)
+    assert spec.cache_hit_rate == spec.num_cache_hits / (len(steps) - spec.num_plain_steps)  # of the drafted rounds
+    misses = spec.num_misses
+    assert misses == len(steps) - spec.num_plain_steps - spec.num_cache_hits
+    assert spec.wait_s_on_hit * spec.num_cache_hits + (spec.wait_s_on_miss or 0) * misses + spec.draft_time_plain_s \
+        == pytest.approx(spec.draft_time_s)
+    assert spec.tau_on_hit * spec.num_cache_hits + (spec.tau_on_miss or 0) * misses + spec.num_plain_steps \
+        == pytest.approx(spec.num_emitted)
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
@@ -156,3 +197,19 @@ def test_a_verify_never_runs_more_rows_than_reproduce_one_row_decoding(tiny_llam
     assert max(rows[1:]) <= ROW_KERNEL_ROWS  # every step after the prompt's
     spec = events[-1].output.stats.spec  # a position per token a round can draft (a 32nd was never drafted)
     assert len(spec.drafted_per_position) == len(spec.per_position_acceptance) == llm.config.max_draft
+
+
+def test_an_ssd_round_with_nothing_cached_does_not_count_as_drafting_cost():
+    # A request's first SSD round (hit None) also waits for the draft process to finish its prompt: that wait is not
+    # what a drafted token costs, and counted as one it would stop the drafting for a while. SD's rounds all count.
+    def round_of(hit, wait_s):
+        stats = StepStats(1, num_drafted=2, num_accepted=1, verify_time_s=0.010, draft_time_s=wait_s, cache_hit=hit)
+        return {Sequence(1, [1, 2], GREEDY): StepOutput([5, 6], [], 3, num_drafted=2, num_accepted=1, stats=stats)}
+
+    policy = SpecPolicy("cpu")
+    policy.measured("ssd", round_of(None, 0.5))
+    assert policy.round_cost["ssd"].draft_per_token_s is None and policy.round_cost["ssd"].verify_one_row_s
+    policy.measured("ssd", round_of(True, 0.002))
+    assert policy.round_cost["ssd"].draft_per_token_s == pytest.approx(0.001)
+    policy.measured("sd", round_of(None, 0.5))
+    assert policy.round_cost["sd"].draft_per_token_s == pytest.approx(0.25)

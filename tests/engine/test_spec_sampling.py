@@ -108,8 +108,9 @@ def sample_counts(target, draft, variant: str, n: int, *, check_both_paths: bool
         accepted = sum(o.stats.spec.num_accepted for o in outs)
         assert 0 < accepted < sum(o.stats.spec.num_drafted for o in outs)
     if mode == "ssd":  # ... and only if proposals came from both the cache and just-in-time drafting
-        hits = sum(o.stats.spec.num_cache_hits for o in outs)
-        assert 0 < hits < sum(o.stats.spec.num_steps for o in outs) - n  # a request's first round cannot hit
+        hits = sum(o.stats.spec.num_cache_hits or 0 for o in outs)  # (None: no round after the first drafted)
+        drafted = sum(o.stats.spec.num_steps - o.stats.spec.num_plain_steps for o in outs)
+        assert 0 < hits < drafted - n  # a request's first round cannot hit
     return counts
 
 

@@ -138,8 +138,9 @@ def speculative_counts(
     active = seqs
     while active:
         k = {seq: draft_length(seq) for seq in active}
+        ahead = {seq: 1 + seq.seq_id % 2 for seq in active if not k[seq]}  # SSD's pre-drafts in plain rounds
         outputs = (sd_step(active, target, drafter, k=k, **common) if mode == "sd"
-                   else ssd_step(active, target, drafter, k=k, fanout=FANOUT, backup=backup, **common))
+                   else ssd_step(active, target, drafter, k=k, fanout=FANOUT, backup=backup, ahead=ahead, **common))
         for seq, out in outputs.items():  # the core's commit
             seq.token_ids += out.tokens
             seq.num_computed_tokens = out.num_computed

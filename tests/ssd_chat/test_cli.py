@@ -192,7 +192,7 @@ def test_user_errors_are_one_line_and_exit_2(case, tiny_llama_dir, tmp_path):
 
 def test_ask_with_a_draft_reports_speculation_stats(tiny_llama_dir):
     args = ["ask", "Paris is", "--target", str(tiny_llama_dir), "--draft", str(tiny_llama_dir), "--mode", "ssd",
-            "--temperature", "0", "--max-tokens", "10", "--draft-weights", "float32", "--json"]
+            "--temperature", "0", "--max-tokens", "10", "--draft-weights", "float32", "--fixed-k", "--json"]
     result = runner.invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout)["stats"]
