@@ -72,18 +72,22 @@ def _kernels() -> ctypes.CDLL | None:
 
 
 def _kernel_probabilities(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor | None:
-    """`probabilities` by the kernel, row by row; None where it does not run (not a float32 CPU tensor, no kernels)
-    or a row has a non-finite logit (torch's path then says what is wrong)."""
-    lib = _kernels() if logits.device.type == "cpu" and logits.dim() >= 1 and logits.shape[-1] > 0 else None
-    if lib is None:
+    """`probabilities` by the kernel, row by row; None where it does not run (not a float32 CPU tensor, no kernels,
+    a top-p that float32 rounds to 1). A row with a NaN or +inf logit, or no finite one, takes torch's path alone
+    (which says what is wrong)."""
+    usable = logits.dtype == torch.float32 and logits.device.type == "cpu" and logits.dim() >= 1
+    lib = _kernels() if usable and logits.shape[-1] > 0 else None
+    if lib is None or (top_p < 1.0 and ctypes.c_float(top_p).value >= 1.0):
         return None
     rows = logits.contiguous().view(-1, logits.shape[-1])  # [n, V]
     out = torch.empty_like(rows)
     width, bytes_per_row = rows.shape[1], rows.shape[1] * 4
+    top_k = top_k if 0 < top_k < width else 0  # (all of them: no filter)
+    top_p = min(top_p, 1.0)
     src, dst = rows.data_ptr(), out.data_ptr()
     for i in range(rows.shape[0]):
         if lib.sampling_probs(src + i * bytes_per_row, width, temperature, top_k, top_p, dst + i * bytes_per_row):
-            return None
+            out[i] = _torch_probabilities(rows[i], temperature, top_k, top_p)
     return out.view(logits.shape)
 
 
@@ -95,11 +99,14 @@ def probabilities(logits: torch.Tensor, params: SamplingParams, temperature: flo
     logits = logits.float()  # (amax: max(dim=) also finds the indices, 147 against 9 us over 49152 logits)
     temperature = max(temperature or params.temperature, FLOAT32_TINY)
     fast = _kernel_probabilities(logits, temperature, params.top_k, params.top_p)
-    if fast is not None:
-        return fast
+    return fast if fast is not None else _torch_probabilities(logits, temperature, params.top_k, params.top_p)
+
+
+def _torch_probabilities(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """`probabilities` by torch's ops (the reference). [..., V] float32 -> [..., V]."""
     scaled = (logits - logits.amax(dim=-1, keepdim=True)).div_(temperature)
     probs = torch.softmax(F.threshold(scaled, SUBNORMAL, float("-inf")), dim=-1)  # [..., V]
-    return keep_top_k_top_p(probs, params.top_k, params.top_p)
+    return keep_top_k_top_p(probs, top_k, top_p)
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -5,10 +5,11 @@
 // sampling_probs: m = max x; s_i = (x_i - m) / T; e_i = exp(s_i) where s_i > -87, else 0 (a float32 exp below e^-87
 // would be subnormal); p = e / sum e. Then, as engine.sampling.keep_top_k_top_p: top-k zeroes the tokens below the
 // k-th largest p, top-p those outside the nucleus (a token stays where the tokens more probable than it hold less
-// than top_p of the mass, summed from the largest down in float32; tokens tied with a kept one stay), each
+// than top_p of the mass, summed from the largest down as torch sums it; tokens tied with a kept one stay), each
 // renormalising. A row's result depends on the row alone (sums in a fixed order), so it is the same batched or not.
 // It is not torch's bits (its exp and its sums' order differ by an ulp or so); every sampled path (AR's draws, the
 // draft's q, the target's p in verification) takes this one function, which is what exactness needs.
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -19,14 +20,15 @@
 
 #include "simd.h"
 
-// The largest of x[0..V) (V >= 1), and whether every x is finite (no NaN, no inf).
+// The largest of x[0..V) (V >= 1), and whether no x is NaN or +inf (-inf is a masked token: no probability).
 static float row_max(const float* x, long V, bool* finite) {
   v16 top = v_set1(-INFINITY), nan = v_zero();
+  const v16 lowest = v_set1(-FLT_MAX);
   long i = 0;
   for (; i + 16 <= V; i += 16) {
     const v16 v = v_load(x + i);
     top = v_max(top, v);
-    nan = v_add(nan, v_mul(v, v_zero()));  // 0 for finite lanes, NaN once any lane met NaN or inf
+    nan = v_add(nan, v_mul(v_max(lowest, v), v_zero()));  // NaN once a lane met NaN or +inf (max passes NaN on)
   }
   float t[16];
   v_store(t, top);
@@ -34,9 +36,9 @@ static float row_max(const float* x, long V, bool* finite) {
   for (int j = 1; j < 16; ++j) m = std::max(m, t[j]);
   for (; i < V; ++i) {
     m = std::max(m, x[i]);
-    bad += x[i] * 0.0f;
+    bad += std::max(-FLT_MAX, x[i]) * 0.0f + (x[i] != x[i] ? NAN : 0.0f);
   }
-  *finite = bad == 0.0f;
+  *finite = bad == 0.0f && m > -INFINITY;  // (every token masked: no distribution)
   return m;
 }
 
@@ -114,15 +116,16 @@ static float kth_largest(const float* p, long V, float pmax, long k, std::vector
 }
 
 // The least probability inside the top-p nucleus of p (pmax its largest): the candidates p >= t, largest first,
-// summed in float32 until the mass before one reaches top_p; t falls until the nucleus ends among them (or every
-// token with mass is one).
+// summed until the mass before one reaches top_p, as torch's float32 cumulative sum does it (a float64 running sum,
+// each prefix rounded to float32); t falls until the nucleus ends among them (or every token with mass is one).
 static float nucleus_floor(const float* p, long V, float pmax, float top_p, std::vector<float>& c) {
   for (float t = pmax * 0x1p-12f;; t = t > 0x1p-100f ? t * 0x1p-24f : 0.0f) {
     gather(p, V, t, c);
     std::sort(c.begin(), c.end(), std::greater<float>());
-    float before = 0.0f, floor = c.empty() ? 0.0f : c[0];
+    double before = 0.0;
+    float floor = c.empty() ? 0.0f : c[0];
     for (float v : c) {
-      if (!(before < top_p)) return floor;  // the nucleus ended before v
+      if (!((float)before < top_p)) return floor;  // the nucleus ended before v
       floor = v;
       before += v;
     }
@@ -138,8 +141,8 @@ static float row_largest(const float* p, long V) {
   return *std::max_element(t, t + 16);
 }
 
-// p[0..V) from logits x (as above); returns 0, or -1 where the row has a NaN or an infinite logit or no mass (the
-// caller then takes torch's path, which says so).
+// p[0..V) from logits x (as above; a -inf logit gets no probability); returns 0, or -1 where the row has a NaN or a
+// +inf logit, or no finite one (the caller then takes torch's path for the row, which says what is wrong).
 extern "C" int sampling_probs(const float* x, long V, float temperature, long top_k, float top_p, float* p) {
   bool finite;
   const float m = row_max(x, V, &finite);

@@ -86,13 +86,38 @@ def test_the_tiny_and_the_extreme(monkeypatch):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_row_that_is_not_finite_takes_torchs_path(bad):
-    logits = torch.tensor([1.0, bad, 0.5])
-    assert sampling._kernel_probabilities(logits, 1.0, 0, 1.0) is None
+def test_a_row_that_is_not_finite_takes_torchs_path_alone(bad, monkeypatch):
+    good = rows(3, 300, seed=5)
+    logits = torch.cat([good, torch.tensor([[1.0, bad, *[0.5] * 298]])])  # [4, 300]: the last row is not finite
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    got = probabilities(logits, params)
+    assert torch.equal(got[:3], probabilities(good, params))  # the other rows: the kernel's, as alone
+    assert torch.equal(got[3].isnan(), reference(logits[3], params, monkeypatch).isnan())  # torch's row
     with pytest.raises(RuntimeError, match="not finite"):
-        draw(probabilities(logits, SamplingParams(temperature=1.0)), torch.Generator().manual_seed(0))
-    masked = torch.tensor([1.0, float("-inf"), 0.5])  # a masked token: torch's path gives it no probability
-    assert probabilities(masked, SamplingParams(temperature=1.0))[1] == 0
+        draw(probabilities(logits[3], params), torch.Generator().manual_seed(0))
+    masked = torch.tensor([1.0, float("-inf"), 0.5, float("-inf")])  # masked tokens: the kernel, no probability
+    probs = probabilities(masked, SamplingParams(temperature=1.0))
+    assert probs[1] == 0 and probs[3] == 0
+    assert torch.allclose(probs, reference(masked, SamplingParams(temperature=1.0), monkeypatch))
+    with pytest.raises(RuntimeError, match="not finite"):  # every token masked: no distribution
+        draw(probabilities(torch.full((5,), float("-inf")), params), torch.Generator().manual_seed(0))
+
+
+def test_what_the_kernel_leaves_to_torch():
+    assert sampling._kernel_probabilities(torch.zeros(8, dtype=torch.float64), 1.0, 0, 1.0) is None  # float32 only
+    assert sampling._kernel_probabilities(torch.zeros(8), 1.0, 0, 1 - 2**-30) is None  # a top-p float32 makes 1
+    assert sampling._kernel_probabilities(torch.zeros(8), 1.0, 2**70, 1.0) is not None  # (a top-k past the width)
+
+
+def test_a_long_nucleus_ends_where_torchs_does(monkeypatch):
+    # Thousands of tokens in the nucleus: its end depends on how the mass before each token is summed (torch: in
+    # float64, each prefix rounded to float32), and a float32 running sum drifted from it.
+    # (a float32 running sum kept one token more or fewer in 6 of these 12 rows)
+    for scale, top_p in ((0.5, 0.95), (0.2, 0.999)):
+        params = SamplingParams(temperature=1.0, top_p=top_p)
+        for row in torch.randn(6, 49152, generator=torch.Generator().manual_seed(8)) * scale:
+            got, want = probabilities(row, params), reference(row, params, monkeypatch)
+            assert int((got > 0).sum()) == int((want > 0).sum()) > 40000
 
 
 def test_no_kernel_when_told(monkeypatch):
