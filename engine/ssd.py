@@ -105,7 +105,7 @@ class SsdDrafter(Drafter):
         for seq in seqs:
             self.cache[seq.seq_id] = {}
             self.glued.add(seq.seq_id)
-        seqs = [s for s in seqs if self._has_room(s, length[s])]  # branches need K more positions
+        seqs = [s for s in seqs if self._has_room(s, length[s], not proposals[s].tokens)]
         branches = []  # (seq, j, t*)
         for seq in seqs:
             drafts = proposals[seq].tokens
@@ -128,9 +128,10 @@ class SsdDrafter(Drafter):
         for (seq, j, t), branch in zip(branches, drafted, strict=False):  # padding rows come last and are dropped
             self.cache[seq.seq_id][(j, t)] = branch
 
-    def _has_room(self, seq: Sequence, k: int) -> bool:
-        # the deepest branch token sits at position len + 2k - 1 (all accepted, then k more)
-        return len(seq.token_ids) + 2 * k <= self.max_model_len
+    def _has_room(self, seq: Sequence, k: int, pre_draft: bool = False) -> bool:
+        # the deepest branch token sits at position len + 2k - 1 (all accepted, then k more); a pre-draft's (nothing
+        # proposed: the plain step's token, then k) at len + k - 1
+        return len(seq.token_ids) + (k if pre_draft else 2 * k) <= self.max_model_len
 
     def _glue(self, seqs: list[Sequence], proposals: dict[Sequence, Proposal]) -> dict[Sequence, torch.Tensor]:
         """One forward over each request's [t, x1..xK] at their true positions (real KV slots), after the committed

@@ -110,6 +110,7 @@ class LiveStats:
             self.accepted_per_position[i] += i < step.num_accepted
         if step.cache_hit is not None:
             self.saw_cache = True
+        if step.num_drafted:  # (a drafted round with nothing cached, hit None, is a miss, as the engine counts it)
             emitted = step.num_accepted + 1  # the accepted drafts plus the target's recovery / bonus token
             if step.cache_hit:
                 self.hit_steps += 1

@@ -112,3 +112,13 @@ def test_a_saved_ssd_reply_shows_its_cache_hits_and_the_tau_split_where_the_hist
     for accepted, hit in [(2, True), (0, False)]:
         stats.on_step(StepStats(1, 2, accepted, verify_time_s=0.01, draft_time_s=0.0, cache_hit=hit))
     assert "cache hits 50%\ntau on hit 3.00 · on miss 1.00" in str(StatsPanel._spec_text(stats.snapshot()))
+
+
+def test_ssds_plain_steps_are_neither_hits_nor_misses_and_a_round_with_nothing_cached_is_a_miss():
+    stats = LiveStats(mode="ssd", k=2, started=0.0)
+    rounds = [(2, 1, None), (0, 0, None), (0, 0, None), (2, 2, True), (1, 0, None), (2, 0, False)]
+    for drafted, accepted, hit in rounds:  # (the first round, and one after plain steps with nothing pre-drafted)
+        stats.on_step(StepStats(1, drafted, accepted, verify_time_s=0.01, draft_time_s=0.0, cache_hit=hit))
+    data = stats.snapshot()
+    assert data.plain_steps == 2 and data.cache_hit_rate == 1 / 4
+    assert data.tau_on_hit == 3.0 and data.tau_on_miss == (2 + 1 + 1) / 3
