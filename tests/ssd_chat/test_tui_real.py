@@ -44,9 +44,10 @@ async def test_the_app_on_the_real_engine(tiny_llama_dir, tmp_path, monkeypatch)
 
     monkeypatch.setattr(LoadingScreen, "add_line", record)
     settings = ChatSettings(mode="ssd", k=3, temperature=0.0, max_tokens=8)
-    app = ChatApp(lambda: LLM(target=model, draft=model, speculation=SpeculationConfig(mode="ssd", k=3)),
-                  settings=settings, store=HistoryStore(tmp_path / "h.sqlite3"), target=model, draft=model,
-                  export_dir=tmp_path)
+    fixed = SpeculationConfig(mode="ssd", k=3, adaptive_k=False)  # (adaptive, a reply this short may all pause)
+    app = ChatApp(lambda: LLM(target=model, draft=model, speculation=fixed), settings=settings,
+                  store=HistoryStore(tmp_path / "h.sqlite3"), target=model, draft=model, export_dir=tmp_path,
+                  speculation=fixed)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.engine is not None, timeout=60, what="the models to load")
         assert any(line.startswith("loading draft") for line in loading_lines)
