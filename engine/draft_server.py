@@ -84,6 +84,7 @@ class _Server:
         self.shadow: dict[int, Sequence] = {}   # request id -> the target's committed tokens, as last told
         self.last: dict[int, list[int]] = {}    # request id -> tokens of its last proposal
         self.reused: dict[int, int] = {}        # request id -> prompt tokens from the draft's prefix cache (unsent)
+        self.unsent_idle = 0.0                  # seconds idle before quiet rounds, told with the next answer
 
     def loop(self) -> None:
         while True:
@@ -150,9 +151,11 @@ class _Server:
         if quiet:
             for seq in wanted:
                 self.last[seq.seq_id] = []
+            self.unsent_idle += idle
             self.drafter.build_cache(proposals, fanout, draft_temperature, lookup, ahead)
             return
-        reply, rows = [n, int(idle * 1e6)], []
+        reply, rows = [n, int((idle + self.unsent_idle) * 1e6)], []
+        self.unsent_idle = 0.0
         for seq in wanted:  # the leader reads the q rows in its own order
             prop = proposals[seq]
             self.last[seq.seq_id] = prop.tokens
