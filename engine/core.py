@@ -145,7 +145,7 @@ class EngineCore:
         if spec.mode == "sd":
             outputs = sd_step(seqs, self.runner, drafter, k=k, **common)
         else:
-            ahead = {s: self.policy.pre_draft(s, spec) for s in seqs if k[s] == 0}
+            ahead = {s: n for s in seqs if k[s] == 0 and (n := self.policy.pre_draft(s, spec))}
             fanout = self.policy.fanout(spec, max([*k.values(), *ahead.values()]), seqs)
             try:
                 outputs = ssd_step(seqs, self.runner, drafter, k=k, fanout=fanout, backup=spec.backup, ahead=ahead,

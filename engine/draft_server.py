@@ -148,9 +148,9 @@ class _Server:
             if pre:
                 ahead[seq] = pre
         proposals, hits = self.drafter.answer(wanted, draft_temperature, fanout, backup=backup, lookup=lookup)
+        for seq in wanted:
+            self.last[seq.seq_id] = proposals[seq].tokens
         if quiet:
-            for seq in wanted:
-                self.last[seq.seq_id] = []
             self.unsent_idle += idle
             self.drafter.build_cache(proposals, fanout, draft_temperature, lookup, ahead)
             return
@@ -158,7 +158,6 @@ class _Server:
         self.unsent_idle = 0.0
         for seq in wanted:  # the leader reads the q rows in its own order
             prop = proposals[seq]
-            self.last[seq.seq_id] = prop.tokens
             hit = hits.get(seq)
             reply += [seq.seq_id, -1 if hit is None else int(hit), self.reused.pop(seq.seq_id, -1),
                       len(prop.tokens), *prop.tokens]

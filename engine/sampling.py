@@ -83,7 +83,6 @@ def _kernel_probabilities(logits: torch.Tensor, temperature: float, top_k: int, 
     out = torch.empty_like(rows)
     width, bytes_per_row = rows.shape[1], rows.shape[1] * 4
     top_k = top_k if 0 < top_k < width else 0  # (all of them: no filter)
-    top_p = min(top_p, 1.0)
     src, dst = rows.data_ptr(), out.data_ptr()
     for i in range(rows.shape[0]):
         if lib.sampling_probs(src + i * bytes_per_row, width, temperature, top_k, top_p, dst + i * bytes_per_row):

@@ -71,9 +71,7 @@ class SpecPolicy:
         this round's plain step and the probe is a cache hit; else 0 (the draft process then only follows)."""
         if self.paused.get(seq.seq_id, 0) % PROBE_EVERY != PROBE_EVERY - 1:
             return 0
-        estimate = self.acceptance.get(seq.seq_id)
-        acceptance = AcceptanceEstimate.PRIOR if estimate is None else estimate.value
-        return capped(best_k(spec.k, acceptance, self.round_cost[spec.mode]), self.max_draft)
+        return capped(best_k(spec.k, self._acceptance(seq), self.round_cost[spec.mode]), self.max_draft)
 
     def fanout(self, spec: SpeculationConfig, k: int, seqs: list[Sequence]) -> tuple[int, ...]:
         """SSD's branches per outcome for a round of at most `k` drafts: the setting's, or the geometric fan-out
@@ -111,11 +109,14 @@ class SpecPolicy:
         probe comes from the cache: `pre_draft`)."""
         if not spec.adaptive_k:
             return spec.k
-        estimate = self.acceptance.get(seq.seq_id)
-        acceptance = AcceptanceEstimate.PRIOR if estimate is None else estimate.value
-        cost = self.round_cost[spec.mode]
+        acceptance, cost = self._acceptance(seq), self.round_cost[spec.mode]
         k = best_k(spec.k, acceptance, cost, min_k=0 if cost.verify_one_row_s is not None else 1)
         if k > 0:
             return k
         paused = self.paused[seq.seq_id] = self.paused.get(seq.seq_id, 0) + 1
         return 0 if paused % PROBE_EVERY else best_k(spec.k, acceptance, cost)
+
+    def _acceptance(self, seq: Sequence) -> float:
+        """The request's measured per-token acceptance, or the prior before it has drafted."""
+        estimate = self.acceptance.get(seq.seq_id)
+        return AcceptanceEstimate.PRIOR if estimate is None else estimate.value
