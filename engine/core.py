@@ -228,7 +228,7 @@ class EngineCore:
             return {}
         if rows is not None:
             logits = logits[rows]  # [len(rows), V]
-        tokens = sample_batch(logits, [c.seq.params for c in picked], [c.seq.generator for c in picked])
+        tokens = sample_batch(logits, [c.seq for c in picked])
         return {c.seq: StepOutput([t], [TokenSource.TARGET], c.end) for c, t in zip(picked, tokens, strict=True)}
 
     def _commit(self, outputs: dict[Sequence, StepOutput]) -> dict[Sequence, StepOutput]:

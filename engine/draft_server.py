@@ -5,8 +5,8 @@ Per round the leader sends only what changed (new sequences, each request's veri
 speculation cache on a hit, drafted just in time on a miss), and then, while the target verifies,
 builds the speculation cache for the outcomes of that round. A round where no request drafts (k = 0: the target
 runs plain steps) gets no answer: the leader goes on at once, and the server pre-drafts only what the message asks
-for (`ahead`: before SSD's probe of a paused request). Greedy rounds carry token ids only;
-sampled rounds add the q rows the target's rejection rule needs. A START's prompts prefill a chunk at a time
+for (`ahead`: before SSD's probe of a paused request). Greedy and coupled rounds (engine.coupling) carry token ids
+only; rounds sampled by the rejection rule add the q rows it needs. A START's prompts prefill a chunk at a time
 between the leader's messages (engine.draft_prefill).
 
 Messages are int64 lists (engine.distributed.Channel); floats travel as their bit patterns.
@@ -54,9 +54,11 @@ class DraftSpec:
 
 
 def encode_start(seq: Sequence, draft_seed: int) -> list[int]:
+    """A request's START entry. draft_seed: its noise key where it is coupled (int(coupled) says so), else the seed
+    of the draft's own generator."""
     p = seq.params
-    return [seq.seq_id, draft_seed, float_bits(p.temperature), p.top_k, float_bits(p.top_p),
-            len(seq.token_ids), *seq.token_ids]
+    return [seq.seq_id, draft_seed, int(seq.noise_key is not None), float_bits(p.temperature), p.top_k,
+            float_bits(p.top_p), len(seq.token_ids), *seq.token_ids]
 
 
 def load(spec: DraftSpec):
@@ -115,13 +117,14 @@ class _Server:
     def _start(self, msg: list[int]) -> None:
         seqs, i = [], 2
         for _ in range(msg[1]):
-            seq_id, seed, temp, top_k, top_p, n = msg[i : i + 6]
-            tokens = msg[i + 6 : i + 6 + n]
-            i += 6 + n
+            seq_id, seed, coupled, temp, top_k, top_p, n = msg[i : i + 7]
+            tokens = msg[i + 7 : i + 7 + n]
+            i += 7 + n
             params = SamplingParams(temperature=bits_float(temp), top_k=top_k, top_p=bits_float(top_p),
-                                    max_tokens=1 << 30)
-            generator = None if params.is_greedy else torch.Generator().manual_seed(seed)
-            seq = Sequence(seq_id, tokens, params, generator)
+                                    max_tokens=1 << 30, sampler="coupled" if coupled else "rejection")
+            sampled = not params.is_greedy
+            generator = torch.Generator().manual_seed(seed) if sampled and not coupled else None
+            seq = Sequence(seq_id, tokens, params, generator, noise_key=seed if sampled and coupled else None)
             self.shadow[seq_id] = seq
             seqs.append(seq)
         self.prefills.add(seqs)  # prefilled a chunk at a time by the loop, between messages

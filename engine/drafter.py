@@ -16,7 +16,7 @@ import torch
 from engine.kv.block_manager import BlockManager
 from engine.lookup import Lookups
 from engine.runner import Chunk, ModelRunner
-from engine.sampling import draw, probabilities
+from engine.sampling import draw, probabilities, race
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -24,7 +24,7 @@ from engine.sequence import Sequence
 @dataclass
 class Proposal:
     tokens: list[int]               # [k] draft tokens x1..xk
-    probs: list[torch.Tensor] | None  # k x [V] distributions they were drawn from (None when greedy)
+    probs: list[torch.Tensor] | None  # k x [V] distributions they were drawn from (None: greedy, or coupled)
     from_lookup: list[bool] = field(default_factory=list)  # [k] which came from the context lookup (where known)
 
     def add_guess(self, token: int, vocab_size: int) -> None:
@@ -67,14 +67,15 @@ class CompactHead:
 
 def draw_rows(
     proposals: list[Proposal], seqs: list[Sequence], logits: torch.Tensor, temperature: float | None,
-    head: CompactHead | None = None, *, spread: bool = True,
+    head: CompactHead | None = None, *, spread: bool = True, positions: list[int] | None = None,
 ) -> None:
     """Append each proposal's next token from its row of `logits` [n, V] (or [n, Vr] over a compact `head`): the
-    argmax when its request is greedy; else a draw from q, kept for the verification's rejection rule: [V], or with
-    `spread` off the compact [Vr] (SSD's cached branches: only the one handed out is spread, by `CompactHead.spread`,
-    where spreading every branch's rows cost a 49152-float row each). `temperature` overrides the requests' for the
-    draft. Rows of requests that sample alike get one `probabilities` call; each draw takes its request's generator
-    in row order."""
+    argmax when its request is greedy; the winner of the coupled race over q at positions[i] (the token's place in the
+    sequence) where it has a noise key (engine.coupling: the target runs the same race); else a draw from q, kept for
+    the verification's rejection rule: [V], or with `spread` off the compact [Vr] (SSD's cached branches: only the one
+    handed out is spread, by `CompactHead.spread`, where spreading every branch's rows cost a 49152-float row each).
+    `temperature` overrides the requests' for the draft. Rows of requests that sample alike get one `probabilities`
+    call; each draw takes its request's generator in row order."""
     sampled: dict[SamplingParams, list[int]] = {}
     for i, seq in enumerate(seqs):
         if not seq.params.is_greedy:
@@ -85,9 +86,14 @@ def draw_rows(
         q |= zip(rows, probabilities(logits[rows], params, temp), strict=True)  # [n, V or Vr]
     for i, (proposal, seq) in enumerate(zip(proposals, seqs, strict=True)):
         proposal.from_lookup.append(False)
-        index = int(torch.argmax(logits[i])) if i not in q else draw(q[i], seq.generator)
+        if i not in q:
+            index = int(torch.argmax(logits[i]))
+        elif seq.noise_key is not None:
+            index = race(q[i], seq.noise_key, positions[i], None if head is None else head.ids)
+        else:
+            index = draw(q[i], seq.generator)
         proposal.tokens.append(index if head is None else int(head.ids[index]))
-        if i in q:
+        if proposal.probs is not None:
             proposal.probs.append(q[i] if head is None or not spread else head.spread(q[i]))
 
 
@@ -163,7 +169,7 @@ class Drafter:
         for seq in wanted:
             self.mirror(seq)
         active = {seq: self.seqs[seq.seq_id] for seq, k in wanted.items() if k > 0}
-        out = {seq: Proposal([], None if seq.params.is_greedy else []) for seq in wanted}
+        out = {seq: Proposal([], [] if seq.needs_q else None) for seq in wanted}
         for seq, draft_seq in active.items():
             self.blocks.ensure_capacity(draft_seq, len(seq.token_ids) + wanted[seq])
             self.frontier[seq.seq_id] = draft_seq.num_computed_tokens
@@ -185,7 +191,8 @@ class Drafter:
                 self.frontier[seq.seq_id] = n + step
             if chunks:
                 logits = self.runner.run(chunks, compact=self.head is not None)  # [len(run), V or Vr]
-                draw_rows([out[seq] for seq in run], run, logits, draft_temperature, self.head)
+                draw_rows([out[seq] for seq in run], run, logits, draft_temperature, self.head,
+                          positions=[len(seq.token_ids) + step for seq in run])
             step += 1
             active = {s: d for s, d in active.items() if wanted[s] > step}
         for seq, proposal in out.items():

@@ -118,7 +118,10 @@ class RemoteDrafter:
     def start(self, seqs: list[Sequence], reserve_of: Callable[[Sequence], int]) -> dict[Sequence, int]:
         msg = [START, len(seqs)]
         for seq in seqs:
-            seed = 0 if seq.generator is None else int(torch.randint(2**62, (1,), generator=seq.generator))
+            if seq.noise_key is not None:  # the draft runs the same race (engine.coupling)
+                seed = seq.noise_key
+            else:
+                seed = 0 if seq.generator is None else int(torch.randint(2**62, (1,), generator=seq.generator))
             msg += encode_start(seq, seed)
             self.seqs[seq.seq_id] = -(-reserve_of(seq) // self.block_size)
         self._send(msg)
@@ -142,7 +145,7 @@ class RemoteDrafter:
             self.last_idle_s = None
             return {seq: proposal_of([], None) for seq in wanted}, dict.fromkeys(wanted)
         self.last_idle_s, replies = decode_reply(self._call(self.channel.recv_ints))
-        num_rows = sum(len(replies[s.seq_id][2]) for s in wanted if not s.params.is_greedy)
+        num_rows = sum(len(replies[s.seq_id][2]) for s in wanted if s.needs_q)
         rows = self._call(self.channel.recv_tensor, (num_rows, self.vocab_size), torch.float32) if num_rows else None
         proposals, hits, row = {}, {}, 0
         for seq in wanted:
@@ -150,7 +153,7 @@ class RemoteDrafter:
             if reused is not None:
                 self.reused[seq.seq_id] = reused
             q = None
-            if not seq.params.is_greedy and tokens:
+            if seq.needs_q and tokens:
                 q, row = rows[row : row + len(tokens)], row + len(tokens)
             proposals[seq], hits[seq] = proposal_of(tokens, q), hit
         return proposals, hits

@@ -16,7 +16,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from engine import coupling
 from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
 
 # A float32 exp below e^-87 is subnormal, and torch's CPU softmax computes those on a slow path: 0.4-0.7 ms a row of
 # 49152 logits at temperature 0.2 (most of the row lies that far below the top) against 0.06 ms. A token e^87 times
@@ -146,10 +148,40 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
     return token
 
 
-def sample_batch(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> list[int]:
-    """logits: [B, V] -> B tokens. Greedy rows share one argmax."""
-    if all(p.is_greedy for p in params):
+def race(probs: torch.Tensor, key: int, position: int, ids: torch.Tensor | None = None) -> int:
+    """The index of engine.coupling's race winner in probs [V] (or a compact row [Vr] over token ids [Vr]) at
+    `position`."""
+    return race_ranked(probs, key, position, ids, 1)[0]
+
+
+def race_ranked(probs: torch.Tensor, key: int, position: int, ids: torch.Tensor | None, n: int) -> list[int]:
+    """The indices of the race's first n finishers (fewer where fewer entries have mass), the winner first: the
+    kernel's where it runs (the same ones), else `coupling.ranked`'s."""
+    lib = _kernels() if probs.dtype == torch.float32 and probs.device.type == "cpu" and probs.dim() == 1 else None
+    if lib is not None and n > 0:
+        probs = probs.contiguous()
+        ids_ptr = None if ids is None else ids.contiguous().data_ptr()
+        out = torch.empty(n, dtype=torch.long)
+        count = int(lib.sampling_race(probs.data_ptr(), probs.shape[0], ids_ptr, key & coupling.MASK64, position, n,
+                                      out.data_ptr()))
+        if count > 0:
+            return out[:count].tolist()  # (else no mass, or not finite: `ranked` says so)
+    return coupling.ranked(probs, key, position, ids, n)
+
+
+def sample_next(logits: torch.Tensor, seq: Sequence) -> int:
+    """A request's next token (position len(seq.token_ids)) from its logits [V]: the argmax when greedy, else from
+    `probabilities` by the request's sampler (the coupled race where it has a noise key, else a generator's draw)."""
+    if seq.params.is_greedy:
+        return int(torch.argmax(logits))
+    probs = probabilities(logits, seq.params)
+    if seq.noise_key is not None:
+        return race(probs, seq.noise_key, len(seq.token_ids))
+    return draw(probs, seq.generator)
+
+
+def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """logits: [B, V] -> each request's next token (`sample_next`). Greedy rows share one argmax."""
+    if all(s.params.is_greedy for s in seqs):
         return torch.argmax(logits, dim=-1).tolist()
-    return [sample_token(row, p, g) for row, p, g in zip(logits, params, generators, strict=True)]
+    return [sample_next(row, s) for row, s in zip(logits, seqs, strict=True)]

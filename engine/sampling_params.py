@@ -9,6 +9,10 @@ from engine.values import flag, normalise, number, optional, texts, whole, whole
 
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63 - 1  # the largest seed: torch's generators take a signed 64-bit one
+# How a sampled request draws its tokens, both exact in every mode: "coupled", the race of engine.coupling (a seeded
+# reply is the same in AR, SD and SSD; drafts are kept where they equal the target's token, as greedy's are); or
+# "rejection", a generator's inverse-CDF draws and the rejection rule of speculative sampling (engine.speculative)
+SAMPLERS = ("coupled", "rejection")
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,7 @@ class SamplingParams:
     sampled request reproducible (None: drawn from the engine's generator). ``stop`` strings end the
     reply before the string (the string itself is not returned); ``stop_token_ids`` and EOS end it after
     that token (kept in ``token_ids``, not in the text). ``ignore_eos`` runs to ``max_tokens`` (for
-    fixed-length benchmarks).
+    fixed-length benchmarks). ``sampler``: one of SAMPLERS.
     """
 
     temperature: float = 1.0
@@ -30,6 +34,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    sampler: str = "coupled"
 
     def __post_init__(self) -> None:
         normalise(self, {"temperature": number, "top_p": number, "top_k": whole, "max_tokens": whole,
@@ -46,6 +51,8 @@ class SamplingParams:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise InvalidParameterError(f"seed must be in 0..2^63-1, got {self.seed}")
+        if self.sampler not in SAMPLERS:
+            raise InvalidParameterError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
         if any(s == "" for s in self.stop):
             raise InvalidParameterError("stop strings must not be empty")
         if any(t < 0 for t in self.stop_token_ids):

@@ -22,7 +22,8 @@ class Sequence:
     seq_id: int
     token_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator | None = None  # set when sampling (temperature > 0)
+    generator: torch.Generator | None = None  # the rejection rule's draws, when sampling (temperature > 0)
+    noise_key: int | None = None  # the coupled race's key (engine.coupling), when sampling by it instead
     status: SeqStatus = SeqStatus.WAITING
     num_prompt_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
@@ -41,6 +42,12 @@ class Sequence:
     @property
     def generated_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def needs_q(self) -> bool:
+        """Whether its draft tokens carry the q rows they were drawn from: sampled by the rejection rule (not greedy,
+        no noise key)."""
+        return not self.params.is_greedy and self.noise_key is None
 
     @property
     def is_finished(self) -> bool:

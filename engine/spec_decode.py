@@ -18,7 +18,7 @@ from engine.drafter import Drafter, Proposal
 from engine.outputs import StepStats, TokenSource
 from engine.runner import Chunk, ModelRunner
 from engine.sequence import Sequence, StepOutput
-from engine.speculative import Rows, verify_greedy, verify_sampled
+from engine.speculative import Rows, verify_coupled, verify_greedy, verify_sampled
 from engine.ssd import SsdDrafter
 
 if TYPE_CHECKING:
@@ -89,6 +89,8 @@ def verify(
         drafts = torch.tensor(proposal.tokens, dtype=torch.long)
         if seq.params.is_greedy:
             verdict = verify_greedy(drafts, rows)
+        elif seq.noise_key is not None:
+            verdict = verify_coupled(drafts, Rows(rows, seq.params), seq.noise_key, len(seq.token_ids))
         else:
             verdict = verify_sampled(drafts, proposal.probs or [], Rows(rows, seq.params), seq.generator)
         n_ok = verdict.num_accepted

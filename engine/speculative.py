@@ -10,6 +10,9 @@ target's own token t* follows them, so every verify step emits k + 1 tokens.
   min(1, p_i(x_i) / q_i(x_i)); on the first rejection draw t* from norm(max(0, p_i - q_i)); if all K
   are kept draw the bonus from p_K. The emitted tokens are distributed exactly as target-only sampling,
   for ANY draft q (including one that puts zero mass where p does not).
+- ``verify_coupled``: a request sampled by the coupled race (engine.coupling): the target's token at each
+  position is its race's winner over p; keep the drafts while they equal it (greedy's rule), t* the winner at
+  the first mismatch or after the last draft. Output == the coupled AR output with the same key.
 
 Random draws: exactly K+1 float64 uniforms from the caller's generator, in one call: u_1..u_K decide
 acceptance position by position, u_{K+1} picks t* by inverse CDF. All K+1 are drawn whatever the
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling import inverse_cdf, probabilities
+from engine.sampling import inverse_cdf, probabilities, race
 from engine.sampling_params import SamplingParams
 
 # A residual max(0, p - q) whose mass is below this is rounding noise: p and q agree on the rejected
@@ -81,6 +84,18 @@ def verify_sampled(
             return Verdict(i, inverse_cdf(_residual(p.double(), q.double()), torch.tensor(u[num_draft])))
     # All kept: the bonus comes straight from the target's last position.
     return Verdict(num_draft, inverse_cdf(target_probs[num_draft], torch.tensor(u[num_draft])))
+
+
+def verify_coupled(draft_tokens: torch.Tensor, target_probs: torch.Tensor | Rows, key: int, position: int) -> Verdict:
+    """Verification of a coupled request. draft_tokens: [K] long; target_probs: [K+1, V] p_i (or `Rows`: rows past
+    the first mismatch are never read) at positions position + i (position: the committed length)."""
+    num_draft = _check_shapes(draft_tokens, target_probs)
+    drafts = draft_tokens.tolist()
+    for i in range(num_draft + 1):
+        token = race(target_probs[i], key, position + i)
+        if i == num_draft or token != drafts[i]:
+            return Verdict(i, token)
+    raise AssertionError("unreachable")
 
 
 class Rows:

@@ -25,6 +25,7 @@ from engine.attention.base import SeqSpan
 from engine.config import SCRATCH_SLOTS
 from engine.drafter import CompactHead, Drafter, Proposal, draw_rows
 from engine.runner import Chunk, slot_index
+from engine.sampling import probabilities, race_ranked
 from engine.sequence import Sequence
 
 
@@ -79,7 +80,7 @@ class SsdDrafter(Drafter):
         it, the last token repeated where the context has no match; no draft cost. Sampled requests get one-hot
         q rows, which keep the rejection rule exact (a token proposed with certainty is accepted with
         probability p(x), and the residual then excludes it)."""
-        committed, proposal = self.seqs[seq.seq_id].token_ids, Proposal([], None if seq.params.is_greedy else [])
+        committed, proposal = self.seqs[seq.seq_id].token_ids, Proposal([], [] if seq.needs_q else None)
         for _ in range(k):
             token = self.lookups.guess(seq.seq_id, committed, proposal.tokens)
             proposal.add_guess((proposal.tokens or committed)[-1] if token is None else token, self.vocab_size)
@@ -109,10 +110,11 @@ class SsdDrafter(Drafter):
         branches = []  # (seq, j, t*)
         for seq in seqs:
             drafts = proposals[seq].tokens
+            rank = self._ranking(seq, glue[seq], draft_temperature)
             for j, row in enumerate(glue[seq]):
                 width = fanout[min(j, len(fanout) - 1)] if drafts else sum(fanout)
-                top = torch.topk(row, min(width + 1, row.shape[-1])).indices
-                top = top.tolist() if self.head is None else self.head.tokens(top)
+                top = rank(j, row, min(width + 1, row.shape[-1]))
+                top = top if self.head is None else self.head.tokens(torch.tensor(top, dtype=torch.long))
                 skip = drafts[j] if j < len(drafts) else None  # the target would have accepted it
                 candidates = [t for t in top if t != skip][:width]
                 if j == len(drafts) and width > 0:  # all accepted: the target's next token is often the context's
@@ -127,6 +129,23 @@ class SsdDrafter(Drafter):
         drafted = self._draft_branches(rows, proposals, length, draft_temperature, lookup) if branches else []
         for (seq, j, t), branch in zip(branches, drafted, strict=False):  # padding rows come last and are dropped
             self.cache[seq.seq_id][(j, t)] = branch
+
+    def _ranking(self, seq: Sequence, rows: torch.Tensor, draft_temperature: float | None):
+        """How the fan-out ranks the candidates for t* in glue row j (position len + j): by the draft's logits; for a
+        coupled request (engine.coupling) the draft's race over q at that position first (its winners are the
+        target's likeliest), then the logits' order for the rest. -> rank(j, row, n): n indices into the row."""
+        if seq.noise_key is None:
+            return lambda j, row, n: torch.topk(row, n).indices.tolist()
+        temp = None if draft_temperature is None else max(draft_temperature, 1e-5)
+        q = probabilities(rows, seq.params, temp)  # [K+1, V or Vr]
+        ids = None if self.head is None else self.head.ids
+
+        def rank(j: int, row: torch.Tensor, n: int) -> list[int]:
+            first = race_ranked(q[j], seq.noise_key, len(seq.token_ids) + j, ids, n)
+            rest = [i for i in torch.topk(row, min(n + len(first), row.shape[-1])).indices.tolist() if i not in first]
+            return (first + rest)[:n]
+
+        return rank
 
     def _has_room(self, seq: Sequence, k: int, pre_draft: bool = False) -> bool:
         # the deepest branch token sits at position len + 2k - 1 (all accepted, then k more); a pre-draft's (nothing
@@ -166,7 +185,7 @@ class SsdDrafter(Drafter):
             per_seq[seq] = index + 1
             region = self.runner.first_extra_slot + self.region[seq.seq_id] * SCRATCH_SLOTS
             scratch_base.append(region + index * length[seq])
-        out = [Proposal([], None if seq.params.is_greedy else []) for seq, _, _ in branches]
+        out = [Proposal([], [] if seq.needs_q else None) for seq, _, _ in branches]
         paths = []  # real KV slots each branch sees: the prefix and the verified path up to its j
         for seq, j, _ in branches:
             path = slot_index(self.seqs[seq.seq_id].block_table, 0, len(seq.token_ids) + j, bs)
@@ -199,7 +218,8 @@ class SsdDrafter(Drafter):
             logits = self.runner.run_spans(ids, torch.tensor(positions), write, spans, all_logits=False,
                                            compact=self.head is not None)  # [run, V or Vr]
             draw_rows([out[i] for i in run], [branches[i][0] for i in run], logits, draft_temperature, self.head,
-                      spread=False)  # (spread when handed out: `answer`)
+                      spread=False, positions=[len(branches[i][0].token_ids) + branches[i][1] + step + 1 for i in run])
+            # (spread when handed out: `answer`)
         return out
 
     # -- bookkeeping -------------------------------------------------------------------------------

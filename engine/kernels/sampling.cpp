@@ -197,3 +197,51 @@ extern "C" long sampling_inverse_cdf(const float* p, long V, double u) {
   }
   return last;  // u * total rounded up to total: the last token with mass
 }
+
+// SplitMix64's output function (engine/coupling.py's noise_bits).
+static inline uint64_t splitmix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// The first n finishers of engine/coupling.py's race over p[0..V) >= 0 at `position`, the winner first: the indices of
+// the largest p_i / E_i over the p_i > 0, E_i = -log u, u = (the top 53 bits of splitmix(key + golden * (position * 2^32
+// + token)) + 1/2) / 2^53, token = ids[i] (ids null: i). Of equal scores the lower index ranks first. Writes them to
+// out[0..) and returns how many (fewer than n where fewer have mass), or -1 where a p is NaN.
+// The log is skipped where the runner cannot place: E = -log u >= 1 - u, so p_i <= floor * (1 - u) (less a margin for
+// the log's rounding) gives p_i / E <= floor, the n-th best score so far. Unfiltered rows (every token with mass) cost
+// a third of the logs' time.
+extern "C" long sampling_race(const float* p, long V, const int64_t* ids, uint64_t key, long position, long n,
+                              int64_t* out) {
+  std::vector<double> top;  // the kept scores, descending (out holds their indices)
+  top.reserve(n);
+  double floor = 0.0;  // the n-th best score once n are kept; 0 before
+  for (long b = 0; b < V; b += 16) {
+    if (b + 16 <= V && !any_bits(p + b)) continue;  // 16 zeros: no runner
+    for (long i = b; i < std::min(b + 16, V); ++i) {
+      if (p[i] != p[i]) return -1;
+      if (!(p[i] > 0.0f)) continue;
+      const uint64_t token = ids ? (uint64_t)ids[i] : (uint64_t)i;
+      const uint64_t h = splitmix(key + 0x9E3779B97F4A7C15ULL * (((uint64_t)position << 32) | token));
+      const double u = ((double)(h >> 11) + 0.5) * 0x1p-53;
+      if ((double)p[i] <= floor * (1.0 - u) * (1.0 - 0x1p-30)) continue;
+      const double score = (double)p[i] / -log(u);
+      long kept = (long)top.size();
+      if (kept == n && !(score > top[n - 1])) continue;
+      if (kept < n) {
+        top.push_back(0.0);
+        ++kept;
+      }
+      long j = kept - 1;  // shift the lower scores down (a tie stays ahead: it has the lower index)
+      for (; j > 0 && score > top[j - 1]; --j) {
+        top[j] = top[j - 1];
+        out[j] = out[j - 1];
+      }
+      top[j] = score;
+      out[j] = i;
+      if (kept == n) floor = top[n - 1];
+    }
+  }
+  return (long)top.size();
+}

@@ -250,6 +250,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sampling_probs.restype = ctypes.c_int
     lib.sampling_inverse_cdf.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_double]
     lib.sampling_inverse_cdf.restype = ctypes.c_long
+    lib.sampling_race.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_long,
+                                  ctypes.c_long, ctypes.c_void_p]
+    lib.sampling_race.restype = ctypes.c_long  # engine/coupling.py's
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]  # norm.py's
     lib.rms_norm.restype = None

@@ -34,7 +34,7 @@ from engine import remote_drafter
 from engine.distributed import RankSpec
 from engine.draft_server import DraftSpec
 from engine.remote_drafter import RemoteDrafter
-from engine.sampling import probabilities, sample_token
+from engine.sampling import probabilities, race, sample_next
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.spec_decode import ssd_step
@@ -109,19 +109,19 @@ def greedy_ar(first: int) -> list[int]:
     return out[1:]
 
 
-def mixed_batch(seed: int) -> list[Sequence]:
-    """BATCH requests in a shuffled order: PER_SETTING of each sampled setting (prompt [START], a seed each) and
-    NUM_GREEDY greedy ones (prompts cycling over the vocabulary)."""
+def mixed_batch(seed: int, coupled: bool = False) -> list[Sequence]:
+    """BATCH requests in a shuffled order: PER_SETTING of each sampled setting (prompt [START], a seed each: its
+    generator's, or with `coupled` its noise key) and NUM_GREEDY greedy ones (prompts cycling over the vocabulary)."""
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in SAMPLED for _ in range(PER_SETTING)] + [GREEDY] * NUM_GREEDY
     order = torch.randperm(len(params), generator=gen).tolist()
     seqs = []
     for i in order:
         p = params[i]
-        generator = (
-            None if p.is_greedy else torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
-        )
-        seqs.append(Sequence(next(_ids), [i % VOCAB if p.is_greedy else START], p, generator))
+        key = None if p.is_greedy else int(torch.randint(2**62, (1,), generator=gen))
+        generator = None if key is None or coupled else torch.Generator().manual_seed(key)
+        seqs.append(Sequence(next(_ids), [i % VOCAB if p.is_greedy else START], p, generator,
+                             noise_key=key if coupled else None))
     return seqs
 
 
@@ -138,7 +138,7 @@ def run_batch(
     remote.start(seqs, lambda seq: MAX_LEN)
     for seq in seqs:
         blocks.allocate(seq)
-        seq.token_ids.append(sample_token(TARGET_LOGITS[seq.token_ids[-1]], seq.params, seq.generator))
+        seq.token_ids.append(sample_next(TARGET_LOGITS[seq.token_ids[-1]], seq))
         remote.commit(seq, 0, 0)  # (the core commits the prefill's token too: the draft process hears of it)
     tally = {"hit": 0, "miss": 0, "rejected": 0, "accepted": 0}
     active, paused = seqs, pauses
@@ -207,3 +207,26 @@ def test_a_mixed_batch_through_the_draft_process_follows_ar(remote, draft_temper
     # the test can tell the settings apart: one's replies never pass for the other's
     assert chi_square_p_value(counts[1], ar_joint(SAMPLED[0])) < P_BROKEN
     assert chi_square_p_value(counts[0], ar_joint(SAMPLED[1])) < P_BROKEN
+
+
+def coupled_ar(seq: Sequence) -> list[int]:
+    """Coupled AR's first NUM_EMIT tokens for a sampled request: at position n the race over the filtered target row
+    of the token before, keyed by the request's noise key (engine.coupling)."""
+    tokens = [START]
+    for _ in range(NUM_EMIT):
+        tokens.append(race(probabilities(TARGET_LOGITS[tokens[-1]], seq.params), seq.noise_key, len(tokens)))
+    return tokens[1:]
+
+
+@pytest.mark.parametrize("pauses", [False, True])
+def test_a_coupled_batch_through_the_draft_process_gives_ar_replies(remote, pauses):
+    """Requests sampled by the coupled race: the draft process gets each one's noise key (in place of a generator's
+    seed) and sends no q rows; every reply is coupled AR's for its key, and every greedy one AR's."""
+    seqs = mixed_batch(seed=31, coupled=True)
+    tally = run_batch(remote, seqs, None, "jit", True, pauses)
+    assert remote.alive and remote.stats()[2] == 0
+    assert tally["accepted"] > PER_SETTING / 4 and tally["rejected"] > PER_SETTING / 4, tally  # (of 2 x PER_SETTING)
+    assert tally["hit"] > PER_SETTING / 10, tally
+    for seq in seqs:
+        expected = greedy_ar(seq.token_ids[0]) if seq.params.is_greedy else coupled_ar(seq)
+        assert seq.generated_ids[:NUM_EMIT] == expected, seq.seq_id

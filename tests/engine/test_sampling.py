@@ -10,6 +10,7 @@ import torch
 from engine.errors import InvalidParameterError
 from engine.sampling import SUBNORMAL, draw, keep_top_k_top_p, probabilities, sample_batch, sample_token
 from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 
@@ -67,9 +68,11 @@ def test_a_draw_from_no_distribution_says_so(bad):
 
 
 def test_same_seed_same_draws():
-    params = [SamplingParams(temperature=1.0)] * 2
-    a = sample_batch(torch.stack([LOGITS, LOGITS]), params, [torch.Generator().manual_seed(5) for _ in range(2)])
-    b = sample_batch(torch.stack([LOGITS, LOGITS]), params, [torch.Generator().manual_seed(5) for _ in range(2)])
+    def seqs():
+        return [Sequence(i, [1], SamplingParams(temperature=1.0), torch.Generator().manual_seed(5)) for i in range(2)]
+
+    a = sample_batch(torch.stack([LOGITS, LOGITS]), seqs())
+    b = sample_batch(torch.stack([LOGITS, LOGITS]), seqs())
     assert a == b
 
 

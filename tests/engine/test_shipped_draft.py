@@ -5,6 +5,7 @@ token-identical to AR. Runs on the real SmolLM2-135M (converted from the llm-smo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from safetensors import safe_open
@@ -66,6 +67,29 @@ def test_speculation_with_the_shipped_draft_is_exact_and_accepts_tokens(llm):
         steps = sum(out.stats.spec.num_steps for out in outs)
         emitted = sum(out.stats.spec.num_emitted for out in outs)
         assert emitted / steps > 1.5, (mode, emitted / steps)  # tau: a useful draft, not noise (1.0)
+
+
+def test_a_seeded_sampled_reply_is_the_same_in_every_mode(llm):
+    """At the chat's default sampling, by the coupled race: one seed, one reply, in AR, SD and SSD (adaptive k, which
+    follows measured speeds, and a fixed k); the rejection sampler's replies differ (the test can tell)."""
+    prompts = [llm.encode_chat(m) for m in load_prompts(DEFAULT_PROMPTS, limit=3)]
+    params = [SamplingParams(temperature=0.2, top_p=0.9, max_tokens=48, seed=40 + i) for i in range(len(prompts))]
+
+    def replies() -> list[list[int]]:
+        return [llm.generate([p], q)[0].token_ids for p, q in zip(prompts, params, strict=True)]
+
+    llm.speculation = SpeculationConfig(mode="ar")
+    expected = replies()
+    drafted = 0
+    for mode, adaptive_k in (("sd", True), ("sd", False), ("ssd", True), ("ssd", False)):
+        llm.speculation = SpeculationConfig(mode=mode, k=4, adaptive_k=adaptive_k)
+        outs = [llm.generate([p], q)[0] for p, q in zip(prompts, params, strict=True)]
+        assert [out.token_ids for out in outs] == expected, (mode, adaptive_k)
+        drafted += sum(out.stats.spec.num_accepted for out in outs)
+    assert drafted > 0  # drafts were kept
+    llm.speculation = SpeculationConfig(mode="ar")
+    params = [replace(q, sampler="rejection") for q in params]
+    assert replies() != expected
 
 
 def test_a_long_prompt_prefilled_in_chunks_gives_the_same_reply_in_every_mode(llm):

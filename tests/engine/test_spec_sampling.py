@@ -13,6 +13,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 import engine.spec_decode
 from engine import LLM, SamplingParams
 from engine.config import SpeculationConfig
+from engine.sampling import race
+from engine.sampling_params import SAMPLERS
 from engine.speculative import Verdict
 
 pytestmark = pytest.mark.slow  # 4000 requests a mode: minutes (test_spec_step_exact.py checks the step code in seconds)
@@ -93,11 +95,11 @@ VARIANTS = {  # mode name -> (engine mode, LLM options, SpeculationConfig option
 }
 
 
-def sample_counts(target, draft, variant: str, n: int, *, check_both_paths: bool = True) -> dict:
+def sample_counts(target, draft, variant: str, n: int, sampler: str, *, check_both_paths: bool = True) -> dict:
     mode, options, spec = VARIANTS[variant]
     llm = LLM(str(target), draft=str(draft), speculation=SpeculationConfig(mode=mode, k=3, **spec), max_model_len=32,
               block_size=4, max_num_seqs=1024, kv_cache_tokens=1024 * 8, seed=11, **options)
-    params = SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, ignore_eos=True)
+    params = SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, ignore_eos=True, sampler=sampler)
     counts: dict[tuple[int, ...], int] = {}
     with llm:
         outs = llm.generate([PROMPT] * n, params)
@@ -114,13 +116,14 @@ def sample_counts(target, draft, variant: str, n: int, *, check_both_paths: bool
     return counts
 
 
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("mode", list(VARIANTS))
-def test_sampled_tokens_follow_the_target_distribution(pair, mode):
+def test_sampled_tokens_follow_the_target_distribution(pair, mode, sampler):
     target, draft, exact = pair
     # SSD's variants, 2000 requests: its batched branches cost 2.5x SD's steps here (a minute each at 4000 on a
     # slow CPU); they reuse SD's acceptance rule, which 4000 test, and check what SSD adds, the q rows of a hit
     n = 2000 if VARIANTS[mode][0] == "ssd" else 4000
-    stat, dof = chi_square(sample_counts(target, draft, mode, n), exact, n)
+    stat, dof = chi_square(sample_counts(target, draft, mode, n, sampler), exact, n)
     assert stat < critical_value(dof), (stat, dof)
 
 
@@ -133,5 +136,18 @@ def test_a_broken_acceptance_rule_is_caught(pair, monkeypatch):
 
     monkeypatch.setattr(engine.spec_decode, "verify_sampled", accept_everything)
     n = 4000
-    stat, dof = chi_square(sample_counts(target, draft, "sd", n, check_both_paths=False), exact, n)
+    stat, dof = chi_square(sample_counts(target, draft, "sd", n, "rejection", check_both_paths=False), exact, n)
+    assert stat > critical_value(dof), (stat, dof)
+
+
+def test_a_broken_coupled_verification_is_caught(pair, monkeypatch):
+    target, draft, exact = pair
+
+    def keep_everything(draft_tokens, target_probs, key, position):
+        k = len(draft_tokens)
+        return Verdict(k, race(target_probs[k], key, position + k))
+
+    monkeypatch.setattr(engine.spec_decode, "verify_coupled", keep_everything)
+    n = 4000
+    stat, dof = chi_square(sample_counts(target, draft, "sd", n, "coupled", check_both_paths=False), exact, n)
     assert stat > critical_value(dof), (stat, dof)

@@ -21,11 +21,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import engine.spec_decode
 from engine.drafter import Drafter, Proposal
-from engine.sampling import probabilities, sample_token
+from engine.sampling import probabilities, race, sample_next
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.spec_decode import sd_step, ssd_step
+from engine.speculative import Verdict
 from engine.ssd import SsdDrafter
 from tests.engine.chi_square import P_BROKEN, P_PASS, chi_square_p_value
 
@@ -116,22 +118,40 @@ def exact_ar_probs(table: torch.Tensor | None = None) -> torch.Tensor:
 def speculative_counts(
     mode: str, n: int, seed: int, backup: str = "jit", lookup: bool = False, support: bool = False
 ) -> tuple[torch.Tensor, dict[str, int]]:
-    """Counts [V^NUM_EMIT] of the first NUM_EMIT tokens of `n` requests (the first sampled by AR at the prefill, as
-    the core does, the rest by sd_step or ssd_step, all requests batched in each step, with the context lookup's
-    tokens where `lookup`), and how the rounds went: draft tokens accepted, rounds with a rejection, SSD's cache
-    hits and misses. `support`: the draft's head is a reduced one over tokens 1-3, whose rows the drafter takes
-    compact (engine.drafter.CompactHead): a row's index is then not its token, and the draft proposes only 1 and 2
-    (3 is -inf in its table)."""
+    """Counts [V^NUM_EMIT] of the first NUM_EMIT tokens of `n` requests (`speculative_runs`), and how the rounds
+    went."""
+    seqs, tally = speculative_runs(mode, n, seed, backup, lookup, support)
+    return joint_counts(seqs), tally
+
+
+def joint_counts(seqs: list[Sequence]) -> torch.Tensor:
+    """Counts [V^NUM_EMIT] of the requests' first NUM_EMIT tokens (index t1 * V^3 + t2 * V^2 + t3 * V + t4)."""
+    first = torch.tensor([seq.generated_ids[:NUM_EMIT] for seq in seqs])  # [n, NUM_EMIT]
+    index = (first * VOCAB ** torch.arange(NUM_EMIT - 1, -1, -1)).sum(-1)  # [n]
+    return torch.bincount(index, minlength=VOCAB**NUM_EMIT)
+
+
+def speculative_runs(
+    mode: str, n: int, seed: int, backup: str = "jit", lookup: bool = False, support: bool = False,
+    coupled: bool = False,
+) -> tuple[list[Sequence], dict[str, int]]:
+    """`n` requests decoded to NUM_EMIT tokens (the first sampled by AR at the prefill, as the core does, the rest by
+    sd_step or ssd_step, all requests batched in each step, with the context lookup's tokens where `lookup`), and
+    how the rounds went: draft tokens accepted, rounds with a rejection, SSD's cache hits and misses. `support`: the
+    draft's head is a reduced one over tokens 1-3, whose rows the drafter takes compact (engine.drafter.CompactHead):
+    a row's index is then not its token, and the draft proposes only 1 and 2 (3 is -inf in its table). `coupled`:
+    the requests sample by the coupled race (a noise key each) rather than the rejection rule (a generator each)."""
     target, blocks = MarkovRunner(TARGET_LOGITS), Blocks()
     draft = MarkovRunner(DRAFT_LOGITS, [1, 2, 3] if support else None)
     drafter = Drafter(draft, Blocks()) if mode == "sd" else SsdDrafter(draft, Blocks(), max_model_len=MAX_LEN,
                                                                        max_num_seqs=n)
     seeds = torch.randint(2**62, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-    seqs = [Sequence(i, [START], PARAMS, torch.Generator().manual_seed(s)) for i, s in enumerate(seeds)]
+    seqs = [Sequence(i, [START], PARAMS, None if coupled else torch.Generator().manual_seed(s),
+                     noise_key=s if coupled else None) for i, s in enumerate(seeds)]
     drafter.start(seqs)  # the prefill (as the core: the draft's sequence holds the prompt), then its token, AR's
     for seq in seqs:
         blocks.allocate(seq)
-        seq.token_ids.append(sample_token(TARGET_LOGITS[START], PARAMS, seq.generator))
+        seq.token_ids.append(sample_next(TARGET_LOGITS[START], seq))
     tally = {"hit": 0, "miss": 0, "rejected": 0, "accepted": 0}
     common = dict(draft_temperature=DRAFT_TEMPERATURE, max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity,
                   lookup=lookup)
@@ -150,9 +170,7 @@ def speculative_counts(
             if out.stats.cache_hit is not None and out.num_drafted:
                 tally["hit" if out.stats.cache_hit else "miss"] += 1
         active = [seq for seq in active if seq.num_generated < NUM_EMIT]
-    first = torch.tensor([seq.generated_ids[:NUM_EMIT] for seq in seqs])  # [n, NUM_EMIT]
-    index = (first * VOCAB ** torch.arange(NUM_EMIT - 1, -1, -1)).sum(-1)  # [n]
-    return torch.bincount(index, minlength=VOCAB**NUM_EMIT), tally
+    return seqs, tally
 
 
 def test_the_cases_exercise_what_they_claim():
@@ -188,3 +206,41 @@ def test_sampled_steps_follow_the_ar_distribution(mode, backup, lookup, support,
     # The same counts against the unfiltered target: the test can tell the two apart.
     unfiltered = torch.softmax(TARGET_LOGITS / PARAMS.temperature, dim=-1)  # [V, V]
     assert chi_square_p_value(counts, exact_ar_probs(unfiltered)) < P_BROKEN
+
+
+def coupled_ar(key: int) -> list[int]:
+    """Coupled AR's first NUM_EMIT tokens after [START] for a request of noise key `key`: at position n the race over
+    the filtered target row of the token before (engine.coupling)."""
+    tokens = [START]
+    for _ in range(NUM_EMIT):
+        tokens.append(race(probabilities(TARGET_LOGITS[tokens[-1]], PARAMS), key, len(tokens)))
+    return tokens[1:]
+
+
+@pytest.mark.parametrize(("mode", "backup", "lookup", "support"),
+                         [("sd", "jit", False, False), ("ssd", "jit", False, False), ("ssd", "fast", False, False),
+                          ("sd", "jit", True, False), ("ssd", "jit", True, True)])
+def test_coupled_steps_give_coupled_ar_replies(mode, backup, lookup, support):
+    """Sampled by the coupled race, every request's reply is AR's for its key, token for token, whatever the draft
+    proposed and k drafted; and AR's replies over many keys follow the exact distribution."""
+    n = 1500
+    seqs, tally = speculative_runs(mode, n, seed=29, backup=backup, lookup=lookup, support=support, coupled=True)
+    assert tally["accepted"] > n / 4 and tally["rejected"] > n / 4, tally  # drafts kept and refused, often
+    if mode == "ssd":  # (the race's fan-out holds the recovery token more often than the rejection rule's: fewer misses)
+        assert tally["hit"] > n / 10 and tally["miss"] > n / 20, tally
+    assert [seq.generated_ids[:NUM_EMIT] for seq in seqs] == [coupled_ar(seq.noise_key) for seq in seqs]
+    assert chi_square_p_value(joint_counts(seqs), exact_ar_probs()) > P_PASS
+    unfiltered = torch.softmax(TARGET_LOGITS / PARAMS.temperature, dim=-1)  # [V, V]
+    assert chi_square_p_value(joint_counts(seqs), exact_ar_probs(unfiltered)) < P_BROKEN
+
+
+def test_a_coupled_step_that_keeps_every_draft_is_caught(monkeypatch):
+    """The identity with coupled AR can fail: a verification that keeps every draft gives other replies."""
+    def keep_all(draft_tokens, target_probs, key, position):
+        k = len(draft_tokens)
+        return Verdict(k, race(target_probs[k], key, position + k))
+
+    monkeypatch.setattr(engine.spec_decode, "verify_coupled", keep_all)
+    seqs, _ = speculative_runs("sd", 200, seed=29, coupled=True)
+    differ = sum(seq.generated_ids[:NUM_EMIT] != coupled_ar(seq.noise_key) for seq in seqs)
+    assert differ > 50, differ
