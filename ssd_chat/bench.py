@@ -74,6 +74,7 @@ class BenchConfig:
     temperature: float = 0.0  # > 0: sampled replies, prompt i seeded with seed + i (the same in every mode)
     top_p: float = 1.0  # sampled replies: the nucleus (1 = off)
     seed: int = 0
+    sampler: str = "coupled"  # sampled replies: engine.sampling_params.SAMPLERS
 
     def __post_init__(self) -> None:
         if not self.modes or any(m not in ENGINE_MODES for m in self.modes):  # (as cli_options.word_list refuses)
@@ -94,7 +95,8 @@ class BenchConfig:
         """The settings of prompt `index`'s reply (`max_tokens`: the warm-up's fewer)."""
         seed = None if self.temperature == 0 else self.seed + index
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed,
-                              max_tokens=max_tokens or self.max_tokens, ignore_eos=self.ignore_eos)
+                              max_tokens=max_tokens or self.max_tokens, ignore_eos=self.ignore_eos,
+                              sampler=self.sampler)
 
 
 def run_engine_mode(
@@ -202,8 +204,10 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
     prompts = load_prompts(config.prompts_file, limit=config.limit)
     config.sampling(len(prompts) - 1)  # the last prompt's seed too, before any model loads
     model_path, draft_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
-    # greedy: each mode's tokens against AR's (sampled: the same distribution, not the same tokens)
-    ar = next((r for r in results if r.mode == "ar"), None) if config.temperature == 0 else None
+    # greedy, or sampled by the coupled race: each mode's tokens against AR's (sampled by the rejection rule: the same
+    # distribution, not the same tokens)
+    same = config.temperature == 0 or config.sampler == "coupled"
+    ar = next((r for r in results if r.mode == "ar"), None) if same else None
     results = [replace(r, identical_to_ar=r.outputs == ar.outputs) if ar and r is not ar else r for r in results]
     if config.hf:
         progress("loading the transformers baseline")
@@ -211,12 +215,14 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> Be
             baselines = [run_hf(model_path, prompt_ids, config, progress)]
             if draft_path is not None:
                 baselines.append(run_hf(model_path, prompt_ids, config, progress, draft_path=draft_path))
-        results += [replace(b, identical_to_ar=None if ar is None else b.outputs == ar.outputs) for b in baselines]
+        results += [replace(b, identical_to_ar=None if ar is None or config.temperature else b.outputs == ar.outputs)
+                    for b in baselines]  # (transformers samples by its own draws)
     run_config = {
         "target": config.target, "draft": config.draft, "k": config.k, "fanout": config.fanout,
         "model_path": str(model_path),
         "max_tokens": config.max_tokens, "ignore_eos": config.ignore_eos, "temperature": config.temperature,
         "top_p": config.top_p if config.temperature else None, "seed": config.seed if config.temperature else None,
+        "sampler": config.sampler if config.temperature else None,
         "threads": config.threads, "prompts_file": str(config.prompts_file), "raw": config.raw,
         "tp": config.tp, "target_devices": config.target_devices, "draft_device": config.draft_device,
         "backup": config.backup, "adaptive_k": config.adaptive_k, "lookup": config.lookup,

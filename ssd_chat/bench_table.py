@@ -17,10 +17,12 @@ def render_table(report: BenchReport) -> Table:
     draft = f" / {report.config['draft']} (k={report.config['k']})" if report.config.get("draft") else ""
     temperature = report.config.get("temperature") or 0
     seed = report.config.get("seed")
+    coupled = temperature != 0 and report.config.get("sampler", "rejection") == "coupled"  # (absent before it)
     top_p = report.config.get("top_p") or 1.0  # (None in reports from before it)
     nucleus = f", top-p {number_text(top_p)}" if top_p < 1 else ""
     decoding = ("greedy" if temperature == 0
-                else f"sampled at temperature {number_text(temperature)}{nucleus} (prompt i: seed {seed} + i)")
+                else f"sampled at temperature {number_text(temperature)}{nucleus} (prompt i: seed {seed} + i, "
+                     f"{'coupled' if coupled else 'rejection'} sampler)")
     table = Table(title=f"{report.config['target']}{draft}: {report.config['num_prompts']} prompts x "
                         f"{report.config['max_tokens']} tokens, {decoding}")
     table.add_column("mode")
@@ -40,8 +42,9 @@ def render_table(report: BenchReport) -> Table:
     draft_cost = ar is not None and ar.decode_tok_s and any(r.draft_s_per_token for r in report.results)
     if draft_cost:
         table.add_column("draft cost / AR token", justify="right")
-    if temperature == 0:  # (sampled: the same distribution, not the same tokens)
-        table.add_column("greedy output = ar", justify="center")
+    same = temperature == 0 or coupled  # (sampled by the rejection rule: the same distribution, not the same tokens)
+    if same:
+        table.add_column("greedy output = ar" if temperature == 0 else "output = ar", justify="center")
     for r in report.results:
         row = [r.mode, f"{r.decode_tok_s:.1f}", f"{r.ttft_ms:.0f}"]
         if speculative:
@@ -56,7 +59,7 @@ def render_table(report: BenchReport) -> Table:
             row.append(f"{100 * r.decode_tok_s / bound:.0f}%")
         if draft_cost:
             row.append(f"1/{1 / (ar.decode_tok_s * r.draft_s_per_token):.1f}" if r.draft_s_per_token else "-")
-        if temperature == 0:
+        if same:
             row.append({None: "-", True: "yes", False: "[red]no[/red]"}[r.identical_to_ar])
         table.add_row(*row)
     return table

@@ -44,6 +44,7 @@ from ssd_chat.cli_options import (
     Plain,
     PrefillChunk,
     Resume,
+    Sampler,
     Seed,
     System,
     Target,
@@ -224,6 +225,7 @@ def ask(
     top_p: TopP = None,
     top_k: TopK = None,
     seed: Seed = None,
+    sampler: Sampler = "coupled",
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
     fixed_threads: FixedThreads = False,
@@ -250,7 +252,7 @@ def ask(
 ) -> None:
     """Answer one prompt (chat template applied), streaming the reply to stdout."""
     with user_errors(), stop_signals.quiet_when_the_reader_goes():
-        params = chosen(target, temperature, top_p, top_k, seed=seed, max_tokens=max_tokens)
+        params = chosen(target, temperature, top_p, top_k, seed=seed, max_tokens=max_tokens, sampler=sampler)
         lay = apply_defaults(Layout(target, draft, mode, tp, target_devices, draft_device))
         spec = speculation_config(lay.draft, lay.mode, k, fanout, backup, fixed_k, no_lookup,
                                   target_devices=lay.target_devices)

@@ -29,6 +29,7 @@ from ssd_chat.cli_options import (
     K,
     KvDtype,
     NoLookup,
+    Sampler,
     Target,
     TargetDevices,
     Threads,
@@ -84,13 +85,15 @@ def bench(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results to this JSON file.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.", parser=plain(int))] = None,
-    temperature: Annotated[float, typer.Option(help="Sample at this temperature (0 = greedy); sampled modes "
-                                                    "follow the target's distribution, not AR's tokens.",
+    temperature: Annotated[float, typer.Option(help="Sample at this temperature (0 = greedy); every mode gives AR's "
+                                                    "tokens (with --sampler rejection: the target's distribution, "
+                                                    "not AR's tokens).",
                                                     parser=plain(float, field="temperature"))] = 0.0,
     top_p: Annotated[float, typer.Option(help="Sampled replies: the nucleus's mass (1 = off).",
                                          parser=plain(float, field="top_p"))] = 1.0,
     seed: Annotated[int, typer.Option(help="Sampled replies: prompt i is seeded with SEED + i in every mode.",
                                       parser=seed_number)] = 0,
+    sampler: Sampler = "coupled",
 ) -> None:
     """Fixed-length decode speed and TTFT per mode over a prompt set (greedy unless --temperature)."""
     from ssd_chat.bench import BenchConfig, run_bench  # here: it imports transformers' models, 0.3 s of every start
@@ -108,7 +111,7 @@ def bench(
             draft_device=draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
             draft_weights=draft_weights, packed_kernel=cpu_matmul, kv_dtype=kv_dtype,
             adapt_threads=not fixed_threads, ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
-            temperature=temperature, top_p=top_p, seed=seed,
+            temperature=temperature, top_p=top_p, seed=seed, sampler=sampler,
         )
         with engine_failures(writes=False):  # (a bug, a broken model: one line, exit 1; it writes stderr alone)
             report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))

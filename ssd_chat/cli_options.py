@@ -31,7 +31,7 @@ from engine.config import (
 )
 from engine.errors import InvalidParameterError
 from engine.placement import plan
-from engine.sampling_params import MAX_SEED
+from engine.sampling_params import MAX_SEED, SAMPLERS
 from ssd_chat import __version__, setting_words, typed_numbers
 from ssd_chat.engine_failure import EXIT_ENGINE_FAILED, EngineFailed
 from ssd_chat.prompts import BenchInputError
@@ -191,8 +191,9 @@ MaxTokens = Annotated[int, typer.Option(help="Most tokens to generate per reply.
 Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's choice).",
                                              parser=plain(int, 1, maximum=MAX_THREADS,
                                                           takes=f"a number of CPU threads, 1 to {MAX_THREADS}"))]
-Seed = Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply (in AR, or with --fixed-k: the "
-                                         "adaptive k follows measured speeds).", parser=seed_number)]
+Seed = Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply: the same one in AR, SD and SSD "
+                                         "(with --sampler rejection: in AR, or with --fixed-k, as the adaptive k "
+                                         "follows measured speeds).", parser=seed_number)]
 MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).", parser=plain(
     int, 2, takes="a context limit of at least 2 tokens"))]
 Draft = Annotated[
@@ -247,6 +248,11 @@ Attention = Annotated[
     str, typer.Option(help="Attention kernels: auto (flashinfer on CUDA when installed), sdpa, flashinfer (CUDA).",
                       parser=one_of(ATTENTION_BACKENDS))
 ]
+Sampler = Annotated[str, typer.Option(
+    help="How a sampled reply draws its tokens, both exactly the target's distribution in every mode: coupled (each "
+    "token the winner of a race keyed by the seed and its position: a seeded reply is the same in AR, SD and SSD, "
+    "and drafts are kept where they equal the target's token, as greedy's are) or rejection (draws from a seeded "
+    "generator, and speculative sampling's rejection rule).", parser=one_of(SAMPLERS))]
 KvDtype = Annotated[str, typer.Option(
     help="CPU: the KV cache's dtype: auto (the model's: float32) or float16 (half the memory and the bytes a step "
     "reads: faster decoding in long chats; the keys and values rounded to half, so other tokens than float32's "

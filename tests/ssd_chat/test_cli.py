@@ -202,6 +202,21 @@ def test_ask_with_a_draft_reports_speculation_stats(tiny_llama_dir):
     assert bad.returncode == 2 and "draft" in bad.stderr
 
 
+def test_ask_gives_one_seeded_sampled_reply_in_every_mode(tiny_llama_dir):
+    tiny = str(tiny_llama_dir)
+
+    def reply(*extra: str) -> list[int]:
+        args = ["ask", "Paris is", "--target", tiny, "--draft", tiny, "--draft-weights", "float32", "--temperature",
+                "1.0", "--seed", "11", "--max-tokens", "12", "--json", *extra]
+        result = runner.invoke(cli.app, args)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["token_ids"]
+
+    ar = reply("--mode", "ar")
+    assert reply("--mode", "sd") == ar and reply("--mode", "ssd", "--k", "3") == ar  # the coupled race, the default
+    assert reply("--mode", "ar", "--sampler", "rejection") != ar  # another sampler: other draws
+
+
 def test_load_prompts_reads_plain_lines_and_jsonl(tmp_path):
     path = tmp_path / "prompts.txt"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]

@@ -146,10 +146,18 @@ def test_bench_samples_with_a_seed_per_prompt(tiny_llama_dir, tmp_path):
     assert (report["config"]["temperature"], report["config"]["seed"]) == (0.8, 5)
     rows = {r["mode"]: r for r in report["results"]}
     assert list(rows) == ["ar", "sd", "hf", "hf-assisted"]
-    assert all(r["identical_to_ar"] is None for r in rows.values())  # sampled: not the same tokens
+    assert report["config"]["sampler"] == "coupled"
+    assert rows["sd"]["identical_to_ar"] is True  # the coupled race: one reply per seed in every mode
+    assert rows["hf"]["identical_to_ar"] is None and rows["hf-assisted"]["identical_to_ar"] is None  # its own draws
     assert rows["sd"]["acceptance_rate"] == 1.0  # the target as its own draft: p = q, every draft accepted
     words = " ".join(output.split())  # (the title wraps at the runner's width)
-    assert "sampled at temperature 0.8 (prompt i: seed 5 + i)" in words and "greedy output" not in words
+    assert "sampled at temperature 0.8 (prompt i: seed 5 + i, coupled sampler)" in words
+    assert "output = ar" in words and "greedy output" not in words
+    rejection, output = bench("--modes", "ar,sd", "--temperature", "0.8", "--seed", "5", "--sampler", "rejection")
+    assert rejection["config"]["sampler"] == "rejection"
+    assert all(r["identical_to_ar"] is None for r in rejection["results"])  # the same distribution, not the tokens
+    assert rejection["results"][1]["acceptance_rate"] == 1.0 and "output = ar" not in " ".join(output.split())
+    assert rejection["results"][0]["outputs"] != rows["ar"]["outputs"]  # another sampler: other draws
     again, _ = bench("--modes", "ar", "--temperature", "0.8", "--seed", "5")
     other, _ = bench("--modes", "ar", "--temperature", "0.8", "--seed", "7")
     assert again["results"][0]["outputs"] == rows["ar"]["outputs"]  # seeded: the same replies

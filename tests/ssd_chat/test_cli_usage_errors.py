@@ -27,6 +27,9 @@ def _no_engine(**kwargs):
     (["ask", "hi", "-t", "x", "--top-p", "x"], "--top-p takes a number (ASCII digits, a sign, a decimal point and an "
                                                "exponent, as 0.7, -1 or 1e-3); got 'x'"),
     (["ask", "hi", "--dtype", "float8"], "--dtype takes auto, float32, bfloat16 or float16; got 'float8'"),
+    (["ask", "hi", "--sampler", "gumbel"], "--sampler takes coupled or rejection; got 'gumbel'"),
+    (["--sampler", "rejection"], "--sampler is an option of ssd-chat ask and ssd-chat bench, not of the chat: give it "
+                                 "after the command's name (ssd-chat ask ... --sampler)"),
     (["ask", "hi", "--thread", "2"], "--thread is no option of ssd-chat ask (did you mean --threads or "
                                      "--fixed-threads?): see ssd-chat ask --help"),
     (["ask", "hi", "--zzz"], "--zzz is no option of ssd-chat ask: see ssd-chat ask --help"),
