@@ -226,7 +226,7 @@ def test_coupled_steps_give_coupled_ar_replies(mode, backup, lookup, support):
     n = 1500
     seqs, tally = speculative_runs(mode, n, seed=29, backup=backup, lookup=lookup, support=support, coupled=True)
     assert tally["accepted"] > n / 4 and tally["rejected"] > n / 4, tally  # drafts kept and refused, often
-    if mode == "ssd":  # (the race's fan-out holds the recovery token more often than the rejection rule's: fewer misses)
+    if mode == "ssd":  # (the race's fan-out holds the recovery token more often than the rejection rule's)
         assert tally["hit"] > n / 10 and tally["miss"] > n / 20, tally
     assert [seq.generated_ids[:NUM_EMIT] for seq in seqs] == [coupled_ar(seq.noise_key) for seq in seqs]
     assert chi_square_p_value(joint_counts(seqs), exact_ar_probs()) > P_PASS
