@@ -1,21 +1,22 @@
-"""Compare: replay the last prompt greedily in every available mode and line the results up.
+"""Compare: replay the last prompt in every available mode, at the chat's sampling, and line the results up.
 
-Greedy SD and SSD must give AR's tokens exactly; the report says whether they did, next to the
-speed-ups. Runs in the engine worker thread; the engine's previous speculation config is restored
-whatever happens. While it runs it reports progress (the rows done so far, the mode running and its
-token count, or while a long prompt prefills, its tokens read so far, as a reply's status line shows them), a few
-times a second at most, so a live demo shows it moving.
+A greedy chat replays greedily; a sampled one at its own temperature and filters, every mode with one fresh seed, by
+the coupled race (engine.coupling), under which a seeded reply is AR's in every mode. Either way SD and SSD must
+give AR's tokens exactly; the report says whether they did, next to the speed-ups. Runs in the engine worker thread;
+the engine's previous speculation config is restored whatever happens. While it runs it reports progress (the rows
+done so far, the mode running and its token count, or while a long prompt prefills, its tokens read so far, as a
+reply's status line shows them), a few times a second at most, so a live demo shows it moving.
 
-The prefix cache is kept fair and whole: a two-token warm-up in every mode first, so each row starts from
-the same cached prompt (target and draft) and none pays the conversation's prefill for the others (two: SSD's
-second token is its first round, which waits for the draft process to prefill the whole prompt; after one
-token it was still prefilling, and the SSD row paid the rest, 14 s of an 8k-token prompt); and
-afterwards the conversation as it stands is prefilled again (one token), since every row wrote its reply
-where the chat's last reply was cached: the next turn then reuses that reply's KV as if no compare had run.
-"""
+The prefix cache is kept fair and whole: a two-token warm-up in every mode first, so each row starts from the same
+cached prompt (target and draft) and none pays the conversation's prefill for the others (two: SSD's second token is
+its first round, which waits for the draft process to prefill the whole prompt; after one token it was still
+prefilling, and the SSD row paid the rest, 14 s of an 8k-token prompt); and afterwards the conversation as it stands
+is prefilled again (one token), since every row wrote its reply where the chat's last reply was cached: the next
+turn then reuses that reply's KV as if no compare had run."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -69,18 +70,38 @@ WARM_UP, RESTORE = "warm-up", "restore"  # CompareSnapshot.mode outside the rows
 WARM_UP_TOKENS = 2  # a first token (the prompt's prefill) and a step (SD's, SSD's round): every model's cache
 
 
+def replay_params(sampling: SamplingParams | None, max_tokens: int, seed: int | None = None) -> SamplingParams:
+    """What every row samples with: greedy (`sampling` None or greedy), else the chat's sampling with one seed (`seed`,
+    else a fresh one) and the coupled sampler."""
+    if sampling is None or sampling.is_greedy:
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    seed = random.getrandbits(62) if seed is None else seed
+    return replace(sampling, max_tokens=max_tokens, seed=seed, sampler="coupled", stop=(), stop_token_ids=())
+
+
+def decoding(params: SamplingParams) -> str:
+    """How a compare decodes, for its title: "greedy", or "sampled at 0.2, top-p 0.9, seed 7"."""
+    if params.is_greedy:
+        return "greedy"
+    filters = (f", top-p {params.top_p:g}" if params.top_p < 1 else "") + (f", top-k {params.top_k}" if params.top_k
+                                                                            else "")
+    return f"sampled at {params.temperature:g}{filters}, seed {params.seed}"
+
+
 def run_compare(
     engine: ChatEngine, messages: list[dict[str, str]], *, max_tokens: int, cancel: threading.Event,
+    params: SamplingParams | None = None,
     on_progress: Callable[[CompareSnapshot], None] = lambda snapshot: None,
     clock: Callable[[], float] = time.perf_counter, interval_s: float = PROGRESS_INTERVAL_S,
     keep: list[dict[str, str]] | None = None,
 ) -> CompareReport:
-    """`messages` end with the user prompt to replay. Stops early (keeping finished rows) on `cancel`.
+    """`messages` end with the user prompt to replay, with `params` (`replay_params`'; None: greedy) to `max_tokens`.
+    Stops early (keeping finished rows) on `cancel`.
     `on_progress` gets a snapshot as each mode starts (the rows before it; WARM_UP and RESTORE around them),
     then its token count at most once every `interval_s` seconds of `clock`. `keep`: the conversation as it
     stands (the prompt and its reply), prefilled again at the end, even after a stop, in the previous mode, where it
     fits the context (a reply the limit cut leaves no room for the next turn's header; that turn moves the window)."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    params = replace(params, max_tokens=max_tokens) if params is not None else replay_params(None, max_tokens)
     one_token, warm_up = replace(params, max_tokens=1), replace(params, max_tokens=WARM_UP_TOKENS)
     prompt = messages[-1]["content"]
     progress = _Progress(on_progress, clock, interval_s)

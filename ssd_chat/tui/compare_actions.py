@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 from textual import work
 
 from ssd_chat.tui.chat_actions import DRAFT_GONE
-from ssd_chat.tui.compare import CompareReport, CompareSnapshot, run_compare
+from ssd_chat.tui.compare import CompareReport, CompareSnapshot, decoding, replay_params, run_compare
 from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.messages import CompareDone, CompareProgress
 from ssd_chat.tui.screens.compare import CompareScreen
+from ssd_chat.tui.settings_fit import sampling_params
 from ssd_chat.tui.widgets.prompt_input import PromptInput
 
 if TYPE_CHECKING:
@@ -46,13 +47,14 @@ class CompareActions(_Base):
             self.notify(f"{DRAFT_GONE}, then compare", severity="warning")
             return
         self.compare_cancel = threading.Event()
-        self.push_screen(CompareScreen(messages[-1]["content"], modes))
+        params = replay_params(sampling_params(self.session.settings), self.session.settings.max_tokens)
+        self.push_screen(CompareScreen(messages[-1]["content"], modes, decoding(params)))
         self.refresh_status()
         keep = conversation if len(conversation) > len(messages) else None  # a reply to put back in the cache
-        self._compare(messages, keep, self.speculation(), self.compare_cancel)
+        self._compare(messages, keep, self.speculation(), params, self.compare_cancel)
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _compare(self, messages, keep, spec, cancel: threading.Event) -> None:
+    def _compare(self, messages, keep, spec, params, cancel: threading.Event) -> None:
         assert self.engine is not None
         done = CompareReport(messages[-1]["content"], ())  # the rows finished so far, kept if the engine fails
 
@@ -63,7 +65,7 @@ class CompareActions(_Base):
 
         try:
             self.engine.speculation = spec
-            report = run_compare(self.engine, messages, max_tokens=self.session.settings.max_tokens, cancel=cancel,
+            report = run_compare(self.engine, messages, max_tokens=params.max_tokens, cancel=cancel, params=params,
                                  on_progress=progress, clock=self.clock, keep=keep)
         except Exception as err:  # EngineError or a dead engine: report, keep the chat and the rows done
             self.post_message(CompareDone(done, str(err)))

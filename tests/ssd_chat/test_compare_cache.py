@@ -11,7 +11,7 @@ from engine.config import SpeculationConfig
 from engine.llm import LLM
 from engine.outputs import RequestFinished, RequestOutput
 from engine.sampling_params import SamplingParams
-from ssd_chat.tui.compare import run_compare
+from ssd_chat.tui.compare import decoding, replay_params, run_compare
 from tests.ssd_chat.tui_fakes import FakeEngine
 
 SAMPLED = SamplingParams(temperature=0.8, max_tokens=40, seed=1, ignore_eos=True)
@@ -70,6 +70,23 @@ def test_every_row_reads_the_same_cached_prompt_even_on_a_cold_cache(llm):
     assert prompt_tokens > 2 * llm.config.block_size
     assert {r.stats.prefill_tokens for r in rows} == {prompt_tokens % llm.config.block_size or llm.config.block_size}
     assert [o.stats.generated_tokens for o in outputs[:3]] == [2, 2, 2]  # the warm-ups: a step after the prefill
+
+
+def test_a_sampled_chat_compares_one_seeded_reply_in_every_mode(llm):
+    """A chat that samples replays at its own sampling, one seed for every row: the coupled race gives AR's reply in
+    SD and SSD too (and a greedy chat replays greedily)."""
+    outputs = _recorded(llm)
+    params = replay_params(SAMPLED, 24)
+    assert (params.temperature, params.sampler, params.max_tokens) == (0.8, "coupled", 24) and params.seed is not None
+    assert replay_params(SAMPLED, 24).seed != params.seed  # a fresh seed each compare
+    assert replay_params(SamplingParams(temperature=0.0), 24).is_greedy and replay_params(None, 24).is_greedy
+    report = run_compare(llm, PROMPT, max_tokens=24, cancel=threading.Event(), params=params)
+    assert [r.mode for r in report.rows] == ["ar", "sd", "ssd"] and report.identical
+    rows = outputs[3:6]  # (after the three warm-ups)
+    assert {o.stats.mode for o in rows} == {"ar", "sd", "ssd"} and all(o.stats.generated_tokens == 24 for o in rows)
+    greedy = run_compare(llm, PROMPT, max_tokens=24, cancel=threading.Event())
+    assert greedy.rows[0].token_ids != report.rows[0].token_ids  # (the test tells sampled replays from greedy ones)
+    assert decoding(params) == f"sampled at 0.8, seed {params.seed}" and decoding(replay_params(None, 8)) == "greedy"
 
 
 def test_a_reply_the_context_limit_cut_is_not_put_back():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from engine.config import SpeculationConfig
 from ssd_chat.tui.compare import WARM_UP_TOKENS, run_compare
@@ -55,7 +55,12 @@ async def test_compare_replays_the_last_prompt_in_every_mode(tmp_path):
         assert all(messages[-1] == {"role": "user", "content": "second"} and len(messages) == 3
                    for messages, _, _ in replays)
         assert restore == app.session.engine_messages(app.session.window) and len(restore) == 4  # with the reply
-        assert all(params.temperature == 0.0 for _, params, _ in calls)  # greedy, whatever /temp says
+        # at the chat's sampling (/temp 0.8, the model's top-p), one seed for every row: by the coupled race, whose
+        # seeded reply is the same in every mode
+        assert {(params.temperature, params.seed, params.sampler) for _, params, _ in calls} == {
+            (0.8, calls[0][1].seed, "coupled")} and calls[0][1].seed is not None
+        title = rendered(screen.query_one(Static))
+        assert calls[0][1].top_p == 1.0 and f"(sampled at 0.8, seed {calls[0][1].seed}) the last prompt in" in title
         rows = _rows(screen)
         assert [r[0] for r in rows] == ["AR", "SD", "SSD"]
         assert rows[0][4] == "–" and rows[1][4] == "2.50" and rows[2][5] == "50%"

@@ -1,8 +1,8 @@
-"""The compare result: one row per mode (tok/s, TTFT, tau, cache hits, speed-up vs AR) and whether
-their greedy outputs are token-identical. Shown while it runs: each mode's row as soon as it finishes,
-the running mode's token count in the status line (a long prompt's prefill: the tokens read so far); Esc stops it or
-closes it (twice: closes at once). What is typed meanwhile goes into the chat's prompt (typed_behind), shown here;
-q, which types a q while the compare runs, closes it once it has ended."""
+"""The compare result: one row per mode (tok/s, TTFT, tau, cache hits, speed-up vs AR) and whether their outputs
+(greedy, or sampled with one seed by the coupled race) are token-identical. Shown while it runs: each mode's row as
+soon as it finishes, the running mode's token count in the status line (a long prompt's prefill: the tokens read so
+far); Esc stops it or closes it (twice: closes at once). What is typed meanwhile goes into the chat's prompt
+(typed_behind), shown here; q, which types a q while the compare runs, closes it once it has ended."""
 
 from __future__ import annotations
 
@@ -28,16 +28,17 @@ PHASES = {WARM_UP: "warming the prefix cache", RESTORE: "putting the chat's repl
 class CompareScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "close", "Stop / close")]
 
-    def __init__(self, prompt: str, modes: tuple[str, ...]) -> None:
+    def __init__(self, prompt: str, modes: tuple[str, ...], decoding: str = "greedy") -> None:
         super().__init__(classes="modal", id="compare")
-        self.prompt, self.modes = prompt, modes
+        self.prompt, self.modes, self.decoding = prompt, modes, decoding
         self.report: CompareReport | None = None
         self.shown = CompareReport(prompt, ())  # the rows in the table
         self.stopping = False  # Esc pressed while it runs: the status says so until the stopped run returns
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
-            yield Static(f"[b]Compare[/b] (greedy) the last prompt in {', '.join(m.upper() for m in self.modes)}")
+            yield Static(f"[b]Compare[/b] ({self.decoding}) the last prompt in "
+                         f"{', '.join(m.upper() for m in self.modes)}", markup=True)
             yield Static(self.prompt[:200], id="compare-prompt", markup=False)
             yield DataTable(id="compare-table", show_cursor=False)
             yield Static("starting…", id="compare-status")
