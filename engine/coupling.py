@@ -46,8 +46,8 @@ def noise_bits(key: int, position: int, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def exponentials(key: int, position: int, tokens: torch.Tensor) -> torch.Tensor:
-    """E_i = -log u_i, u_i = (top 53 bits + 1/2) / 2^53 in (0, 1). tokens: [n] -> [n] float64 > 0."""
-    u = (_shift(noise_bits(key, position, tokens), 11).double() + 0.5) * 2.0**-53
+    """E_i = -log u_i, u_i = (top 52 bits + 1/2) / 2^52, exactly, in (0, 1). tokens: [n] -> [n] float64 > 0."""
+    u = (_shift(noise_bits(key, position, tokens), 12).double() + 0.5) * 2.0**-52
     return -torch.log(u)
 
 

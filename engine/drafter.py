@@ -28,9 +28,10 @@ class Proposal:
     from_lookup: list[bool] = field(default_factory=list)  # [k] which came from the context lookup (where known)
 
     def add_guess(self, token: int, vocab_size: int) -> None:
-        """Append a token proposed with certainty (the context lookup's): a sampled request's q row is one-hot,
-        which keeps the rejection rule exact: it is accepted with probability p(token), and after a rejection
-        the residual norm(max(0, p - q)) is p without it."""
+        """Append a token proposed with certainty (the context lookup's): a request sampled by the rejection rule
+        gets a one-hot q row, which keeps the rule exact: it is accepted with probability p(token), and after a
+        rejection the residual norm(max(0, p - q)) is p without it (a coupled request's token is kept where it is
+        the target's race winner, as a greedy one's where it is the argmax)."""
         self.tokens.append(token)
         self.from_lookup.append(True)
         if self.probs is not None:
@@ -84,6 +85,7 @@ def draw_rows(
     for params, rows in sampled.items():
         temp = None if temperature is None else max(temperature, 1e-5)
         q |= zip(rows, probabilities(logits[rows], params, temp), strict=True)  # [n, V or Vr]
+    assert positions is not None or not any(seq.noise_key is not None for seq in seqs), "coupled rows need positions"
     for i, (proposal, seq) in enumerate(zip(proposals, seqs, strict=True)):
         proposal.from_lookup.append(False)
         if i not in q:

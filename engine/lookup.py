@@ -8,8 +8,9 @@ right 47% of the time. Drafting the lookup's token where there is one and the dr
 raises the exact greedy-SD simulation's tau at k = 4 from 1.65 to 2.05 (`/k`, fixed). Any proposal keeps
 greedy output exact (the target verifies every token), so this is a pure choice of draft tokens.
 
-Sampled requests take it too, proposed with certainty (a one-hot q row, engine.drafter.Proposal.add_guess), which
-the rejection rule keeps exact: accepted with probability p(token), else the residual is p without it. On the
+Sampled requests take it too: a coupled one's is kept where it is the target's race winner (engine.coupling); for
+one sampled by the rejection rule it is proposed with certainty (a one-hot q row, engine.drafter.Proposal.add_guess),
+which the rule keeps exact: accepted with probability p(token), else the residual is p without it. On the
 held-out chat prompts sampled at 0.7, the lookup has a token at 18% of the positions; there the target gives it
 p = 0.53 on average, where the draft model's draw would be accepted with probability 0.33.
 

@@ -158,12 +158,13 @@ def race_ranked(probs: torch.Tensor, key: int, position: int, ids: torch.Tensor 
     """The indices of the race's first n finishers (fewer where fewer entries have mass), the winner first: the
     kernel's where it runs (the same ones), else `coupling.ranked`'s."""
     lib = _kernels() if probs.dtype == torch.float32 and probs.device.type == "cpu" and probs.dim() == 1 else None
-    if lib is not None and n > 0:
+    usable_ids = ids is None or (ids.dtype == torch.long and ids.device.type == "cpu" and ids.shape == probs.shape)
+    if lib is not None and n > 0 and usable_ids:
         probs = probs.contiguous()
-        ids_ptr = None if ids is None else ids.contiguous().data_ptr()
+        ids = None if ids is None else ids.contiguous()  # (held here: the kernel reads it)
         out = torch.empty(n, dtype=torch.long)
-        count = int(lib.sampling_race(probs.data_ptr(), probs.shape[0], ids_ptr, key & coupling.MASK64, position, n,
-                                      out.data_ptr()))
+        count = int(lib.sampling_race(probs.data_ptr(), probs.shape[0], None if ids is None else ids.data_ptr(),
+                                      key & coupling.MASK64, position, n, out.data_ptr()))
         if count > 0:
             return out[:count].tolist()  # (else no mass, or not finite: `ranked` says so)
     return coupling.ranked(probs, key, position, ids, n)

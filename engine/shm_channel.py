@@ -2,16 +2,16 @@
 
 A round's exchange over gloo (engine.distributed.Channel) costs about 0.6 ms on loopback: two messages each way,
 each about 100 us through gloo's socket threads (README, "Where an SSD cache hit's wait goes"), against 80 us of
-work in the draft process on a cache hit. Here each direction is a mailbox in one shared-memory block,
-[sequence, length, taken, payload...]: the sender waits until its last message was taken, writes the payload, then
-the length, then bumps the sequence; the receiver spins on the sequence, copies the payload and marks it taken (so
-a one-way message, START or FINISH, followed by another waits for the draft process to read the first). A tensor
-(a sampled round's q rows, [k, V] float32) goes the same way as raw bytes. Over gloo the leader waited 4-6 ms for a
-cache hit's rows (a bare two-process exchange of them takes 0.5 ms): the draft process starts building the next
-cache on its one core as soon as gloo has taken the rows, and gloo's socket threads then send them from that core;
-here it copies them before it builds (0.2-1.1 ms, on a loaded VM). Lists and tensors longer than a mailbox (a long
-prompt's START; more than 21 q rows) go over the gloo channel, which also stays the group the processes were
-started with.
+work in the draft process on a cache hit. Here each direction is a mailbox in one shared-memory block, [sequence,
+length, taken, payload...]: the sender waits until its last message was taken, writes the payload, then the length,
+then bumps the sequence; the receiver spins on the sequence, copies the payload and marks it taken (so a one-way
+message, START or FINISH, followed by another waits for the draft process to read the first). A tensor (the q rows
+of requests sampled by the rejection rule, [k, V] float32) goes the same way as raw bytes. Over gloo the leader
+waited 4-6 ms for a cache hit's rows (a bare two-process exchange of them takes 0.5 ms): the draft process starts
+building the next cache on its one core as soon as gloo has taken the rows, and gloo's socket threads then send them
+from that core; here it copies them before it builds (0.2-1.1 ms, on a loaded VM). Lists and tensors longer than a
+mailbox (a long prompt's START; more than 21 q rows) go over the gloo channel, which also stays the group the
+processes were started with.
 
 x86-64 only: its stores become visible in program order (TSO), which the sender's plain stores rely on; other CPUs
 keep gloo (``available``). ``SSD_CHAT_SHM=0`` keeps gloo everywhere.

@@ -14,14 +14,15 @@ target's own token t* follows them, so every verify step emits k + 1 tokens.
   position is its race's winner over p; keep the drafts while they equal it (greedy's rule), t* the winner at
   the first mismatch or after the last draft. Output == the coupled AR output with the same key.
 
-Random draws: exactly K+1 float64 uniforms from the caller's generator, in one call: u_1..u_K decide
-acceptance position by position, u_{K+1} picks t* by inverse CDF. All K+1 are drawn whatever the
-outcome, so the generator always advances by the same amount; same generator state and inputs ->
-same verdict (whether p comes as a tensor or as `Rows` computed when read).
+Random draws (``verify_sampled``; ``verify_coupled`` draws none: its noise is keyed by position): exactly K+1
+float64 uniforms from the caller's generator, in one call: u_1..u_K decide acceptance position by position,
+u_{K+1} picks t* by inverse CDF. All K+1 are drawn whatever the outcome, so the generator always advances by the
+same amount; same generator state and inputs -> same verdict (whether p comes as a tensor or as `Rows` computed
+when read).
 
-``p`` and ``q`` are the distributions the requests really sample from (after temperature / top-k /
-top-p, see ``engine.sampling.probabilities``): the output is exact for that filtered target
-distribution, provided q is exactly what the draft sampled its tokens from.
+``p`` and ``q`` (the rejection rule's) are the distributions the requests really sample from (after temperature /
+top-k / top-p, see ``engine.sampling.probabilities``): the output is exact for that filtered target distribution,
+provided q is exactly what the draft sampled its tokens from.
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@ While the target verifies round r ([t, x1..xK]), the draft predicts the outcome 
 target's token t*) and drafts the next K tokens for each likely one:
 1. glue pass: one forward over [t, x1..xK] at their true positions (writes the verified path's KV and
    gives K+1 next-token distributions);
-2. fan-out: for each k, the top F_k tokens of distribution k as candidates for t* (for k < K excluding
+2. fan-out: for each k, the top F_k tokens of distribution k as candidates for t* (a coupled request's: its race's
+   first finishers over q at that position, then the logits' order; for k < K excluding
    x_{k+1}, which the target would have accepted); for k = K (all accepted) a request with the context lookup
    on also gets the lookup's token after x_K, where it has one and the top F_K (F_K > 0) miss it;
 3. branch drafting: K batched steps over all branches; each branch attends to the prefix and the path
    up to k (real KV slots) plus its own tokens, kept in scratch slots at their logical positions.
-The cache maps (k, t*) -> the branch's K tokens (and their draft distributions when sampling). The
+The cache maps (k, t*) -> the branch's K tokens (and their draft distributions when sampling by the rejection rule). The
 target's verification rule is unchanged, so exactness never depends on the cache.
 
 In this module the cache is built in the caller's thread, between answering and verifying: correct,
@@ -77,9 +78,9 @@ class SsdDrafter(Drafter):
 
     def _fast_guess(self, seq: Sequence, k: int) -> Proposal:
         """The fast backup: k tokens from the context lookup (engine.lookup), each after the ones guessed before
-        it, the last token repeated where the context has no match; no draft cost. Sampled requests get one-hot
-        q rows, which keep the rejection rule exact (a token proposed with certainty is accepted with
-        probability p(x), and the residual then excludes it)."""
+        it, the last token repeated where the context has no match; no draft cost. Requests sampled by the rejection
+        rule get one-hot q rows, which keep it exact (a token proposed with certainty is accepted with probability
+        p(x), and the residual then excludes it)."""
         committed, proposal = self.seqs[seq.seq_id].token_ids, Proposal([], [] if seq.needs_q else None)
         for _ in range(k):
             token = self.lookups.guess(seq.seq_id, committed, proposal.tokens)

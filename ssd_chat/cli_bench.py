@@ -85,9 +85,9 @@ def bench(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results to this JSON file.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     limit: Annotated[int | None, typer.Option(help="Use only the first N prompts.", parser=plain(int))] = None,
-    temperature: Annotated[float, typer.Option(help="Sample at this temperature (0 = greedy); every mode gives AR's "
-                                                    "tokens (with --sampler rejection: the target's distribution, "
-                                                    "not AR's tokens).",
+    temperature: Annotated[float, typer.Option(help="Sample at this temperature (0 = greedy); every engine mode "
+                                                    "gives AR's tokens (with --sampler rejection: the target's "
+                                                    "distribution, not AR's tokens).",
                                                     parser=plain(float, field="temperature"))] = 0.0,
     top_p: Annotated[float, typer.Option(help="Sampled replies: the nucleus's mass (1 = off).",
                                          parser=plain(float, field="top_p"))] = 1.0,

@@ -206,8 +206,8 @@ static inline uint64_t splitmix(uint64_t z) {
 }
 
 // The first n finishers of engine/coupling.py's race over p[0..V) >= 0 at `position`, the winner first: the indices of
-// the largest p_i / E_i over the p_i > 0, E_i = -log u, u = (the top 53 bits of splitmix(key + golden * (position * 2^32
-// + token)) + 1/2) / 2^53, token = ids[i] (ids null: i). Of equal scores the lower index ranks first. Writes them to
+// the largest p_i / E_i over the p_i > 0, E_i = -log u, u = (the top 52 bits of splitmix(key + golden * (position * 2^32
+// + token)) + 1/2) / 2^52 (exact, in (0, 1)), token = ids[i] (ids null: i). Of equal scores the lower index ranks first. Writes them to
 // out[0..) and returns how many (fewer than n where fewer have mass), or -1 where a p is NaN.
 // The log is skipped where the runner cannot place: E = -log u >= 1 - u, so p_i <= floor * (1 - u) (less a margin for
 // the log's rounding) gives p_i / E <= floor, the n-th best score so far. Unfiltered rows (every token with mass) cost
@@ -224,7 +224,7 @@ extern "C" long sampling_race(const float* p, long V, const int64_t* ids, uint64
       if (!(p[i] > 0.0f)) continue;
       const uint64_t token = ids ? (uint64_t)ids[i] : (uint64_t)i;
       const uint64_t h = splitmix(key + 0x9E3779B97F4A7C15ULL * (((uint64_t)position << 32) | token));
-      const double u = ((double)(h >> 11) + 0.5) * 0x1p-53;
+      const double u = ((double)(h >> 12) + 0.5) * 0x1p-52;
       if ((double)p[i] <= floor * (1.0 - u) * (1.0 - 0x1p-30)) continue;
       const double score = (double)p[i] / -log(u);
       long kept = (long)top.size();

@@ -133,16 +133,18 @@ def joint_counts(seqs: list[Sequence]) -> torch.Tensor:
 
 def speculative_runs(
     mode: str, n: int, seed: int, backup: str = "jit", lookup: bool = False, support: bool = False,
-    coupled: bool = False,
+    coupled: bool = False, draft_table: torch.Tensor = DRAFT_LOGITS,
+    draft_temperature: float | None = DRAFT_TEMPERATURE, fanout: tuple[int, ...] = FANOUT,
 ) -> tuple[list[Sequence], dict[str, int]]:
     """`n` requests decoded to NUM_EMIT tokens (the first sampled by AR at the prefill, as the core does, the rest by
     sd_step or ssd_step, all requests batched in each step, with the context lookup's tokens where `lookup`), and
     how the rounds went: draft tokens accepted, rounds with a rejection, SSD's cache hits and misses. `support`: the
     draft's head is a reduced one over tokens 1-3, whose rows the drafter takes compact (engine.drafter.CompactHead):
     a row's index is then not its token, and the draft proposes only 1 and 2 (3 is -inf in its table). `coupled`:
-    the requests sample by the coupled race (a noise key each) rather than the rejection rule (a generator each)."""
+    the requests sample by the coupled race (a noise key each) rather than the rejection rule (a generator each).
+    `draft_table`, `draft_temperature`: the draft's chain and temperature (None: the request's); `fanout`: SSD's."""
     target, blocks = MarkovRunner(TARGET_LOGITS), Blocks()
-    draft = MarkovRunner(DRAFT_LOGITS, [1, 2, 3] if support else None)
+    draft = MarkovRunner(draft_table, [1, 2, 3] if support else None)
     drafter = Drafter(draft, Blocks()) if mode == "sd" else SsdDrafter(draft, Blocks(), max_model_len=MAX_LEN,
                                                                        max_num_seqs=n)
     seeds = torch.randint(2**62, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -153,14 +155,14 @@ def speculative_runs(
         blocks.allocate(seq)
         seq.token_ids.append(sample_next(TARGET_LOGITS[START], seq))
     tally = {"hit": 0, "miss": 0, "rejected": 0, "accepted": 0}
-    common = dict(draft_temperature=DRAFT_TEMPERATURE, max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity,
+    common = dict(draft_temperature=draft_temperature, max_model_len=MAX_LEN, ensure_capacity=blocks.ensure_capacity,
                   lookup=lookup)
     active = seqs
     while active:
         k = {seq: draft_length(seq) for seq in active}
         ahead = {seq: 1 + seq.seq_id % 2 for seq in active if not k[seq]}  # SSD's pre-drafts in plain rounds
         outputs = (sd_step(active, target, drafter, k=k, **common) if mode == "sd"
-                   else ssd_step(active, target, drafter, k=k, fanout=FANOUT, backup=backup, ahead=ahead, **common))
+                   else ssd_step(active, target, drafter, k=k, fanout=fanout, backup=backup, ahead=ahead, **common))
         for seq, out in outputs.items():  # the core's commit
             seq.token_ids += out.tokens
             seq.num_computed_tokens = out.num_computed
@@ -244,3 +246,18 @@ def test_a_coupled_step_that_keeps_every_draft_is_caught(monkeypatch):
     seqs, _ = speculative_runs("sd", 200, seed=29, coupled=True)
     differ = sum(seq.generated_ids[:NUM_EMIT] != coupled_ar(seq.noise_key) for seq in seqs)
     assert differ > 50, differ
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_a_draft_that_is_the_target_races_at_the_targets_positions(mode):
+    """With the target's own chain and sampling as the draft (q = p), the draft's race is the target's wherever it
+    runs at the same position: coupled SD keeps every draft, and SSD's cache (its proposals, branches, glue fan-out
+    and pre-drafts) holds every outcome after a request's first round, one candidate an outcome (its race's winner).
+    A draft position one off would be refused about as often as an unrelated draft's token (the identity with AR
+    holds whatever the draft proposes)."""
+    seqs, tally = speculative_runs(mode, 300, seed=5, coupled=True, draft_table=TARGET_LOGITS, draft_temperature=None,
+                                   fanout=(1,))
+    assert tally["rejected"] == 0 and tally["accepted"] > 300, tally
+    if mode == "ssd":
+        assert tally["miss"] == 0 and tally["hit"] > 100, tally
+    assert [seq.generated_ids[:NUM_EMIT] for seq in seqs] == [coupled_ar(seq.noise_key) for seq in seqs]

@@ -4,6 +4,7 @@ missing replies; sampled replies are seeded by their prompt, not by its place in
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,25 @@ def test_bfloat16_replies_come_from_a_bfloat16_engine_and_never_mix_with_float32
     _write(tmp_path / "old.jsonl", [json.dumps(header), *rows])
     assert _examples(tiny_llama_dir, prompts, tmp_path / "old.jsonl", _settings(tiny_llama_dir)) == fp32
     assert generated == [4, 4]
+
+
+def test_sampled_replies_of_the_rejection_sampler_are_not_taken_for_coupled_ones(tiny_llama_dir, tmp_path, generated):
+    """A sampled cache written before the sampler was recorded holds the rejection sampler's draws: the coupled
+    default regenerates its replies (a greedy one stays valid: the bfloat16 test above reuses one)."""
+    prompts = _write(tmp_path / "p.jsonl", DISTILL_PROMPTS.read_text(encoding="utf-8").splitlines()[:3])
+    sampled = _settings(tiny_llama_dir, temperature=0.8)
+    assert sampled.sampler == "coupled" and sampled.reply_settings()["sampler"] == "coupled"
+    assert "sampler" not in _settings(tiny_llama_dir).reply_settings()  # greedy: no matter
+    coupled = _examples(tiny_llama_dir, prompts, tmp_path / "new.jsonl", sampled)
+    assert generated == [3]
+    header = sampled.reply_settings()
+    del header["sampler"]
+    rows = [json.dumps({"prompt_ids": e.prompt_ids, "reply_ids": e.reply_ids}) for e in coupled]
+    _write(tmp_path / "old.jsonl", [json.dumps(header), *rows])
+    assert _examples(tiny_llama_dir, prompts, tmp_path / "old.jsonl", sampled) == coupled  # (the same seeds)
+    assert generated == [3, 3]  # generated again, not read from the old cache
+    rejection = _examples(tiny_llama_dir, prompts, tmp_path / "r.jsonl", replace(sampled, sampler="rejection"))
+    assert generated == [3, 3, 3] and rejection != coupled
 
 
 def test_no_training_prompt_is_a_held_out_one():
