@@ -76,10 +76,10 @@ from ssd_chat.usage_errors import OneLineCommand, OneLineUsageErrors
 if TYPE_CHECKING:
     import engine.llm
 
-REPL_OPTIONS = ("target", "system", "temperature", "top_p", "top_k", "max_tokens", "threads", "draft", "mode", "k",
-                "fanout", "plain", "resume", "dtype", "attention", "eager", "compile", "draft_weights", "cpu_matmul",
-                "backup", "fixed_k", "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk", "enter",
-                "kv_dtype", "fixed_threads")
+REPL_OPTIONS = ("target", "system", "temperature", "top_p", "top_k", "seed", "max_tokens", "threads", "draft", "mode",
+                "k", "fanout", "plain", "resume", "dtype", "attention", "eager", "compile", "draft_weights",
+                "cpu_matmul", "backup", "fixed_k", "no_lookup", "tp", "target_devices", "draft_device", "prefill_chunk",
+                "enter", "kv_dtype", "fixed_threads")
 
 app = typer.Typer(
     cls=OneLineUsageErrors, add_completion=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
@@ -123,6 +123,7 @@ def root(
     temperature: Temperature = None,
     top_p: TopP = None,
     top_k: TopK = None,
+    seed: Seed = None,
     max_tokens: MaxTokens = 512,
     threads: Threads = None,
     fixed_threads: FixedThreads = False,
@@ -161,7 +162,7 @@ def root(
                                           "name"))
         return
     with user_errors():
-        params = chosen(target, temperature, top_p, top_k, max_tokens=max_tokens)
+        params = chosen(target, temperature, top_p, top_k, seed=seed, max_tokens=max_tokens)
         app_runs = not plain and _in_a_terminal()  # the chat app, where modes switch
         from_env = ctx.get_parameter_source("enter").name == "ENVIRONMENT"
         if app_runs or not from_env:  # (a bad SSD_CHAT_ENTER does not stop the plain mode: it means nothing there)
@@ -188,7 +189,7 @@ def root(
         with keys_reach_the_app():
             load_engine = _engine_loader(target, engine_kwargs)  # loading from here on, beside the app's start
             settings = chat_settings(spec, k, fanout, params, system)
-            given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "top_p", "top_k", "system")
+            given = frozenset(n for n in ("mode", "k", "fanout", "temperature", "top_p", "top_k", "system", "seed")
                               if ctx.get_parameter_source(n).name == "COMMANDLINE")
             code = run_tui(load_engine, settings=settings, target=target, draft=lay.draft, resume=resume,
                            speculation=spec, given=given,

@@ -170,7 +170,7 @@ def chat_settings(spec: SpeculationConfig, k: int, fanout: str | None, params: S
 
     return ChatSettings(mode=spec.mode, k=k, fanout=setting_words.fanout_counts(setting_words.FLAGS, fanout),
                         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                        max_tokens=params.max_tokens, system=system)
+                        max_tokens=params.max_tokens, system=system, seed=params.seed)
 
 
 Target = Annotated[

@@ -55,6 +55,7 @@ class ChatSettings:
     top_k: int = 0
     max_tokens: int = 512
     system: str | None = None
+    seed: int | None = None  # sampled replies from this seed (the same reply in every mode, and at a regen); None: new
 
     @classmethod
     def from_dict(cls, data: dict) -> ChatSettings:

@@ -1,6 +1,6 @@
 """What one assistant reply was generated with: the chat's decoding mode and sampling settings when it started.
 
-A chat's settings change between replies (/temp, /top-p, /top-k, /mode, /k, /fanout); each reply keeps its own in
+A chat's settings change between replies (/temp, /top-p, /top-k, /seed, /mode, /k, /fanout); each reply keeps its own in
 its stats (history.TurnStats.settings), so the export can say what each reply used. Replies saved before these
 were kept have none (None).
 """
@@ -26,13 +26,14 @@ class ReplySettings:
     top_p: float
     top_k: int
     max_tokens: int
+    seed: int | None = None  # the chat's /seed (None: a new one each reply; replies saved before it: None too)
 
     @classmethod
     def of(cls, settings: ChatSettings, k: int | None = None) -> ReplySettings:
         """The settings a reply of a chat with `settings` starts with; `k`: what the engine drafts for the chat's k
         (EngineConfig.drafted_k: /k 32 on the CPU drafts 31, as the status line says), where it is known."""
         return cls(settings.mode, settings.k if k is None else k, settings.fanout, settings.temperature,
-                   settings.top_p, settings.top_k, settings.max_tokens)
+                   settings.top_p, settings.top_k, settings.max_tokens, settings.seed)
 
     @classmethod
     def from_dict(cls, data: object) -> ReplySettings | None:
@@ -57,4 +58,5 @@ class ReplySettings:
             parts.append(f"fan-out {fanout_text(self.fanout)}")
         parts.append(f"temp {number_text(self.temperature)}")
         filters = filters_text(self.temperature, self.top_p, self.top_k, sep)
-        return sep.join(parts + ([filters] if filters else []))
+        seed = [f"seed {self.seed}"] if self.seed is not None and self.temperature > 0 else []
+        return sep.join(parts + ([filters] if filters else []) + seed)

@@ -19,9 +19,11 @@ from engine.sampling_params import MAX_TEMPERATURE
 from ssd_chat import typed_numbers
 
 TAKES = {"temperature": "a temperature from 0 to 100, 0 = greedy", "top_p": "a mass in (0, 1], 1 = off",
-         "top_k": "a number of tokens, 0 = off", "k": f"the most draft tokens per step, 1-{MAX_K}"}
+         "top_k": "a number of tokens, 0 = off", "k": f"the most draft tokens per step, 1-{MAX_K}",
+         "seed": "a whole number from 0 to 2^63-1, or off (a new seed each reply)"}
 # The options' names: the chat app's commands and the command line's options
-SLASH = {"mode": "/mode", "k": "/k", "fanout": "/fanout", "temperature": "/temp", "top_p": "/top-p", "top_k": "/top-k"}
+SLASH = {"mode": "/mode", "k": "/k", "fanout": "/fanout", "temperature": "/temp", "top_p": "/top-p", "top_k": "/top-k",
+         "seed": "/seed"}
 FLAGS = {"mode": "--mode", "k": "--k", "fanout": "--fanout", "max_tokens": "--max-tokens",
          "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k"}
 DEFAULT_FANOUT = ("", "none", "default")  # what /fanout and --fanout take for the default fan-out (any case)

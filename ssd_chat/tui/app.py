@@ -238,6 +238,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         colours = " · colours on" if self.colours else ""
         filters = filters_text(s.temperature, s.top_p, s.top_k)
         sampling = f"temp {number_text(s.temperature)}" + (f" {filters}" if filters else "")
+        sampling += f" seed {s.seed}" if s.seed is not None and s.temperature > 0 else ""
         context = f" · ctx {self.session.context_tokens():,}/{self.engine.max_model_len:,}" if self.engine else ""
         k = self.drafted_k()
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first

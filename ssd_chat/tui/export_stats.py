@@ -18,6 +18,7 @@ def settings_sentence(s: ChatSettings, mode: str, k: int | None = None) -> str:
     filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
     drafts = "" if s.mode == "ar" else f"k {s.k if k is None else k}, "
     drafts += f"fan-out {fanout_text(s.fanout)}, " if s.mode == "ssd" and s.fanout is not None else ""
+    filters += (", " if filters else "") + f"seed {s.seed}" if s.seed is not None and s.temperature > 0 else ""
     return (f"Mode {mode}, {drafts}temperature {number_text(s.temperature)}, {filters + ', ' if filters else ''}"
             f"max tokens {s.max_tokens} (the chat's settings when exported; the stats give each reply's own).")
 

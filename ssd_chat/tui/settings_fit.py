@@ -46,7 +46,7 @@ def speculation(settings: ChatSettings, base: SpeculationConfig, max_draft: int 
 def sampling_params(settings: ChatSettings) -> SamplingParams:
     """What a reply of a chat with these settings samples with."""
     return SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                          max_tokens=settings.max_tokens)
+                          max_tokens=settings.max_tokens, seed=settings.seed)
 
 
 def fit(settings: ChatSettings, base: SpeculationConfig, defaults: ChatSettings, vocab: int | None = None,

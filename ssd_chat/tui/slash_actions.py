@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
+from engine.sampling_params import MAX_SEED
 from ssd_chat.history import one_line
 from ssd_chat.setting_words import (
     SLASH,
@@ -61,6 +62,18 @@ class SlashActions(_Base):
 
     def slash_top_k(self, arg: str) -> None:
         self._set_sampling("top_k", int, arg)
+
+    def slash_seed(self, arg: str) -> None:
+        """/seed N: every sampled reply of this chat from seed N (the coupled race: the same reply in every mode, and
+        again at a regen); /seed off: a new seed each reply (the default)."""
+        now = self.session.settings.seed
+        if not arg:
+            raise SlashError(f"/seed takes {TAKES['seed']} (now {'off' if now is None else now})")
+        seed = None if arg.lower() in ("off", "none") else int(typed_number(SLASH, "seed", arg, int))
+        if seed is not None and not 0 <= seed <= MAX_SEED:
+            raise SlashError(f"/seed takes {TAKES['seed']}; got {arg}")
+        self.change_settings(seed=seed)
+        self._changed_mid_reply(f"seed {'off' if seed is None else seed}")
 
     def _set_sampling(self, field: str, kind: type[int] | type[float], arg: str) -> None:
         """/temp, /top-p, /top-k: the chat's `field` from `arg` (none: say what it takes and its value now)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import asdict
 
 import pytest
 
@@ -85,6 +86,18 @@ def test_an_ssd_replys_fanout_shows_where_it_was_set():
     markdown = to_markdown(chat)
     assert "Mode `ssd`, k 3, fan-out 2,1,1,1, temperature 0.2" in markdown
     assert _table_rows(markdown)[2][2] == SAMPLED.text()
+
+
+def test_a_seeded_chat_says_its_seed_where_it_sampled():
+    seeded = ReplySettings("sd", 3, None, 0.6, 0.9, 0, 64, seed=42)
+    assert seeded.text() == "k 3, temp 0.6, top-p 0.9, seed 42"
+    assert ReplySettings("sd", 3, None, 0.0, 1.0, 0, 64, seed=42).text() == "k 3, temp 0"  # greedy: no seed applies
+    assert ReplySettings.of(ChatSettings(temperature=0.6, seed=7)).seed == 7
+    assert ReplySettings.from_dict({**asdict(seeded), "seed": None}).seed is None
+    assert ReplySettings.from_dict({k: v for k, v in asdict(seeded).items() if k != "seed"}).seed is None  # older
+    chat = _chat(_stats(seeded))
+    chat.settings = ChatSettings(mode="sd", k=3, temperature=0.2, top_p=0.9, seed=42)
+    assert "temperature 0.2, top-p 0.9, seed 42, max tokens" in to_markdown(chat)
 
 
 @pytest.mark.asyncio

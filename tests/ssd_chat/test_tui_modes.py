@@ -168,6 +168,37 @@ async def test_top_p_and_top_k_reach_the_next_request_and_show_where_they_apply(
 
 
 @pytest.mark.asyncio
+async def test_a_seed_reaches_every_request_and_shows_where_it_applies(tmp_path):
+    """/seed N: every reply samples from seed N (the same reply in every mode, and at a regen), saved with the chat."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        assert engine.calls[-1][1].seed is None  # by default a new seed each reply (the engine draws it)
+        await send(app, pilot, "/seed 42")
+        assert "seed" not in rendered(app.query_one("#status"))  # greedy: a seed changes nothing, not shown
+        await send(app, pilot, "/temp 0.2")
+        assert "temp 0.2 seed 42 ·" in rendered(app.query_one("#status"))
+        assert "temp 0.2 · seed 42" in " ".join(rendered(app.query_one("#layout")).split())
+        await send(app, pilot, "again")
+        await send(app, pilot, "/mode ssd")
+        await send(app, pilot, "/regen")
+        assert [(c[1].seed, c[1].temperature) for c in engine.calls[-2:]] == [(42, 0.2), (42, 0.2)]
+        assert app.session.settings.seed == 42  # (saved with the chat: ChatSettings)
+        for bad, message in [("/seed -1", "/seed takes a whole number from 0 to 2^63-1, or off (a new seed each "
+                                          "reply); got -1"),
+                             ("/seed 9223372036854775808", "/seed takes a whole number from 0 to 2^63-1"),
+                             ("/seed x", "/seed takes a whole number"), ("/seed", "(now 42)")]:
+            await send(app, pilot, bad)
+            assert message in errors(app)[-1], (bad, errors(app)[-1])
+        assert app.session.settings.seed == 42
+        await send(app, pilot, "/seed off")
+        await send(app, pilot, "more")
+        assert engine.calls[-1][1].seed is None and "seed" not in rendered(app.query_one("#status"))
+
+
+@pytest.mark.asyncio
 async def test_the_status_line_and_the_panel_show_the_k_a_round_drafts_at_most(tmp_path):
     """/k 32 on the CPU showed "k 32", where the engine drafts at most 31 a round (EngineConfig.max_draft)."""
     from engine.config import CPU_MAX_DRAFT
