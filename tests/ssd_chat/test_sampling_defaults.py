@@ -137,3 +137,16 @@ def test_the_chat_app_starts_with_the_models_filters_and_resumes_with_those_give
     assert (settings.temperature, settings.top_p, settings.top_k) == (0.2, 0.9, 0) and seen["given"] == {"mode"}
     assert CliRunner().invoke(cli.app, ["--mode", "ar", "--top-k", "5", "--resume"]).exit_code == 0
     assert seen["settings"].top_k == 5 and seen["given"] == {"mode", "top_k"}  # (a resumed chat takes it)
+    assert seen["settings"].seed is None
+    assert CliRunner().invoke(cli.app, ["--mode", "ar", "--seed", "42", "--resume"]).exit_code == 0
+    assert seen["settings"].seed == 42 and seen["given"] == {"mode", "seed"}
+
+
+def test_the_plain_mode_takes_a_seed(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "LLM", _NoEngine)
+    monkeypatch.setattr(cli, "run_repl", lambda llm, params, system: seen.append(params.seed))
+    for flags in ([], ["--seed", "9"]):
+        result = CliRunner().invoke(cli.app, ["--plain", "--draft", "none", *flags], input="")
+        assert result.exit_code == 0, result.output
+    assert seen == [None, 9]
