@@ -224,7 +224,8 @@ class LLM:
                 noise_key = seed
             else:
                 generator = torch.Generator().manual_seed(seed)
-        seq = Sequence(next(self._ids), list(token_ids), params, generator, noise_key=noise_key)
+        seq = Sequence(next(self._ids), list(token_ids), params, generator, noise_key=noise_key,
+                       seed=None if params.is_greedy else seed)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         spec = self.speculation
         detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)

@@ -123,6 +123,7 @@ class RequestStats:
     decode_time_s: float       # first generated token -> last one
     total_time_s: float
     spec: SpecStats | None = None
+    seed: int | None = None    # a sampled request's seed (its own, or the one the engine drew); None when greedy
 
     @property
     def decode_tok_s(self) -> float:

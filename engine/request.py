@@ -117,6 +117,7 @@ class RequestState:
             decode_time_s=t_last - t_first,
             total_time_s=t_last - self.t_start,
             spec=None if self.spec is None or not self.spec.steps else self.spec.summary(),  # (no round: no figures)
+            seed=seq.seed,
         )
         self.output = RequestOutput(
             request_id=self.request_id,

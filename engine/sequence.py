@@ -24,6 +24,7 @@ class Sequence:
     params: SamplingParams
     generator: torch.Generator | None = None  # the rejection rule's draws, when sampling (temperature > 0)
     noise_key: int | None = None  # the coupled race's key (engine.coupling), when sampling by it instead
+    seed: int | None = None  # a sampled request's seed (SamplingParams.seed, or drawn): the same reply again from it
     status: SeqStatus = SeqStatus.WAITING
     num_prompt_tokens: int = 0
     block_table: list[int] = field(default_factory=list)

@@ -26,7 +26,7 @@ class ReplySettings:
     top_p: float
     top_k: int
     max_tokens: int
-    seed: int | None = None  # the chat's /seed (None: a new one each reply; replies saved before it: None too)
+    seed: int | None = None  # the seed it sampled from (the chat's /seed, or the engine's draw); None: greedy, older
 
     @classmethod
     def of(cls, settings: ChatSettings, k: int | None = None) -> ReplySettings:

@@ -3,7 +3,7 @@ generated with; saved with it in the history (history.ChatMessage.stats, as json
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from engine.outputs import RequestOutput
 from ssd_chat.reply_settings import ReplySettings
@@ -38,8 +38,11 @@ class TurnStats:
 
     @classmethod
     def from_output(cls, output: RequestOutput, settings: ReplySettings | None = None) -> TurnStats:
-        """The engine's figures for a finished reply; `settings`: what the app started it with."""
+        """The engine's figures for a finished reply; `settings`: what the app started it with, with the seed the
+        reply sampled from (the chat's /seed, or the one the engine drew: /seed N and a regen give the reply again)."""
         s = output.stats
+        if settings is not None and s.seed is not None:
+            settings = replace(settings, seed=s.seed)
         return cls(
             mode=s.mode, decode_tok_s=s.decode_tok_s, ttft_s=s.ttft_s, generated_tokens=s.generated_tokens,
             prompt_tokens=s.prompt_tokens, reused_prefix_tokens=s.reused_prefix_tokens,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -275,3 +276,18 @@ def test_weight_bytes_counts_one_row_of_an_untied_input_embedding(request, fixtu
         whole = sum(p.numel() * p.element_size() for p in params.values())
         assert tied == (fixture == "tiny_qwen3_dir")
         assert llm.weight_bytes == (whole if tied else whole - embedding.numel() * embedding.element_size() + row)
+
+
+@pytest.mark.parametrize("sampler", ["coupled", "rejection"])
+def test_a_sampled_reply_says_its_seed_and_the_seed_gives_it_again(llm, sampler):
+    """An unseeded sampled request samples from a seed the engine draws; its stats say which, so that the reply can
+    be had again (the chat's /seed, the export's settings cell)."""
+    prompt = llm.tokenizer.encode("Once upon a time")
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, sampler=sampler)
+    first, second = (llm.generate([prompt], params)[0] for _ in range(2))
+    assert first.stats.seed is not None and first.stats.seed != second.stats.seed
+    again = llm.generate([prompt], replace(params, seed=first.stats.seed))[0]
+    assert again.token_ids == first.token_ids and again.stats.seed == first.stats.seed
+    assert llm.generate([prompt], replace(params, seed=7))[0].stats.seed == 7
+    assert llm.generate([prompt], replace(params, temperature=0.0))[0].stats.seed is None  # greedy: none
+    assert first.to_dict()["stats"]["seed"] == first.stats.seed

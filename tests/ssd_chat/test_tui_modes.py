@@ -186,6 +186,8 @@ async def test_a_seed_reaches_every_request_and_shows_where_it_applies(tmp_path)
         await send(app, pilot, "/regen")
         assert [(c[1].seed, c[1].temperature) for c in engine.calls[-2:]] == [(42, 0.2), (42, 0.2)]
         assert app.session.settings.seed == 42  # (saved with the chat: ChatSettings)
+        replies = [m.stats for m in app.session.messages if m.role == "assistant"]
+        assert [st.settings.seed for st in replies] == [None, 42]  # each reply's own: greedy, then seed 42
         for bad, message in [("/seed -1", "/seed takes a whole number from 0 to 2^63-1, or off (a new seed each "
                                           "reply); got -1"),
                              ("/seed 9223372036854775808", "/seed takes a whole number from 0 to 2^63-1"),
@@ -196,6 +198,8 @@ async def test_a_seed_reaches_every_request_and_shows_where_it_applies(tmp_path)
         await send(app, pilot, "/seed off")
         await send(app, pilot, "more")
         assert engine.calls[-1][1].seed is None and "seed" not in rendered(app.query_one("#status"))
+        drawn = app.session.messages[-1].stats.settings.seed  # the seed the engine drew: the reply's own
+        assert drawn == 1000 + len(engine.calls) and f"seed {drawn}" in app.session.messages[-1].stats.settings.text()
 
 
 @pytest.mark.asyncio

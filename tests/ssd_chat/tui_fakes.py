@@ -162,7 +162,9 @@ class FakeEngine:
             )
         stats = RequestStats(mode=mode, prompt_tokens=10 * num_messages, reused_prefix_tokens=4 * (num_messages - 1),
                              prefill_tokens=10, generated_tokens=len(emitted), ttft_s=0.05,
-                             decode_time_s=0.01 * max(1, len(emitted) - 1), total_time_s=0.1, spec=spec_stats)
+                             decode_time_s=0.01 * max(1, len(emitted) - 1), total_time_s=0.1, spec=spec_stats,
+                             seed=None if params is None or params.is_greedy else  # (as the engine: drawn if none)
+                             1000 + request_id if params.seed is None else params.seed)
         ids = [i if w == self.words[i] else -1 for i, w in enumerate(emitted)]
         yield RequestFinished(request_id, RequestOutput(request_id, [1, 2, 3], ids, "".join(emitted), reason, stats))
 
