@@ -192,8 +192,8 @@ Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (defaul
                                              parser=plain(int, 1, maximum=MAX_THREADS,
                                                           takes=f"a number of CPU threads, 1 to {MAX_THREADS}"))]
 Seed = Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply: the same one in AR, SD and SSD "
-                                         "(with --sampler rejection: in AR, or with --fixed-k, as the adaptive k "
-                                         "follows measured speeds).", parser=seed_number)]
+                                         "(under ask's --sampler rejection: in AR, or with --fixed-k, as the "
+                                         "adaptive k follows measured speeds).", parser=seed_number)]
 MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).", parser=plain(
     int, 2, takes="a context limit of at least 2 tokens"))]
 Draft = Annotated[
