@@ -192,8 +192,11 @@ Threads = Annotated[int | None, typer.Option(help="CPU threads for torch (defaul
                                              parser=plain(int, 1, maximum=MAX_THREADS,
                                                           takes=f"a number of CPU threads, 1 to {MAX_THREADS}"))]
 Seed = Annotated[int | None, typer.Option(help="Seed for a reproducible sampled reply: the same one in AR, SD and SSD "
-                                         "(under ask's --sampler rejection: in AR, or with --fixed-k, as the "
-                                         "adaptive k follows measured speeds).", parser=seed_number)]
+                                         "(with --sampler rejection: in AR, or with --fixed-k, as the adaptive k "
+                                         "follows measured speeds).", parser=seed_number)]
+ChatSeed = Annotated[int | None, typer.Option(
+    "--seed", help="Sample every reply from this seed, as /seed does: the same reply in AR, SD and SSD (saved with "
+    "the chat; with --resume it replaces the chat's). Default: a new seed each reply.", parser=seed_number)]
 MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).", parser=plain(
     int, 2, takes="a context limit of at least 2 tokens"))]
 Draft = Annotated[

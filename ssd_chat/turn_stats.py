@@ -41,7 +41,7 @@ class TurnStats:
         """The engine's figures for a finished reply; `settings`: what the app started it with, with the seed the
         reply sampled from (the chat's /seed, or the one the engine drew: /seed N and a regen give the reply again)."""
         s = output.stats
-        if settings is not None and s.seed is not None:
+        if settings is not None:  # (greedy: None, whatever the chat's /seed)
             settings = replace(settings, seed=s.seed)
         return cls(
             mode=s.mode, decode_tok_s=s.decode_tok_s, ttft_s=s.ttft_s, generated_tokens=s.generated_tokens,

@@ -35,7 +35,7 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("regen", "/regen", "regenerate the last reply"),
     SlashSpec("edit", "/edit", "put the last prompt back in the input to edit and resend"),
     SlashSpec("undo", "/undo", "remove the last prompt and its reply from the conversation"),
-    SlashSpec("compare", "/compare", "replay the last prompt in AR, SD and SSD (one seed) and compare"),
+    SlashSpec("compare", "/compare", "replay the last prompt in AR, SD and SSD (greedy, or one seed) and compare"),
     SlashSpec("colors", "/colors", "toggle token provenance colours"),
     SlashSpec("copy", "/copy [code]", "copy the last reply (code: its code blocks) to the clipboard"),
     SlashSpec("export", "/export[!] [FILE]",

@@ -1,11 +1,12 @@
 """Compare: replay the last prompt in every available mode, at the chat's sampling, and line the results up.
 
-A greedy chat replays greedily; a sampled one at its own temperature and filters, every mode with one fresh seed, by
-the coupled race (engine.coupling), under which a seeded reply is AR's in every mode. Either way SD and SSD must
-give AR's tokens exactly; the report says whether they did, next to the speed-ups. Runs in the engine worker thread;
-the engine's previous speculation config is restored whatever happens. While it runs it reports progress (the rows
-done so far, the mode running and its token count, or while a long prompt prefills, its tokens read so far, as a
-reply's status line shows them), a few times a second at most, so a live demo shows it moving.
+A greedy chat replays greedily; a sampled one at its own temperature and filters, every mode with one seed (the
+chat's /seed, else a fresh one), by the coupled race (engine.coupling), under which a seeded reply is AR's in every
+mode. Either way SD and SSD must give AR's tokens exactly; the report says whether they did, next to the speed-ups.
+Runs in the engine worker thread; the engine's previous speculation config is restored whatever happens. While it
+runs it reports progress (the rows done so far, the mode running and its token count, or while a long prompt
+prefills, its tokens read so far, as a reply's status line shows them), a few times a second at most, so a live demo
+shows it moving.
 
 The prefix cache is kept fair and whole: a two-token warm-up in every mode first, so each row starts from the same
 cached prompt (target and draft) and none pays the conversation's prefill for the others (two: SSD's second token is
@@ -70,12 +71,12 @@ WARM_UP, RESTORE = "warm-up", "restore"  # CompareSnapshot.mode outside the rows
 WARM_UP_TOKENS = 2  # a first token (the prompt's prefill) and a step (SD's, SSD's round): every model's cache
 
 
-def replay_params(sampling: SamplingParams | None, max_tokens: int, seed: int | None = None) -> SamplingParams:
-    """What every row samples with: greedy (`sampling` None or greedy), else the chat's sampling with one seed (`seed`,
-    else a fresh one) and the coupled sampler."""
+def replay_params(sampling: SamplingParams | None, max_tokens: int) -> SamplingParams:
+    """What every row samples with: greedy (`sampling` None or greedy), else the chat's sampling with one seed (the
+    chat's /seed, which replays the reply on screen, else a fresh one) and the coupled sampler."""
     if sampling is None or sampling.is_greedy:
         return SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    seed = random.getrandbits(62) if seed is None else seed
+    seed = random.getrandbits(62) if sampling.seed is None else sampling.seed
     return replace(sampling, max_tokens=max_tokens, seed=seed, sampler="coupled", stop=(), stop_token_ids=())
 
 

@@ -24,7 +24,7 @@ def palette_commands(app: ChatApp) -> list[PaletteCommand]:
         for mode in available_modes(app.engine)
     ]
     commands += [
-        ("Compare modes", "replay the last prompt in AR, SD, SSD (one seed: the same reply)", app.action_compare),
+        ("Compare modes", "replay the last prompt in AR, SD, SSD (greedy, or one seed)", app.action_compare),
         ("Toggle token colours", "colour reply tokens by provenance", app.action_toggle_colours),
         ("New chat", "start a new conversation", app.action_new_chat),
         ("Chats", "open, rename or delete saved conversations", app.action_chats),

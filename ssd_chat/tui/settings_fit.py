@@ -12,15 +12,16 @@ from dataclasses import replace
 from itertools import combinations
 
 from engine.config import SpeculationConfig, capped
-from engine.errors import EngineError
-from engine.sampling_params import SamplingParams
+from engine.errors import EngineError, InvalidParameterError
+from engine.sampling_params import MAX_SEED, SamplingParams
 from ssd_chat import setting_words
 from ssd_chat.history import ChatSettings
 
 # What fit may reset (as few as make the settings pass; of as many, the first in this order: a k+1 fan-out reopened
 # with another k is one reset, the fan-out's), with its name in the notice and the command that sets it again
 RESETS = {"fanout": ("fan-out", "/fanout"), "k": ("k", "/k"), "temperature": ("temperature", "/temp"),
-          "top_p": ("top-p", "/top-p"), "top_k": ("top-k", "/top-k"), "mode": ("mode", "/mode")}
+          "top_p": ("top-p", "/top-p"), "top_k": ("top-k", "/top-k"), "seed": ("seed", "/seed"),
+          "mode": ("mode", "/mode")}
 
 
 def check(settings: ChatSettings, base: SpeculationConfig, vocab: int | None = None,
@@ -33,6 +34,9 @@ def check(settings: ChatSettings, base: SpeculationConfig, vocab: int | None = N
     setting_words.check(setting_words.SLASH, settings.mode, settings.k, settings.fanout, max_draft)
     speculation(settings, base, max_draft)
     setting_words.check_sampling(setting_words.SLASH, settings.temperature, settings.top_p, settings.top_k, vocab)
+    seed = settings.seed
+    if seed is not None and not (type(seed) is int and 0 <= seed <= MAX_SEED):  # (a hand-edited one: -1, "7")
+        raise InvalidParameterError(f"/seed takes {setting_words.TAKES['seed']}; got {seed!r}")
     sampling_params(settings)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
+from engine.errors import InvalidParameterError
 from engine.sampling_params import MAX_SEED
 from ssd_chat.history import one_line
 from ssd_chat.setting_words import (
@@ -69,10 +70,16 @@ class SlashActions(_Base):
         now = self.session.settings.seed
         if not arg:
             raise SlashError(f"/seed takes {TAKES['seed']} (now {'off' if now is None else now})")
-        seed = None if arg.lower() in ("off", "none") else int(typed_number(SLASH, "seed", arg, int))
+        try:
+            seed = None if arg.lower() in ("off", "none") else int(typed_number(SLASH, "seed", arg, int))
+        except InvalidParameterError:
+            seed = -1  # (refused below, in /seed's own words)
         if seed is not None and not 0 <= seed <= MAX_SEED:
-            raise SlashError(f"/seed takes {TAKES['seed']}; got {arg}")
+            raise SlashError(f"/seed takes {TAKES['seed']}; got {arg!r}")
         self.change_settings(seed=seed)
+        if seed is not None and self.session.settings.temperature == 0:
+            self.notify(f"seed {seed}: replies sample from it once /temp is above 0 (greedy ones draw nothing)",
+                        timeout=6)
         self._changed_mid_reply(f"seed {'off' if seed is None else seed}")
 
     def _set_sampling(self, field: str, kind: type[int] | type[float], arg: str) -> None:

@@ -4,6 +4,7 @@ chat's last reply is still cached afterwards (the rows write their replies where
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -76,9 +77,11 @@ def test_a_sampled_chat_compares_one_seeded_reply_in_every_mode(llm):
     """A chat that samples replays at its own sampling, one seed for every row: the coupled race gives AR's reply in
     SD and SSD too (and a greedy chat replays greedily)."""
     outputs = _recorded(llm)
-    params = replay_params(SAMPLED, 24)
+    unseeded = replace(SAMPLED, seed=None)
+    params = replay_params(unseeded, 24)
     assert (params.temperature, params.sampler, params.max_tokens) == (0.8, "coupled", 24) and params.seed is not None
-    assert replay_params(SAMPLED, 24).seed != params.seed  # a fresh seed each compare
+    assert replay_params(unseeded, 24).seed != params.seed  # a fresh seed each compare...
+    assert replay_params(SAMPLED, 24).seed == SAMPLED.seed  # ...unless the chat has one (/seed): its reply again
     assert replay_params(SamplingParams(temperature=0.0), 24).is_greedy and replay_params(None, 24).is_greedy
     report = run_compare(llm, PROMPT, max_tokens=24, cancel=threading.Event(), params=params)
     assert [r.mode for r in report.rows] == ["ar", "sd", "ssd"] and report.identical

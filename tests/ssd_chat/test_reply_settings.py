@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -116,8 +116,11 @@ async def test_the_export_shows_each_replys_own_settings_after_a_mid_chat_change
         await send(app, pilot, f"/export {tmp_path / 'chat.md'}")
         text = (tmp_path / "chat.md").read_text()
         assert "temperature 0.9, top-p 0.8, top-k 7," in text.split("\n")[2]
+        drawn = app.session.messages[-1].stats.settings.seed  # the seed the engine drew for the sampled reply
+        second = replace(second, seed=drawn)
+        assert first.temperature == 0 and first.seed is None and drawn is not None
         assert [row[2] for row in _table_rows(text)[2:]] == [first.text(), second.text()]
-        assert "temp 0.5, top-p 0.8, top-k 7" in second.text()
+        assert f"temp 0.5, top-p 0.8, top-k 7, seed {drawn}" in second.text()
         reopened = app.session.store.load(app.session.conversation.id)
         assert [m.stats.settings for m in reopened.messages if m.stats] == [first, second]
 

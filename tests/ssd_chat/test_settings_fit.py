@@ -67,3 +67,15 @@ def test_a_saved_fanout_of_one_number_reads_as_a_one_number_fanout():
     assert settings.fanout == (300,)
     changes, notice = fit(settings, BASE, RUN)
     assert changes == {"fanout": None} and notice is not None and "/fanout takes counts from 0 to 256" in notice
+
+
+def test_a_refused_seed_goes_back_to_the_runs():
+    """A hand-edited seed of -1 passed fit and then failed the next reply (SamplingParams refused it)."""
+    run = ChatSettings(mode="sd", k=4, temperature=0.2, seed=None)
+    for bad in (-1, 2**63, "7"):
+        changes, notice = fit(ChatSettings.from_dict({"mode": "sd", "k": 4, "temperature": 0.5, "seed": bad}), BASE,
+                              run)
+        assert changes == {"seed": None} and notice == (
+            f"this chat's settings are refused (/seed takes a whole number from 0 to 2^63-1, or off (a new seed each "
+            f"reply); got {bad!r}): it uses the default seed now (/seed sets it)")
+    assert fit(ChatSettings(mode="sd", k=4, temperature=0.5, seed=2**63 - 1), BASE, run) == ({}, None)

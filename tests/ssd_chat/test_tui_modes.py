@@ -178,6 +178,9 @@ async def test_a_seed_reaches_every_request_and_shows_where_it_applies(tmp_path)
         assert engine.calls[-1][1].seed is None  # by default a new seed each reply (the engine draws it)
         await send(app, pilot, "/seed 42")
         assert "seed" not in rendered(app.query_one("#status"))  # greedy: a seed changes nothing, not shown
+        assert "once /temp is above 0" in [n.message for n in app._notifications][-1]
+        await send(app, pilot, "greedy one")
+        assert app.session.messages[-1].stats.settings.seed is None  # (a greedy reply sampled from no seed)
         await send(app, pilot, "/temp 0.2")
         assert "temp 0.2 seed 42 ·" in rendered(app.query_one("#status"))
         assert "temp 0.2 · seed 42" in " ".join(rendered(app.query_one("#layout")).split())
@@ -187,15 +190,20 @@ async def test_a_seed_reaches_every_request_and_shows_where_it_applies(tmp_path)
         assert [(c[1].seed, c[1].temperature) for c in engine.calls[-2:]] == [(42, 0.2), (42, 0.2)]
         assert app.session.settings.seed == 42  # (saved with the chat: ChatSettings)
         replies = [m.stats for m in app.session.messages if m.role == "assistant"]
-        assert [st.settings.seed for st in replies] == [None, 42]  # each reply's own: greedy, then seed 42
+        assert [st.settings.seed for st in replies] == [None, None, 42]  # each reply's own: greedy, then seed 42
         for bad, message in [("/seed -1", "/seed takes a whole number from 0 to 2^63-1, or off (a new seed each "
-                                          "reply); got -1"),
+                                          "reply); got '-1'"),
                              ("/seed 9223372036854775808", "/seed takes a whole number from 0 to 2^63-1"),
-                             ("/seed x", "/seed takes a whole number"), ("/seed", "(now 42)")]:
+                             ("/seed x", "/seed takes a whole number from 0 to 2^63-1, or off (a new seed each "
+                                         "reply); got 'x'"), ("/seed", "(now 42)")]:
             await send(app, pilot, bad)
             assert message in errors(app)[-1], (bad, errors(app)[-1])
         assert app.session.settings.seed == 42
-        await send(app, pilot, "/seed off")
+        await send(app, pilot, "/seed OFF")
+        assert app.session.settings.seed is None
+        await send(app, pilot, "/seed 5")
+        await send(app, pilot, "/seed none")
+        assert app.session.settings.seed is None
         await send(app, pilot, "more")
         assert engine.calls[-1][1].seed is None and "seed" not in rendered(app.query_one("#status"))
         drawn = app.session.messages[-1].stats.settings.seed  # the seed the engine drew: the reply's own
