@@ -20,7 +20,7 @@ from ssd_chat import typed_numbers
 
 TAKES = {"temperature": "a temperature from 0 to 100, 0 = greedy", "top_p": "a mass in (0, 1], 1 = off",
          "top_k": "a number of tokens, 0 = off", "k": f"the most draft tokens per step, 1-{MAX_K}",
-         "seed": "a whole number from 0 to 2^63-1, or off (a new seed each reply)"}
+         "seed": "a whole number from 0 to 2^63-1, last (the last reply's) or off (a new seed each reply)"}
 # The options' names: the chat app's commands and the command line's options
 SLASH = {"mode": "/mode", "k": "/k", "fanout": "/fanout", "temperature": "/temp", "top_p": "/top-p", "top_k": "/top-k",
          "seed": "/seed"}

@@ -66,12 +66,17 @@ class SlashActions(_Base):
 
     def slash_seed(self, arg: str) -> None:
         """/seed N: every sampled reply of this chat from seed N (the coupled race: the same reply in every mode, and
-        again at a regen); /seed off: a new seed each reply (the default)."""
-        now = self.session.settings.seed
+        again at a regen); /seed last: the seed the last reply sampled from (drawn, where the chat had none); /seed
+        off: a new seed each reply (the default)."""
+        now, last = self.session.settings.seed, self._last_reply_seed()
         if not arg:
-            raise SlashError(f"/seed takes {TAKES['seed']} (now {'off' if now is None else now})")
+            told = "" if last is None else f"; the last reply's: {last}"
+            raise SlashError(f"/seed takes {TAKES['seed']} (now {'off' if now is None else now}{told})")
+        if arg.lower() == "last" and last is None:
+            raise SlashError("/seed last: the last reply sampled from no seed (greedy, or no reply yet)")
         try:
-            seed = None if arg.lower() in ("off", "none") else int(typed_number(SLASH, "seed", arg, int))
+            seed = None if arg.lower() in ("off", "none") else last if arg.lower() == "last" else int(
+                typed_number(SLASH, "seed", arg, int))
         except InvalidParameterError:
             seed = -1  # (refused below, in /seed's own words)
         if seed is not None and not 0 <= seed <= MAX_SEED:
@@ -81,6 +86,12 @@ class SlashActions(_Base):
             self.notify(f"seed {seed}: replies sample from it once /temp is above 0 (greedy ones draw nothing)",
                         timeout=6)
         self._changed_mid_reply(f"seed {'off' if seed is None else seed}")
+
+    def _last_reply_seed(self) -> int | None:
+        """The seed the chat's last reply sampled from (TurnStats' settings); None: greedy, older, or none yet."""
+        replies = [m for m in self.session.messages if m.role == "assistant"]
+        settings = replies[-1].stats.settings if replies and replies[-1].stats is not None else None
+        return None if settings is None else settings.seed
 
     def _set_sampling(self, field: str, kind: type[int] | type[float], arg: str) -> None:
         """/temp, /top-p, /top-k: the chat's `field` from `arg` (none: say what it takes and its value now)."""

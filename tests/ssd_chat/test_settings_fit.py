@@ -76,6 +76,6 @@ def test_a_refused_seed_goes_back_to_the_runs():
         changes, notice = fit(ChatSettings.from_dict({"mode": "sd", "k": 4, "temperature": 0.5, "seed": bad}), BASE,
                               run)
         assert changes == {"seed": None} and notice == (
-            f"this chat's settings are refused (/seed takes a whole number from 0 to 2^63-1, or off (a new seed each "
-            f"reply); got {bad!r}): it uses the default seed now (/seed sets it)")
+            f"this chat's settings are refused (/seed takes a whole number from 0 to 2^63-1, last (the last reply's) "
+            f"or off (a new seed each reply); got {bad!r}): it uses the default seed now (/seed sets it)")
     assert fit(ChatSettings(mode="sd", k=4, temperature=0.5, seed=2**63 - 1), BASE, run) == ({}, None)

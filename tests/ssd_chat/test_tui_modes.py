@@ -191,11 +191,12 @@ async def test_a_seed_reaches_every_request_and_shows_where_it_applies(tmp_path)
         assert app.session.settings.seed == 42  # (saved with the chat: ChatSettings)
         replies = [m.stats for m in app.session.messages if m.role == "assistant"]
         assert [st.settings.seed for st in replies] == [None, None, 42]  # each reply's own: greedy, then seed 42
-        for bad, message in [("/seed -1", "/seed takes a whole number from 0 to 2^63-1, or off (a new seed each "
-                                          "reply); got '-1'"),
+        for bad, message in [("/seed -1", "/seed takes a whole number from 0 to 2^63-1, last (the last reply's) "
+                                          "or off (a new seed each reply); got '-1'"),
                              ("/seed 9223372036854775808", "/seed takes a whole number from 0 to 2^63-1"),
-                             ("/seed x", "/seed takes a whole number from 0 to 2^63-1, or off (a new seed each "
-                                         "reply); got 'x'"), ("/seed", "(now 42)")]:
+                             ("/seed x", "/seed takes a whole number from 0 to 2^63-1, last (the last reply's) "
+                                         "or off (a new seed each reply); got 'x'"),
+                             ("/seed", "(now 42; the last reply's: 42)")]:
             await send(app, pilot, bad)
             assert message in errors(app)[-1], (bad, errors(app)[-1])
         assert app.session.settings.seed == 42
@@ -208,6 +209,15 @@ async def test_a_seed_reaches_every_request_and_shows_where_it_applies(tmp_path)
         assert engine.calls[-1][1].seed is None and "seed" not in rendered(app.query_one("#status"))
         drawn = app.session.messages[-1].stats.settings.seed  # the seed the engine drew: the reply's own
         assert drawn == 1000 + len(engine.calls) and f"seed {drawn}" in app.session.messages[-1].stats.settings.text()
+        await send(app, pilot, "/seed")
+        assert errors(app)[-1].endswith(f"(now off; the last reply's: {drawn})")
+        await send(app, pilot, "/seed last")  # that reply's seed, pinned: a regen gives it again
+        await send(app, pilot, "/regen")
+        assert app.session.settings.seed == drawn and engine.calls[-1][1].seed == drawn
+        await send(app, pilot, "/temp 0")
+        await send(app, pilot, "greedy")
+        await send(app, pilot, "/seed last")
+        assert errors(app)[-1] == "/seed last: the last reply sampled from no seed (greedy, or no reply yet)"
 
 
 @pytest.mark.asyncio
