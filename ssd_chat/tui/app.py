@@ -212,6 +212,18 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         stop_signals.exit_if_hung_up()
         self.exit()
 
+    def warm_cache(self) -> None:
+        """While the user reads and types: the engine prefills the conversation the next prompt will follow (a
+        resumed or reopened chat's turns, the system prompt) into its prefix cache, so the first reply does not pay
+        for it. An engine without `warm` (in this process: SSD_CHAT_ENGINE_PROCESS=0), or a busy one, is skipped."""
+        warm = getattr(self.engine, "warm", None)
+        messages = self.session.engine_messages(self.session.window)
+        if warm is not None and messages and not self.busy and self.engine_alive:
+            try:
+                warm(messages)
+            except RuntimeError:  # (the engine's process is gone: the next request says so)
+                log.debug("the engine's process took no warm-up", exc_info=True)
+
     # -- the status line and the panel ---------------------------------------------------------------
     @property
     def busy(self) -> bool:

@@ -210,6 +210,7 @@ class ChatActions(_Base):
                 self.fit_settings()
                 self.fit_mode()
                 self.show_conversation()
+                self.warm_cache()
                 if unanswered:  # (saved so by an earlier version)
                     typed = self.query_one(PromptInput).bring_back(as_typed(unanswered))
                     self.notify("the chat's last prompt had no reply: it is in the input"

@@ -85,6 +85,7 @@ class EngineActions(_Base):
         self.fit_settings()
         self.fit_mode()
         self.show_conversation()
+        self.warm_cache()  # (a resumed chat's turns, the system prompt)
         if self.history_off is not None and not self.told_history_off:
             self.told_history_off = True
             self.notify_history_off()

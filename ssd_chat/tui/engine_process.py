@@ -121,6 +121,18 @@ class EngineProcess:
         with self._lock:
             return self._call("encode", messages)
 
+    def warm(self, messages: list[dict[str, str]]) -> bool:
+        """Ask the engine to prefill what the next turn after `messages` starts with into its prefix cache (a resumed
+        chat's history, a system prompt: engine_server.cache_turn_prefix), without waiting; its next request cuts it
+        short, keeping the chunks done. Whether it was sent: not while an exchange runs (a reply, a compare)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._send(("warm", messages))
+        finally:
+            self._lock.release()
+        return True
+
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
              cancel: threading.Event | None = None) -> Iterator[Event]:
         with self._lock:

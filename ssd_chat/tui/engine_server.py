@@ -124,20 +124,24 @@ class TokenDecoder:
         return self._tokenizer.decode(ids)
 
 
-def cache_turn_prefix(llm) -> int:
-    """Prefill the whole blocks of the chat template's opening into the prefix cache (engine.chat.turn_prefix, with
-    no system message of the app's: the template's own), so the first reply reuses them as every later one does;
-    the prompt tokens cached. (The first reply's TTFT was the later ones' plus about 16 prompt tokens' prefill.)"""
+def cache_turn_prefix(llm, messages: list[dict[str, str]] | None = None, stop=lambda: False) -> int:
+    """Prefill the whole blocks of what the next user turn after `messages` starts with into the prefix cache
+    (engine.chat.turn_prefix; none: the chat template's opening, with no system message of the app's), so the next
+    reply reuses them; the prompt tokens cached. With no messages the first reply's TTFT was the later ones' plus about
+    16 prompt tokens' prefill; after a resumed chat's history, or a long system prompt, its whole prefill. `stop()` is
+    asked between the prefill's chunks: True (a request of the app's waits) cancels the rest (the chunks done stay
+    cached)."""
     if not llm.config.enable_prefix_caching:
         return 0
     try:
-        prefix = turn_prefix(llm.tokenizer, [], model=llm.config.target)
+        prefix = turn_prefix(llm.tokenizer, messages or [], model=llm.config.target)
         whole = len(prefix) - len(prefix) % llm.config.block_size
         if whole:  # (a stream, closed on a failure: its request is cancelled, its blocks freed)
-            once = SamplingParams(temperature=0.0, max_tokens=1)
-            with contextlib.closing(llm.stream(prefix[:whole], once)) as events:
+            once, cancel = SamplingParams(temperature=0.0, max_tokens=1), threading.Event()
+            with contextlib.closing(llm.stream(prefix[:whole], once, cancel=cancel)) as events:
                 for _ in events:
-                    pass
+                    if not cancel.is_set() and stop():
+                        cancel.set()
     except EngineError as err:  # (no chat template: nothing to cache)
         logging.getLogger(__name__).info("the chat template's opening was not cached: %s", err)
         return 0
@@ -177,6 +181,8 @@ def _answer(llm, wire: _Wire) -> None:
                 wire.send(("ok", (llm.speculation, llm.layout)))
             elif kind == "encode":
                 wire.send(("ok", llm.encode_chat(message[1])))
+            elif kind == "warm":  # (no answer: the app does not wait; a request of its own cuts it short)
+                cache_turn_prefix(llm, message[1], stop=lambda: bool(pending) or wire.poll())
             elif kind == "chat" and _stream(llm, wire, message[1], message[2], pending):
                 return  # a close arrived while the reply streamed
         except _AppGone:

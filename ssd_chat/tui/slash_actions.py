@@ -114,6 +114,7 @@ class SlashActions(_Base):
         self.change_settings(system=arg or None)
         if arg:
             self.notify(f"system prompt set{self.from_next_reply()}", timeout=2)
+            self.warm_cache()  # (skipped while a reply runs)
         elif before:
             was = textwrap.shorten(before, 60, placeholder=" …")
             when = f"{NEXT_REPLY}; " if self.busy else ""

@@ -98,6 +98,32 @@ def test_a_cancel_lands_between_the_chunks_of_a_long_prompt(tiny_llama_dir):
         engine.close()
 
 
+def test_a_warm_up_caches_a_conversation_for_its_next_turn_and_yields_to_a_request(tiny_llama_dir):
+    """`warm` (a resumed chat's turns, a system prompt): the next turn after them reuses their whole blocks; sent
+    and at once followed by a request, the warm-up gives way (the request is answered whole); a conversation past
+    the context limit warms nothing and breaks nothing. (Its prompt is one prefill chunk here, which no request cuts
+    short: with several, the chat sent at once after it would.)"""
+    engine = EngineProcess(str(tiny_llama_dir), max_model_len=512, threads=1, block_size=4)
+    try:
+        history = [{"role": "system", "content": "Answer in one short sentence, in plain words, and nothing else."},
+                   {"role": "user", "content": "What is the capital of France?"},
+                   {"role": "assistant", "content": "Paris is the capital of France."}]
+        turn = [*history, {"role": "user", "content": "And of Spain?"}]
+        cold = _final(engine.chat([*history[:1], {"role": "user", "content": "Hi"}], GREEDY)).stats
+        assert engine.warm(history)
+        warmed = _final(engine.chat(turn, GREEDY)).stats
+        shared = len(engine.encode_chat(history)) - 8  # (the reply's header at the end is the next turn's too)
+        assert warmed.reused_prefix_tokens >= shared > cold.reused_prefix_tokens, (warmed, cold)
+        other = [{"role": "system", "content": "Another system prompt, which nothing has cached: " + "word " * 20},
+                 {"role": "user", "content": "Hi"}]
+        assert engine.warm(other[:1])  # then at once a request: it goes first, whole
+        assert len(_final(engine.chat(turn, GREEDY)).token_ids) == 24
+        assert engine.warm([{"role": "user", "content": "word " * 600}])  # past the limit: logged, nothing else
+        assert _final(engine.chat(other, GREEDY)).finish_reason is FinishReason.LENGTH
+    finally:
+        engine.close()
+
+
 def test_a_load_failure_is_an_engine_error_and_log_lines_reach_the_app(tmp_path, tiny_llama_dir, caplog):
     with pytest.raises(EngineError, match=r"config\.json"):
         EngineProcess(str(tmp_path))

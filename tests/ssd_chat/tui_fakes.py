@@ -66,9 +66,14 @@ class FakeEngine:
     layout: dict[str, str] = field(default_factory=lambda: {"target": "fake-target on cpu (TP=1, 2 threads)",
                                                             "draft": "fake-draft on cpu"})
     calls: list[tuple[list[dict[str, str]], object, str]] = field(default_factory=list)
+    warmed: list[list[dict[str, str]]] = field(default_factory=list)  # each warm()'s messages
     closed: bool = False
     max_model_len: int = 100_000  # the context, in encode_chat's tokens
     vocab_size: int = 49152  # (SmolLM2's)
+
+    def warm(self, messages) -> bool:
+        self.warmed.append([dict(m) for m in messages])
+        return True
 
     def encode_chat(self, messages) -> list[int]:
         """A token per word, plus 3 a message for the template."""
