@@ -220,7 +220,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         messages = self.session.engine_messages(self.session.window)
         if warm is not None and messages and not self.busy and self.engine_alive:
             try:
-                warm(messages)
+                warm(messages, self.speculation())
             except RuntimeError:  # (the engine's process is gone: the next request says so)
                 log.debug("the engine's process took no warm-up", exc_info=True)
 

@@ -121,14 +121,17 @@ class EngineProcess:
         with self._lock:
             return self._call("encode", messages)
 
-    def warm(self, messages: list[dict[str, str]]) -> bool:
+    def warm(self, messages: list[dict[str, str]], spec: SpeculationConfig | None = None) -> bool:
         """Ask the engine to prefill what the next turn after `messages` starts with into its prefix cache (a resumed
-        chat's history, a system prompt: engine_server.cache_turn_prefix), without waiting; its next request cuts it
+        chat's history, a system prompt: engine_server.cache_turn_prefix), in the chat's mode `spec` (an SSD chat's
+        draft process prefills it too; None: the engine's mode as it is), without waiting; its next request cuts it
         short, keeping the chunks done. Whether it was sent: not while an exchange runs (a reply, a compare)."""
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            self._send(("warm", messages))
+            self._send(("warm", messages, spec))
+            if spec is not None:
+                self._speculation = spec  # (the layout follows with the next "spec" exchange)
         finally:
             self._lock.release()
         return True

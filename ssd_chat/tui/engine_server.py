@@ -14,7 +14,7 @@ from collections import deque
 
 from engine.chat import turn_prefix
 from engine.errors import EngineError
-from engine.outputs import not_also_an_event
+from engine.outputs import EngineWarning, not_also_an_event
 from engine.sampling_params import SamplingParams
 from ssd_chat.tui import child_stderr
 
@@ -139,14 +139,18 @@ def cache_turn_prefix(llm, messages: list[dict[str, str]] | None = None, stop=la
         if whole:  # (a stream, closed on a failure: its request is cancelled, its blocks freed)
             once, cancel = SamplingParams(temperature=0.0, max_tokens=1), threading.Event()
             with contextlib.closing(llm.stream(prefix[:whole], once, cancel=cancel)) as events:
-                for _ in events:
+                for event in events:
+                    if isinstance(event, EngineWarning):  # (a reply's would come as its event: here no one reads it)
+                        logging.getLogger(ENGINE_LOGGER).warning("%s", event.message)
                     if not cancel.is_set() and stop():
                         cancel.set()
-    except EngineError as err:  # (no chat template: nothing to cache)
-        logging.getLogger(__name__).info("the chat template's opening was not cached: %s", err)
+    except EngineError as err:  # (no chat template, a conversation past the context: nothing to cache)
+        logging.getLogger(__name__).info("the next turn's opening was not cached: %s", err)
         return 0
-    except Exception:  # a failure here is the first reply's to report ("failed"), not the end of this process
-        logging.getLogger(__name__).exception("caching the chat template's opening failed")
+    except _AppGone:
+        raise
+    except Exception:  # a failure here is the next reply's to report ("failed"), not the end of this process
+        logging.getLogger(__name__).exception("caching the next turn's opening failed")
         return 0
     return whole
 
@@ -182,6 +186,8 @@ def _answer(llm, wire: _Wire) -> None:
             elif kind == "encode":
                 wire.send(("ok", llm.encode_chat(message[1])))
             elif kind == "warm":  # (no answer: the app does not wait; a request of its own cuts it short)
+                if message[2] is not None:  # the chat's mode: an SSD chat's draft process prefills too, an AR one's not
+                    llm.speculation = message[2]
                 cache_turn_prefix(llm, message[1], stop=lambda: bool(pending) or wire.poll())
             elif kind == "chat" and _stream(llm, wire, message[1], message[2], pending):
                 return  # a close arrived while the reply streamed

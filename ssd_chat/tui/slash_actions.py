@@ -112,9 +112,10 @@ class SlashActions(_Base):
     def slash_system(self, arg: str) -> None:
         before = self.session.settings.system
         self.change_settings(system=arg or None)
+        if arg or before:
+            self.warm_cache()  # the conversation under its new system prompt (skipped while a reply runs)
         if arg:
             self.notify(f"system prompt set{self.from_next_reply()}", timeout=2)
-            self.warm_cache()  # (skipped while a reply runs)
         elif before:
             was = textwrap.shorten(before, 60, placeholder=" …")
             when = f"{NEXT_REPLY}; " if self.busy else ""

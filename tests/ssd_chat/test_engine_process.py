@@ -120,6 +120,10 @@ def test_a_warm_up_caches_a_conversation_for_its_next_turn_and_yields_to_a_reque
         assert len(_final(engine.chat(turn, GREEDY)).token_ids) == 24
         assert engine.warm([{"role": "user", "content": "word " * 600}])  # past the limit: logged, nothing else
         assert _final(engine.chat(other, GREEDY)).finish_reason is FinishReason.LENGTH
+        spec = SpeculationConfig(mode="ar", k=2)  # the chat's mode goes with it (an SSD chat's draft prefills too)
+        assert engine.warm(history, spec) and engine.speculation == spec
+        engine.speculation = SpeculationConfig(mode="ar", k=3)  # (and the exchange after it is in step)
+        assert engine.speculation.k == 3 and _final(engine.chat(turn, GREEDY)).stats.reused_prefix_tokens >= shared
     finally:
         engine.close()
 

@@ -373,7 +373,7 @@ def test_the_engine_process_says_ready_with_a_light_tokenizer_then_caches_and_su
             self.tokenizer, self.max_model_len, self.speculation, self.layout, self.vocab_size = (
                 build_tokenizer(), 256, None, {}, 100)
 
-        def stream(self, prompt, params):
+        def stream(self, prompt, params, cancel=None):
             calls.append(("stream", list(prompt)))
             yield from ()
             raise RuntimeError("a kernel failed")

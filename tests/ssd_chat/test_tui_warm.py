@@ -31,6 +31,9 @@ async def test_a_resumed_chat_and_a_new_system_prompt_are_prefilled_before_the_n
         conversation = app.session.engine_messages(app.session.window)
         assert engine.warmed == [conversation] and conversation[0] == {"role": "system", "content": "Be brief."}
         assert [m["role"] for m in conversation] == ["system", "user", "assistant"]
+        await send(app, pilot, "/system")  # removed: the turns without it
+        assert engine.warmed[-1] == app.session.engine_messages(app.session.window) and len(engine.warmed) == 2
+        await send(app, pilot, "/system Be brief.")
         await send(app, pilot, "/new")
         await send(app, pilot, "a later chat")
         before = len(engine.warmed)

@@ -71,8 +71,10 @@ class FakeEngine:
     max_model_len: int = 100_000  # the context, in encode_chat's tokens
     vocab_size: int = 49152  # (SmolLM2's)
 
-    def warm(self, messages) -> bool:
+    def warm(self, messages, spec=None) -> bool:
         self.warmed.append([dict(m) for m in messages])
+        if spec is not None:
+            self.speculation = spec
         return True
 
     def encode_chat(self, messages) -> list[int]:
