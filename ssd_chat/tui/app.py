@@ -113,6 +113,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         self.reply_view: AssistantMessage | None = None
         self.prefill: tuple[int, int] | None = None  # (done, total) prompt tokens while a long prompt prefills
         self.compare_cancel: threading.Event | None = None
+        self.warm_due = False  # a warm-up asked for while busy (warm_cache): sent once the reply or compare ends
         self.draft_lost = False  # this engine's draft process died: SD and SSD run in AR until /restart
         self.colours = False
         self._flush_timer: Timer | None = None
@@ -215,14 +216,23 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
     def warm_cache(self) -> None:
         """While the user reads and types: the engine prefills the conversation the next prompt will follow (a
         resumed or reopened chat's turns, the system prompt) into its prefix cache, so the first reply does not pay
-        for it. An engine without `warm` (in this process: SSD_CHAT_ENGINE_PROCESS=0), or a busy one, is skipped."""
+        for it. An engine without `warm` (in this process: SSD_CHAT_ENGINE_PROCESS=0) is skipped; a busy one gets it
+        once the reply or compare has ended (`warm_due`)."""
         warm = getattr(self.engine, "warm", None)
         messages = self.session.engine_messages(self.session.window)
-        if warm is not None and messages and not self.busy and self.engine_alive:
+        if warm is None or not messages or not self.engine_alive:
+            return
+        self.warm_due = self.busy
+        if not self.warm_due:
             try:
-                warm(messages, self.speculation())
+                self.warm_due = not warm(messages, self.speculation())  # (False: an exchange still held it)
             except RuntimeError:  # (the engine's process is gone: the next request says so)
                 log.debug("the engine's process took no warm-up", exc_info=True)
+
+    def warm_if_due(self) -> None:
+        """After a reply or a compare: the warm-up a change made meanwhile asked for (/system while it ran)."""
+        if self.warm_due:
+            self.warm_cache()
 
     # -- the status line and the panel ---------------------------------------------------------------
     @property

@@ -116,6 +116,7 @@ class CompareActions(_Base):
 
     def on_compare_done(self, message: CompareDone) -> None:
         self.compare_cancel, self.taken_back = None, False
+        self.warm_if_due()
         report, failed = message.report, message.error is not None
         if failed:
             back = " (the prompt sent meanwhile is back in the input)" if self.queued_prompt is not None else ""

@@ -135,6 +135,7 @@ class ReplyActions(_Base):
         self.reply_view = None
         self.prefill = None
         self.refresh_status()
+        self.warm_if_due()  # (a /system change while it ran: the conversation under it, this reply included)
 
     async def on_reply_done(self, message: ReplyDone) -> None:
         if self.buffer is None or self.finished is not message.output:

@@ -52,7 +52,7 @@ async def test_a_resumed_chat_and_a_new_system_prompt_are_prefilled_before_the_n
 
 
 @pytest.mark.asyncio
-async def test_no_warm_up_while_a_reply_runs(tmp_path):
+async def test_a_warm_up_asked_for_while_a_reply_runs_is_sent_once_it_ends(tmp_path):
     engine = FakeEngine()
     engine.gate = threading.Event()  # each delta after the first waits
     app = make_app(engine, tmp_path)
@@ -63,7 +63,10 @@ async def test_no_warm_up_while_a_reply_runs(tmp_path):
         app.query_one(PromptArea).text = "/system Be brief."
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.session.settings.system == "Be brief.", what="the system prompt")
-        assert engine.warmed == []  # (the reply's request holds the engine: the next prompt prefills it)
+        assert engine.warmed == [] and app.warm_due  # (the reply's request holds the engine)
         engine.gate.set()
         await settle(app, pilot)
+        conversation = app.session.engine_messages(app.session.window)
+        assert engine.warmed == [conversation] and not app.warm_due  # the system prompt, "hi" and its reply
+        assert [m["role"] for m in conversation] == ["system", "user", "assistant"]
         await _quit(app, pilot)
