@@ -57,6 +57,5 @@ class ReplySettings:
         if self.mode == "ssd" and ran in (None, "ssd") and self.fanout is not None:
             parts.append(f"fan-out {fanout_text(self.fanout)}")
         parts.append(f"temp {number_text(self.temperature)}")
-        filters = filters_text(self.temperature, self.top_p, self.top_k, sep)
-        seed = [f"seed {self.seed}"] if self.seed is not None and self.temperature > 0 else []
-        return sep.join(parts + ([filters] if filters else []) + seed)
+        filters = filters_text(self.temperature, self.top_p, self.top_k, sep, seed=self.seed)
+        return sep.join(parts + ([filters] if filters else []))

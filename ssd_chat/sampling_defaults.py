@@ -71,9 +71,11 @@ def chosen(target: str, temperature: float | None, top_p: float | None, top_k: i
     return SamplingParams(temperature=sampling[0], top_p=sampling[1], top_k=sampling[2], **others)
 
 
-def filters_text(temperature: float, top_p: float, top_k: int, sep: str = " ") -> str:
-    """The filters a sampled reply uses, for the status line, the panel and the export: "top-p 0.9", "top-p 0.95 top-k
-    20"; "" where none applies (off, or greedy: temperature 0 takes the argmax whatever they are)."""
+def filters_text(temperature: float, top_p: float, top_k: int, sep: str = " ", seed: int | None = None) -> str:
+    """The filters a sampled reply uses, and its seed where it has one, for the status line, the panel, the export and
+    compare: "top-p 0.9", "top-p 0.95 top-k 20 seed 7"; "" where none applies (off, or greedy: temperature 0 takes
+    the argmax whatever they are, and draws from no seed)."""
     if temperature == 0:
         return ""
-    return sep.join(([f"top-p {number_text(top_p)}"] if top_p < 1 else []) + ([f"top-k {top_k}"] if top_k > 0 else []))
+    return sep.join(([f"top-p {number_text(top_p)}"] if top_p < 1 else []) + ([f"top-k {top_k}"] if top_k > 0 else [])
+                    + ([f"seed {seed}"] if seed is not None else []))

@@ -258,9 +258,8 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         if state == "ready" and self.current_edit() is not None:
             state = "editing the last prompt: Esc cancels"
         colours = " · colours on" if self.colours else ""
-        filters = filters_text(s.temperature, s.top_p, s.top_k)
+        filters = filters_text(s.temperature, s.top_p, s.top_k, seed=s.seed)
         sampling = f"temp {number_text(s.temperature)}" + (f" {filters}" if filters else "")
-        sampling += f" seed {s.seed}" if s.seed is not None and s.temperature > 0 else ""
         context = f" · ctx {self.session.context_tokens():,}/{self.engine.max_model_len:,}" if self.engine else ""
         k = self.drafted_k()
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first

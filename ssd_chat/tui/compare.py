@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 
 from engine.outputs import PrefillProgress, RequestFinished, RequestOutput, TokenDelta
 from engine.sampling_params import SamplingParams
+from ssd_chat.sampling_defaults import filters_text
+from ssd_chat.setting_words import number_text
 from ssd_chat.tui.engine_worker import ChatEngine, available_modes
 
 
@@ -84,9 +86,8 @@ def decoding(params: SamplingParams) -> str:
     """How a compare decodes, for its title: "greedy", or "sampled at 0.2, top-p 0.9, seed 7"."""
     if params.is_greedy:
         return "greedy"
-    filters = (f", top-p {params.top_p:g}" if params.top_p < 1 else "") + (f", top-k {params.top_k}" if params.top_k
-                                                                            else "")
-    return f"sampled at {params.temperature:g}{filters}, seed {params.seed}"
+    return (f"sampled at {number_text(params.temperature)}, "
+            + filters_text(params.temperature, params.top_p, params.top_k, ", ", seed=params.seed))
 
 
 def run_compare(

@@ -15,10 +15,9 @@ def settings_sentence(s: ChatSettings, mode: str, k: int | None = None) -> str:
     """The chat's settings at export time; `mode` as the format writes it (Markdown: as code); k only in SD and SSD
     (AR drafts nothing), `k` where given: what the engine drafts for the chat's (EngineConfig.drafted_k); the fan-out
     in SSD where set (none: the default)."""
-    filters = filters_text(s.temperature, s.top_p, s.top_k, ", ")
+    filters = filters_text(s.temperature, s.top_p, s.top_k, ", ", seed=s.seed)
     drafts = "" if s.mode == "ar" else f"k {s.k if k is None else k}, "
     drafts += f"fan-out {fanout_text(s.fanout)}, " if s.mode == "ssd" and s.fanout is not None else ""
-    filters += (", " if filters else "") + f"seed {s.seed}" if s.seed is not None and s.temperature > 0 else ""
     return (f"Mode {mode}, {drafts}temperature {number_text(s.temperature)}, {filters + ', ' if filters else ''}"
             f"max tokens {s.max_tokens} (the chat's settings when exported; the stats give each reply's own).")
 

@@ -87,9 +87,8 @@ class StatsPanel(VerticalScroll):
         spec = "" if settings.mode == "ar" else f" · k {k}"
         spec += f" · fan-out {fanout}" if settings.mode == "ssd" else ""
         table.add_row("mode", settings.mode.upper() + spec)
-        filters = filters_text(settings.temperature, settings.top_p, settings.top_k, " · ")
-        seed = f" · seed {settings.seed}" if settings.seed is not None and settings.temperature > 0 else ""
-        table.add_row("temp", number_text(settings.temperature) + (f" · {filters}" if filters else "") + seed)
+        filters = filters_text(settings.temperature, settings.top_p, settings.top_k, " · ", seed=settings.seed)
+        table.add_row("temp", number_text(settings.temperature) + (f" · {filters}" if filters else ""))
         table.add_row("system", Text(" ".join(settings.system.split()), overflow="ellipsis", no_wrap=True)
                       if settings.system else Text("none", style="dim"))
         self.query_one("#layout", Static).update(table)
