@@ -57,13 +57,19 @@ class CompactHead:
             return None
         return CompactHead(ids.cpu(), model.args.vocab_size)
 
-    def tokens(self, indices: torch.Tensor) -> list[int]:
+    def tokens(self, indices: torch.Tensor | list[int]) -> list[int]:
         return self.ids[indices].tolist()
 
     def spread(self, q: torch.Tensor) -> torch.Tensor:  # [Vr] or [V] -> [V]
         """A q row over the head's tokens spread over the vocabulary (a row over the vocabulary as it is: the
         context lookup's one-hot rows)."""
         return q if q.shape[-1] == self.vocab_size else q.new_zeros(self.vocab_size).index_copy_(0, self.ids, q)
+
+
+def draft_probabilities(logits: torch.Tensor, params: SamplingParams, temperature: float | None) -> torch.Tensor:
+    """q: the distribution the draft samples rows of `logits` [n, V or Vr] from, at the draft's own `temperature` (None:
+    the request's; 0 is taken as 1e-5, a distribution next to the argmax) with the request's filters."""
+    return probabilities(logits, params, None if temperature is None else max(temperature, 1e-5))
 
 
 def draw_rows(
@@ -83,8 +89,7 @@ def draw_rows(
             sampled.setdefault(seq.params, []).append(i)
     q: dict[int, torch.Tensor] = {}
     for params, rows in sampled.items():
-        temp = None if temperature is None else max(temperature, 1e-5)
-        q |= zip(rows, probabilities(logits[rows], params, temp), strict=True)  # [n, V or Vr]
+        q |= zip(rows, draft_probabilities(logits[rows], params, temperature), strict=True)  # [n, V or Vr]
     assert positions is not None or not any(seq.noise_key is not None for seq in seqs), "coupled rows need positions"
     for i, (proposal, seq) in enumerate(zip(proposals, seqs, strict=True)):
         proposal.from_lookup.append(False)

@@ -73,6 +73,11 @@ def _kernels() -> ctypes.CDLL | None:
     return native.library()
 
 
+def _row_kernels(probs: torch.Tensor) -> ctypes.CDLL | None:
+    """`_kernels()` for one float32 CPU row [V] (what `inverse_cdf` and the race take); else None."""
+    return _kernels() if probs.dtype == torch.float32 and probs.device.type == "cpu" and probs.dim() == 1 else None
+
+
 def _kernel_probabilities(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor | None:
     """`probabilities` by the kernel, row by row; None where it does not run (not a float32 CPU tensor, no kernels,
     a top-p that float32 rounds to 1). A row with a NaN or +inf logit, or no finite one, takes torch's path alone
@@ -130,7 +135,7 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
 
     A token with zero mass has an empty interval, so it is never picked.
     """
-    lib = _kernels() if probs.dtype == torch.float32 and probs.device.type == "cpu" and probs.dim() == 1 else None
+    lib = _row_kernels(probs)
     if lib is not None:
         probs = probs.contiguous()
         token = int(lib.sampling_inverse_cdf(probs.data_ptr(), probs.shape[0], float(u)))
@@ -157,7 +162,7 @@ def race(probs: torch.Tensor, key: int, position: int, ids: torch.Tensor | None 
 def race_ranked(probs: torch.Tensor, key: int, position: int, ids: torch.Tensor | None, n: int) -> list[int]:
     """The indices of the race's first n finishers (fewer where fewer entries have mass), the winner first: the
     kernel's where it runs (the same ones), else `coupling.ranked`'s."""
-    lib = _kernels() if probs.dtype == torch.float32 and probs.device.type == "cpu" and probs.dim() == 1 else None
+    lib = _row_kernels(probs)
     usable_ids = ids is None or (ids.dtype == torch.long and ids.device.type == "cpu" and ids.shape == probs.shape)
     if lib is not None and n > 0 and usable_ids:
         probs = probs.contiguous()

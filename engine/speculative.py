@@ -91,12 +91,11 @@ def verify_coupled(draft_tokens: torch.Tensor, target_probs: torch.Tensor | Rows
     """Verification of a coupled request. draft_tokens: [K] long; target_probs: [K+1, V] p_i (or `Rows`: rows past
     the first mismatch are never read) at positions position + i (position: the committed length)."""
     num_draft = _check_shapes(draft_tokens, target_probs)
-    drafts = draft_tokens.tolist()
-    for i in range(num_draft + 1):
+    for i, x in enumerate(draft_tokens.tolist()):
         token = race(target_probs[i], key, position + i)
-        if i == num_draft or token != drafts[i]:
+        if token != x:
             return Verdict(i, token)
-    raise AssertionError("unreachable")
+    return Verdict(num_draft, race(target_probs[num_draft], key, position + num_draft))
 
 
 class Rows:

@@ -24,9 +24,9 @@ import torch
 
 from engine.attention.base import SeqSpan
 from engine.config import SCRATCH_SLOTS
-from engine.drafter import CompactHead, Drafter, Proposal, draw_rows
+from engine.drafter import CompactHead, Drafter, Proposal, draft_probabilities, draw_rows
 from engine.runner import Chunk, slot_index
-from engine.sampling import probabilities, race_ranked
+from engine.sampling import race_ranked
 from engine.sequence import Sequence
 
 
@@ -115,7 +115,7 @@ class SsdDrafter(Drafter):
             for j, row in enumerate(glue[seq]):
                 width = fanout[min(j, len(fanout) - 1)] if drafts else sum(fanout)
                 top = rank(j, row, min(width + 1, row.shape[-1]))
-                top = top if self.head is None else self.head.tokens(torch.tensor(top, dtype=torch.long))
+                top = top if self.head is None else self.head.tokens(top)
                 skip = drafts[j] if j < len(drafts) else None  # the target would have accepted it
                 candidates = [t for t in top if t != skip][:width]
                 if j == len(drafts) and width > 0:  # all accepted: the target's next token is often the context's
@@ -137,8 +137,7 @@ class SsdDrafter(Drafter):
         target's likeliest), then the logits' order for the rest. -> rank(j, row, n): n indices into the row."""
         if seq.noise_key is None:
             return lambda j, row, n: torch.topk(row, n).indices.tolist()
-        temp = None if draft_temperature is None else max(draft_temperature, 1e-5)
-        q = probabilities(rows, seq.params, temp)  # [K+1, V or Vr]
+        q = draft_probabilities(rows, seq.params, draft_temperature)  # [K+1, V or Vr]
         ids = None if self.head is None else self.head.ids
 
         def rank(j: int, row: torch.Tensor, n: int) -> list[int]:
