@@ -122,9 +122,8 @@ class _Server:
             i += 7 + n
             params = SamplingParams(temperature=bits_float(temp), top_k=top_k, top_p=bits_float(top_p),
                                     max_tokens=1 << 30, sampler="coupled" if coupled else "rejection")
-            sampled = not params.is_greedy
-            generator = torch.Generator().manual_seed(seed) if sampled and not coupled else None
-            seq = Sequence(seq_id, tokens, params, generator, noise_key=seed if sampled and coupled else None)
+            generator = torch.Generator().manual_seed(seed) if not params.is_greedy and not coupled else None
+            seq = Sequence(seq_id, tokens, params, generator, seed=seed)  # (coupled: its noise_key)
             self.shadow[seq_id] = seq
             seqs.append(seq)
         self.prefills.add(seqs)  # prefilled a chunk at a time by the loop, between messages

@@ -217,15 +217,12 @@ class LLM:
             raise EngineError("a second Ctrl-C stopped the engine in the middle of a step: close it and start a new "
                               "one")
         check_prompt(token_ids, self.model_args.vocab_size, self.max_model_len, self.model_max_len)
-        generator, noise_key = None, None
+        generator, seed = None, None
         if not params.is_greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
-            if params.sampler == "coupled":  # (the race's key: engine.coupling)
-                noise_key = seed
-            else:
+            if params.sampler == "rejection":  # (the coupled race keys on the seed itself: Sequence.noise_key)
                 generator = torch.Generator().manual_seed(seed)
-        seq = Sequence(next(self._ids), list(token_ids), params, generator, noise_key=noise_key,
-                       seed=None if params.is_greedy else seed)
+        seq = Sequence(next(self._ids), list(token_ids), params, generator, seed=seed)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         spec = self.speculation
         detokenizer = IncrementalDetokenizer(self._decode, params.stop, self._ends_inside_a_character)

@@ -178,12 +178,9 @@ def race_ranked(probs: torch.Tensor, key: int, position: int, ids: torch.Tensor 
 def sample_next(logits: torch.Tensor, seq: Sequence) -> int:
     """A request's next token (position len(seq.token_ids)) from its logits [V]: the argmax when greedy, else from
     `probabilities` by the request's sampler (the coupled race where it has a noise key, else a generator's draw)."""
-    if seq.params.is_greedy:
-        return int(torch.argmax(logits))
-    probs = probabilities(logits, seq.params)
-    if seq.noise_key is not None:
-        return race(probs, seq.noise_key, len(seq.token_ids))
-    return draw(probs, seq.generator)
+    if seq.noise_key is None:
+        return sample_token(logits, seq.params, seq.generator)
+    return race(probabilities(logits, seq.params), seq.noise_key, len(seq.token_ids))
 
 
 def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:

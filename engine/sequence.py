@@ -23,7 +23,6 @@ class Sequence:
     token_ids: list[int]
     params: SamplingParams
     generator: torch.Generator | None = None  # the rejection rule's draws, when sampling (temperature > 0)
-    noise_key: int | None = None  # the coupled race's key (engine.coupling), when sampling by it instead
     seed: int | None = None  # a sampled request's seed (SamplingParams.seed, or drawn): the same reply again from it
     status: SeqStatus = SeqStatus.WAITING
     num_prompt_tokens: int = 0
@@ -43,6 +42,12 @@ class Sequence:
     @property
     def generated_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def noise_key(self) -> int | None:
+        """The coupled race's key (engine.coupling): the seed of a request sampled by the race; else None (greedy,
+        or the rejection rule's draws from `generator`)."""
+        return self.seed if not self.params.is_greedy and self.params.sampler == "coupled" else None
 
     @property
     def needs_q(self) -> bool:

@@ -69,9 +69,9 @@ class SpecPolicy:
         """SSD, for a request that pauses this round (k = 0): the k its next round drafts if that round probes (every
         PROBE_EVERY-th paused round drafts), so that the draft process pre-drafts its outcomes while the target runs
         this round's plain step and the probe is a cache hit; else 0 (the draft process then only follows)."""
-        if self.paused.get(seq.seq_id, 0) % PROBE_EVERY != PROBE_EVERY - 1:
+        if not _probes(self.paused.get(seq.seq_id, 0) + 1):
             return 0
-        return capped(best_k(spec.k, self._acceptance(seq), self.round_cost[spec.mode]), self.max_draft)
+        return capped(self._probe_k(seq, spec), self.max_draft)
 
     def fanout(self, spec: SpeculationConfig, k: int, seqs: list[Sequence]) -> tuple[int, ...]:
         """SSD's branches per outcome for a round of at most `k` drafts: the setting's, or the geometric fan-out
@@ -114,9 +114,18 @@ class SpecPolicy:
         if k > 0:
             return k
         paused = self.paused[seq.seq_id] = self.paused.get(seq.seq_id, 0) + 1
-        return 0 if paused % PROBE_EVERY else best_k(spec.k, acceptance, cost)
+        return self._probe_k(seq, spec) if _probes(paused) else 0
+
+    def _probe_k(self, seq: Sequence, spec: SpeculationConfig) -> int:
+        """A probe's k (a paused request's drafting round): the best k of at least 1 for its measured figures."""
+        return best_k(spec.k, self._acceptance(seq), self.round_cost[spec.mode])
 
     def _acceptance(self, seq: Sequence) -> float:
         """The request's measured per-token acceptance, or the prior before it has drafted."""
         estimate = self.acceptance.get(seq.seq_id)
         return AcceptanceEstimate.PRIOR if estimate is None else estimate.value
+
+
+def _probes(paused: int) -> bool:
+    """Whether a request's `paused`-th plain round in a row drafts instead (every PROBE_EVERY-th: SSD's probe)."""
+    return paused % PROBE_EVERY == 0

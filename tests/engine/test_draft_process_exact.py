@@ -121,7 +121,7 @@ def mixed_batch(seed: int, coupled: bool = False) -> list[Sequence]:
         key = None if p.is_greedy else int(torch.randint(2**62, (1,), generator=gen))
         generator = None if key is None or coupled else torch.Generator().manual_seed(key)
         seqs.append(Sequence(next(_ids), [i % VOCAB if p.is_greedy else START], p, generator,
-                             noise_key=key if coupled else None))
+                             seed=key if coupled else None))  # (SAMPLED: coupled)
     return seqs
 
 

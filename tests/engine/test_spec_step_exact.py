@@ -149,7 +149,7 @@ def speculative_runs(
                                                                        max_num_seqs=n)
     seeds = torch.randint(2**62, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
     seqs = [Sequence(i, [START], PARAMS, None if coupled else torch.Generator().manual_seed(s),
-                     noise_key=s if coupled else None) for i, s in enumerate(seeds)]
+                     seed=s if coupled else None) for i, s in enumerate(seeds)]  # (PARAMS: coupled)
     drafter.start(seqs)  # the prefill (as the core: the draft's sequence holds the prompt), then its token, AR's
     for seq in seqs:
         blocks.allocate(seq)
