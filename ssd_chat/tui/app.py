@@ -219,11 +219,11 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         for it. An engine without `warm` (in this process: SSD_CHAT_ENGINE_PROCESS=0) is skipped; a busy one gets it
         once the reply or compare has ended (`warm_due`)."""
         warm = getattr(self.engine, "warm", None)
-        messages = self.session.engine_messages(self.session.window)
-        if warm is None or not messages or not self.engine_alive:
+        self.warm_due = warm is not None and self.busy
+        if warm is None or self.warm_due or not self.engine_alive:
             return
-        self.warm_due = self.busy
-        if not self.warm_due:
+        messages = self.session.engine_messages(self.session.window)
+        if messages:
             try:
                 self.warm_due = not warm(messages, self.speculation())  # (False: an exchange still held it)
             except RuntimeError:  # (the engine's process is gone: the next request says so)

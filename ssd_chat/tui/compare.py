@@ -79,7 +79,7 @@ def replay_params(sampling: SamplingParams | None, max_tokens: int) -> SamplingP
     if sampling is None or sampling.is_greedy:
         return SamplingParams(temperature=0.0, max_tokens=max_tokens)
     seed = random.getrandbits(62) if sampling.seed is None else sampling.seed
-    return replace(sampling, max_tokens=max_tokens, seed=seed, sampler="coupled", stop=(), stop_token_ids=())
+    return replace(sampling, max_tokens=max_tokens, seed=seed, sampler="coupled")
 
 
 def decoding(params: SamplingParams) -> str:

@@ -72,15 +72,14 @@ class SlashActions(_Base):
         if not arg:
             told = "" if last is None else f"; the last reply's: {last}"
             raise SlashError(f"/seed takes {TAKES['seed']} (now {'off' if now is None else now}{told})")
-        if arg.lower() == "last" and last is None:
-            raise SlashError("/seed last: the last reply sampled from no seed (greedy, or no reply yet)")
-        try:
-            seed = None if arg.lower() in ("off", "none") else last if arg.lower() == "last" else int(
-                typed_number(SLASH, "seed", arg, int))
-        except InvalidParameterError:
-            seed = -1  # (refused below, in /seed's own words)
-        if seed is not None and not 0 <= seed <= MAX_SEED:
-            raise SlashError(f"/seed takes {TAKES['seed']}; got {arg!r}")
+        if arg.lower() in ("off", "none"):
+            seed = None
+        elif arg.lower() == "last":
+            if last is None:
+                raise SlashError("/seed last: the last reply sampled from no seed (greedy, or no reply yet)")
+            seed = last
+        else:
+            seed = _typed_seed(arg)
         self.change_settings(seed=seed)
         if seed is not None and self.session.settings.temperature == 0:
             self.notify(f"seed {seed}: replies sample from it once /temp is above 0 (greedy ones draw nothing)",
@@ -89,8 +88,8 @@ class SlashActions(_Base):
 
     def _last_reply_seed(self) -> int | None:
         """The seed the chat's last reply sampled from (TurnStats' settings); None: greedy, older, or none yet."""
-        replies = [m for m in self.session.messages if m.role == "assistant"]
-        settings = replies[-1].stats.settings if replies and replies[-1].stats is not None else None
+        reply = self.session.last_reply()
+        settings = None if reply is None or reply.stats is None else reply.stats.settings
         return None if settings is None else settings.seed
 
     def _set_sampling(self, field: str, kind: type[int] | type[float], arg: str) -> None:
@@ -208,3 +207,14 @@ class SlashActions(_Base):
             self.restart_engine()
         else:
             self.ready_and_idle()  # says why not (still loading, or a reply runs)
+
+
+def _typed_seed(arg: str) -> int:
+    """/seed's number as typed, or a SlashError in /seed's words (not a whole number, or out of range)."""
+    try:
+        seed = int(typed_number(SLASH, "seed", arg, int))
+        if 0 <= seed <= MAX_SEED:
+            return seed
+    except InvalidParameterError:
+        pass
+    raise SlashError(f"/seed takes {TAKES['seed']}; got {arg!r}")
