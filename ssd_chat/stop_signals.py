@@ -22,12 +22,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import asyncio  # (its import is 45 ms of every start; the chat app has it loaded already)
+    from types import FrameType
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 HANGUP_EXIT_S = 5.0  # after a hangup the process ends by this time, whatever it waits on
+_AGAIN_S = 0.005  # a signal that came inside a finalizer is sent again after this (_again_later)
 _received: int | None = None  # the first stop signal that came
+_deferred: int | None = None  # that signal, while it waits for the finalizer it came in to end
 _before_forced_exit: list[Callable[[], object]] = []  # what the hangup's forced exit runs first (before_forced_exit)
 
 
@@ -43,15 +46,56 @@ def _first(signum: int) -> bool:
     return True
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    if _first(signum):
-        raise KeyboardInterrupt
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    global _deferred
+    if not _first(signum) and _deferred is None:
+        return
+    if _in_finalizer(frame):
+        _again_later(signum)
+        _deferred = signum
+        return
+    _deferred = None
+    raise KeyboardInterrupt
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C: KeyboardInterrupt at every press, as Python's own handler raises it, but never inside a finalizer."""
+    if _in_finalizer(frame):
+        _again_later(signum)
+        return
+    raise KeyboardInterrupt
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether the code the signal interrupted runs inside a `__del__`, at any depth. An exception raised there
+    goes nowhere: Python prints "Exception ignored in ... __del__" with its traceback and carries on, so the stop
+    was lost (the run went on to its end) and stderr got a traceback (a tokenizer's regex object was collected
+    while a start-up's signal came)."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again_later(signum: int) -> None:
+    """`signum` to the main thread again in a moment, once the finalizer it came in has returned."""
+    if not hasattr(signal, "pthread_kill"):
+        raise KeyboardInterrupt  # (no way to send it again: as before, raised where it came)
+    main = threading.main_thread().ident
+    timer = threading.Timer(_AGAIN_S, signal.pthread_kill, (main, signum))
+    timer.daemon = True
+    timer.start()
 
 
 def install() -> None:
-    """From now on a stop signal raises KeyboardInterrupt in the main thread (once)."""
+    """From now on a stop signal raises KeyboardInterrupt in the main thread (once), and Ctrl-C raises it as
+    before; neither inside a finalizer, where it would be lost (`_in_finalizer`): there it comes again a moment
+    later."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _raise_interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 def hung_up() -> bool:
