@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from rich.markup import escape
 from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.timer import Timer
@@ -263,8 +263,10 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         context = f" · ctx {self.session.context_tokens():,}/{self.engine.max_model_len:,}" if self.engine else ""
         k = self.drafted_k()
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
-            f"[b]{s.mode.upper()}[/b] · {state} · k {k} · {sampling}{colours}{context} · "
-            f"{escape(self.session.conversation.title)}"
+            Content.from_markup(  # (the title as a variable: no escape keeps "what does [/ do?" from being markup)
+                f"[b]{s.mode.upper()}[/b] · {state} · k {k} · {sampling}{colours}{context} · $title",
+                title=self.session.conversation.title,
+            )
         )
         if self.engine is not None:
             self.query_one(StatsPanel).show_layout(self.engine.layout, s, k=k)

@@ -129,3 +129,23 @@ async def test_keys_typed_in_the_same_burst_as_the_send_key_stay_in_the_input(tm
         app.submit("/k 0")
         await pilot.pause()
         assert "1-32; got 0" in errors(app)[-1] and area.text == "/k 0\nmore"
+
+
+@pytest.mark.asyncio
+async def test_a_title_that_looks_like_markup_is_shown_as_typed(tmp_path):
+    """A first prompt "In vim, what does [/ do?" (the chat's title) crashed the app with a MarkupError and lost the
+    prompt; `/rename [red]x[/` crashed it too, and again whenever that chat was opened: the status line read the
+    title as Textual markup, which `[/` opens a closing tag in even escaped."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "In vim, what does [/ do?")
+        assert rendered(app.query_one("#status")).endswith("In vim, what does [/ do?")
+        assert [m.content for m in app.session.messages][0] == "In vim, what does [/ do?"
+        for title in ("[red]x[/", "x[/", "a\\[/b] $title [b]bold[/b]"):
+            await send(app, pilot, f"/rename {title}")
+            assert rendered(app.query_one("#status")).endswith(title)
+    reopened = make_app(FakeEngine(), tmp_path, resume=True)  # (the latest chat: this one)
+    async with reopened.run_test(size=SIZE) as pilot:
+        await settle(reopened, pilot)
+        assert rendered(reopened.query_one("#status")).endswith("a\\[/b] $title [b]bold[/b]")
