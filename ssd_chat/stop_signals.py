@@ -28,9 +28,11 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 HANGUP_EXIT_S = 5.0  # after a hangup the process ends by this time, whatever it waits on
-_AGAIN_S = 0.005  # a signal that came inside a finalizer is sent again after this (_again_later)
+_AGAIN_S = 0.005  # a signal that came where KeyboardInterrupt would go wrong comes again after this (_not_here)
+_AGAIN_MAX = 200  # and at most this many times in a row (a second), then it is raised wherever it comes
+_again_count = 0  # how many times in a row it came again
 _received: int | None = None  # the first stop signal that came
-_deferred: int | None = None  # that signal, while it waits for the finalizer it came in to end
+_deferred: int | None = None  # that signal, while it waits to come again (_not_here)
 _before_forced_exit: list[Callable[[], object]] = []  # what the hangup's forced exit runs first (before_forced_exit)
 
 
@@ -50,7 +52,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     global _deferred
     if not _first(signum) and _deferred is None:
         return
-    if _in_finalizer(frame):
+    if _not_here(frame):
         _again_later(signum)
         _deferred = signum
         return
@@ -59,27 +61,39 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C: KeyboardInterrupt at every press, as Python's own handler raises it, but never inside a finalizer."""
-    if _in_finalizer(frame):
+    """Ctrl-C: KeyboardInterrupt at every press, as Python's own handler raises it, but not where it goes wrong."""
+    if _not_here(frame):
         _again_later(signum)
         return
     raise KeyboardInterrupt
 
 
-def _in_finalizer(frame: FrameType | None) -> bool:
-    """Whether the code the signal interrupted runs inside a `__del__`, at any depth. An exception raised there
-    goes nowhere: Python prints "Exception ignored in ... __del__" with its traceback and carries on, so the stop
-    was lost (the run went on to its end) and stderr got a traceback (a tokenizer's regex object was collected
-    while a start-up's signal came)."""
+def _not_here(frame: FrameType | None) -> bool:
+    """Whether KeyboardInterrupt raised in the code the signal interrupted would go wrong (then the signal comes
+    again a moment later, at most _AGAIN_MAX times in a row):
+    - inside a `__del__`, at any depth: the exception goes nowhere. Python prints "Exception ignored in ... __del__"
+      with its traceback and carries on, so the stop was lost (the run went on to its end) and stderr got a
+      traceback (a tokenizer's regex object, collected as a start-up's signal came);
+    - inside code that `eval` or `exec` compiled from a string ("<string>"; the outermost frame aside, `python -c`'s):
+      an interrupt leaving it marks the interpreter's run as ended by an uncaught Ctrl-C, even once caught, and
+      `python -m ssd_chat` then died of SIGINT instead of exiting with its code (a namedtuple's class, made as
+      transformers imported)."""
+    global _again_count
+    if _again_count >= _AGAIN_MAX:
+        _again_count = 0
+        return False
     while frame is not None:
-        if frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code.co_name == "__del__" or (code.co_filename == "<string>" and frame.f_back is not None):
+            _again_count += 1
             return True
         frame = frame.f_back
+    _again_count = 0
     return False
 
 
 def _again_later(signum: int) -> None:
-    """`signum` to the main thread again in a moment, once the finalizer it came in has returned."""
+    """`signum` to the main thread again in a moment, once the code it came in has returned (_not_here)."""
     if not hasattr(signal, "pthread_kill"):
         raise KeyboardInterrupt  # (no way to send it again: as before, raised where it came)
     main = threading.main_thread().ident
@@ -90,8 +104,7 @@ def _again_later(signum: int) -> None:
 
 def install() -> None:
     """From now on a stop signal raises KeyboardInterrupt in the main thread (once), and Ctrl-C raises it as
-    before; neither inside a finalizer, where it would be lost (`_in_finalizer`): there it comes again a moment
-    later."""
+    before; neither where the interrupt would go wrong (`_not_here`): there it comes again a moment later."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _raise_interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:

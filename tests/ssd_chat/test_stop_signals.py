@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ def fresh(monkeypatch):
     """No stop signal received yet; the process's handlers put back after the test."""
     monkeypatch.setattr(stop_signals, "_received", None)
     monkeypatch.setattr(stop_signals, "_deferred", None)
+    monkeypatch.setattr(stop_signals, "_again_count", 0)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *stop_signals.STOP_SIGNALS)}
     yield
     for sig, handler in before.items():
@@ -82,6 +84,48 @@ def test_a_signal_that_lands_in_a_finalizer_is_raised_once_it_returns(sig, fresh
     else:
         assert stop_signals.received() is None  # (Ctrl-C's exit code stays the CLI's 130)
         assert _raised_after_a_finalizer(signal.SIGINT)  # every Ctrl-C raises, as Python's own handler does
+
+
+def _raised_after_eval(sig: signal.Signals) -> list[str]:
+    """The files of the frames KeyboardInterrupt went through, where `sig` landed inside `eval`'d code (a
+    namedtuple's class is made so)."""
+    try:
+        eval("signal.raise_signal(sig) or sum(range(1000))", {"signal": signal, "sig": sig})  # (lands in "<string>")
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+    except KeyboardInterrupt as err:
+        return [frame.f_code.co_filename for frame, _ in traceback.walk_tb(err.__traceback__)]
+    return []
+
+
+@needs_posix
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_that_lands_in_evald_code_is_raised_once_it_returns(sig, fresh):
+    stop_signals.install()
+    files = _raised_after_eval(getattr(signal, sig))
+    assert files and "<string>" not in files
+
+
+@needs_posix
+def test_python_m_stopped_inside_evald_code_exits_with_its_code_not_by_sigint(tmp_path):
+    """An interrupt that left `eval`'d code (a namedtuple's class made as transformers imported) marked the run as
+    ended by an uncaught Ctrl-C, even caught: `python -m ssd_chat` died of SIGINT (-2) instead of exiting 129."""
+    (tmp_path / "stopped").mkdir()
+    (tmp_path / "stopped" / "__main__.py").write_text(
+        "import signal, sys\n"
+        "from ssd_chat import stop_signals\n"
+        "stop_signals.install()\n"
+        "try:\n"
+        "    eval('signal.raise_signal(signal.SIGHUP) or sum(range(1000))', {'signal': signal})\n"
+        "    while True:\n"
+        "        pass\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(stop_signals.exit_code(0))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
+    done = subprocess.run([sys.executable, "-m", "stopped"], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr.decode()
 
 
 @needs_posix
