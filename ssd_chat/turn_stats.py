@@ -62,14 +62,15 @@ class TurnStats:
 
     def line(self) -> str:
         """One dim line under a reply (and after it in plain mode)."""
-        reused = f"prefix reused {self.reused_prefix_tokens}/{self.prompt_tokens}"
+        # (no prompt count: a reply the engine died under, which never told it)
+        reused = f" · prefix reused {self.reused_prefix_tokens}/{self.prompt_tokens}" if self.prompt_tokens else ""
         if not self.generated_tokens:  # stopped during the prompt's prefill: no speed, TTFT or tau to speak of
-            return f"0 tokens · {reused} · stopped: {self.finish_reason}"
+            return f"0 tokens{reused} · stopped: {self.finish_reason}"
         if self.generated_tokens == 1:  # the prefill's token alone (an end of turn at once): no decode speed or tau
-            text = f"TTFT {1000 * self.ttft_s:.0f} ms · 1 token · {reused}"
+            text = f"TTFT {1000 * self.ttft_s:.0f} ms · 1 token{reused}"
         else:
             text = f"{self.decode_tok_s:.1f} tok/s · TTFT {1000 * self.ttft_s:.0f} ms · {self.generated_tokens} tokens"
-            text += f" · {reused}"
+            text += reused
         if self.tau is not None and self.generated_tokens > 1:
             text += f" · {self.mode} tau {self.tau:.2f} · accepted {self.acceptance_rate or 0.0:.0%}"
             if self.cache_hit_rate is not None:

@@ -31,7 +31,7 @@ def stats_rows(messages: list[ChatMessage]) -> list[tuple[str, ...]]:
         settings = "" if st.settings is None else st.settings.text(ran=st.mode)  # (none: kept only since they are)
         rows.append((str(i), st.mode, settings, str(st.generated_tokens), f"{st.decode_tok_s:.1f}", ttft,
                      _opt(st.tau, "{:.2f}"), _opt(st.acceptance_rate, "{:.0%}"), _opt(st.cache_hit_rate, "{:.0%}"),
-                     f"{st.reused_prefix_tokens}/{st.prompt_tokens}", st.finish_reason))
+                     f"{st.reused_prefix_tokens}/{st.prompt_tokens}" if st.prompt_tokens else "–", st.finish_reason))
     return rows
 
 

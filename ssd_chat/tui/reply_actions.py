@@ -38,6 +38,8 @@ TICK_S = 0.05  # how often the flush timer asks the pacer
 FLUSH_S, FLUSH_MAX_S = 0.1, 0.5  # the reply and the panel update at most 10 and at least 2 times a second,
 UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it stays near this share of a core
 SYSTEM_FIX = "/system TEXT sets a shorter system prompt, /system alone removes it"
+ENGINE_FAILED = "engine failed"  # a partial reply's finish reason where the engine died under it
+PARTIAL_KEPT = "; the partial reply is kept (F5 writes it again once the engine runs)"
 CONTEXT_CUT_FIX = ("a next prompt (\"go on\") continues it, the earliest turns then out of the model's view; /clear "
                    "starts afresh")
 
@@ -185,7 +187,12 @@ class ReplyActions(_Base):
         self.edit_failed()  # (a sent edit: its turn is back, and the edit goes on)
         return prompt, typed
 
-    def on_reply_failed(self, message: ReplyFailed) -> None:
+    async def on_reply_failed(self, message: ReplyFailed) -> None:
+        if message.engine_failed or not self.engine_alive:  # (its pipe can tell first)
+            await self._flush_reply()
+            if self.reply_view is not None and self.reply_view.text.strip():
+                self._keep_partial_reply(message.error)
+                return
         prompt, typed = self._take_back_prompt()
         if prompt is not None and (message.engine_failed or not self.engine_alive):  # (its pipe can tell first)
             self.prompt_to_restore = prompt  # /restart, typed over it, brings it back once loaded
@@ -193,3 +200,21 @@ class ReplyActions(_Base):
         self.notify(self.failure_notice(message.error) + kept, title="not sent", severity="error", timeout=10)
         self._end_reply()
         self.show_last_figures()  # (the refused reply's live figures, all zeros, showed while it was tried)
+
+    def _keep_partial_reply(self, error: str) -> None:
+        """The engine died mid-reply: what it had written stays, as a reply stopped there ("stopped: engine failed",
+        its figures as far as they went), in the chat and the history; /restart, then F5, writes it again."""
+        assert self.buffer is not None and self.reply_view is not None
+        live = self.buffer.stats.snapshot()
+        stats = TurnStats(
+            mode=live.mode, decode_tok_s=live.tok_s, ttft_s=live.ttft_s or 0.0, generated_tokens=live.generated_tokens,
+            prompt_tokens=0, reused_prefix_tokens=0, finish_reason=ENGINE_FAILED, tau=live.tau,
+            acceptance_rate=live.acceptance_rate, cache_hit_rate=live.cache_hit_rate, tau_on_hit=live.tau_on_hit,
+            tau_on_miss=live.tau_on_miss, settings=self.reply_settings,
+        )  # (the seed: the chat's where it has one; a drawn one the engine had not told yet)
+        text = self.reply_view.text
+        self.reply_view.finish(text, stats.line())
+        self.session.add_reply(text, stats)
+        self.replacing_draft, self.regenerating = None, False
+        self.notify(self.failure_notice(error) + PARTIAL_KEPT, title="reply cut", severity="error", timeout=10)
+        self._end_reply()

@@ -65,7 +65,7 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "first")
-        dies_mid_reply(engine)
+        dies_mid_reply(engine, after=0)  # (before the reply's first token: the prompt comes back)
         await send(app, pilot, "second")
         assert app.query_one(PromptArea).text == "second"
         assert list(app._notifications)[-1].message == ENGINE_STOPPED
@@ -94,7 +94,7 @@ async def test_when_the_engine_process_dies_the_app_says_so_and_sends_nothing(tm
 async def test_the_prompt_a_dying_engine_was_answering_comes_back_after_restart(tmp_path):
     """The prompt goes back into the input; /restart, typed over it as the notice says, brought back only a prompt
     sent after the death, and this one was lost."""
-    engine = dies_mid_reply(FakeEngine())
+    engine = dies_mid_reply(FakeEngine(), after=0)
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
@@ -158,13 +158,13 @@ async def test_restart_is_refused_while_a_reply_runs_and_works_when_idle(tmp_pat
 
 
 @pytest.mark.asyncio
-async def test_an_engine_crash_mid_reply_keeps_the_conversation(tmp_path):
+async def test_an_engine_crash_before_the_reply_began_keeps_the_conversation_and_gives_the_prompt_back(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "first")
-        engine.crash_after = 2
+        engine.crash_after = 0
         await send(app, pilot, "second")
         assert app.query_one(PromptArea).text == "second"
         assert len(app.query(UserMessage)) == 1 and len(app.query(AssistantMessage)) == 1
@@ -172,6 +172,36 @@ async def test_an_engine_crash_mid_reply_keeps_the_conversation(tmp_path):
         assert app.session.conversation.id is not None  # the first turn is saved
         saved = app.session.store.load(app.session.conversation.id)
         assert [m.content for m in saved.messages] == ["first", REPLY]
+
+
+@pytest.mark.asyncio
+async def test_an_engine_crash_mid_reply_keeps_what_it_had_written(tmp_path):
+    """The streamed text vanished and the prompt went back into the input: what the engine had written is kept,
+    as a reply stopped there, in the chat and the history, and F5 (once restarted) writes it again."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        engine.crash_after = 2
+        await send(app, pilot, "second")
+        assert app.query_one(PromptArea).text == ""
+        last = app.query(AssistantMessage).last()
+        partial = last.text  # (the tokens of the steps before the crash: 2 or more, as the mode's steps give them)
+        n = next(n for n in range(len(engine.words) + 1) if "".join(engine.words[:n]) == partial)
+        assert len(app.query(UserMessage)) == 2 and 2 <= n < len(engine.words)
+        line = rendered(last.query_one(".reply-stats"))
+        assert f" · {n} tokens · " in line and line.endswith(" · stopped: engine failed") and "prefix" not in line
+        cut = [n.message for n in app._notifications if "the partial reply is kept" in n.message]
+        assert len(cut) == 1 and cut[0].startswith("the engine failed: the draft process was killed")
+        saved = app.session.store.load(app.session.conversation.id)
+        assert [m.content for m in saved.messages] == ["first", REPLY, "second", partial]
+        assert saved.messages[-1].stats.finish_reason == "engine failed"
+        assert saved.messages[-1].stats.generated_tokens == n
+        engine.crash_after = None
+        await pilot.press("f5")
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["first", REPLY, "second", REPLY]
 
 
 @pytest.mark.asyncio
@@ -218,13 +248,15 @@ def test_an_engine_log_line_a_reply_also_carries_is_not_a_second_notice():
 @pytest.mark.asyncio
 async def test_a_failed_reply_keeps_what_was_typed_during_it_and_a_palette_restart_keeps_it_too(tmp_path):
     gate = threading.Event()
-    engine = dies_mid_reply(FakeEngine(gate=gate))
+    engine = dies_mid_reply(FakeEngine(gate=gate, prefill_chunks=1), after=0)  # (dies reading the prompt)
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        await first_delta(app, pilot, "question")
         area = app.query_one(PromptArea)
-        area.text = "my next question"  # typed while the reply streams
+        area.text = "question"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.prefill is not None, what="the prompt's reading")
+        area.text = "my next question"  # typed while the reply runs
         gate.set()  # (its notice is a message of its own, handled after the reply ended: wait for it too)
         await wait_for(pilot, lambda: not app.busy and any(n.title == "not sent" for n in app._notifications),
                        what="the failure")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ssd_chat.tui.chat_actions import ENGINE_STOPPED
+from ssd_chat.tui.reply_actions import PARTIAL_KEPT
 from tests.ssd_chat.tui_fakes import FakeEngine, dies_mid_reply, make_app, rendered, send, settle
 
 SIZE = (120, 40)
@@ -24,7 +25,7 @@ async def test_an_engine_dying_mid_reply_is_told_once(tmp_path):
         await send(app, pilot, "Hi")
         assert "engine stopped: /restart" in rendered(app.query_one("#status"))
         app._watch_engine()  # (its next check, now that nothing runs)
-        assert _errors(app) == [("not sent", ENGINE_STOPPED)]
+        assert _errors(app) == [("reply cut", ENGINE_STOPPED + PARTIAL_KEPT)]  # (its first tokens stay)
 
 
 @pytest.mark.asyncio

@@ -141,7 +141,7 @@ async def test_a_title_that_looks_like_markup_is_shown_as_typed(tmp_path):
         await settle(app, pilot)
         await send(app, pilot, "In vim, what does [/ do?")
         assert rendered(app.query_one("#status")).endswith("In vim, what does [/ do?")
-        assert [m.content for m in app.session.messages][0] == "In vim, what does [/ do?"
+        assert app.session.messages[0].content == "In vim, what does [/ do?"
         for title in ("[red]x[/", "x[/", "a\\[/b] $title [b]bold[/b]"):
             await send(app, pilot, f"/rename {title}")
             assert rendered(app.query_one("#status")).endswith(title)

@@ -267,9 +267,10 @@ def errors(app) -> list[str]:
     return [n.message for n in app._notifications if n.severity == "error"]
 
 
-def dies_mid_reply(engine: FakeEngine) -> FakeEngine:
-    """The engine's process is killed (kill -9, out of memory) after a reply's second delta: it is no longer alive."""
-    engine.crash_after, engine.alive = 2, True
+def dies_mid_reply(engine: FakeEngine, after: int = 2) -> FakeEngine:
+    """The engine's process is killed (kill -9, out of memory) once a reply has `after` tokens (0: before its first
+    delta, while it reads the prompt): it is no longer alive."""
+    engine.crash_after, engine.alive = after, True
     events = engine._events
 
     def dying(*args, **kwargs):

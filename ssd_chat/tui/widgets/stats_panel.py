@@ -72,7 +72,7 @@ class StatsPanel(VerticalScroll):
         self.query_one("#spec", Static).update(self._spec_text(data))
         self.query_one("#histogram", Static).update(self._histogram(data))
         self.query_one("#positions", Static).update(self._positions(data))
-        reused = ("–" if data.reused_prefix_tokens is None
+        reused = ("–" if data.reused_prefix_tokens is None or not data.prompt_tokens  # (0: the engine died, untold)
                   else f"{data.reused_prefix_tokens}/{data.prompt_tokens} prompt tokens reused")
         self.query_one("#prefix", Static).update(Text(reused))
 
