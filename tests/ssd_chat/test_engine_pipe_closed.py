@@ -16,6 +16,7 @@ from engine.sampling_params import SamplingParams
 from ssd_chat.history import ChatSettings, HistoryStore
 from ssd_chat.tui.chat_actions import RESTART
 from ssd_chat.tui.engine_process import EngineProcess
+from ssd_chat.tui.reply_actions import PARTIAL_KEPT
 from tests.ssd_chat.tui_fakes import FakeClock, FakeConfig, rendered, send, settle
 
 LAYOUT = {"target": "fake-target on cpu", "draft": "fake-draft on cpu"}
@@ -109,5 +110,6 @@ async def test_a_reply_failing_on_the_closed_pipe_is_told_once(tmp_path):
         status[0] = -9  # its exit status comes
         app._watch_engine()  # (its next check, now that nothing runs)
         told = [(n.title, n.message) for n in app._notifications if n.severity == "error"]
-        assert told == [("not sent", f"the engine process stopped: {RESTART}")]
-        assert app.prompt_to_restore == "Hi"  # (/restart brings it back)
+        assert told == [("reply cut", f"the engine process stopped: {RESTART}{PARTIAL_KEPT}")]
+        assert [m.content for m in app.session.messages] == ["Hi", "Hello"]  # (its first delta stays)
+        assert app.prompt_to_restore is None

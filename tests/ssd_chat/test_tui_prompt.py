@@ -186,7 +186,7 @@ async def test_a_prompt_sent_with_a_double_slash_comes_back_with_it(tmp_path):
         await pilot.press("up")  # recalled
         assert area.text == "//etc/hosts: what is it?"
         area.text = ""
-        engine.crash_after = 1
+        engine.crash_after = 0  # (before its first token)
         await send(app, pilot, "//usr: and this?")  # a failed reply puts it back
         assert area.text == "//usr: and this?"
 
