@@ -20,10 +20,11 @@ from ssd_chat import typed_numbers
 
 TAKES = {"temperature": "a temperature from 0 to 100, 0 = greedy", "top_p": "a mass in (0, 1], 1 = off",
          "top_k": "a number of tokens, 0 = off", "k": f"the most draft tokens per step, 1-{MAX_K}",
-         "seed": "a whole number from 0 to 2^63-1, last (the last reply's) or off (a new seed each reply)"}
+         "seed": "a whole number from 0 to 2^63-1, last (the last reply's) or off (a new seed each reply)",
+         "max_tokens": "the most tokens a reply generates, at least 1"}
 # The options' names: the chat app's commands and the command line's options
 SLASH = {"mode": "/mode", "k": "/k", "fanout": "/fanout", "temperature": "/temp", "top_p": "/top-p", "top_k": "/top-k",
-         "seed": "/seed"}
+         "seed": "/seed", "max_tokens": "/max-tokens"}
 FLAGS = {"mode": "--mode", "k": "--k", "fanout": "--fanout", "max_tokens": "--max-tokens",
          "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k"}
 DEFAULT_FANOUT = ("", "none", "default")  # what /fanout and --fanout take for the default fan-out (any case)
@@ -72,7 +73,7 @@ def check_top_k(name: str, top_k: int, vocab: int) -> None:
 def check_max_tokens(name: str, value: object) -> None:
     """Refuse a reply length SamplingParams would: under one token."""
     if not _whole(value) or value < 1:
-        raise InvalidParameterError(f"{name} takes the most tokens a reply generates, at least 1; got {_given(value)}")
+        raise InvalidParameterError(f"{name} takes {TAKES['max_tokens']}; got {_given(value)}")
 
 
 def mode_named(names: Mapping[str, str], typed: str) -> str:

@@ -26,6 +26,7 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("top-p", "/top-p P", "sample from the likeliest tokens that hold P of the mass (1 = off)"),
     SlashSpec("top-k", "/top-k N", "sample from the N likeliest tokens (0 = off)"),
     SlashSpec("seed", "/seed N|last|off", "sample from seed N (last: the last reply's): one reply in every mode"),
+    SlashSpec("max-tokens", "/max-tokens N", "the most tokens a reply generates (the run's --max-tokens)"),
     SlashSpec("system", "/system TEXT", "set the system prompt (no text: remove it)"),
     SlashSpec("enter", "/enter send|newline", "what Enter does: send, or a new line (then Ctrl+S sends)"),
     SlashSpec("clear", "/clear", "clear this conversation's turns"),

@@ -44,6 +44,11 @@ CONTEXT_CUT_FIX = ("a next prompt (\"go on\") continues it, the earliest turns t
                    "starts afresh")
 
 
+def length_cut_notice(max_tokens: int) -> str:
+    return (f"the reply stopped at its limit of {max_tokens:,} tokens: a next prompt (\"go on\") continues it; "
+            f"/max-tokens N raises the limit")
+
+
 class ReplyActions(_Base):
     regenerating = False  # /regen's reply is under way (a refusal or a stop before its first token brings the old back)
     reply_settings: ReplySettings | None = None  # the running reply's, as it started (a /temp meanwhile: the next's)
@@ -157,6 +162,9 @@ class ReplyActions(_Base):
         self.replacing_draft, self.regenerating = None, False
         if output.finish_reason is FinishReason.CANCELLED:
             self.notify("reply stopped; the partial text is kept", timeout=3)
+        elif output.finish_reason is FinishReason.LENGTH:  # (the stats line says "stopped: length", no more)
+            assert self.reply_settings is not None
+            self.notify(length_cut_notice(self.reply_settings.max_tokens), timeout=8)
         elif output.finish_reason is FinishReason.CONTEXT:  # (the stats line says "stopped: context", no more)
             assert self.engine is not None
             self.notify(context_cut_notice(self.engine.max_model_len, CONTEXT_CUT_FIX), severity="warning",

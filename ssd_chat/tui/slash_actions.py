@@ -13,6 +13,7 @@ from ssd_chat.history import one_line
 from ssd_chat.setting_words import (
     SLASH,
     TAKES,
+    check_max_tokens,
     fanout_counts,
     fanout_text,
     mode_named,
@@ -101,6 +102,22 @@ class SlashActions(_Base):
         self.change_settings(**{field: kind(typed_number(SLASH, field, arg, kind))})
         shown = "temperature" if field == "temperature" else command
         self._changed_mid_reply(f"{shown} {number_text(getattr(self.session.settings, field))}")
+
+    def slash_max_tokens(self, arg: str) -> None:
+        """/max-tokens N: the most tokens a reply generates, from the next reply, for this run (as --max-tokens: a
+        chat opened or started later takes it too); at most the context limit, which cuts a reply anyway."""
+        if not arg:
+            raise SlashError(f"/max-tokens takes {TAKES['max_tokens']} (now {self.session.max_tokens:,})")
+        n = int(typed_number(SLASH, "max_tokens", arg, int))
+        check_max_tokens(SLASH["max_tokens"], n)
+        limit = None if self.engine is None else self.engine.max_model_len
+        if limit is not None and n > limit:
+            raise SlashError(f"/max-tokens takes at most the context limit of {limit:,} tokens; got {n:,}")
+        self.change_settings(max_tokens=n)
+        self.session.max_tokens = n
+        self._changed_mid_reply(f"max tokens {n:,}")
+        if not self.busy:
+            self.notify(f"replies generate at most {n:,} tokens", timeout=2)
 
     def _changed_mid_reply(self, setting: str) -> None:
         """A setting the status line shows, changed while a reply runs: a notice says the reply keeps the old value
