@@ -248,6 +248,8 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
     def refresh_status(self) -> None:
         s = self.session.settings
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
+        if self.buffer and self.live_tok_s:  # (the panel shows it too, but it steps aside under 90 columns)
+            state = f"replying… {self.live_tok_s:.0f} tok/s · Esc stops"
         if self.queued_prompt is not None:  # (CompareActions.queue_after_compare)
             state = "ending the compare: your prompt goes next (Esc takes it back)"
         elif self.taken_back:  # (until the compare has ended)

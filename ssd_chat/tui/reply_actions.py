@@ -52,6 +52,7 @@ def length_cut_notice(max_tokens: int) -> str:
 class ReplyActions(_Base):
     regenerating = False  # /regen's reply is under way (a refusal or a stop before its first token brings the old back)
     reply_settings: ReplySettings | None = None  # the running reply's, as it started (a /temp meanwhile: the next's)
+    live_tok_s = 0  # the running reply's decode speed as the status line shows it (0: none yet)
 
     def send_typed(self, typed: str) -> None:
         """Send a prompt as typed (the caller checked we are idle): as the edit of the last prompt where one is open."""
@@ -122,8 +123,9 @@ class ReplyActions(_Base):
             return
         self.pacer.flushed(time.monotonic())
         drained = self.buffer.drain()
-        if drained.prefill != self.prefill:
-            self.prefill = drained.prefill
+        tok_s = round(drained.panel.tok_s)
+        if drained.prefill != self.prefill or tok_s != self.live_tok_s:
+            self.prefill, self.live_tok_s = drained.prefill, tok_s
             self.refresh_status()
         await self.reply_view.append(drained.text, drained.pieces)
         self.query_one(StatsPanel).show(drained.panel)
@@ -141,6 +143,7 @@ class ReplyActions(_Base):
         self.buffer = None
         self.reply_view = None
         self.prefill = None
+        self.live_tok_s = 0
         self.refresh_status()
         self.warm_if_due()  # (a /system change while it ran: the conversation under it, this reply included)
 
