@@ -245,7 +245,8 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         k = self.session.settings.k if k is None else k
         return k if self.engine is None else self.engine.config.drafted_k(k)
 
-    def refresh_status(self) -> None:
+    def refresh_status(self, *, layout: bool = True) -> None:
+        """The status line, and (`layout`) the panel's layout rows, which the settings change."""
         s = self.session.settings
         state = "replying… Esc stops" if self.buffer else ("comparing…" if self.compare_cancel else "ready")
         if self.buffer and self.live_tok_s:  # (the panel shows it too, but it steps aside under 90 columns)
@@ -270,7 +271,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
                 title=self.session.conversation.title,
             )
         )
-        if self.engine is not None:
+        if layout and self.engine is not None:
             self.query_one(StatsPanel).show_layout(self.engine.layout, s, k=k)
 
     # -- replies -----------------------------------------------------------------------------------

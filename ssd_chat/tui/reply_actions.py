@@ -126,7 +126,7 @@ class ReplyActions(_Base):
         tok_s = round(drained.panel.tok_s)
         if drained.prefill != self.prefill or tok_s != self.live_tok_s:
             self.prefill, self.live_tok_s = drained.prefill, tok_s
-            self.refresh_status()
+            self.refresh_status(layout=False)  # (the settings did not change)
         await self.reply_view.append(drained.text, drained.pieces)
         self.query_one(StatsPanel).show(drained.panel)
         for warning in drained.warnings:
