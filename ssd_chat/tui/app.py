@@ -55,16 +55,21 @@ log = logging.getLogger(__name__)
 QUIT_WAIT_S = 1.0  # Ctrl+Q waits this long for the reply to stop at its next step, then stops the engine's process
 WATCH_S = 1.0  # how often the app checks that the engine's process is alive
 
-KEYS = [  # the footer's order: what a narrow terminal cuts comes last
-    Binding("escape", "escape", "Stop"),
-    Binding("f1", "help", "Help"),
-    Binding("ctrl+g", "cycle_mode", "Mode"),
-    Binding("ctrl+r", "compare", "Compare"),
-    Binding("ctrl+o", "chats", "Chats"),
-    Binding("ctrl+n", "new_chat", "New"),
-    Binding("f5", "regenerate", "Regen"),
-    Binding("f4", "edit_last", "Edit"),
-    Binding("ctrl+t", "toggle_colours", "Colours"),
+KEYS = [  # the footer's order: what a narrow terminal cuts comes last; the tooltip is the help screen's line
+    Binding("escape", "escape", "Stop", tooltip="stop the reply or the compare (the partial text stays); with none "
+            "running, cancel an edit (F4), else clear the input (Ctrl+Z brings it back)"),
+    Binding("f1", "help", "Help", tooltip="this help"),
+    Binding("ctrl+g", "cycle_mode", "Mode", tooltip="next mode: AR, SD, SSD, AR... (from the next reply)"),
+    Binding("ctrl+r", "compare", "Compare", tooltip="replay the last prompt in AR, SD and SSD: their speeds, and "
+            "whether their outputs are token-identical"),
+    Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: Enter opens, / searches, r renames, d twice deletes, "
+            "u brings it back"),
+    Binding("ctrl+n", "new_chat", "New", tooltip="a new chat with this one's settings (this one stays in history)"),
+    Binding("f5", "regenerate", "Regen", tooltip="write the last reply again (the old one stays until the new begins)"),
+    Binding("f4", "edit_last", "Edit", tooltip="edit the last prompt in the input: Enter sends it in its place, Esc "
+            "cancels"),
+    Binding("ctrl+t", "toggle_colours", "Colours", tooltip="colour each reply token by where it came from (a "
+            "legend shows above the prompt)"),
 ]
 
 

@@ -241,7 +241,7 @@ class ChatActions(_Base):
 
     def action_help(self) -> None:
         send_keys = key_hints(self.query_one(PromptInput).enter_sends)
-        self.push_screen(HelpScreen(send_keys, [(key_label(b.key), b.description) for b in self.BINDINGS]))
+        self.push_screen(HelpScreen(send_keys, [(key_label(b.key), b.tooltip or b.description) for b in self.BINDINGS]))
 
     def export(self, arg: str, overwrite: bool = False, suffix: str = ".md") -> Path:
         """Write the chat as Markdown (plain text to a .txt FILE): to FILE (an existing one only with `overwrite`:

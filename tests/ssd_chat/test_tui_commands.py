@@ -137,6 +137,10 @@ async def test_enter_newline_breaks_the_line_and_ctrl_s_sends_and_slash_enter_sw
         help_text = app.screen.query_one("Markdown").source
         assert "| Ctrl+S (Ctrl+Enter) | send the prompt |" in help_text  # the keys of this run's Enter mode
         assert "| Enter / Ctrl+J | new line" in help_text
+        for binding in app.BINDINGS:  # each key with its whole action, not the footer's one word ("Esc: Stop")
+            assert binding.tooltip and f" | {binding.tooltip} |" in help_text, binding.key
+        assert "| Esc | stop the reply or the compare (the partial text stays);" in help_text
+        assert "- **tau**: tokens per target step" in help_text  # (the figures' names)
         await pilot.press("escape")
 
         for bad in ("/enter", "/enter sideways"):

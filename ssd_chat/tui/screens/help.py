@@ -33,6 +33,15 @@ def help_markdown(send_keys: Sequence[tuple[str, str]], keys: Sequence[tuple[str
     lines += [f"| {_cell(key)} | {_cell(action)} |" for key, action in (*send_keys, *PROMPT_KEYS, *keys)]
     lines += ["", "## Slash commands", "", "| command | what it does |", "|---|---|"]
     lines += [f"| `{_cell(c.usage)}` | {_cell(c.help)} |" for c in SLASH_COMMANDS]
+    lines += ["", "## The figures", "",
+              "- **tok/s**: decode speed, the reply's tokens after the first over the time since it.",
+              "- **TTFT**: time to the first token (the prompt's reading, less what the prefix cache held).",
+              "- **tau**: tokens per target step, the bonus token included (the mean accepted length plus one): "
+              "what one verify pass of the target yields; AR's is 1.",
+              "- **accepted**: the share of drafted tokens the target accepted; per draft position in the panel.",
+              "- **cache hits** (SSD): the rounds whose draft was ready in the speculation cache, so that drafting "
+              "cost the target nothing.",
+              "- **prefix reused**: prompt tokens whose KV cache came from an earlier turn."]
     lines += ["", "## Token colours", "",
               "With colours on (Ctrl+T), each reply token shows where it came from: a draft token accepted on a "
               "speculation-cache hit, one accepted after a miss (drafted just in time), a sync-SD draft, or the "
