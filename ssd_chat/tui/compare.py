@@ -57,6 +57,18 @@ class CompareReport:
         done = [r.token_ids for r in self.rows if not r.cancelled]
         return None if len(done) < 2 else all(ids == done[0] for ids in done)
 
+    def differences(self) -> list[tuple[str, str, int]]:
+        """(mode, the first complete row's mode, the index of the first token where their outputs part) for each
+        complete row whose tokens are not the first's (one a prefix of the other: where the shorter ends)."""
+        done = [r for r in self.rows if not r.cancelled]
+        out = []
+        for row in done[1:]:
+            a, b = row.token_ids, done[0].token_ids
+            if a != b:
+                parted = (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+                out.append((row.mode, done[0].mode, next(parted, min(len(a), len(b)))))
+        return out
+
 
 @dataclass(frozen=True)
 class CompareSnapshot:

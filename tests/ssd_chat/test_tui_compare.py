@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from engine.config import SpeculationConfig
-from ssd_chat.tui.compare import WARM_UP_TOKENS, run_compare
+from ssd_chat.tui.compare import WARM_UP_TOKENS, CompareReport, CompareRow, run_compare
 from ssd_chat.tui.screens.compare import CompareScreen
 from ssd_chat.tui.widgets.prompt_input import PromptArea
 from tests.ssd_chat.tui_fakes import FakeClock, FakeEngine, make_app, rendered, send, settle, wait_for
@@ -80,7 +80,20 @@ async def test_compare_flags_a_mode_that_changes_the_output(tmp_path):
         await settle(app, pilot)
         await send(app, pilot, "hi")
         await send(app, pilot, "/compare")
-        assert "token-identical: NO" in rendered(app.screen.query_one("#compare-status"))
+        status = rendered(app.screen.query_one("#compare-status"))
+        assert "token-identical: NO" in status and " · SSD parts from AR at token 6 " in status  # (the last of 6)
+        assert " SD parts" not in status
+
+
+def test_a_compare_report_says_where_each_output_parts_from_the_first():
+    def row(mode, ids, cancelled=False):
+        return CompareRow(mode, 1.0, 0.1, len(ids), None, None, tuple(ids), cancelled)
+
+    report = CompareReport("p", (row("ar", [1, 2, 3, 4]), row("sd", [1, 2, 3, 4]), row("ssd", [1, 9, 3, 4])))
+    assert report.identical is False and report.differences() == [("ssd", "ar", 1)]
+    shorter = CompareReport("p", (row("ar", [1, 2, 3]), row("sd", [1, 2]), row("ssd", [7], cancelled=True)))
+    assert shorter.differences() == [("sd", "ar", 2)]  # (a prefix: where it ends; a stopped row is no output)
+    assert CompareReport("p", (row("ar", [1]), row("sd", [1]))).differences() == []
 
 
 @pytest.mark.asyncio

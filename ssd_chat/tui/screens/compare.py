@@ -82,6 +82,9 @@ class CompareScreen(ModalScreen[None]):
         verdict = {True: "[b $success]outputs token-identical: yes[/]",
                    False: "[b $error]outputs token-identical: NO[/]",
                    None: "outputs token-identical: – (needs two complete runs)"}[identical]
+        if identical is False:  # where each parts from the first: a broken path's first wrong token
+            verdict += "".join(f" · {mode.upper()} parts from {base.upper()} at token {i + 1}"
+                               for mode, base, i in report.differences())
         if failed:
             verdict = "[b $error]the engine failed[/]: the rows above finished before it"
         self.query_one("#compare-status", Static).update(f"{verdict}   Esc closes")
