@@ -74,22 +74,21 @@ def _not_here(frame: FrameType | None) -> bool:
     - inside a `__del__`, at any depth: the exception goes nowhere. Python prints "Exception ignored in ... __del__"
       with its traceback and carries on, so the stop was lost (the run went on to its end) and stderr got a
       traceback (a tokenizer's regex object, collected as a start-up's signal came);
-    - inside code that `eval` or `exec` compiled from a string ("<string>"; the outermost frame aside, `python -c`'s):
-      an interrupt leaving it marks the interpreter's run as ended by an uncaught Ctrl-C, even once caught, and
-      `python -m ssd_chat` then died of SIGINT instead of exiting with its code (a namedtuple's class, made as
-      transformers imported)."""
+    - in code that `eval` or `exec` compiled from a string ("<string>"), where the signal came (the outermost frame
+      aside: `python -c`'s program): an interrupt leaving it marks the interpreter's run as ended by an uncaught
+      Ctrl-C, even once caught, and `python -m ssd_chat` then died of SIGINT instead of exiting with its code (a
+      namedtuple's class, made as transformers imported). Only there: a program that runs whole under such code
+      (pytest-xdist's workers do) would never take the signal."""
     global _again_count
-    if _again_count >= _AGAIN_MAX:
+    wait = frame is not None and frame.f_code.co_filename == "<string>" and frame.f_back is not None
+    while frame is not None and not wait:
+        wait = frame.f_code.co_name == "__del__"
+        frame = frame.f_back
+    if not wait or _again_count >= _AGAIN_MAX:
         _again_count = 0
         return False
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "__del__" or (code.co_filename == "<string>" and frame.f_back is not None):
-            _again_count += 1
-            return True
-        frame = frame.f_back
-    _again_count = 0
-    return False
+    _again_count += 1
+    return True
 
 
 def _again_later(signum: int) -> None:
