@@ -43,12 +43,19 @@ def is_token_ids(prompt: object) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in prompt)
 
 
-def encode_chat(tokenizer, messages: list[dict[str, str]], *, model: str) -> list[int]:
-    """The token ids of `messages` under `tokenizer`'s chat template, with the assistant's turn opened."""
+def encode_chat(tokenizer, messages: list[dict[str, str]], *, model: str, continue_reply: bool = False) -> list[int]:
+    """The token ids of `messages` under `tokenizer`'s chat template, with the assistant's turn opened; or, with
+    `continue_reply`, up to the end of the last message, an assistant reply, left open (no end of turn), so that
+    what the model generates continues it (a reply the length limit cut)."""
     check_messages(messages)
     if not getattr(tokenizer, "chat_template", None):
         raise EngineError(f"{model} has no chat template: send raw prompts instead")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if continue_reply and messages[-1]["role"] != "assistant":
+        raise InvalidParameterError("continue_reply needs a conversation that ends with an assistant message")
+    if continue_reply:
+        text = tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+    else:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

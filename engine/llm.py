@@ -135,13 +135,15 @@ class LLM:
 
     def chat(
         self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, continue_reply: bool = False,
     ) -> Iterator[Event]:
-        """Like `stream`, with the model's chat template applied to `messages`."""
-        return self._stream(self._add(self.encode_chat(messages), params or SamplingParams()), cancel)
+        """Like `stream`, with the model's chat template applied to `messages`; `continue_reply`: the last message
+        is an assistant reply to go on with (engine.chat.encode_chat)."""
+        prompt = self.encode_chat(messages, continue_reply=continue_reply)
+        return self._stream(self._add(prompt, params or SamplingParams()), cancel)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return encode_chat(self.tokenizer, messages, model=self.config.target)
+    def encode_chat(self, messages: list[dict[str, str]], *, continue_reply: bool = False) -> list[int]:
+        return encode_chat(self.tokenizer, messages, model=self.config.target, continue_reply=continue_reply)
 
     @property
     def weight_bytes(self) -> int:

@@ -34,6 +34,7 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("chats", "/chats [TEXT]", "open, search, rename or delete saved conversations (TEXT: search for it)"),
     SlashSpec("rename", "/rename TITLE", "rename this conversation"),
     SlashSpec("regen", "/regen", "regenerate the last reply"),
+    SlashSpec("continue", "/continue", "write more of the last reply (one the length limit cut, say)"),
     SlashSpec("edit", "/edit", "put the last prompt back in the input to edit and resend"),
     SlashSpec("undo", "/undo", "remove the last prompt and its reply from the conversation"),
     SlashSpec("compare", "/compare", "replay the last prompt in AR, SD and SSD (greedy, or one seed) and compare"),

@@ -137,9 +137,9 @@ class EngineProcess:
         return True
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
-             cancel: threading.Event | None = None) -> Iterator[Event]:
+             cancel: threading.Event | None = None, continue_reply: bool = False) -> Iterator[Event]:
         with self._lock:
-            self._send(("chat", messages, params))
+            self._send(("chat", messages, params, continue_reply))
             cancelled = finished = False
             try:
                 while True:

@@ -189,7 +189,7 @@ def _answer(llm, wire: _Wire) -> None:
                 if message[2] is not None:  # the chat's mode: an SSD chat's draft process prefills too, an AR one's not
                     llm.speculation = message[2]
                 cache_turn_prefix(llm, message[1], stop=lambda: bool(pending) or wire.poll())
-            elif kind == "chat" and _stream(llm, wire, message[1], message[2], pending):
+            elif kind == "chat" and _stream(llm, wire, message[1], message[2], message[3], pending):
                 return  # a close arrived while the reply streamed
         except _AppGone:
             raise
@@ -220,11 +220,11 @@ def _remove_if_orphaned() -> None:
         _remove(_stderr_file[0])
 
 
-def _stream(llm, wire: _Wire, messages, params, pending: deque) -> bool:
+def _stream(llm, wire: _Wire, messages, params, continue_reply: bool, pending: deque) -> bool:
     """One request's events to the parent; a "cancel" or "close" between steps cancels it, anything else waits in
     `pending`. Returns whether a "close" came. Left early (the app gone), the request is cancelled."""
     cancel, closing = threading.Event(), False
-    with contextlib.closing(llm.chat(messages, params, cancel=cancel)) as events:
+    with contextlib.closing(llm.chat(messages, params, cancel=cancel, continue_reply=continue_reply)) as events:
         for event in events:
             wire.send(("event", event))
             while wire.poll():

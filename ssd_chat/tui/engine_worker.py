@@ -46,7 +46,7 @@ class ChatEngine(Protocol):
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
-             cancel: threading.Event | None = None) -> Iterator[Event]: ...
+             cancel: threading.Event | None = None, continue_reply: bool = False) -> Iterator[Event]: ...
 
     def close(self) -> None: ...
 
@@ -131,12 +131,13 @@ class ReplyBuffer:
 
 
 def stream_reply(engine: ChatEngine, messages: list[dict[str, str]], params: SamplingParams,
-                 buffer: ReplyBuffer) -> RequestOutput:
-    """Run one chat request to its end, feeding `buffer`. Raises EngineError for a request the
-    engine refuses (the prompt is too long, ...), anything else when the engine itself fails."""
+                 buffer: ReplyBuffer, *, continue_reply: bool = False) -> RequestOutput:
+    """Run one chat request to its end, feeding `buffer` (`continue_reply`: going on with the last message, a
+    reply). Raises EngineError for a request the engine refuses (the prompt is too long, ...), anything else when
+    the engine itself fails."""
     texts = token_texts(engine)
     output = None
-    for event in engine.chat(messages, params, cancel=buffer.cancel):
+    for event in engine.chat(messages, params, cancel=buffer.cancel, continue_reply=continue_reply):
         if isinstance(event, RequestFinished):
             output = event.output
         else:

@@ -9,12 +9,13 @@ import time
 from typing import TYPE_CHECKING
 
 from textual import work
+from textual.notifications import SeverityLevel
 
 from engine.errors import EngineError, PromptTooLongError
 from engine.outputs import FEWER_THREADS, FinishReason
 from engine.sampling_params import SamplingParams
 from ssd_chat.context_window import context_cut_notice, fit, moved_notice, prompt_refusal
-from ssd_chat.history import TurnStats
+from ssd_chat.history import ChatMessage, TurnStats
 from ssd_chat.reply_settings import ReplySettings
 from ssd_chat.tui.commands import as_typed, prompt_text
 from ssd_chat.tui.engine_worker import ReplyBuffer, stream_reply
@@ -24,7 +25,7 @@ from ssd_chat.tui.messages import ReplyDone, ReplyFailed
 from ssd_chat.tui.settings_fit import sampling_params
 from ssd_chat.tui.widgets.prompt_input import PromptInput
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
-from ssd_chat.tui.widgets.transcript import Transcript
+from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript
 
 if TYPE_CHECKING:
     from ssd_chat.tui.app import ChatApp
@@ -45,14 +46,15 @@ CONTEXT_CUT_FIX = ("a next prompt (\"go on\") continues it, the earliest turns t
 
 
 def length_cut_notice(max_tokens: int) -> str:
-    return (f"the reply stopped at its limit of {max_tokens:,} tokens: a next prompt (\"go on\") continues it; "
-            f"/max-tokens N raises the limit")
+    return (f"the reply stopped at its limit of {max_tokens:,} tokens: /continue writes more of it, /max-tokens N "
+            f"raises the limit")
 
 
 class ReplyActions(_Base):
     regenerating = False  # /regen's reply is under way (a refusal or a stop before its first token brings the old back)
     reply_settings: ReplySettings | None = None  # the running reply's, as it started (a /temp meanwhile: the next's)
     live_tok_s = 0  # the running reply's decode speed as the status line shows it (0: none yet)
+    continuing: ChatMessage | None = None  # the reply /continue goes on with, as it was (None: a new reply runs)
 
     def send_typed(self, typed: str) -> None:
         """Send a prompt as typed (the caller checked we are idle): as the edit of the last prompt where one is open."""
@@ -73,7 +75,19 @@ class ReplyActions(_Base):
             self.session.add_prompt(text)
         transcript = self.query_one(Transcript)
         transcript.add_user(text)
-        self.reply_view = transcript.add_assistant(colours=self.colours)
+        self._start_reply(transcript.add_assistant(colours=self.colours), params)
+
+    def continue_last_reply(self) -> None:
+        """/continue: write more of the last reply, in its own view and turn (the caller checked we are idle and that
+        the chat ends with a reply)."""
+        view = self.query_one(Transcript).last_assistant()
+        assert view is not None and self.session.messages[-1].role == "assistant"
+        self.continuing = self.session.messages[-1]
+        view.set_stats("continuing…")
+        self._start_reply(view, sampling_params(self.session.settings), continue_reply=True)
+
+    def _start_reply(self, view: AssistantMessage, params: SamplingParams, *, continue_reply: bool = False) -> None:
+        self.reply_view = view
         s = self.session.settings
         k = self.drafted_k()  # the panel's rows: what a round drafts at most (/k 32 on the CPU: 31)
         self.reply_settings = ReplySettings.of(s, k)
@@ -81,18 +95,18 @@ class ReplyActions(_Base):
         self.pacer = FlushPacer(FLUSH_S, FLUSH_MAX_S, None if self.engine.config.on_cuda else UI_SHARE)
         self._flush_timer = self.set_interval(TICK_S, self._flush_tick)
         self.refresh_status()
-        self._reply(params, self.buffer, self.speculation())
+        self._reply(params, self.buffer, self.speculation(), continue_reply)
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _reply(self, params: SamplingParams, buffer: ReplyBuffer, spec) -> None:
+    def _reply(self, params: SamplingParams, buffer: ReplyBuffer, spec, continue_reply: bool) -> None:
         assert self.engine is not None
         try:
             self.engine.speculation = spec  # between requests, on the engine's own thread
             messages = self._window(params)
-            output = stream_reply(self.engine, messages, params, buffer)
+            output = stream_reply(self.engine, messages, params, buffer, continue_reply=continue_reply)
         except PromptTooLongError as err:
-            self.post_message(ReplyFailed(prompt_refusal(self.engine, self.session.engine_messages(), SYSTEM_FIX,
-                                                         str(err))))
+            self.post_message(ReplyFailed(str(err) if continue_reply else prompt_refusal(
+                self.engine, self.session.engine_messages(), SYSTEM_FIX, str(err))))
         except EngineError as err:
             self.post_message(ReplyFailed(str(err)))
         except Exception as err:  # the engine died (a killed process, a bug): keep the conversation
@@ -142,6 +156,7 @@ class ReplyActions(_Base):
             self._flush_timer = None
         self.buffer = None
         self.reply_view = None
+        self.continuing = None
         self.prefill = None
         self.live_tok_s = 0
         self.refresh_status()
@@ -159,10 +174,10 @@ class ReplyActions(_Base):
             return
         stats = TurnStats.from_output(output, self.reply_settings)
         fewer = f" · {FEWER_THREADS}" if self.buffer.stats.fewer_threads else ""  # (the panel's note; none under 90
-        self.reply_view.finish(output.text, stats.line() + fewer)  # columns, where the panel steps aside)
+        text = output.text if self.continuing is None else self.continuing.content + output.text  # (columns)
+        self.reply_view.finish(text, stats.line() + fewer)
         self.query_one(StatsPanel).show(self.buffer.stats.final(output))
-        self.session.add_reply(output.text, stats)
-        self.replacing_draft, self.regenerating = None, False
+        self._keep_reply(text, stats)
         if output.finish_reason is FinishReason.CANCELLED:
             self.notify("reply stopped; the partial text is kept", timeout=3)
         elif output.finish_reason is FinishReason.LENGTH:  # (the stats line says "stopped: length", no more)
@@ -174,9 +189,20 @@ class ReplyActions(_Base):
                         timeout=10)
         self._end_reply()
 
+    def _keep_reply(self, text: str, stats: TurnStats) -> None:
+        """The reply (or the last one, continued) into the conversation and the history."""
+        if self.continuing is not None:
+            self.session.extend_reply(text, stats)
+        else:
+            self.session.add_reply(text, stats)
+        self.replacing_draft, self.regenerating = None, False
+
     def _stopped_before_reply(self) -> None:
         """Esc (or Ctrl+Q) before the reply's first token, while the engine read the prompt: no turn, as for a
         refused prompt (an empty reply went to the model with every later prompt), the prompt back in the input."""
+        if self.continuing is not None:
+            self._continued_nothing("stopped before the reply went on")
+            return
         prompt, typed = self._take_back_prompt()
         kept = " (Ctrl+Z brings back what you had typed)" if typed else ""
         back = "the prompt is back in the input" if prompt is not None else "the reply it was to replace is back"
@@ -198,12 +224,25 @@ class ReplyActions(_Base):
         self.edit_failed()  # (a sent edit: its turn is back, and the edit goes on)
         return prompt, typed
 
+    def _continued_nothing(self, notice: str, *, severity: SeverityLevel = "information") -> None:
+        """A /continue that wrote nothing: the reply as it was, its stats line back."""
+        assert self.continuing is not None and self.reply_view is not None
+        stats = self.continuing.stats
+        self.reply_view.finish(self.continuing.content, "" if stats is None else stats.line())
+        self.notify(notice, severity=severity, timeout=6 if severity == "information" else 10)
+        self._end_reply()
+        self.show_last_figures()
+
     async def on_reply_failed(self, message: ReplyFailed) -> None:
         if message.engine_failed or not self.engine_alive:  # (its pipe can tell first)
             await self._flush_reply()
-            if self.reply_view is not None and self.reply_view.text.strip():
+            before = "" if self.continuing is None else self.continuing.content
+            if self.reply_view is not None and self.reply_view.text.strip() and self.reply_view.text != before:
                 self._keep_partial_reply(message.error)
                 return
+        if self.continuing is not None:
+            self._continued_nothing(f"not continued: {self.failure_notice(message.error)}", severity="error")
+            return
         prompt, typed = self._take_back_prompt()
         if prompt is not None and (message.engine_failed or not self.engine_alive):  # (its pipe can tell first)
             self.prompt_to_restore = prompt  # /restart, typed over it, brings it back once loaded
@@ -225,7 +264,6 @@ class ReplyActions(_Base):
         )  # (the seed: the chat's where it has one; a drawn one the engine had not told yet)
         text = self.reply_view.text
         self.reply_view.finish(text, stats.line())
-        self.session.add_reply(text, stats)
-        self.replacing_draft, self.regenerating = None, False
+        self._keep_reply(text, stats)
         self.notify(self.failure_notice(error) + PARTIAL_KEPT, title="reply cut", severity="error", timeout=10)
         self._end_reply()

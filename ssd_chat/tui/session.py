@@ -95,6 +95,13 @@ class ChatSession(SessionDrafts):
         self._replaced = None
         self.save()
 
+    def extend_reply(self, text: str, stats: TurnStats | None) -> None:
+        """The last reply, continued (/continue): `text` in place of its text, `stats` those of the continuation."""
+        assert self.messages and self.messages[-1].role == "assistant", "no reply to continue"
+        stats = None if stats is None else replace(stats, window=self.window)
+        self.messages[-1] = ChatMessage("assistant", text, stats)  # (a new message: the save compares the old)
+        self.save()
+
     def drop_prompt(self) -> str:
         """Undo `add_prompt` (the request failed): returns the prompt to put back in the input. A turn the prompt
         was to replace (`replace_turn`) comes back."""
@@ -112,9 +119,10 @@ class ChatSession(SessionDrafts):
         return prompt
 
     def set_window(self, start: int) -> None:
-        """The pending prompt's reply is generated with messages `start`.. in view (ssd_chat.context_window)."""
+        """The last prompt's reply (pending, or continued) is generated with messages `start`.. in view
+        (ssd_chat.context_window)."""
         self.window = start
-        self._answered_from[len(self.messages) - 1] = start
+        self._answered_from[max(i for i, m in enumerate(self.messages) if m.role == "user")] = start
 
     def replace_turn(self, text: str) -> None:
         """`text` as the next prompt in place of the last turn, which stays in the history until the reply comes

@@ -170,6 +170,14 @@ class SlashActions(_Base):
     def slash_regen(self, arg: str) -> None:
         self.action_regenerate()
 
+    def slash_continue(self, arg: str) -> None:
+        if self.ready_and_idle():
+            if not self.session.messages or self.session.messages[-1].role != "assistant":
+                self.notify("no reply to continue yet", severity="warning")
+                return
+            self.cancel_edit()
+            self.continue_last_reply()
+
     def slash_edit(self, arg: str) -> None:
         self.action_edit_last()
 

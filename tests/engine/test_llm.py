@@ -291,3 +291,20 @@ def test_a_sampled_reply_says_its_seed_and_the_seed_gives_it_again(llm, sampler)
     assert llm.generate([prompt], replace(params, seed=7))[0].stats.seed == 7
     assert llm.generate([prompt], replace(params, temperature=0.0))[0].stats.seed is None  # greedy: none
     assert first.to_dict()["stats"]["seed"] == first.stats.seed
+
+
+def test_a_chat_reply_continued_goes_on_from_its_last_token(llm):
+    """continue_reply: the last message, an assistant reply, stays open (no end of turn), so the model goes on with
+    it (a reply the length limit cut): the prompt is the question's, then the reply's tokens, and the reply goes on
+    exactly as from those tokens."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    question = [{"role": "user", "content": "Paris is"}]
+    cut = "The quick brown fox"
+    conversation = [*question, {"role": "assistant", "content": cut}]
+    prompt = llm.encode_chat(conversation, continue_reply=True)
+    assert prompt == llm.encode_chat(question) + llm.tokenizer.encode(cut)  # (no end of turn, no new turn opened)
+    events = list(llm.chat(conversation, greedy, continue_reply=True))
+    assert list(events[-1].output.token_ids) == list(llm.generate(prompt, greedy)[0].token_ids)
+    assert llm.encode_chat(conversation) != prompt  # (without it: the reply closed, a new one opened)
+    with pytest.raises(InvalidParameterError, match="continue_reply needs a conversation that ends with an assistant"):
+        llm.encode_chat(question, continue_reply=True)

@@ -55,6 +55,19 @@ def test_replies_and_interface_match_an_in_process_engine(child, tiny_llama_dir)
     assert child.tokenizer.decode(list(want.token_ids)) == local.tokenizer.decode(list(want.token_ids))
 
 
+def test_a_reply_continued_through_the_pipe_is_the_in_process_engines(child, tiny_llama_dir):
+    """/continue's request (continue_reply) reaches the engine process's LLM.chat."""
+    conversation = [*MESSAGES, {"role": "assistant", "content": "The quick brown fox"}]
+    short = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(str(tiny_llama_dir), max_model_len=128, threads=1) as local:
+        want = _final(local.chat(conversation, short, continue_reply=True)).token_ids
+        closed = _final(local.chat(conversation, short)).token_ids
+    assert want != closed  # (continued from the open reply, not after a closed one)
+    child.speculation = SpeculationConfig(mode="sd", k=3)
+    assert _final(child.chat(conversation, short, continue_reply=True)).token_ids == want
+    assert _final(child.chat(conversation, short)).token_ids == closed
+
+
 def test_an_engine_error_is_one_line_and_the_next_request_runs(child):
     with pytest.raises(EngineError, match="context limit is 128") as err:
         list(child.chat([{"role": "user", "content": "word " * 400}], GREEDY))

@@ -67,6 +67,7 @@ class FakeEngine:
                                                             "draft": "fake-draft on cpu"})
     calls: list[tuple[list[dict[str, str]], object, str]] = field(default_factory=list)
     warmed: list[list[dict[str, str]]] = field(default_factory=list)  # each warm()'s messages
+    continued: list[bool] = field(default_factory=list)  # each chat()'s continue_reply
     closed: bool = False
     max_model_len: int = 100_000  # the context, in encode_chat's tokens
     vocab_size: int = 49152  # (SmolLM2's)
@@ -96,8 +97,9 @@ class FakeEngine:
             raise InvalidParameterError(f"mode {spec.mode!r} needs a draft model: pass --draft")
         self._spec = spec
 
-    def chat(self, messages, params=None, *, cancel: threading.Event | None = None):
+    def chat(self, messages, params=None, *, cancel: threading.Event | None = None, continue_reply: bool = False):
         self.calls.append(([dict(m) for m in messages], params, self._spec.mode))
+        self.continued.append(continue_reply)
         if self.error is not None:
             raise self.error
         if sum(len(m["content"]) for m in messages) > 10_000:
