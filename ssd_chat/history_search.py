@@ -86,6 +86,13 @@ def search(db: sqlite3.Connection, text: str) -> list[ConversationSummary]:
             for i, title, updated, n, content in rows]
 
 
+def first_match(texts: list[str], search: str) -> int | None:
+    """The index of the first of `texts` (a conversation's messages) that holds the search's first word, as the
+    chats list's excerpt shows it (`search`); None: none does, or the search has no words."""
+    words = _folded(search).split()
+    return None if not words else next((i for i, text in enumerate(texts) if words[0] in _folded(text)), None)
+
+
 def _folded(text: str | None) -> str:
     """Text for a search that ignores case (Unicode's case folding: "Straße" holds "STRASSE")."""
     return "" if text is None else text.casefold()

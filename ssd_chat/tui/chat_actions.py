@@ -14,6 +14,7 @@ from textual.screen import Screen
 
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
+from ssd_chat.history_search import first_match
 from ssd_chat.tui import settings_fit
 from ssd_chat.tui.commands import (
     SlashError,
@@ -25,7 +26,7 @@ from ssd_chat.tui.engine_worker import available_modes
 from ssd_chat.tui.export import document, export_path
 from ssd_chat.tui.live_stats import saved_panel
 from ssd_chat.tui.palette import palette_commands
-from ssd_chat.tui.screens.chats import ChatsScreen
+from ssd_chat.tui.screens.chats import ChatsScreen, OpenChat
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptInput, key_hints
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
@@ -160,6 +161,14 @@ class ChatActions(_Base):
         self.show_last_figures()
         self.refresh_status()
 
+    def show_found(self, search: str) -> None:
+        """After opening a chat from a search: its first message that holds the search (the one the list showed)
+        shown and marked a moment (it opened at its end)."""
+        messages = self.session.messages
+        index = first_match([m.content for m in messages], search)
+        if index is not None:  # (counted from the end: the chat shown before may not be removed yet)
+            self.query_one(Transcript).show_found(index - len(messages))
+
     def show_last_figures(self) -> None:
         """The panel shows the last reply's figures as the history keeps them (none: an empty panel)."""
         reply = self.session.last_reply()
@@ -203,13 +212,14 @@ class ChatActions(_Base):
         self.cancel_edit()
         self.session.save()  # (a save that failed before, tried again: the list shows the chat; unchanged: no write)
 
-        def opened(conversation_id: int | None) -> None:
+        def opened(chosen: OpenChat | None) -> None:
             store = self.session.store
-            if conversation_id is not None and store is not None and (found := store.load(conversation_id)):
+            if chosen is not None and store is not None and (found := store.load(chosen.id)):
                 unanswered = self.session.open(found)
                 self.fit_settings()
                 self.fit_mode()
                 self.show_conversation()
+                self.show_found(chosen.found)
                 self.warm_cache()
                 if unanswered:  # (saved so by an earlier version)
                     typed = self.query_one(PromptInput).bring_back(as_typed(unanswered))

@@ -11,6 +11,7 @@ from textual.widgets import DataTable
 
 from ssd_chat.history import HistoryStore
 from ssd_chat.tui.screens.chats import ChatsScreen
+from ssd_chat.tui.widgets.transcript import Transcript
 from tests.ssd_chat.tui_fakes import FakeEngine, make_app, rendered, send, settle, type_text, wait_for
 
 SIZE = (120, 40)
@@ -320,3 +321,33 @@ async def test_undoing_a_delete_of_a_chat_another_window_brought_back_says_so(tm
         assert not [n for n in app._notifications if n.severity == "error"]
         assert store.draft(kept).text == "typed there" and app.screen.query_one(DataTable).row_count == 2
         assert app.screen.deleted is None
+
+
+@pytest.mark.asyncio
+async def test_a_chat_opened_from_a_search_shows_the_message_that_matched(tmp_path):
+    """Enter on a search's match opened the chat at its end, the matched message screens above and unmarked."""
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        for i in range(9):  # (turns enough to fill several screens; the match in the middle)
+            await send(app, pilot, ("Where do penguins live?\n" if i == 4 else f"turn {i}\n") + "filler line\n" * 6)
+        await pilot.press("ctrl+n")
+        await send(app, pilot, "another chat")
+        await pilot.press("ctrl+o")
+        await pilot.press("slash")
+        await type_text(pilot, "PENGUINS")
+        table = app.screen.query_one(DataTable)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the penguins chat")
+        await pilot.press("enter", "enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="chat opened")
+        transcript = app.query_one(Transcript)
+        match = list(transcript.children)[8]  # (the fifth prompt)
+        await wait_for(pilot, lambda: 0 <= match.virtual_region.y - transcript.scroll_y <= 1,
+                       what="the match scrolled to the top")
+        assert 0 < transcript.scroll_y < transcript.max_scroll_y  # (not the chat's end)
+        assert [m.has_class("found") for m in transcript.children] == [i == 8 for i in range(18)]
+        await pilot.press("ctrl+o")  # opened without a search: at its end, nothing marked
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="chat opened")
+        await pilot.pause()
+        assert not any(m.has_class("found") for m in app.query_one(Transcript).children)

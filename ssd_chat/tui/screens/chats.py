@@ -32,8 +32,17 @@ def when(timestamp: float, now: float | None = None) -> str:
     return time.strftime("%b %d %H:%M" if then.tm_year == today.tm_year else "%Y-%m-%d", then)
 
 
-class ChatsScreen(ModalScreen[int | None]):
-    """Dismisses with the id of the conversation to open (None: stay)."""
+@dataclass(frozen=True)
+class OpenChat:
+    """The conversation to open, and the search its row showed a message of ("" where none: the title matched, or
+    no search): the app scrolls to that message."""
+
+    id: int
+    found: str = ""
+
+
+class ChatsScreen(ModalScreen[OpenChat | None]):
+    """Dismisses with the conversation to open (None: stay)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
@@ -51,6 +60,7 @@ class ChatsScreen(ModalScreen[int | None]):
         self.searcher = Searcher(store.path)  # typing searches off the UI thread (0.1 s and more on a long history)
         self.generation = 0  # of the list's contents: each search and each change of the list takes the next
         self.shown: str | None = None  # the search the list shows
+        self.matched: set[int] = set()  # the chats whose row shows a message that holds it
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="modal-box wide"):
@@ -73,6 +83,7 @@ class ChatsScreen(ModalScreen[int | None]):
 
     def _show(self, search: str, found: list[ConversationSummary]) -> None:
         self.shown = search
+        self.matched = {summary.id for summary in found if summary.match}  # (rows that show a message's excerpt)
         table = self.query_one(DataTable)
         keep = min(table.cursor_row, max(0, len(found) - 1))
         table.clear()
@@ -149,7 +160,8 @@ class ChatsScreen(ModalScreen[int | None]):
 
     @on(DataTable.RowSelected)
     def _open(self, event: DataTable.RowSelected) -> None:
-        self.dismiss(int(event.row_key.value))
+        chat = int(event.row_key.value)
+        self.dismiss(OpenChat(chat, (self.shown or "") if chat in self.matched else ""))
 
     def action_rename(self) -> None:
         selected = self._selected()

@@ -20,6 +20,7 @@ from ssd_chat.tui.provenance import colour_text
 
 Piece = tuple[str, TokenSource]
 PAGE_SPEED = 50  # rows a second: Textual's for a page, for the last one (scroll_end's default is a whole second)
+FOUND_S = 3.0  # how long a chat opened from a search marks the message it matched
 
 
 class UserMessage(Static):
@@ -137,6 +138,14 @@ class Transcript(VerticalScroll):
     def show_colours(self, colours: bool) -> None:
         for message in self.query(AssistantMessage):
             message.show_colours(colours)
+
+    def show_found(self, index: int, seconds: float = FOUND_S) -> None:
+        """Message `index` (from the end where negative) scrolled to the top and marked for `seconds` (a search's
+        match: the class "found")."""
+        message = list(self.children)[index]
+        message.add_class("found")
+        self.set_timer(seconds, lambda: message.remove_class("found"))
+        self.call_after_refresh(self.scroll_to_widget, message, animate=False, top=True)
 
     def last_assistant(self) -> AssistantMessage | None:
         found = self.query(AssistantMessage)
