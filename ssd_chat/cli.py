@@ -102,6 +102,7 @@ def main() -> None:
         code = 130
     except Exception:
         if stop_signals.received() is None:
+            stop_signals.exiting()  # (no signal sent again into the traceback's printing and the shutdown)
             raise
         code = 0  # an error on the way out of a run SIGTERM or SIGHUP stopped: its exit code says what happened
     stop_signals.exiting()

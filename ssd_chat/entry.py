@@ -16,5 +16,6 @@ def main() -> None:
         cli = importlib.import_module("ssd_chat.cli")
     except KeyboardInterrupt:
         sys.stderr.write("\n")
+        stop_signals.exiting()
         sys.exit(stop_signals.exit_code(130))
     cli.main()

@@ -29,8 +29,8 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
 )
 HANGUP_EXIT_S = 5.0  # after a hangup the process ends by this time, whatever it waits on
 _AGAIN_S = 0.005  # a signal that came where KeyboardInterrupt would go wrong comes again after this (_not_here)
-_AGAIN_MAX = 200  # and at most this many times in a row (a second), then it is raised wherever it comes
-_again_count = 0  # how many times in a row it came again
+_AGAIN_MAX = 200  # in eval'd code at most this many times in a row (a second), then it is raised wherever it comes
+_again_count = 0  # how many times in a row it came again into eval'd code
 _received: int | None = None  # the first stop signal that came
 _deferred: int | None = None  # that signal, while it waits to come again (_not_here)
 _before_forced_exit: list[Callable[[], object]] = []  # what the hangup's forced exit runs first (before_forced_exit)
@@ -52,9 +52,8 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     global _deferred
     if not _first(signum) and _deferred is None:
         return
-    if _not_here(frame):
-        _again_later(signum)
-        _deferred = signum
+    _deferred = signum  # (before the signal can come again: it must find itself waited for)
+    if _waits(signum, frame):
         return
     _deferred = None
     raise KeyboardInterrupt
@@ -62,43 +61,55 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     """Ctrl-C: KeyboardInterrupt at every press, as Python's own handler raises it, but not where it goes wrong."""
-    if _not_here(frame):
-        _again_later(signum)
-        return
-    raise KeyboardInterrupt
+    if not _waits(signum, frame):
+        raise KeyboardInterrupt
 
 
-def _not_here(frame: FrameType | None) -> bool:
-    """Whether KeyboardInterrupt raised in the code the signal interrupted would go wrong (then the signal comes
-    again a moment later, at most _AGAIN_MAX times in a row):
-    - inside a `__del__`, at any depth: the exception goes nowhere. Python prints "Exception ignored in ... __del__"
-      with its traceback and carries on, so the stop was lost (the run went on to its end) and stderr got a
-      traceback (a tokenizer's regex object, collected as a start-up's signal came);
-    - in code that `eval` or `exec` compiled from a string ("<string>"), where the signal came (the outermost frame
-      aside: `python -c`'s program): an interrupt leaving it marks the interpreter's run as ended by an uncaught
-      Ctrl-C, even once caught, and `python -m ssd_chat` then died of SIGINT instead of exiting with its code (a
-      namedtuple's class, made as transformers imported). Only there: a program that runs whole under such code
-      (pytest-xdist's workers do) would never take the signal."""
+def _waits(signum: int, frame: FrameType | None) -> bool:
+    """Whether `signum` comes again a moment later rather than KeyboardInterrupt now, where the code it interrupted
+    would lose it (`_not_here`)."""
     global _again_count
-    wait = frame is not None and frame.f_code.co_filename == "<string>" and frame.f_back is not None
-    while frame is not None and not wait:
-        wait = frame.f_code.co_name == "__del__"
-        frame = frame.f_back
-    if not wait or _again_count >= _AGAIN_MAX:
+    where = _not_here(frame)
+    if where is None or (where == "eval" and _again_count >= _AGAIN_MAX) or not _again_later(signum):
         _again_count = 0
         return False
-    _again_count += 1
+    _again_count += where == "eval"
     return True
 
 
-def _again_later(signum: int) -> None:
-    """`signum` to the main thread again in a moment, once the code it came in has returned (_not_here)."""
+def _not_here(frame: FrameType | None) -> str | None:
+    """Where KeyboardInterrupt raised in the code the signal interrupted would go wrong (None: it would not):
+    - "finalizer": inside a `__del__`, at any depth. The exception goes nowhere: Python prints "Exception ignored
+      in ... __del__" with its traceback and carries on, so the stop was lost (the run went on to its end) and
+      stderr got a traceback (a tokenizer's regex object, collected as a start-up's signal came). It comes again
+      until the finalizer has returned;
+    - "eval": in code that `eval` or `exec` compiled from a string ("<string>"), where the signal came (the
+      outermost frame aside: `python -c`'s program). An interrupt leaving it marks the interpreter's run as ended
+      by an uncaught Ctrl-C, even once caught, and `python -m ssd_chat` then died of SIGINT instead of exiting
+      with its code (a namedtuple's class, made as transformers imported). Only where it came, and at most
+      _AGAIN_MAX times in a row: a program that runs whole under such code (pytest-xdist's workers do) would
+      never take the signal."""
+    if frame is not None and frame.f_code.co_filename == "<string>" and frame.f_back is not None:
+        return "eval"
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return "finalizer"
+        frame = frame.f_back
+    return None
+
+
+def _again_later(signum: int) -> bool:
+    """`signum` to the main thread again in a moment (_AGAIN_S); False where it cannot be (no pthread_kill, as on
+    Windows; no thread to be had, as at the interpreter's shutdown)."""
     if not hasattr(signal, "pthread_kill"):
-        raise KeyboardInterrupt  # (no way to send it again: as before, raised where it came)
-    main = threading.main_thread().ident
-    timer = threading.Timer(_AGAIN_S, signal.pthread_kill, (main, signum))
+        return False
+    timer = threading.Timer(_AGAIN_S, signal.pthread_kill, (threading.main_thread().ident, signum))
     timer.daemon = True
-    timer.start()
+    try:
+        timer.start()
+    except RuntimeError:
+        return False
+    return True
 
 
 def install() -> None:
@@ -108,6 +119,21 @@ def install() -> None:
         signal.signal(sig, _raise_interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt)
+
+
+@contextlib.contextmanager
+def pythons_ctrl_c() -> Iterator[None]:
+    """Ctrl-C (SIGINT) by Python's own handler inside the block: asyncio's runner (the chat app's Textual loop)
+    installs its own, which cancels the main task, only over that one (with ours, a `kill -INT` raised
+    KeyboardInterrupt anywhere in the event loop)."""
+    ours = signal.getsignal(signal.SIGINT) is _interrupt
+    if ours:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, _interrupt)
 
 
 def hung_up() -> bool:
@@ -177,8 +203,10 @@ def call_in_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[int], obje
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def taken(signum: int, frame: object) -> None:
-        if not _first(signum):
+        global _deferred
+        if not _first(signum) and _deferred is None:  # (one _raise_interrupt waited out before: taken now)
             return
+        _deferred = None
         if hung_up():  # (a Python handler: it runs before SIGCONT's, which comes with it and has a higher number)
             signal.signal(signal.SIGCONT, signal.SIG_DFL)
             _exit_later(HANGUP_EXIT_S)

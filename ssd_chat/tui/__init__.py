@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from engine.config import SpeculationConfig
 from engine.errors import EngineError
 from engine.spawning import ensure_resource_tracker
+from ssd_chat import stop_signals
 from ssd_chat.history import ChatSettings, HistoryStore, default_db_path
 from ssd_chat.tui import child_stderr
 from ssd_chat.tui.engine_worker import ChatEngine
@@ -37,7 +38,8 @@ def run_tui(load_engine: Callable[[], ChatEngine], *, settings: ChatSettings, ta
     app = ChatApp(load_engine, settings=settings, store=store, target=target, draft=draft, resume=resume,
                   speculation=speculation, given=given, enter_sends=enter_sends, history_off=history_off)
     try:
-        app.run()
+        with stop_signals.pythons_ctrl_c():
+            app.run()
     finally:
         app.log_routing.release()  # (what -v would have printed over the screen: now)
         child_stderr.release()  # (what the engine process wrote to its stderr: a failure's traceback, say)

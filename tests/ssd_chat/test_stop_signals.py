@@ -34,6 +34,8 @@ def fresh(monkeypatch):
     monkeypatch.setattr(stop_signals, "_again_count", 0)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *stop_signals.STOP_SIGNALS)}
     yield
+    for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
+        timer.join(5)  # (a signal still to come again: before the handlers it would meet are put back)
     for sig, handler in before.items():
         signal.signal(sig, handler)
 
@@ -84,6 +86,60 @@ def test_a_signal_that_lands_in_a_finalizer_is_raised_once_it_returns(sig, fresh
     else:
         assert stop_signals.received() is None  # (Ctrl-C's exit code stays the CLI's 130)
         assert _raised_after_a_finalizer(signal.SIGINT)  # every Ctrl-C raises, as Python's own handler does
+
+
+class _SlowFinalizer:
+    """Its finalizer gets `sig` at its start and runs `seconds` more (longer than the waits in eval'd code)."""
+
+    def __init__(self, sig: signal.Signals, seconds: float) -> None:
+        self.sig, self.seconds = sig, seconds
+
+    def __del__(self) -> None:
+        signal.raise_signal(self.sig)
+        end = time.monotonic() + self.seconds
+        while time.monotonic() < end:
+            time.sleep(0.001)
+
+
+@needs_posix
+def test_a_signal_waits_out_a_long_finalizer_and_one_sent_again_at_once_is_not_lost(fresh, monkeypatch):
+    """The cap on waiting (for eval'd code) raised inside a long finalizer, where the stop was lost; and a signal
+    sent again before the handler had marked it as waiting was dropped as a second one."""
+    stop_signals.install()
+    monkeypatch.setattr(stop_signals, "_AGAIN_MAX", 3)
+    with pytest.raises(KeyboardInterrupt):
+        _SlowFinalizer(signal.SIGTERM, 0.1)
+        _wait_a_while()
+    assert stop_signals.received() == signal.SIGTERM
+    monkeypatch.setattr(stop_signals, "_received", None)
+    real, calls = stop_signals._again_later, []
+
+    def at_once(signum: int) -> bool:  # the first time, as a Timer that fired before the handler went on
+        calls.append(signum)
+        if len(calls) == 1:
+            stop_signals._raise_interrupt(signum, sys._getframe())  # (its frames: the finalizer's below)
+            return True
+        return real(signum)
+
+    monkeypatch.setattr(stop_signals, "_again_later", at_once)
+    assert _raised_after_a_finalizer(signal.SIGTERM) and len(calls) >= 2
+
+
+def _wait_a_while() -> None:
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+@needs_posix
+def test_the_chat_apps_loop_gets_pythons_ctrl_c_handler(fresh):
+    """asyncio's runner (Textual's) cancels its main task on Ctrl-C only over Python's own handler: over ours, a
+    `kill -INT` raised KeyboardInterrupt anywhere in the event loop."""
+    stop_signals.install()
+    assert signal.getsignal(signal.SIGINT) is stop_signals._interrupt
+    with stop_signals.pythons_ctrl_c():
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is stop_signals._interrupt
 
 
 def _raised_after_eval(sig: signal.Signals) -> list[str]:
