@@ -53,7 +53,10 @@ def encode_chat(tokenizer, messages: list[dict[str, str]], *, model: str, contin
     if continue_reply and messages[-1]["role"] != "assistant":
         raise InvalidParameterError("continue_reply needs a conversation that ends with an assistant message")
     if continue_reply:
-        text = tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+        try:
+            text = tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+        except ValueError as err:  # (a template that rewrites the last message: transformers cannot find it)
+            raise InvalidParameterError(f"{model}'s chat template cannot continue this reply ({err})") from None
     else:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)

@@ -268,7 +268,8 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         colours = " · colours on" if self.colours else ""
         filters = filters_text(s.temperature, s.top_p, s.top_k, seed=s.seed)
         sampling = f"temp {number_text(s.temperature)}" + (f" {filters}" if filters else "")
-        context = f" · ctx {self.session.context_tokens():,}/{self.engine.max_model_len:,}" if self.engine else ""
+        used = self.session.context_tokens()
+        context = f" · ctx {used:,}/{self.engine.max_model_len:,}" if self.engine and used is not None else ""
         k = self.drafted_k()
         self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
             Content.from_markup(  # (the title as a variable: no escape keeps "what does [/ do?" from being markup)

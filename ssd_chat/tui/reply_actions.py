@@ -41,6 +41,7 @@ UI_SHARE = 0.1  # and with the engine on the CPU, the UI thread's CPU for it sta
 SYSTEM_FIX = "/system TEXT sets a shorter system prompt, /system alone removes it"
 ENGINE_FAILED = "engine failed"  # a partial reply's finish reason where the engine died under it
 PARTIAL_KEPT = "; the partial reply is kept (F5 writes it again once the engine runs)"
+PARTIAL_CONTINUED = "; what it added to the reply is kept (/continue goes on once the engine runs)"
 CONTEXT_CUT_FIX = ("a next prompt (\"go on\") continues it, the earliest turns then out of the model's view; /clear "
                    "starts afresh")
 
@@ -55,6 +56,7 @@ class ReplyActions(_Base):
     reply_settings: ReplySettings | None = None  # the running reply's, as it started (a /temp meanwhile: the next's)
     live_tok_s = 0  # the running reply's decode speed as the status line shows it (0: none yet)
     continuing: ChatMessage | None = None  # the reply /continue goes on with, as it was (None: a new reply runs)
+    _before_continue: tuple[int, int] = (0, 0)  # the model's view and the reply's token pieces before the continue
 
     def send_typed(self, typed: str) -> None:
         """Send a prompt as typed (the caller checked we are idle): as the edit of the last prompt where one is open."""
@@ -83,6 +85,7 @@ class ReplyActions(_Base):
         view = self.query_one(Transcript).last_assistant()
         assert view is not None and self.session.messages[-1].role == "assistant"
         self.continuing = self.session.messages[-1]
+        self._before_continue = (self.session.window, len(view.pieces))
         view.set_stats("continuing…")
         self._start_reply(view, sampling_params(self.session.settings), continue_reply=True)
 
@@ -172,6 +175,9 @@ class ReplyActions(_Base):
         if output.finish_reason is FinishReason.CANCELLED and not output.token_ids:
             self._stopped_before_reply()
             return
+        if self.continuing is not None and not output.text:  # (an end of turn at once: the reply was whole)
+            self._continued_nothing("the reply had nothing more to add")
+            return
         stats = TurnStats.from_output(output, self.reply_settings)
         fewer = f" · {FEWER_THREADS}" if self.buffer.stats.fewer_threads else ""  # (the panel's note; none under 90
         text = output.text if self.continuing is None else self.continuing.content + output.text  # (columns)
@@ -228,6 +234,9 @@ class ReplyActions(_Base):
         """A /continue that wrote nothing: the reply as it was, its stats line back."""
         assert self.continuing is not None and self.reply_view is not None
         stats = self.continuing.stats
+        window, pieces = self._before_continue
+        self.session.set_window(window)  # (the continue's fit may have moved it)
+        del self.reply_view.pieces[pieces:]  # (the colours view: what it streamed goes too)
         self.reply_view.finish(self.continuing.content, "" if stats is None else stats.line())
         self.notify(notice, severity=severity, timeout=6 if severity == "information" else 10)
         self._end_reply()
@@ -237,7 +246,8 @@ class ReplyActions(_Base):
         if message.engine_failed or not self.engine_alive:  # (its pipe can tell first)
             await self._flush_reply()
             before = "" if self.continuing is None else self.continuing.content
-            if self.reply_view is not None and self.reply_view.text.strip() and self.reply_view.text != before:
+            wrote = self.reply_view is not None and self.reply_view.text.strip() and self.reply_view.text != before
+            if wrote and not self.session.replacing:  # (F5's or an edit's: the turn it was to replace comes back)
                 self._keep_partial_reply(message.error)
                 return
         if self.continuing is not None:
@@ -265,5 +275,6 @@ class ReplyActions(_Base):
         text = self.reply_view.text
         self.reply_view.finish(text, stats.line())
         self._keep_reply(text, stats)
-        self.notify(self.failure_notice(error) + PARTIAL_KEPT, title="reply cut", severity="error", timeout=10)
+        kept = PARTIAL_CONTINUED if self.continuing is not None else PARTIAL_KEPT
+        self.notify(self.failure_notice(error) + kept, title="reply cut", severity="error", timeout=10)
         self._end_reply()

@@ -70,12 +70,21 @@ class ChatSession(SessionDrafts):
     def last_reply(self) -> ChatMessage | None:
         return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
 
-    def context_tokens(self) -> int:
+    def context_tokens(self) -> int | None:
         """The tokens in the model's view after the last reply: its prompt (the window's turns, in the chat
-        template) and what it wrote; 0 before any reply."""
+        template) and what it wrote; 0 before any reply; None where the reply's prompt is not known (one the engine
+        died in: reply_actions' partial reply)."""
         reply = self.last_reply()
         stats = None if reply is None else reply.stats
+        if stats is not None and not stats.prompt_tokens:
+            return None
         return 0 if stats is None else stats.prompt_tokens + stats.generated_tokens
+
+    @property
+    def replacing(self) -> bool:
+        """Whether the pending prompt is to replace the last turn (F5, a sent F4 edit): that turn comes back if the
+        reply fails (drop_prompt)."""
+        return self._replaced is not None
 
     def last_prompt(self) -> str | None:
         return next((m.content for m in reversed(self.messages) if m.role == "user"), None)

@@ -308,3 +308,12 @@ def test_a_chat_reply_continued_goes_on_from_its_last_token(llm):
     assert llm.encode_chat(conversation) != prompt  # (without it: the reply closed, a new one opened)
     with pytest.raises(InvalidParameterError, match="continue_reply needs a conversation that ends with an assistant"):
         llm.encode_chat(question, continue_reply=True)
+
+
+def test_a_chat_template_that_cannot_continue_a_reply_is_an_invalid_parameter(llm, monkeypatch):
+    """A template that rewrites the last message (Qwen3's rebuilds its thinking block): transformers' ValueError
+    was an engine failure in the app ("the engine failed"); it is the request's error."""
+    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}")
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "lower case"}]
+    with pytest.raises(InvalidParameterError, match="chat template cannot continue this reply"):
+        llm.encode_chat(conversation, continue_reply=True)

@@ -90,7 +90,7 @@ def test_slash_parsing():
     assert parse_slash("/export a.md").force is False
     with pytest.raises(SlashError, match=r"/mode takes no !"):
         parse_slash("/mode! ssd")
-    assert [c.name for c in completions("/c")] == ["clear", "chats", "compare", "colors", "copy"]
+    assert [c.name for c in completions("/c")] == ["clear", "chats", "continue", "compare", "colors", "copy"]
     assert complete("/co") is None and complete("/com") == "/compare " and complete("/ch") == "/chats "
     assert complete("/r") == "/re" and complete("/re") is None and complete("hello") is None
     assert fanout_counts(SLASH, "") is None and fanout_counts(SLASH, "1, 2") == (1, 2)

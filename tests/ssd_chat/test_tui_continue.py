@@ -101,3 +101,19 @@ async def test_a_continue_the_engine_dies_in_keeps_what_it_wrote_and_one_refused
         assert len(app.session.messages) == 2 and text.startswith(reply) and len(text) > len(reply)
         assert app.query(AssistantMessage).last().text == text
         assert app.session.store.load(app.session.conversation.id).messages[-1].content == text
+
+
+@pytest.mark.asyncio
+async def test_a_continue_that_adds_nothing_leaves_the_reply_and_its_figures(tmp_path):
+    """/continue on a whole reply: an end of turn at once rewrote the reply's figures as "1 token"."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "hi")
+        view = app.query(AssistantMessage).last()
+        line, stats = rendered(view.query_one(".reply-stats")), app.session.messages[-1].stats
+        engine.words = [""]  # (one token, no text: the end of the turn)
+        await send(app, pilot, "/continue")
+        assert _notices(app)[-1] == "the reply had nothing more to add"
+        assert app.session.messages[-1].stats == stats and rendered(view.query_one(".reply-stats")) == line

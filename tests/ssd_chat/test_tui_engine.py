@@ -33,7 +33,7 @@ async def test_quitting_during_a_step_that_never_ends_stops_the_engine_process(t
     killed = threading.Event()
 
     class Prefilling(FakeEngine):
-        def chat(self, messages, params=None, *, cancel=None):
+        def chat(self, messages, params=None, *, cancel=None, continue_reply=False):
             self.calls.append((messages, params, self.speculation.mode))
 
             def events():
@@ -192,6 +192,7 @@ async def test_an_engine_crash_mid_reply_keeps_what_it_had_written(tmp_path):
         assert len(app.query(UserMessage)) == 2 and 2 <= n < len(engine.words)
         line = rendered(last.query_one(".reply-stats"))
         assert f" · {n} tokens · " in line and line.endswith(" · stopped: engine failed") and "prefix" not in line
+        assert "ctx" not in rendered(app.query_one("#status"))  # (its prompt's size: never told)
         cut = [n.message for n in app._notifications if "the partial reply is kept" in n.message]
         assert len(cut) == 1 and cut[0].startswith("the engine failed: the draft process was killed")
         saved = app.session.store.load(app.session.conversation.id)
@@ -423,3 +424,20 @@ def test_the_engine_process_says_ready_with_a_light_tokenizer_then_caches_and_su
     assert rest == [("ok", [1, 2, 3])]  # still answering after the failed warm-up
     opening = build_tokenizer().encode("<|im_start|>user\n", add_special_tokens=False)
     assert calls == [("stream", opening[:len(opening) // 2 * 2]), ("encode",), ("close",)]
+
+
+@pytest.mark.asyncio
+async def test_an_engine_crash_mid_regeneration_gives_back_the_reply_it_was_to_replace(tmp_path):
+    """F5's new reply cut by the engine's death replaced the whole old one with its first tokens."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        engine.crash_after = 2
+        await pilot.press("f5")
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["first", REPLY]
+        assert [m.text for m in app.query(AssistantMessage)] == [REPLY]
+        assert app.session.store.load(app.session.conversation.id).messages[-1].content == REPLY
+        assert any(n.title == "not sent" for n in app._notifications)
