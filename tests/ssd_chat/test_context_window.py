@@ -190,7 +190,8 @@ async def test_the_app_gives_the_size_of_a_refused_prompt_without_the_earlier_tu
 
     engine = FakeEngine(max_model_len=8192)
 
-    def like_the_engine(messages, params=None, *, cancel=None):  # it counts every message sent (the turns in view too)
+    def like_the_engine(messages, params=None, *, cancel=None, continue_reply=False):  # it counts every message
+        # sent (the turns in view too)
         check_prompt(engine.encode_chat(messages), 1, engine.max_model_len, engine.max_model_len)
         engine.calls.append((messages, params, engine.speculation.mode))
         return engine._events(len(engine.calls), len(messages), engine.speculation, params, cancel)

@@ -20,10 +20,10 @@ def _gate_the_rows(engine: FakeEngine, gate: threading.Event, modes: tuple[str, 
     """The compare's rows in `modes` wait for `gate` (its warm-ups and restore do not)."""
     original_chat = engine.chat
 
-    def chat(messages, params=None, *, cancel=None):
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
         row = params is not None and params.temperature == 0 and params.max_tokens > WARM_UP_TOKENS
         engine.gate = gate if row and engine.speculation.mode in modes else None
-        return original_chat(messages, params, cancel=cancel)
+        return original_chat(messages, params, cancel=cancel, continue_reply=continue_reply)
 
     engine.chat = chat
 
@@ -127,10 +127,10 @@ async def test_compare_shows_each_row_and_the_running_token_count_as_it_goes(tmp
     engine, gate = FakeEngine(), threading.Event()
     original_chat = engine.chat
 
-    def chat(messages, params=None, *, cancel=None):
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
         row = engine.speculation.mode == "sd" and params.max_tokens > WARM_UP_TOKENS
         engine.gate = gate if row else None  # SD's row: its first delta comes, the rest wait for the gate
-        return original_chat(messages, params, cancel=cancel)
+        return original_chat(messages, params, cancel=cancel, continue_reply=continue_reply)
 
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -177,10 +177,10 @@ def test_run_compare_restores_the_mode_even_when_a_mode_fails():
     engine.speculation = SpeculationConfig(mode="ssd", k=3)
     original_chat = engine.chat
 
-    def chat(messages, params=None, *, cancel=None):
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
         if engine.speculation.mode == "sd" and params.max_tokens > WARM_UP_TOKENS:
             raise RuntimeError("the draft process was killed")
-        return original_chat(messages, params, cancel=cancel)
+        return original_chat(messages, params, cancel=cancel, continue_reply=continue_reply)
 
     engine.chat = chat
     with pytest.raises(RuntimeError):
@@ -242,10 +242,10 @@ async def test_an_engine_failing_mid_compare_keeps_the_rows_done(tmp_path):
     engine = FakeEngine()
     original_chat = engine.chat
 
-    def chat(messages, params=None, *, cancel=None):
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
         if engine.speculation.mode == "ssd" and params.max_tokens > WARM_UP_TOKENS:
             raise RuntimeError("the draft process was killed")
-        return original_chat(messages, params, cancel=cancel)
+        return original_chat(messages, params, cancel=cancel, continue_reply=continue_reply)
 
     app = make_app(engine, tmp_path)
     async with app.run_test(size=SIZE) as pilot:

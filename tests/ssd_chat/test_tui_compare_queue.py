@@ -20,8 +20,8 @@ def _hold_the_restore(engine: FakeEngine, started: threading.Event, go_on: threa
     fails there where the engine has an `error` by then)."""
     original_chat = engine.chat
 
-    def chat(messages, params=None, *, cancel=None):
-        events = original_chat(messages, params, cancel=cancel)
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
+        events = original_chat(messages, params, cancel=cancel, continue_reply=continue_reply)
         if params is None or params.max_tokens != 1:
             return events
 
