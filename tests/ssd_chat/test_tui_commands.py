@@ -140,7 +140,7 @@ async def test_enter_newline_breaks_the_line_and_ctrl_s_sends_and_slash_enter_sw
         for binding in app.BINDINGS:  # each key with its whole action, not the footer's one word ("Esc: Stop")
             assert binding.tooltip and f" | {binding.tooltip} |" in help_text, binding.key
         assert "| Esc | stop the reply or the compare (the partial text stays);" in help_text
-        assert "- **tau**: tokens per target step" in help_text  # (the figures' names)
+        assert "- **tau** (vLLM's and llama.cpp's mean acceptance length): tokens per target step" in help_text
         await pilot.press("escape")
 
         for bad in ("/enter", "/enter sideways"):

@@ -36,9 +36,10 @@ def help_markdown(send_keys: Sequence[tuple[str, str]], keys: Sequence[tuple[str
     lines += ["", "## The figures", "",
               "- **tok/s**: decode speed, the reply's tokens after the first over the time since it.",
               "- **TTFT**: time to the first token (the prompt's reading, less what the prefix cache held).",
-              "- **tau**: tokens per target step, the bonus token included (the mean accepted length plus one): "
-              "what one verify pass of the target yields; AR's is 1.",
-              "- **accepted**: the share of drafted tokens the target accepted; per draft position in the panel.",
+              "- **tau** (vLLM's and llama.cpp's mean acceptance length): tokens per target step, the bonus token "
+              "included: what one verify pass of the target yields; AR's is 1.",
+              "- **accepted** (the acceptance rate): the share of drafted tokens the target accepted; per draft "
+              "position in the panel.",
               "- **cache hits** (SSD): the rounds whose draft was ready in the speculation cache, so that drafting "
               "cost the target nothing.",
               "- **prefix reused**: prompt tokens whose KV cache came from an earlier turn."]
