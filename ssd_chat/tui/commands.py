@@ -37,6 +37,8 @@ SLASH_COMMANDS: tuple[SlashSpec, ...] = (
     SlashSpec("continue", "/continue", "write more of the last reply (one the length limit cut, say)"),
     SlashSpec("edit", "/edit", "put the last prompt back in the input to edit and resend"),
     SlashSpec("undo", "/undo", "remove the last prompt and its reply from the conversation"),
+    SlashSpec("turns", "/turns",
+              "the chat's turns: Enter shows one, d twice deletes one (any turn, not only the last)"),
     SlashSpec("compare", "/compare", "replay the last prompt in AR, SD and SSD (greedy, or one seed) and compare"),
     SlashSpec("colors", "/colors", "toggle token provenance colours"),
     SlashSpec("copy", "/copy [code]", "copy the last reply (code: its code blocks) to the clipboard"),

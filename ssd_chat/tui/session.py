@@ -150,6 +150,31 @@ class ChatSession(SessionDrafts):
         self.save()
         return turn[0].content
 
+    def delete_turn(self, start: int) -> str:
+        """Remove the turn whose prompt is message `start` (the prompt and its reply, up to the next prompt); returns
+        the prompt. The messages after it move up, and the model's views with them: the window, and each later
+        reply's (one that began inside the turn now begins at the turn that follows it)."""
+        assert self.messages[start].role == "user", "not a prompt"
+        end = next((i for i in range(start + 1, len(self.messages)) if self.messages[i].role == "user"),
+                   len(self.messages))
+        if end == len(self.messages):  # the last turn: as /undo
+            return self.pop_turn() or ""
+        n, prompt = end - start, self.messages[start].content
+        del self.messages[start:end]
+
+        def moved(window: int) -> int:
+            return window - n if window >= end else min(window, start)
+
+        self.window = moved(self.window)
+        self._answered_from = {k - n if k >= end else k: moved(w) for k, w in self._answered_from.items()
+                               if not start <= k < end}
+        for i in range(start, len(self.messages)):
+            stats = self.messages[i].stats
+            if stats is not None and moved(stats.window) != stats.window:  # (a new message: the save compares)
+                self.messages[i] = replace(self.messages[i], stats=replace(stats, window=moved(stats.window)))
+        self.save()
+        return prompt
+
     def _pop_turn(self) -> list[ChatMessage]:
         """Take the last prompt and what follows it out of the conversation; returns them ([]: no prompt)."""
         starts = self._turn_starts()

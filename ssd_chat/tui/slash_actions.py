@@ -24,7 +24,9 @@ from ssd_chat.tui import clipboard
 from ssd_chat.tui.chat_actions import NEXT_REPLY
 from ssd_chat.tui.commands import ENTER_MODES, SlashError
 from ssd_chat.tui.export import code_blocks
+from ssd_chat.tui.screens.turns import TurnChoice, TurnsScreen
 from ssd_chat.tui.widgets.prompt_input import PromptInput
+from ssd_chat.tui.widgets.transcript import Transcript
 
 if TYPE_CHECKING:
     from ssd_chat.tui.app import ChatApp
@@ -177,6 +179,27 @@ class SlashActions(_Base):
                 return
             self.cancel_edit()
             self.continue_last_reply()
+
+    def slash_turns(self, arg: str) -> None:
+        if not self.ready_and_idle():
+            return
+        if not self.session.last_turn():
+            self.notify("no turn yet", severity="warning")
+            return
+
+        def chosen(choice: TurnChoice | None) -> None:
+            if choice is None:
+                return
+            if choice.action == "show":  # (counted from the end, as show_found takes it)
+                self.query_one(Transcript).show_found(choice.index - len(self.session.messages))
+            elif self.ready_and_idle():
+                self.cancel_edit()
+                prompt = self.session.delete_turn(choice.index)
+                self.show_conversation()
+                self.warm_cache()  # (the turns after it: their KV in the prefix cache no longer follows)
+                self.notify(f"turn deleted (its prompt: {textwrap.shorten(prompt, 60, placeholder=' …')})", timeout=4)
+
+        self.push_screen(TurnsScreen(self.session.messages), chosen)
 
     def slash_edit(self, arg: str) -> None:
         self.action_edit_last()

@@ -18,7 +18,8 @@ SIZE = (120, 40)
 
 def test_commands_that_take_no_argument_refuse_one():
     bare = {c.name for c in SLASH_COMMANDS if not c.takes_argument}
-    assert bare == {"clear", "new", "regen", "continue", "edit", "undo", "compare", "colors", "restart", "help"}
+    assert bare == {"clear", "new", "regen", "continue", "edit", "undo", "turns", "compare", "colors", "restart",
+                    "help"}
     for name in bare:
         assert parse_slash(f"/{name}  ").arg == ""
         with pytest.raises(SlashError, match=rf"^/{name} takes no argument: send /{name} alone$"):
