@@ -21,6 +21,7 @@ from textual.widgets import DataTable, Input, Static
 
 from ssd_chat.history import Deleted, HistoryStore, one_line
 from ssd_chat.history_search import ConversationSummary, Searcher
+from ssd_chat.tui.screens import selected_key
 from ssd_chat.tui.screens.text_prompt import TextPrompt
 
 
@@ -152,19 +153,13 @@ class ChatsScreen(ModalScreen[OpenChat | None]):
         else:  # (from an empty field too: a further Esc that only moved the focus looked like nothing, and what
             self.dismiss(None)  # was typed next, meant for the chat, went into the list)
 
-    def _selected(self) -> int | None:
-        table = self.query_one(DataTable)
-        if not table.row_count:
-            return None
-        return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
-
     @on(DataTable.RowSelected)
     def _open(self, event: DataTable.RowSelected) -> None:
         chat = int(event.row_key.value)
         self.dismiss(OpenChat(chat, (self.shown or "") if chat in self.matched else ""))
 
     def action_rename(self) -> None:
-        selected = self._selected()
+        selected = selected_key(self.query_one(DataTable))
         if selected is None:
             return
         conversation = self.store.load(selected)
@@ -179,7 +174,7 @@ class ChatsScreen(ModalScreen[OpenChat | None]):
         self.app.push_screen(TextPrompt("New title:", conversation.title if conversation else ""), done)
 
     def action_delete(self) -> None:
-        selected = self._selected()
+        selected = selected_key(self.query_one(DataTable))
         if selected is None:
             return
         if self.armed != selected:  # one keystroke must not lose a conversation

@@ -15,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from ssd_chat.history import ChatMessage, one_line
+from ssd_chat.tui.screens import selected_key
 
 PREVIEW = 60  # characters of a prompt's and a reply's first line in the list
 
@@ -68,18 +69,12 @@ class TurnsScreen(ModalScreen[TurnChoice | None]):
         table.move_cursor(row=len(self.rows) - 1)  # (the latest, as /undo's)
         table.focus()
 
-    def _selected(self) -> int | None:
-        table = self.query_one(DataTable)
-        if not table.row_count:
-            return None
-        return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
-
     @on(DataTable.RowSelected)
     def _show(self, event: DataTable.RowSelected) -> None:
         self.dismiss(TurnChoice("show", int(event.row_key.value)))
 
     def action_delete(self) -> None:
-        selected = self._selected()
+        selected = selected_key(self.query_one(DataTable))
         if selected is None:
             return
         if self.armed != selected:  # one keystroke must not lose a turn
