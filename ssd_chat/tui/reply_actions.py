@@ -175,8 +175,8 @@ class ReplyActions(_Base):
         if output.finish_reason is FinishReason.CANCELLED and not output.token_ids:
             self._stopped_before_reply()
             return
-        if self.continuing is not None and not output.text:  # (an end of turn at once: the reply was whole)
-            self._continued_nothing("the reply had nothing more to add")
+        if self.continuing is not None and not output.text and output.finish_reason is FinishReason.STOP:
+            self._continued_nothing("the reply had nothing more to add")  # (an end of turn at once: it was whole)
             return
         stats = TurnStats.from_output(output, self.reply_settings)
         fewer = f" · {FEWER_THREADS}" if self.buffer.stats.fewer_threads else ""  # (the panel's note; none under 90

@@ -161,6 +161,8 @@ class ChatSession(SessionDrafts):
             return self.pop_turn() or ""
         n, prompt = end - start, self.messages[start].content
         del self.messages[start:end]
+        if start == 0 and self.conversation.title == title_from(prompt):  # (its text goes from the chats list too)
+            self.conversation.title = title_from(self.messages[0].content)
 
         def moved(window: int) -> int:
             return window - n if window >= end else min(window, start)

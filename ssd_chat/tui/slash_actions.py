@@ -194,8 +194,13 @@ class SlashActions(_Base):
                 self.query_one(Transcript).show_found(choice.index - len(self.session.messages))
             elif self.ready_and_idle():
                 self.cancel_edit()
+                views, before = list(self.query_one(Transcript).children), len(self.session.messages)
                 prompt = self.session.delete_turn(choice.index)
-                self.show_conversation()
+                first = len(views) - before + choice.index  # (the views match the messages, the last ones)
+                for view in views[first:first + before - len(self.session.messages)]:
+                    view.remove()  # (only those: a rebuild lost the streamed replies' token colours)
+                self.show_last_figures()
+                self.refresh_status()
                 self.warm_cache()  # (the turns after it: their KV in the prefix cache no longer follows)
                 self.notify(f"turn deleted (its prompt: {textwrap.shorten(prompt, 60, placeholder=' …')})", timeout=4)
 

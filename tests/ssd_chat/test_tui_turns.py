@@ -43,6 +43,12 @@ def test_deleting_a_turn_moves_the_later_messages_and_their_views_up(tmp_path):
     assert session.window == 2
     assert session.delete_turn(2) == "prompt 2"  # the last turn: as /undo
     assert [m.content for m in session.messages] == ["prompt 0", "reply 0"] and session.window == 0
+    session.conversation.title = "prompt 0"  # (as the first prompt named it)
+    session.add_prompt("prompt 4")
+    session.add_reply("reply 4", _stats(0))
+    assert session.delete_turn(0) == "prompt 0"  # the first: the title it gave goes with it
+    assert session.conversation.title == "prompt 4"
+    assert session.store.load(session.conversation.id).title == "prompt 4"
 
 
 def test_turn_rows_preview_each_prompt_and_its_reply():
@@ -64,14 +70,16 @@ async def test_turns_shows_any_turn_and_deletes_one_pressed_twice(tmp_path):
         assert isinstance(app.screen, TurnsScreen)
         table = app.screen.query_one(DataTable)
         assert table.row_count == 3 and table.cursor_row == 2  # (the latest selected, as /undo's)
-        await pilot.press("up", "d")
+        await pilot.press("up", "d", "down", "up", "d")  # not in a row: asked again
+        assert len(app.session.messages) == 6 and isinstance(app.screen, TurnsScreen)
         assert "press d again to delete turn 2" in [n.message for n in app._notifications][-1]
-        assert len(app.session.messages) == 6  # one keystroke deletes nothing
+        kept = [v for i, v in enumerate(app.query_one(Transcript).children) if i not in (2, 3)]
         await pilot.press("d")
         await wait_for(pilot, lambda: not isinstance(app.screen, TurnsScreen), what="the list closed")
         await settle(app, pilot)
         assert [m.content for m in app.session.messages if m.role == "user"] == ["first", "third"]
         assert len(app.query(AssistantMessage)) == 2
+        assert list(app.query_one(Transcript).children) == kept  # (the others' views stay: their token colours too)
         assert [m.content for m in app.session.store.load(app.session.conversation.id).messages
                 if m.role == "user"] == ["first", "third"]
         assert "turn deleted (its prompt: second)" in [n.message for n in app._notifications][-1]

@@ -84,5 +84,9 @@ class TurnsScreen(ModalScreen[TurnChoice | None]):
             return
         self.dismiss(TurnChoice("delete", selected))
 
+    def on_key(self, event) -> None:
+        if event.key != "d":
+            self.armed = None  # a delete is two `d`s in a row
+
     def action_dismiss_none(self) -> None:
         self.dismiss(None)
