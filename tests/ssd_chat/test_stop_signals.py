@@ -33,6 +33,8 @@ def fresh(monkeypatch):
     monkeypatch.setattr(stop_signals, "_deferred", None)
     monkeypatch.setattr(stop_signals, "_again_count", 0)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *stop_signals.STOP_SIGNALS)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (Python's own, which install() takes over; a
+    # process started in a shell's background has SIGINT ignored, and install() leaves that so, as it should)
     yield
     for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
         timer.join(5)  # (a signal still to come again: before the handlers it would meet are put back)
@@ -140,6 +142,11 @@ def test_the_chat_apps_loop_gets_pythons_ctrl_c_handler(fresh):
     with stop_signals.pythons_ctrl_c():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGINT) is stop_signals._interrupt
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a shell's background job, nohup): Ctrl-C stays ignored
+    stop_signals.install()
+    with stop_signals.pythons_ctrl_c():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def _raised_after_eval(sig: signal.Signals) -> list[str]:
