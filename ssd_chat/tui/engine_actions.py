@@ -31,7 +31,8 @@ class EngineActions(_Base):
     def restart_engine(self) -> None:
         """Close the engine (a dead one too: its process and what it left) and load the models again, behind the
         loading screen; the conversation and the settings stay. A failed load ends the app as a first one does."""
-        self.cancel_edit()  # (the views are rebuilt once loaded)
+        if self.prompt_to_restore is None:  # (the views are rebuilt once loaded; an edit the dead engine failed
+            self.cancel_edit()  # goes on: its prompt comes back into the input, and Enter sends it in the turn's place)
         engine, self.engine = self.engine, None
         gc.unfreeze()  # what the old engine holds (in this process: SSD_CHAT_ENGINE_PROCESS=0) can be collected
         self.push_screen(LoadingScreen(self.target, self.draft))

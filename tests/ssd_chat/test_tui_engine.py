@@ -441,3 +441,28 @@ async def test_an_engine_crash_mid_regeneration_gives_back_the_reply_it_was_to_r
         assert [m.text for m in app.query(AssistantMessage)] == [REPLY]
         assert app.session.store.load(app.session.conversation.id).messages[-1].content == REPLY
         assert any(n.title == "not sent" for n in app._notifications)
+
+
+@pytest.mark.asyncio
+async def test_an_edit_the_dying_engine_failed_goes_on_after_the_restart(tmp_path):
+    """The edit came back into the input, then /restart closed it and gave the edited prompt back as a new one:
+    Enter added a turn instead of replacing the edited one."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await pilot.press("f4")
+        area = app.query_one(PromptArea)
+        area.text = "first, edited"
+        dies_mid_reply(engine, after=0)
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert area.text == "first, edited" and app.current_edit() is not None
+        fresh = FakeEngine()
+        app.load_engine = lambda: fresh
+        await send(app, pilot, "/restart")  # typed over the edited prompt, which comes back once loaded
+        assert app.engine is fresh and area.text == "first, edited" and app.current_edit() is not None
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert [m.content for m in app.session.messages] == ["first, edited", REPLY]
