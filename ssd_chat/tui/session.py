@@ -44,6 +44,7 @@ class ChatSession(SessionDrafts):
         self.window = 0  # the first message the model still sees (ssd_chat.context_window)
         self._window_before = 0  # the window before the pending prompt's fit (drop_prompt puts it back)
         self._answered_from: dict[int, int] = {}  # a prompt's index -> the window its reply was generated with
+        self._view_changed: ChatMessage | None = None  # the last reply, where a turn before it was deleted since
 
     # -- reading -----------------------------------------------------------------------------------
     @property
@@ -72,11 +73,11 @@ class ChatSession(SessionDrafts):
 
     def context_tokens(self) -> int | None:
         """The tokens in the model's view after the last reply: its prompt (the window's turns, in the chat
-        template) and what it wrote; 0 before any reply; None where the reply's prompt is not known (one the engine
-        died in: reply_actions' partial reply)."""
+        template) and what it wrote; 0 before any reply; None where that is not known: the engine died in the reply
+        (reply_actions' partial reply), or a turn it counted was deleted since (/turns), until the next reply."""
         reply = self.last_reply()
         stats = None if reply is None else reply.stats
-        if stats is not None and not stats.prompt_tokens:
+        if stats is not None and (not stats.prompt_tokens or reply is self._view_changed):
             return None
         return 0 if stats is None else stats.prompt_tokens + stats.generated_tokens
 
@@ -174,6 +175,7 @@ class ChatSession(SessionDrafts):
             stats = self.messages[i].stats
             if stats is not None and moved(stats.window) != stats.window:  # (a new message: the save compares)
                 self.messages[i] = replace(self.messages[i], stats=replace(stats, window=moved(stats.window)))
+        self._view_changed = self.last_reply() if start < len(self.messages) else None  # (its count held the turn)
         self.save()
         return prompt
 

@@ -35,13 +35,14 @@ def test_deleting_a_turn_moves_the_later_messages_and_their_views_up(tmp_path):
     assert [m.content for m in session.messages] == ["prompt 0", "reply 0", "prompt 2", "reply 2", "prompt 3",
                                                      "reply 3"]
     assert [m.stats.window for m in session.messages if m.role == "assistant"] == [0, 2, 2]  # (2 began in it)
-    assert session.window == 2
+    assert session.window == 2 and session.context_tokens() is None  # (the last reply's count held the turn)
     saved = session.store.load(session.conversation.id)
     assert [m.content for m in saved.messages] == [m.content for m in session.messages]
     assert [m.stats.window for m in saved.messages if m.role == "assistant"] == [0, 2, 2]
     session.pop_turn()  # /undo after it: the view the now last reply was generated with
     assert session.window == 2
     assert session.delete_turn(2) == "prompt 2"  # the last turn: as /undo
+    assert session.context_tokens() == 25  # (the reply before it: its own count, 20 + 5)
     assert [m.content for m in session.messages] == ["prompt 0", "reply 0"] and session.window == 0
     session.conversation.title = "prompt 0"  # (as the first prompt named it)
     session.add_prompt("prompt 4")
