@@ -28,6 +28,8 @@ def palette_commands(app: ChatApp) -> list[PaletteCommand]:
         ("Toggle token colours", "colour reply tokens by provenance", app.action_toggle_colours),
         ("New chat", "start a new conversation", app.action_new_chat),
         ("Chats", "open, rename or delete saved conversations", app.action_chats),
+        ("Continue the reply", "write more of the last reply (/continue)", lambda: app.slash_continue("")),
+        ("Turns", "show or delete any turn of this chat (/turns)", lambda: app.slash_turns("")),
         ("Export to Markdown", "write this conversation to a .md file", lambda: app.export("")),
         ("Export to plain text", "write this conversation to a .txt file, as typed and written (no Markdown "
          "escapes)", lambda: app.export("", suffix=".txt")),

@@ -117,3 +117,21 @@ async def test_a_continue_that_adds_nothing_leaves_the_reply_and_its_figures(tmp
         await send(app, pilot, "/continue")
         assert _notices(app)[-1] == "the reply had nothing more to add"
         assert app.session.messages[-1].stats == stats and rendered(view.query_one(".reply-stats")) == line
+
+
+@pytest.mark.asyncio
+async def test_the_palette_continues_the_reply_and_lists_the_turns(tmp_path):
+    from ssd_chat.tui.screens.turns import TurnsScreen
+
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "/max-tokens 3")
+        await send(app, pilot, "hi")
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        commands["Continue the reply"].callback()
+        await settle(app, pilot)
+        assert engine.continued[-1] is True and len(app.session.messages) == 2
+        app.call_later(commands["Turns"].callback)  # (as the palette runs it: in the app's own loop)
+        await wait_for(pilot, lambda: isinstance(app.screen, TurnsScreen), what="the turns")

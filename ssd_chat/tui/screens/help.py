@@ -17,7 +17,8 @@ PROMPT_KEYS = (  # after the send and newline keys, which --enter sets (prompt_i
     ("Tab", "complete a slash command"),
     ("Up / Down", "on the prompt's first / last line: the chat's earlier prompts (typed text is never replaced)"),
     ("PageUp / PageDown", "scroll the conversation"),
-    ("Ctrl+P", "command palette (modes, compare, colours, new chat, chats, export, restart the engine, help, theme)"),
+    ("Ctrl+P", "command palette (modes, compare, colours, new chat, chats, continue the reply, turns, export, "
+               "restart the engine, help, theme)"),
     ("Ctrl+Q", "quit (a reply under way stops and is kept)"),
 )
 
