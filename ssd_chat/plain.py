@@ -2,11 +2,11 @@
 
 Reads one prompt per line, streams each reply as it arrives on stdout, then a dim stats line on stderr (decode
 tok/s, TTFT, tokens, prefix reuse, and tau / acceptance / cache hits in SD and SSD): a pipe gets only the replies.
-The whole conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts
-over, `/exit` or end of input quits; any other line that starts with one `/` is an unknown command (one line on
-stderr), and `//` sends a literal `/`, as in the chat app. The first Ctrl-C stops a reply and keeps its partial
-text, as printed, and its stats line counts only what was printed: its tokens, tok/s and tau (and drops the lines
-typed or pasted ahead).
+The whole conversation is resent each turn, so earlier turns come from the prefix cache. `/clear` starts over,
+`/continue` writes more of the last reply, `/exit` or end of input quits; any other line that starts with one `/`
+is an unknown command (one line on stderr), and `//` sends a literal `/`, as in the chat app. The first Ctrl-C
+stops a reply and keeps its partial text, as printed, and its stats line counts only what was printed: its tokens,
+tok/s and tau (and drops the lines typed or pasted ahead).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class PlainEngine(Protocol):
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
-             cancel: threading.Event | None = None) -> Iterator[Event]: ...
+             cancel: threading.Event | None = None, continue_reply: bool = False) -> Iterator[Event]: ...
 
 
 class PipeConsole(Console):
@@ -93,8 +93,8 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
     history = list(start)
     window = 0  # the first turn message the model still sees (ssd_chat.context_window)
     if interactive:
-        screen.print(f"{llm.config.target}: /clear resets the conversation, /exit or Ctrl-D quits, Ctrl-C stops "
-                     "a reply.", style="dim", markup=False)
+        screen.print(f"{llm.config.target}: /clear resets the conversation, /continue writes more of the last "
+                     "reply, /exit or Ctrl-D quits, Ctrl-C stops a reply.", style="dim", markup=False)
     while True:
         try:
             line = _read_line(">>> " if interactive else "", None if screen is console else screen).strip()
@@ -111,49 +111,72 @@ def run_plain(llm: PlainEngine, params: SamplingParams, system: str | None, *, c
             elif command == "clear":
                 history, window = list(start), 0
                 err.print("conversation cleared", style="dim")
+            elif command == "continue" and argument:
+                err.print("error: /continue takes no argument: send /continue alone", markup=False)
+            elif command == "continue" and (len(history) == len(start) or history[-1]["role"] != "assistant"):
+                err.print("error: no reply to continue yet", markup=False)
+            elif command == "continue":
+                window = _reply(llm, history, len(start), window, params, console, err, interactive, continuing=True)
             else:
-                err.print(f"error: unknown command /{command}: plain mode knows /clear and /exit; start a line "
-                          "with // to send one that begins with /", markup=False, soft_wrap=True)
+                err.print(f"error: unknown command /{command}: plain mode knows /clear, /continue and /exit; start "
+                          "a line with // to send one that begins with /", markup=False, soft_wrap=True)
             continue
         if not line:
             continue
         line = line[1:] if line.startswith("//") else line
         history.append({"role": "user", "content": line})
-        try:
-            with engine_failures():  # (the reader or the terminal gone, an OSError, passes: main ends it, as SIGPIPE)
-                moved = _window(llm, history, window, params, err)
-                # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept, as printed.
-                with sigint_flag() as cancel:
-                    streamed = print_stream(
-                        llm.chat(start + history[len(start) + moved:], params, cancel=cancel), console.file,
-                        cancel=cancel)
-            output, printed = streamed.output, streamed.text
-            if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
-                err.print("(the lines typed or pasted ahead were dropped)", style="dim")
-        except EngineError as error:
-            why = (prompt_refusal(llm, history, "start again with a shorter --system, or none", str(error))
-                   if isinstance(error, PromptTooLongError) else None)  # (the prompt's size, not the turns in view)
+        window = _reply(llm, history, len(start), window, params, console, err, interactive)
+
+
+def _reply(llm: PlainEngine, history: list[dict[str, str]], system: int, window: int, params: SamplingParams,
+           console: Console, err: Console, interactive: bool, *, continuing: bool = False) -> int:
+    """Stream the reply to `history`'s last prompt (`continuing`: more of its last reply, /continue) and keep it in
+    `history`; returns the window the model now sees from. `system`: the system prompt's messages (0 or 1)."""
+    start = history[:system]
+    more = {"continue_reply": True} if continuing else {}
+    try:
+        with engine_failures():  # (the reader or the terminal gone, an OSError, passes: main ends it, as SIGPIPE)
+            moved = _window(llm, history, window, params, err)
+            # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept, as printed.
+            with sigint_flag() as cancel:
+                streamed = print_stream(llm.chat(start + history[system + moved:], params, cancel=cancel, **more),
+                                        console.file, cancel=cancel)
+        output, printed = streamed.output, streamed.text
+        if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
+            err.print("(the lines typed or pasted ahead were dropped)", style="dim")
+    except EngineError as error:
+        why = (prompt_refusal(llm, history, "start again with a shorter --system, or none", str(error))
+               if isinstance(error, PromptTooLongError) and not continuing else None)  # (the prompt's size, not the
+        if not continuing:  # turns in view; /clear would not help: the window moves)
             history.pop()
-            # (/clear would not help: the window moves)
-            err.print(f"error: {why or error}", markup=False, soft_wrap=True)
-            continue
-        except EngineFailed as failure:  # a failure inside the engine (a bug, a broken model): one line, the chat kept
+        err.print(f"error: {why or error}", markup=False, soft_wrap=True)
+        return window
+    except EngineFailed as failure:  # a failure inside the engine (a bug, a broken model): one line, the chat kept
+        if continuing:
+            err.print(f"error: {failure}; the reply stays as it was", markup=False, soft_wrap=True)
+            return window
+        history.pop()
+        err.print(f"error: {failure}; that prompt is not part of the conversation: try again, or /exit",
+                  markup=False, soft_wrap=True)
+        return window
+    if cancel.is_set() and not printed:  # stopped in its prefill: no empty reply for later turns to send
+        if not continuing:
             history.pop()
-            err.print(f"error: {failure}; that prompt is not part of the conversation: try again, or /exit",
-                      markup=False, soft_wrap=True)
-            continue
-        if cancel.is_set() and not printed:  # stopped in its prefill: no empty reply for later turns to send
-            history.pop()
-            err.print("(stopped before the reply began: that prompt is not part of the conversation)", style="dim")
-            continue
-        window = moved  # (a refused prompt moves no turn out of the model's view)
-        earlier = len(history) - len(start) - moved > 1  # turns in view before this prompt: /clear gives their room
-        history.append({"role": "assistant", "content": printed if cancel.is_set() else output.text})
-        # (after a Ctrl-C: the tokens, tok/s and tau of the text printed); stdout keeps only the replies
-        err.print(streamed.stats.line(), style="dim", markup=False, soft_wrap=True)
-        tell_fewer_threads(streamed, err)
-        fix = "shorten the prompt" + (", or /clear the earlier turns" if earlier else "")
-        tell_context_cut(output, context_cut_notice(llm.max_model_len, fix), err)
+        err.print("(stopped before the reply went on)" if continuing else
+                  "(stopped before the reply began: that prompt is not part of the conversation)", style="dim")
+        return window
+    earlier = len(history) - system - moved > 1  # turns in view before this prompt: /clear gives their room
+    text = printed if cancel.is_set() else output.text
+    if continuing:
+        history[-1]["content"] += text
+    else:
+        history.append({"role": "assistant", "content": text})
+    # (after a Ctrl-C: the tokens, tok/s and tau of the text printed); stdout keeps only the replies
+    err.print(streamed.stats.line(), style="dim", markup=False, soft_wrap=True)
+    tell_fewer_threads(streamed, err)
+    fix = "shorten the prompt" + (", or /clear the earlier turns" if earlier else "")
+    tell_context_cut(output, context_cut_notice(llm.max_model_len, fix), err)
+    return moved  # (a refused prompt moves no turn out of the model's view)
 
 
 def tell_context_cut(output: RequestOutput, notice: str, err: Console | None = None) -> None:

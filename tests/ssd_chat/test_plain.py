@@ -39,8 +39,8 @@ def test_plain_refuses_an_unknown_command_and_sends_a_doubled_slash_as_a_prompt(
     run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: unknown command /{name}: plain mode knows /clear and /exit; start a line with // to "
-                      "send one that begins with /" for name in ("mode", "temp", "foo", "usr/bin/foo")]
+    assert errors == [f"error: unknown command /{name}: plain mode knows /clear, /continue and /exit; start a line "
+                      "with // to send one that begins with /" for name in ("mode", "temp", "foo", "usr/bin/foo")]
     assert [[m["content"] for m in messages if m["role"] == "user"] for messages, _, _ in engine.calls] == [
         ["/usr/bin/foo is a path"], ["/usr/bin/foo is a path", "hi"], ["again"]]  # /CLEAR: /clear
     assert captured.out == 3 * (REPLY + "\n")
@@ -156,3 +156,17 @@ def test_plain_says_what_to_do_when_the_context_limit_cut_a_reply(tiny_llama_dir
         err = capsys.readouterr().err.splitlines()
         assert err[0].endswith("stopped: length") and err[-2].endswith("stopped: context")
         assert err[-1] == notice.format(256, ", or /clear the earlier turns")
+
+
+def test_plain_continue_writes_more_of_the_last_reply(monkeypatch, capsys):
+    """/continue: the conversation with its last reply left open (continue_reply), what comes added to that reply."""
+    engine = FakeEngine()
+    feed(monkeypatch, ["/continue", "hi", "/continue now", "/continue", "next"])
+    run_plain(engine, SamplingParams(temperature=0, max_tokens=32), None)
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: no reply to continue yet", "error: /continue takes no argument: send /continue alone"]
+    assert engine.continued == [False, True, False]
+    assert engine.calls[1][0] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": REPLY}]
+    assert engine.calls[2][0][:2] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 2 * REPLY}]
+    assert captured.out == 3 * (REPLY + "\n")
