@@ -108,9 +108,8 @@ class ChatSession(SessionDrafts):
     def extend_reply(self, text: str, stats: TurnStats | None) -> None:
         """The last reply, continued (/continue): `text` in place of its text, `stats` those of the continuation."""
         assert self.messages and self.messages[-1].role == "assistant", "no reply to continue"
-        stats = None if stats is None else replace(stats, window=self.window)
-        self.messages[-1] = ChatMessage("assistant", text, stats)  # (a new message: the save compares the old)
-        self.save()
+        self.messages.pop()  # (a new message in its place: the save compares it with the old one)
+        self.add_reply(text, stats)
 
     def drop_prompt(self) -> str:
         """Undo `add_prompt` (the request failed): returns the prompt to put back in the input. A turn the prompt
@@ -156,8 +155,7 @@ class ChatSession(SessionDrafts):
         the prompt. The messages after it move up, and the model's views with them: the window, and each later
         reply's (one that began inside the turn now begins at the turn that follows it)."""
         assert self.messages[start].role == "user", "not a prompt"
-        end = next((i for i in range(start + 1, len(self.messages)) if self.messages[i].role == "user"),
-                   len(self.messages))
+        end = next((i for i in self._turn_starts() if i > start), len(self.messages))
         if end == len(self.messages):  # the last turn: as /undo
             return self.pop_turn() or ""
         n, prompt = end - start, self.messages[start].content
@@ -175,7 +173,7 @@ class ChatSession(SessionDrafts):
             stats = self.messages[i].stats
             if stats is not None and moved(stats.window) != stats.window:  # (a new message: the save compares)
                 self.messages[i] = replace(self.messages[i], stats=replace(stats, window=moved(stats.window)))
-        self._view_changed = self.last_reply() if start < len(self.messages) else None  # (its count held the turn)
+        self._view_changed = self.last_reply()  # (its context count held the deleted turn)
         self.save()
         return prompt
 
