@@ -47,7 +47,7 @@ class TurnsScreen(ModalScreen[TurnChoice | None]):
     """Dismisses with what to do with a turn (None: nothing)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "dismiss_none", "Back"),
+        Binding("escape", "dismiss", "Back"),
         Binding("d", "delete", "Delete"),
     ]
 
@@ -87,6 +87,3 @@ class TurnsScreen(ModalScreen[TurnChoice | None]):
     def on_key(self, event) -> None:
         if event.key != "d":
             self.armed = None  # a delete is two `d`s in a row
-
-    def action_dismiss_none(self) -> None:
-        self.dismiss(None)
