@@ -133,14 +133,13 @@ def _reply(llm: PlainEngine, history: list[dict[str, str]], system: int, window:
     """Stream the reply to `history`'s last prompt (`continuing`: more of its last reply, /continue) and keep it in
     `history`; returns the window the model now sees from. `system`: the system prompt's messages (0 or 1)."""
     start = history[:system]
-    more = {"continue_reply": True} if continuing else {}
     try:
         with engine_failures():  # (the reader or the terminal gone, an OSError, passes: main ends it, as SIGPIPE)
             moved = _window(llm, history, window, params, err)
             # The first Ctrl-C asks the engine to stop before its next step; the partial reply is kept, as printed.
             with sigint_flag() as cancel:
-                streamed = print_stream(llm.chat(start + history[system + moved:], params, cancel=cancel, **more),
-                                        console.file, cancel=cancel)
+                events = llm.chat(start + history[system + moved:], params, cancel=cancel, continue_reply=continuing)
+                streamed = print_stream(events, console.file, cancel=cancel)
         output, printed = streamed.output, streamed.text
         if cancel.is_set() and interactive and discard_typed_ahead(sys.stdin.fileno()):
             err.print("(the lines typed or pasted ahead were dropped)", style="dim")

@@ -97,7 +97,7 @@ class _CtrlCAfterTwoDeltas:
         self.max_model_len, self.encode_chat = llm.max_model_len, llm.encode_chat
         self.calls: list[list[dict[str, str]]] = []
 
-    def chat(self, messages, params, *, cancel=None):
+    def chat(self, messages, params, *, cancel=None, continue_reply=False):
         self.calls.append([dict(m) for m in messages])
         num_deltas = 0
         for event in self.llm.chat(messages, params, cancel=cancel):
@@ -159,7 +159,7 @@ def own_signals():
 class _FailsOnce(_CtrlCAfterTwoDeltas):
     """The real engine, whose first reply fails inside the engine after its first token delta."""
 
-    def chat(self, messages, params, *, cancel=None):
+    def chat(self, messages, params, *, cancel=None, continue_reply=False):
         self.calls.append([dict(m) for m in messages])
         for event in self.llm.chat(messages, params, cancel=cancel):
             yield event

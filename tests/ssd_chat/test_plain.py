@@ -51,7 +51,7 @@ def test_plain_reports_an_engine_error_in_one_line_and_goes_on(monkeypatch, caps
     feed(monkeypatch, ["too long", "fine"])
     original = engine.chat
 
-    def chat(messages, params=None, *, cancel=None):
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
         if messages[-1]["content"] == "too long":
             raise PromptTooLongError("the prompt has 900 tokens but the context limit is 512: shorten it")
         return original(messages, params, cancel=cancel)

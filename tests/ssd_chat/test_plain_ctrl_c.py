@@ -49,7 +49,7 @@ def test_plain_a_reply_stopped_before_its_first_token_leaves_no_turn(monkeypatch
     feed(monkeypatch, ["hi", "stop me", "next"])
     original = engine.chat
 
-    def chat(messages, params=None, *, cancel=None):
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
         if messages[-1]["content"] == "stop me":
             cancel.set()  # (a Ctrl-C while the engine reads the prompt)
         return original(messages, params, cancel=cancel)
@@ -67,7 +67,7 @@ def test_plain_prints_nothing_more_of_a_reply_after_ctrl_c(monkeypatch, capsys):
     feed(monkeypatch, ["hi", "next"])
     original = engine.chat
 
-    def chat(messages, params=None, *, cancel=None):
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
         for event in original(messages, params, cancel=cancel):
             if isinstance(event, TokenDelta) and event.text == " from" and messages[-1]["content"] == "hi":
                 cancel.set()  # (a Ctrl-C while the step of " from" ran)
@@ -85,7 +85,7 @@ def test_plain_stats_after_ctrl_c_count_only_the_tokens_printed(monkeypatch, cap
     feed(monkeypatch, ["hi"])
     original, generated = engine.chat, []
 
-    def chat(messages, params=None, *, cancel=None):
+    def chat(messages, params=None, *, cancel=None, continue_reply=False):
         deltas = 0
         for event in original(messages, params, cancel=cancel):
             deltas += isinstance(event, TokenDelta)
