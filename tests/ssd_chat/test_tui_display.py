@@ -71,7 +71,7 @@ async def test_token_colours_toggle_shows_provenance_and_a_legend(tmp_path):
 async def test_single_newlines_in_a_reply_are_line_breaks_while_it_streams_and_after(tmp_path):
     """A poem's lines were one paragraph in the Markdown view (CommonMark's soft breaks) and lines in the colours
     view; code blocks, lists and headings render as before."""
-    from textual.widgets import Markdown
+    from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown
 
     poem = ["In the depths of the blue,\nA world of wonder,", "\nWhere fish swim free.\n\n", "# Fish\n\n",
             "- cod\n- eel\n\n", "```\nx = 1\ny = 2\n```\n"]
@@ -82,20 +82,19 @@ async def test_single_newlines_in_a_reply_are_line_breaks_while_it_streams_and_a
         app.query_one(PromptArea).text = "a poem"
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text == poem[0], what="1st delta")
-        markdown = app.reply_view.query_one(Markdown)
+        markdown = app.reply_view.query_one(ReplyMarkdown)
 
         def shown() -> list[str]:
-            return [line for block in markdown.children for line in block.render().plain.splitlines() if line]
+            return [line.strip() for line in markdown.shown_lines() if line.strip()]
 
         await wait_for(pilot, lambda: shown() == ["In the depths of the blue,", "A world of wonder,"], what="lines")
         engine.gate.set()
         await settle(app, pilot)
         reply = app.query(AssistantMessage).last()
-        await wait_for(pilot, lambda: len(markdown.children) == 4, what="the final render")
-        assert [type(block).__name__ for block in markdown.children] == \
-            ["MarkdownParagraph", "MarkdownH1", "MarkdownBulletList", "MarkdownFence"]
-        assert shown()[:3] == ["In the depths of the blue,", "A world of wonder,", "Where fish swim free."]
-        assert markdown.children[-1].code == "x = 1\ny = 2"
+        assert markdown.blocks == ["In the depths of the blue,\nA world of wonder,\nWhere fish swim free.", "# Fish",
+                                   "- cod\n- eel", "```\nx = 1\ny = 2\n```"]
+        assert shown() == ["In the depths of the blue,", "A world of wonder,", "Where fish swim free.", "Fish",
+                           "• cod", "• eel", "x = 1", "y = 2"]
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert reply.query_one(".reply-tokens").render().plain.splitlines()[:3] == shown()[:3]

@@ -6,17 +6,14 @@ provenance pieces, so the colour toggle can switch views at any time without re-
 
 from __future__ import annotations
 
-import functools
-
-from markdown_it import MarkdownIt
-from markdown_it.rules_core import StateCore
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Markdown, Static
+from textual.widgets import Static
 
 from engine.outputs import TokenSource
 from ssd_chat.tui.provenance import colour_text
+from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown
 
 Piece = tuple[str, TokenSource]
 PAGE_SPEED = 50  # rows a second: Textual's for a page, for the last one (scroll_end's default is a whole second)
@@ -27,25 +24,6 @@ class UserMessage(Static):
     def __init__(self, text: str) -> None:
         super().__init__(Text(text), classes="message user")
         self.border_title = "you"
-
-
-def _line_breaks(state: StateCore) -> None:
-    """A reply's single newlines kept as line breaks (a poem, an address, an item a line): CommonMark reads them
-    as soft breaks, which Textual shows as spaces, and the token-colour view (the plain text) showed other lines.
-    Code blocks keep their text as it is; lists, tables and headings end their lines anyway."""
-    for token in state.tokens:
-        for child in token.children or ():
-            if child.type == "softbreak":
-                child.type, child.tag = "hardbreak", "br"
-
-
-@functools.cache
-def _parser() -> MarkdownIt:
-    """One Markdown parser for every reply: Textual builds a new one per streamed append otherwise, which took about
-    a seventh of the UI thread's time while a reply streamed (the engine's thread waits for that thread's GIL)."""
-    parser = MarkdownIt("gfm-like")
-    parser.core.ruler.push("line_breaks", _line_breaks)
-    return parser
 
 
 class AssistantMessage(Vertical):
@@ -61,12 +39,12 @@ class AssistantMessage(Vertical):
         self.colours = colours
 
     def compose(self) -> ComposeResult:
-        yield Markdown(self.text, classes="reply-markdown", parser_factory=_parser)
+        yield ReplyMarkdown(self.text, classes="reply-markdown")
         yield Static("", classes="reply-tokens")
         yield Static(Text(self.stats), classes="reply-stats")
 
     def on_mount(self) -> None:
-        if self.query(Markdown):  # (a rebuild right after this one, Ctrl+N as a chat opens, may have emptied it)
+        if self.query(ReplyMarkdown):  # (a rebuild right after this one, Ctrl+N as a chat opens, may have emptied it)
             self._apply_view()
 
     async def append(self, text: str, pieces: list[Piece]) -> None:
@@ -77,7 +55,7 @@ class AssistantMessage(Vertical):
         if self.colours:
             self._render_tokens()
         else:
-            await self.query_one(Markdown).append(text)
+            self.query_one(ReplyMarkdown).append(text)
 
     def finish(self, text: str, line: str) -> None:
         """The reply is complete: one full render of its final text (appends may have split a Markdown
@@ -94,7 +72,7 @@ class AssistantMessage(Vertical):
         self._apply_view()
 
     def _apply_view(self) -> None:
-        markdown = self.query_one(Markdown)
+        markdown = self.query_one(ReplyMarkdown)
         tokens = self.query_one(".reply-tokens", Static)
         markdown.display, tokens.display = not self.colours, self.colours
         if self.colours:

@@ -1,0 +1,200 @@
+"""A reply's Markdown as one widget, drawn by Rich one top-level block at a time, each finished block drawn once.
+
+Textual's `Markdown` made a widget per block, list item and paragraph (about 100 for a 1,800-character reply with
+lists and code), and each streamed append laid out every widget of the transcript: on the 2-vCPU VM (2026-12-07)
+an update cost the UI thread 80 ms with no earlier turns and 257 ms under six such turns (631 widgets), which the
+engine's threads wait for. Here a reply is one widget that draws its lines itself (Textual's line API): a block
+the parser has closed (any but the last) is rendered once at the width and kept; an update re-parses and redraws
+only the last block. The same blocks, drawn the same way, make the finished reply, so nothing moves at its end.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import ClassVar
+
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markdown import Heading, MarkdownElement
+from rich.markdown import Markdown as RichMarkdown
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.selection import Selection
+from textual.strip import Strip
+from textual.widget import Widget
+
+CODE_THEMES = {True: "monokai", False: "default"}  # the app's theme dark or light: Pygments' theme for code blocks
+
+
+def _line_breaks(state: StateCore) -> None:
+    """A reply's single newlines kept as line breaks (a poem, an address, an item a line): CommonMark reads them
+    as soft breaks, which render as spaces, and the token-colour view (the plain text) showed other lines.
+    Code blocks keep their text as it is; lists, tables and headings end their lines anyway."""
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type, child.tag = "hardbreak", "br"
+
+
+@functools.cache
+def parser() -> MarkdownIt:
+    """One parser for every reply (building one costs more than parsing a streamed block)."""
+    markdown = MarkdownIt("gfm-like")
+    markdown.core.ruler.push("line_breaks", _line_breaks)
+    return markdown
+
+
+def split_blocks(source: str) -> list[tuple[int, str]]:
+    """`source` cut into its top-level blocks: (where each starts in `source`, its text without the blank lines after
+    it). A block runs from its first line to the next block's, so a list's or a fence's inner blank lines stay in it."""
+    lines = source.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    starts = [token.map[0] for token in parser().parse(source)
+              if token.level == 0 and token.map is not None and token.nesting >= 0]
+    ends = [*starts[1:], len(lines)][:len(starts)]
+    return [(offsets[start], "".join(lines[start:end]).rstrip("\n")) for start, end in zip(starts, ends, strict=True)]
+
+
+class _LeftHeading(Heading):
+    """Headings at the left, as a chat reads (Rich centres the first level)."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        text = self.text.copy()
+        text.justify = "left"
+        yield text
+
+
+class _BlockMarkdown(RichMarkdown):
+    """Rich's Markdown of one block, parsed by `parser()` (GFM, line breaks kept) instead of Rich's own."""
+
+    elements: ClassVar[dict[str, type[MarkdownElement]]] = {**RichMarkdown.elements, "heading_open": _LeftHeading}
+
+    def __init__(self, markup: str, code_theme: str) -> None:
+        super().__init__(markup, code_theme=code_theme, hyperlinks=False)
+        self.parsed = parser().parse(markup)
+
+
+class ReplyMarkdown(Widget):
+    """The Markdown of `source`; `append` adds to it as a reply streams, `update` replaces it."""
+
+    DEFAULT_CSS = "ReplyMarkdown { height: auto; }"
+
+    def __init__(self, source: str = "", *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.source = ""  # the Markdown
+        self._closed_blocks: list[str] = []  # the closed blocks' text, in order
+        self._open_at = 0  # where the last (still open) block starts in `source`
+        self._open_block: list[str] = []  # the last block (it may still grow), if any
+        self._closed_lines: list[list[Strip]] = []  # the closed blocks' lines at `_drawn_for`, a prefix of `_closed`
+        self._drawn_key: tuple[int, bool] | None = None  # (width, dark theme)
+        self._open_drawn: tuple[str, tuple[int, bool] | None, list[Strip]] = ("", None, [])
+        self._all_lines: list[Strip] = []  # every line at the last layout's width
+        self.update(source)
+
+    def update(self, source: str) -> None:
+        """Show `source` from scratch: parsed whole, so a link reference or a block the streaming cut saw
+        differently is read as in one piece; the lines of closed blocks that did not change are kept."""
+        closed = self._closed_blocks
+        self.source, self._closed_blocks, self._open_at = source, [], 0
+        self._reparse()
+        kept = 0
+        for old, new in zip(closed, self._closed_blocks, strict=False):
+            if old != new:
+                break
+            kept += 1
+        del self._closed_lines[kept:]
+
+    def append(self, text: str) -> None:
+        """Add `text` to the source: only the blocks from the last open one's start are parsed again."""
+        if text:
+            self.source += text
+            self._reparse()
+
+    def _reparse(self) -> None:
+        """The blocks from `_open_from` on; those before the last are closed (the parser has started a block after
+        each, so more text cannot change them), and the open part starts at the last."""
+        blocks = split_blocks(self.source[self._open_at:])
+        self._closed_blocks += [text for _, text in blocks[:-1]]
+        if len(blocks) > 1:
+            self._open_at += blocks[-1][0]
+        self._open_block = [text for _, text in blocks[-1:]]
+        self.refresh(layout=True)
+
+    @property
+    def blocks(self) -> list[str]:
+        return self._closed_blocks + self._open_block
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        self._layout(width)
+        return len(self._all_lines)
+
+    def _layout(self, width: int) -> None:
+        """Every line at `width`: the closed blocks' kept lines, the open blocks drawn now, a blank line between."""
+        key = (max(width, 1), self.app.current_theme.dark)
+        if key != self._drawn_key:
+            self._closed_lines, self._drawn_key = [], key
+        self._closed_lines += [self._draw_open(block, key) for block in self._closed_blocks[len(self._closed_lines):]]
+        blank = Strip.blank(key[0])
+        self._all_lines = []
+        for lines in [*self._closed_lines, *(self._draw_open(block, key) for block in self._open_block)]:
+            if self._all_lines:
+                self._all_lines.append(blank)
+            self._all_lines += lines
+
+    def _draw_open(self, block: str, key: tuple[int, bool]) -> list[Strip]:
+        """A block's lines, kept for the next call: a layout asks for the height twice, and the open block closes
+        as it was last drawn."""
+        if self._open_drawn[:2] != (block, key):
+            self._open_drawn = (block, key, self._draw(block, *key))
+        return self._open_drawn[2]
+
+    def _draw(self, block: str, width: int, dark: bool) -> list[Strip]:
+        console = self.app.console
+        options = console.options.update(width=width, min_width=width, height=None)
+        lines = [Strip(line, width) for line in
+                 console.render_lines(_BlockMarkdown(block, CODE_THEMES[dark]), options, pad=True)]
+        start, end = 0, len(lines)  # (Rich puts a blank line before a list and after others: one goes between)
+        while start < end and _empty(lines[start]):
+            start += 1
+        while end > start and _empty(lines[end - 1]):
+            end -= 1
+        return lines[start:end]
+
+    def render_line(self, y: int) -> Strip:
+        if self._drawn_key != (self.size.width, self.app.current_theme.dark):  # (a theme changed: its code colours)
+            self._layout(self.size.width)
+        if y >= len(self._all_lines):
+            return Strip.blank(self.size.width, self.rich_style)
+        line = self._all_lines[y]
+        selection = self.text_selection
+        if selection is not None and (span := selection.get_span(y)) is not None:
+            style = self.screen.get_component_rich_style("screen--selection")
+            line = _selected(line, *span, style, self.app.console)
+        return line.apply_style(self.rich_style).apply_offsets(0, y)
+
+    def shown_lines(self) -> list[str]:
+        """The lines as last drawn, as text (a list's bullets, a code block's indent), their ends stripped."""
+        return [line.text.rstrip() for line in self._all_lines]
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        """The selected text, as drawn."""
+        return selection.extract("\n".join(self.shown_lines())), "\n"
+
+    def selection_updated(self, selection: Selection | None) -> None:
+        self.refresh()
+
+
+def _selected(line: Strip, start: int, end: int, style: Style, console: Console) -> Strip:
+    """`line` with its characters start..end (-1: to its end) in the selection's style."""
+    text = Text.assemble(*((segment.text, segment.style or "") for segment in line if not segment.control))
+    text.stylize(style, start, len(text) if end == -1 else end)
+    return Strip(text.render(console), line.cell_length)
+
+
+def _empty(line: Strip) -> bool:
+    """A line with nothing on it: blank, and no background (a code block's padding has its theme's)."""
+    return not line.text.strip() and not any(segment.style and segment.style.bgcolor for segment in line)

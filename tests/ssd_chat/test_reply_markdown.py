@@ -1,0 +1,145 @@
+"""The reply's Markdown widget: streamed in pieces it shows what the whole text shows, draws each closed block once,
+and draws again only for a new width or theme (widgets/reply_markdown.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.containers import VerticalScroll
+from textual.selection import Selection
+
+from ssd_chat.tui.widgets import reply_markdown
+from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown, split_blocks
+
+DOCS = [
+    "# Title\n\nA paragraph with **bold** and `code`.\nIts second line.\n\n- one\n- two\n\n  still two\n\n"
+    "1. first\n2. second\n\n> a quote\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+    "```python\ndef f(x):\n\n    return x\n```\n\n"
+    "Setext heading\n===\n\n---\nThe end.",
+    "```\nx = 1\n```\nafter the fence\n\n```\nunclosed\n\nstill code",
+    "Plain words, no blocks but one, long enough to wrap over the narrow width the tests give it, twice at least.",
+    "",
+]
+
+
+class Host(App):
+    def __init__(self, width: int = 60) -> None:
+        super().__init__()
+        self.width = width
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield ReplyMarkdown(id="streamed")
+            yield ReplyMarkdown(id="whole")
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_split_blocks_gives_each_blocks_start_and_text(doc):
+    blocks = split_blocks(doc)
+    for start, text in blocks:
+        assert doc[start:].startswith(text)
+    starts = [start for start, _ in blocks]
+    assert starts == sorted(set(starts))  # in order, none twice
+    assert starts[:1] == ([len(doc) - len(doc.lstrip("\n"))] if doc.strip() else [])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("doc", DOCS)
+async def test_a_streamed_reply_shows_what_the_whole_text_shows(doc):
+    """Appended in random pieces, the blocks and the drawn lines match one update with the whole text, at every
+    step (each prefix as if given whole), and a fence's closing line closes it."""
+    pieces = random.Random(len(doc)).choices(range(1, 9), k=len(doc))
+    app = Host()
+    async with app.run_test(size=(60, 200)) as pilot:
+        streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
+        at = 0
+        for size in pieces:
+            if at >= len(doc):
+                break
+            streamed.append(doc[at:at + size])
+            at += size
+            whole.update(doc[:at])
+            await pilot.pause()
+            assert streamed.blocks == whole.blocks, doc[:at]
+            assert streamed.shown_lines() == whole.shown_lines()
+        assert streamed.source == doc
+        assert streamed.blocks == [text for _, text in split_blocks(doc)]
+
+
+@pytest.mark.asyncio
+async def test_each_closed_block_is_drawn_once_while_a_reply_streams(monkeypatch):
+    """Never the whole reply per update: a block is drawn again only while it is the last (open) one."""
+    drawn: list[str] = []
+    original = ReplyMarkdown._draw
+
+    def counting(self, block, width, dark):
+        drawn.append(block)
+        return original(self, block, width, dark)
+
+    monkeypatch.setattr(ReplyMarkdown, "_draw", counting)
+    paragraphs = [f"Paragraph {i} says something." for i in range(30)]
+    app = Host()
+    async with app.run_test(size=(60, 200)) as pilot:
+        streamed = app.query_one("#streamed", ReplyMarkdown)
+        for paragraph in paragraphs:
+            for word in paragraph.split(" "):
+                streamed.append(word + " ")
+                await pilot.pause()
+            streamed.append("\n\n")
+        await pilot.pause()
+        assert all(drawn.count(paragraph + " ") == 1 for paragraph in paragraphs)  # once whole, open or closed
+        assert len(drawn) <= sum(len(paragraph.split(" ")) for paragraph in paragraphs)  # one block per update
+        before = len(drawn)
+        streamed.update(streamed.source)  # the reply's finish: parsed whole, nothing changed, nothing drawn again
+        await pilot.pause()
+        assert drawn[before:] == []  # (the open block's lines are kept too)
+        streamed.update(streamed.source.replace("Paragraph 3 ", "Paragraph three "))
+        await pilot.pause()
+        assert drawn[before:] == [paragraph + " " for paragraph in ["Paragraph three says something.", *paragraphs[4:]]]
+        assert streamed.shown_lines()[0] == "Paragraph 0 says something."
+
+
+@pytest.mark.asyncio
+async def test_a_new_width_or_theme_draws_the_lines_again():
+    doc = "A sentence long enough to wrap at forty columns but not at a hundred.\n\n```python\nx = 1\n```"
+    app = Host()
+    async with app.run_test(size=(100, 40)) as pilot:
+        view = app.query_one("#whole", ReplyMarkdown)
+        view.update(doc)
+        await pilot.pause()
+        wide = view.shown_lines()
+        colours = {segment.style.bgcolor for line in view._all_lines for segment in line if segment.style}
+        await pilot.resize_terminal(40, 40)
+        await pilot.pause()
+        assert len(view.shown_lines()) > len(wide) and all(len(line) <= 40 for line in view.shown_lines())
+        app.theme = "textual-light"
+        await pilot.pause()
+        view.render_line(0)
+        light = {segment.style.bgcolor for line in view._all_lines for segment in line if segment.style}
+        assert light != colours  # the code block's background follows the theme
+
+
+@pytest.mark.asyncio
+async def test_headings_sit_at_the_left_and_the_blank_lines_between_blocks_are_one():
+    app = Host()
+    async with app.run_test(size=(60, 40)) as pilot:
+        view = app.query_one("#whole", ReplyMarkdown)
+        view.update("# Title\n\n- a\n- b\n\n> quoted\n\nend")
+        await pilot.pause()
+        assert view.shown_lines() == ["Title", "", " • a", " • b", "", "▌ quoted", "", "end"]
+
+
+@pytest.mark.asyncio
+async def test_a_selection_gives_the_text_as_drawn():
+    app = Host()
+    async with app.run_test(size=(60, 40)) as pilot:
+        view = app.query_one("#whole", ReplyMarkdown)
+        view.update("first line\nsecond line\n\n- item")
+        await pilot.pause()
+        from textual.geometry import Offset
+
+        text, ending = view.get_selection(Selection(Offset(6, 0), Offset(6, 1)))
+        assert (text, ending) == ("line\nsecond", "\n")
+        assert reply_markdown._empty(view._all_lines[2])
