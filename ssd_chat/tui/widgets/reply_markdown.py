@@ -69,13 +69,16 @@ class _LeftHeading(Heading):
 
 
 class _BlockMarkdown(RichMarkdown):
-    """Rich's Markdown of one block, parsed by `parser()` (GFM, line breaks kept) instead of Rich's own."""
+    """Rich's Markdown of one block, parsed by `parser()` (GFM, line breaks kept). Rich's own `__init__` is left
+    out: it builds a parser and parses with it, a third of a block's drawing; these are the attributes it sets
+    (the same in Rich 14 and 15)."""
 
     elements: ClassVar[dict[str, type[MarkdownElement]]] = {**RichMarkdown.elements, "heading_open": _LeftHeading}
 
     def __init__(self, markup: str, code_theme: str) -> None:
-        super().__init__(markup, code_theme=code_theme, hyperlinks=False)
-        self.parsed = parser().parse(markup)
+        self.markup, self.parsed = markup, parser().parse(markup)
+        self.code_theme = self.inline_code_theme = code_theme
+        self.justify, self.style, self.hyperlinks, self.inline_code_lexer = None, "none", False, None
 
 
 class ReplyMarkdown(Widget):

@@ -58,9 +58,10 @@ class AssistantMessage(Vertical):
             self.query_one(ReplyMarkdown).append(text)
 
     def finish(self, text: str, line: str) -> None:
-        """The reply is complete: one full render of its final text (appends may have split a Markdown
-        span), then the stats line."""
+        """The reply is complete: its final text parsed whole (appends may have cut a Markdown block
+        otherwise), then the stats line."""
         self.text = text
+        self.query_one(ReplyMarkdown).update(text)
         self._apply_view()
         self.set_stats(line)
 
@@ -77,7 +78,7 @@ class AssistantMessage(Vertical):
         markdown.display, tokens.display = not self.colours, self.colours
         if self.colours:
             self._render_tokens()
-        else:
+        elif markdown.source != self.text:  # (replies streamed in colours went to the tokens view only)
             markdown.update(self.text)
 
     def _render_tokens(self) -> None:
