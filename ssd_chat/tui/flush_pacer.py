@@ -1,11 +1,11 @@
 """When a streaming reply's view next updates: often where rendering is free, less often where it takes the engine's
 CPU.
 
-Each update of the reply (a Markdown append) and the panel makes Textual lay out and redraw the screen: 8-50 ms of
-the UI thread on the 2-vCPU VM, more as the reply fills the screen with Markdown lists and code (each block is
-several widgets). With the engine on this machine's CPU its threads want every core, and the UI's CPU stalls them
-(an OpenMP step waits for its slowest thread). So on a CPU engine the gap after an update is the UI thread's CPU
-since the last one divided by `share`, between `min_s` and `max_s`; on a GPU engine every `min_s`. In tmux
+Each update of the reply (a Markdown append) and the panel makes Textual lay out and redraw the screen: 60-90 ms of
+the UI thread on a 2-vCPU Zen 1 VM (2026-12-07), of which the transcript 25-55 (scripts/ui_update_cost.py). With
+the engine on this machine's CPU its threads want every core, and the UI's CPU stalls them (an OpenMP step waits
+for its slowest thread). So on a CPU engine the gap after an update is the UI thread's CPU since the last one
+divided by `share`, between `min_s` and `max_s`; on a GPU engine every `min_s`. In tmux
 (2026-12-05, AR on both cores, an 800-token essay, three interleaved runs): updates every 0.15 s 90-103 tok/s (the
 app's process used 1.9-2.4 s of CPU), paced 107-115 (1.1-1.2 s; the gap grew from 0.1 to about 0.4 s), none
 until the end 120-126 (0.5 s).

@@ -1,0 +1,88 @@
+"""What the chat app's transcript costs the UI thread: a streamed update under N earlier turns, and opening a chat.
+
+    python scripts/ui_update_cost.py --turns 0 6 20
+
+Each earlier turn is a prompt and a Markdown reply (headings, lists, code: assets-free, written below). A reply of
+the same Markdown then streams in 40-character appends; each append is awaited with the screen's refresh, and its
+UI-thread CPU is timed (`time.thread_time`). "open" is the CPU to mount N turns and lay them out, as opening a chat
+from the history does. No engine runs: this is the view alone (the app adds its panel's updates to each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import time
+from pathlib import Path
+
+from textual.app import App, ComposeResult
+
+from engine.outputs import TokenSource
+from ssd_chat.tui import app as chat_app
+from ssd_chat.tui.widgets.transcript import Transcript
+
+log = logging.getLogger("ui_update_cost")
+CHUNK = 40  # characters an update
+SIZE = (130, 45)
+
+
+def reply_markdown(sections: int = 4) -> str:
+    """A long reply as a chat model writes one: a heading, a paragraph, a list and a code block a section."""
+    parts = []
+    for s in range(sections):
+        parts.append(f"## Section {s}\n\nThis is a paragraph explaining things in some detail, with **bold** and "
+                     "`code` spans, and it goes on for a while to wrap over lines.\n")
+        parts.append("\n".join(f"- item {j}: a point worth making about the topic" for j in range(5)) + "\n")
+        parts.append("```python\ndef f(x):\n    return x * 2\n\nprint(f(3))\n```\n")
+    return "\n".join(parts)
+
+
+class Host(App):
+    CSS_PATH = Path(chat_app.__file__).with_name(chat_app.ChatApp.CSS_PATH)  # (relative to its module)
+
+    def compose(self) -> ComposeResult:
+        yield Transcript()
+
+
+async def measure(turns: int, reply: str) -> tuple[float, float, float]:
+    """(CPU to open `turns` turns, mean CPU an update, mean CPU of the last ten updates), in seconds."""
+    app = Host()
+    async with app.run_test(size=SIZE) as pilot:
+        transcript = app.query_one(Transcript)
+        await pilot.pause()
+        start = time.thread_time()
+        for i in range(turns):
+            transcript.add_user(f"question {i}")
+            transcript.add_assistant(reply)
+        await pilot.pause()
+        opened = time.thread_time() - start
+        transcript.add_user("the last question")
+        message = transcript.add_assistant("")
+        await pilot.pause()
+        costs = []
+        for at in range(0, len(reply), CHUNK):
+            chunk = reply[at:at + CHUNK]
+            start = time.thread_time()
+            await message.append(chunk, [(chunk, TokenSource.TARGET)])
+            await pilot.pause()
+            costs.append(time.thread_time() - start)
+    return opened, statistics.mean(costs), statistics.mean(costs[-10:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, nargs="+", default=[0, 6, 20], help="earlier turns, a run each")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    reply = reply_markdown()
+    log.info("a %d-character reply in %d-character updates, %dx%d screen", len(reply), CHUNK, *SIZE)
+    log.info("%6s  %8s  %12s  %16s", "turns", "open s", "update ms", "last 10 ms")
+    for turns in args.turns:
+        opened, mean, last = asyncio.run(measure(turns, reply))
+        log.info("%6d  %8.2f  %12.1f  %16.1f", turns, opened, 1000 * mean, 1000 * last)
+
+
+if __name__ == "__main__":
+    main()
