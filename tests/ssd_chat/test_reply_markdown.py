@@ -143,3 +143,19 @@ async def test_a_selection_gives_the_text_as_drawn():
         text, ending = view.get_selection(Selection(Offset(6, 0), Offset(6, 1)))
         assert (text, ending) == ("line\nsecond", "\n")
         assert reply_markdown._empty(view._all_lines[2])
+
+
+@pytest.mark.asyncio
+async def test_the_ui_cost_script_measures_an_open_and_the_updates():
+    """scripts/ui_update_cost.py (the README's figures) runs: a chat of two turns opens, a reply streams in it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "ui_update_cost.py"
+    spec = importlib.util.spec_from_file_location("ui_update_cost", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    reply = script.reply_markdown(sections=1)
+    assert reply.count("```") == 2 and "- item 4" in reply
+    opened, mean, last = await script.measure(2, reply)
+    assert opened > 0 and mean > 0 and last > 0
