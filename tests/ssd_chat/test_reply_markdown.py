@@ -19,6 +19,7 @@ DOCS = [
     "```python\ndef f(x):\n\n    return x\n```\n\n"
     "Setext heading\n===\n\n---\nThe end.",
     "```\nx = 1\n```\nafter the fence\n\n```\nunclosed\n\nstill code",
+    "1. a\n\n2. b\n\n3. c\n\n> q\n*>\n\n- x\n--\n- y\n\n12) twelve\n13) thirteen",
     "Plain words, no blocks but one, long enough to wrap over the narrow width the tests give it, twice at least.",
     "",
 ]
@@ -69,14 +70,54 @@ async def test_a_streamed_reply_shows_what_the_whole_text_shows(doc):
 
 
 @pytest.mark.asyncio
+async def test_a_reply_streamed_a_character_at_a_time_never_shows_a_block_cut_wrong():
+    """A block is closed only once the next block's first line is whole: "1. a\n\n2" read "2" as a paragraph that
+    closed the list, and "2. b" then showed as a second list until the reply ended."""
+    doc = "1. a\n\n2. b\n\n3. c\n\n> q\n*>\n\n- x\n-\n-\n\n12) twelve\n13) thirteen\n\nend"
+    app = Host()
+    async with app.run_test(size=(60, 200)) as pilot:
+        streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
+        for at in range(len(doc)):
+            streamed.append(doc[at])
+            whole.update(doc[:at + 1])
+            await pilot.pause()
+            assert streamed.shown_lines() == whole.shown_lines(), doc[:at + 1]
+        assert streamed.shown_lines()[:3] == [" 1 a", " 2 b", " 3 c"]  # one list
+
+
+@pytest.mark.asyncio
+async def test_separators_other_than_newlines_are_spaces_and_link_references_reach_every_block():
+    """`str.splitlines` breaks lines at \\x0c, \\x85, \\u2028, ...; the parser does not: the blocks' offsets slid, so
+    text after a fence showed as code. A link reference defined in one block is used in any other."""
+    app = Host()
+    async with app.run_test(size=(60, 40)) as pilot:
+        view = app.query_one("#whole", ReplyMarkdown)
+        view.update("a\u2028b\x0cc\x85d\n```\ncode\n```\nafter")
+        await pilot.pause()
+        assert view.blocks == ["a b c d", "```\ncode\n```", "after"]
+        assert view.shown_lines()[0] == "a b c d" and view.shown_lines()[-1] == "after"
+        from textual.geometry import Offset
+
+        assert view.get_selection(Selection(Offset(0, len(view.shown_lines()) - 1), None))[0] == "after"
+        view.update("See [the docs].\n\nMore.\n\n[the docs]: https://example.com/d")
+        await pilot.pause()
+        assert view.shown_lines()[0] == "See the docs (https://example.com/d)."
+        streamed = app.query_one("#streamed", ReplyMarkdown)
+        for piece in ["See [the docs].\n\n", "More.\n\n[the docs]: https://", "example.com/d\n\nend"]:
+            streamed.append(piece)
+        await pilot.pause()
+        assert streamed.shown_lines()[0] == "See the docs (https://example.com/d)."  # drawn again once defined
+
+
+@pytest.mark.asyncio
 async def test_each_closed_block_is_drawn_once_while_a_reply_streams(monkeypatch):
     """Never the whole reply per update: a block is drawn again only while it is the last (open) one."""
     drawn: list[str] = []
     original = ReplyMarkdown._draw
 
-    def counting(self, block, width, dark):
+    def counting(self, block, key):
         drawn.append(block)
-        return original(self, block, width, dark)
+        return original(self, block, key)
 
     monkeypatch.setattr(ReplyMarkdown, "_draw", counting)
     paragraphs = [f"Paragraph {i} says something." for i in range(30)]
@@ -97,7 +138,8 @@ async def test_each_closed_block_is_drawn_once_while_a_reply_streams(monkeypatch
         assert drawn[before:] == []  # (the open block's lines are kept too)
         streamed.update(streamed.source.replace("Paragraph 3 ", "Paragraph three "))
         await pilot.pause()
-        assert drawn[before:] == [paragraph + " " for paragraph in ["Paragraph three says something.", *paragraphs[4:]]]
+        redrawn = ["Paragraph three says something.", *paragraphs[4:-1]]  # (the open block's lines are kept)
+        assert drawn[before:] == [paragraph + " " for paragraph in redrawn]
         assert streamed.shown_lines()[0] == "Paragraph 0 says something."
 
 

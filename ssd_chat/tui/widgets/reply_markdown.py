@@ -46,16 +46,27 @@ def parser() -> MarkdownIt:
     return markdown
 
 
-def split_blocks(source: str) -> list[tuple[int, str]]:
+# The line separators `str.splitlines` breaks at and the Markdown parser does not (nor Textual's selection): spaces
+SEPARATORS = str.maketrans(dict.fromkeys("\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
+References = dict[str, dict[str, object]]  # markdown-it's link reference definitions, by label
+
+
+def split_blocks(source: str, references: References | None = None) -> list[tuple[int, str]]:
     """`source` cut into its top-level blocks: (where each starts in `source`, its text without the blank lines after
-    it). A block runs from its first line to the next block's, so a list's or a fence's inner blank lines stay in it."""
+    it, its `SEPARATORS` as spaces). A block runs from its first line to the next block's, so a list's or a fence's
+    inner blank lines stay in it (and a link reference definition, which makes no block, in the block before it).
+    `references` gets the definitions found."""
+    source = source.translate(SEPARATORS)  # (the same length: the offsets hold)
+    env: dict[str, References] = {}
     lines = source.splitlines(keepends=True)
     offsets = [0]
     for line in lines:
         offsets.append(offsets[-1] + len(line))
-    starts = [token.map[0] for token in parser().parse(source)
+    starts = [token.map[0] for token in parser().parse(source, env)
               if token.level == 0 and token.map is not None and token.nesting >= 0]
     ends = [*starts[1:], len(lines)][:len(starts)]
+    if references is not None:
+        references.update(env.get("references", {}))
     return [(offsets[start], "".join(lines[start:end]).rstrip("\n")) for start, end in zip(starts, ends, strict=True)]
 
 
@@ -75,10 +86,13 @@ class _BlockMarkdown(RichMarkdown):
 
     elements: ClassVar[dict[str, type[MarkdownElement]]] = {**RichMarkdown.elements, "heading_open": _LeftHeading}
 
-    def __init__(self, markup: str, code_theme: str) -> None:
-        self.markup, self.parsed = markup, parser().parse(markup)
+    def __init__(self, markup: str, code_theme: str, references: References) -> None:
+        self.markup, self.parsed = markup, parser().parse(markup, {"references": dict(references)})
         self.code_theme = self.inline_code_theme = code_theme
         self.justify, self.style, self.hyperlinks, self.inline_code_lexer = None, "none", False, None
+
+
+Key = tuple[int, bool, str]  # what a block's lines depend on: the width, a dark theme, the link references (repr)
 
 
 class ReplyMarkdown(Widget):
@@ -92,9 +106,11 @@ class ReplyMarkdown(Widget):
         self._closed_blocks: list[str] = []  # the closed blocks' text, in order
         self._open_at = 0  # where the last (still open) block starts in `source`
         self._open_block: list[str] = []  # the last block (it may still grow), if any
-        self._closed_lines: list[list[Strip]] = []  # the closed blocks' lines at `_drawn_for`, a prefix of `_closed`
-        self._drawn_key: tuple[int, bool] | None = None  # (width, dark theme)
-        self._open_drawn: tuple[str, tuple[int, bool] | None, list[Strip]] = ("", None, [])
+        self._references: References = {}  # the link reference definitions so far (any block may use them)
+        self._references_key = "[]"  # their repr, for `Key`
+        self._closed_lines: list[list[Strip]] = []  # the closed blocks' lines at `_drawn_key`, a prefix of them
+        self._drawn_key: Key | None = None
+        self._open_lines: dict[str, list[Strip]] = {}  # the open blocks' lines at `_drawn_key`, by their text
         self._all_lines: list[Strip] = []  # every line at the last layout's width
         self.update(source)
 
@@ -102,7 +118,7 @@ class ReplyMarkdown(Widget):
         """Show `source` from scratch: parsed whole, so a link reference or a block the streaming cut saw
         differently is read as in one piece; the lines of closed blocks that did not change are kept."""
         closed = self._closed_blocks
-        self.source, self._closed_blocks, self._open_at = source, [], 0
+        self.source, self._closed_blocks, self._open_at, self._references = source, [], 0, {}
         self._reparse()
         kept = 0
         for old, new in zip(closed, self._closed_blocks, strict=False):
@@ -118,13 +134,17 @@ class ReplyMarkdown(Widget):
             self._reparse()
 
     def _reparse(self) -> None:
-        """The blocks from `_open_from` on; those before the last are closed (the parser has started a block after
-        each, so more text cannot change them), and the open part starts at the last."""
-        blocks = split_blocks(self.source[self._open_at:])
-        self._closed_blocks += [text for _, text in blocks[:-1]]
-        if len(blocks) > 1:
-            self._open_at += blocks[-1][0]
-        self._open_block = [text for _, text in blocks[-1:]]
+        """The blocks from `_open_at` on. Those before the last are closed: the parser has started a block after
+        each, so more text cannot change them, once that block's first line is whole ("1. a\n\n2" would close the
+        list before "2. b" goes on with it). The open part starts at the first block not closed."""
+        blocks = split_blocks(self.source[self._open_at:], self._references)
+        whole_line = bool(blocks) and "\n" in self.source[self._open_at + blocks[-1][0]:].lstrip("\n")
+        still_open = 1 if whole_line or len(blocks) < 2 else 2
+        self._closed_blocks += [text for _, text in blocks[:-still_open]]
+        if len(blocks) > still_open:
+            self._open_at += blocks[-still_open][0]
+        self._open_block = [text for _, text in blocks[-still_open:]]
+        self._references_key = repr(sorted(self._references.items()))
         self.refresh(layout=True)
 
     @property
@@ -137,29 +157,30 @@ class ReplyMarkdown(Widget):
 
     def _layout(self, width: int) -> None:
         """Every line at `width`: the closed blocks' kept lines, the open blocks drawn now, a blank line between."""
-        key = (max(width, 1), self.app.current_theme.dark)
+        key = self._key(width)
         if key != self._drawn_key:
-            self._closed_lines, self._drawn_key = [], key
-        self._closed_lines += [self._draw_open(block, key) for block in self._closed_blocks[len(self._closed_lines):]]
+            self._closed_lines, self._open_lines, self._drawn_key = [], {}, key
+        drawn = self._open_lines  # (a block that closed is drawn as it was while open)
+        self._closed_lines += [drawn[block] if block in drawn else self._draw(block, key)
+                               for block in self._closed_blocks[len(self._closed_lines):]]
+        self._open_lines = {block: drawn[block] if block in drawn else self._draw(block, key)
+                            for block in self._open_block}
         blank = Strip.blank(key[0])
         self._all_lines = []
-        for lines in [*self._closed_lines, *(self._draw_open(block, key) for block in self._open_block)]:
+        for lines in [*self._closed_lines, *(self._open_lines[block] for block in self._open_block)]:
             if self._all_lines:
                 self._all_lines.append(blank)
             self._all_lines += lines
 
-    def _draw_open(self, block: str, key: tuple[int, bool]) -> list[Strip]:
-        """A block's lines, kept for the next call: a layout asks for the height twice, and the open block closes
-        as it was last drawn."""
-        if self._open_drawn[:2] != (block, key):
-            self._open_drawn = (block, key, self._draw(block, *key))
-        return self._open_drawn[2]
+    def _key(self, width: int) -> Key:
+        return max(width, 1), self.app.current_theme.dark, self._references_key
 
-    def _draw(self, block: str, width: int, dark: bool) -> list[Strip]:
+    def _draw(self, block: str, key: Key) -> list[Strip]:
+        width, dark, _ = key
         console = self.app.console
         options = console.options.update(width=width, min_width=width, height=None)
-        lines = [Strip(line, width) for line in
-                 console.render_lines(_BlockMarkdown(block, CODE_THEMES[dark]), options, pad=True)]
+        markdown = _BlockMarkdown(block, CODE_THEMES[dark], self._references)
+        lines = [Strip(line, width) for line in console.render_lines(markdown, options, pad=True)]
         start, end = 0, len(lines)  # (Rich puts a blank line before a list and after others: one goes between)
         while start < end and _empty(lines[start]):
             start += 1
@@ -168,7 +189,7 @@ class ReplyMarkdown(Widget):
         return lines[start:end]
 
     def render_line(self, y: int) -> Strip:
-        if self._drawn_key != (self.size.width, self.app.current_theme.dark):  # (a theme changed: its code colours)
+        if self._drawn_key != self._key(self.size.width):  # (a theme changed: its code colours)
             self._layout(self.size.width)
         if y >= len(self._all_lines):
             return Strip.blank(self.size.width, self.rich_style)
