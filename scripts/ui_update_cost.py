@@ -1,6 +1,7 @@
 """What the chat app's transcript costs the UI thread: a streamed update under N earlier turns, and opening a chat.
 
     python scripts/ui_update_cost.py --turns 0 6 20
+    python scripts/ui_update_cost.py --turns 0 --code 400   # the reply one 400-line code block
 
 Each earlier turn is a prompt and a Markdown reply (headings, lists, code: assets-free, written below). A reply of
 the same Markdown then streams in 40-character appends; each append is awaited with the screen's refresh, and its
@@ -39,6 +40,12 @@ def reply_markdown(sections: int = 4) -> str:
     return "\n".join(parts)
 
 
+def reply_code(lines: int) -> str:
+    """A reply that is a program: a Python code block of `lines` lines."""
+    body = "\n".join(f"    total += {i}  # step {i}" for i in range(lines - 3))
+    return f"```python\ndef f():\n    total = 0\n{body}\n    return total\n```"
+
+
 class Host(App):
     CSS_PATH = Path(chat_app.__file__).with_name(chat_app.ChatApp.CSS_PATH)  # (relative to its module)
 
@@ -74,9 +81,10 @@ async def measure(turns: int, reply: str) -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[0, 6, 20], help="earlier turns, a run each")
+    parser.add_argument("--code", type=int, metavar="LINES", help="the reply (and each earlier one) a code block")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    reply = reply_markdown()
+    reply = reply_code(args.code) if args.code else reply_markdown()
     log.info("a %d-character reply in %d-character updates, %dx%d screen", len(reply), CHUNK, *SIZE)
     log.info("%6s  %8s  %12s  %16s", "turns", "open s", "update ms", "last 10 ms")
     for turns in args.turns:

@@ -93,9 +93,9 @@ def test_a_tab_indented_line_after_a_list_item_is_exported_where_the_chat_app_sh
     GFM parser, gives the transcript's HTML."""
     from markdown_it import MarkdownIt
 
-    from ssd_chat.tui.widgets.transcript import _parser
+    from ssd_chat.tui.widgets.markdown_parser import parser
 
     for reply in ("- item\n\tcode line", "- item\n\n\tcode line", "- item\n\n\t\tx = 1", "1. one\n\tfoo()\n2. two"):
         chat = Conversation(None, "Tabs", messages=[ChatMessage("user", "q"), ChatMessage("assistant", reply)])
         exported = to_markdown(chat).split("## Assistant\n\n")[1]
-        assert MarkdownIt("gfm-like").render(exported) == _parser().render(reply), reply
+        assert MarkdownIt("gfm-like").render(exported) == parser().render(reply), reply

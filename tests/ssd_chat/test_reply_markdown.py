@@ -11,7 +11,8 @@ from textual.containers import VerticalScroll
 from textual.selection import Selection
 
 from ssd_chat.tui.widgets import reply_markdown
-from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown, split_blocks
+from ssd_chat.tui.widgets.markdown_parser import split_blocks
+from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown
 
 DOCS = [
     "# Title\n\nA paragraph with **bold** and `code`.\nIts second line.\n\n- one\n- two\n\n  still two\n\n"
@@ -115,9 +116,9 @@ async def test_each_closed_block_is_drawn_once_while_a_reply_streams(monkeypatch
     drawn: list[str] = []
     original = ReplyMarkdown._draw
 
-    def counting(self, block, key):
+    def counting(self, block, key, **kwargs):
         drawn.append(block)
-        return original(self, block, key)
+        return original(self, block, key, **kwargs)
 
     monkeypatch.setattr(ReplyMarkdown, "_draw", counting)
     paragraphs = [f"Paragraph {i} says something." for i in range(30)]
@@ -201,3 +202,59 @@ async def test_the_ui_cost_script_measures_an_open_and_the_updates():
     assert reply.count("```") == 2 and "- item 4" in reply
     opened, mean, last = await script.measure(2, reply)
     assert opened > 0 and mean > 0 and last > 0
+
+
+def _program(lines: int) -> str:
+    """Python with blank lines here and there (some at the edges of `open_fence.RUN`-line runs)."""
+    body = [f"    total += {i}  # step {i}" if i % 7 else "" for i in range(lines)]
+    return "Here:\n\n```python\ndef f():\n    total = 0\n" + "\n".join(body) + "\n    return total\n```\n\nDone."
+
+
+@pytest.mark.asyncio
+async def test_a_long_code_block_streams_in_runs_and_ends_drawn_whole(monkeypatch):
+    """An open code block's whole runs of lines are drawn once; what shows is what the whole text shows at every
+    step; the finished reply's block is Rich's own drawing of it (colours included)."""
+    from ssd_chat.tui.widgets import open_fence
+
+    drawn: list[int] = []
+    original = open_fence._draw
+
+    def counting(console, options, code, *args, **kwargs):
+        drawn.append(code.count("\n") + 1)
+        return original(console, options, code, *args, **kwargs)
+
+    monkeypatch.setattr(open_fence, "_draw", counting)
+    monkeypatch.setattr(open_fence, "RUN", 8)  # (short runs: a short program has several)
+    doc = _program(3 * open_fence.RUN + 5)
+    pieces = random.Random(7).choices(range(3, 30), k=len(doc))
+    app = Host()
+    async with app.run_test(size=(70, 300)) as pilot:
+        streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
+        at, updates = 0, 0
+        for size in pieces:
+            if at >= len(doc):
+                break
+            streamed.append(doc[at:at + size])
+            at, updates = at + size, updates + 1
+            whole.update(doc[:at])
+            await pilot.pause()
+            assert streamed.shown_lines() == whole.shown_lines(), doc[:at]
+        lines = doc.count("\n")
+        assert sum(drawn) <= lines + updates * open_fence.RUN  # each whole run once, then the last run per update
+        assert drawn and max(drawn) <= open_fence.RUN + 1
+        cut = doc.index("    return total")  # a reply cut inside the block: the open block, finished, is drawn whole
+        streamed.update(doc[:cut])
+        whole.update(doc[:cut])
+        await pilot.pause()
+        assert [list(line) for line in streamed._all_lines] == [list(line) for line in whole._all_lines]
+
+
+def test_only_a_code_block_at_the_margin_with_no_closing_fence_is_open():
+    from ssd_chat.tui.widgets.open_fence import open_fence_code
+
+    assert open_fence_code("```python\nx = 1\ny") == ("python", "x = 1\ny")
+    assert open_fence_code("~~~\nx") == ("text", "x")
+    assert open_fence_code("```c\nx;\n    ") == ("c", "x;\n    ")  # (the parser drops a last line of spaces)
+    assert open_fence_code("```python\nx = 1\n```") is None
+    assert open_fence_code("  ```\nx") is None  # (indented: its lines are not the code as written)
+    assert open_fence_code("para\n```\nx") is None

@@ -10,11 +10,8 @@ only the last block. The same blocks, drawn the same way, make the finished repl
 
 from __future__ import annotations
 
-import functools
 from typing import ClassVar
 
-from markdown_it import MarkdownIt
-from markdown_it.rules_core import StateCore
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markdown import Heading, MarkdownElement
 from rich.markdown import Markdown as RichMarkdown
@@ -25,49 +22,10 @@ from textual.selection import Selection
 from textual.strip import Strip
 from textual.widget import Widget
 
+from ssd_chat.tui.widgets.markdown_parser import References, parser, split_blocks
+from ssd_chat.tui.widgets.open_fence import OpenFence, open_fence_code
+
 CODE_THEMES = {True: "monokai", False: "default"}  # the app's theme dark or light: Pygments' theme for code blocks
-
-
-def _line_breaks(state: StateCore) -> None:
-    """A reply's single newlines kept as line breaks (a poem, an address, an item a line): CommonMark reads them
-    as soft breaks, which render as spaces, and the token-colour view (the plain text) showed other lines.
-    Code blocks keep their text as it is; lists, tables and headings end their lines anyway."""
-    for token in state.tokens:
-        for child in token.children or ():
-            if child.type == "softbreak":
-                child.type, child.tag = "hardbreak", "br"
-
-
-@functools.cache
-def parser() -> MarkdownIt:
-    """One parser for every reply (building one costs more than parsing a streamed block)."""
-    markdown = MarkdownIt("gfm-like")
-    markdown.core.ruler.push("line_breaks", _line_breaks)
-    return markdown
-
-
-# The line separators `str.splitlines` breaks at and the Markdown parser does not (nor Textual's selection): spaces
-SEPARATORS = str.maketrans(dict.fromkeys("\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
-References = dict[str, dict[str, object]]  # markdown-it's link reference definitions, by label
-
-
-def split_blocks(source: str, references: References | None = None) -> list[tuple[int, str]]:
-    """`source` cut into its top-level blocks: (where each starts in `source`, its text without the blank lines after
-    it, its `SEPARATORS` as spaces). A block runs from its first line to the next block's, so a list's or a fence's
-    inner blank lines stay in it (and a link reference definition, which makes no block, in the block before it).
-    `references` gets the definitions found."""
-    source = source.translate(SEPARATORS)  # (the same length: the offsets hold)
-    env: dict[str, References] = {}
-    lines = source.splitlines(keepends=True)
-    offsets = [0]
-    for line in lines:
-        offsets.append(offsets[-1] + len(line))
-    starts = [token.map[0] for token in parser().parse(source, env)
-              if token.level == 0 and token.map is not None and token.nesting >= 0]
-    ends = [*starts[1:], len(lines)][:len(starts)]
-    if references is not None:
-        references.update(env.get("references", {}))
-    return [(offsets[start], "".join(lines[start:end]).rstrip("\n")) for start, end in zip(starts, ends, strict=True)]
 
 
 class _LeftHeading(Heading):
@@ -111,6 +69,9 @@ class ReplyMarkdown(Widget):
         self._closed_lines: list[list[Strip]] = []  # the closed blocks' lines at `_drawn_key`, a prefix of them
         self._drawn_key: Key | None = None
         self._open_lines: dict[str, list[Strip]] = {}  # the open blocks' lines at `_drawn_key`, by their text
+        self._streaming = False  # appended to since the last update: an open code block is drawn in runs
+        self._fence = OpenFence()  # those runs
+        self._fence_block = ""  # the last block drawn in runs (its lines are not the whole block's)
         self._all_lines: list[Strip] = []  # every line at the last layout's width
         self.update(source)
 
@@ -119,6 +80,8 @@ class ReplyMarkdown(Widget):
         differently is read as in one piece; the lines of closed blocks that did not change are kept."""
         closed = self._closed_blocks
         self.source, self._closed_blocks, self._open_at, self._references = source, [], 0, {}
+        self._streaming, self._fence = False, OpenFence()
+        self._open_lines.pop(self._fence_block, None)
         self._reparse()
         kept = 0
         for old, new in zip(closed, self._closed_blocks, strict=False):
@@ -131,6 +94,7 @@ class ReplyMarkdown(Widget):
         """Add `text` to the source: only the blocks from the last open one's start are parsed again."""
         if text:
             self.source += text
+            self._streaming = True
             self._reparse()
 
     def _reparse(self) -> None:
@@ -163,7 +127,7 @@ class ReplyMarkdown(Widget):
         drawn = self._open_lines  # (a block that closed is drawn as it was while open)
         self._closed_lines += [drawn[block] if block in drawn else self._draw(block, key)
                                for block in self._closed_blocks[len(self._closed_lines):]]
-        self._open_lines = {block: drawn[block] if block in drawn else self._draw(block, key)
+        self._open_lines = {block: drawn[block] if block in drawn else self._draw(block, key, streaming=self._streaming)
                             for block in self._open_block}
         blank = Strip.blank(key[0])
         self._all_lines = []
@@ -175,10 +139,14 @@ class ReplyMarkdown(Widget):
     def _key(self, width: int) -> Key:
         return max(width, 1), self.app.current_theme.dark, self._references_key
 
-    def _draw(self, block: str, key: Key) -> list[Strip]:
+    def _draw(self, block: str, key: Key, *, streaming: bool = False) -> list[Strip]:
+        """`block`'s lines; `streaming`: it may still grow, and a code block not yet closed is drawn in runs."""
         width, dark, _ = key
         console = self.app.console
         options = console.options.update(width=width, min_width=width, height=None)
+        if streaming and (fence := open_fence_code(block)) is not None:
+            self._fence_block = block
+            return self._fence.draw(console, options, *fence, CODE_THEMES[dark])
         markdown = _BlockMarkdown(block, CODE_THEMES[dark], self._references)
         lines = [Strip(line, width) for line in console.render_lines(markdown, options, pad=True)]
         start, end = 0, len(lines)  # (Rich puts a blank line before a list and after others: one goes between)
