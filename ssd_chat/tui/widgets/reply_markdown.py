@@ -1,11 +1,12 @@
 """A reply's Markdown as one widget, drawn by Rich one top-level block at a time, each finished block drawn once.
 
 Textual's `Markdown` made a widget per block, list item and paragraph (about 100 for a 1,800-character reply with
-lists and code), and each streamed append laid out every widget of the transcript: on the 2-vCPU VM (2026-12-07)
-an update cost the UI thread 80 ms with no earlier turns and 257 ms under six such turns (631 widgets), which the
-engine's threads wait for. Here a reply is one widget that draws its lines itself (Textual's line API): a block
-the parser has closed (any but the last) is rendered once at the width and kept; an update re-parses and redraws
-only the last block. The same blocks, drawn the same way, make the finished reply, so nothing moves at its end.
+lists and code), and each streamed append laid out every widget of the transcript: on a 2-vCPU Zen 1 VM
+(2026-12-07, scripts/ui_update_cost.py) an update cost the UI thread 95 ms with no earlier turns and 295 ms under six
+such turns (631 widgets), which the engine's threads wait for; now 25 and 35. Here a reply is one widget that draws
+its lines itself (Textual's line API): a block the parser has closed (any but the last) is rendered once at the
+width and kept; an update re-parses and redraws only the open block (of a code block, its last run of lines:
+open_fence.py). The same blocks, drawn the same way, make the finished reply, so nothing moves at its end.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class ReplyMarkdown(Widget):
         super().__init__(id=id, classes=classes)
         self.source = ""  # the Markdown
         self._closed_blocks: list[str] = []  # the closed blocks' text, in order
-        self._open_at = 0  # where the last (still open) block starts in `source`
-        self._open_block: list[str] = []  # the last block (it may still grow), if any
+        self._open_at = 0  # where the open blocks start in `source`
+        self._open_blocks: list[str] = []  # the last block (it may grow), and the one before while the last's first
+        # line is not whole
         self._references: References = {}  # the link reference definitions so far (any block may use them)
         self._references_key = "[]"  # their repr, for `Key`
         self._closed_lines: list[list[Strip]] = []  # the closed blocks' lines at `_drawn_key`, a prefix of them
@@ -107,13 +109,13 @@ class ReplyMarkdown(Widget):
         self._closed_blocks += [text for _, text in blocks[:-still_open]]
         if len(blocks) > still_open:
             self._open_at += blocks[-still_open][0]
-        self._open_block = [text for _, text in blocks[-still_open:]]
+        self._open_blocks = [text for _, text in blocks[-still_open:]]
         self._references_key = repr(sorted(self._references.items()))
         self.refresh(layout=True)
 
     @property
     def blocks(self) -> list[str]:
-        return self._closed_blocks + self._open_block
+        return self._closed_blocks + self._open_blocks
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         self._layout(width)
@@ -128,10 +130,10 @@ class ReplyMarkdown(Widget):
         self._closed_lines += [drawn[block] if block in drawn else self._draw(block, key)
                                for block in self._closed_blocks[len(self._closed_lines):]]
         self._open_lines = {block: drawn[block] if block in drawn else self._draw(block, key, streaming=self._streaming)
-                            for block in self._open_block}
+                            for block in self._open_blocks}
         blank = Strip.blank(key[0])
         self._all_lines = []
-        for lines in [*self._closed_lines, *(self._open_lines[block] for block in self._open_block)]:
+        for lines in [*self._closed_lines, *(self._open_lines[block] for block in self._open_blocks)]:
             if self._all_lines:
                 self._all_lines.append(blank)
             self._all_lines += lines
