@@ -166,8 +166,9 @@ class ChatActions(_Base):
         shown and marked a moment (it opened at its end)."""
         messages = self.session.messages
         index = first_match([m.content for m in messages], search)
-        if index is not None:  # (counted from the end: the chat shown before may not be removed yet)
-            self.query_one(Transcript).show_found(index - len(messages))
+        if index is not None:
+            transcript = self.query_one(Transcript)
+            transcript.show_found(*transcript.views_of(index, 1, len(messages)))
 
     def show_last_figures(self) -> None:
         """The panel shows the last reply's figures as the history keeps them (none: an empty panel)."""

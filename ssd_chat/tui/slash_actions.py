@@ -190,14 +190,14 @@ class SlashActions(_Base):
         def chosen(choice: TurnChoice | None) -> None:
             if choice is None:
                 return
-            if choice.action == "show":  # (counted from the end, as show_found takes it)
-                self.query_one(Transcript).show_found(choice.index - len(self.session.messages))
+            transcript = self.query_one(Transcript)
+            if choice.action == "show":
+                transcript.show_found(*transcript.views_of(choice.index, 1, len(self.session.messages)))
             elif self.ready_and_idle():
                 self.cancel_edit()
-                views, before = list(self.query_one(Transcript).children), len(self.session.messages)
+                before = len(self.session.messages)
                 prompt = self.session.delete_turn(choice.index)
-                first = len(views) - before + choice.index  # (the views match the messages, the last ones)
-                for view in views[first:first + before - len(self.session.messages)]:
+                for view in transcript.views_of(choice.index, before - len(self.session.messages), before):
                     view.remove()  # (only those: a rebuild lost the streamed replies' token colours)
                 self.show_last_figures()
                 self.refresh_status()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Static
 
 from engine.outputs import TokenSource
@@ -118,10 +119,15 @@ class Transcript(VerticalScroll):
         for message in self.query(AssistantMessage):
             message.show_colours(colours)
 
-    def show_found(self, index: int, seconds: float = FOUND_S) -> None:
-        """Message `index` (from the end where negative) scrolled to the top and marked for `seconds` (a search's
-        match: the class "found")."""
-        message = list(self.children)[index]
+    def views_of(self, start: int, count: int, total: int) -> list[Widget]:
+        """The views of messages start..start+count of a chat of `total` messages: they are the last `total` views
+        (the chat shown before may not be removed yet)."""
+        views = list(self.children)
+        first = len(views) - total + start
+        return views[first:first + count]
+
+    def show_found(self, message: Widget, seconds: float = FOUND_S) -> None:
+        """`message` scrolled to the top and marked for `seconds` (a search's match: the class "found")."""
         message.add_class("found")
         self.set_timer(seconds, lambda: message.remove_class("found"))
         self.call_after_refresh(self.scroll_to_widget, message, animate=False, top=True)
