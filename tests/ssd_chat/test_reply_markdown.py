@@ -8,6 +8,7 @@ import random
 import pytest
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
+from textual.geometry import Region
 from textual.selection import Selection
 
 from ssd_chat.tui.widgets import reply_markdown
@@ -159,7 +160,7 @@ async def test_a_new_width_or_theme_draws_the_lines_again():
         assert len(view.shown_lines()) > len(wide) and all(len(line) <= 40 for line in view.shown_lines())
         app.theme = "textual-light"
         await pilot.pause()
-        view.render_line(0)
+        view.render_lines(Region(0, 0, view.size.width, 1))  # (a paint draws for the theme it finds)
         light = {segment.style.bgcolor for line in view._all_lines for segment in line if segment.style}
         assert light != colours  # the code block's background follows the theme
 

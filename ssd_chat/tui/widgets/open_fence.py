@@ -37,6 +37,11 @@ class OpenFence:
         self._runs: list[tuple[str, list[Strip]]] = []  # (a run's code, its lines), from the first line on
         self._for: tuple[str, int, str] | None = None  # (lexer, width, theme) the runs were drawn with
 
+    @property
+    def drew(self) -> bool:
+        """Whether it has drawn a block (its lines are then not Rich's whole drawing of it)."""
+        return self._for is not None
+
     def draw(self, console: Console, options: ConsoleOptions, lexer: str, code: str, theme: str) -> list[Strip]:
         """The block's lines: padded as Rich pads a code block (a row above and below, a column each side)."""
         width = options.max_width

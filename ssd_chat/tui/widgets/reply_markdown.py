@@ -18,7 +18,7 @@ from rich.markdown import Heading, MarkdownElement
 from rich.markdown import Markdown as RichMarkdown
 from rich.style import Style
 from rich.text import Text
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.selection import Selection
 from textual.strip import Strip
 from textual.widget import Widget
@@ -73,7 +73,7 @@ class ReplyMarkdown(Widget):
         self._open_lines: dict[str, list[Strip]] = {}  # the open blocks' lines at `_drawn_key`, by their text
         self._streaming = False  # appended to since the last update: an open code block is drawn in runs
         self._fence = OpenFence()  # those runs
-        self._fence_block = ""  # the last block drawn in runs (its lines are not the whole block's)
+        self._line_style = Style()  # the widget's style, for the lines of one paint (render_lines)
         self._all_lines: list[Strip] = []  # every line at the last layout's width
         self.update(source)
 
@@ -82,8 +82,9 @@ class ReplyMarkdown(Widget):
         differently is read as in one piece; the lines of closed blocks that did not change are kept."""
         closed = self._closed_blocks
         self.source, self._closed_blocks, self._open_at, self._references = source, [], 0, {}
-        self._streaming, self._fence = False, OpenFence()
-        self._open_lines.pop(self._fence_block, None)
+        if self._fence.drew:  # (an open code block was drawn in runs: the blocks still open are drawn whole)
+            self._open_lines, self._fence = {}, OpenFence()
+        self._streaming = False
         self._reparse()
         kept = 0
         for old, new in zip(closed, self._closed_blocks, strict=False):
@@ -104,7 +105,7 @@ class ReplyMarkdown(Widget):
         each, so more text cannot change them, once that block's first line is whole ("1. a\n\n2" would close the
         list before "2. b" goes on with it). The open part starts at the first block not closed."""
         blocks = split_blocks(self.source[self._open_at:], self._references)
-        whole_line = bool(blocks) and "\n" in self.source[self._open_at + blocks[-1][0]:].lstrip("\n")
+        whole_line = bool(blocks) and "\n" in self.source[self._open_at + blocks[-1][0]:]
         still_open = 1 if whole_line or len(blocks) < 2 else 2
         self._closed_blocks += [text for _, text in blocks[:-still_open]]
         if len(blocks) > still_open:
@@ -147,7 +148,6 @@ class ReplyMarkdown(Widget):
         console = self.app.console
         options = console.options.update(width=width, min_width=width, height=None)
         if streaming and (fence := open_fence_code(block)) is not None:
-            self._fence_block = block
             return self._fence.draw(console, options, *fence, CODE_THEMES[dark])
         markdown = _BlockMarkdown(block, CODE_THEMES[dark], self._references)
         lines = [Strip(line, width) for line in console.render_lines(markdown, options, pad=True)]
@@ -158,17 +158,22 @@ class ReplyMarkdown(Widget):
             end -= 1
         return lines[start:end]
 
-    def render_line(self, y: int) -> Strip:
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """The widget's style worked out once a paint, not a line (it walks the ancestors' styles)."""
         if self._drawn_key != self._key(self.size.width):  # (a theme changed: its code colours)
             self._layout(self.size.width)
+        self._line_style = self.rich_style
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
         if y >= len(self._all_lines):
-            return Strip.blank(self.size.width, self.rich_style)
+            return Strip.blank(self.size.width, self._line_style)
         line = self._all_lines[y]
         selection = self.text_selection
         if selection is not None and (span := selection.get_span(y)) is not None:
             style = self.screen.get_component_rich_style("screen--selection")
             line = _selected(line, *span, style, self.app.console)
-        return line.apply_style(self.rich_style).apply_offsets(0, y)
+        return line.apply_style(self._line_style).apply_offsets(0, y)
 
     def shown_lines(self) -> list[str]:
         """The lines as last drawn, as text (a list's bullets, a code block's indent), their ends stripped."""
