@@ -2,6 +2,7 @@
 
     python scripts/ui_update_cost.py --turns 0 6 20
     python scripts/ui_update_cost.py --turns 0 --code 400   # the reply one 400-line code block
+    python scripts/ui_update_cost.py --turns 0 --list 40    # the reply one numbered list of 40 items
 
 Each earlier turn is a prompt and a Markdown reply (headings, lists, code: assets-free, written below). A reply of
 the same Markdown then streams in 40-character appends; each append is awaited with the screen's refresh, and its
@@ -46,6 +47,17 @@ def reply_code(lines: int) -> str:
     return f"```python\ndef f():\n    total = 0\n{body}\n    return total\n```"
 
 
+def reply_list(items: int) -> str:
+    """A reply that is one numbered list, as a chat model writes "ten tips": a bold title and a sentence an item,
+    and two sub-points under it."""
+    def item(n: int) -> str:
+        indent = " " * len(f"{n}. ")  # (the sub-points' indent: under the item's text)
+        return (f"{n}. **Point {n}**: a sentence that explains the point at some length, so it wraps.\n"
+                f"{indent}- a detail about it\n{indent}- another detail, with `code`")
+
+    return "\n".join(item(i + 1) for i in range(items))
+
+
 class Host(App):
     CSS_PATH = Path(chat_app.__file__).with_name(chat_app.ChatApp.CSS_PATH)  # (relative to its module)
 
@@ -82,9 +94,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[0, 6, 20], help="earlier turns, a run each")
     parser.add_argument("--code", type=int, metavar="LINES", help="the reply (and each earlier one) a code block")
+    parser.add_argument("--list", type=int, metavar="ITEMS", help="the reply (and each earlier one) a numbered list")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    reply = reply_code(args.code) if args.code else reply_markdown()
+    reply = reply_code(args.code) if args.code else reply_list(args.list) if args.list else reply_markdown()
     log.info("a %d-character reply in %d-character updates, %dx%d screen", len(reply), CHUNK, *SIZE)
     log.info("%6s  %8s  %12s  %16s", "turns", "open s", "update ms", "last 10 ms")
     for turns in args.turns:

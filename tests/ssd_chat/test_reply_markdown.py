@@ -24,6 +24,12 @@ DOCS = [
     "1. a\n\n2. b\n\n3. c\n\n> q\n*>\n\n- x\n--\n- y\n\n12) twelve\n13) thirteen",
     "Plain words, no blocks but one, long enough to wrap over the narrow width the tests give it, twice at least.",
     "",
+    # lists: items that go on lazily, nest, hold a fence or a second paragraph; numbers past 9 (their column widens),
+    # numbers written alike; a marker or delimiter change starts a new list; an item that turns into a rule
+    "Intro:\n\n7. **Seven**: a point long enough to wrap over the narrow width of the test's screen.\n"
+    "   - a detail\n   - another\n8. eight\nlazy line\n9. nine\n\n   its second paragraph\n"
+    "10. ten\n    ```python\n    x = 1\n\n    y = 2\n    ```\n11. eleven\n\nAfter the list.\n\n"
+    "1. a\n1. b\n1. c\n\n- x\n- - -\n- y\n* z\n\n1) p\n2. q\n- \n-\n",
 ]
 
 
@@ -41,9 +47,12 @@ class Host(App):
 @pytest.mark.parametrize("doc", DOCS)
 def test_split_blocks_gives_each_blocks_start_and_text(doc):
     blocks = split_blocks(doc)
-    for start, text in blocks:
+    for start, text, items, _ in blocks:
         assert doc[start:].startswith(text)
-    starts = [start for start, _ in blocks]
+        for at, item in items:
+            assert text[at:].startswith(item)
+        assert [item for _, item in items] == [item for _, item in sorted(items)]
+    starts = [block.start for block in blocks]
     assert starts == sorted(set(starts))  # in order, none twice
     assert starts[:1] == ([len(doc) - len(doc.lstrip("\n"))] if doc.strip() else [])
 
@@ -68,14 +77,16 @@ async def test_a_streamed_reply_shows_what_the_whole_text_shows(doc):
             assert streamed.blocks == whole.blocks, doc[:at]
             assert streamed.shown_lines() == whole.shown_lines()
         assert streamed.source == doc
-        assert streamed.blocks == [text for _, text in split_blocks(doc)]
+        assert streamed.blocks == [block.text for block in split_blocks(doc)]
 
 
 @pytest.mark.asyncio
 async def test_a_reply_streamed_a_character_at_a_time_never_shows_a_block_cut_wrong():
     """A block is closed only once the next block's first line is whole: "1. a\n\n2" read "2" as a paragraph that
-    closed the list, and "2. b" then showed as a second list until the reply ended."""
-    doc = "1. a\n\n2. b\n\n3. c\n\n> q\n*>\n\n- x\n-\n-\n\n12) twelve\n13) thirteen\n\nend"
+    closed the list, and "2. b" then showed as a second list until the reply ended. A list's item is a place the
+    parse starts from only once its first line is whole ("- -" grows into "- - -", a rule, not an item)."""
+    doc = ("1. a\n\n2. b\n\n3. c\n\n> q\n*>\n\n- x\n-\n-\n\n12) twelve\n13) thirteen\n\nend\n\n"
+           "- x\n- - -\n- y\n- z\n* w\n\n8. h\n9. i\n10. j\nlazy\n11. k\n    ```\n    code\n    ```\n12. l\n")
     app = Host()
     async with app.run_test(size=(60, 200)) as pilot:
         streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
@@ -103,12 +114,39 @@ async def test_separators_other_than_newlines_are_spaces_and_link_references_rea
         assert view.get_selection(Selection(Offset(0, len(view.shown_lines()) - 1), None))[0] == "after"
         view.update("See [the docs].\n\nMore.\n\n[the docs]: https://example.com/d")
         await pilot.pause()
-        assert view.shown_lines()[0] == "See the docs (https://example.com/d)."
+        assert view.shown_lines()[0] == "See the docs." and _links(view) == [("the docs", "https://example.com/d")]
         streamed = app.query_one("#streamed", ReplyMarkdown)
         for piece in ["See [the docs].\n\n", "More.\n\n[the docs]: https://", "example.com/d\n\nend"]:
             streamed.append(piece)
         await pilot.pause()
-        assert streamed.shown_lines()[0] == "See the docs (https://example.com/d)."  # drawn again once defined
+        assert _links(streamed) == [("the docs", "https://example.com/d")]  # drawn again once defined
+
+
+def _links(view: ReplyMarkdown) -> list[tuple[str, str]]:
+    """The drawn links: each one's text and the URL a click on it opens."""
+    return [(text, style.meta["@click"].removeprefix("open_link(").removesuffix(")").strip("'"))
+            for line in view._all_lines for text, style, _ in line if style is not None and "@click" in style.meta]
+
+
+@pytest.mark.asyncio
+async def test_a_click_on_a_links_text_opens_its_url(monkeypatch):
+    """A link shows its text, and a click on it opens the URL (the browser; a terminal that knows OSC 8 links
+    can open it too); a click beside it opens nothing."""
+    app = Host()
+    async with app.run_test(size=(60, 40)) as pilot:
+        opened: list[str] = []
+        monkeypatch.setattr(app, "open_url", lambda url, **_: opened.append(url))
+        view = app.query_one("#whole", ReplyMarkdown)
+        view.update("Read [the guide](https://example.com/g?a='1') first.\n\n- or <https://example.com/b>")
+        await pilot.pause()
+        assert view.shown_lines()[0] == "Read the guide first."
+        assert [segment.style.link for segment in view._all_lines[0] if segment.text == "the guide"] == [
+            "https://example.com/g?a='1'"]
+        await pilot.click(view, offset=(1, 0))
+        await pilot.click(view, offset=(7, 0))
+        await pilot.click(view, offset=(view.shown_lines()[2].index("https") + 3, 2))
+        await pilot.pause()
+        assert opened == ["https://example.com/g?a='1'", "https://example.com/b"]
 
 
 @pytest.mark.asyncio
@@ -143,6 +181,52 @@ async def test_each_closed_block_is_drawn_once_while_a_reply_streams(monkeypatch
         redrawn = ["Paragraph three says something.", *paragraphs[4:-1]]  # (the open block's lines are kept)
         assert drawn[before:] == [paragraph + " " for paragraph in redrawn]
         assert streamed.shown_lines()[0] == "Paragraph 0 says something."
+
+
+@pytest.mark.asyncio
+async def test_a_streaming_list_is_parsed_and_drawn_an_item_at_a_time(monkeypatch):
+    """A reply that is one long list (a model's "ten tips"): an update parses the list from its last items on and
+    draws its last item, not the whole list; what it shows is the whole list's drawing at every step (numbers past
+    9 widen the number column: the items are drawn again once then), and the finish draws nothing again."""
+    items = [f"{n}. **Tip {n}**: a sentence long enough to wrap on the test's narrow screen.\n"
+             f"{' ' * len(f'{n}. ')}- a detail of tip {n}\n" for n in range(1, 31)]
+    doc = "Tips:\n\n" + "".join(items) + "\nDone."
+    parsed: list[int] = []
+    drawn: list[str] = []
+    split, rich_lines = reply_markdown.split_blocks, ReplyMarkdown._rich_lines
+    monkeypatch.setattr(reply_markdown, "split_blocks", lambda source, *a: parsed.append(len(source)) or split(
+        source, *a))
+    monkeypatch.setattr(ReplyMarkdown, "_rich_lines", lambda self, markup, *a: (
+        self.id == "streamed" and drawn.append(markup)) or rich_lines(self, markup, *a))
+    app = Host()
+    async with app.run_test(size=(60, 300)) as pilot:
+        streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
+        for at in range(0, len(doc), 9):
+            streamed.append(doc[at:at + 9])
+            await pilot.pause()
+            if at % 90 == 0:
+                streamed_parses = len(parsed)
+                whole.update(streamed.source)  # (parsed whole)
+                del parsed[streamed_parses:]
+                await pilot.pause()
+                assert streamed.shown_lines() == whole.shown_lines()
+        longest = max(len(item) for item in items)
+        assert max(parsed[len(parsed) // 4:]) <= 2 * longest + 9  # from the last whole item on
+        list_draws = [markup for markup in drawn if markup[:1].isdigit()]
+        assert max(len(markup) for markup in list_draws) <= longest + 9  # never the whole list (an item's text
+        # may hold the next one's first characters: "1" goes on its last line until "10. " shows it is an item)
+        for item in items[:8] + items[9:-1]:  # (the closed items: once as the last whole item, once closed; those
+            # before the tenth once more when the numbers widen)
+            assert list_draws.count(item.rstrip("\n")) <= (3 if items.index(item) < 9 else 2), item
+        whole.update(doc)
+        await pilot.pause()
+        assert streamed.shown_lines() == whole.shown_lines()
+        numbered = [line for line in streamed.shown_lines() if "Tip " in line]
+        assert numbered[0].startswith("  1 Tip 1: ") and numbered[-1].startswith(" 30 Tip 30: ")  # (2 digits)
+        before = len(drawn)
+        streamed.update(doc)  # the finish
+        await pilot.pause()
+        assert drawn[before:] == []
 
 
 @pytest.mark.asyncio

@@ -13,7 +13,7 @@ from rich.console import Console, ConsoleOptions
 from rich.syntax import Syntax
 from textual.strip import Strip
 
-from ssd_chat.tui.widgets.markdown_parser import parser
+from ssd_chat.tui.widgets.markdown_parser import block_parser
 
 RUN = 32  # lines a kept run holds
 
@@ -21,7 +21,9 @@ RUN = 32  # lines a kept run holds
 def open_fence_code(block: str) -> tuple[str, str] | None:
     """(the lexer's name, the code) where `block` is a fenced code block at the margin with no closing fence yet;
     else None."""
-    tokens = parser().parse(block)
+    if not block.startswith(("```", "~~~")):  # (not parsed: a long list would be, whole, at every update)
+        return None
+    tokens = block_parser().parse(block)
     if len(tokens) != 1 or tokens[0].type != "fence" or not block.startswith(tokens[0].markup):
         return None
     code = block.partition("\n")[2]

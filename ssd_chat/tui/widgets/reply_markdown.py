@@ -6,7 +6,8 @@ lists and code), and each streamed append laid out every widget of the transcrip
 such turns (631 widgets), which the engine's threads wait for; now 25 and 35. Here a reply is one widget that draws
 its lines itself (Textual's line API): a block the parser has closed (any but the last) is rendered once at the
 width and kept; an update re-parses and redraws only the open block (of a code block, its last run of lines:
-open_fence.py). The same blocks, drawn the same way, make the finished reply, so nothing moves at its end.
+open_fence.py; of a list, its last item: open_list.py, a long list parsed from its last items on). The same blocks,
+drawn the same way, make the finished reply, so nothing moves at its end. A link's text opens it on a click.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.console import Console, ConsoleOptions, RenderResult
-from rich.markdown import Heading, MarkdownElement
+from rich.markdown import Heading, ListElement, MarkdownElement
 from rich.markdown import Markdown as RichMarkdown
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region, Size
@@ -23,8 +25,9 @@ from textual.selection import Selection
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ssd_chat.tui.widgets.markdown_parser import References, parser, split_blocks
+from ssd_chat.tui.widgets.markdown_parser import SEPARATORS, Block, References, parser, split_blocks
 from ssd_chat.tui.widgets.open_fence import OpenFence, open_fence_code
+from ssd_chat.tui.widgets.open_list import Numbered, OpenList
 
 CODE_THEMES = {True: "monokai", False: "default"}  # the app's theme dark or light: Pygments' theme for code blocks
 
@@ -38,17 +41,40 @@ class _LeftHeading(Heading):
         yield text
 
 
+class _NumberedList(ListElement):
+    """An ordered list; at the block's top, where the Markdown says `numbered`, numbered so (one item of a longer
+    list drawn alone: open_list.py)."""
+
+    numbered: Numbered = None
+
+    @classmethod
+    def create(cls, markdown: RichMarkdown, token: object) -> ListElement:
+        element = super().create(markdown, token)
+        if getattr(token, "level", None) == 0:
+            element.numbered = getattr(markdown, "numbered", None)
+        return element
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.numbered is None or self.list_type != "ordered_list_open":
+            yield from super().__rich_console__(console, options)
+            return
+        for item in self.items:
+            yield from item.render_number(console, options, *self.numbered)
+
+
 class _BlockMarkdown(RichMarkdown):
     """Rich's Markdown of one block, parsed by `parser()` (GFM, line breaks kept). Rich's own `__init__` is left
     out: it builds a parser and parses with it, a third of a block's drawing; these are the attributes it sets
-    (the same in Rich 14 and 15)."""
+    (the same in Rich 14 and 15). `numbered`: the block is a list's item, drawn as that list numbers it."""
 
-    elements: ClassVar[dict[str, type[MarkdownElement]]] = {**RichMarkdown.elements, "heading_open": _LeftHeading}
+    elements: ClassVar[dict[str, type[MarkdownElement]]] = {
+        **RichMarkdown.elements, "heading_open": _LeftHeading, "ordered_list_open": _NumberedList}
 
-    def __init__(self, markup: str, code_theme: str, references: References) -> None:
+    def __init__(self, markup: str, code_theme: str, references: References, numbered: Numbered = None) -> None:
         self.markup, self.parsed = markup, parser().parse(markup, {"references": dict(references)})
         self.code_theme = self.inline_code_theme = code_theme
-        self.justify, self.style, self.hyperlinks, self.inline_code_lexer = None, "none", False, None
+        self.justify, self.style, self.hyperlinks, self.inline_code_lexer = None, "none", True, None
+        self.numbered = numbered
 
 
 Key = tuple[int, bool, str]  # what a block's lines depend on: the width, a dark theme, the link references (repr)
@@ -66,6 +92,10 @@ class ReplyMarkdown(Widget):
         self._open_at = 0  # where the open blocks start in `source`
         self._open_blocks: list[str] = []  # the last block (it may grow), and the one before while the last's first
         # line is not whole
+        self._open_items: dict[str, tuple[int | None, list[str]]] = {}  # an open list's first number and items
+        self._tail_at = 0  # where in the open blocks the parse starts: 0, or the first open block a list, one of its
+        # items (its first line whole): a long list is not parsed again whole at every update
+        self._head = Block(0, "")  # that list's items before it
         self._references: References = {}  # the link reference definitions so far (any block may use them)
         self._references_key = "[]"  # their repr, for `Key`
         self._closed_lines: list[list[Strip]] = []  # the closed blocks' lines at `_drawn_key`, a prefix of them
@@ -73,6 +103,7 @@ class ReplyMarkdown(Widget):
         self._open_lines: dict[str, list[Strip]] = {}  # the open blocks' lines at `_drawn_key`, by their text
         self._streaming = False  # appended to since the last update: an open code block is drawn in runs
         self._fence = OpenFence()  # those runs
+        self._list = OpenList()  # an open list's items, drawn an item at a time while streaming
         self._line_style = Style()  # the widget's style, for the lines of one paint (render_lines)
         self._all_lines: list[Strip] = []  # every line at the last layout's width
         self.update(source)
@@ -82,6 +113,7 @@ class ReplyMarkdown(Widget):
         differently is read as in one piece; the lines of closed blocks that did not change are kept."""
         closed = self._closed_blocks
         self.source, self._closed_blocks, self._open_at, self._references = source, [], 0, {}
+        self._tail_at = 0
         if self._fence.drew:  # (an open code block was drawn in runs: the blocks still open are drawn whole)
             self._open_lines, self._fence = {}, OpenFence()
         self._streaming = False
@@ -104,15 +136,48 @@ class ReplyMarkdown(Widget):
         """The blocks from `_open_at` on. Those before the last are closed: the parser has started a block after
         each, so more text cannot change them, once that block's first line is whole ("1. a\n\n2" would close the
         list before "2. b" goes on with it). The open part starts at the first block not closed."""
-        blocks = split_blocks(self.source[self._open_at:], self._references)
-        whole_line = bool(blocks) and "\n" in self.source[self._open_at + blocks[-1][0]:]
+        blocks = self._split()
+        whole_line = bool(blocks) and "\n" in self.source[self._open_at + blocks[-1].start:]
         still_open = 1 if whole_line or len(blocks) < 2 else 2
-        self._closed_blocks += [text for _, text in blocks[:-still_open]]
-        if len(blocks) > still_open:
-            self._open_at += blocks[-still_open][0]
-        self._open_blocks = [text for _, text in blocks[-still_open:]]
+        self._closed_blocks += [block.text for block in blocks[:-still_open]]
+        if blocks:
+            self._open_at += blocks[-still_open].start
+        opened = blocks[-still_open:]
+        self._open_blocks = [block.text for block in opened]
+        self._open_items = {block.text: (block.first, [text for _, text in block.items]) for block in opened
+                            if block.items}
+        self._tail_at = self._list_tail(opened[0]) if opened else 0
         self._references_key = repr(sorted(self._references.items()))
         self.refresh(layout=True)
+
+    def _split(self) -> list[Block]:
+        """The blocks from `_open_at` on, their starts from there. Parsed from `_tail_at`, where that is a list's item:
+        the parser reads the list's items after it as in the whole list (a list goes on, or ends, by its items' own
+        lines), so the first block is the list from there, its items before kept from the parse before."""
+        at = self._open_at + self._tail_at
+        blocks = split_blocks(self.source[at:], self._references)
+        if not self._tail_at:
+            return blocks
+        if not blocks or blocks[0].start or not blocks[0].items:  # (never seen: the parse from the open blocks' start)
+            self._tail_at = 0
+            return self._split()
+        tail, head = blocks[0], self._head
+        listed = Block(0, self.source[self._open_at:at].translate(SEPARATORS) + tail.text,
+                       head.items + tuple((self._tail_at + start, text) for start, text in tail.items), head.first)
+        return [listed, *(block._replace(start=block.start + self._tail_at) for block in blocks[1:])]
+
+    def _list_tail(self, block: Block) -> int:
+        """Where the next parse of `block`, the first open one (at `_open_at`), can start: its last item whose first
+        line is whole (a partial one may still turn out no item: "- -" grows into "- - -", a rule), past its first;
+        else 0. `_head` keeps the items before it."""
+        items = block.items
+        last = len(items) - 1
+        if last >= 0 and "\n" not in self.source[self._open_at + items[last][0]:]:
+            last -= 1
+        if last < 1:
+            return 0
+        self._head = Block(0, "", items[:last], block.first)
+        return items[last][0]
 
     @property
     def blocks(self) -> list[str]:
@@ -143,20 +208,36 @@ class ReplyMarkdown(Widget):
         return max(width, 1), self.app.current_theme.dark, self._references_key
 
     def _draw(self, block: str, key: Key, *, streaming: bool = False) -> list[Strip]:
-        """`block`'s lines; `streaming`: it may still grow, and a code block not yet closed is drawn in runs."""
+        """`block`'s lines; `streaming`: it may still grow, a code block not yet closed is drawn in runs, a list an
+        item at a time."""
         width, dark, _ = key
         console = self.app.console
         options = console.options.update(width=width, min_width=width, height=None)
         if streaming and (fence := open_fence_code(block)) is not None:
             return self._fence.draw(console, options, *fence, CODE_THEMES[dark])
-        markdown = _BlockMarkdown(block, CODE_THEMES[dark], self._references)
-        lines = [Strip(line, width) for line in console.render_lines(markdown, options, pad=True)]
+        if streaming and block in self._open_items:
+            first, items = self._open_items[block]
+            lines = self._list.draw(first, items, key, lambda text, numbered: self._rich_lines(text, key, numbered))
+        else:
+            lines = self._rich_lines(block, key)
         start, end = 0, len(lines)  # (Rich puts a blank line before a list and after others: one goes between)
         while start < end and _empty(lines[start]):
             start += 1
         while end > start and _empty(lines[end - 1]):
             end -= 1
         return lines[start:end]
+
+    def action_open_link(self, href: str) -> None:
+        """A link's text was clicked (its `@click`): the browser opens it (an OSC 8 terminal opens it too)."""
+        self.app.open_url(href)
+
+    def _rich_lines(self, markup: str, key: Key, numbered: Numbered = None) -> list[Strip]:
+        """Rich's lines of `markup` at `key`: the Markdown, at the width, padded to it."""
+        width, dark, _ = key
+        console = self.app.console
+        options = console.options.update(width=width, min_width=width, height=None)
+        markdown = _BlockMarkdown(markup, CODE_THEMES[dark], self._references, numbered)
+        return [_clickable(Strip(line, width)) for line in console.render_lines(markdown, options, pad=True)]
 
     def render_lines(self, crop: Region) -> list[Strip]:
         """The widget's style worked out once a paint, not a line (it walks the ancestors' styles)."""
@@ -192,6 +273,17 @@ def _selected(line: Strip, start: int, end: int, style: Style, console: Console)
     text = Text.assemble(*((segment.text, segment.style or "") for segment in line if not segment.control))
     text.stylize(style, start, len(text) if end == -1 else end)
     return Strip(text.render(console), line.cell_length)
+
+
+def _clickable(line: Strip) -> Strip:
+    """`line` with each link's text (Rich gives it the link's URL as its style's `link`) opening it on a click:
+    Textual runs a style's `@click` action (and underlines it under the mouse)."""
+    if not any(segment.style is not None and segment.style.link for segment in line):
+        return line
+    def click(style: Style | None) -> Style | None:
+        return style + Style.from_meta({"@click": f"open_link({style.link!r})"}) if style and style.link else style
+
+    return Strip([Segment(text, click(style), control) for text, style, control in line], line.cell_length)
 
 
 def _empty(line: Strip) -> bool:
