@@ -62,7 +62,7 @@ class Host(App):
     CSS_PATH = Path(chat_app.__file__).with_name(chat_app.ChatApp.CSS_PATH)  # (relative to its module)
 
     def compose(self) -> ComposeResult:
-        yield Transcript()
+        yield Transcript(id="transcript")  # (the app's CSS for it)
 
 
 async def measure(turns: int, reply: str) -> tuple[float, float, float]:
