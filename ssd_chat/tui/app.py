@@ -49,6 +49,7 @@ from ssd_chat.tui.session import ChatSession
 from ssd_chat.tui.slash_actions import SlashActions
 from ssd_chat.tui.widgets.prompt_input import PromptArea, PromptInput
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
+from ssd_chat.tui.widgets.steady import set_content
 from ssd_chat.tui.widgets.transcript import AssistantMessage, Transcript
 
 log = logging.getLogger(__name__)
@@ -271,7 +272,7 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         used = self.session.context_tokens()
         context = f" · ctx {used:,}/{self.engine.max_model_len:,}" if self.engine and used is not None else ""
         k = self.drafted_k()
-        self.query_one("#status", Static).update(  # one line, cut with an ellipsis: the mode and state come first
+        set_content(self.query_one("#status", Static),  # one line, cut with an ellipsis: the mode and state first
             Content.from_markup(  # (the title as a variable: no escape keeps "what does [/ do?" from being markup)
                 f"[b]{s.mode.upper()}[/b] · {state} · k {k} · {sampling}{colours}{context} · $title",
                 title=self.session.conversation.title,

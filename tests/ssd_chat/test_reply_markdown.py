@@ -230,6 +230,38 @@ async def test_a_streaming_list_is_parsed_and_drawn_an_item_at_a_time(monkeypatc
 
 
 @pytest.mark.asyncio
+async def test_a_streaming_reply_grows_room_lines_at_a_time_and_repaints_only_what_changed(monkeypatch):
+    """While a reply streams its height is its lines rounded up to ROOM, so most appends need no layout (which
+    repaints the whole screen): they repaint the lines that changed, and the screen shows every line as drawn; the
+    finished reply takes its lines' height."""
+    layouts: list[bool] = []
+    refresh = ReplyMarkdown.refresh
+    monkeypatch.setattr(ReplyMarkdown, "refresh", lambda self, *regions, **kwargs: (
+        self.id == "streamed" and layouts.append(bool(kwargs.get("layout")))) or refresh(self, *regions, **kwargs))
+    doc = DOCS[0] + "\n\n" + DOCS[2] + "\n\n" + DOCS[3] * 3
+    app = Host()
+    async with app.run_test(size=(60, 200)) as pilot:
+        view = app.query_one("#streamed", ReplyMarkdown)
+        await pilot.pause()
+        grew = relaid = 0  # the appends that changed the lines' count, that asked for a layout
+        for at in range(0, len(doc), 11):
+            count = len(view.shown_lines())
+            layouts.clear()
+            view.append(doc[at:at + 11])
+            await pilot.pause()
+            lines = view.shown_lines()
+            grew += len(lines) != count
+            relaid += any(layouts)
+            assert view.size.height == -(-len(lines) // reply_markdown.ROOM) * reply_markdown.ROOM
+            screen = [strip.text.rstrip() for strip in app.screen._compositor.render_strips()][:view.size.height]
+            assert screen == lines + [""] * (view.size.height - len(lines)), doc[:at + 11]
+        assert 0 < relaid < grew / 2
+        view.update(doc)  # the finish
+        await pilot.pause()
+        assert view.size.height == len(view.shown_lines())
+
+
+@pytest.mark.asyncio
 async def test_a_new_width_or_theme_draws_the_lines_again():
     doc = "A sentence long enough to wrap at forty columns but not at a hundred.\n\n```python\nx = 1\n```"
     app = Host()
@@ -287,6 +319,22 @@ async def test_the_ui_cost_script_measures_an_open_and_the_updates():
     assert reply.count("```") == 2 and "- item 4" in reply
     opened, mean, last = await script.measure(2, reply)
     assert opened > 0 and mean > 0 and last > 0
+    assert script.reply_list(12).count("\n") == 35 and "\n    - a detail" in script.reply_list(12)  # (under "10. ")
+
+
+@pytest.mark.asyncio
+async def test_the_flush_cost_script_streams_a_reply_through_the_whole_app():
+    """scripts/ui_flush_cost.py (the README's figures): the app streams a reply from the scripted engine, paced,
+    and the pacer's updates are timed."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "ui_flush_cost.py"
+    spec = importlib.util.spec_from_file_location("ui_flush_cost", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    costs, gaps = await script.measure(script.reply_markdown(sections=1), "sd", rate=200)
+    assert costs and all(cost > 0 for cost in costs) and all(gap >= 0.1 - 2e-3 for gap in gaps)
 
 
 def _program(lines: int) -> str:

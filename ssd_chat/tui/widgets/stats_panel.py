@@ -13,6 +13,7 @@ from ssd_chat.history import ChatSettings
 from ssd_chat.sampling_defaults import filters_text
 from ssd_chat.setting_words import fanout_text, number_text
 from ssd_chat.tui.live_stats import PanelData
+from ssd_chat.tui.widgets.steady import set_content
 
 BAR_WIDTH = 18
 # A draft position's acceptance is shown from this many drafts there up: one or two read 0% or 100%, which says
@@ -65,16 +66,16 @@ class StatsPanel(VerticalScroll):
             data = PanelData(mode="", k=0, tok_s=0.0, ttft_s=None, generated_tokens=0, rates=())
         self.query_one("#tok-s", Digits).update(f"{data.tok_s:.1f}")
         self.query_one("#rate-spark", Sparkline).data = list(data.rates)
-        self.query_one("#speed", Static).update(Text(
+        set_content(self.query_one("#speed", Static), Text(  # (each laid out only where its height changes)
             f"TTFT {_opt(data.ttft_s and 1000 * data.ttft_s, '{:.0f} ms')} · {data.generated_tokens} tokens"
             + _threads_note(data)
         ))
-        self.query_one("#spec", Static).update(self._spec_text(data))
-        self.query_one("#histogram", Static).update(self._histogram(data))
-        self.query_one("#positions", Static).update(self._positions(data))
+        set_content(self.query_one("#spec", Static), self._spec_text(data))
+        set_content(self.query_one("#histogram", Static), self._histogram(data))
+        set_content(self.query_one("#positions", Static), self._positions(data))
         reused = ("–" if data.reused_prefix_tokens is None or not data.prompt_tokens  # (0: the engine died, untold)
                   else f"{data.reused_prefix_tokens}/{data.prompt_tokens} prompt tokens reused")
-        self.query_one("#prefix", Static).update(Text(reused))
+        set_content(self.query_one("#prefix", Static), Text(reused))
 
     def show_layout(self, layout: dict[str, str], settings: ChatSettings, *, k: int) -> None:
         """Where the models run and the chat's settings, with `k` the most a round drafts (settings.k or a cap)."""
