@@ -41,7 +41,7 @@ from ssd_chat.tui.engine_process import stop_loading
 from ssd_chat.tui.engine_worker import ChatEngine, ReplyBuffer
 from ssd_chat.tui.flush_pacer import FlushPacer
 from ssd_chat.tui.log_routing import LogNotice, LogRouting
-from ssd_chat.tui.messages import ReplyDone
+from ssd_chat.tui.messages import ReplyDone, ReplyFailed
 from ssd_chat.tui.provenance import legend
 from ssd_chat.tui.reply_actions import ReplyActions
 from ssd_chat.tui.screens.loading import LoadingScreen
@@ -212,6 +212,9 @@ class ChatApp(ReplyActions, ChatActions, SlashActions, EditActions, CompareActio
         await waiting
         if self.finished is not None:  # the stopped reply: kept in the conversation, as Esc keeps it
             await self.on_reply_done(ReplyDone(self.finished))
+        elif self.buffer is not None:  # it ended in the engine's failure (killed above, or it died): what it wrote
+            # stays too, as when the engine dies mid-reply (the failure's message may not come before the exit)
+            await self.on_reply_failed(ReplyFailed("the engine stopped at the quit", engine_failed=True))
         self.keep_unsent()  # what the input holds: the chat's draft, for --resume (draft_actions)
         self._close_engine()
         if stop_signals.hung_up():  # (no terminal to print the engine's stderr to: its file goes)

@@ -243,6 +243,8 @@ class ReplyActions(_Base):
         self.show_last_figures()
 
     async def on_reply_failed(self, message: ReplyFailed) -> None:
+        if self.buffer is None:
+            return  # handled already (a quit took it first)
         if message.engine_failed or not self.engine_alive:  # (its pipe can tell first)
             await self._flush_reply()
             before = "" if self.continuing is None else self.continuing.content

@@ -466,3 +466,41 @@ async def test_an_edit_the_dying_engine_failed_goes_on_after_the_restart(tmp_pat
         await pilot.press("enter")
         await settle(app, pilot)
         assert [m.content for m in app.session.messages] == ["first, edited", REPLY]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["killed by the quit", "died at the quit"])
+async def test_a_quit_keeps_the_partial_reply_of_an_engine_that_died(tmp_path, monkeypatch, how):
+    """Ctrl+Q mid-reply keeps what was written, as Esc does, also when the reply ends in the engine's failure: its
+    step ran past QUIT_WAIT_S and the quit killed its process, or the process died (out of memory) as the quit
+    waited for it: the reply, its prompt too, was lost from the chat and the history."""
+    from ssd_chat.history import HistoryStore
+    from ssd_chat.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "QUIT_WAIT_S", 0.05)
+    killed = threading.Event()
+
+    class Stuck(FakeEngine):
+        """Writes "Hello", then its next step never ends until its process is killed (or it died on its own)."""
+
+        def _events(self, *args, **kwargs):
+            events = super()._events(*args, **kwargs)
+            yield next(events)  # (the first delta)
+            cancel = args[-1]
+            assert (cancel if how == "died at the quit" else killed).wait(30), "no quit"
+            raise RuntimeError("the engine process was killed by SIGKILL")
+
+        def kill(self) -> None:
+            killed.set()
+
+    engine = Stuck(gate=threading.Event())
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await first_delta(app, pilot)
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    saved = store.load(store.latest().id)
+    assert [(m.role, m.content) for m in saved.messages] == [("user", "Hi"), ("assistant", "Hello")]
+    assert saved.messages[-1].stats is not None and saved.messages[-1].stats.finish_reason == "engine failed"
