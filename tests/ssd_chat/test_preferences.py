@@ -91,9 +91,9 @@ async def test_a_theme_change_recolours_the_tokens_and_the_legend(tmp_path):
         await send(app, pilot, "Hi")
         await pilot.press("ctrl+t")
         tokens = app.query_one(".reply-tokens")
-        dark = (str(app.query_one("#legend").content.spans), str(tokens.content.spans))
+        dark = (str(app.query_one("#legend").content.spans), str(tokens.text.spans))
         app.theme = "textual-light"
         await pilot.pause()
-        light = (str(app.query_one("#legend").content.spans), str(tokens.content.spans))
+        light = (str(app.query_one("#legend").content.spans), str(tokens.text.spans))
         assert light != dark
         assert str(app.query_one("#legend").content.spans) == str(legend(app.current_theme).spans)

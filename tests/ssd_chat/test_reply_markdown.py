@@ -11,7 +11,7 @@ from textual.containers import VerticalScroll
 from textual.geometry import Region
 from textual.selection import Selection
 
-from ssd_chat.tui.widgets import reply_markdown
+from ssd_chat.tui.widgets import line_view, reply_markdown
 from ssd_chat.tui.widgets.markdown_parser import split_blocks
 from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown
 
@@ -252,7 +252,7 @@ async def test_a_streaming_reply_grows_room_lines_at_a_time_and_repaints_only_wh
             lines = view.shown_lines()
             grew += len(lines) != count
             relaid += any(layouts)
-            assert view.size.height == -(-len(lines) // reply_markdown.ROOM) * reply_markdown.ROOM
+            assert view.size.height == -(-len(lines) // line_view.ROOM) * line_view.ROOM
             screen = [strip.text.rstrip() for strip in app.screen._compositor.render_strips()][:view.size.height]
             assert screen == lines + [""] * (view.size.height - len(lines)), doc[:at + 11]
         assert 0 < relaid < grew / 2

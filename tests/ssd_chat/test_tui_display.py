@@ -59,7 +59,7 @@ async def test_token_colours_toggle_shows_provenance_and_a_legend(tmp_path):
         await pilot.pause()
         tokens = reply.query_one(".reply-tokens")
         assert tokens.display and not reply.query_one(".reply-markdown").display
-        spans = tokens.render().spans
+        spans = tokens.text.spans
         assert len({span.style for span in spans}) >= 3  # hit, miss, recovery in different colours
         legend = app.query_one("#legend")
         assert legend.display and "accepted, cache hit" in str(legend.render())
@@ -97,7 +97,7 @@ async def test_single_newlines_in_a_reply_are_line_breaks_while_it_streams_and_a
                            "• cod", "• eel", "x = 1", "y = 2"]
         await pilot.press("ctrl+t")
         await pilot.pause()
-        assert reply.query_one(".reply-tokens").render().plain.splitlines()[:3] == shown()[:3]
+        assert reply.query_one(".reply-tokens").text.plain.splitlines()[:3] == shown()[:3]
 
 
 async def test_the_transcript_follows_the_reply_unless_scrolled_up(tmp_path):

@@ -8,13 +8,12 @@ its lines itself (Textual's line API): a block the parser has closed (any but th
 width and kept; an update re-parses and redraws only the open block (of a code block, its last run of lines:
 open_fence.py; of a list, its last item: open_list.py, a long list parsed from its last items on). The same blocks,
 drawn the same way, make the finished reply, so nothing moves at its end. A link's text opens it on a click.
-While a reply streams its height grows `ROOM` lines at a time: an append that stays within them repaints the lines
-it changed, where one that changes the height has Textual lay out and repaint the whole screen.
+While a reply streams its height grows a few lines at a time, and an append within them repaints only the lines it
+changed (line_view.py).
 """
 
 from __future__ import annotations
 
-from itertools import zip_longest
 from typing import ClassVar
 
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -22,17 +21,13 @@ from rich.markdown import Heading, ListElement, MarkdownElement
 from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
-from textual.geometry import Region, Size
-from textual.selection import Selection
 from textual.strip import Strip
-from textual.widget import Widget
 
+from ssd_chat.tui.widgets.line_view import LineView
 from ssd_chat.tui.widgets.markdown_parser import SEPARATORS, Block, References, parser, split_blocks
 from ssd_chat.tui.widgets.open_fence import OpenFence, open_fence_code
 from ssd_chat.tui.widgets.open_list import Numbered, OpenList
 
-ROOM = 4  # a streaming reply's height grows this many lines at a time: most updates then repaint its last lines
 CODE_THEMES = {True: "monokai", False: "default"}  # the app's theme dark or light: Pygments' theme for code blocks
 
 
@@ -84,10 +79,8 @@ class _BlockMarkdown(RichMarkdown):
 Key = tuple[int, bool, str]  # what a block's lines depend on: the width, a dark theme, the link references (repr)
 
 
-class ReplyMarkdown(Widget):
+class ReplyMarkdown(LineView):
     """The Markdown of `source`; `append` adds to it as a reply streams, `update` replaces it."""
-
-    DEFAULT_CSS = "ReplyMarkdown { height: auto; }"
 
     def __init__(self, source: str = "", *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -105,11 +98,10 @@ class ReplyMarkdown(Widget):
         self._closed_lines: list[list[Strip]] = []  # the closed blocks' lines at `_drawn_key`, a prefix of them
         self._drawn_key: Key | None = None
         self._open_lines: dict[str, list[Strip]] = {}  # the open blocks' lines at `_drawn_key`, by their text
-        self._streaming = False  # appended to since the last update: an open code block is drawn in runs
+        self._streaming = False  # appended to since the last update: an open code block is drawn in runs, a list
+        # an item at a time, the height grows ROOM lines at a time (line_view.py)
         self._fence = OpenFence()  # those runs
         self._list = OpenList()  # an open list's items, drawn an item at a time while streaming
-        self._line_style = Style()  # the widget's style, for the lines of one paint (render_lines)
-        self._all_lines: list[Strip] = []  # every line at the last layout's width
         self.update(source)
 
     def update(self, source: str) -> None:
@@ -155,29 +147,6 @@ class ReplyMarkdown(Widget):
         self._tail_at = self._list_tail(opened[0]) if opened else 0
         self._references_key = repr(sorted(self._references.items()))
 
-    def _refresh_changed(self) -> None:
-        """What the change needs of Textual: a layout where the lines' count changed, else a repaint of the lines
-        that did (a layout repaints the whole screen: on a Zen 1 VM most of an update's 25 ms; an append within a
-        line changes its last line or two)."""
-        width = self.size.width
-        if not self.is_mounted or not width or self._drawn_key is None or self._drawn_key[0] != width:
-            self.refresh(layout=True)
-            return
-        before = self._all_lines
-        self._layout(width)
-        if self._height() != self.size.height:  # (as laid out)
-            self.refresh(layout=True)
-            return
-        changed = [y for y, (old, new) in enumerate(zip_longest(before, self._all_lines))
-                   if old is not new and old != new]
-        if changed:
-            self.refresh(Region(0, changed[0], width, changed[-1] + 1 - changed[0]))
-
-    def _height(self) -> int:
-        """The lines' count; while streaming, rounded up to a multiple of `ROOM` (the room below the text)."""
-        lines = len(self._all_lines)
-        return -(-lines // ROOM) * ROOM if self._streaming else lines
-
     def _split(self) -> list[Block]:
         """The blocks from `_open_at` on, their starts from there. Parsed from `_tail_at`, where that is a list's item:
         the parser reads the list's items after it as in the whole list (a list goes on, or ends, by its items' own
@@ -211,10 +180,6 @@ class ReplyMarkdown(Widget):
     def blocks(self) -> list[str]:
         return self._closed_blocks + self._open_blocks
 
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        self._layout(width)
-        return self._height()
-
     def _layout(self, width: int) -> None:
         """Every line at `width`: the closed blocks' kept lines, the open blocks drawn now, a blank line between."""
         key = self._key(width)
@@ -231,6 +196,9 @@ class ReplyMarkdown(Widget):
             if self._all_lines:
                 self._all_lines.append(blank)
             self._all_lines += lines
+
+    def _stale(self, width: int) -> bool:
+        return self._drawn_key != self._key(width)
 
     def _key(self, width: int) -> Key:
         return max(width, 1), self.app.current_theme.dark, self._references_key
@@ -266,42 +234,6 @@ class ReplyMarkdown(Widget):
         options = console.options.update(width=width, min_width=width, height=None)
         markdown = _BlockMarkdown(markup, CODE_THEMES[dark], self._references, numbered)
         return [_clickable(Strip(line, width)) for line in console.render_lines(markdown, options, pad=True)]
-
-    def render_lines(self, crop: Region) -> list[Strip]:
-        """The widget's style worked out once a paint, not a line (it walks the ancestors' styles)."""
-        if self._drawn_key != self._key(self.size.width):  # (a theme changed: its code colours)
-            self._layout(self.size.width)
-        self._line_style = self.rich_style
-        return super().render_lines(crop)
-
-    def render_line(self, y: int) -> Strip:
-        if y >= len(self._all_lines):
-            return Strip.blank(self.size.width, self._line_style)
-        line = self._all_lines[y]
-        selection = self.text_selection
-        if selection is not None and (span := selection.get_span(y)) is not None:
-            style = self.screen.get_component_rich_style("screen--selection")
-            line = _selected(line, *span, style, self.app.console)
-        return line.apply_style(self._line_style).apply_offsets(0, y)
-
-    def shown_lines(self) -> list[str]:
-        """The lines as last drawn, as text (a list's bullets, a code block's indent), their ends stripped."""
-        return [line.text.rstrip() for line in self._all_lines]
-
-    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
-        """The selected text, as drawn."""
-        return selection.extract("\n".join(self.shown_lines())), "\n"
-
-    def selection_updated(self, selection: Selection | None) -> None:
-        self.refresh()
-
-
-def _selected(line: Strip, start: int, end: int, style: Style, console: Console) -> Strip:
-    """`line` with its characters start..end (-1: to its end) in the selection's style."""
-    text = Text.assemble(*((segment.text, segment.style or "") for segment in line if not segment.control))
-    text.stylize(style, start, len(text) if end == -1 else end)
-    return Strip(text.render(console), line.cell_length)
-
 
 def _clickable(line: Strip) -> Strip:
     """`line` with each link's text (Rich gives it the link's URL as its style's `link`) opening it on a click:

@@ -13,10 +13,9 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from engine.outputs import TokenSource
-from ssd_chat.tui.provenance import colour_text
 from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown
+from ssd_chat.tui.widgets.token_view import Piece, TokenView
 
-Piece = tuple[str, TokenSource]
 PAGE_SPEED = 50  # rows a second: Textual's for a page, for the last one (scroll_end's default is a whole second)
 FOUND_S = 3.0  # how long a chat opened from a search marks the message it matched
 
@@ -38,10 +37,11 @@ class AssistantMessage(Vertical):
         self.text = text
         self.pieces: list[Piece] = list(pieces) if pieces is not None else [(text, TokenSource.TARGET)]
         self.colours = colours
+        self.streaming = False  # appended to since the last finish
 
     def compose(self) -> ComposeResult:
         yield ReplyMarkdown(self.text, classes="reply-markdown")
-        yield Static("", classes="reply-tokens")
+        yield TokenView(classes="reply-tokens")
         yield Static(Text(self.stats), classes="reply-stats")
 
     def on_mount(self) -> None:
@@ -53,15 +53,16 @@ class AssistantMessage(Vertical):
             return
         self.text += text
         self.pieces += pieces
+        self.streaming = True
         if self.colours:
-            self._render_tokens()
+            self.query_one(TokenView).append(pieces)
         else:
             self.query_one(ReplyMarkdown).append(text)
 
     def finish(self, text: str, line: str) -> None:
         """The reply is complete: its final text parsed whole (appends may have cut a Markdown block
         otherwise), then the stats line."""
-        self.text = text
+        self.text, self.streaming = text, False
         self.query_one(ReplyMarkdown).update(text)
         self._apply_view()
         self.set_stats(line)
@@ -75,15 +76,12 @@ class AssistantMessage(Vertical):
 
     def _apply_view(self) -> None:
         markdown = self.query_one(ReplyMarkdown)
-        tokens = self.query_one(".reply-tokens", Static)
+        tokens = self.query_one(TokenView)
         markdown.display, tokens.display = not self.colours, self.colours
         if self.colours:
-            self._render_tokens()
+            tokens.show(self.pieces, streaming=self.streaming)
         elif markdown.source != self.text:  # (replies streamed in colours went to the tokens view only)
             markdown.update(self.text)
-
-    def _render_tokens(self) -> None:
-        self.query_one(".reply-tokens", Static).update(colour_text(self.pieces, self.app.current_theme))
 
 
 class Transcript(VerticalScroll):
