@@ -86,7 +86,9 @@ async def test_a_reply_streamed_a_character_at_a_time_never_shows_a_block_cut_wr
     closed the list, and "2. b" then showed as a second list until the reply ended. A list's item is a place the
     parse starts from only once its first line is whole ("- -" grows into "- - -", a rule, not an item)."""
     doc = ("1. a\n\n2. b\n\n3. c\n\n> q\n*>\n\n- x\n-\n-\n\n12) twelve\n13) thirteen\n\nend\n\n"
-           "- x\n- - -\n- y\n- z\n* w\n\n8. h\n9. i\n10. j\nlazy\n11. k\n    ```\n    code\n    ```\n12. l\n")
+           "- x\n- - -\n- y\n- z\n* w\n\n8. h\n9. i\n10. j\nlazy\n11. k\n    ```\n    code\n    ```\n12. l\n\n"
+           # an item that on its own would be a table (its marker a cell), the list then drawn whole
+           "- x\n- a | b\n--|--\n\n1. x\n2. a | b\n   --|--\n   | 1 | 2\n3. c\n")
     app = Host()
     async with app.run_test(size=(60, 200)) as pilot:
         streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)

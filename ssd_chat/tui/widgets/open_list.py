@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from textual.strip import Strip
 
+from ssd_chat.tui.widgets.markdown_parser import block_parser
+
 Numbered = tuple[int, int] | None  # an ordered list's item: (its number, the list's last number as Rich counts it)
 DrawItem = Callable[[str, Numbered], list[Strip]]  # an item's text drawn as a one-item list, numbered so
 
@@ -27,10 +29,10 @@ class OpenList:
         self._items: dict[tuple[str, int, int], list[Strip]] = {}  # (text, number, the numbers' digits): its lines
         self._for: object = None  # what the items were drawn for (width, theme, references)
 
-    def draw(self, first: int | None, items: list[str], drawn_for: object, draw_item: DrawItem) -> list[Strip]:
+    def draw(self, first: int | None, items: list[str], drawn_for: object, draw_item: DrawItem) -> list[Strip] | None:
         """The list's lines: its items' in order (`first`: an ordered list's first number, None for bullets), each
-        but the last one's kept from the update before. `drawn_for`: what else the lines depend on; a change draws
-        every item again."""
+        but the last one's kept from the update before; None where an item is not one list item on its own (then
+        the list is drawn whole). `drawn_for`: what else the lines depend on; a change draws every item again."""
         if self._for != drawn_for:
             self._items, self._for = {}, drawn_for
         last_number = None if first is None else first + len(items)  # (Rich's count: one past the last item)
@@ -41,12 +43,25 @@ class OpenList:
             key = (text, numbered[0], len(str(numbered[1]))) if numbered else (text, 0, 0)
             item_lines = self._items.get(key)
             if item_lines is None:
+                if not stands_alone(text):
+                    self._items = kept
+                    return None
                 item_lines = _without_leading_blanks(draw_item(text, numbered))
             if index < len(items) - 1:  # (the last item may still grow)
                 kept[key] = item_lines
             lines += item_lines
         self._items = kept
         return lines
+
+
+def stands_alone(item: str) -> bool:
+    """Whether `item`, parsed on its own, is one list of one item, as in its list. An item after the first can
+    read otherwise: markdown-it's list goes on to an item without trying the table rule, which the top level tries
+    first, so "- a | b\n--|--" on its own is a table (the list marker its first cell)."""
+    tokens = block_parser().parse(item)
+    blocks = [token for token in tokens if token.level == 0 and token.nesting >= 0]
+    return (len(blocks) == 1 and blocks[0].type in ("bullet_list_open", "ordered_list_open")
+            and sum(token.type == "list_item_open" and token.level == 1 for token in tokens) == 1)
 
 
 def _without_leading_blanks(lines: list[Strip]) -> list[Strip]:

@@ -211,10 +211,11 @@ class ReplyMarkdown(LineView):
         options = console.options.update(width=width, min_width=width, height=None)
         if streaming and (fence := open_fence_code(block)) is not None:
             return self._fence.draw(console, options, *fence, CODE_THEMES[dark])
+        lines = None
         if streaming and block in self._open_items:
             first, items = self._open_items[block]
             lines = self._list.draw(first, items, key, lambda text, numbered: self._rich_lines(text, key, numbered))
-        else:
+        if lines is None:
             lines = self._rich_lines(block, key)
         start, end = 0, len(lines)  # (Rich puts a blank line before a list and after others: one goes between)
         while start < end and _empty(lines[start]):
