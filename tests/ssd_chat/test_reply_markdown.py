@@ -131,6 +131,27 @@ def _links(view: ReplyMarkdown) -> list[tuple[str, str]]:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("doc", [
+    "[x]: http://a.example\n\nsee [x]\n\n[x]: http://b.example\n\nend [x]",  # a label's first definition is its
+    "see [x]\n\n[x]: http://a b c\n\nend",  # valid while it streams ("http://a"), then not: it goes
+    "- [y]: http://in.item\n- use [y]\n- more\n- [y]: http://later\n- last [y]\n\nsee [y] and [z]\n\n[z]: http://z",
+])
+async def test_streamed_links_open_what_the_whole_text_links_to(doc):
+    """While a reply streams, its links go where one parse of the text so far sends them: the first definition of a
+    label, in a closed block, an item of a list parsed from its last items on, or the open block (whose
+    definitions may change as it grows)."""
+    app = Host()
+    async with app.run_test(size=(60, 60)) as pilot:
+        streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
+        for at in range(len(doc)):
+            streamed.append(doc[at])
+            whole.update(doc[:at + 1])
+            await pilot.pause()
+            assert _links(streamed) == _links(whole), doc[:at + 1]
+        assert _links(whole) and all("later" not in href and "b.example" not in href for _, href in _links(whole))
+
+
+@pytest.mark.asyncio
 async def test_a_click_on_a_links_text_opens_its_url(monkeypatch):
     """A link shows its text, and a click on it opens the URL (the browser; a terminal that knows OSC 8 links
     can open it too); a click beside it opens nothing."""

@@ -90,3 +90,12 @@ def split_blocks(source: str, references: References | None = None) -> list[Bloc
             (offsets[item] - offsets[start], text(item, item_end))
             for item, item_end in zip(items, ends(items, end), strict=True)), first.get(start)))
     return blocks
+
+
+def definitions(block: str) -> References:
+    """The link reference definitions in `block` (each label's first), by label."""
+    if "]:" not in block:  # (none can be in it: most blocks are not parsed)
+        return {}
+    env: dict[str, References] = {}
+    block_parser().parse(block, env)
+    return env.get("references", {})

@@ -24,7 +24,7 @@ from rich.style import Style
 from textual.strip import Strip
 
 from ssd_chat.tui.widgets.line_view import LineView
-from ssd_chat.tui.widgets.markdown_parser import SEPARATORS, Block, References, parser, split_blocks
+from ssd_chat.tui.widgets.markdown_parser import SEPARATORS, Block, References, definitions, parser, split_blocks
 from ssd_chat.tui.widgets.open_fence import OpenFence, open_fence_code
 from ssd_chat.tui.widgets.open_list import Numbered, OpenList
 
@@ -93,7 +93,9 @@ class ReplyMarkdown(LineView):
         self._tail_at = 0  # where in the open blocks the parse starts: 0, or the first open block a list, one of its
         # items (its first line whole): a long list is not parsed again whole at every update
         self._head = Block(0, "")  # that list's items before it
-        self._references: References = {}  # the link reference definitions so far (any block may use them)
+        self._references: References = {}  # the link reference definitions the blocks see (any block may use
+        # them): each label's first in the text, as a parse of the whole text has them
+        self._closed_references: References = {}  # those in the closed blocks (they no longer change)
         self._references_key = "[]"  # their repr, for `Key`
         self._closed_lines: list[list[Strip]] = []  # the closed blocks' lines at `_drawn_key`, a prefix of them
         self._drawn_key: Key | None = None
@@ -108,7 +110,7 @@ class ReplyMarkdown(LineView):
         """Show `source` from scratch: parsed whole, so a link reference or a block the streaming cut saw
         differently is read as in one piece; the lines of closed blocks that did not change are kept."""
         closed = self._closed_blocks
-        self.source, self._closed_blocks, self._open_at, self._references = source, [], 0, {}
+        self.source, self._closed_blocks, self._open_at, self._closed_references = source, [], 0, {}
         self._tail_at = 0
         if self._fence.drew:  # (an open code block was drawn in runs: the blocks still open are drawn whole)
             self._open_lines, self._fence = {}, OpenFence()
@@ -134,30 +136,40 @@ class ReplyMarkdown(LineView):
         """The blocks from `_open_at` on. Those before the last are closed: the parser has started a block after
         each, so more text cannot change them, once that block's first line is whole ("1. a\n\n2" would close the
         list before "2. b" goes on with it). The open part starts at the first block not closed."""
-        blocks = self._split()
+        found: References = {}  # the definitions in the text parsed now
+        blocks = self._split(found)
         whole_line = bool(blocks) and "\n" in self.source[self._open_at + blocks[-1].start:]
         still_open = 1 if whole_line or len(blocks) < 2 else 2
         self._closed_blocks += [block.text for block in blocks[:-still_open]]
         if blocks:
+            closed = self.source[self._open_at:self._open_at + blocks[-still_open].start]  # (a definition before the
+            _first(self._closed_references, definitions(closed.translate(SEPARATORS)))  # first block is in no block)
             self._open_at += blocks[-still_open].start
         opened = blocks[-still_open:]
         self._open_blocks = [block.text for block in opened]
         self._open_items = {block.text: (block.first, [text for _, text in block.items]) for block in opened
                             if block.items}
         self._tail_at = self._list_tail(opened[0]) if opened else 0
+        seen: References = {}  # the open blocks' definitions: in the items before the next parse's start, first
+        for _, item in self._head.items if self._tail_at else ():
+            _first(seen, definitions(item))
+        _first(seen, found)
+        self._references = {**seen, **self._closed_references}  # (a label's first definition: the closed blocks')
         self._references_key = repr(sorted(self._references.items()))
 
-    def _split(self) -> list[Block]:
+    def _split(self, found: References) -> list[Block]:
         """The blocks from `_open_at` on, their starts from there. Parsed from `_tail_at`, where that is a list's item:
         the parser reads the list's items after it as in the whole list (a list goes on, or ends, by its items' own
-        lines), so the first block is the list from there, its items before kept from the parse before."""
+        lines), so the first block is the list from there, its items before kept from the parse before. `found`
+        gets the link reference definitions parsed."""
         at = self._open_at + self._tail_at
-        blocks = split_blocks(self.source[at:], self._references)
+        blocks = split_blocks(self.source[at:], found)
         if not self._tail_at:
             return blocks
         if not blocks or blocks[0].start or not blocks[0].items:  # (never seen: the parse from the open blocks' start)
             self._tail_at = 0
-            return self._split()
+            found.clear()
+            return self._split(found)
         tail, head = blocks[0], self._head
         listed = Block(0, self.source[self._open_at:at].translate(SEPARATORS) + tail.text,
                        head.items + tuple((self._tail_at + start, text) for start, text in tail.items), head.first)
@@ -235,6 +247,12 @@ class ReplyMarkdown(LineView):
         options = console.options.update(width=width, min_width=width, height=None)
         markdown = _BlockMarkdown(markup, CODE_THEMES[dark], self._references, numbered)
         return [_clickable(Strip(line, width)) for line in console.render_lines(markdown, options, pad=True)]
+
+def _first(into: References, found: References) -> None:
+    """`found`'s definitions into `into`, where it has none of that label (a label's first definition is its)."""
+    for label, definition in found.items():
+        into.setdefault(label, definition)
+
 
 def _clickable(line: Strip) -> Strip:
     """`line` with each link's text (Rich gives it the link's URL as its style's `link`) opening it on a click:
