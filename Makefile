@@ -25,7 +25,7 @@ chat: $(STAMP)
 	$(BIN)/ssd-chat
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist worksteal
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto
 	$(BIN)/ruff check .
 
 lint: $(STAMP)

@@ -72,7 +72,7 @@ def test_speculation_with_the_shipped_draft_is_exact_and_accepts_tokens(llm):
 def test_a_seeded_sampled_reply_is_the_same_in_every_mode(llm):
     """At the chat's default sampling, by the coupled race: one seed, one reply, in AR, SD and SSD (adaptive k, which
     follows measured speeds, and a fixed k); the rejection sampler's replies differ (the test can tell)."""
-    prompts = [llm.encode_chat(m) for m in load_prompts(DEFAULT_PROMPTS, limit=3)]
+    prompts = [llm.encode_chat(m) for m in load_prompts(DEFAULT_PROMPTS, limit=2)]
     params = [SamplingParams(temperature=0.2, top_p=0.9, max_tokens=48, seed=40 + i) for i in range(len(prompts))]
 
     def replies() -> list[list[int]]:

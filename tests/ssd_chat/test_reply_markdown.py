@@ -224,19 +224,19 @@ async def test_a_streaming_list_is_parsed_and_drawn_an_item_at_a_time(monkeypatc
     app = Host()
     async with app.run_test(size=(60, 300)) as pilot:
         streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
-        for at in range(0, len(doc), 9):
-            streamed.append(doc[at:at + 9])
+        for at in range(0, len(doc), 23):
+            streamed.append(doc[at:at + 23])
             await pilot.pause()
-            if at % 90 == 0:
+            if at % 230 == 0:
                 streamed_parses = len(parsed)
                 whole.update(streamed.source)  # (parsed whole)
                 del parsed[streamed_parses:]
                 await pilot.pause()
                 assert streamed.shown_lines() == whole.shown_lines()
         longest = max(len(item) for item in items)
-        assert max(parsed[len(parsed) // 4:]) <= 2 * longest + 9  # from the last whole item on
+        assert max(parsed[len(parsed) // 4:]) <= 2 * longest + 23  # from the last whole item on
         list_draws = [markup for markup in drawn if markup[:1].isdigit()]
-        assert max(len(markup) for markup in list_draws) <= longest + 9  # never the whole list (an item's text
+        assert max(len(markup) for markup in list_draws) <= longest + 23  # never the whole list (an item's text
         # may hold the next one's first characters: "1" goes on its last line until "10. " shows it is an item)
         for item in items[:8] + items[9:-1]:  # (the closed items: once as the last whole item, once closed; those
             # before the tenth once more when the numbers widen)
