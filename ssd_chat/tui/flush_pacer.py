@@ -3,7 +3,7 @@ CPU.
 
 An update of the reply (a Markdown append) and the panel that changes the reply's height makes Textual lay out and
 repaint the whole screen: 50-60 ms of the UI thread on a 2-vCPU Zen 1 VM (2026-12-07), of which the transcript 25-55
-(scripts/ui_update_cost.py); one that does not (a streaming reply grows 4 lines at a time, reply_markdown.ROOM, and
+(scripts/ui_update_cost.py); one that does not (a streaming reply grows 4 lines at a time, line_view.ROOM, and
 the panel's figures change in place, widgets/steady.py) repaints the lines that changed (scripts/ui_flush_cost.py). With
 the engine on this machine's CPU its threads want every core, and the UI's CPU stalls them (an OpenMP step waits
 for its slowest thread). So on a CPU engine the gap after an update is the UI thread's CPU since the last one
