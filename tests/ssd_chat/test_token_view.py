@@ -44,6 +44,7 @@ async def test_streamed_pieces_show_what_the_whole_reply_shows(monkeypatch):
             whole.show(pieces[:i + 1])
             await pilot.pause()
             assert streamed.shown_lines() == whole.shown_lines()
+            assert _cells(streamed) == _cells(whole)  # (each row's colours too)
             assert streamed.text.spans == whole.text.spans  # (the colours too)
         assert any(not line for line in streamed.shown_lines()) and streamed.text.plain == TEXT
         assert max(len(text) for text in drawn) < 210  # (the longest line: never the whole reply)
@@ -51,6 +52,11 @@ async def test_streamed_pieces_show_what_the_whole_reply_shows(monkeypatch):
         streamed.show(pieces)  # the reply's end
         await pilot.pause()
         assert streamed.size.height == len(streamed.shown_lines()) == len(whole.shown_lines())
+
+
+def _cells(view: TokenView) -> list[list[tuple[str, object]]]:
+    """Each row's characters with their styles."""
+    return [[(char, segment.style) for segment in line for char in segment.text] for line in view._all_lines]
 
 
 @pytest.mark.asyncio

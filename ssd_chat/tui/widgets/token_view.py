@@ -8,7 +8,10 @@ newline has ended keeps its rows: an update draws the rows of the lines it ended
 
 from __future__ import annotations
 
-from rich.text import Text
+import bisect
+import itertools
+
+from rich.text import Span, Text
 from textual.strip import Strip
 
 from engine.outputs import TokenSource
@@ -51,11 +54,24 @@ class TokenView(LineView):
             self._closed_end, self._closed_lines, self._drawn_width = 0, [], width
         end = self.text.plain.rfind("\n") + 1  # (the last line's start)
         if end > self._closed_end:
-            self._closed_lines += self._rows(self.text[self._closed_end:end - 1], width)
+            self._closed_lines += self._rows(_part(self.text, self._closed_end, end - 1), width)
             self._closed_end = end
-        self._all_lines = self._closed_lines + self._rows(self.text[self._closed_end:], width)
+        self._all_lines = self._closed_lines + self._rows(_part(self.text, self._closed_end, None), width)
 
     def _rows(self, text: Text, width: int) -> list[Strip]:
-        console = self.app.console
-        options = console.options.update(width=width, min_width=width, height=None)
+        console, options = self._options(width)
         return [Strip(line, width) for line in console.render_lines(text, options, pad=True)]
+
+
+def _part(text: Text, start: int, end: int | None) -> Text:
+    """`text[start:end]` with its colours, found by bisection: the pieces' spans follow one another, and Rich's
+    slice walks every span of the reply (2 ms at 900 pieces, twice an update)."""
+    end = len(text) if end is None else end
+    spans = text.spans
+    first = bisect.bisect_right(spans, start, key=lambda span: span.end)  # (the first span that ends past start)
+    part = Text(text.plain[start:end])
+    for span in itertools.islice(spans, first, None):
+        if span.start >= end:
+            break
+        part.spans.append(Span(max(span.start, start) - start, min(span.end, end) - start, span.style))
+    return part
