@@ -89,15 +89,23 @@ async def test_a_reply_streamed_a_character_at_a_time_never_shows_a_block_cut_wr
            "- x\n- - -\n- y\n- z\n* w\n\n8. h\n9. i\n10. j\nlazy\n11. k\n    ```\n    code\n    ```\n12. l\n\n"
            # an item that on its own would be a table (its marker a cell), the list then drawn whole
            "- x\n- a | b\n--|--\n\n1. x\n2. a | b\n   --|--\n   | 1 | 2\n3. c\n")
+    streamed, _ = await _a_character_at_a_time(doc, (60, 200))
+    assert streamed[:3] == [" 1 a", " 2 b", " 3 c"]  # one list
+
+
+async def _a_character_at_a_time(doc: str, size: tuple[int, int]) -> tuple[list[str], list[tuple[str, str]]]:
+    """`doc` appended a character at a time: at every step the lines and the links equal those of one update with
+    the text so far. The last step's lines and links."""
     app = Host()
-    async with app.run_test(size=(60, 200)) as pilot:
+    async with app.run_test(size=size) as pilot:
         streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
         for at in range(len(doc)):
             streamed.append(doc[at])
             whole.update(doc[:at + 1])
             await pilot.pause()
             assert streamed.shown_lines() == whole.shown_lines(), doc[:at + 1]
-        assert streamed.shown_lines()[:3] == [" 1 a", " 2 b", " 3 c"]  # one list
+            assert _links(streamed) == _links(whole), doc[:at + 1]
+        return streamed.shown_lines(), _links(streamed)
 
 
 @pytest.mark.asyncio
@@ -140,15 +148,8 @@ async def test_streamed_links_open_what_the_whole_text_links_to(doc):
     """While a reply streams, its links go where one parse of the text so far sends them: the first definition of a
     label, in a closed block, an item of a list parsed from its last items on, or the open block (whose
     definitions may change as it grows)."""
-    app = Host()
-    async with app.run_test(size=(60, 60)) as pilot:
-        streamed, whole = app.query_one("#streamed", ReplyMarkdown), app.query_one("#whole", ReplyMarkdown)
-        for at in range(len(doc)):
-            streamed.append(doc[at])
-            whole.update(doc[:at + 1])
-            await pilot.pause()
-            assert _links(streamed) == _links(whole), doc[:at + 1]
-        assert _links(whole) and all("later" not in href and "b.example" not in href for _, href in _links(whole))
+    _, links = await _a_character_at_a_time(doc, (60, 60))
+    assert links and all("later" not in href and "b.example" not in href for _, href in links)
 
 
 @pytest.mark.asyncio

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from itertools import zip_longest
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
 from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region, Size
@@ -40,6 +40,11 @@ class LineView(Widget):
     def _stale(self, width: int) -> bool:
         """Whether `_all_lines` were drawn for another width or theme (or never)."""
         raise NotImplementedError
+
+    def _options(self, width: int) -> tuple[Console, ConsoleOptions]:
+        """The app's console, and its options for lines `width` cells wide (Rich's drawing of them)."""
+        console = self.app.console
+        return console, console.options.update(width=width, min_width=width, height=None)
 
     def _refresh_changed(self) -> None:
         """After a change: a layout where the height changed, else a repaint of the lines that did (a layout

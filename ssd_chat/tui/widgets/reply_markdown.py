@@ -218,11 +218,8 @@ class ReplyMarkdown(LineView):
     def _draw(self, block: str, key: Key, *, streaming: bool = False) -> list[Strip]:
         """`block`'s lines; `streaming`: it may still grow, a code block not yet closed is drawn in runs, a list an
         item at a time."""
-        width, dark, _ = key
-        console = self.app.console
-        options = console.options.update(width=width, min_width=width, height=None)
         if streaming and (fence := open_fence_code(block)) is not None:
-            return self._fence.draw(console, options, *fence, CODE_THEMES[dark])
+            return self._fence.draw(*self._options(key[0]), *fence, CODE_THEMES[key[1]])
         lines = None
         if streaming and block in self._open_items:
             first, items = self._open_items[block]
@@ -243,10 +240,10 @@ class ReplyMarkdown(LineView):
     def _rich_lines(self, markup: str, key: Key, numbered: Numbered = None) -> list[Strip]:
         """Rich's lines of `markup` at `key`: the Markdown, at the width, padded to it."""
         width, dark, _ = key
-        console = self.app.console
-        options = console.options.update(width=width, min_width=width, height=None)
+        console, options = self._options(width)
         markdown = _BlockMarkdown(markup, CODE_THEMES[dark], self._references, numbered)
         return [_clickable(Strip(line, width)) for line in console.render_lines(markdown, options, pad=True)]
+
 
 def _first(into: References, found: References) -> None:
     """`found`'s definitions into `into`, where it has none of that label (a label's first definition is its)."""
@@ -259,6 +256,7 @@ def _clickable(line: Strip) -> Strip:
     Textual runs a style's `@click` action (and underlines it under the mouse)."""
     if not any(segment.style is not None and segment.style.link for segment in line):
         return line
+
     def click(style: Style | None) -> Style | None:
         return style + Style.from_meta({"@click": f"open_link({style.link!r})"}) if style and style.link else style
 
