@@ -31,6 +31,7 @@ class LineView(Widget):
         super().__init__(id=id, classes=classes)
         self._all_lines: list[Strip] = []  # every line at the last layout's width
         self._streaming = False
+        self._current = False  # `_all_lines` hold the text as it is (at the width and theme `_stale` tells)
         self._line_style = Style()  # the widget's style, for the lines of one paint (render_lines)
 
     def _layout(self, width: int) -> None:
@@ -41,6 +42,13 @@ class LineView(Widget):
         """Whether `_all_lines` were drawn for another width or theme (or never)."""
         raise NotImplementedError
 
+    def _lay_out(self, width: int) -> None:
+        """`_layout(width)` where the lines are not the text's now at `width`: once an update, not again at the
+        layout and the paint that follow it."""
+        if not self._current or self._stale(width):
+            self._layout(width)
+            self._current = True
+
     def _options(self, width: int) -> tuple[Console, ConsoleOptions]:
         """The app's console, and its options for lines `width` cells wide (Rich's drawing of them)."""
         console = self.app.console
@@ -50,12 +58,13 @@ class LineView(Widget):
         """After a change: a layout where the height changed, else a repaint of the lines that did (a layout
         repaints the whole screen: on a Zen 1 VM most of an update's cost; an append within a line changes its last
         line or two)."""
+        self._current = False
         width = self.size.width
         if not self.is_mounted or not width or self._stale(width):
             self.refresh(layout=True)
             return
         before = self._all_lines
-        self._layout(width)
+        self._lay_out(width)
         if self._height() != self.size.height:  # (as laid out)
             self.refresh(layout=True)
             return
@@ -70,13 +79,12 @@ class LineView(Widget):
         return -(-lines // ROOM) * ROOM if self._streaming else lines
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        self._layout(width)
+        self._lay_out(width)
         return self._height()
 
     def render_lines(self, crop: Region) -> list[Strip]:
         """The widget's style worked out once a paint, not a line (it walks the ancestors' styles)."""
-        if self._stale(self.size.width):  # (a theme changed: its colours)
-            self._layout(self.size.width)
+        self._lay_out(self.size.width)  # (a theme changed: its colours)
         self._line_style = self.rich_style
         return super().render_lines(crop)
 
