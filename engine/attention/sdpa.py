@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from engine.attention.base import AttentionBackend, AttentionMetadata, Index
+from engine.attention.base import AttentionBackend, AttentionMetadata, Index, SeqSpan
 from engine.layers import native, panel
 
 
@@ -37,6 +38,15 @@ class SdpaBackend(AttentionBackend):
     def __init__(self) -> None:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        self._table: tuple[AttentionMetadata, tuple[torch.Tensor, torch.Tensor] | None] | None = None
+
+    def _span_table(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`span_table(meta.spans)`, built at a forward's first layer and read by the others (None: a span has a
+        mask of its own)."""
+        if self._table is None or self._table[0] is not meta:
+            causal = all(span.mask is None for span in meta.spans)
+            self._table = (meta, span_table(meta.spans) if causal else None)
+        return self._table[1]
 
     def allocate(
         self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
@@ -71,6 +81,10 @@ class SdpaBackend(AttentionBackend):
             values = v_cache.index_select(1, gather.key_index).view(kvh, b, t, d).transpose(0, 1).to(q.dtype)
             o = attend(q.view(b, h, 1, d), keys, values, mask=gather.key_mask, causal=False, scale=scale)
             return o.reshape(b, h * d)
+        if kernel and len(meta.spans) > 1 and not torch.compiler.is_compiling():
+            table = self._span_table(meta)
+            if table is not None:  # several causal spans: one kernel call for all
+                return causal_spans(q, k_cache, v_cache, *table, scale)
         outs = []
         for span, mask in zip(meta.spans, meta.masks, strict=True):
             if kernel and span.mask is None:
@@ -124,6 +138,37 @@ def _causal_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, firs
         b = min(a + ROW_KERNEL_ROWS, n)
         kernel(q[a].data_ptr(), b - a, h, d, keys.data_ptr(), values.data_ptr(), keys.shape[0], keys.shape[1], first,
                num_keys - (n - b), scale, out[a].data_ptr(), threads)
+    return out
+
+
+def span_table(spans: Sequence[SeqSpan]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal spans as engine/kernels/attention.cpp's causal_attention_spans reads them: a table [spans, 5] of
+    (q_start, q_len, num_keys, first, offset), where a span whose keys lie in one run of slots from `first` has
+    offset -1, and any other's slots lie at `offset` in the second tensor, every such span's slots end to end."""
+    rows, gathered, offset = [], [], 0
+    for span in spans:
+        if isinstance(span.key_slots, slice):
+            rows.append((span.q_start, span.q_len, span.num_keys, span.key_slots.start, -1))
+        else:
+            rows.append((span.q_start, span.q_len, span.num_keys, 0, offset))
+            gathered.append(span.key_slots[: span.num_keys])
+            offset += span.num_keys
+    slots = torch.cat(gathered) if gathered else torch.zeros(1, dtype=torch.long)
+    return torch.tensor(rows, dtype=torch.long), slots.to(torch.long).contiguous()
+
+
+def causal_spans(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                 slots: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [N, H, D] -> [N, H * D]: `causal_rows` of every span of `span_table` in one kernel call, each row the same
+    bits (a call a span cost a small model's batched step most of its time: 20-35 us of Python and ctypes a span and
+    layer)."""
+    n, h, d = q.shape
+    q = q.contiguous()
+    out = torch.empty(n, h * d)
+    lib = native.library()
+    kernel = lib.causal_attention_spans_half if k_cache.dtype == torch.float16 else lib.causal_attention_spans
+    kernel(q.data_ptr(), h, d, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], k_cache.shape[1], len(table),
+           table.data_ptr(), slots.data_ptr(), scale, out.data_ptr(), torch.get_num_threads())
     return out
 
 

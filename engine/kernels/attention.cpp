@@ -10,6 +10,7 @@
 // once for all the rows and heads that read it, then the float32 code: the float32 kernel's bits on those values.
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "simd.h"
 #include "threads.h"
@@ -118,6 +119,18 @@ INLINE const float* as_float(const uint16_t* x, long count, float* buf) {
   if (i < count) v_store_n(buf + i, v_load_half_n(x + i, count - i), count - i);
   return buf;
 }
+INLINE void copy_float(const float* x, long count, float* buf) { memcpy(buf, x, sizeof(float) * count); }
+INLINE void copy_float(const uint16_t* x, long count, float* buf) { as_float(x, count, buf); }
+
+// Keys (or values) j0 .. j0 + count - 1 of a sequence as float32 rows [count, D]: with `slot` null they lie in one
+// run from `base` (as_float); else key j lies at base + slot[j] D, and the tile is gathered into `buf` row by row
+// (converted, for a half cache): the same values in the same order, so the same bits as a gathered copy's.
+template <typename T>
+INLINE const float* tile_rows(const T* base, const long* slot, long j0, long count, long D, float* buf) {
+  if (slot == nullptr) return as_float(base + j0 * D, count * D, buf);
+  for (long i = 0; i < count; ++i) copy_float(base + slot[j0 + i] * D, D, buf + i * D);
+  return buf;
+}
 
 // Query rows r0 .. r1 - 1 of the call and the `group` query heads of one KV head (keys at kr, values at vr), tile by
 // tile of keys, so that a tile is read from memory once for all of them and then from L1: first every row's scores
@@ -126,8 +139,8 @@ INLINE const float* as_float(const uint16_t* x, long count, float* buf) {
 // and row its exps (exp16 on the blocks, libm's expf on the last keys % 16, by the row's own key count) and its
 // weighted sums, carried over the tiles in memory. Every row and head: the operations of one row alone, in order.
 template <typename T>
-static void attend_rows(const float* q, long n, long H, long D, const T* kr, const T* vr, long kv, long group,
-                        long r0, long r1, long t, float scale, float* out, float* work, float* converted) {
+static void attend_rows(const float* q, long n, long H, long D, const T* kr, const T* vr, const long* slot, long kv,
+                        long group, long r0, long r1, long t, float scale, float* out, float* work, float* converted) {
   const long heads = (r1 - r0) * group, most = t - n + r1, ldacc = (D + 15) / 16 * 16;  // most: the last row's keys
   const long tile = tile_keys(D);
   float* p = work;                        // [heads, most]: row r's head h at (r - r0) * group + h
@@ -143,7 +156,7 @@ static void attend_rows(const float* q, long n, long H, long D, const T* kr, con
     for (long k = 0; k < ldacc; k += 16) v_store(acc + i * ldacc + k, v_zero());
   }
   for (long j0 = 0; j0 < most; j0 += tile) {
-    const float* keys_tile = as_float(kr + j0 * D, (most - j0 < tile ? most - j0 : tile) * D, converted);
+    const float* keys_tile = tile_rows(kr, slot, j0, most - j0 < tile ? most - j0 : tile, D, converted);
     for (long r = r0; r < r1; ++r) {
       const long keys = t - n + r + 1, m = keys - j0 < tile ? keys - j0 : tile;
       for (long h = 0, i = (r - r0) * group; m > 0 && h < group; ++h, ++i) {
@@ -160,7 +173,7 @@ static void attend_rows(const float* q, long n, long H, long D, const T* kr, con
   for (long i = 0; i < heads; ++i)  // max is max in any order (a NaN score taken by none; +-0 give the same exps)
     for (long l = 0; l < 16; ++l) top[i] = tops[16 * i + l] > top[i] ? tops[16 * i + l] : top[i];
   for (long j0 = 0; j0 < most; j0 += tile) {
-    const float* values_tile = as_float(vr + j0 * D, (most - j0 < tile ? most - j0 : tile) * D, converted);
+    const float* values_tile = tile_rows(vr, slot, j0, most - j0 < tile ? most - j0 : tile, D, converted);
     for (long r = r0; r < r1; ++r) {
       const long keys = t - n + r + 1, m = keys - j0 < tile ? keys - j0 : tile, i0 = (r - r0) * group;
       if (m <= 0) continue;
@@ -200,8 +213,8 @@ static void causal_attention_of(const float* q, long n, long H, long D, const T*
     float* converted = (float*)tile;  // a float32 cache is read in place: none
     for (long u = u0; u < u1; ++u) {  // a KV head's blocks one after the other: its keys still in L2
       const long kv = u / blocks, r0 = u % blocks * ATTN_ROWS, r1 = r0 + ATTN_ROWS < n ? r0 + ATTN_ROWS : n;
-      attend_rows(q, n, H, D, K + (kv * S + first) * D, V + (kv * S + first) * D, kv, group, r0, r1, t, scale,
-                  out, work, converted);
+      attend_rows(q, n, H, D, K + (kv * S + first) * D, V + (kv * S + first) * D, (const long*)nullptr, kv, group,
+                  r0, r1, t, scale, out, work, converted);
     }
     free(converted);
     free(work);
@@ -218,4 +231,59 @@ extern "C" void causal_attention(const float* q, long n, long H, long D, const f
 extern "C" void causal_attention_half(const float* q, long n, long H, long D, const uint16_t* K, const uint16_t* V,
                                       long KVH, long S, long first, long t, float scale, float* out, int threads) {
   causal_attention_of(q, n, H, D, K, V, KVH, S, first, t, scale, out, threads);
+}
+
+// Several sequences' causal spans in one call (a batched verify or decode, SSD's branches): one call a layer where
+// a call a span cost each span 20-35 us of Python and ctypes, most of a small model's batched step. spans [n, 5]:
+// q_start, q_len, num_keys, first, offset. Span s's q_len rows, q + q_start H D, see its num_keys keys: with
+// offset -1 the run at slots first .., else at slots[offset ..] (gathered a tile at a time, tile_rows). Each row
+// the arithmetic of causal_attention's, the work in its blocks of ATTN_ROWS rows and one KV head, every span's
+// blocks split over `threads` threads together.
+template <typename T>
+static void causal_spans_of(const float* q, long H, long D, const T* K, const T* V, long KVH, long S, long n_spans,
+                            const long* spans, const long* slots, float scale, float* out, int threads) {
+  const long group = H / KVH, ldacc = (D + 15) / 16 * 16;
+  long units = 0, work_floats = 0;
+  bool gathers = sizeof(T) == 2;
+  for (long s = 0; s < n_spans; ++s) {
+    const long* sp = spans + 5 * s;
+    const long n = sp[1], most = sp[2] > 0 ? sp[2] : 1, rows = n < ATTN_ROWS ? n : ATTN_ROWS;
+    units += KVH * ((n + ATTN_ROWS - 1) / ATTN_ROWS);
+    const long need = rows * group * (most + ldacc + 18);
+    work_floats = need > work_floats ? need : work_floats;
+    gathers = gathers || sp[4] >= 0;
+  }
+  over_panels(units, threads, [&](long u0, long u1) {
+    float* work = (float*)malloc(sizeof(float) * (work_floats > 0 ? work_floats : 1));
+    void* tile = nullptr;  // a gathered or half tile as float32 (see attend_rows)
+    if (gathers && posix_memalign(&tile, 64, sizeof(float) * tile_keys(D) * D) != 0) tile = nullptr;
+    long s = 0, first_unit = 0;  // the span of unit u0, and its first unit
+    for (long u = u0; u < u1; ++u) {
+      long blocks = (spans[5 * s + 1] + ATTN_ROWS - 1) / ATTN_ROWS;
+      while (u >= first_unit + KVH * blocks) {
+        first_unit += KVH * blocks, ++s;
+        blocks = (spans[5 * s + 1] + ATTN_ROWS - 1) / ATTN_ROWS;
+      }
+      const long* sp = spans + 5 * s;
+      const long n = sp[1], t = sp[2], kv = (u - first_unit) / blocks, r0 = (u - first_unit) % blocks * ATTN_ROWS;
+      const long r1 = r0 + ATTN_ROWS < n ? r0 + ATTN_ROWS : n, first = sp[4] >= 0 ? 0 : sp[3];
+      const long* slot = sp[4] >= 0 ? slots + sp[4] : nullptr;
+      attend_rows(q + sp[0] * H * D, n, H, D, K + (kv * S + first) * D, V + (kv * S + first) * D, slot, kv, group, r0,
+                  r1, t, scale, out + sp[0] * H * D, work, (float*)tile);
+    }
+    free(tile);
+    free(work);
+  });
+}
+
+extern "C" void causal_attention_spans(const float* q, long H, long D, const float* K, const float* V, long KVH,
+                                       long S, long n_spans, const long* spans, const long* slots, float scale,
+                                       float* out, int threads) {
+  causal_spans_of(q, H, D, K, V, KVH, S, n_spans, spans, slots, scale, out, threads);
+}
+
+extern "C" void causal_attention_spans_half(const float* q, long H, long D, const uint16_t* K, const uint16_t* V,
+                                            long KVH, long S, long n_spans, const long* spans, const long* slots,
+                                            float scale, float* out, int threads) {
+  causal_spans_of(q, H, D, K, V, KVH, S, n_spans, spans, slots, scale, out, threads);
 }

@@ -260,6 +260,12 @@ def _declare(lib: ctypes.CDLL) -> None:
                                      *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # sdpa.py's
     lib.causal_attention.restype = None
     lib.causal_attention_half.argtypes, lib.causal_attention_half.restype = lib.causal_attention.argtypes, None
+    lib.causal_attention_spans.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 2, ctypes.c_void_p, ctypes.c_void_p,
+                                           *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
+                                           ctypes.c_void_p, ctypes.c_int]  # sdpa.py's
+    lib.causal_attention_spans.restype = None
+    lib.causal_attention_spans_half.argtypes = lib.causal_attention_spans.argtypes
+    lib.causal_attention_spans_half.restype = None
     lib.layer_front.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                 *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
                                 ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # fused.py's

@@ -9,7 +9,7 @@ import torch
 
 from engine import LLM
 from engine.attention.base import SeqSpan
-from engine.attention.sdpa import ROW_KERNEL_ROWS, attend, causal_rows
+from engine.attention.sdpa import ROW_KERNEL_ROWS, attend, causal_rows, causal_spans, span_table
 from engine.layers import native, packed_kernels, panel
 
 pytestmark = pytest.mark.skipif(not panel.available(), reason="needs AVX-512 or AVX2 and a C++ compiler")
@@ -91,6 +91,38 @@ def test_the_tiled_kernel_gives_every_row_of_a_prefill_call_the_bits_of_its_one_
     want = attend(q.transpose(0, 1).unsqueeze(0), k[:, 5 : 5 + keys].unsqueeze(0), v[:, 5 : 5 + keys].unsqueeze(0),
                   mask=mask, causal=False, scale=d**-0.5)[0].transpose(0, 1).reshape(n, heads * d)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("d", [64, 40])
+@pytest.mark.parametrize("half", [False, True], ids=["float32-cache", "half-cache"])
+def test_several_spans_in_one_call_give_each_row_the_bits_of_its_own_span_call(d, half):
+    # A batched step's causal spans (several sequences' verifies and decodes, SSD's branches over gathered slots) go
+    # through one kernel call a layer: each row must keep the bits the call of its own span gives it, at any thread
+    # count, however the spans' slots lie (one run, or scattered: gathered a tile at a time).
+    generator = torch.Generator().manual_seed(d + half)
+    k, v = (torch.randn(KVH, 900, d, generator=generator) for _ in range(2))
+    if half:
+        k, v = k.half(), v.half()
+    lens = [(1, 30), (5, 44), (40, 300), (1, 7), (17, 17), (3, 260)]  # (q_len, num_keys): decode, verify, prefill
+    spans, start, row = [], 0, 0
+    for i, (q_len, keys) in enumerate(lens):
+        if i % 2:  # scattered: two runs, and the slots of a branch's scratch
+            slots = torch.cat([torch.arange(start, start + keys // 2), torch.arange(850 - keys + keys // 2, 850)])
+        else:
+            slots = slice(start, start + keys)
+        spans.append(SeqSpan(row, q_len, slots, keys))
+        start, row = start + keys // 2 + 1, row + q_len
+    q = 2 * torch.randn(row, H, d, generator=generator)
+    each = torch.cat([causal_rows(q.narrow(0, s.q_start, s.q_len), k, v, s.key_slots, s.num_keys, d**-0.5)
+                      for s in spans])
+    table = span_table(spans)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            assert torch.equal(causal_spans(q, k, v, *table, d**-0.5), each), count
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.skipif(packed_kernels.max_rows(packed_kernels.resolve_kernel("auto")) < 80,
