@@ -12,8 +12,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import SafetensorError, safe_open
-
 from engine.errors import ModelFilesError, UnsupportedArchitectureError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
@@ -127,10 +125,20 @@ def _sharded_weight_files(index: Path) -> tuple[Path, ...]:
 
 
 def _check_header(weight_file: Path) -> None:
+    """A safetensors file as its format lays it out: an 8-byte little-endian header length, a JSON header of
+    tensors, and their data, which must end within the file. Read here, not by safetensors' safe_open (which
+    imports torch): the CLI checks a model before torch loads (ssd_chat.cli_options.check_before_loading)."""
     try:
-        with safe_open(str(weight_file), framework="pt") as handle:
-            handle.keys()
-    except (SafetensorError, OSError) as err:
+        size = weight_file.stat().st_size
+        with open(weight_file, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if size < 8 or length > size - 8:
+                raise ValueError(f"a header of {length} bytes in a file of {size}")
+            header = json.loads(handle.read(length))
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+        if max(ends, default=0) > size - 8 - length:
+            raise ValueError(f"tensor data to byte {max(ends)} of {size - 8 - length}")
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelFilesError(
             f"{weight_file} is truncated or corrupt ({reason}): delete it and download it again"

@@ -77,6 +77,21 @@ def resolve_model(name: str, *, download: bool = True) -> Path:
 
     download=False never touches the network (a cache miss raises WeightsUnavailableError).
     """
+    found = locate_model(name, download=download)
+    if found is not None:
+        return found
+    spec = ALIASES.get(name.lower())
+    if spec is not None and spec.alias == smollm2.ALIAS:
+        return smollm2.ensure_converted()
+    if spec is not None and spec.alias in synthetic.ALIASES:
+        return synthetic.ensure_alias(spec.alias)
+    return _download(spec.repo_id if spec is not None else name)
+
+
+def locate_model(name: str, *, download: bool = True) -> Path | None:
+    """`resolve_model` without making anything: the directory `name` is now, or None where resolve_model would
+    still build it (SmolLM2's conversion, a synthetic model) or download it. Every refusal of resolve_model's, in
+    its words, at no cost: the CLI's checks before torch loads (ssd_chat.cli_options.check_before_loading)."""
     if not name.strip():
         raise _unknown_model(name)
     local = Path(name).expanduser()
@@ -86,10 +101,8 @@ def resolve_model(name: str, *, download: bool = True) -> Path:
         what = "is a file, not a directory" if local.exists() else "no such directory"
         raise UnknownModelError(f"{name}: {what} (give an existing model directory)")
     spec = ALIASES.get(name.lower())
-    if spec is not None and spec.alias == smollm2.ALIAS:
-        return smollm2.ensure_converted()
-    if spec is not None and spec.alias in synthetic.ALIASES:
-        return synthetic.ensure_alias(spec.alias)
+    if spec is not None and (spec.alias == smollm2.ALIAS or spec.alias in synthetic.ALIASES):
+        return None
     if spec is not None and spec.alias == SHIPPED_DRAFT_ALIAS:
         if not SHIPPED_DRAFT_DIR.is_dir():
             raise WeightsUnavailableError(f"{SHIPPED_DRAFT_DIR} is missing: restore assets/ from the repository "
@@ -99,14 +112,12 @@ def resolve_model(name: str, *, download: bool = True) -> Path:
     if spec is None and not is_repo_id(name):
         raise _unknown_model(name)
     cached = cached_snapshot(repo_id)
-    if cached is not None:
+    if cached is not None or (download and not hub_offline()):
         return cached
-    if not download or hub_offline():
-        raise WeightsUnavailableError(
-            f"{repo_id} is not in the Hugging Face cache and downloads are off: "
-            f"fetch it with `{download_command(repo_id)}`, then retry"
-        )
-    return _download(repo_id)
+    raise WeightsUnavailableError(
+        f"{repo_id} is not in the Hugging Face cache and downloads are off: "
+        f"fetch it with `{download_command(repo_id)}`, then retry"
+    )
 
 
 def is_available_locally(spec: ModelSpec) -> bool:

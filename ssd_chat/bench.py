@@ -17,86 +17,28 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.affinity import pin, usable
 from engine.config import SpeculationConfig
 from engine.layers.packed_kernels import resolve_kernel
 from engine.placement import plan
-from engine.registry import resolve_model
-from ssd_chat.bench_results import ENGINE_MODES, EVERY_CORE, BenchReport, ModeResult, PromptRun
-from ssd_chat.cli_options import check_before_loading
+from ssd_chat.bench_config import BenchConfig
+from ssd_chat.bench_results import EVERY_CORE, BenchReport, ModeResult, PromptRun
 from ssd_chat.machine import machine_info, read_bandwidth_gb_s
-from ssd_chat.prompts import DEFAULT_PROMPTS, BenchInputError, Messages, encode_prompts, load_prompts
-from ssd_chat.setting_words import FLAGS, check_sampling, listed
+from ssd_chat.prompts import Messages, encode_prompts
 
 log = logging.getLogger(__name__)
 
 WARMUP_TOKENS = 8
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    target: str
-    prompts_file: Path = DEFAULT_PROMPTS
-    modes: tuple[str, ...] = ("ar",)
-    hf: bool = False
-    max_tokens: int = 128
-    threads: int | None = None
-    raw: bool = False
-    limit: int | None = None
-    draft: str | None = None
-    k: int = 4
-    fanout: tuple[int, ...] | None = None
-    backup: str = "jit"
-    tp: int = 1
-    target_devices: str | None = None  # AR, SD and SSD's target run here (the paper's convention)
-    draft_device: str | None = None    # SSD's draft process (None: SSD drafts in the target's process)
-    dtype: str = "auto"
-    attention: str = "auto"
-    eager: bool = False
-    compile: bool = False
-    draft_weights: str = "int8"  # CPU: the draft's matmul weights (engine.layers.low_bits)
-    packed_kernel: str = "auto"  # CPU: the target's few-row matmul kernel (engine.layers.packed)
-    kv_dtype: str = "auto"  # CPU: the KV cache's dtype (auto: the model's; float16: half)
-    adapt_threads: bool = True  # CPU: fewer threads while other programs use the cores (engine.cpu_contention)
-    ignore_eos: bool = True  # fixed-length replies (False: each stops at its end of turn, as in a chat)
-    adaptive_k: bool = True  # draft the k <= `k` with the most expected tokens per second (False: always k)
-    lookup: bool = True  # drafts take the context lookup's token where it has one (engine.lookup)
-    temperature: float = 0.0  # > 0: sampled replies, prompt i seeded with seed + i (the same in every mode)
-    top_p: float = 1.0  # sampled replies: the nucleus (1 = off)
-    seed: int = 0
-    sampler: str = "coupled"  # sampled replies: engine.sampling_params.SAMPLERS
-
-    def __post_init__(self) -> None:
-        if not self.modes or any(m not in ENGINE_MODES for m in self.modes):  # (as cli_options.word_list refuses)
-            raise BenchInputError(f"--modes takes {listed(ENGINE_MODES)}, separated by commas; got "
-                                  f"{','.join(self.modes)!r}")
-        if any(m not in ("ar", "ar-all") for m in self.modes) and self.draft is None:
-            raise BenchInputError("modes sd, ssd and sd-all need a draft model: pass --draft (e.g. --draft"
-                                  " smollm2-135m-draft)")
-        if self.max_tokens < 2:
-            raise BenchInputError(f"--max-tokens takes at least 2 (a decode speed needs two tokens); got "
-                                  f"{self.max_tokens}")
-        if self.limit is not None and self.limit < 1:
-            raise BenchInputError(f"--limit takes at least 1; got {self.limit}")
-        check_sampling(FLAGS, self.temperature, self.top_p, 0)  # a bad --temperature or --top-p, in the options' words,
-        self.sampling(0)  # and a bad --seed: its one line now, before any model loads
-
-    def sampling(self, index: int, max_tokens: int | None = None) -> SamplingParams:
-        """The settings of prompt `index`'s reply (`max_tokens`: the warm-up's fewer)."""
-        seed = None if self.temperature == 0 else self.seed + index
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed,
-                              max_tokens=max_tokens or self.max_tokens, ignore_eos=self.ignore_eos,
-                              sampler=self.sampler)
 
 
 def run_engine_mode(
@@ -201,8 +143,7 @@ class TimingStreamer(BaseStreamer):
 
 
 def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> BenchReport:
-    prompts = load_prompts(config.prompts_file, limit=config.limit)
-    config.sampling(len(prompts) - 1)  # the last prompt's seed too, before any model loads
+    prompts = config.checked_prompts()  # (the CLI checked them before torch loaded: here for other callers)
     model_path, draft_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
     # greedy, or sampled by the coupled race: each mode's tokens against AR's (sampled by the rejection rule: the same
     # distribution, not the same tokens)
@@ -239,16 +180,7 @@ def _run_engine_modes(
     config: BenchConfig, prompts: list[Messages], progress: Progress
 ) -> tuple[Path, Path | None, list[list[int]], list[ModeResult], dict]:
     """Our engine in each requested mode; its weights are freed on return, before any baseline loads."""
-    fast = dict(dtype=config.dtype, attention=config.attention, eager=config.eager, compile=config.compile,
-                draft_weights=config.draft_weights, packed_kernel=config.packed_kernel, kv_dtype=config.kv_dtype,
-                adapt_threads=config.adapt_threads)
-    placed = dict(draft=config.draft, threads=config.threads, tp=config.tp, target_devices=config.target_devices,
-                  draft_device=config.draft_device)
-    # an unknown model or a placement the machine refuses: the one error line, before any progress line
-    for model in (config.target, config.draft):
-        if model is not None:
-            resolve_model(model)
-    check_before_loading(config.target, {**placed, **fast})
+    fast, placed = config.fast_path(), config.placed()
     progress(f"loading {config.target}")
     llm = LLM(target=config.target, enable_prefix_caching=False, **placed, **fast)
     try:

@@ -181,6 +181,7 @@ def root(
             if sys.stdin is None:  # started with stdin closed (`<&-`): no prompt can come
                 raise BenchInputError("stdin is closed: the plain mode reads its prompts from stdin (a terminal, a "
                                       "pipe or a file)")
+            check_before_loading(target, engine_kwargs)
             with stop_signals.quiet_when_the_reader_goes(), loaded(LLM, target=target, **engine_kwargs) as llm:
                 check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)  # (known once loaded)
                 run_repl(llm, params, system)
@@ -264,11 +265,13 @@ def ask(
             raise BenchInputError("the prompt is empty: give one, or - and the prompt on stdin")
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": text})
-        with loaded(LLM, target=target, threads=threads, adapt_threads=not fixed_threads, max_model_len=max_model_len,
-                    draft=lay.draft, speculation=spec, tp=tp, target_devices=lay.target_devices,
-                    draft_device=lay.draft_device, dtype=dtype, attention=attention, eager=eager, compile=compile,
-                    draft_weights=draft_weights, packed_kernel=cpu_matmul, prefill_chunk_tokens=prefill_chunk,
-                    kv_dtype=kv_dtype) as llm:
+        engine_kwargs = dict(threads=threads, adapt_threads=not fixed_threads, max_model_len=max_model_len,
+                             draft=lay.draft, speculation=spec, tp=tp, target_devices=lay.target_devices,
+                             draft_device=lay.draft_device, dtype=dtype, attention=attention, eager=eager,
+                             compile=compile, draft_weights=draft_weights, packed_kernel=cpu_matmul,
+                             prefill_chunk_tokens=prefill_chunk, kv_dtype=kv_dtype)
+        check_before_loading(target, engine_kwargs)  # (a wrong name or setting: said before torch loads)
+        with loaded(LLM, target=target, **engine_kwargs) as llm:
             check_top_k(FLAGS["top_k"], params.top_k, llm.vocab_size)
             output = (streamed := print_stream(llm.chat(messages, params), None if as_json else sys.stdout)).output
             tell_context_cut(output, context_cut_notice(llm.max_model_len, "shorten the prompt", llm.model_max_len))

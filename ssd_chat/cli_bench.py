@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from engine.config import DEFAULT_TARGET
+from ssd_chat.bench_config import BenchConfig
 from ssd_chat.bench_results import ENGINE_MODES
 from ssd_chat.bench_table import render_table, round_lines
 from ssd_chat.cli_options import (
@@ -96,8 +97,6 @@ def bench(
     sampler: Sampler = "coupled",
 ) -> None:
     """Fixed-length decode speed and TTFT per mode over a prompt set (greedy unless --temperature)."""
-    from ssd_chat.bench import BenchConfig, run_bench  # here: it imports transformers' models, 0.3 s of every start
-
     err_console = Console(stderr=True, highlight=False)
     with user_errors():
         _check_writable(json_out)  # now, not after the whole run
@@ -113,6 +112,9 @@ def bench(
             adapt_threads=not fixed_threads, ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
             temperature=temperature, top_p=top_p, seed=seed, sampler=sampler,
         )
+        config.checked_prompts()  # a wrong setting, file or model: said before torch and transformers load (3-4 s)
+        from ssd_chat.bench import run_bench  # (here: torch, and transformers' models)
+
         with engine_failures(writes=False):  # (a bug, a broken model: one line, exit 1; it writes stderr alone)
             report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
     console = PipeConsole(width=None if sys.stdout.isatty() else 200)  # a file or pipe: the whole table, not 80 columns

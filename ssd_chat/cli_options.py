@@ -30,7 +30,9 @@ from engine.config import (
     check_has_draft,
 )
 from engine.errors import InvalidParameterError
+from engine.model_dir import inspect_model_dir
 from engine.placement import plan
+from engine.registry import locate_model
 from engine.sampling_params import MAX_SEED, SAMPLERS
 from ssd_chat import __version__, setting_words, typed_numbers
 from ssd_chat.engine_failure import EXIT_ENGINE_FAILED, EngineFailed
@@ -283,14 +285,21 @@ def read_stdin() -> str:
 
 
 def check_before_loading(target: str, engine_kwargs: dict) -> None:
-    """Refuse, before the chat app takes the screen, what the engine would refuse as it starts (the app showed its
-    screen, then left it for the error line): a setting EngineConfig refuses, a placement the cores or GPUs do not
-    hold (--tp 3 on two cores), a speculative mode with no draft (--mode ssd --draft none). No torch, no model read."""
+    """Refuse, before torch loads and before the chat app takes the screen, what the engine would refuse as it
+    starts (the app showed its screen, then left it for the error line; `ask` and `bench` took 3-4 s to say a name
+    was wrong): a setting EngineConfig refuses, a placement the cores or GPUs do not hold (--tp 3 on two cores), a
+    speculative mode with no draft (--mode ssd --draft none), a target or draft that is no model here (an unknown
+    name, a missing directory, weights not downloaded, no config or tokenizer). No torch; of a model, its config and
+    the headers of its weight files."""
     spec = engine_kwargs.get("speculation")
     config = EngineConfig(target=target, **{name: v for name, v in engine_kwargs.items() if name != "speculation"})
     plan(config.tp, config.target_devices, config.draft_device, config.threads, default_device=config.device)
     if spec is not None:
         check_has_draft(spec.mode, config.draft is not None)  # (LLM.speculation's check)
+    for name in (config.target, config.draft):
+        found = None if name is None else locate_model(name)
+        if found is not None:  # (None: one the engine builds or downloads as it starts)
+            inspect_model_dir(found)
 
 
 def enter_mode(value: str | None, source: str) -> str | None:

@@ -33,6 +33,7 @@ def _engine_kwargs(monkeypatch, args: list[str]) -> dict:
         raise _Reached
 
     monkeypatch.setattr(cli, "LLM", llm)
+    monkeypatch.setattr(cli, "check_before_loading", lambda target, kwargs: None)  # (what a machine or model refuses)
     result = CliRunner().invoke(cli.app, args, input="")
     assert seen and "(_Reached: )" in result.output, result.output
     return seen

@@ -105,3 +105,36 @@ def test_the_app_reads_the_engines_token_texts_without_transformers(tiny_llama_d
         print(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))
     """)
     assert loaded == {"torch": False, "transformers": False, "textual": False}
+
+
+def test_a_wrong_model_or_setting_is_refused_before_torch_loads(tiny_llama_dir, tmp_path):
+    """`ask`, the plain mode and `bench` said a mistyped name in 3-4 s on the 2-vCPU VM, after torch (and for bench
+    transformers) had loaded; check_before_loading now says it first: the same one line, in under a second."""
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    (tmp_path / "empty").mkdir()
+    tiny = str(tiny_llama_dir)
+    cases = {
+        "unknown model 'no-such-model'": ["ask", "hi", "--target", "no-such-model"],
+        "no such directory": ["ask", "hi", "--target", str(tmp_path / "missing")],
+        "has no config.json": ["ask", "hi", "--target", tiny, "--draft", str(tmp_path / "empty")],
+        "core 4096 does not exist": ["ask", "hi", "--target", tiny, "--target-devices", "cpu:4096"],
+        "needs a draft model": ["--plain", "--target", tiny, "--mode", "sd", "--draft", "none"],
+        "unknown model 'typo'": ["bench", "--target", "typo"],
+        "not UTF-8": ["bench", "--target", tiny, "--prompts", str(tmp_path / "latin1.txt")],
+    }
+    for said, args in cases.items():
+        seen = _run(f"""
+            import contextlib, io, json, sys
+            from ssd_chat import cli
+
+            sys.argv = ["ssd-chat", *{args!r}]
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    cli.main()
+                except SystemExit as exit:
+                    code = exit.code
+            print(json.dumps({{"code": code, "stderr": err.getvalue(), "torch": "torch" in sys.modules}}))
+        """)
+        assert seen["code"] == 2 and seen["stderr"].count("\n") == 1 and said in seen["stderr"], (args, seen)
+        assert not seen["torch"], args
