@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -45,13 +44,18 @@ def slot_index(block_table: list[int], start: int, end: int, block_size: int) ->
     """KV slots of positions start..end-1: a slice when the blocks are consecutive (no gather)."""
     first, last = start // block_size, (end - 1) // block_size
     blocks = block_table[first : last + 1]
-    if all(b - a == 1 for a, b in itertools.pairwise(blocks)):
-        base = blocks[0] * block_size - first * block_size
-        return slice(base + start, base + end)
+    head, offset = blocks[0], start - first * block_size
+    if blocks[-1] - head == last - first and (last - first < 2 or blocks == list(range(head, blocks[-1] + 1))):
+        return slice(head * block_size + offset, head * block_size + offset + end - start)
+    if end - start <= SMALL_GATHER:  # a list, then one tensor: a third of the tensor ops' time (22 against 66 us)
+        slots = [b * block_size + i for b in blocks for i in range(block_size)]
+        return torch.tensor(slots[offset : offset + end - start], dtype=torch.long)
     table = torch.tensor(blocks, dtype=torch.long)
     slots = (table[:, None] * block_size + torch.arange(block_size)).flatten()  # [blocks * bs]
-    offset = first * block_size
-    return slots[start - offset : end - offset]
+    return slots[offset : offset + end - start]
+
+
+SMALL_GATHER = 256  # slots up to which slot_index builds a scattered index in Python
 
 
 class ModelRunner:

@@ -186,10 +186,17 @@ class SsdDrafter(Drafter):
             region = self.runner.first_extra_slot + self.region[seq.seq_id] * SCRATCH_SLOTS
             scratch_base.append(region + index * length[seq])
         out = [Proposal([], [] if seq.needs_q else None) for seq, _, _ in branches]
-        paths = []  # real KV slots each branch sees: the prefix and the verified path up to its j
+        deepest: dict[Sequence, int] = {}
         for seq, j, _ in branches:
+            deepest[seq] = max(j, deepest.get(seq, 0))
+        paths = {}  # a request's real KV slots: the prefix and the verified path, to its deepest branch's j
+        for seq, j in deepest.items():
             path = slot_index(self.seqs[seq.seq_id].block_table, 0, len(seq.token_ids) + j, bs)
-            paths.append(torch.arange(path.start, path.stop) if isinstance(path, slice) else path)
+            paths[seq] = torch.arange(path.start, path.stop) if isinstance(path, slice) else path
+        keys = [  # a branch's key slots: its request's path up to its j, then its scratch slots (a step: a prefix)
+            torch.cat([paths[seq][: len(seq.token_ids) + j], torch.arange(base, base + length[seq])])
+            for (seq, j, _), base in zip(branches, scratch_base, strict=True)
+        ]
         done = [0] * len(branches)  # branch tokens (t*, then its drafts) whose KV is in its scratch slots
         num_steps = max(length[seq] for seq, _, _ in branches)
         for step in range(num_steps):
@@ -208,9 +215,7 @@ class SsdDrafter(Drafter):
             for i in run:  # branch token s sits at position n + j + s, in scratch slot base + s
                 seq, j, t_star = branches[i]
                 n, first = len(seq.token_ids), done[i]
-                spans.append(SeqSpan(len(ids), step + 1 - first,
-                                     torch.cat([paths[i], torch.arange(scratch_base[i], scratch_base[i] + step + 1)]),
-                                     n + j + step + 1))
+                spans.append(SeqSpan(len(ids), step + 1 - first, keys[i][: n + j + step + 1], n + j + step + 1))
                 ids += [t_star, *out[i].tokens][first : step + 1]
                 positions += range(n + j + first, n + j + step + 1)
                 write += range(scratch_base[i] + first, scratch_base[i] + step + 1)

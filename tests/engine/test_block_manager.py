@@ -163,3 +163,26 @@ def test_a_hash_collision_never_shares_a_block(monkeypatch):
     c = seq(3, [1, 2, 3, 4, 9, 9, 9, 9, 6])  # a true prefix still hits in full
     bm.allocate(c)
     assert c.num_cached_tokens == 8
+
+
+def test_slot_index_gives_each_positions_slot_as_a_slice_where_the_blocks_run_on():
+    """runner.slot_index, every way it builds the slots (one run: a slice; scattered: a list, or tensor ops past
+    SMALL_GATHER slots), against the slots spelled out position by position."""
+    import torch
+
+    from engine.runner import SMALL_GATHER, slot_index
+
+    rng = random.Random(3)
+    for _ in range(400):
+        size = rng.choice([1, 4, 16])
+        count = rng.randint(1, (2 * SMALL_GATHER) // size + 2)
+        table = rng.sample(range(600), count) if rng.random() < 0.5 else list(range(b := rng.randint(0, 99), b + count))
+        start = rng.randrange(count * size)
+        end = rng.randint(start + 1, count * size)
+        want = [table[p // size] * size + p % size for p in range(start, end)]
+        got = slot_index(table, start, end, size)
+        run = all(b == a + 1 for a, b in zip(table[start // size : (end - 1) // size + 1],
+                                              table[start // size + 1 : (end - 1) // size + 1], strict=False))
+        assert isinstance(got, slice) == run, (table, start, end, size)
+        assert (list(range(got.start, got.stop)) if isinstance(got, slice) else got.tolist()) == want
+        assert isinstance(got, slice) or got.dtype == torch.long

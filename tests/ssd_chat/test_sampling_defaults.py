@@ -88,6 +88,7 @@ class _NoEngine:
 def test_the_plain_chat_samples_at_the_default_unless_told(tmp_path, monkeypatch, target, flags, expected):
     seen = []
     monkeypatch.setattr(cli, "LLM", _NoEngine)
+    monkeypatch.setattr(cli, "check_before_loading", lambda target, kwargs: None)  # (DIR holds no model)
     monkeypatch.setattr(cli, "run_repl", lambda llm, params, system: seen.append(
         (params.temperature, params.top_p, params.top_k)))
     config = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
@@ -145,6 +146,7 @@ def test_the_chat_app_starts_with_the_models_filters_and_resumes_with_those_give
 def test_the_plain_mode_takes_a_seed(monkeypatch):
     seen = []
     monkeypatch.setattr(cli, "LLM", _NoEngine)
+    monkeypatch.setattr(cli, "check_before_loading", lambda target, kwargs: None)  # (DIR holds no model)
     monkeypatch.setattr(cli, "run_repl", lambda llm, params, system: seen.append(params.seed))
     for flags in ([], ["--seed", "9"]):
         result = CliRunner().invoke(cli.app, ["--plain", "--draft", "none", *flags], input="")
