@@ -174,6 +174,37 @@ async def test_a_click_on_a_links_text_opens_its_url(monkeypatch):
 
 
 @pytest.mark.asyncio
+async def test_the_mouse_over_a_link_marks_all_of_it():
+    """Textual marks, under the mouse, the pieces whose link id is the hovered piece's: every piece of a link (a
+    bold word in it, the lines it wraps over) has one id, and another link's is another, and all of them are marked
+    wherever the mouse is on it (each piece had its own id, so only the piece under the mouse was marked)."""
+    app = Host()
+    async with app.run_test(size=(40, 40)) as pilot:
+        view = app.query_one("#whole", ReplyMarkdown)
+        view.update("See [a **bold** link that goes on and on until it wraps](https://a.example) or [this "
+                    "one](https://b.example).")
+        await pilot.pause()
+        ids: dict[str, set[str]] = {}
+        for line in view._all_lines:
+            for _, style, _ in line:
+                if style is not None and style.link:
+                    ids.setdefault(style.link, set()).add(style.link_id)
+        assert len(ids["https://a.example"]) == len(ids["https://b.example"]) == 1
+        assert ids["https://a.example"] != ids["https://b.example"]
+        shown = view.shown_lines()
+        for word in ("bold", "wraps"):  # a piece of the link, then one on its next line
+            row = next(i for i, line in enumerate(shown) if word in line)
+            await pilot.hover(view, offset=(shown[row].index(word) + 1, row))
+            await pilot.pause()
+            assert {view.highlight_link_id} == ids["https://a.example"]
+            hover = view.link_style_hover.bgcolor  # (Textual's: a background)
+            marked = {(text, style.bgcolor == hover) for strip in view.render_lines(Region(0, 0, 40, len(shown)))
+                      for text, style, _ in strip if style is not None and style.link}
+            assert {text for text, lit in marked if lit} == {
+                "a ", "bold", " link that goes on and on ", "until it wraps"}, marked
+
+
+@pytest.mark.asyncio
 async def test_each_closed_block_is_drawn_once_while_a_reply_streams(monkeypatch):
     """Never the whole reply per update: a block is drawn again only while it is the last (open) one."""
     drawn: list[str] = []

@@ -21,6 +21,7 @@ from rich.markdown import Heading, ListElement, MarkdownElement
 from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.style import Style
+from textual.geometry import Region
 from textual.strip import Strip
 
 from ssd_chat.tui.widgets.line_view import LineView
@@ -233,6 +234,16 @@ class ReplyMarkdown(LineView):
             end -= 1
         return lines[start:end]
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """The lines as shown, each link's pieces under one id again, and all of them underlined while the mouse is
+        on one: on their way to the screen Textual copies every styled piece with an id of its own (the widget's
+        style, the selection offsets, the colour filters), so its hover marked the piece under the mouse alone."""
+        strips = [_clickable(strip) for strip in super().render_lines(crop)]
+        hovered = self.hover_style.link_id if self.hover_style._meta else ""
+        if hovered and any(hovered in strip.link_ids for strip in strips):
+            strips = [_clickable(strip.style_links(hovered, self.link_style_hover)) for strip in strips]
+        return strips
+
     def action_open_link(self, href: str) -> None:
         """A link's text was clicked (its `@click`): the browser opens it (an OSC 8 terminal opens it too)."""
         self.app.open_url(href)
@@ -253,14 +264,24 @@ def _first(into: References, found: References) -> None:
 
 def _clickable(line: Strip) -> Strip:
     """`line` with each link's text (Rich gives it the link's URL as its style's `link`) opening it on a click:
-    Textual runs a style's `@click` action (and underlines it under the mouse)."""
+    Textual runs a style's `@click` action, and under the mouse underlines every piece with the hovered one's link
+    id. Each URL's click style is made once (`_CLICKS`) and added by Rich's `Style._add`, whose sum takes the
+    right-hand side's link id, so every piece of a link (a bold word in it, each line it wraps over) has that one
+    id: `Style.__add__` copies a sum that has a link, with a new id, and each piece was underlined alone."""
     if not any(segment.style is not None and segment.style.link for segment in line):
         return line
 
     def click(style: Style | None) -> Style | None:
-        return style + Style.from_meta({"@click": f"open_link({style.link!r})"}) if style and style.link else style
+        if not style or not style.link:
+            return style
+        if (on_click := _CLICKS.get(style.link)) is None:
+            on_click = _CLICKS[style.link] = Style.from_meta({"@click": f"open_link({style.link!r})"})
+        return style._add(on_click)
 
     return Strip([Segment(text, click(style), control) for text, style, control in line], line.cell_length)
+
+
+_CLICKS: dict[str, Style] = {}  # a URL's click style (one link id a URL: the links of a chat are few)
 
 
 def _empty(line: Strip) -> bool:
