@@ -124,6 +124,9 @@ def _sharded_weight_files(index: Path) -> tuple[Path, ...]:
     return shards
 
 
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit (HeaderTooLarge): a damaged length read no more
+
+
 def _check_header(weight_file: Path) -> None:
     """A safetensors file as its format lays it out: an 8-byte little-endian header length, a JSON header of
     tensors, and their data, which must end within the file. Read here, not by safetensors' safe_open (which
@@ -132,7 +135,7 @@ def _check_header(weight_file: Path) -> None:
         size = weight_file.stat().st_size
         with open(weight_file, "rb") as handle:
             length = int.from_bytes(handle.read(8), "little")
-            if size < 8 or length > size - 8:
+            if size < 8 or length > min(size - 8, MAX_HEADER_BYTES):
                 raise ValueError(f"a header of {length} bytes in a file of {size}")
             header = json.loads(handle.read(length))
         ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]

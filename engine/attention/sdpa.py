@@ -45,7 +45,10 @@ class SdpaBackend(AttentionBackend):
         mask of its own)."""
         if self._table is None or self._table[0] is not meta:
             causal = all(span.mask is None for span in meta.spans)
-            self._table = (meta, span_table(meta.spans) if causal else None)
+            table = span_table(meta.spans) if causal else None
+            if table is not None and int(table[1].max()) >= self.k[0].shape[1]:  # (index_select's check, once)
+                raise IndexError(f"a key slot past the cache's {self.k[0].shape[1]}")
+            self._table = (meta, table)
         return self._table[1]
 
     def allocate(
@@ -151,7 +154,9 @@ def span_table(spans: Sequence[SeqSpan]) -> tuple[torch.Tensor, torch.Tensor]:
             rows.append((span.q_start, span.q_len, span.num_keys, span.key_slots.start, -1))
         else:
             rows.append((span.q_start, span.q_len, span.num_keys, 0, offset))
-            gathered.append(span.key_slots[: span.num_keys])
+            gathered.append(part := span.key_slots[: span.num_keys])
+            if len(part) != span.num_keys:  # (a short one would shift every later span's slots)
+                raise ValueError(f"a span of {span.num_keys} keys has {len(part)} key slots")
             offset += span.num_keys
     slots = torch.cat(gathered) if gathered else torch.zeros(1, dtype=torch.long)
     return torch.tensor(rows, dtype=torch.long), slots.to(torch.long).contiguous()

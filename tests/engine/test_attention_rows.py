@@ -123,6 +123,9 @@ def test_several_spans_in_one_call_give_each_row_the_bits_of_its_own_span_call(d
             assert torch.equal(causal_spans(q, k, v, *table, d**-0.5), each), count
     finally:
         torch.set_num_threads(threads)
+    short = SeqSpan(0, 1, torch.arange(5), 6)  # fewer slots than keys: refused, not read from the next span's
+    with pytest.raises(ValueError, match="a span of 6 keys has 5 key slots"):
+        span_table([short, spans[1]])
 
 
 @pytest.mark.skipif(packed_kernels.max_rows(packed_kernels.resolve_kernel("auto")) < 80,

@@ -202,6 +202,11 @@ async def test_the_mouse_over_a_link_marks_all_of_it():
                       for text, style, _ in strip if style is not None and style.link}
             assert {text for text, lit in marked if lit} == {
                 "a ", "bold", " link that goes on and on ", "until it wraps"}, marked
+        await pilot.hover(view, offset=(1, 0))  # plain text ("See"): nothing lit
+        await pilot.pause()
+        hover = view.link_style_hover.bgcolor
+        assert not any(style.bgcolor == hover for strip in view.render_lines(Region(0, 0, 40, len(shown)))
+                       for _, style, _ in strip if style is not None)
 
 
 @pytest.mark.asyncio

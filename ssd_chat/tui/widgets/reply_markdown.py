@@ -239,7 +239,8 @@ class ReplyMarkdown(LineView):
         on one: on their way to the screen Textual copies every styled piece with an id of its own (the widget's
         style, the selection offsets, the colour filters), so its hover marked the piece under the mouse alone."""
         strips = [_clickable(strip) for strip in super().render_lines(crop)]
-        hovered = self.hover_style.link_id if self.hover_style._meta else ""
+        hover = self.hover_style  # (plain text has an id too, from the offsets' meta: only a link's counts)
+        hovered = hover.link_id if hover.link and "@click" in hover.meta else ""
         if hovered and any(hovered in strip.link_ids for strip in strips):
             strips = [_clickable(strip.style_links(hovered, self.link_style_hover)) for strip in strips]
         return strips
