@@ -33,12 +33,18 @@ def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
 
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
-    batches_decode = True
 
     def __init__(self) -> None:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        self._row_kernel: bool | None = None  # whether the row kernel runs here (known from the first forward)
         self._table: tuple[AttentionMetadata, tuple[torch.Tensor, torch.Tensor] | None] | None = None
+
+    @property
+    def batches_decode(self) -> bool:
+        """The padded gather of a several-sequence decode step, where the row kernel does not run (where it does,
+        each sequence takes it: building the gather was wasted, an index of every sequence's keys a forward)."""
+        return not self._row_kernel
 
     def _span_table(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`span_table(meta.spans)`, built at a forward's first layer and read by the others (None: a span has a
@@ -67,7 +73,8 @@ class SdpaBackend(AttentionBackend):
         _write(k_cache, meta.slot_mapping, k)
         _write(v_cache, meta.slot_mapping, v)
         n, h, d = q.shape
-        kernel = row_kernel(q, k_cache)  # few-row causal spans: each row the same bits at any row count
+        kernel = self._row_kernel = row_kernel(q, k_cache)  # few-row causal spans: each row the same bits at any row
+        # count
         if len(meta.spans) == 1 and n == 1 and not kernel:  # decode of one sequence: q [1, H, D] -> [1, H, 1, D]
             span = meta.spans[0]
             o = attend(q.view(1, h, 1, d), read_cache(k_cache, span.key_slots, q.dtype),

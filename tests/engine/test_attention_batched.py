@@ -35,7 +35,9 @@ def test_a_batched_decode_step_equals_each_sequence_alone(head_dim, row_kernel, 
     write = [slots[-1] for slots in key_slots]
     meta = build_metadata(write, spans, batch_decode=True)
     assert meta.batched_decode is not None
+    assert backend.batches_decode  # (before any forward: not known to run the kernel)
     batched = backend.forward(0, q, k, v, meta, scale=head_dim**-0.5)  # [B, H*D]
+    assert backend.batches_decode is not row_kernel  # the runner builds the padded gather only where it is read
     for i, span in enumerate(spans):
         alone_span = SeqSpan(0, 1, span.key_slots, span.num_keys)  # its one query is row 0 of q[i : i + 1]
         alone = backend.forward(0, q[i : i + 1], k[i : i + 1], v[i : i + 1],
