@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +65,18 @@ def nucleus_floor(probs: torch.Tensor, top_p: float, first: int = 32) -> torch.T
         m = min(m * 8, width)
 
 
+def torch_only(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` asks for torch's ops alone: SSD_CHAT_SAMPLING=torch."""
+    return environ.get("SSD_CHAT_SAMPLING", "kernel") == "torch"
+
+
+TORCH_ONLY = torch_only(os.environ)  # read once, as the process starts (each process of an engine reads it): per
+# call it cost 10-15 us a row of a batched step, where a row's sampling is a few us
+
+
 def _kernels() -> ctypes.CDLL | None:
     """engine/kernels/sampling.cpp's library, or None: no kernels here, or SSD_CHAT_SAMPLING=torch."""
-    if os.environ.get("SSD_CHAT_SAMPLING", "kernel") == "torch":
+    if TORCH_ONLY:
         return None
     from engine.layers import native  # (torch's own ops only where the engine never loads the kernels)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import coupling
+from engine import coupling, sampling
 from engine.layers import native
 from engine.sampling import probabilities, race, race_ranked
 from engine.sampling_params import SamplingParams
@@ -46,7 +46,7 @@ def winners(probs: torch.Tensor, keys: range, position: int) -> torch.Tensor:
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 def test_the_winner_is_a_draw_from_p(path, monkeypatch):
     if path == "torch":
-        monkeypatch.setenv("SSD_CHAT_SAMPLING", "torch")
+        monkeypatch.setattr(sampling, "TORCH_ONLY", True)
     counts = winners(P, range(6000), position=5)
     assert counts[2] == 0  # (a token without mass never wins)
     assert chi_square_p_value(counts, P) > P_PASS
@@ -106,7 +106,7 @@ def test_a_compact_row_races_as_the_row_spread_over_the_vocabulary():
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 def test_a_race_over_no_distribution_says_so(bad, path, monkeypatch):
     if path == "torch":
-        monkeypatch.setenv("SSD_CHAT_SAMPLING", "torch")
+        monkeypatch.setattr(sampling, "TORCH_ONLY", True)
     with pytest.raises(RuntimeError, match="cannot sample from a distribution of total mass"):
         race(torch.tensor(bad), 1, 2)
 

@@ -29,7 +29,7 @@ def rows(n: int, width: int, seed: int) -> torch.Tensor:
 
 def reference(logits: torch.Tensor, params: SamplingParams, monkeypatch) -> torch.Tensor:
     with monkeypatch.context() as patch:
-        patch.setenv("SSD_CHAT_SAMPLING", "torch")
+        patch.setattr(sampling, "TORCH_ONLY", True)
         return probabilities(logits, params)
 
 
@@ -69,7 +69,7 @@ def test_a_batch_is_each_row_alone_and_the_draws_are_torchs():
 def test_the_seeded_draws_of_a_row_are_the_same_with_or_without_the_kernel(monkeypatch):
     probs = probabilities(rows(4, 49152, seed=4)[3], SamplingParams(temperature=1.0))  # (scale 1: a flat row)
     fast = [draw(probs, torch.Generator().manual_seed(s)) for s in range(30)]
-    monkeypatch.setenv("SSD_CHAT_SAMPLING", "torch")
+    monkeypatch.setattr(sampling, "TORCH_ONLY", True)
     assert fast == [draw(probs, torch.Generator().manual_seed(s)) for s in range(30)]
     assert len(set(fast)) > 5  # (a flat enough row: the draws differ)
 
@@ -121,5 +121,8 @@ def test_a_long_nucleus_ends_where_torchs_does(monkeypatch):
 
 
 def test_no_kernel_when_told(monkeypatch):
-    monkeypatch.setenv("SSD_CHAT_SAMPLING", "torch")
+    monkeypatch.setattr(sampling, "TORCH_ONLY", True)
     assert sampling._kernel_probabilities(torch.zeros(8), 1.0, 0, 1.0) is None
+    # (SSD_CHAT_SAMPLING, read once as a process starts, sets it)
+    assert sampling.torch_only({"SSD_CHAT_SAMPLING": "torch"}) and not sampling.torch_only({})
+    assert not sampling.torch_only({"SSD_CHAT_SAMPLING": "kernel"})
