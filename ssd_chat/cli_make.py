@@ -12,8 +12,18 @@ import typer
 from engine import pair_measures, synthetic
 from engine.config import DEFAULT_TARGET
 from engine.errors import InvalidParameterError
+from engine.registry import locate_model
 from ssd_chat.cli_options import Target, Threads, one_of, plain, report, user_errors
-from ssd_chat.distill_config import DISTILL_PROMPTS, LOSSES, PRECISIONS, REPLY_DTYPES, SAVE_WEIGHTS, DistillConfig
+from ssd_chat.distill_config import (
+    DISTILL_PROMPTS,
+    LOSSES,
+    PRECISIONS,
+    REPLY_DTYPES,
+    SAVE_WEIGHTS,
+    DistillConfig,
+    check_out,
+    checked_target,
+)
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
@@ -113,8 +123,6 @@ def distill(
                                               parser=one_of(SAVE_WEIGHTS))] = "int8",
 ) -> None:
     """Train a cheap draft for --target on its own replies (self-distillation, CPU); --draft DIR loads it."""
-    from ssd_chat.distill import progress_bar, run_distill
-
     with user_errors():
         config = DistillConfig(
             target=target, out=out, prompts_file=prompts or DISTILL_PROMPTS, max_prompts=max_prompts,
@@ -125,6 +133,11 @@ def distill(
             checkpoint_every=checkpoint_every, threads=threads, resume=resume, precision=precision,
             reply_dtype=reply_dtype, save_weights=save_weights,
         )
+        check_out(Path(config.out).expanduser())  # a wrong --out or --target: said before torch loads (3 s)
+        if (found := locate_model(config.target)) is not None:  # (None: built or downloaded as the run starts)
+            checked_target(config, found)
+        from ssd_chat.distill import progress_bar, run_distill  # (torch)
+
         with progress_bar() as progress:
             result = run_distill(config, progress)
     ratio = result.target_params_per_token / max(result.draft_params_per_token, 1)

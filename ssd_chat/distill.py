@@ -24,11 +24,10 @@ import torch
 
 from engine.cpu_info import flags as cpu_flags
 from engine.errors import InvalidParameterError
-from engine.model_dir import inspect_model_dir
 from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat import distill_teacher
-from ssd_chat.distill_config import DistillConfig
+from ssd_chat.distill_config import DistillConfig, checked_target
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft, target_eos_ids
 from ssd_chat.distill_run import check_settings, logged_agreement, prepare_out
 from ssd_chat.distill_train import TrainSettings, train
@@ -90,14 +89,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     """Generate (or reuse) the replies, train (or resume), write the draft into ``config.out``."""
     out = Path(config.out).expanduser().resolve()
     target_dir = resolve_model(config.target)
-    target_config = inspect_model_dir(target_dir).config  # a directory that is no model: one line, not a traceback
-    if target_config.get("embedding_from_target") or target_config.get("reduced_head"):
-        raise InvalidParameterError(f"--target {config.target} is a distilled draft, which needs its target to run: "
-                                    "give the target model")
-    num_layers = int(target_config["num_hidden_layers"])
-    if config.draft_layers > num_layers:
-        raise InvalidParameterError(f"--draft-layers {config.draft_layers} is more than the target's {num_layers} "
-                                    f"layers: pick 1..{num_layers}")
+    checked_target(config, target_dir)
     prompts = load_prompts(Path(config.prompts_file), limit=config.max_prompts)
     _refuse_held_out(prompts, Path(config.prompts_file))
     _refuse_a_small_training_set(prompts, config.eval_prompts, config.batch_size)

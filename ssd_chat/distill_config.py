@@ -12,6 +12,7 @@ from pathlib import Path
 
 from engine.config import MAX_THREADS
 from engine.errors import InvalidParameterError
+from engine.model_dir import inspect_model_dir
 from engine.sampling_params import MAX_TEMPERATURE
 from ssd_chat.prompts import HELD_OUT_SETS
 from ssd_chat.setting_words import TAKES, listed, number_text
@@ -84,3 +85,25 @@ class DistillConfig:
 def _refused(field: str, takes: str, value: float) -> InvalidParameterError:
     """A number DistillConfig refuses, in the command line's words: `--steps takes at least 0; got -1`."""
     return InvalidParameterError(f"--{field.replace('_', '-')} takes {takes}; got {number_text(value)}")
+
+
+def checked_target(config: DistillConfig, target_dir: Path) -> dict:
+    """The target's config.json, once `target_dir` is checked: a model directory (one line, not a traceback, where
+    not), not a distilled draft, with at least --draft-layers layers. Torch-free: the CLI checks a target already
+    on disk (`locate_model`) before torch loads; the run checks it again once resolved."""
+    target_config = inspect_model_dir(target_dir).config
+    if target_config.get("embedding_from_target") or target_config.get("reduced_head"):
+        raise InvalidParameterError(f"--target {config.target} is a distilled draft, which needs its target to run: "
+                                    "give the target model")
+    num_layers = int(target_config["num_hidden_layers"])
+    if config.draft_layers > num_layers:
+        raise InvalidParameterError(f"--draft-layers {config.draft_layers} is more than the target's {num_layers} "
+                                    f"layers: pick 1..{num_layers}")
+    return target_config
+
+
+def check_out(out: Path) -> None:
+    """--out must be a directory to be: refused where it is a file (torch-free, as `checked_target`)."""
+    if out.exists() and not out.is_dir():
+        raise InvalidParameterError(f"--out {out} is a file: give a new or empty directory")
+

@@ -13,6 +13,7 @@ import torch
 
 from engine.errors import InvalidParameterError
 from ssd_chat import distill_data as data
+from ssd_chat.distill_config import check_out
 
 if TYPE_CHECKING:
     from ssd_chat.distill_config import DistillConfig
@@ -24,8 +25,7 @@ WORK_DIR = "distill"  # inside the output directory: the run's state, not part o
 def prepare_out(out: Path) -> Path:
     """Create ``out/distill`` (a one-line error when that is impossible); refuse a directory holding anything
     but an earlier distill run, rather than writing model files into it."""
-    if out.exists() and not out.is_dir():
-        raise InvalidParameterError(f"--out {out} is a file: give a new or empty directory")
+    check_out(out)
     work = out / WORK_DIR
     if out.is_dir() and any(out.iterdir()) and not (work / "settings.json").is_file():
         raise InvalidParameterError(f"--out {out} holds other files: give a new or empty directory")

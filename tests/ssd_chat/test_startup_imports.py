@@ -108,8 +108,9 @@ def test_the_app_reads_the_engines_token_texts_without_transformers(tiny_llama_d
 
 
 def test_a_wrong_model_or_setting_is_refused_before_torch_loads(tiny_llama_dir, tmp_path):
-    """`ask`, the plain mode and `bench` said a mistyped name in 3-4 s on the 2-vCPU VM, after torch (and for bench
-    transformers) had loaded; check_before_loading now says it first: the same one line, in under a second."""
+    """`ask`, the plain mode, `bench` and `distill` said a mistyped name in 3-4 s on the 2-vCPU VM, after torch (and
+    for bench transformers) had loaded; they now say it first (check_before_loading; distill: checked_target and
+    check_out): the same one line, in under a second."""
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
     (tmp_path / "empty").mkdir()
     tiny = str(tiny_llama_dir)
@@ -121,6 +122,8 @@ def test_a_wrong_model_or_setting_is_refused_before_torch_loads(tiny_llama_dir, 
         "needs a draft model": ["--plain", "--target", tiny, "--mode", "sd", "--draft", "none"],
         "unknown model 'typo'": ["bench", "--target", "typo"],
         "not UTF-8": ["bench", "--target", tiny, "--prompts", str(tmp_path / "latin1.txt")],
+        "is a distilled draft": ["distill", "--target", "smollm2-135m-draft", "--out", str(tmp_path / "d")],
+        "is a file": ["distill", "--target", tiny, "--out", str(tmp_path / "latin1.txt")],
     }
     for said, args in cases.items():
         seen = _run(f"""
