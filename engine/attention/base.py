@@ -67,7 +67,6 @@ class BatchedDecode:
 class AttentionMetadata:
     slot_mapping: Index           # [N] where each new token's K/V is written
     spans: tuple[SeqSpan, ...]
-    masks: tuple[torch.Tensor | None, ...]  # per span, computed once per forward (not per layer)
     batched_decode: BatchedDecode | None = None  # set where every span is one causal query and there are several
 
 
@@ -77,9 +76,6 @@ def build_metadata(
 ) -> AttentionMetadata:
     """The forward's metadata; `batch_decode`: also the padded gather of a several-sequence decode step, for a
     backend that reads it (``AttentionBackend.batches_decode``)."""
-    masks = tuple(
-        None if (m := s.bool_mask()) is None else m.to(device) for s in spans
-    )
     # from the spans as given (CPU slots: no device sync per span)
     batched = batched_decode(spans, device) if batch_decode else None
     spans = tuple(
@@ -90,7 +86,7 @@ def build_metadata(
         write = write_slots.to(device)
     else:
         write = write_slots if isinstance(write_slots, slice) else as_index(write_slots, device)
-    return AttentionMetadata(write, spans, masks, batched)
+    return AttentionMetadata(write, spans, batched)
 
 
 def batched_decode(spans: Sequence[SeqSpan], device: torch.device | str = "cpu") -> BatchedDecode | None:

@@ -39,6 +39,7 @@ class SdpaBackend(AttentionBackend):
         self.v: list[torch.Tensor] = []
         self._row_kernel: bool | None = None  # whether the row kernel runs here (known from the first forward)
         self._table: tuple[AttentionMetadata, tuple[torch.Tensor, torch.Tensor] | None] | None = None
+        self._masks: tuple[AttentionMetadata, tuple[torch.Tensor | None, ...]] | None = None
 
     @property
     def batches_decode(self) -> bool:
@@ -56,6 +57,13 @@ class SdpaBackend(AttentionBackend):
                 raise IndexError(f"a key slot past the cache's {self.k[0].shape[1]}")
             self._table = (meta, table)
         return self._table[1]
+
+    def _masks_of(self, meta: AttentionMetadata, device: torch.device) -> tuple[torch.Tensor | None, ...]:
+        """Each span's [q, T] bool mask for `attend` (None: none needed), built at the first layer that reads one and
+        kept for the forward's others; where the row kernel takes the causal spans, never built."""
+        if self._masks is None or self._masks[0] is not meta:
+            self._masks = (meta, tuple(None if (m := s.bool_mask()) is None else m.to(device) for s in meta.spans))
+        return self._masks[1]
 
     def allocate(
         self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
@@ -96,15 +104,15 @@ class SdpaBackend(AttentionBackend):
             if table is not None:  # several causal spans: one kernel call for all
                 return causal_spans(q, k_cache, v_cache, *table, scale)
         outs = []
-        for span, mask in zip(meta.spans, meta.masks, strict=True):
+        for i, span in enumerate(meta.spans):
             if kernel and span.mask is None:
                 outs.append(causal_rows(q.narrow(0, span.q_start, span.q_len), k_cache, v_cache, span.key_slots,
                                         span.num_keys, scale))  # [q, H*D]
                 continue
             q_s = q.narrow(0, span.q_start, span.q_len).transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
             keys, values = (read_cache(c, span.key_slots, q.dtype) for c in (k_cache, v_cache))
-            o = attend(q_s, keys, values, mask=mask, causal=span.is_square_causal and span.q_len > 1,
-                       scale=scale)  # [1, H, q, D]
+            o = attend(q_s, keys, values, mask=self._masks_of(meta, q.device)[i],
+                       causal=span.is_square_causal and span.q_len > 1, scale=scale)  # [1, H, q, D]
             outs.append(o[0].transpose(0, 1).reshape(span.q_len, h * d))  # [q, H*D]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
