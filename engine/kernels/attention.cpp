@@ -201,37 +201,6 @@ static void attend_rows(const float* q, long n, long H, long D, const T* kr, con
 // row, each streamed all its keys and values from memory: a prefill's 32 rows, SmolLM2's 9 heads over 3 KV heads,
 // one core, 3000 / 6000 keys: 10.7 / 28.9 ms a call, now 5.0 / 10.4 (a decode's one row: 356 -> 304 us at 3000).
 #define ATTN_ROWS 16  // rows a block: their scores [rows, group, keys] stay in L2 (16 x 3 x 6000: 1.1 MB)
-template <typename T>
-static void causal_attention_of(const float* q, long n, long H, long D, const T* K, const T* V, long KVH, long S,
-                                long first, long t, float scale, float* out, int threads) {
-  const long group = H / KVH, blocks = (n + ATTN_ROWS - 1) / ATTN_ROWS, ldacc = (D + 15) / 16 * 16;
-  const long most = t > 0 ? t : 1, rows = n < ATTN_ROWS ? n : ATTN_ROWS;
-  over_panels(KVH * blocks, threads, [&](long u0, long u1) {
-    float* work = (float*)malloc(sizeof(float) * rows * group * (most + ldacc + 18));
-    void* tile = nullptr;  // a half tile as float32, in a 64-byte-aligned allocation of its own (see attend_rows)
-    if (sizeof(T) == 2 && posix_memalign(&tile, 64, sizeof(float) * tile_keys(D) * D) != 0) tile = nullptr;
-    float* converted = (float*)tile;  // a float32 cache is read in place: none
-    for (long u = u0; u < u1; ++u) {  // a KV head's blocks one after the other: its keys still in L2
-      const long kv = u / blocks, r0 = u % blocks * ATTN_ROWS, r1 = r0 + ATTN_ROWS < n ? r0 + ATTN_ROWS : n;
-      attend_rows(q, n, H, D, K + (kv * S + first) * D, V + (kv * S + first) * D, (const long*)nullptr, kv, group,
-                  r0, r1, t, scale, out, work, converted);
-    }
-    free(converted);
-    free(work);
-  });
-}
-
-extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
-                                 long S, long first, long t, float scale, float* out, int threads) {
-  causal_attention_of(q, n, H, D, K, V, KVH, S, first, t, scale, out, threads);
-}
-
-// The same over a half-precision cache (K, V: [KVH, S, D] IEEE half bits): half the bytes a key, where a decode at
-// a long context is bound by reading them (SmolLM2 at 6,000 tokens: 276 MB a token in float32).
-extern "C" void causal_attention_half(const float* q, long n, long H, long D, const uint16_t* K, const uint16_t* V,
-                                      long KVH, long S, long first, long t, float scale, float* out, int threads) {
-  causal_attention_of(q, n, H, D, K, V, KVH, S, first, t, scale, out, threads);
-}
 
 // Several sequences' causal spans in one call (a batched verify or decode, SSD's branches): one call a layer where
 // a call a span cost each span 20-35 us of Python and ctypes, most of a small model's batched step. spans [n, 5]:
@@ -286,4 +255,24 @@ extern "C" void causal_attention_spans_half(const float* q, long H, long D, cons
                                             long KVH, long S, long n_spans, const long* spans, const long* slots,
                                             float scale, float* out, int threads) {
   causal_spans_of(q, H, D, K, V, KVH, S, n_spans, spans, slots, scale, out, threads);
+}
+
+// One sequence's rows: its one span, the run at slots first .. first + t - 1 (causal_spans_of's work and bits).
+template <typename T>
+static void causal_attention_of(const float* q, long n, long H, long D, const T* K, const T* V, long KVH, long S,
+                                long first, long t, float scale, float* out, int threads) {
+  const long span[5] = {0, n, t, first, -1};
+  causal_spans_of(q, H, D, K, V, KVH, S, 1, span, (const long*)nullptr, scale, out, threads);
+}
+
+extern "C" void causal_attention(const float* q, long n, long H, long D, const float* K, const float* V, long KVH,
+                                 long S, long first, long t, float scale, float* out, int threads) {
+  causal_attention_of(q, n, H, D, K, V, KVH, S, first, t, scale, out, threads);
+}
+
+// The same over a half-precision cache (K, V: [KVH, S, D] IEEE half bits): half the bytes a key, where a decode at
+// a long context is bound by reading them (SmolLM2 at 6,000 tokens: 276 MB a token in float32).
+extern "C" void causal_attention_half(const float* q, long n, long H, long D, const uint16_t* K, const uint16_t* V,
+                                      long KVH, long S, long first, long t, float scale, float* out, int threads) {
+  causal_attention_of(q, n, H, D, K, V, KVH, S, first, t, scale, out, threads);
 }
