@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,8 +39,7 @@ class SdpaBackend(AttentionBackend):
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self._row_kernel: bool | None = None  # whether the row kernel runs here (known from the first forward)
-        self._table: tuple[AttentionMetadata, tuple[torch.Tensor, torch.Tensor] | None] | None = None
-        self._masks: tuple[AttentionMetadata, tuple[torch.Tensor | None, ...]] | None = None
+        self._forward: tuple[AttentionMetadata | None, dict] = (None, {})  # what `_once` made for this forward
 
     @property
     def batches_decode(self) -> bool:
@@ -47,23 +47,30 @@ class SdpaBackend(AttentionBackend):
         each sequence takes it: building the gather was wasted, an index of every sequence's keys a forward)."""
         return not self._row_kernel
 
-    def _span_table(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`span_table(meta.spans)`, built at a forward's first layer and read by the others (None: a span has a
-        mask of its own)."""
-        if self._table is None or self._table[0] is not meta:
-            causal = all(span.mask is None for span in meta.spans)
-            table = span_table(meta.spans) if causal else None
-            if table is not None and int(table[1].max()) >= self.k[0].shape[1]:  # (index_select's check, once)
-                raise IndexError(f"a key slot past the cache's {self.k[0].shape[1]}")
-            self._table = (meta, table)
-        return self._table[1]
+    def _once(self, meta: AttentionMetadata, name: str, make: Callable[[], Any]) -> Any:
+        """`make()`, made at the forward's first layer that asks and kept for its other layers (a forward: its
+        `meta`)."""
+        if self._forward[0] is not meta:
+            self._forward = (meta, {})
+        made = self._forward[1]
+        if name not in made:
+            made[name] = make()
+        return made[name]
 
-    def _masks_of(self, meta: AttentionMetadata, device: torch.device) -> tuple[torch.Tensor | None, ...]:
-        """Each span's [q, T] bool mask for `attend` (None: none needed), built at the first layer that reads one and
-        kept for the forward's others; where the row kernel takes the causal spans, never built."""
-        if self._masks is None or self._masks[0] is not meta:
-            self._masks = (meta, tuple(None if (m := s.bool_mask()) is None else m.to(device) for s in meta.spans))
-        return self._masks[1]
+    def _span_table(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`span_table(meta.spans)`, its slots checked against the cache once (index_select's check); None where a
+        span has a mask of its own."""
+        if any(span.mask is not None for span in meta.spans):
+            return None
+        table = span_table(meta.spans)
+        if int(table[1].max()) >= self.k[0].shape[1]:
+            raise IndexError(f"a key slot past the cache's {self.k[0].shape[1]}")
+        return table
+
+    def _masks(self, meta: AttentionMetadata, device: torch.device) -> tuple[torch.Tensor | None, ...]:
+        """Each span's [q, T] bool mask for `attend` (None: none needed); where the row kernel takes the causal
+        spans, never made."""
+        return tuple(None if (m := s.bool_mask()) is None else m.to(device) for s in meta.spans)
 
     def allocate(
         self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
@@ -100,7 +107,7 @@ class SdpaBackend(AttentionBackend):
             o = attend(q.view(b, h, 1, d), keys, values, mask=gather.key_mask, causal=False, scale=scale)
             return o.reshape(b, h * d)
         if kernel and len(meta.spans) > 1 and not torch.compiler.is_compiling():
-            table = self._span_table(meta)
+            table = self._once(meta, "table", lambda: self._span_table(meta))
             if table is not None:  # several causal spans: one kernel call for all
                 return causal_spans(q, k_cache, v_cache, *table, scale)
         outs = []
@@ -111,7 +118,7 @@ class SdpaBackend(AttentionBackend):
                 continue
             q_s = q.narrow(0, span.q_start, span.q_len).transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
             keys, values = (read_cache(c, span.key_slots, q.dtype) for c in (k_cache, v_cache))
-            o = attend(q_s, keys, values, mask=self._masks_of(meta, q.device)[i],
+            o = attend(q_s, keys, values, mask=self._once(meta, "masks", lambda: self._masks(meta, q.device))[i],
                        causal=span.is_square_causal and span.q_len > 1, scale=scale)  # [1, H, q, D]
             outs.append(o[0].transpose(0, 1).reshape(span.q_len, h * d))  # [q, H*D]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
