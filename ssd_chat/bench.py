@@ -142,8 +142,10 @@ class TimingStreamer(BaseStreamer):
         pass
 
 
-def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None) -> BenchReport:
-    prompts = config.checked_prompts()  # (the CLI checked them before torch loaded: here for other callers)
+def run_bench(config: BenchConfig, progress: Progress = lambda _msg: None,
+              prompts: list[Messages] | None = None) -> BenchReport:
+    """`prompts`: those `config.checked_prompts()` gave (the CLI's, before torch loaded); None: checked here."""
+    prompts = config.checked_prompts() if prompts is None else prompts
     model_path, draft_path, prompt_ids, results, bound = _run_engine_modes(config, prompts, progress)
     # greedy, or sampled by the coupled race: each mode's tokens against AR's (sampled by the rejection rule: the same
     # distribution, not the same tokens)

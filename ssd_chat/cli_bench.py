@@ -112,11 +112,12 @@ def bench(
             adapt_threads=not fixed_threads, ignore_eos=ignore_eos, adaptive_k=not fixed_k, lookup=not no_lookup,
             temperature=temperature, top_p=top_p, seed=seed, sampler=sampler,
         )
-        config.checked_prompts()  # a wrong setting, file or model: said before torch and transformers load (3-4 s)
+        prompts = config.checked_prompts()  # a wrong setting, file or model: said before torch and transformers load
         from ssd_chat.bench import run_bench  # (here: torch, and transformers' models)
 
         with engine_failures(writes=False):  # (a bug, a broken model: one line, exit 1; it writes stderr alone)
-            report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False))
+            report = run_bench(config, progress=lambda msg: err_console.print(msg, style="dim", markup=False),
+                               prompts=prompts)
     console = PipeConsole(width=None if sys.stdout.isatty() else 200)  # a file or pipe: the whole table, not 80 columns
     console.print(render_table(report))
     for line in round_lines(report):

@@ -116,7 +116,7 @@ def test_distills_words_are_taken_in_any_case_and_its_config_refuses_them_alike(
 
     seen = []
 
-    def run(config, progress):
+    def run(config, progress, prompts=None):
         seen.append(config)
         raise SystemExit(0)
 
@@ -136,7 +136,7 @@ def test_bench_modes_are_taken_in_any_case_once_each_and_its_config_refuses_them
 
     seen = []
 
-    def run(config, progress):
+    def run(config, progress, prompts=None):
         seen.append(config)
         raise SystemExit(0)
 
