@@ -30,7 +30,7 @@ from ssd_chat.tui.screens.chats import ChatsScreen, OpenChat
 from ssd_chat.tui.screens.help import HelpScreen
 from ssd_chat.tui.widgets.prompt_input import PromptInput, key_hints
 from ssd_chat.tui.widgets.stats_panel import StatsPanel
-from ssd_chat.tui.widgets.transcript import Transcript
+from ssd_chat.tui.widgets.transcript import Shown, Transcript
 
 if TYPE_CHECKING:
     from ssd_chat.tui.app import ChatApp
@@ -147,16 +147,11 @@ class ChatActions(_Base):
 
     def show_conversation(self) -> None:
         """Rebuild the transcript from the session (after open / new / clear)."""
-        transcript = self.query_one(Transcript)
-        transcript.remove_children()
-        for message in self.session.messages:
-            if message.role == "user":
-                transcript.add_user(message.content)
-            elif message.role == "assistant":
-                # (the stats line goes in with the reply: set after a refresh, it could find the reply removed by
-                # the next rebuild, Ctrl+N right after opening a chat, and that crashed the app)
-                transcript.add_assistant(message.content, colours=self.colours,
-                                         stats="" if message.stats is None else message.stats.line())
+        # (a reply's stats line goes in with it: set after a refresh, it could find the reply removed by the next
+        # rebuild, Ctrl+N right after opening a chat, and that crashed the app)
+        self.query_one(Transcript).show([Shown(m.role, m.content, "" if m.stats is None else m.stats.line())
+                                         for m in self.session.messages if m.role in ("user", "assistant")],
+                                        colours=self.colours)
         self.mark_edited_turn()  # (edit_actions)
         self.show_last_figures()
         self.refresh_status()

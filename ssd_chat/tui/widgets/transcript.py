@@ -2,9 +2,17 @@
 
 A reply keeps both its Markdown (the default view, code blocks highlighted) and its text cut into
 provenance pieces, so the colour toggle can switch views at any time without re-running anything.
+
+An opened chat shows its last messages first, about SHOWN_SCREENS screens of them: laying a reply out draws it
+whole (Rich's Markdown, code highlighted), 25-45 ms each on a 2-vCPU VM, so a 60-turn chat took 2.1 s to open.
+The earlier ones are shown a batch at a time as the view nears the top (or at once, where a search or the turns
+list asks for one of them), the view kept on the lines it showed.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,8 +24,35 @@ from engine.outputs import TokenSource
 from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown
 from ssd_chat.tui.widgets.token_view import Piece, TokenView
 
+SHOWN_SCREENS = 2  # an opened chat's messages shown at first, and each batch after: about this many screens
+NEAR_TOP_SCREENS = 1  # the next batch is shown once the view is this close to the top
+KEEP_CHECKS = 3  # refreshes after a batch is mounted that the view is checked to have kept its place
 PAGE_SPEED = 50  # rows a second: Textual's for a page, for the last one (scroll_end's default is a whole second)
 FOUND_S = 3.0  # how long a chat opened from a search marks the message it matched
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A message of an opened chat: "user" or "assistant", its text, and a reply's stats line."""
+
+    role: str
+    text: str
+    stats: str = ""
+
+    def rows(self, width: int) -> int:
+        """About how many rows its view takes at `width` columns (the borders, the stats line, a margin)."""
+        lines = self.text.split("\n")
+        return 4 + sum(max(1, math.ceil(len(line) / max(1, width - 4))) for line in lines)
+
+
+class EarlierMessages(Static):
+    """The line above the shown messages of an opened chat, while earlier ones are not shown yet."""
+
+    def __init__(self) -> None:
+        super().__init__("", classes="earlier")
+
+    def count(self, hidden: int) -> None:
+        self.update(Text(f"↑ {hidden} earlier message{'s' * (hidden != 1)}: scroll up to show them"))
 
 
 class UserMessage(Static):
@@ -85,9 +120,105 @@ class AssistantMessage(Vertical):
 
 
 class Transcript(VerticalScroll):
-    """Messages top to bottom; anchored to the bottom while a reply streams, unless scrolled up."""
+    """Messages top to bottom; anchored to the bottom while a reply streams, unless scrolled up. An opened chat
+    (`show`) keeps its earliest messages unshown until the view nears them (see the module's docstring)."""
 
     can_focus = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._hidden: list[Shown] = []  # the opened chat's messages not shown yet, oldest first
+        self._earlier: EarlierMessages | None = None
+        self._colours = False
+        self._placing = False  # a batch was mounted, and the view not yet kept on its lines
+        self._opened = 0  # chats shown so far: a batch's checks end where another chat was shown since
+
+    def show(self, messages: list[Shown], *, colours: bool = False) -> None:
+        """The transcript emptied, then `messages` (a chat just opened): the last SHOWN_SCREENS screens of them
+        shown, the rest as the view nears the top."""
+        self.remove_children()
+        self._colours, self._earlier, self._placing = colours, None, False
+        self._opened += 1
+        count = self._batch(messages, minimum=2)
+        self._hidden = messages[:len(messages) - count]
+        if self._hidden:
+            self._earlier = EarlierMessages()
+            self._earlier.count(len(self._hidden))
+            self.mount(self._earlier)
+        self.mount(*(self._view(m) for m in messages[len(messages) - count:]))
+        self.anchor()
+        if self._hidden:  # (shown ones shorter than guessed, under a screen: no scroll would bring the rest)
+            self.call_after_refresh(self._keep_place, self._opened, 0.0, None, 1)
+
+    @property
+    def hidden(self) -> int:
+        """How many of the opened chat's first messages are not shown yet."""
+        return len(self._hidden)
+
+    def reveal(self, count: int | None = None, *, keep: bool = True) -> None:
+        """Show the last `count` unshown messages (None: all of them) above the shown ones, the view kept on the
+        lines it shows (a scroll under way, PageUp's, goes on from there), unless not `keep` (the caller scrolls)."""
+        count = len(self._hidden) if count is None else min(count, len(self._hidden))
+        if count <= 0 or self._earlier is None:
+            return
+        batch, self._hidden = self._hidden[len(self._hidden) - count:], self._hidden[:len(self._hidden) - count]
+        scrolling = self.app.animator.is_being_animated(self, "scroll_y")
+        target = self.max_scroll_y - self.scroll_target_y if scrolling else None
+        self.mount(*(self._view(m) for m in batch), after=self._earlier)
+        if self._hidden:
+            self._earlier.count(len(self._hidden))
+        else:
+            self._earlier.remove()
+            self._earlier = None
+        if not keep:
+            return
+        self._placing = True
+        self.call_after_refresh(self._keep_place, self._opened, max(0.0, self.max_scroll_y - max(0.0, self.scroll_y)),
+                                target,
+                                KEEP_CHECKS)
+
+    def _keep_place(self, opened: int, below: float, target: float | None, checks: int) -> None:
+        """The view `below` rows above the end again (the messages mounted above it pushed its lines down, and
+        nothing is added below them meanwhile), a scroll under way retargeted to `target` rows above the end;
+        checked again after the next `checks - 1` refreshes (a batch may take more than one layout). Then, still
+        near the top, the next batch."""
+        if opened != self._opened:  # (another chat was shown since)
+            return
+        y = self.max_scroll_y - below
+        if below <= 0:  # (at the end: kept there, anchored as it was; scroll_to would let go of the anchor)
+            self.scroll_end(animate=False, immediate=True)
+        elif round(y) != round(self.scroll_y):
+            self.scroll_to(y=y, animate=False, immediate=True)  # (it stops a scroll under way)
+            if target is not None:
+                self.scroll_to(y=self.max_scroll_y - target, animate=True)
+        if checks > 1:
+            self.call_after_refresh(self._keep_place, opened, below, target, checks - 1)
+            return
+        self._placing = False
+        if self._hidden and self.scroll_y <= NEAR_TOP_SCREENS * self.size.height:  # (still near the top)
+            self.reveal(self._batch(self._hidden))
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self._hidden and not self._placing and new_value < old_value \
+                and new_value <= NEAR_TOP_SCREENS * self.size.height:
+            self.reveal(self._batch(self._hidden))
+
+    def _batch(self, messages: list[Shown], minimum: int = 1) -> int:
+        """How many of `messages`, from the last, fill about SHOWN_SCREENS screens (at least `minimum`)."""
+        width = self.size.width or self.app.size.width
+        height = self.size.height or self.app.size.height
+        rows, count = 0, 0
+        for message in reversed(messages):
+            if count >= minimum and rows >= SHOWN_SCREENS * height:
+                break
+            rows, count = rows + message.rows(width), count + 1
+        return count
+
+    def _view(self, message: Shown) -> Widget:
+        if message.role == "user":
+            return UserMessage(message.text)
+        return AssistantMessage(message.text, colours=self._colours, stats=message.stats)
 
     def add_user(self, text: str) -> UserMessage:
         message = UserMessage(text)
@@ -108,20 +239,25 @@ class Transcript(VerticalScroll):
         if direction < 0:
             if self.scroll_y > 0:
                 self.scroll_page_up()
+            else:  # (at the top: the earlier messages, if any, and the page above the shown ones)
+                self.reveal(self._batch(self._hidden))
         elif self.scroll_y + self.scrollable_content_region.height >= self.max_scroll_y:
             self.scroll_end(speed=PAGE_SPEED)  # (the anchor kept or taken back: new output scrolls into view)
         else:
             self.scroll_page_down()
 
     def show_colours(self, colours: bool) -> None:
+        self._colours = colours  # (and the earlier messages', when shown)
         for message in self.query(AssistantMessage):
             message.show_colours(colours)
 
     def views_of(self, start: int, count: int, total: int) -> list[Widget]:
-        """The views of messages start..start+count of a chat of `total` messages: they are the last `total` views
-        (the chat shown before may not be removed yet)."""
+        """The views of messages start..start+count of a chat of `total` messages, the unshown ones among them shown
+        first: they are the last views (the chat shown before may not be removed yet)."""
+        if start < len(self._hidden):
+            self.reveal(len(self._hidden) - start, keep=False)  # (the caller shows them: a search's match)
         views = list(self.children)
-        first = len(views) - total + start
+        first = len(views) - (total - len(self._hidden)) + (start - len(self._hidden))
         return views[first:first + count]
 
     def show_found(self, message: Widget, seconds: float = FOUND_S) -> None:
@@ -135,5 +271,11 @@ class Transcript(VerticalScroll):
         return found.last() if found else None
 
     def remove_last(self, count: int) -> None:
-        for child in list(self.children)[-count:]:
+        """Remove the last `count` messages (unshown ones too, where more than the shown ones)."""
+        views = list(self.children)
+        shown = views[views.index(self._earlier) + 1:] if self._earlier is not None else views
+        for child in shown[max(0, len(shown) - count):]:
             child.remove()
+        if count >= len(shown) and self._hidden:  # (the earlier ones go, or the next ones come into view)
+            del self._hidden[max(0, len(self._hidden) - (count - len(shown))):]
+            self.reveal(self._batch(self._hidden, minimum=2))

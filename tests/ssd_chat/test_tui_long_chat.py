@@ -1,0 +1,146 @@
+"""A long chat opens with its last messages shown and the earlier ones shown a batch at a time as the view nears
+them, the view kept on the lines it showed (widgets.transcript)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssd_chat.history import ChatMessage, ChatSettings, Conversation, HistoryStore
+from ssd_chat.tui.widgets.transcript import AssistantMessage, EarlierMessages, Shown, Transcript, UserMessage
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, settle, wait_for
+
+SIZE = (100, 30)
+TURNS = 16
+LINES = 7  # a scroll's rows (a wheel's are 3; fewer steps here)
+
+
+def long_chat(tmp_path, turns: int = TURNS) -> list[ChatMessage]:
+    """A saved chat of `turns` turns (the latest, so --resume opens it); returns its messages."""
+    messages = []
+    for i in range(turns):
+        reply = "\n\n".join(f"answer {i}, paragraph {j}" for j in range(1 + i % 5))
+        messages += [ChatMessage("user", f"question {i}"), ChatMessage("assistant", reply)]
+    HistoryStore(tmp_path / "history.sqlite3").save(
+        Conversation(None, "long", ChatSettings(mode="sd", temperature=0.0), messages))
+    return messages
+
+
+def shown_texts(transcript: Transcript) -> list[str]:
+    return [str(v.render()) if isinstance(v, UserMessage) else v.text for v in transcript.children
+            if isinstance(v, (UserMessage, AssistantMessage))]
+
+
+def rows_from_end(transcript: Transcript) -> int:
+    """How far the view's top line is from the transcript's end: messages shown above it do not change it."""
+    return transcript.virtual_size.height - round(transcript.scroll_y)
+
+
+async def settled(pilot) -> None:
+    for _ in range(4):  # (a batch's layout, then the view put back: a few refreshes)
+        await pilot.pause()
+
+
+@pytest.mark.asyncio
+async def test_a_long_chat_opens_at_its_end_with_its_last_messages_shown(tmp_path):
+    messages = long_chat(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        hidden = transcript.hidden
+        assert 0 < hidden < len(messages) - 2
+        assert shown_texts(transcript) == [m.content for m in messages[hidden:]]
+        assert str(transcript.children[0].render()).startswith(f"↑ {hidden} earlier messages")
+        assert transcript.scroll_y == transcript.max_scroll_y > 0  # (at the end, more than a screen shown)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["lines", "pages"])
+async def test_scrolling_up_shows_the_earlier_messages_without_moving_the_view(tmp_path, how):
+    """Each scroll moves the view by its own rows and no more, across every batch shown above it (a wheel's
+    lines, or PageUp's animated pages), up to the chat's first message."""
+    messages = long_chat(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        batches, hidden = 0, transcript.hidden
+        for _ in range(200):
+            before, y = rows_from_end(transcript), transcript.scroll_y
+            if how == "lines":
+                transcript.scroll_to(y=y - LINES, animate=False)
+            else:
+                await pilot.press("pageup")
+                await wait_for(pilot, lambda: not app.animator.is_being_animated(transcript, "scroll_y"),
+                               what="the page scrolled")
+            await settled(pilot)
+            step = LINES if how == "lines" else transcript.scrollable_content_region.height
+            assert rows_from_end(transcript) == before + min(step, round(y)), f"the view jumped (batch {batches})"
+            batches += transcript.hidden < hidden
+            hidden = transcript.hidden
+            if transcript.hidden == 0 and transcript.scroll_y == 0:
+                break
+        assert batches >= 2  # (the test went through more than one batch)
+        assert shown_texts(transcript) == [m.content for m in messages]
+        assert not transcript.query(EarlierMessages)
+
+
+@pytest.mark.asyncio
+async def test_an_earlier_message_asked_for_is_shown_with_those_after_it(tmp_path):
+    """A search's match or the turns list's choice among the unshown messages: it and the ones after it shown."""
+    messages = long_chat(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        assert transcript.hidden > 4
+        views = transcript.views_of(4, 2, len(messages))
+        assert [str(views[0].render()), views[1].text] == [messages[4].content, messages[5].content]
+        assert transcript.hidden == 4
+        await settled(pilot)
+        assert shown_texts(transcript) == [m.content for m in messages[4:]]
+        assert str(transcript.children[0].render()).startswith("↑ 4 earlier messages")
+
+
+@pytest.mark.asyncio
+async def test_the_earlier_replies_come_in_the_view_chosen_while_they_were_unshown(tmp_path):
+    long_chat(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        await pilot.press("ctrl+t")  # the coloured-token view
+        transcript.reveal()
+        await settled(pilot)
+        replies = list(transcript.query(AssistantMessage))
+        assert len(replies) == TURNS and all(r.colours for r in replies)
+
+
+@pytest.mark.asyncio
+async def test_removing_every_shown_message_brings_the_earlier_ones_into_view(tmp_path):
+    messages = long_chat(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        hidden = transcript.hidden
+        transcript.remove_last(len(messages) - hidden + 2)  # (the shown ones, and the last two unshown)
+        await settled(pilot)
+        shown = shown_texts(transcript)
+        assert shown and shown == [m.content for m in messages[transcript.hidden:hidden - 2]]
+
+
+@pytest.mark.asyncio
+async def test_shown_messages_under_a_screen_bring_in_earlier_ones_until_a_scroll_can(tmp_path, monkeypatch):
+    """Where the last messages, guessed to fill two screens, take under one, the earlier ones come in until the
+    view can scroll up to them (no wheel would move a view that does not scroll)."""
+    monkeypatch.setattr(Shown, "rows", lambda self, width: 10_000)  # (every message guessed taller than it is)
+    long_chat(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        await wait_for(pilot, lambda: transcript.max_scroll_y > transcript.size.height, what="a scroll's room")
+        await settled(pilot)
+        assert transcript.hidden < 2 * TURNS - 2  # (two were shown at first)
+        assert transcript.scroll_y == transcript.max_scroll_y
