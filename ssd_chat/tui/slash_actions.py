@@ -197,8 +197,9 @@ class SlashActions(_Base):
                 self.cancel_edit()
                 before = len(self.session.messages)
                 prompt = self.session.delete_turn(choice.index)
-                for view in transcript.views_of(choice.index, before - len(self.session.messages), before):
-                    view.remove()  # (only those: a rebuild lost the streamed replies' token colours)
+                # (only those: a rebuild lost the streamed replies' token colours, and laid out the chat's
+                # earlier messages)
+                transcript.remove_messages(choice.index, before - len(self.session.messages), before)
                 self.show_last_figures()
                 self.refresh_status()
                 self.warm_cache()  # (the turns after it: their KV in the prefix cache no longer follows)

@@ -3,9 +3,12 @@ them, the view kept on the lines it showed (widgets.transcript)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from ssd_chat.history import ChatMessage, ChatSettings, Conversation, HistoryStore
+from ssd_chat.tui.widgets import transcript as transcript_module
 from ssd_chat.tui.widgets.transcript import AssistantMessage, EarlierMessages, Shown, Transcript, UserMessage
 from tests.ssd_chat.tui_fakes import FakeEngine, make_app, settle, wait_for
 
@@ -75,7 +78,10 @@ async def test_scrolling_up_shows_the_earlier_messages_without_moving_the_view(t
                                what="the page scrolled")
             await settled(pilot)
             step = LINES if how == "lines" else transcript.scrollable_content_region.height
-            assert rows_from_end(transcript) == before + min(step, round(y)), f"the view jumped (batch {batches})"
+            if how == "pages" and round(y) == 0 and hidden:  # (PageUp at the top: a batch shown, then a page up)
+                assert rows_from_end(transcript) == before + step, f"no page up (batch {batches})"
+            else:
+                assert rows_from_end(transcript) == before + min(step, round(y)), f"the view jumped (batch {batches})"
             batches += transcript.hidden < hidden
             hidden = transcript.hidden
             if transcript.hidden == 0 and transcript.scroll_y == 0:
@@ -143,4 +149,70 @@ async def test_shown_messages_under_a_screen_bring_in_earlier_ones_until_a_scrol
         await wait_for(pilot, lambda: transcript.max_scroll_y > transcript.size.height, what="a scroll's room")
         await settled(pilot)
         assert transcript.hidden < 2 * TURNS - 2  # (two were shown at first)
+        assert transcript.scroll_y == transcript.max_scroll_y
+
+
+@pytest.mark.asyncio
+async def test_pageup_at_the_top_of_the_shown_messages_shows_earlier_ones_and_pages_up(tmp_path, monkeypatch):
+    """A view at the top with messages still unshown (nearing the top shows them first, so here that is switched
+    off): PageUp shows a batch, then pages up into it."""
+    monkeypatch.setattr(transcript_module, "NEAR_TOP_SCREENS", -1)
+    long_chat(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        transcript.scroll_to(y=0, animate=False)
+        await settled(pilot)
+        hidden, before = transcript.hidden, rows_from_end(transcript)
+        assert hidden > 0
+        await pilot.press("pageup")
+        await wait_for(pilot, lambda: rows_from_end(transcript) > before, what="a page up")
+        await settled(pilot)
+        assert transcript.hidden < hidden
+        assert rows_from_end(transcript) == before + transcript.scrollable_content_region.height
+
+
+@pytest.mark.asyncio
+async def test_an_unshown_turn_deleted_leaves_the_shown_messages_as_they_are(tmp_path):
+    messages = long_chat(tmp_path)
+    app = make_app(FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        hidden, views = transcript.hidden, list(transcript.children)[1:]
+        assert hidden > 4
+        transcript.remove_messages(2, 2, len(messages))  # (the /turns list's delete of the second turn)
+        await settled(pilot)
+        assert transcript.hidden == hidden - 2 and list(transcript.children)[1:] == views
+        assert str(transcript.children[0].render()).startswith(f"↑ {hidden - 2} earlier messages")
+        transcript.reveal()
+        await settled(pilot)
+        assert shown_texts(transcript) == [m.content for m in messages[:2] + messages[4:]]
+
+
+@pytest.mark.asyncio
+async def test_a_regenerated_reply_is_followed_where_its_turn_was_the_only_one_shown(tmp_path):
+    """F5 with the view scrolled up in the last reply, the only turn shown (a long one): the earlier messages come
+    back into view above, and the view follows the new reply to the end."""
+    messages = long_chat(tmp_path)
+    messages[-1] = ChatMessage("assistant", "\n\n".join(f"a long paragraph {j}" for j in range(60)))
+    HistoryStore(tmp_path / "history.sqlite3").save(
+        Conversation(None, "longer", ChatSettings(mode="sd", temperature=0.0), messages))
+    engine = FakeEngine(gate=threading.Event())  # (the reply's first word, then the rest once the gate opens)
+    app = make_app(engine, tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        assert transcript.hidden == len(messages) - 2
+        transcript.scroll_to(y=transcript.max_scroll_y - 10, animate=False)
+        await settled(pilot)
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: transcript.last_assistant().text == "Hello", what="the reply's first word")
+        await settled(pilot)
+        engine.gate.set()
+        await settle(app, pilot)
+        await settled(pilot)
+        assert shown_texts(transcript)[-2:] == [messages[-2].content, "Hello from the **fake** engine."]
+        assert transcript.hidden < len(messages) - 2
         assert transcript.scroll_y == transcript.max_scroll_y

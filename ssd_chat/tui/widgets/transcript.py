@@ -131,13 +131,14 @@ class Transcript(VerticalScroll):
         self._earlier: EarlierMessages | None = None
         self._colours = False
         self._placing = False  # a batch was mounted, and the view not yet kept on its lines
-        self._opened = 0  # chats shown so far: a batch's checks end where another chat was shown since
+        self._opened = 0  # chats shown (and views scrolled to) so far: a batch's checks end where it changed
+        self._page_up = False  # PageUp at the top: a page up once the batch it showed is in place
 
     def show(self, messages: list[Shown], *, colours: bool = False) -> None:
         """The transcript emptied, then `messages` (a chat just opened): the last SHOWN_SCREENS screens of them
         shown, the rest as the view nears the top."""
         self.remove_children()
-        self._colours, self._earlier, self._placing = colours, None, False
+        self._colours, self._earlier, self._placing, self._page_up = colours, None, False, False
         self._opened += 1
         count = self._batch(messages, minimum=2)
         self._hidden = messages[:len(messages) - count]
@@ -148,7 +149,7 @@ class Transcript(VerticalScroll):
         self.mount(*(self._view(m) for m in messages[len(messages) - count:]))
         self.anchor()
         if self._hidden:  # (shown ones shorter than guessed, under a screen: no scroll would bring the rest)
-            self.call_after_refresh(self._keep_place, self._opened, 0.0, None, 1)
+            self.call_after_refresh(self._keep_place, self._opened, 0.0, None, None, 1)
 
     @property
     def hidden(self) -> int:
@@ -159,6 +160,9 @@ class Transcript(VerticalScroll):
         """Show the last `count` unshown messages (None: all of them) above the shown ones, the view kept on the
         lines it shows (a scroll under way, PageUp's, goes on from there), unless not `keep` (the caller scrolls)."""
         count = len(self._hidden) if count is None else min(count, len(self._hidden))
+        if not self._hidden and self._earlier is not None:  # (the unshown ones were removed: remove_last)
+            self._earlier.remove()
+            self._earlier = None
         if count <= 0 or self._earlier is None:
             return
         batch, self._hidden = self._hidden[len(self._hidden) - count:], self._hidden[:len(self._hidden) - count]
@@ -173,17 +177,28 @@ class Transcript(VerticalScroll):
         if not keep:
             return
         self._placing = True
-        self.call_after_refresh(self._keep_place, self._opened, max(0.0, self.max_scroll_y - max(0.0, self.scroll_y)),
-                                target,
-                                KEEP_CHECKS)
+        below = max(0.0, self.max_scroll_y - max(0.0, self.scroll_y))
+        self.call_after_refresh(self._keep_place, self._opened, below, target, self._last(), KEEP_CHECKS)
 
-    def _keep_place(self, opened: int, below: float, target: float | None, checks: int) -> None:
-        """The view `below` rows above the end again (the messages mounted above it pushed its lines down, and
-        nothing is added below them meanwhile), a scroll under way retargeted to `target` rows above the end;
-        checked again after the next `checks - 1` refreshes (a batch may take more than one layout). Then, still
-        near the top, the next batch."""
-        if opened != self._opened:  # (another chat was shown since)
+    def _last(self) -> tuple[Widget, int] | None:
+        """The last view and its rows: a reply streaming into it grows it below the view while a batch comes above."""
+        return (self.children[-1], self.children[-1].virtual_region_with_margin.height) if self.children else None
+
+    def _keep_place(self, opened: int, below: float, target: float | None, last: tuple[Widget, int] | None,
+                    checks: int) -> None:
+        """The view `below` rows above the end again (the messages mounted above it pushed its lines down; the
+        rows the `last` view, a streaming reply, grew by since are added to it), a scroll under way retargeted to
+        `target` rows above the end; checked again after the next `checks - 1` refreshes (a batch may take more
+        than one layout). Then, still near the top, the next batch (or PageUp's page). None for `last`: the end."""
+        if opened != self._opened:  # (another chat was shown since, or the view was scrolled to a message)
             return
+        now = self._last()
+        if last is not None and (now is None or now[0] is not last[0]):  # (a message came or went at the end:
+            self._placing = False  # the view is where that put it, following a new reply, say)
+            return
+        grown = 0 if last is None or now is None else now[1] - last[1]
+        below, last = below + grown, now if last is not None else None
+        target = None if target is None else target + grown
         y = self.max_scroll_y - below
         if below <= 0:  # (at the end: kept there, anchored as it was; scroll_to would let go of the anchor)
             self.scroll_end(animate=False, immediate=True)
@@ -192,10 +207,13 @@ class Transcript(VerticalScroll):
             if target is not None:
                 self.scroll_to(y=self.max_scroll_y - target, animate=True)
         if checks > 1:
-            self.call_after_refresh(self._keep_place, opened, below, target, checks - 1)
+            self.call_after_refresh(self._keep_place, opened, below, target, last, checks - 1)
             return
         self._placing = False
-        if self._hidden and self.scroll_y <= NEAR_TOP_SCREENS * self.size.height:  # (still near the top)
+        if self._page_up:
+            self._page_up = False
+            self.scroll_page_up()
+        elif self._hidden and self.scroll_y <= NEAR_TOP_SCREENS * self.size.height:  # (still near the top)
             self.reveal(self._batch(self._hidden))
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
@@ -239,7 +257,8 @@ class Transcript(VerticalScroll):
         if direction < 0:
             if self.scroll_y > 0:
                 self.scroll_page_up()
-            else:  # (at the top: the earlier messages, if any, and the page above the shown ones)
+            elif self._hidden and not self._placing:  # (at the top: the earlier messages, then a page up)
+                self._page_up = True
                 self.reveal(self._batch(self._hidden))
         elif self.scroll_y + self.scrollable_content_region.height >= self.max_scroll_y:
             self.scroll_end(speed=PAGE_SPEED)  # (the anchor kept or taken back: new output scrolls into view)
@@ -256,14 +275,15 @@ class Transcript(VerticalScroll):
         first: they are the last views (the chat shown before may not be removed yet)."""
         if start < len(self._hidden):
             self.reveal(len(self._hidden) - start, keep=False)  # (the caller shows them: a search's match)
-        views = list(self.children)
-        first = len(views) - (total - len(self._hidden)) + (start - len(self._hidden))
-        return views[first:first + count]
+        first = start - len(self._hidden)
+        return self._shown(total)[first:first + count]
 
     def show_found(self, message: Widget, seconds: float = FOUND_S) -> None:
         """`message` scrolled to the top and marked for `seconds` (a search's match: the class "found")."""
         message.add_class("found")
         self.set_timer(seconds, lambda: message.remove_class("found"))
+        self._opened += 1  # (a batch's checks pending would scroll back to where the view was)
+        self._placing = False
         self.call_after_refresh(self.scroll_to_widget, message, animate=False, top=True)
 
     def last_assistant(self) -> AssistantMessage | None:
@@ -272,10 +292,28 @@ class Transcript(VerticalScroll):
 
     def remove_last(self, count: int) -> None:
         """Remove the last `count` messages (unshown ones too, where more than the shown ones)."""
+        total = len(self._hidden) + len(self._shown(None))
+        self.remove_messages(total - count, count, total)
+
+    def remove_messages(self, start: int, count: int, total: int) -> None:
+        """Remove messages start..start+count of a chat of `total` messages: unshown ones from the list, shown ones'
+        views. Where no message stays shown, the next earlier ones come into view (a caller that shows more, a
+        regenerated reply, leaves the view to follow it)."""
+        hidden = len(self._hidden)
+        shown = self._shown(total)
+        gone = shown[max(0, start - hidden):max(0, start + count - hidden)]
+        for view in gone:
+            view.remove()
+        del self._hidden[min(start, hidden):min(start + count, hidden)]
+        if self._earlier is not None and self._hidden:
+            self._earlier.count(len(self._hidden))
+        self.reveal(0 if len(gone) < len(shown) else self._batch(self._hidden, minimum=2), keep=False)
+
+    def _shown(self, total: int | None) -> list[Widget]:
+        """The views of the shown messages of a chat of `total` messages (None: all after the line above them); the
+        chat shown before may not be removed yet: they are the last views."""
         views = list(self.children)
-        shown = views[views.index(self._earlier) + 1:] if self._earlier is not None else views
-        for child in shown[max(0, len(shown) - count):]:
-            child.remove()
-        if count >= len(shown) and self._hidden:  # (the earlier ones go, or the next ones come into view)
-            del self._hidden[max(0, len(self._hidden) - (count - len(shown))):]
-            self.reveal(self._batch(self._hidden, minimum=2))
+        if total is None:
+            return views[views.index(self._earlier) + 1:] if self._earlier is not None else views
+        count = total - len(self._hidden)
+        return views[len(views) - count:] if count > 0 else []
