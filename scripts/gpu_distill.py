@@ -51,6 +51,7 @@ from engine.startup import load_tokenizer  # noqa: E402
 from ssd_chat import distill_data as data  # noqa: E402
 from ssd_chat import distill_model as dm  # noqa: E402
 from ssd_chat.distill_config import DISTILL_PROMPTS  # noqa: E402
+from ssd_chat.distill_prompts import split  # noqa: E402
 from ssd_chat.distill_train import (  # noqa: E402
     TrainSettings,
     batch_indices,
@@ -196,7 +197,7 @@ def main(args: argparse.Namespace) -> None:
         summary["gpu"] = torch.cuda.get_device_name(device)
 
     base = load_prompts(args.prompts, limit=args.max_prompts)
-    training, held = data.split(base, args.eval_prompts)  # (a held-out prompt's twins out of training too)
+    training, held = split(base, args.eval_prompts)  # (a held-out prompt's twins out of training too)
     encode = lambda messages: tuple(encode_chat(tokenizer, messages, model=str(target_dir)))  # noqa: E731
     base_ids = [encode(m) for m in base]
     train_ids, held_ids = [base_ids[i] for i in training], [base_ids[i] for i in held]

@@ -24,6 +24,7 @@ from ssd_chat.distill_config import (
     check_out,
     checked_target,
 )
+from ssd_chat.distill_prompts import checked_prompts
 from ssd_chat.prompts import DEFAULT_PROMPTS, load_prompts
 
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 32  # make-pair: the first prompts of the shipped set
@@ -136,10 +137,11 @@ def distill(
         check_out(Path(config.out).expanduser())  # a wrong --out or --target: said before torch loads (3 s)
         if (found := locate_model(config.target)) is not None:  # (None: built or downloaded as the run starts)
             checked_target(config, found)
+        prompts = checked_prompts(config)  # (a held-out prompt in them, too few left to train on)
         from ssd_chat.distill import progress_bar, run_distill  # (torch)
 
         with progress_bar() as progress:
-            result = run_distill(config, progress)
+            result = run_distill(config, progress, prompts)
     ratio = result.target_params_per_token / max(result.draft_params_per_token, 1)
     before = "n/a" if result.agreement_before is None else f"{result.agreement_before:.3f}"
     after = "n/a" if result.agreement is None else f"{result.agreement:.3f}"

@@ -23,49 +23,19 @@ from pathlib import Path
 import torch
 
 from engine.cpu_info import flags as cpu_flags
-from engine.errors import InvalidParameterError
 from engine.registry import resolve_model
 from ssd_chat import distill_data as data
 from ssd_chat import distill_teacher
 from ssd_chat.distill_config import DistillConfig, checked_target
 from ssd_chat.distill_model import init_draft, load_target, num_params_per_token, save_draft, target_eos_ids
+from ssd_chat.distill_prompts import checked_prompts, split
 from ssd_chat.distill_run import check_settings, logged_agreement, prepare_out
 from ssd_chat.distill_train import TrainSettings, train
-from ssd_chat.prompts import HELD_OUT_SETS, load_prompts
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int, str], None]  # phase ("replies" | "labels" | "training"), done, total, detail
 
-
-def _refuse_held_out(prompts: list, path: Path) -> None:
-    """A prompt file that holds a held-out benchmark prompt (a copy of chat.jsonl under another name, say): tau on
-    that set would then measure memory, not drafting."""
-    train = {data.conversation_turns(p) for p in prompts}
-    for held in HELD_OUT_SETS:
-        shared = sum(data.conversation_turns(p) in train for p in load_prompts(held))
-        if shared:
-            raise InvalidParameterError(f"{path.name} holds {shared} prompt(s) of the held-out benchmark set "
-                                        f"{held.name}: take them out, or train on another prompt file")
-
-
-def _refuse_a_small_training_set(prompts: list, num_eval: int, batch_size: int) -> None:
-    """Held-out prompts must leave at least one batch of training prompts (their twins go too: data.split), said
-    before any reply is generated: --eval-prompts 100000 generated replies to all 5,327 prompts (hours) to train on one
-    (held_out_indices holds out all but one), and --max-prompts 4 --eval-prompts 10 trained on one reply."""
-    def num_training(n: int) -> int:
-        return len(data.split(prompts, n)[0]) if n < len(prompts) else 0
-
-    if num_eval == 0 or (left := num_training(num_eval)) >= batch_size:
-        return
-    low, high = 0, min(num_eval, len(prompts)) - 1  # the most held out that leaves a batch (fewer: more training)
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if num_training(middle) >= batch_size else (low, middle - 1)
-    fix = f"hold out at most {low:,}" if low else "hold out none (--eval-prompts 0)"
-    raise InvalidParameterError(f"--eval-prompts {num_eval:,} leaves {left:,} of the {len(prompts):,} prompts for "
-                                f"training, fewer than one batch (--batch-size {batch_size}): {fix}, or give more "
-                                "prompts (--max-prompts, --prompts) or a smaller --batch-size")
 
 
 @dataclass(frozen=True)
@@ -85,14 +55,13 @@ class DistillResult:
     training_s: float
 
 
-def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
-    """Generate (or reuse) the replies, train (or resume), write the draft into ``config.out``."""
+def run_distill(config: DistillConfig, progress: Progress, prompts: list | None = None) -> DistillResult:
+    """Generate (or reuse) the replies, train (or resume), write the draft into ``config.out``. `prompts`: the
+    prompt file's, as `checked_prompts(config)` returns them (the CLI's, checked before torch loaded)."""
     out = Path(config.out).expanduser().resolve()
     target_dir = resolve_model(config.target)
     checked_target(config, target_dir)
-    prompts = load_prompts(Path(config.prompts_file), limit=config.max_prompts)
-    _refuse_held_out(prompts, Path(config.prompts_file))
-    _refuse_a_small_training_set(prompts, config.eval_prompts, config.batch_size)
+    prompts = checked_prompts(config) if prompts is None else prompts
     work = prepare_out(out)
     data_settings = data.DataSettings(str(target_dir), data.file_sha256(Path(config.prompts_file)), config.max_tokens,
                                       config.temperature, config.seed, config.ignore_eos, config.reply_dtype)
@@ -105,7 +74,7 @@ def run_distill(config: DistillConfig, progress: Progress) -> DistillResult:
     examples = data.generate_examples(str(target_dir), prompts, data_settings, work / "data.jsonl",
                                  threads=config.threads, progress=lambda d, t: progress("replies", d, t, ""))
     replies_s = time.perf_counter() - started
-    training, held_out = data.split(prompts, config.eval_prompts)
+    training, held_out = split(prompts, config.eval_prompts)
     train_examples, eval_examples = [examples[i] for i in training], [examples[i] for i in held_out]
 
     started = time.perf_counter()

@@ -61,26 +61,6 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def held_out_indices(num_prompts: int, num_eval: int) -> list[int]:
-    """``num_eval`` evenly spaced prompt indices (independent of the seed, so resumes agree)."""
-    num_eval = min(num_eval, num_prompts - 1)
-    return [(2 * i + 1) * num_prompts // (2 * num_eval) for i in range(num_eval)] if num_eval > 0 else []
-
-
-def split(prompts: Sequence[Messages], num_eval: int) -> tuple[list[int], list[int]]:
-    """(training, held-out) prompt indices: ``held_out_indices``, and a held-out prompt's twin (the same turns under
-    another system prompt, or none) kept out of training too."""
-    held = held_out_indices(len(prompts), num_eval)
-    held_turns = {conversation_turns(prompts[i]) for i in held}
-    training = [i for i, p in enumerate(prompts) if conversation_turns(p) not in held_turns]  # (the held-out too)
-    return training, held
-
-
-def conversation_turns(messages: Messages) -> tuple[tuple[str, str], ...]:
-    """A prompt's user and assistant turns, without its system prompt: prompts that differ only there are twins."""
-    return tuple((m["role"], m["content"]) for m in messages if m["role"] != "system")
-
-
 def generate_examples(
     target: str, prompts: Sequence[Messages], settings: DataSettings, cache: Path, *, threads: int | None,
     progress: Callable[[int, int], None],

@@ -19,6 +19,7 @@ from ssd_chat import cli, distill
 from ssd_chat.distill import DistillConfig, run_distill
 from ssd_chat.distill_config import DISTILL_PROMPTS
 from ssd_chat.distill_model import load_hf_draft
+from ssd_chat.distill_prompts import held_out_indices
 from ssd_chat.prompts import DEFAULT_PROMPTS, UNSEEN_PROMPTS, load_prompts
 
 runner = CliRunner()
@@ -219,7 +220,7 @@ def test_a_larger_steps_extends_a_run_until_its_kl_stage_begins(tiny_llama_dir, 
 def test_a_held_out_prompts_twin_under_another_system_prompt_is_not_trained_on(tiny_llama_dir, prompts_file,
                                                                                tmp_path):
     lines = prompts_file.read_text(encoding="utf-8").splitlines()
-    held_out = distill.data.held_out_indices(len(lines), 4)
+    held_out = held_out_indices(len(lines), 4)
     assert 0 not in held_out
     turns = load_prompts(prompts_file)[held_out[0]]
     twin = json.dumps({"messages": [{"role": "system", "content": "Be brief."},

@@ -12,6 +12,7 @@ import pytest
 import engine
 from ssd_chat import distill_data as data
 from ssd_chat.distill_config import DISTILL_PROMPTS
+from ssd_chat.distill_prompts import split
 from ssd_chat.prompts import load_prompts
 
 MAX_TOKENS = 12
@@ -190,7 +191,7 @@ def test_held_out_prompts_that_leave_less_than_a_batch_are_refused_before_any_re
     assert refused(max_prompts=4, eval_prompts=3, batch_size=2).startswith(
         "--eval-prompts 3 leaves 1 of the 4 prompts for training, fewer than one batch (--batch-size 2): hold out at "
         "most 2, ")
-    assert len(data.split(load_prompts(DISTILL_PROMPTS, limit=20), 4)[0]) == 16  # one batch exactly: taken
+    assert len(split(load_prompts(DISTILL_PROMPTS, limit=20), 4)[0]) == 16  # one batch exactly: taken
     for name, kwargs in [("one batch left", dict(max_prompts=20, eval_prompts=4)), ("none held out",
                          dict(max_prompts=4, eval_prompts=0))]:  # (fewer prompts than a batch: the user's choice)
         with pytest.raises(Replies):

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+from ssd_chat.prompts import DEFAULT_PROMPTS
+
 HEAVY = ("torch", "transformers", "textual")
 
 
@@ -110,9 +112,10 @@ def test_the_app_reads_the_engines_token_texts_without_transformers(tiny_llama_d
 def test_a_wrong_model_or_setting_is_refused_before_torch_loads(tiny_llama_dir, tmp_path):
     """`ask`, the plain mode, `bench` and `distill` said a mistyped name in 3-4 s on the 2-vCPU VM, after torch (and
     for bench transformers) had loaded; they now say it first (check_before_loading; distill: checked_target and
-    check_out): the same one line, in under a second."""
+    check_out; its prompt file's held-out prompts and size: checked_prompts): the same one line, in under a second."""
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "mine.jsonl").write_bytes(DEFAULT_PROMPTS.read_bytes())  # (a held-out set under another name)
     tiny = str(tiny_llama_dir)
     cases = {
         "unknown model 'no-such-model'": ["ask", "hi", "--target", "no-such-model"],
@@ -124,6 +127,10 @@ def test_a_wrong_model_or_setting_is_refused_before_torch_loads(tiny_llama_dir, 
         "not UTF-8": ["bench", "--target", tiny, "--prompts", str(tmp_path / "latin1.txt")],
         "is a distilled draft": ["distill", "--target", "smollm2-135m-draft", "--out", str(tmp_path / "d")],
         "is a file": ["distill", "--target", tiny, "--out", str(tmp_path / "latin1.txt")],
+        "of the held-out benchmark set chat.jsonl": ["distill", "--target", tiny, "--out", str(tmp_path / "h"),
+                                                     "--prompts", str(tmp_path / "mine.jsonl"), "--draft-layers", "1"],
+        "fewer than one batch": ["distill", "--target", tiny, "--out", str(tmp_path / "b"), "--max-prompts", "4",
+                                 "--eval-prompts", "3", "--batch-size", "2", "--draft-layers", "1"],
     }
     for said, args in cases.items():
         seen = _run(f"""
