@@ -3,6 +3,7 @@
     python scripts/ui_update_cost.py --turns 0 6 20
     python scripts/ui_update_cost.py --turns 0 --code 400   # the reply one 400-line code block
     python scripts/ui_update_cost.py --turns 0 --list 40    # the reply one numbered list of 40 items
+    python scripts/ui_update_cost.py --turns 0 --table 40   # the reply one table of 40 rows
 
 Each earlier turn is a prompt and a Markdown reply (headings, lists, code: assets-free, written below). A reply of
 the same Markdown then streams in 40-character appends; each append is awaited with the screen's refresh, and its
@@ -58,6 +59,13 @@ def reply_list(items: int) -> str:
     return "\n".join(item(i + 1) for i in range(items))
 
 
+def reply_table(rows: int) -> str:
+    """A reply that is one table, as a chat model writes a comparison: a header, then `rows` rows of four cells."""
+    lines = ["| name | kind | size | notes |", "|---|---|---|---|"]
+    lines += [f"| item {i} | kind {i % 3} | {10 * i} MB | a short note about item {i} |" for i in range(rows)]
+    return "\n".join(lines)
+
+
 class Host(App):
     CSS_PATH = Path(chat_app.__file__).with_name(chat_app.ChatApp.CSS_PATH)  # (relative to its module)
 
@@ -95,9 +103,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, nargs="+", default=[0, 6, 20], help="earlier turns, a run each")
     parser.add_argument("--code", type=int, metavar="LINES", help="the reply (and each earlier one) a code block")
     parser.add_argument("--list", type=int, metavar="ITEMS", help="the reply (and each earlier one) a numbered list")
+    parser.add_argument("--table", type=int, metavar="ROWS", help="the reply (and each earlier one) a table")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    reply = reply_code(args.code) if args.code else reply_list(args.list) if args.list else reply_markdown()
+    reply = (reply_code(args.code) if args.code else reply_list(args.list) if args.list
+             else reply_table(args.table) if args.table else reply_markdown())
     log.info("a %d-character reply in %d-character updates, %dx%d screen", len(reply), CHUNK, *SIZE)
     log.info("%6s  %8s  %12s  %16s", "turns", "open s", "update ms", "last 10 ms")
     for turns in args.turns:
