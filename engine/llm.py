@@ -73,6 +73,8 @@ class LLM:
         self.draft_path = None if config.draft is None else check_draft(config, self.model_path, tokenizer)
         try:
             self.core_share.pin_leader()
+            if config.draft is not None and self.placement.draft is not None:  # (SSD's draft process loads beside:
+                self.core_share.share(True)  # off its cores until it is up, or the target's threads wait for it)
             self.core_share.idle()  # (the load's work is this process's or its children's: a pause like any other)
             started = start_engine(config, self.placement, files, self.model_path, self.draft_path, tokenizer,
                                    Sizes(num_blocks, self.max_model_len, dtype), self._workers)

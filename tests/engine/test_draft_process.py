@@ -155,6 +155,30 @@ def test_ssd_steps_run_on_the_engines_thread_count_on_any_thread(tiny_llama_dir,
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="needs two cores to see a change")
+def test_an_unpinned_target_loads_off_the_cores_of_the_draft_process_loading_beside_it(tiny_llama_dir, draft_dir,
+                                                                                       monkeypatch):
+    """The chat app's layout: the target built while the draft process loads keeps off its cores (its threads
+    waited for that core: the chat app's start took 1 s longer on the 2-vCPU VM), then steps in SD on every core."""
+    import engine.startup
+
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    draft_core = max(before)
+    seen = []
+    build = engine.startup.build_model
+
+    def recorded(*args, **kwargs):
+        seen.append((os.sched_getaffinity(0), torch.get_num_threads()))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(engine.startup, "build_model", recorded)
+    with LLM(str(tiny_llama_dir), draft=str(draft_dir), max_model_len=256, block_size=4,
+             draft_device=f"cpu:{draft_core}") as llm:
+        assert seen == [(before - {draft_core}, min(threads, len(before) - 1))]
+        assert llm.speculation.mode == "sd"
+        assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores to see a change")
 def test_ssd_moves_an_unpinned_target_off_the_draft_cores(tiny_llama_dir, draft_dir, remote):
     remote.speculation = SpeculationConfig(mode="ar")  # the module's engine (same layout) gives the cores back
     before, threads = os.sched_getaffinity(0), torch.get_num_threads()
