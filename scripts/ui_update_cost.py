@@ -7,8 +7,9 @@
 
 Each earlier turn is a prompt and a Markdown reply (headings, lists, code: assets-free, written below). A reply of
 the same Markdown then streams in 40-character appends; each append is awaited with the screen's refresh, and its
-UI-thread CPU is timed (`time.thread_time`). "open" is the CPU to mount N turns and lay them out, as opening a chat
-from the history does. No engine runs: this is the view alone (the app adds its panel's updates to each).
+UI-thread CPU is timed (`time.thread_time`). "open" is the CPU to show N turns, as opening a chat from the history
+does (`Transcript.show`: its last two screens; the rest are then shown whole, for the updates' measure). No engine
+runs: this is the view alone (the app adds its panel's updates to each).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from textual.app import App, ComposeResult
 
 from engine.outputs import TokenSource
 from ssd_chat.tui import app as chat_app
-from ssd_chat.tui.widgets.transcript import Transcript
+from ssd_chat.tui.widgets.transcript import Shown, Transcript
 
 log = logging.getLogger("ui_update_cost")
 CHUNK = 40  # characters an update
@@ -80,11 +81,13 @@ async def measure(turns: int, reply: str) -> tuple[float, float, float]:
         transcript = app.query_one(Transcript)
         await pilot.pause()
         start = time.thread_time()
-        for i in range(turns):
-            transcript.add_user(f"question {i}")
-            transcript.add_assistant(reply)
+        transcript.show([Shown(role, text) for i in range(turns) for role, text in (("user", f"question {i}"),
+                                                                                    ("assistant", reply))])
         await pilot.pause()
         opened = time.thread_time() - start
+        if transcript.hidden:  # (earlier turns, as a scroll to the top shows them: under the streamed reply too)
+            transcript.reveal(keep=False)
+            await pilot.pause()
         transcript.add_user("the last question")
         message = transcript.add_assistant("")
         await pilot.pause()

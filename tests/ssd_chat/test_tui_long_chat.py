@@ -7,10 +7,11 @@ import threading
 
 import pytest
 
+from engine.outputs import TokenSource
 from ssd_chat.history import ChatMessage, ChatSettings, Conversation, HistoryStore
 from ssd_chat.tui.widgets import transcript as transcript_module
 from ssd_chat.tui.widgets.transcript import AssistantMessage, EarlierMessages, Shown, Transcript, UserMessage
-from tests.ssd_chat.tui_fakes import FakeEngine, make_app, settle, wait_for
+from tests.ssd_chat.tui_fakes import FakeEngine, make_app, send, settle, wait_for
 
 SIZE = (100, 30)
 TURNS = 16
@@ -216,3 +217,31 @@ async def test_a_regenerated_reply_is_followed_where_its_turn_was_the_only_one_s
         assert shown_texts(transcript)[-2:] == [messages[-2].content, "Hello from the **fake** engine."]
         assert transcript.hidden < len(messages) - 2
         assert transcript.scroll_y == transcript.max_scroll_y
+
+
+@pytest.mark.asyncio
+async def test_a_live_chat_grown_long_unshows_its_oldest_messages_and_keeps_their_token_sources(tmp_path):
+    """Followed at its end, a chat typed in this run keeps about two screens above the view: its older messages
+    go, as an opened chat's earlier ones, and come back as they were (a reply's token sources for Ctrl+T too)."""
+    words = ["A", " reply", " line", ".", "\n\n"] * 6
+    engine = FakeEngine(words=words)
+    app = make_app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        first_pieces = None
+        for i in range(12):
+            await send(app, pilot, f"prompt {i}")
+            if first_pieces is None:
+                first_pieces = list(transcript.last_assistant().pieces)
+        await settled(pilot)
+        hidden = transcript.hidden
+        assert hidden > 0 and str(transcript.children[0].render()).startswith(f"↑ {hidden} earlier messages")
+        assert transcript.max_scroll_y <= (transcript_module.RETIRE_SCREENS + 1) * transcript.size.height
+        texts = [m.content for m in app.session.messages]
+        assert shown_texts(transcript) == texts[hidden:]
+        transcript.reveal()
+        await settled(pilot)
+        assert shown_texts(transcript) == texts
+        assert list(transcript.query(AssistantMessage).first().pieces) == first_pieces
+        assert TokenSource.ACCEPTED in {source for _, source in first_pieces}  # (sd's: not a rebuild's one piece)

@@ -1,122 +1,28 @@
-"""The transcript: the conversation's messages, the last reply streaming in as Markdown.
-
-A reply keeps both its Markdown (the default view, code blocks highlighted) and its text cut into
-provenance pieces, so the colour toggle can switch views at any time without re-running anything.
+"""The transcript: the conversation's messages (widgets.message_views), the last reply streaming in as Markdown.
 
 An opened chat shows its last messages first, about SHOWN_SCREENS screens of them: laying a reply out draws it
 whole (Rich's Markdown, code highlighted), 25-45 ms each on a 2-vCPU VM, so a 60-turn chat took 2.1 s to open.
 The earlier ones are shown a batch at a time as the view nears the top (or at once, where a search or the turns
-list asks for one of them), the view kept on the lines it showed.
+list asks for one of them), the view kept on the lines it showed. A chat typed in this run that grows past
+RETIRE_SCREENS screens above the view, followed at its end, has its oldest messages unshown the same way: each
+update that changes the reply's height lays out every message shown.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-from rich.text import Text
-from textual.app import ComposeResult
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.widget import Widget
-from textual.widgets import Static
 
-from engine.outputs import TokenSource
-from ssd_chat.tui.widgets.reply_markdown import ReplyMarkdown
-from ssd_chat.tui.widgets.token_view import Piece, TokenView
+from ssd_chat.tui.widgets.message_views import AssistantMessage, EarlierMessages, Shown, UserMessage
+
+__all__ = ["AssistantMessage", "EarlierMessages", "Shown", "Transcript", "UserMessage"]
 
 SHOWN_SCREENS = 2  # an opened chat's messages shown at first, and each batch after: about this many screens
 NEAR_TOP_SCREENS = 1  # the next batch is shown once the view is this close to the top
+RETIRE_SCREENS = 6  # a live chat's messages this many screens above the view are unshown, down to SHOWN_SCREENS
 KEEP_CHECKS = 3  # refreshes after a batch is mounted that the view is checked to have kept its place
 PAGE_SPEED = 50  # rows a second: Textual's for a page, for the last one (scroll_end's default is a whole second)
 FOUND_S = 3.0  # how long a chat opened from a search marks the message it matched
-
-
-@dataclass(frozen=True)
-class Shown:
-    """A message of an opened chat: "user" or "assistant", its text, and a reply's stats line."""
-
-    role: str
-    text: str
-    stats: str = ""
-
-    def rows(self, width: int) -> int:
-        """About how many rows its view takes at `width` columns (the borders, the stats line, a margin)."""
-        lines = self.text.split("\n")
-        return 4 + sum(max(1, math.ceil(len(line) / max(1, width - 4))) for line in lines)
-
-
-class EarlierMessages(Static):
-    """The line above the shown messages of an opened chat, while earlier ones are not shown yet."""
-
-    def __init__(self) -> None:
-        super().__init__("", classes="earlier")
-
-    def count(self, hidden: int) -> None:
-        self.update(Text(f"↑ {hidden} earlier message{'s' * (hidden != 1)}: scroll up to show them"))
-
-
-class UserMessage(Static):
-    def __init__(self, text: str) -> None:
-        super().__init__(Text(text), classes="message user")
-        self.border_title = "you"
-
-
-class AssistantMessage(Vertical):
-    """One reply: Markdown and a coloured-token view (one shown at a time), then a dim stats line."""
-
-    def __init__(self, text: str = "", pieces: list[Piece] | None = None, *, colours: bool = False,
-                 stats: str = "") -> None:
-        super().__init__(classes="message assistant")
-        self.stats = stats  # the stats line a reply from the history comes with (a streamed one gets it at finish)
-        self.border_title = "assistant"
-        self.text = text
-        self.pieces: list[Piece] = list(pieces) if pieces is not None else [(text, TokenSource.TARGET)]
-        self.colours = colours
-        self.streaming = False  # appended to since the last finish
-
-    def compose(self) -> ComposeResult:
-        yield ReplyMarkdown(self.text, classes="reply-markdown")
-        yield TokenView(classes="reply-tokens")
-        yield Static(Text(self.stats), classes="reply-stats")
-
-    def on_mount(self) -> None:
-        if self.query(ReplyMarkdown):  # (a rebuild right after this one, Ctrl+N as a chat opens, may have emptied it)
-            self._apply_view()
-
-    async def append(self, text: str, pieces: list[Piece]) -> None:
-        if not text:
-            return
-        self.text += text
-        self.pieces += pieces
-        self.streaming = True
-        if self.colours:
-            self.query_one(TokenView).append(pieces)
-        else:
-            self.query_one(ReplyMarkdown).append(text)
-
-    def finish(self, text: str, line: str) -> None:
-        """The reply is complete: its final text parsed whole (appends may have cut a Markdown block
-        otherwise), then the stats line."""
-        self.text, self.streaming = text, False
-        self.query_one(ReplyMarkdown).update(text)
-        self._apply_view()
-        self.set_stats(line)
-
-    def set_stats(self, line: str) -> None:
-        self.query_one(".reply-stats", Static).update(Text(line))
-
-    def show_colours(self, colours: bool) -> None:
-        self.colours = colours
-        self._apply_view()
-
-    def _apply_view(self) -> None:
-        markdown = self.query_one(ReplyMarkdown)
-        tokens = self.query_one(TokenView)
-        markdown.display, tokens.display = not self.colours, self.colours
-        if self.colours:
-            tokens.show(self.pieces, streaming=self.streaming)
-        elif markdown.source != self.text:  # (replies streamed in colours went to the tokens view only)
-            markdown.update(self.text)
 
 
 class Transcript(VerticalScroll):
@@ -236,9 +142,38 @@ class Transcript(VerticalScroll):
     def _view(self, message: Shown) -> Widget:
         if message.role == "user":
             return UserMessage(message.text)
-        return AssistantMessage(message.text, colours=self._colours, stats=message.stats)
+        pieces = None if message.pieces is None else list(message.pieces)
+        return AssistantMessage(message.text, pieces, colours=self._colours, stats=message.stats)
+
+    def _retire(self) -> None:
+        """A live chat grown past RETIRE_SCREENS screens above the view, followed at its end: its oldest messages
+        unshown, as an opened chat's earlier ones are, down to SHOWN_SCREENS screens above (every widget is laid out
+        again at each update that changes the reply's height: under 60 long turns an update cost the UI thread 73
+        ms against 15, scripts/ui_update_cost.py)."""
+        height = self.size.height
+        if not height or self._placing or not self.is_anchored or self._anchor_released \
+                or self.max_scroll_y <= RETIRE_SCREENS * height:
+            return
+        shown = self._shown(None)
+        above, count = self.max_scroll_y, 0
+        for view in shown[:-2]:  # (the last turn stays: an edit marks it)
+            if above <= SHOWN_SCREENS * height:
+                break
+            above -= view.virtual_region_with_margin.height
+            count += 1
+        if not count:
+            return
+        for view in shown[:count]:
+            self._hidden.append(Shown("user", view.text) if isinstance(view, UserMessage) else
+                                Shown("assistant", view.text, view.stats, tuple(view.pieces)))
+            view.remove()
+        if self._earlier is None:
+            self._earlier = EarlierMessages()
+            self.mount(self._earlier, before=shown[count])
+        self._earlier.count(len(self._hidden))
 
     def add_user(self, text: str) -> UserMessage:
+        self._retire()
         message = UserMessage(text)
         self.mount(message)
         return message
