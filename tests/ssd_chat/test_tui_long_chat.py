@@ -3,6 +3,7 @@ them, the view kept on the lines it showed (widgets.transcript)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -39,6 +40,15 @@ def rows_from_end(transcript: Transcript) -> int:
     return transcript.virtual_size.height - round(transcript.scroll_y)
 
 
+@contextlib.asynccontextmanager
+async def opened(tmp_path, engine: FakeEngine | None = None):
+    """The app on the latest saved chat (--resume), loaded: (app, pilot, transcript)."""
+    app = make_app(engine or FakeEngine(), tmp_path, resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        yield app, pilot, app.query_one(Transcript)
+
+
 async def settled(pilot) -> None:
     for _ in range(4):  # (a batch's layout, then the view put back: a few refreshes)
         await pilot.pause()
@@ -47,10 +57,7 @@ async def settled(pilot) -> None:
 @pytest.mark.asyncio
 async def test_a_long_chat_opens_at_its_end_with_its_last_messages_shown(tmp_path):
     messages = long_chat(tmp_path)
-    app = make_app(FakeEngine(), tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path) as (_app, _pilot, transcript):
         hidden = transcript.hidden
         assert 0 < hidden < len(messages) - 2
         assert shown_texts(transcript) == [m.content for m in messages[hidden:]]
@@ -64,10 +71,7 @@ async def test_scrolling_up_shows_the_earlier_messages_without_moving_the_view(t
     """Each scroll moves the view by its own rows and no more, across every batch shown above it (a wheel's
     lines, or PageUp's animated pages), up to the chat's first message."""
     messages = long_chat(tmp_path)
-    app = make_app(FakeEngine(), tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path) as (app, pilot, transcript):
         batches, hidden = 0, transcript.hidden
         for _ in range(200):
             before, y = rows_from_end(transcript), transcript.scroll_y
@@ -96,10 +100,7 @@ async def test_scrolling_up_shows_the_earlier_messages_without_moving_the_view(t
 async def test_an_earlier_message_asked_for_is_shown_with_those_after_it(tmp_path):
     """A search's match or the turns list's choice among the unshown messages: it and the ones after it shown."""
     messages = long_chat(tmp_path)
-    app = make_app(FakeEngine(), tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path) as (_app, pilot, transcript):
         assert transcript.hidden > 4
         views = transcript.views_of(4, 2, len(messages))
         assert [str(views[0].render()), views[1].text] == [messages[4].content, messages[5].content]
@@ -112,10 +113,7 @@ async def test_an_earlier_message_asked_for_is_shown_with_those_after_it(tmp_pat
 @pytest.mark.asyncio
 async def test_the_earlier_replies_come_in_the_view_chosen_while_they_were_unshown(tmp_path):
     long_chat(tmp_path)
-    app = make_app(FakeEngine(), tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path) as (_app, pilot, transcript):
         await pilot.press("ctrl+t")  # the coloured-token view
         transcript.reveal()
         await settled(pilot)
@@ -126,10 +124,7 @@ async def test_the_earlier_replies_come_in_the_view_chosen_while_they_were_unsho
 @pytest.mark.asyncio
 async def test_removing_every_shown_message_brings_the_earlier_ones_into_view(tmp_path):
     messages = long_chat(tmp_path)
-    app = make_app(FakeEngine(), tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path) as (_app, pilot, transcript):
         hidden = transcript.hidden
         transcript.remove_last(len(messages) - hidden + 2)  # (the shown ones, and the last two unshown)
         await settled(pilot)
@@ -143,10 +138,7 @@ async def test_shown_messages_under_a_screen_bring_in_earlier_ones_until_a_scrol
     view can scroll up to them (no wheel would move a view that does not scroll)."""
     monkeypatch.setattr(Shown, "rows", lambda self, width: 10_000)  # (every message guessed taller than it is)
     long_chat(tmp_path)
-    app = make_app(FakeEngine(), tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path) as (_app, pilot, transcript):
         await wait_for(pilot, lambda: transcript.max_scroll_y > transcript.size.height, what="a scroll's room")
         await settled(pilot)
         assert transcript.hidden < 2 * TURNS - 2  # (two were shown at first)
@@ -159,10 +151,7 @@ async def test_pageup_at_the_top_of_the_shown_messages_shows_earlier_ones_and_pa
     off): PageUp shows a batch, then pages up into it."""
     monkeypatch.setattr(transcript_module, "NEAR_TOP_SCREENS", -1)
     long_chat(tmp_path)
-    app = make_app(FakeEngine(), tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path) as (_app, pilot, transcript):
         transcript.scroll_to(y=0, animate=False)
         await settled(pilot)
         hidden, before = transcript.hidden, rows_from_end(transcript)
@@ -177,10 +166,7 @@ async def test_pageup_at_the_top_of_the_shown_messages_shows_earlier_ones_and_pa
 @pytest.mark.asyncio
 async def test_an_unshown_turn_deleted_leaves_the_shown_messages_as_they_are(tmp_path):
     messages = long_chat(tmp_path)
-    app = make_app(FakeEngine(), tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path) as (_app, pilot, transcript):
         hidden, views = transcript.hidden, list(transcript.children)[1:]
         assert hidden > 4
         transcript.remove_messages(2, 2, len(messages))  # (the /turns list's delete of the second turn)
@@ -201,10 +187,7 @@ async def test_a_regenerated_reply_is_followed_where_its_turn_was_the_only_one_s
     HistoryStore(tmp_path / "history.sqlite3").save(
         Conversation(None, "longer", ChatSettings(mode="sd", temperature=0.0), messages))
     engine = FakeEngine(gate=threading.Event())  # (the reply's first word, then the rest once the gate opens)
-    app = make_app(engine, tmp_path, resume=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(app, pilot)
-        transcript = app.query_one(Transcript)
+    async with opened(tmp_path, engine) as (app, pilot, transcript):
         assert transcript.hidden == len(messages) - 2
         transcript.scroll_to(y=transcript.max_scroll_y - 10, animate=False)
         await settled(pilot)
