@@ -220,7 +220,8 @@ async def test_a_live_chat_grown_long_unshows_its_oldest_messages_and_keeps_thei
         await settled(pilot)
         hidden = transcript.hidden
         assert hidden > 0 and str(transcript.children[0].render()).startswith(f"↑ {hidden} earlier messages")
-        assert transcript.max_scroll_y <= (transcript_module.RETIRE_SCREENS + 1) * transcript.size.height
+        screens = transcript.max_scroll_y / transcript.size.height  # (above the view, at its end)
+        assert transcript_module.SHOWN_SCREENS <= screens <= transcript_module.RETIRE_SCREENS + 1
         texts = [m.content for m in app.session.messages]
         assert shown_texts(transcript) == texts[hidden:]
         transcript.reveal()
@@ -228,3 +229,26 @@ async def test_a_live_chat_grown_long_unshows_its_oldest_messages_and_keeps_thei
         assert shown_texts(transcript) == texts
         assert list(transcript.query(AssistantMessage).first().pieces) == first_pieces
         assert TokenSource.ACCEPTED in {source for _, source in first_pieces}  # (sd's: not a rebuild's one piece)
+
+
+@pytest.mark.asyncio
+async def test_a_regenerated_reply_retires_nothing_until_the_turn_it_replaced_is_gone(tmp_path, monkeypatch):
+    """F5 takes the last turn out and sends its prompt again at once: the turn is still laid out then (Textual
+    removes it after the handler), so counting it would retire the messages it covers too. The next prompt does."""
+    monkeypatch.setattr(transcript_module, "RETIRE_SCREENS", 1000)  # (the chat grows long, nothing retired yet)
+    app = make_app(FakeEngine(words=["A", " reply", " line", ".", "\n\n"] * 6), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        transcript = app.query_one(Transcript)
+        for i in range(12):
+            await send(app, pilot, f"prompt {i}")
+        await settled(pilot)
+        assert transcript.hidden == 0 and transcript.max_scroll_y > 6 * transcript.size.height
+        monkeypatch.setattr(transcript_module, "RETIRE_SCREENS", 6)
+        await pilot.press("f5")
+        assert transcript.hidden == 0
+        await settle(app, pilot)
+        await send(app, pilot, "one more")
+        await settled(pilot)
+        assert transcript.hidden > 0
+        assert transcript.max_scroll_y >= transcript_module.SHOWN_SCREENS * transcript.size.height

@@ -10,6 +10,8 @@ update that changes the reply's height lays out every message shown.
 
 from __future__ import annotations
 
+import weakref
+
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
@@ -38,6 +40,7 @@ class Transcript(VerticalScroll):
         self._colours = False
         self._placing = False  # a batch was mounted, and the view not yet kept on its lines
         self._opened = 0  # chats shown (and views scrolled to) so far: a batch's checks end where it changed
+        self._removed: weakref.WeakSet[Widget] = weakref.WeakSet()  # views removed here, until Textual has them
         self._page_up = False  # PageUp at the top: a page up once the batch it showed is in place
 
     def show(self, messages: list[Shown], *, colours: bool = False) -> None:
@@ -155,12 +158,14 @@ class Transcript(VerticalScroll):
                 or self.max_scroll_y <= RETIRE_SCREENS * height:
             return
         shown = self._shown(None)
+        if any(view in self._removed or not view.virtual_region.height for view in shown):
+            return  # (F5 took the last turn out and it is still laid out, or a batch is not yet: the next prompt)
         above, count = self.max_scroll_y, 0
         for view in shown[:-2]:  # (the last turn stays: an edit marks it)
-            if above <= SHOWN_SCREENS * height:
+            rows = view.virtual_region_with_margin.height
+            if above - rows < SHOWN_SCREENS * height:
                 break
-            above -= view.virtual_region_with_margin.height
-            count += 1
+            above, count = above - rows, count + 1
         if not count:
             return
         for view in shown[:count]:
@@ -239,6 +244,7 @@ class Transcript(VerticalScroll):
         gone = shown[max(0, start - hidden):max(0, start + count - hidden)]
         for view in gone:
             view.remove()
+            self._removed.add(view)  # (Textual removes it after this handler: until then it is laid out still)
         del self._hidden[min(start, hidden):min(start + count, hidden)]
         if self._earlier is not None and self._hidden:
             self._earlier.count(len(self._hidden))
