@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from markdown_it import MarkdownIt
@@ -99,3 +100,13 @@ def definitions(block: str) -> References:
     env: dict[str, References] = {}
     block_parser().parse(block, env)
     return env.get("references", {})
+
+
+def common_prefix(old: Sequence[str], new: Sequence[str]) -> int:
+    """How many leading items `old` and `new` share: the blocks (or a code block's runs) drawn before that are kept."""
+    kept = 0
+    for a, b in zip(old, new, strict=False):
+        if a != b:
+            break
+        kept += 1
+    return kept

@@ -13,7 +13,7 @@ from rich.console import Console, ConsoleOptions
 from rich.syntax import Syntax
 from textual.strip import Strip
 
-from ssd_chat.tui.widgets.markdown_parser import block_parser
+from ssd_chat.tui.widgets.markdown_parser import block_parser, common_prefix
 
 RUN = 32  # lines a kept run holds
 
@@ -52,9 +52,7 @@ class OpenFence:
         lines = code.split("\n")
         whole_runs = (len(lines) - 1) // RUN  # (the last line may be half written: it is never in a kept run)
         runs = ["\n".join(lines[i * RUN:(i + 1) * RUN]) for i in range(whole_runs)]
-        kept = 0
-        while kept < min(len(runs), len(self._runs)) and self._runs[kept][0] == runs[kept]:
-            kept += 1
+        kept = common_prefix([run for run, _ in self._runs], runs)
         del self._runs[kept:]
         for i in range(kept, whole_runs):
             self._runs.append((runs[i], _draw(console, options, runs[i], lexer, theme, top=i == 0, bottom=False)))

@@ -25,7 +25,15 @@ from textual.geometry import Region
 from textual.strip import Strip
 
 from ssd_chat.tui.widgets.line_view import LineView
-from ssd_chat.tui.widgets.markdown_parser import SEPARATORS, Block, References, definitions, parser, split_blocks
+from ssd_chat.tui.widgets.markdown_parser import (
+    SEPARATORS,
+    Block,
+    References,
+    common_prefix,
+    definitions,
+    parser,
+    split_blocks,
+)
 from ssd_chat.tui.widgets.open_fence import OpenFence, open_fence_code
 from ssd_chat.tui.widgets.open_list import Numbered, OpenList
 
@@ -117,12 +125,7 @@ class ReplyMarkdown(LineView):
             self._open_lines, self._fence = {}, OpenFence()
         self._streaming = False
         self._reparse()
-        kept = 0
-        for old, new in zip(closed, self._closed_blocks, strict=False):
-            if old != new:
-                break
-            kept += 1
-        del self._closed_lines[kept:]
+        del self._closed_lines[common_prefix(closed, self._closed_blocks):]
         self._refresh_changed()
 
     def append(self, text: str) -> None:
