@@ -51,6 +51,9 @@ class UserMessage(Static):
         self.border_title = "you"
         self.text = text
 
+    def shown(self) -> Shown:
+        return Shown("user", self.text)
+
 
 class AssistantMessage(Vertical):
     """One reply: Markdown and a coloured-token view (one shown at a time), then a dim stats line."""
@@ -92,6 +95,10 @@ class AssistantMessage(Vertical):
         self.query_one(ReplyMarkdown).update(text)
         self._apply_view()
         self.set_stats(line)
+
+    def shown(self) -> Shown:
+        """The reply as its record while unshown: its text, stats line and token sources."""
+        return Shown("assistant", self.text, self.stats, tuple(self.pieces))
 
     def set_stats(self, line: str) -> None:
         self.stats = line

@@ -51,10 +51,7 @@ class Transcript(VerticalScroll):
         self._opened += 1
         count = self._batch(messages, minimum=2)
         self._hidden = messages[:len(messages) - count]
-        if self._hidden:
-            self._earlier = EarlierMessages()
-            self._earlier.count(len(self._hidden))
-            self.mount(self._earlier)
+        self._sync_earlier()
         self.mount(*(self._view(m) for m in messages[len(messages) - count:]))
         self.anchor()
         if self._hidden:  # (shown ones shorter than guessed, under a screen: no scroll would bring the rest)
@@ -69,20 +66,13 @@ class Transcript(VerticalScroll):
         """Show the last `count` unshown messages (None: all of them) above the shown ones, the view kept on the
         lines it shows (a scroll under way, PageUp's, goes on from there), unless not `keep` (the caller scrolls)."""
         count = len(self._hidden) if count is None else min(count, len(self._hidden))
-        if not self._hidden and self._earlier is not None:  # (the unshown ones were removed: remove_last)
-            self._earlier.remove()
-            self._earlier = None
-        if count <= 0 or self._earlier is None:
+        if count <= 0:
             return
         batch, self._hidden = self._hidden[len(self._hidden) - count:], self._hidden[:len(self._hidden) - count]
         scrolling = self.app.animator.is_being_animated(self, "scroll_y")
         target = self.max_scroll_y - self.scroll_target_y if scrolling else None
         self.mount(*(self._view(m) for m in batch), after=self._earlier)
-        if self._hidden:
-            self._earlier.count(len(self._hidden))
-        else:
-            self._earlier.remove()
-            self._earlier = None
+        self._sync_earlier()
         if not keep:
             return
         self._placing = True
@@ -148,6 +138,19 @@ class Transcript(VerticalScroll):
         pieces = None if message.pieces is None else list(message.pieces)
         return AssistantMessage(message.text, pieces, colours=self._colours, stats=message.stats)
 
+    def _sync_earlier(self, above: Widget | None = None) -> None:
+        """The line above the shown messages as `_hidden` has it: mounted where some are unshown (before `above`, the
+        first shown view; None: after the views so far), with their count, and gone where none are."""
+        if not self._hidden:
+            if self._earlier is not None:
+                self._earlier.remove()
+                self._earlier = None
+            return
+        if self._earlier is None:
+            self._earlier = EarlierMessages()
+            self.mount(self._earlier, before=above)
+        self._earlier.count(len(self._hidden))
+
     def _retire(self) -> None:
         """A live chat grown past RETIRE_SCREENS screens above the view, followed at its end: its oldest messages
         unshown, as an opened chat's earlier ones are, down to SHOWN_SCREENS screens above (every widget is laid out
@@ -169,13 +172,9 @@ class Transcript(VerticalScroll):
         if not count:
             return
         for view in shown[:count]:
-            self._hidden.append(Shown("user", view.text) if isinstance(view, UserMessage) else
-                                Shown("assistant", view.text, view.stats, tuple(view.pieces)))
+            self._hidden.append(view.shown())
             view.remove()
-        if self._earlier is None:
-            self._earlier = EarlierMessages()
-            self.mount(self._earlier, before=shown[count])
-        self._earlier.count(len(self._hidden))
+        self._sync_earlier(above=shown[count])
 
     def add_user(self, text: str) -> UserMessage:
         self._retire()
@@ -246,8 +245,7 @@ class Transcript(VerticalScroll):
             view.remove()
             self._removed.add(view)  # (Textual removes it after this handler: until then it is laid out still)
         del self._hidden[min(start, hidden):min(start + count, hidden)]
-        if self._earlier is not None and self._hidden:
-            self._earlier.count(len(self._hidden))
+        self._sync_earlier()
         self.reveal(0 if len(gone) < len(shown) else self._batch(self._hidden, minimum=2), keep=False)
 
     def _shown(self, total: int | None) -> list[Widget]:
