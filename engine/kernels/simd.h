@@ -179,6 +179,24 @@ INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (tor
 #define LOW_BIT_REBUILD_ROWS 11  // panel_gemm.cpp (measured on a Zen 3: from 11 rows on)
 #define FP32_TALL_ROWS 24  // panel_gemm.cpp (measured on a Zen 1: from 24 rows on)
 #define ATTN_ACCUMULATORS 4
+// out[i] = v_sum(a[i]) * scale for 4 vectors at once: v_sum's tree (below), each addition's operands in its order,
+// but the last three levels in 128 bits on 4 vectors together (2 shuffles and 1 add a level for 2 of them) where a
+// v_sum takes an extract, 2 shuffles and 3 adds a vector: attention.cpp's scores, 4 keys a pass.
+#define HAVE_V_SUM4 1
+INLINE void v_sum4_scaled(const v16* a, float scale, float* out) {
+  __m128 t6[4];
+  for (int i = 0; i < 4; ++i) {  // lanes 8-15 onto 0-7, then 4-7 onto 0-3
+    const __m256 t3 = v_fold(a[i]);
+    t6[i] = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  }
+  __m128 t8[2];
+  for (int i = 0; i < 2; ++i)  // 2-3 onto 0-1: [a[2i]'s two sums, a[2i + 1]'s]
+    t8[i] = _mm_add_ps(_mm_shuffle_ps(t6[2 * i], t6[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm_shuffle_ps(t6[2 * i], t6[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m128 sums = _mm_add_ps(_mm_shuffle_ps(t8[0], t8[1], _MM_SHUFFLE(2, 0, 2, 0)),  // 1 onto 0
+                                 _mm_shuffle_ps(t8[0], t8[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+}
 
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
@@ -292,6 +310,12 @@ INLINE float v_sum(v16 a) {
   const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
   const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
   return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+}
+#endif
+
+#if !defined(HAVE_V_SUM4)
+INLINE void v_sum4_scaled(const v16* a, float scale, float* out) {
+  for (int i = 0; i < 4; ++i) out[i] = v_sum(a[i]) * scale;
 }
 #endif
 
