@@ -33,7 +33,7 @@ from engine.remote_drafter import RemoteDrafter
 from engine.request import RequestState, check_prompt
 from engine.sampling_params import SamplingParams
 from engine.sequence import SeqStatus, Sequence
-from engine.startup import Sizes, check_draft, context_sizes, load_tokenizer, start_engine
+from engine.startup import Sizes, check_draft, context_sizes, draft_process_starts, load_tokenizer, start_engine
 from engine.tp_worker import stop_ranks
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class LLM:
         self.draft_path = None if config.draft is None else check_draft(config, self.model_path, tokenizer)
         try:
             self.core_share.pin_leader()
-            if config.draft is not None and self.placement.draft is not None:  # (SSD's draft process loads beside:
+            if draft_process_starts(config, self.placement):  # (SSD's draft process loads beside:
                 self.core_share.share(True)  # off its cores until it is up, or the target's threads wait for it)
             self.core_share.idle()  # (the load's work is this process's or its children's: a pause like any other)
             started = start_engine(config, self.placement, files, self.model_path, self.draft_path, tokenizer,

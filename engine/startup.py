@@ -78,6 +78,11 @@ def context_sizes(config: EngineConfig, model_config: dict) -> tuple[int, int, i
     return max_model_len, model_max, -(-kv_tokens // config.block_size)
 
 
+def draft_process_starts(config: EngineConfig, placement: Placement) -> bool:
+    """Whether `start_engine` starts SSD's draft process: a draft model, and a device of its own for it."""
+    return config.draft is not None and placement.draft is not None
+
+
 def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, model_path: Path,
                  draft_path: Path | None, tokenizer: Callable[[], Any], sizes: Sizes, workers: list) -> Started:
     """Load the target (rank 0 here, TP ranks 1.. in their processes, appended to `workers`), the draft, and
@@ -91,7 +96,7 @@ def start_engine(config: EngineConfig, placement: Placement, files: ModelFiles, 
                          str(model_path), prefill_chunk=config.prefill_chunk)
 
     remote = None
-    if config.draft is not None and placement.draft is not None:
+    if draft_process_starts(config, placement):
         log.info("starting the draft process on %s", placement.draft)
         remote = RemoteDrafter(spec(torch.device(placement.draft.torch_device)),
                                RankSpec(1, placement.draft.cores, placement.threads_for(placement.draft) or 1),
