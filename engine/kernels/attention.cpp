@@ -26,9 +26,9 @@ static inline float dot(const float* __restrict a, const float* __restrict b, lo
 // p_j = (q . k_j) * scale for keys 0 .. keys - 1 (k_j at k + j D). With AVX-512, 16 keys at a time where D is a
 // multiple of 16: each key's products summed as dot sums them, the 16 sums then reduced together by v_sum16,
 // which adds v_sum's pairs: the same bits as dot, key by key. Elsewhere (AVX2, NEON) at D = 64, 4 keys a pass with
-// q's 4 blocks held in registers (dot loads q again for every key: half of AVX2's loads), reduced together by
-// v_sum4_scaled (v_sum's pairs, on AVX2 in 128 bits for the 4): the same bits. A Zen 1, one core, SmolLM2's 32-row
-// call over 3000 keys: 9.6 -> 7.9 ms; a decode's one row 342 -> 290 us (tests/engine/test_isa.py: NEON's v_sum).
+// q's 4 blocks held in registers (dot loads q again for every key: half of AVX2's loads), each key's chain dot's,
+// then v_sum4_scaled (on AVX2 the last levels of v_sum's tree for the 4 keys at once; elsewhere 4 v_sum): the same
+// bits. A Zen 1, one core, SmolLM2's 32-row call over 3000 keys: 9.6 -> 7.9 ms; a decode's one row 342 -> 290 us.
 static inline void scores(const float* __restrict q, const float* __restrict k, long keys, long D, float scale,
                           float* __restrict p) {
   long j = 0;
@@ -51,10 +51,14 @@ static inline void scores(const float* __restrict q, const float* __restrict k, 
       for (int i = 0; i < 4; i += 2) {
         const float* a = k + (j + i) * D;
         const float* b = a + D;
-        v16 x = v_fmadd(q0, v_load(a), v_zero()), y = v_fmadd(q0, v_load(b), v_zero());
-        x = v_fmadd(q1, v_load(a + 16), x), y = v_fmadd(q1, v_load(b + 16), y);
-        x = v_fmadd(q2, v_load(a + 32), x), y = v_fmadd(q2, v_load(b + 32), y);
-        acc[i] = v_fmadd(q3, v_load(a + 48), x), acc[i + 1] = v_fmadd(q3, v_load(b + 48), y);
+        v16 x = v_fmadd(q0, v_load(a), v_zero());
+        v16 y = v_fmadd(q0, v_load(b), v_zero());
+        x = v_fmadd(q1, v_load(a + 16), x);
+        y = v_fmadd(q1, v_load(b + 16), y);
+        x = v_fmadd(q2, v_load(a + 32), x);
+        y = v_fmadd(q2, v_load(b + 32), y);
+        acc[i] = v_fmadd(q3, v_load(a + 48), x);
+        acc[i + 1] = v_fmadd(q3, v_load(b + 48), y);
       }
       v_sum4_scaled(acc, scale, p + j);
     }

@@ -179,9 +179,9 @@ INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (tor
 #define LOW_BIT_REBUILD_ROWS 11  // panel_gemm.cpp (measured on a Zen 3: from 11 rows on)
 #define FP32_TALL_ROWS 24  // panel_gemm.cpp (measured on a Zen 1: from 24 rows on)
 #define ATTN_ACCUMULATORS 4
-// out[i] = v_sum(a[i]) * scale for 4 vectors at once: v_sum's tree (below), each addition's operands in its order,
-// but the last three levels in 128 bits on 4 vectors together (2 shuffles and 1 add a level for 2 of them) where a
-// v_sum takes an extract, 2 shuffles and 3 adds a vector: attention.cpp's scores, 4 keys a pass.
+// out[i] = v_sum(a[i]) * scale for 4 vectors: v_sum's tree (below), its first two levels a vector at a time as there,
+// its last two on the 4 vectors at once (6 shuffles and 3 adds, where 4 v_sum take 8 shuffles and 8 adds, the
+// last of each scalar): attention.cpp's scores, 4 keys a pass.
 #define HAVE_V_SUM4 1
 INLINE void v_sum4_scaled(const v16* a, float scale, float* out) {
   __m128 t6[4];
