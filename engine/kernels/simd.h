@@ -58,9 +58,9 @@ INLINE void v_store_half(uint16_t* p, v16 v) {  // to nearest, ties to even (tor
 INLINE __m256 v_fold(v16 a) {  // lanes 8-15 plus lanes 0-7
   return _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)), _mm512_castps512_ps256(a));
 }
-// v_sum of 16 vectors at once, lane j <- v_sum(a[j]) (its pairs of additions, each in its operand order, so NaNs
-// keep their bits too): per level two shuffles and one add for two registers, 15 adds and 30 shuffles in all,
-// against about 7 operations a v_sum.
+// v_sum of 16 vectors at once, lane j <- v_sum(a[j]) (its pairs of additions: the same sums; a NaN's payload may
+// differ, as the compiler may swap an addition's operands): per level two shuffles and one add for two registers,
+// 15 adds and 30 shuffles in all, against about 7 operations a v_sum.
 #define HAVE_V_SUM16 1
 INLINE v16 v_sum16(const v16* a) {
   static const int first[8] = {0, 8, 1, 9, 2, 10, 3, 11};  // a[j] and a[j + 4] share a register at the first level
