@@ -23,16 +23,68 @@ static inline float dot(const float* __restrict a, const float* __restrict b, lo
   return v_sum(acc);
 }
 
-// p_j = (q . k_j) * scale for keys 0 .. keys - 1 (k_j at k + j D). With AVX-512, 16 keys at a time where D is a
-// multiple of 16: each key's products summed as dot sums them, the 16 sums then reduced together by v_sum16,
-// which adds v_sum's pairs: the same bits as dot, key by key. Elsewhere (AVX2, NEON) at D = 64, 4 keys a pass with
-// q's 4 blocks held in registers (dot loads q again for every key: half of AVX2's loads), each key's chain dot's,
-// then v_sum4_scaled (on AVX2 the last levels of v_sum's tree for the 4 keys at once; elsewhere 4 v_sum): the same
-// bits. A Zen 1, one core, SmolLM2's 32-row call over 3000 keys: 9.6 -> 7.9 ms; a decode's one row 342 -> 290 us.
+// p_j = (q . k_j) * scale for keys j .. of a head of 64 (k_j at k + 64 j), 4 keys a pass: q's 4 blocks held in
+// registers (dot loads q again for every key: half of AVX2's loads), each key's FMA chain dot's, then v_sum4_scaled
+// (on AVX2 the last levels of v_sum's tree for the 4 keys at once; elsewhere 4 v_sum). Returns the first key left.
+static inline long scores_64(const float* __restrict q, const float* __restrict k, long j, long keys, float scale,
+                             float* __restrict p) {
+  const v16 q0 = v_load(q), q1 = v_load(q + 16), q2 = v_load(q + 32), q3 = v_load(q + 48);
+  for (; j + 4 <= keys; j += 4) {
+    v16 acc[4];
+    for (int i = 0; i < 4; i += 2) {
+      const float* a = k + (j + i) * 64;
+      const float* b = a + 64;
+      v16 x = v_fmadd(q0, v_load(a), v_zero());
+      v16 y = v_fmadd(q0, v_load(b), v_zero());
+      x = v_fmadd(q1, v_load(a + 16), x);
+      y = v_fmadd(q1, v_load(b + 16), y);
+      x = v_fmadd(q2, v_load(a + 32), x);
+      y = v_fmadd(q2, v_load(b + 32), y);
+      acc[i] = v_fmadd(q3, v_load(a + 48), x);
+      acc[i + 1] = v_fmadd(q3, v_load(b + 48), y);
+    }
+    v_sum4_scaled(acc, scale, p + j);
+  }
+  return j;
+}
+
+// The same for a head of 128, 2 keys a pass: q's 8 blocks do not fit in AVX2's registers beside the sums, so they
+// are held 4 at a time, each key's chain still dot's (blocks 0-3, then 4-7). Returns the first key left.
+static inline long scores_128(const float* __restrict q, const float* __restrict k, long j, long keys, float scale,
+                              float* __restrict p) {
+  for (; j + 2 <= keys; j += 2) {
+    v16 x = v_zero(), y = v_zero();
+    for (int half = 0; half < 128; half += 64) {
+      const float* a = k + j * 128 + half;
+      const float* b = a + 128;
+      const v16 q0 = v_load(q + half), q1 = v_load(q + half + 16), q2 = v_load(q + half + 32),
+                q3 = v_load(q + half + 48);
+      x = v_fmadd(q0, v_load(a), x);
+      y = v_fmadd(q0, v_load(b), y);
+      x = v_fmadd(q1, v_load(a + 16), x);
+      y = v_fmadd(q1, v_load(b + 16), y);
+      x = v_fmadd(q2, v_load(a + 32), x);
+      y = v_fmadd(q2, v_load(b + 32), y);
+      x = v_fmadd(q3, v_load(a + 48), x);
+      y = v_fmadd(q3, v_load(b + 48), y);
+    }
+    p[j] = v_sum(x) * scale;
+    p[j + 1] = v_sum(y) * scale;
+  }
+  return j;
+}
+
+// p_j = (q . k_j) * scale for keys 0 .. keys - 1 (k_j at k + j D), each key the bits of dot. With AVX-512, 16 keys
+// at a time where D is a multiple of 16: each key's products summed as dot sums them, the 16 sums then reduced
+// together by v_sum16, which adds v_sum's pairs. Elsewhere (AVX2, NEON) scores_64 and scores_128 at those head
+// sizes: a Zen 1, one core, SmolLM2's 32-row call over 3000 keys 9.6 -> 7.9 ms, a decode's one row 342 -> 290 us;
+// 16 heads of 128 over 8 KV heads (Qwen3-0.6B's), 32 rows 35.4 -> 31.5 ms. ATTN_ONE_KEY_SCORES takes every key
+// through dot (tests/engine/test_attention_scores.py builds it so, for the passes' bits to be checked against it).
 static inline void scores(const float* __restrict q, const float* __restrict k, long keys, long D, float scale,
                           float* __restrict p) {
   long j = 0;
-#if defined(HAVE_V_SUM16)
+#if defined(ATTN_ONE_KEY_SCORES)
+#elif defined(HAVE_V_SUM16)
   if (D % 16 == 0)
     for (; j + 16 <= keys; j += 16) {
       v16 acc[16];
@@ -44,25 +96,8 @@ static inline void scores(const float* __restrict q, const float* __restrict k, 
       v_store(p + j, v_mul(v_sum16(acc), v_set1(scale)));
     }
 #else
-  if (D == 64) {  // each key's products summed as dot sums them
-    const v16 q0 = v_load(q), q1 = v_load(q + 16), q2 = v_load(q + 32), q3 = v_load(q + 48);
-    for (; j + 4 <= keys; j += 4) {
-      v16 acc[4];
-      for (int i = 0; i < 4; i += 2) {
-        const float* a = k + (j + i) * D;
-        const float* b = a + D;
-        v16 x = v_fmadd(q0, v_load(a), v_zero());
-        v16 y = v_fmadd(q0, v_load(b), v_zero());
-        x = v_fmadd(q1, v_load(a + 16), x);
-        y = v_fmadd(q1, v_load(b + 16), y);
-        x = v_fmadd(q2, v_load(a + 32), x);
-        y = v_fmadd(q2, v_load(b + 32), y);
-        acc[i] = v_fmadd(q3, v_load(a + 48), x);
-        acc[i + 1] = v_fmadd(q3, v_load(b + 48), y);
-      }
-      v_sum4_scaled(acc, scale, p + j);
-    }
-  }
+  if (D == 64) j = scores_64(q, k, j, keys, scale, p);
+  if (D == 128) j = scores_128(q, k, j, keys, scale, p);
 #endif
   for (; j < keys; ++j) p[j] = dot(q, k + j * D, D) * scale;
 }
