@@ -23,6 +23,7 @@ static inline float dot(const float* __restrict a, const float* __restrict b, lo
   return v_sum(acc);
 }
 
+#if !defined(ATTN_ONE_KEY_SCORES) && !defined(HAVE_V_SUM16)  // (scores' passes where AVX-512's 16-key one is not)
 // p_j = (q . k_j) * scale for keys j .. of a head of 64 (k_j at k + 64 j), 4 keys a pass: q's 4 blocks held in
 // registers (dot loads q again for every key: half of AVX2's loads), each key's FMA chain dot's, then v_sum4_scaled
 // (on AVX2 the last levels of v_sum's tree for the 4 keys at once; elsewhere 4 v_sum). Returns the first key left.
@@ -73,6 +74,7 @@ static inline long scores_128(const float* __restrict q, const float* __restrict
   }
   return j;
 }
+#endif
 
 // p_j = (q . k_j) * scale for keys 0 .. keys - 1 (k_j at k + j D), each key the bits of dot. With AVX-512, 16 keys
 // at a time where D is a multiple of 16: each key's products summed as dot sums them, the 16 sums then reduced

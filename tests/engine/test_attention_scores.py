@@ -29,8 +29,9 @@ def _build(isa: str, directory: Path, *defines: str) -> ctypes.CDLL:
     if compiler is None:
         pytest.skip("no C++ compiler")
     out = directory / f"attention-{isa}{'-'.join(('', *defines))}.so"
-    subprocess.run([compiler, *native.FLAGS, *native.ISA_FLAGS[isa], *(f"-D{d}" for d in defines),
-                    str(KERNELS / "attention.cpp"), "-o", str(out)], check=True, capture_output=True)
+    built = subprocess.run([compiler, *native.FLAGS, *native.ISA_FLAGS[isa], *(f"-D{d}" for d in defines),
+                            str(KERNELS / "attention.cpp"), "-o", str(out)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
     lib = ctypes.CDLL(str(out))
     for name in ("causal_attention", "causal_attention_half"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = SIGNATURE, None

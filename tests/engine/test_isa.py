@@ -115,7 +115,7 @@ def test_rms_norm_gives_the_same_bits(libs, width):
 @pytest.mark.parametrize("half", [False, True], ids=["float32-cache", "half-cache"])
 def test_attention_gives_the_same_bits(libs, head_dim, keys, group, half):
     """Every path of attention.cpp: 16-wide exp and libm's tail, head sizes 64 and 128 (AVX-512: 16 keys' dot
-    products reduced at once; AVX2 and NEON at 64: 4 keys a pass, the last keys % 4 one at a time) and any other
+    products reduced at once; AVX2 and NEON: 4 keys a pass at 64, 2 at 128, the last few one at a time) and any other
     (48; 40: a masked tail), 1-5 query heads a KV head (a pass: 1-4); over a half cache (its tiles converted:
     simd.h's v_load_half), the float32 kernel's bits on the converted values."""
     g = torch.Generator().manual_seed(keys)
