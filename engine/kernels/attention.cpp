@@ -24,26 +24,23 @@ static inline float dot(const float* __restrict a, const float* __restrict b, lo
 }
 
 #if !defined(ATTN_ONE_KEY_SCORES) && !defined(HAVE_V_SUM16)  // (scores' passes where AVX-512's 16-key one is not)
+// x and y carried over 4 blocks of dot's chain for two keys (a and b, from the same block on), q's blocks in registers.
+INLINE void two_keys(const v16 (&q)[4], const float* __restrict a, const float* __restrict b, v16& x, v16& y) {
+  for (int c = 0; c < 4; ++c) {
+    x = v_fmadd(q[c], v_load(a + 16 * c), x);
+    y = v_fmadd(q[c], v_load(b + 16 * c), y);
+  }
+}
+
 // p_j = (q . k_j) * scale for keys j .. of a head of 64 (k_j at k + 64 j), 4 keys a pass: q's 4 blocks held in
 // registers (dot loads q again for every key: half of AVX2's loads), each key's FMA chain dot's, then v_sum4_scaled
 // (on AVX2 the last levels of v_sum's tree for the 4 keys at once; elsewhere 4 v_sum). Returns the first key left.
 static inline long scores_64(const float* __restrict q, const float* __restrict k, long j, long keys, float scale,
                              float* __restrict p) {
-  const v16 q0 = v_load(q), q1 = v_load(q + 16), q2 = v_load(q + 32), q3 = v_load(q + 48);
+  const v16 qs[4] = {v_load(q), v_load(q + 16), v_load(q + 32), v_load(q + 48)};
   for (; j + 4 <= keys; j += 4) {
-    v16 acc[4];
-    for (int i = 0; i < 4; i += 2) {
-      const float* a = k + (j + i) * 64;
-      const float* b = a + 64;
-      v16 x = v_fmadd(q0, v_load(a), v_zero());
-      v16 y = v_fmadd(q0, v_load(b), v_zero());
-      x = v_fmadd(q1, v_load(a + 16), x);
-      y = v_fmadd(q1, v_load(b + 16), y);
-      x = v_fmadd(q2, v_load(a + 32), x);
-      y = v_fmadd(q2, v_load(b + 32), y);
-      acc[i] = v_fmadd(q3, v_load(a + 48), x);
-      acc[i + 1] = v_fmadd(q3, v_load(b + 48), y);
-    }
+    v16 acc[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
+    for (int i = 0; i < 4; i += 2) two_keys(qs, k + (j + i) * 64, k + (j + i + 1) * 64, acc[i], acc[i + 1]);
     v_sum4_scaled(acc, scale, p + j);
   }
   return j;
@@ -56,18 +53,8 @@ static inline long scores_128(const float* __restrict q, const float* __restrict
   for (; j + 2 <= keys; j += 2) {
     v16 x = v_zero(), y = v_zero();
     for (int half = 0; half < 128; half += 64) {
-      const float* a = k + j * 128 + half;
-      const float* b = a + 128;
-      const v16 q0 = v_load(q + half), q1 = v_load(q + half + 16), q2 = v_load(q + half + 32),
-                q3 = v_load(q + half + 48);
-      x = v_fmadd(q0, v_load(a), x);
-      y = v_fmadd(q0, v_load(b), y);
-      x = v_fmadd(q1, v_load(a + 16), x);
-      y = v_fmadd(q1, v_load(b + 16), y);
-      x = v_fmadd(q2, v_load(a + 32), x);
-      y = v_fmadd(q2, v_load(b + 32), y);
-      x = v_fmadd(q3, v_load(a + 48), x);
-      y = v_fmadd(q3, v_load(b + 48), y);
+      const v16 qs[4] = {v_load(q + half), v_load(q + half + 16), v_load(q + half + 32), v_load(q + half + 48)};
+      two_keys(qs, k + j * 128 + half, k + (j + 1) * 128 + half, x, y);
     }
     p[j] = v_sum(x) * scale;
     p[j + 1] = v_sum(y) * scale;

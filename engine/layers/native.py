@@ -220,6 +220,11 @@ def build(target: str) -> ctypes.CDLL | None:
         return lib
 
 
+# causal_attention's (and its half cache's) C parameters: q, n, H, D, K, V, KVH, S, first, t, scale, out, threads
+CAUSAL_ATTENTION_ARGS = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 4,
+                         ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     """The kernels' C signatures, for ctypes."""
     lib.panel_gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
@@ -256,10 +261,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]  # norm.py's
     lib.rms_norm.restype = None
-    lib.causal_attention.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p,
-                                     *[ctypes.c_long] * 4, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]  # sdpa.py's
-    lib.causal_attention.restype = None
-    lib.causal_attention_half.argtypes, lib.causal_attention_half.restype = lib.causal_attention.argtypes, None
+    for name in ("causal_attention", "causal_attention_half"):  # sdpa.py's
+        getattr(lib, name).argtypes, getattr(lib, name).restype = CAUSAL_ATTENTION_ARGS, None
     lib.causal_attention_spans.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 2, ctypes.c_void_p, ctypes.c_void_p,
                                            *[ctypes.c_long] * 3, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
                                            ctypes.c_void_p, ctypes.c_int]  # sdpa.py's

@@ -18,9 +18,6 @@ import torch
 from engine.layers import native
 
 KERNELS = Path(native.__file__).resolve().parent.parent / "kernels"
-SIGNATURE = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-             ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_float, ctypes.c_void_p,
-             ctypes.c_int]
 
 
 def _build(isa: str, directory: Path, *defines: str) -> ctypes.CDLL:
@@ -34,7 +31,7 @@ def _build(isa: str, directory: Path, *defines: str) -> ctypes.CDLL:
     assert built.returncode == 0, built.stderr[-2000:]
     lib = ctypes.CDLL(str(out))
     for name in ("causal_attention", "causal_attention_half"):
-        getattr(lib, name).argtypes, getattr(lib, name).restype = SIGNATURE, None
+        getattr(lib, name).argtypes, getattr(lib, name).restype = native.CAUSAL_ATTENTION_ARGS, None
     return lib
 
 
