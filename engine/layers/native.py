@@ -194,7 +194,10 @@ def compile_library(compiler: str, target: str, directory: Path, openmp: OpenMP 
 def build(target: str) -> ctypes.CDLL | None:
     """The kernels built for instruction set `target` (a key of ISA_FLAGS; the CPU must have it) and loaded, or
     None where they do not build: with the first of `openmp_choices()` that builds and loads."""
-    if not all(s.is_file() for s in SOURCES + HEADERS):
+    missing = [s.name for s in SOURCES + HEADERS if not s.is_file()]
+    if missing:
+        log.warning("the CPU kernels' %s missing from %s (an incomplete install: reinstall ssd-chat): the few-row "
+                    "matmuls stay on MKL", ", ".join(missing), SOURCE.parent)
         return None
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:

@@ -8,6 +8,7 @@ import logging
 import platform
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,24 @@ def test_torchs_libomp_comes_first_on_macos_only(system, tmp_path, monkeypatch):
         assert torchs.libomp == tmp_path / "lib" / "libomp.dylib"
     else:
         assert choices == [native.OWN_OPENMP, torchs, native.NO_OPENMP] and torchs.libomp is None
+
+
+def test_an_installed_package_carries_every_kernel_source_and_header():
+    # A wheel (`pip install .`, not -e) holds engine's package data only: the headers were left out until
+    # 2026-12-08, and without them the kernels did not build (every few-row matmul then on MKL).
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["engine"]
+    package = Path(native.__file__).resolve().parent.parent
+    for path in native.SOURCES + native.HEADERS:
+        assert any(path.relative_to(package).match(glob) for glob in globs), path.name
+
+
+def test_a_missing_kernel_file_says_so_and_builds_nothing(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(native, "HEADERS", (*native.HEADERS, tmp_path / "gone.h"))
+    native.build.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=native.__name__):
+            assert native.build(native.isa() or "avx2") is None
+    finally:
+        native.build.cache_clear()
+    assert "gone.h missing" in caplog.text and "reinstall ssd-chat" in caplog.text
