@@ -1,4 +1,4 @@
-// The CPU kernels' one way of splitting work over threads (panel_gemm.cpp, q8_gemm.cpp).
+// The CPU kernels' one way of splitting work over threads (panel_gemm.cpp, q8_gemm.cpp, attention.cpp).
 #pragma once
 #ifdef _OPENMP
 #include <omp.h>
@@ -20,4 +20,25 @@ static void over_panels(long n_panels, int threads, Range run) {
   }
 #endif
   run(0L, n_panels);
+}
+
+// first(p0, p1) over the panels as over_panels splits them; then, once every thread's first is done, second(p0, p1)
+// over the same runs, each thread its own (where its first left them in its caches).
+template <class First, class Second>
+static void over_panels_then(long n_panels, int threads, First first, Second second) {
+  if (threads > n_panels) threads = (int)n_panels;
+#ifdef _OPENMP
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    {
+      const long t = omp_get_thread_num(), n = omp_get_num_threads(), p0 = n_panels * t / n, p1 = n_panels * (t + 1) / n;
+      first(p0, p1);
+#pragma omp barrier
+      second(p0, p1);
+    }
+    return;
+  }
+#endif
+  first(0L, n_panels);
+  second(0L, n_panels);
 }

@@ -34,7 +34,8 @@ SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "panel_gemm.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("rms_norm.cpp"), SOURCE.with_name("attention.cpp"),
            SOURCE.with_name("layer.cpp"), SOURCE.with_name("q8_gemm.cpp"),
            SOURCE.with_name("q8_avx2.cpp"), SOURCE.with_name("sampling.cpp"))  # one library, all rows alike
-HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("threads.h"), SOURCE.with_name("q8.h"))
+HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("threads.h"), SOURCE.with_name("q8.h"),
+           SOURCE.with_name("attention_tile.h"))
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma", "-mf16c"), "neon": ()}  # best first
 # x86 (F16C: half-precision KV; every AVX2 CPU has it); every AArch64 CPU has NEON, FMA and half conversions
 ISA_CPU_FLAGS = {"avx512": {"avx512f", "fma"}, "avx2": {"avx2", "fma", "f16c"}}

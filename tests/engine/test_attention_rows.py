@@ -65,11 +65,14 @@ def test_a_prefill_past_the_kernel_rows_gives_each_row_its_decode_bits():
 
 
 def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, keys: int, threads: int) -> torch.Tensor:
-    """engine/kernels/attention.cpp's causal_attention itself: q [n, H, D], k and v [KVH, S, D] -> [n, H * D]."""
+    """engine/kernels/attention.cpp's causal_attention itself (or its half cache's): q [n, H, D], k and v [KVH, S, D]
+    -> [n, H * D]."""
     n, h, d = q.shape
     out = torch.empty(n, h * d)
-    native.library().causal_attention(q.data_ptr(), n, h, d, k.data_ptr(), v.data_ptr(), k.shape[0], k.shape[1],
-                                      first, keys, d**-0.5, out.data_ptr(), threads)
+    lib = native.library()
+    kernel = lib.causal_attention_half if k.dtype == torch.float16 else lib.causal_attention
+    kernel(q.data_ptr(), n, h, d, k.data_ptr(), v.data_ptr(), k.shape[0], k.shape[1], first, keys, d**-0.5,
+           out.data_ptr(), threads)
     return out
 
 
@@ -93,9 +96,37 @@ def test_the_tiled_kernel_gives_every_row_of_a_prefill_call_the_bits_of_its_one_
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("d", [64, 128, 48])
+@pytest.mark.parametrize("half", [False, True], ids=["float32-cache", "half-cache"])
+def test_a_few_rows_over_several_chunks_of_keys_split_over_threads_keep_one_threads_bits(d, half):
+    # A decode's or a verify's few blocks of rows and KV heads (3 for SmolLM2's decode: 2 for one thread, 1 for the
+    # other) go chunk by chunk of keys (attention.cpp's ATTN_CHUNK, 256) over the threads: every chunk's scores,
+    # then each chunk's sums from zero, then the chunks' sums added in key order, as one thread adds them. So at any
+    # thread count each row keeps its one-row call's bits, at key counts around the chunks' edges.
+    generator = torch.Generator().manual_seed(d + 7 * half)
+    k, v = (torch.randn(3, 1200, d, generator=generator) for _ in range(2))
+    if half:
+        k, v = k.half(), v.half()
+    q = 3 * torch.randn(5, 9, d, generator=generator)
+    for keys in (256, 257, 300, 512, 513, 1100):
+        for n in (1, 5):
+            got = _kernel(q[:n], k, v, 5, keys, 1)
+            for threads in (2, 3):
+                assert torch.equal(_kernel(q[:n], k, v, 5, keys, threads), got), (keys, n, threads)
+            for r in range(n - 1):
+                assert torch.equal(_kernel(q[r : r + 1], k, v, 5, keys - n + r + 1, 2), got[r : r + 1]), (keys, r)
+        mask = torch.ones(n, keys, dtype=torch.bool).tril(keys - n)
+        want = attend(q.transpose(0, 1).unsqueeze(0), k[:, 5 : 5 + keys].float().unsqueeze(0),
+                      v[:, 5 : 5 + keys].float().unsqueeze(0), mask=mask, causal=False,
+                      scale=d**-0.5)[0].transpose(0, 1).reshape(n, 9 * d)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("d", [64, 40])
 @pytest.mark.parametrize("half", [False, True], ids=["float32-cache", "half-cache"])
-def test_several_spans_in_one_call_give_each_row_the_bits_of_its_own_span_call(d, half):
+@pytest.mark.parametrize("lens", [[(1, 30), (5, 44), (40, 300), (1, 7), (17, 17), (3, 260)], [(1, 700), (5, 600)]],
+                         ids=["mixed", "long"])  # (q_len, num_keys): decode, verify, prefill; "long": chunks split
+def test_several_spans_in_one_call_give_each_row_the_bits_of_its_own_span_call(d, half, lens):
     # A batched step's causal spans (several sequences' verifies and decodes, SSD's branches over gathered slots) go
     # through one kernel call a layer: each row must keep the bits the call of its own span gives it, at any thread
     # count, however the spans' slots lie (one run, or scattered: gathered a tile at a time).
@@ -103,7 +134,6 @@ def test_several_spans_in_one_call_give_each_row_the_bits_of_its_own_span_call(d
     k, v = (torch.randn(KVH, 900, d, generator=generator) for _ in range(2))
     if half:
         k, v = k.half(), v.half()
-    lens = [(1, 30), (5, 44), (40, 300), (1, 7), (17, 17), (3, 260)]  # (q_len, num_keys): decode, verify, prefill
     spans, start, row = [], 0, 0
     for i, (q_len, keys) in enumerate(lens):
         if i % 2:  # scattered: two runs, and the slots of a branch's scratch
