@@ -20,13 +20,15 @@
 // Keys a chunk: a row's value sums start again from zero every ATTN_CHUNK keys of its sequence (from key 0), and
 // the chunks' sums are then added in key order. So the chunks of a few rows' keys can go to different threads with
 // the bits one thread gives them: a decode's 3 KV heads (SmolLM2) were 3 units of work for 2 threads, one of which
-// read 2/3 of the cache. A multiple of every tile's 16-key blocks; a row of at most ATTN_CHUNK keys adds nothing.
+// read 2/3 of the cache. A multiple of every tile's 16-key blocks (where the tiles do not divide it, D = 48 or 40,
+// each chunk ends in a shorter tile); a row of at most ATTN_CHUNK keys adds nothing.
 #define ATTN_CHUNK 256
 
 // Rows r0 .. r1 - 1 of a span (n rows over t keys: row r sees keys 0 .. t - n + r) and the `group` query heads of
-// one KV head: one unit of the work, whose floats (its slab) are: scores p [heads, most]; per chunk the maxima of
-// each lane of its 16-key blocks [chunks, heads, 16] and of its other keys [chunks, heads]; `slots` value sums
-// [slots, heads, ldacc] and their totals [slots, heads]. Row r's head h is head (r - r0) * group + h.
+// one KV head: a block of the work (its chunks units of their own where a call splits them). Its floats (its slab):
+// scores p [heads, most]; per chunk the maxima of each lane of its 16-key blocks [chunks, heads, 16] and of its
+// other keys [chunks, heads]; `slots` value sums [slots, heads, ldacc] and their totals [slots, heads]. Row r's
+// head h is head (r - r0) * group + h.
 template <typename T>
 struct Block {
   const float* q;
@@ -100,7 +102,8 @@ static void block_max(const Block<T>& b, const float* slab, float* top) {
   for (long i = 0; i < heads; ++i) {
     top[i] = -INFINITY;
     for (long c = 0; c < chunks; ++c) {
-      for (long l = 0; l < 16; ++l) top[i] = lanes[(c * heads + i) * 16 + l] > top[i] ? lanes[(c * heads + i) * 16 + l] : top[i];
+      const float* lane = lanes + (c * heads + i) * 16;
+      for (long l = 0; l < 16; ++l) top[i] = lane[l] > top[i] ? lane[l] : top[i];
       top[i] = tails[c * heads + i] > top[i] ? tails[c * heads + i] : top[i];
     }
   }
@@ -108,8 +111,8 @@ static void block_max(const Block<T>& b, const float* slab, float* top) {
 
 // Chunks c0 .. c1 - 1 of the block's exps (exp16 on the 16-key blocks, libm's expf on the last keys % 16, by the
 // row's own key count; top from block_max) and weighted sums, tile by tile. Chunk c's sums go to slot c of the slab
-// (`folds` false: finish_block adds them up), or, with `folds`, to slot 1 and are then added into slot 0 (chunk 0's
-// own): the same additions in the same order.
+// (`folds` false: finish_block adds them up), or, with `folds`, chunk 0's to slot 0 and each later chunk's to slot 1,
+// then added into slot 0: the same additions in the same order.
 template <typename T>
 static void block_sums(const Block<T>& b, long c0, long c1, float* slab, bool folds, const float* top,
                        float* converted) {
@@ -169,6 +172,13 @@ static void finish_block(const Block<T>& b, float* slab, bool folds) {
 #define ATTN_ROWS 16  // rows a block: their scores [rows, group, keys] stay in L2 (16 x 3 x 6000: 1.1 MB)
 #define ATTN_SPLIT_FLOATS (1L << 24)  // the most slab floats a call splits its blocks' chunks over threads for
 
+// `count` floats, 64-byte aligned (out of memory: abort, as the GEMMs' panels do).
+static float* floats(long count) {
+  void* buf = nullptr;
+  if (posix_memalign(&buf, 64, sizeof(float) * (count > 0 ? count : 1)) != 0) abort();
+  return (float*)buf;
+}
+
 // Several sequences' causal spans in one call (a batched verify or decode, SSD's branches): one call a layer where
 // a call a span cost each span 20-35 us of Python and ctypes, most of a small model's batched step. spans [n, 5]:
 // q_start, q_len, num_keys, first, offset. Span s's q_len rows, q + q_start H D, see its num_keys keys: with
@@ -183,6 +193,7 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
   long n_blocks = 0;
   for (long s = 0; s < n_spans; ++s) n_blocks += KVH * ((spans[5 * s + 1] + ATTN_ROWS - 1) / ATTN_ROWS);
   Block<T>* blocks = (Block<T>*)malloc(sizeof(Block<T>) * (n_blocks > 0 ? n_blocks : 1));
+  if (blocks == nullptr) abort();
   long n_units = 0, work_floats = 1, all_floats = 0, most_heads = 1;
   bool gathers = sizeof(T) == 2;
   for (long s = 0, u = 0; s < n_spans; ++s) {
@@ -192,9 +203,9 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
     for (long kv = 0; kv < KVH; ++kv)
       for (long r0 = 0; r0 < sp[1]; r0 += ATTN_ROWS, ++u) {
         Block<T>& b = blocks[u];
-        b = {q + sp[0] * H * D, K + (kv * S + first) * D, V + (kv * S + first) * D, sp[4] >= 0 ? slots + sp[4] : nullptr,
-             out + sp[0] * H * D, sp[1], H, D, kv, group, r0, r0 + ATTN_ROWS < sp[1] ? r0 + ATTN_ROWS : sp[1], sp[2],
-             scale};
+        const long* slot = sp[4] >= 0 ? slots + sp[4] : nullptr;
+        b = {q + sp[0] * H * D, K + (kv * S + first) * D, V + (kv * S + first) * D, slot, out + sp[0] * H * D,
+             sp[1], H, D, kv, group, r0, r0 + ATTN_ROWS < sp[1] ? r0 + ATTN_ROWS : sp[1], sp[2], scale};
         n_units += b.chunks();
         work_floats = b.slab_floats(2) > work_floats ? b.slab_floats(2) : work_floats;
         all_floats += b.slab_floats(b.chunks());
@@ -202,29 +213,26 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
       }
   }
   const bool split = threads > 1 && n_blocks < 4L * threads && n_units > n_blocks && all_floats <= ATTN_SPLIT_FLOATS;
-  const long tile_floats = gathers ? tile_keys(D) * D : 0;
-  // `converted` (a gathered or half tile as float32) lies apart from the slab: inside it, its stores aliased the score
-  // rows' loads 4 KiB apart, and a block of 16 rows took 1.35x the float32 kernel's time
-  auto scratch = [&](long floats) {
-    void* buf = nullptr;
-    return posix_memalign(&buf, 64, sizeof(float) * (floats + tile_floats)) == 0 ? (float*)buf : nullptr;
-  };
+  // `converted` (a gathered or half tile as float32) is an allocation of its own: inside the slab, its stores aliased
+  // the score rows' loads 4 KiB apart, and a block of 16 rows took 1.35x the float32 kernel's time
+  const long tile_floats = gathers ? tile_keys(D) * D : 1;
   if (!split) {
     over_panels(n_blocks, threads, [&](long u0, long u1) {
-      float* work = scratch(work_floats + most_heads);
-      for (long u = u0; u < u1 && work != nullptr; ++u) {
-        float *top = work + work_floats, *converted = top + most_heads;
+      float *work = floats(work_floats + most_heads), *converted = floats(tile_floats), *top = work + work_floats;
+      for (long u = u0; u < u1; ++u) {
         block_scores(blocks[u], 0, blocks[u].chunks(), work, converted);
         block_max(blocks[u], work, top);
         block_sums(blocks[u], 0, blocks[u].chunks(), work, true, top, converted);
         finish_block(blocks[u], work, true);
       }
+      free(converted);
       free(work);
     });
   } else {
     long* unit_block = (long*)malloc(sizeof(long) * 2 * n_units);
     long* slab_at = (long*)malloc(sizeof(long) * n_blocks);
-    float* slabs = (float*)malloc(sizeof(float) * all_floats);
+    float* slabs = floats(all_floats);
+    if (unit_block == nullptr || slab_at == nullptr) abort();
     for (long u = 0, i = 0, at = 0; u < n_blocks; at += blocks[u].slab_floats(blocks[u].chunks()), ++u) {
       slab_at[u] = at;
       for (long c = 0; c < blocks[u].chunks(); ++c, ++i) unit_block[2 * i] = u, unit_block[2 * i + 1] = c;
@@ -232,7 +240,7 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
     over_panels_then(
         n_units, threads,
         [&](long u0, long u1) {
-          float* converted = scratch(0);
+          float* converted = floats(tile_floats);
           for (long i = u0; i < u1; ++i) {
             const long u = unit_block[2 * i], c = unit_block[2 * i + 1];
             block_scores(blocks[u], c, c + 1, slabs + slab_at[u], converted);
@@ -240,12 +248,13 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
           free(converted);
         },
         [&](long u0, long u1) {
-          float* top = scratch(most_heads);
+          float *top = floats(most_heads), *converted = floats(tile_floats);
           for (long i = u0, last = -1; i < u1; ++i) {
             const long u = unit_block[2 * i], c = unit_block[2 * i + 1];
             if (u != last) block_max(blocks[u], slabs + slab_at[u], top), last = u;
-            block_sums(blocks[u], c, c + 1, slabs + slab_at[u], false, top, top + most_heads);
+            block_sums(blocks[u], c, c + 1, slabs + slab_at[u], false, top, converted);
           }
+          free(converted);
           free(top);
         });
     for (long u = 0; u < n_blocks; ++u) finish_block(blocks[u], slabs + slab_at[u], false);

@@ -31,7 +31,8 @@ static void over_panels_then(long n_panels, int threads, First first, Second sec
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
     {
-      const long t = omp_get_thread_num(), n = omp_get_num_threads(), p0 = n_panels * t / n, p1 = n_panels * (t + 1) / n;
+      const long t = omp_get_thread_num(), n = omp_get_num_threads();
+      const long p0 = n_panels * t / n, p1 = n_panels * (t + 1) / n;
       first(p0, p1);
 #pragma omp barrier
       second(p0, p1);

@@ -98,28 +98,29 @@ def test_the_tiled_kernel_gives_every_row_of_a_prefill_call_the_bits_of_its_one_
 
 @pytest.mark.parametrize("d", [64, 128, 48])
 @pytest.mark.parametrize("half", [False, True], ids=["float32-cache", "half-cache"])
-def test_a_few_rows_over_several_chunks_of_keys_split_over_threads_keep_one_threads_bits(d, half):
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (8, 1)])
+def test_a_few_rows_over_several_chunks_of_keys_split_over_threads_keep_one_threads_bits(d, half, heads, kv_heads):
     # A decode's or a verify's few blocks of rows and KV heads (3 for SmolLM2's decode: 2 for one thread, 1 for the
     # other) go chunk by chunk of keys (attention.cpp's ATTN_CHUNK, 256) over the threads: every chunk's scores,
     # then each chunk's sums from zero, then the chunks' sums added in key order, as one thread adds them. So at any
     # thread count each row keeps its one-row call's bits, at key counts around the chunks' edges.
-    generator = torch.Generator().manual_seed(d + 7 * half)
-    k, v = (torch.randn(3, 1200, d, generator=generator) for _ in range(2))
+    generator = torch.Generator().manual_seed(d + 7 * half + heads)
+    k, v = (torch.randn(kv_heads, 1200, d, generator=generator) for _ in range(2))
     if half:
         k, v = k.half(), v.half()
-    q = 3 * torch.randn(5, 9, d, generator=generator)
+    q = 3 * torch.randn(5, heads, d, generator=generator)
     for keys in (256, 257, 300, 512, 513, 1100):
         for n in (1, 5):
             got = _kernel(q[:n], k, v, 5, keys, 1)
             for threads in (2, 3):
                 assert torch.equal(_kernel(q[:n], k, v, 5, keys, threads), got), (keys, n, threads)
-            for r in range(n - 1):
+            for r in range(n):
                 assert torch.equal(_kernel(q[r : r + 1], k, v, 5, keys - n + r + 1, 2), got[r : r + 1]), (keys, r)
-        mask = torch.ones(n, keys, dtype=torch.bool).tril(keys - n)
-        want = attend(q.transpose(0, 1).unsqueeze(0), k[:, 5 : 5 + keys].float().unsqueeze(0),
-                      v[:, 5 : 5 + keys].float().unsqueeze(0), mask=mask, causal=False,
-                      scale=d**-0.5)[0].transpose(0, 1).reshape(n, 9 * d)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            mask = torch.ones(n, keys, dtype=torch.bool).tril(keys - n)
+            want = attend(q[:n].transpose(0, 1).unsqueeze(0), k[:, 5 : 5 + keys].float().unsqueeze(0),
+                          v[:, 5 : 5 + keys].float().unsqueeze(0), mask=mask, causal=False,
+                          scale=d**-0.5)[0].transpose(0, 1).reshape(n, heads * d)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("d", [64, 40])
