@@ -42,6 +42,9 @@ struct Block {
   long keys(long r) const { return t - n + r + 1; }
   long chunks() const { return most() > ATTN_CHUNK ? (most() + ATTN_CHUNK - 1) / ATTN_CHUNK : 1; }
   long ldacc() const { return (D + 15) / 16 * 16; }
+  long cost(long c) const {  // chunk c's work, about: its heads times its keys
+    return heads() * ((c + 1) * ATTN_CHUNK < most() ? ATTN_CHUNK : most() - c * ATTN_CHUNK);
+  }
   long slab_floats(long slots) const { return heads() * (most() + chunks() * 17 + slots * (ldacc() + 1)); }
   float* sums(float* slab) const { return slab + heads() * (most() + chunks() * 17); }
   float* totals(float* slab, long slots) const { return sums(slab) + slots * heads() * ldacc(); }
@@ -171,6 +174,7 @@ static void finish_block(const Block<T>& b, float* slab, bool folds) {
 // 3000 / 6000 keys: 10.7 / 28.9 ms a call, now 5.0 / 10.4 (a decode's one row: 356 -> 304 us at 3000).
 #define ATTN_ROWS 16  // rows a block: their scores [rows, group, keys] stay in L2 (16 x 3 x 6000: 1.1 MB)
 #define ATTN_SPLIT_FLOATS (1L << 24)  // the most slab floats a call splits its blocks' chunks over threads for
+#define ATTN_SPLIT_UNEVEN 1.1  // ... where the blocks' split would give a thread this much more than its share
 
 // `count` floats, 64-byte aligned (out of memory: abort, as the GEMMs' panels do).
 static float* floats(long count) {
@@ -183,9 +187,11 @@ static float* floats(long count) {
 // a call a span cost each span 20-35 us of Python and ctypes, most of a small model's batched step. spans [n, 5]:
 // q_start, q_len, num_keys, first, offset. Span s's q_len rows, q + q_start H D, see its num_keys keys: with
 // offset -1 the run at slots first .., else at slots[offset ..] (gathered a tile at a time, tile_rows). Each row
-// the arithmetic of causal_attention's. Where the blocks are fewer than 4 a thread (a decode or a verify of a few
-// sequences) and some have several chunks, each block's chunks are units of their own: every thread's scores,
-// then every thread's sums (the max needs all of a row's scores), then the chunks' sums added up in key order.
+// the arithmetic of causal_attention's. Where threads taking runs of whole blocks would share the work unevenly
+// (SmolLM2's decode or verify: 3 blocks, one a KV head, for 2 threads) and some blocks have several chunks, the
+// blocks' chunks are the units, each thread a run of them of about equal work (rows times keys): every thread's
+// scores, then every thread's sums (the max needs all of a row's scores), then the chunks' sums added in key order.
+// (Runs of equally many chunks left 16 + 1 rows, 2 blocks a KV head, as uneven as whole blocks.)
 template <typename T>
 static void causal_spans_of(const float* q, long H, long D, const T* K, const T* V, long KVH, long S, long n_spans,
                             const long* spans, const long* slots, float scale, float* out, int threads) {
@@ -194,7 +200,7 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
   for (long s = 0; s < n_spans; ++s) n_blocks += KVH * ((spans[5 * s + 1] + ATTN_ROWS - 1) / ATTN_ROWS);
   Block<T>* blocks = (Block<T>*)malloc(sizeof(Block<T>) * (n_blocks > 0 ? n_blocks : 1));
   if (blocks == nullptr) abort();
-  long n_units = 0, work_floats = 1, all_floats = 0, most_heads = 1;
+  long n_units = 0, work_floats = 1, all_floats = 0, most_heads = 1, total = 0;
   bool gathers = sizeof(T) == 2;
   for (long s = 0, u = 0; s < n_spans; ++s) {
     const long* sp = spans + 5 * s;
@@ -207,12 +213,21 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
         b = {q + sp[0] * H * D, K + (kv * S + first) * D, V + (kv * S + first) * D, slot, out + sp[0] * H * D,
              sp[1], H, D, kv, group, r0, r0 + ATTN_ROWS < sp[1] ? r0 + ATTN_ROWS : sp[1], sp[2], scale};
         n_units += b.chunks();
+        for (long c = 0; c < b.chunks(); ++c) total += b.cost(c);
         work_floats = b.slab_floats(2) > work_floats ? b.slab_floats(2) : work_floats;
         all_floats += b.slab_floats(b.chunks());
         most_heads = b.heads() > most_heads ? b.heads() : most_heads;
       }
   }
-  const bool split = threads > 1 && n_blocks < 4L * threads && n_units > n_blocks && all_floats <= ATTN_SPLIT_FLOATS;
+  long most_run = 0;  // the most work over_panels' runs of whole blocks would give a thread
+  for (long t = 0, n = threads < n_blocks ? threads : n_blocks; t < n; ++t) {
+    long run = 0;
+    for (long u = n_blocks * t / n; u < n_blocks * (t + 1) / n; ++u)
+      for (long c = 0; c < blocks[u].chunks(); ++c) run += blocks[u].cost(c);
+    most_run = run > most_run ? run : most_run;
+  }
+  const bool split = threads > 1 && n_units > n_blocks && most_run > ATTN_SPLIT_UNEVEN * total / threads &&
+                     all_floats <= ATTN_SPLIT_FLOATS;
   // `converted` (a gathered or half tile as float32) is an allocation of its own: inside the slab, its stores aliased
   // the score rows' loads 4 KiB apart, and a block of 16 rows took 1.35x the float32 kernel's time
   const long tile_floats = gathers ? tile_keys(D) * D : 1;
@@ -231,25 +246,31 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
   } else {
     long* unit_block = (long*)malloc(sizeof(long) * 2 * n_units);
     long* slab_at = (long*)malloc(sizeof(long) * n_blocks);
+    long* starts = (long*)malloc(sizeof(long) * (threads + 1));  // thread t's units: starts[t] .. starts[t + 1] - 1
     float* slabs = floats(all_floats);
-    if (unit_block == nullptr || slab_at == nullptr) abort();
-    for (long u = 0, i = 0, at = 0; u < n_blocks; at += blocks[u].slab_floats(blocks[u].chunks()), ++u) {
+    if (unit_block == nullptr || slab_at == nullptr || starts == nullptr) abort();
+    long unit = 0, done = 0, t = 0;  // done: the work of the units before `unit`
+    for (long u = 0, at = 0; u < n_blocks; at += blocks[u].slab_floats(blocks[u].chunks()), ++u) {
       slab_at[u] = at;
-      for (long c = 0; c < blocks[u].chunks(); ++c, ++i) unit_block[2 * i] = u, unit_block[2 * i + 1] = c;
+      for (long c = 0; c < blocks[u].chunks(); done += blocks[u].cost(c), ++c, ++unit) {
+        for (; t < threads && done >= total * t / threads; ++t) starts[t] = unit;
+        unit_block[2 * unit] = u, unit_block[2 * unit + 1] = c;
+      }
     }
+    for (; t <= threads; ++t) starts[t] = n_units;
     over_panels_then(
-        n_units, threads,
-        [&](long u0, long u1) {
+        threads, threads,
+        [&](long t0, long t1) {
           float* converted = floats(tile_floats);
-          for (long i = u0; i < u1; ++i) {
+          for (long i = starts[t0]; i < starts[t1]; ++i) {
             const long u = unit_block[2 * i], c = unit_block[2 * i + 1];
             block_scores(blocks[u], c, c + 1, slabs + slab_at[u], converted);
           }
           free(converted);
         },
-        [&](long u0, long u1) {
+        [&](long t0, long t1) {
           float *top = floats(most_heads), *converted = floats(tile_floats);
-          for (long i = u0, last = -1; i < u1; ++i) {
+          for (long i = starts[t0], last = -1; i < starts[t1]; ++i) {
             const long u = unit_block[2 * i], c = unit_block[2 * i + 1];
             if (u != last) block_max(blocks[u], slabs + slab_at[u], top), last = u;
             block_sums(blocks[u], c, c + 1, slabs + slab_at[u], false, top, converted);
@@ -259,6 +280,7 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
         });
     for (long u = 0; u < n_blocks; ++u) finish_block(blocks[u], slabs + slab_at[u], false);
     free(slabs);
+    free(starts);
     free(slab_at);
     free(unit_block);
   }
