@@ -42,7 +42,7 @@ struct Block {
   long keys(long r) const { return t - n + r + 1; }
   long chunks() const { return most() > ATTN_CHUNK ? (most() + ATTN_CHUNK - 1) / ATTN_CHUNK : 1; }
   long ldacc() const { return (D + 15) / 16 * 16; }
-  long cost(long c) const {  // chunk c's work, about: its heads times its keys
+  long cost(long c) const {  // chunk c's work, about: its heads times its keys (the block's: heads() * most())
     return heads() * ((c + 1) * ATTN_CHUNK < most() ? ATTN_CHUNK : most() - c * ATTN_CHUNK);
   }
   long slab_floats(long slots) const { return heads() * (most() + chunks() * 17 + slots * (ldacc() + 1)); }
@@ -174,7 +174,7 @@ static void finish_block(const Block<T>& b, float* slab, bool folds) {
 // 3000 / 6000 keys: 10.7 / 28.9 ms a call, now 5.0 / 10.4 (a decode's one row: 356 -> 304 us at 3000).
 #define ATTN_ROWS 16  // rows a block: their scores [rows, group, keys] stay in L2 (16 x 3 x 6000: 1.1 MB)
 #define ATTN_SPLIT_FLOATS (1L << 24)  // the most slab floats a call splits its blocks' chunks over threads for
-#define ATTN_SPLIT_UNEVEN 1.1  // ... where the blocks' split would give a thread this much more than its share
+#define ATTN_SPLIT_UNEVEN 1.1  // ... where runs of whole blocks would give a thread over this many times its share
 
 // `count` floats, 64-byte aligned (out of memory: abort, as the GEMMs' panels do).
 static float* floats(long count) {
@@ -188,10 +188,11 @@ static float* floats(long count) {
 // q_start, q_len, num_keys, first, offset. Span s's q_len rows, q + q_start H D, see its num_keys keys: with
 // offset -1 the run at slots first .., else at slots[offset ..] (gathered a tile at a time, tile_rows). Each row
 // the arithmetic of causal_attention's. Where threads taking runs of whole blocks would share the work unevenly
-// (SmolLM2's decode or verify: 3 blocks, one a KV head, for 2 threads) and some blocks have several chunks, the
-// blocks' chunks are the units, each thread a run of them of about equal work (rows times keys): every thread's
-// scores, then every thread's sums (the max needs all of a row's scores), then the chunks' sums added in key order.
-// (Runs of equally many chunks left 16 + 1 rows, 2 blocks a KV head, as uneven as whole blocks.)
+// (SmolLM2's decode or verify: 3 blocks, one a KV head, for 2 threads), the blocks are fewer than 4 a thread and
+// some have several chunks, the blocks' chunks are the units, each thread a run of them of about equal work (rows
+// times keys): every thread's scores, then every thread's sums (the max needs all of a row's scores), then the
+// chunks' sums added in key order. (Runs of equally many chunks left 16 + 1 rows, 2 blocks a KV head, as uneven as
+// whole blocks.) Without OpenMP, one thread does all the blocks whole.
 template <typename T>
 static void causal_spans_of(const float* q, long H, long D, const T* K, const T* V, long KVH, long S, long n_spans,
                             const long* spans, const long* slots, float scale, float* out, int threads) {
@@ -213,7 +214,7 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
         b = {q + sp[0] * H * D, K + (kv * S + first) * D, V + (kv * S + first) * D, slot, out + sp[0] * H * D,
              sp[1], H, D, kv, group, r0, r0 + ATTN_ROWS < sp[1] ? r0 + ATTN_ROWS : sp[1], sp[2], scale};
         n_units += b.chunks();
-        for (long c = 0; c < b.chunks(); ++c) total += b.cost(c);
+        total += b.heads() * b.most();
         work_floats = b.slab_floats(2) > work_floats ? b.slab_floats(2) : work_floats;
         all_floats += b.slab_floats(b.chunks());
         most_heads = b.heads() > most_heads ? b.heads() : most_heads;
@@ -222,12 +223,11 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
   long most_run = 0;  // the most work over_panels' runs of whole blocks would give a thread
   for (long t = 0, n = threads < n_blocks ? threads : n_blocks; t < n; ++t) {
     long run = 0;
-    for (long u = n_blocks * t / n; u < n_blocks * (t + 1) / n; ++u)
-      for (long c = 0; c < blocks[u].chunks(); ++c) run += blocks[u].cost(c);
+    for (long u = n_blocks * t / n; u < n_blocks * (t + 1) / n; ++u) run += blocks[u].heads() * blocks[u].most();
     most_run = run > most_run ? run : most_run;
   }
-  const bool split = threads > 1 && n_units > n_blocks && most_run > ATTN_SPLIT_UNEVEN * total / threads &&
-                     all_floats <= ATTN_SPLIT_FLOATS;
+  const bool split = runs_parallel() && threads > 1 && n_units > n_blocks && n_blocks < 4L * threads &&
+                     most_run > ATTN_SPLIT_UNEVEN * total / threads && all_floats <= ATTN_SPLIT_FLOATS;
   // `converted` (a gathered or half tile as float32) is an allocation of its own: inside the slab, its stores aliased
   // the score rows' loads 4 KiB apart, and a block of 16 rows took 1.35x the float32 kernel's time
   const long tile_floats = gathers ? tile_keys(D) * D : 1;
@@ -246,20 +246,21 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
   } else {
     long* unit_block = (long*)malloc(sizeof(long) * 2 * n_units);
     long* slab_at = (long*)malloc(sizeof(long) * n_blocks);
-    long* starts = (long*)malloc(sizeof(long) * (threads + 1));  // thread t's units: starts[t] .. starts[t + 1] - 1
+    const int parts = threads < n_units ? threads : (int)n_units;
+    long* starts = (long*)malloc(sizeof(long) * (parts + 1));  // thread t's units: starts[t] .. starts[t + 1] - 1
     float* slabs = floats(all_floats);
     if (unit_block == nullptr || slab_at == nullptr || starts == nullptr) abort();
-    long unit = 0, done = 0, t = 0;  // done: the work of the units before `unit`
+    long unit = 0, done = 0, t = 0;  // done: the work of the units before `unit`; a unit goes by its middle
     for (long u = 0, at = 0; u < n_blocks; at += blocks[u].slab_floats(blocks[u].chunks()), ++u) {
       slab_at[u] = at;
       for (long c = 0; c < blocks[u].chunks(); done += blocks[u].cost(c), ++c, ++unit) {
-        for (; t < threads && done >= total * t / threads; ++t) starts[t] = unit;
+        for (; t < parts && done + blocks[u].cost(c) / 2 >= total * t / parts; ++t) starts[t] = unit;
         unit_block[2 * unit] = u, unit_block[2 * unit + 1] = c;
       }
     }
-    for (; t <= threads; ++t) starts[t] = n_units;
+    for (; t <= parts; ++t) starts[t] = n_units;
     over_panels_then(
-        threads, threads,
+        parts, parts,
         [&](long t0, long t1) {
           float* converted = floats(tile_floats);
           for (long i = starts[t0]; i < starts[t1]; ++i) {

@@ -4,6 +4,15 @@
 #include <omp.h>
 #endif
 
+// Whether the work runs on several threads at all (built with OpenMP).
+static inline bool runs_parallel() {
+#ifdef _OPENMP
+  return true;
+#else
+  return false;
+#endif
+}
+
 // run(p0, p1) over panels 0..n_panels-1: each of `threads` OpenMP threads takes an equal run of consecutive
 // panels (give or take one). Built without OpenMP (a compiler without it, as Apple's clang): one thread.
 template <class Range>
