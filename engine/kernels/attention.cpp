@@ -41,12 +41,14 @@ struct Block {
   long most() const { return t - n + r1 > 0 ? t - n + r1 : 0; }  // the last row's keys
   long keys(long r) const { return t - n + r + 1; }
   long chunks() const { return most() > ATTN_CHUNK ? (most() + ATTN_CHUNK - 1) / ATTN_CHUNK : 1; }
+  long chunk_end(long c) const { return (c + 1) * ATTN_CHUNK < most() ? (c + 1) * ATTN_CHUNK : most(); }
+  bool sees(long r, long c) const { return keys(r) > c * ATTN_CHUNK; }  // whether row r has keys in chunk c
+  long cost(long c) const { return heads() * (chunk_end(c) - c * ATTN_CHUNK); }  // about (a block's: heads() * most())
   long ldacc() const { return (D + 15) / 16 * 16; }
-  long cost(long c) const {  // chunk c's work, about: its heads times its keys (the block's: heads() * most())
-    return heads() * ((c + 1) * ATTN_CHUNK < most() ? ATTN_CHUNK : most() - c * ATTN_CHUNK);
-  }
   long slab_floats(long slots) const { return heads() * (most() + chunks() * 17 + slots * (ldacc() + 1)); }
-  float* sums(float* slab) const { return slab + heads() * (most() + chunks() * 17); }
+  template <typename F> F* lanes(F* slab) const { return slab + heads() * most(); }  // the slab's parts, in order
+  template <typename F> F* tails(F* slab) const { return lanes(slab) + chunks() * heads() * 16; }
+  float* sums(float* slab) const { return tails(slab) + chunks() * heads(); }
   float* totals(float* slab, long slots) const { return sums(slab) + slots * heads() * ldacc(); }
 };
 
@@ -57,12 +59,10 @@ template <typename T>
 static void block_scores(const Block<T>& b, long c0, long c1, float* slab, float* converted) {
   const long heads = b.heads(), most = b.most(), tile = tile_keys(b.D);
   float* p = slab;
-  float* tops = p + heads * most;
-  float* top = tops + b.chunks() * heads * 16;
   for (long c = c0; c < c1; ++c) {
-    float *lanes_c = tops + c * heads * 16, *top_c = top + c * heads;
+    float *lanes_c = b.lanes(slab) + c * heads * 16, *top_c = b.tails(slab) + c * heads;
     for (long i = 0; i < heads; ++i) top_c[i] = -INFINITY, v_store(lanes_c + 16 * i, v_set1(-INFINITY));
-    const long end = (c + 1) * ATTN_CHUNK < most ? (c + 1) * ATTN_CHUNK : most;
+    const long end = b.chunk_end(c);
     for (long j0 = c * ATTN_CHUNK; j0 < end; j0 += tile) {
       const long count = end - j0 < tile ? end - j0 : tile;
       const float* keys_tile = tile_rows(b.kr, b.slot, j0, count, b.D, converted);
@@ -88,7 +88,7 @@ static void fold_chunk(const Block<T>& b, float* slab, long slots, long c, long 
   const long heads = b.heads(), ldacc = b.ldacc();
   float *acc = b.sums(slab), *total = b.totals(slab, slots);
   for (long r = b.r0; r < b.r1; ++r)
-    for (long h = 0, i = (r - b.r0) * b.group; b.keys(r) > c * ATTN_CHUNK && h < b.group; ++h, ++i) {
+    for (long h = 0, i = (r - b.r0) * b.group; b.sees(r, c) && h < b.group; ++h, ++i) {
       for (long k = 0; k < ldacc; k += 16)
         v_store(acc + i * ldacc + k, v_add(v_load(acc + i * ldacc + k), v_load(acc + (from * heads + i) * ldacc + k)));
       total[i] += total[from * heads + i];
@@ -100,8 +100,7 @@ static void fold_chunk(const Block<T>& b, float* slab, long slots, long c, long 
 template <typename T>
 static void block_max(const Block<T>& b, const float* slab, float* top) {
   const long heads = b.heads(), chunks = b.chunks();
-  const float* lanes = slab + heads * b.most();
-  const float* tails = lanes + chunks * heads * 16;
+  const float *lanes = b.lanes(slab), *tails = b.tails(slab);
   for (long i = 0; i < heads; ++i) {
     top[i] = -INFINITY;
     for (long c = 0; c < chunks; ++c) {
@@ -127,11 +126,11 @@ static void block_sums(const Block<T>& b, long c0, long c1, float* slab, bool fo
     const long slot = folds ? (c > 0) : c;
     float *acc_c = acc + slot * heads * ldacc, *total_c = total + slot * heads;
     for (long r = b.r0; r < b.r1; ++r)
-      for (long h = 0, i = (r - b.r0) * b.group; (c == 0 || b.keys(r) > c * ATTN_CHUNK) && h < b.group; ++h, ++i) {
+      for (long h = 0, i = (r - b.r0) * b.group; (c == 0 || b.sees(r, c)) && h < b.group; ++h, ++i) {
         total_c[i] = 0.0f;
         for (long k = 0; k < ldacc; k += 16) v_store(acc_c + i * ldacc + k, v_zero());
       }
-    const long end = (c + 1) * ATTN_CHUNK < most ? (c + 1) * ATTN_CHUNK : most;
+    const long end = b.chunk_end(c);
     for (long j0 = c * ATTN_CHUNK; j0 < end; j0 += tile) {
       const long count = end - j0 < tile ? end - j0 : tile;
       const float* values_tile = tile_rows(b.vr, b.slot, j0, count, b.D, converted);
@@ -259,19 +258,19 @@ static void causal_spans_of(const float* q, long H, long D, const T* K, const T*
       }
     }
     for (; t <= parts; ++t) starts[t] = n_units;
-    over_panels_then(
-        parts, parts,
-        [&](long t0, long t1) {
+    each_thread_then(
+        parts,
+        [&](int part) {
           float* converted = floats(tile_floats);
-          for (long i = starts[t0]; i < starts[t1]; ++i) {
+          for (long i = starts[part]; i < starts[part + 1]; ++i) {
             const long u = unit_block[2 * i], c = unit_block[2 * i + 1];
             block_scores(blocks[u], c, c + 1, slabs + slab_at[u], converted);
           }
           free(converted);
         },
-        [&](long t0, long t1) {
+        [&](int part) {
           float *top = floats(most_heads), *converted = floats(tile_floats);
-          for (long i = starts[t0], last = -1; i < starts[t1]; ++i) {
+          for (long i = starts[part], last = -1; i < starts[part + 1]; ++i) {
             const long u = unit_block[2 * i], c = unit_block[2 * i + 1];
             if (u != last) block_max(blocks[u], slabs + slab_at[u], top), last = u;
             block_sums(blocks[u], c, c + 1, slabs + slab_at[u], false, top, converted);

@@ -31,24 +31,24 @@ static void over_panels(long n_panels, int threads, Range run) {
   run(0L, n_panels);
 }
 
-// first(p0, p1) over the panels as over_panels splits them; then, once every thread's first is done, second(p0, p1)
-// over the same runs, each thread its own (where its first left them in its caches).
+// first(t) on each of `threads` threads (t = 0 .. threads - 1); then, once every thread's first is done, second(t),
+// each thread the same t (where its first left its work in its caches). Without OpenMP: every first, then every
+// second, in order.
 template <class First, class Second>
-static void over_panels_then(long n_panels, int threads, First first, Second second) {
-  if (threads > n_panels) threads = (int)n_panels;
+static void each_thread_then(int threads, First first, Second second) {
 #ifdef _OPENMP
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
     {
-      const long t = omp_get_thread_num(), n = omp_get_num_threads();
-      const long p0 = n_panels * t / n, p1 = n_panels * (t + 1) / n;
-      first(p0, p1);
+      // (fewer threads than asked: each takes a run of the parts, as over_panels does)
+      const int t = omp_get_thread_num(), n = omp_get_num_threads(), p0 = threads * t / n, p1 = threads * (t + 1) / n;
+      for (int part = p0; part < p1; ++part) first(part);
 #pragma omp barrier
-      second(p0, p1);
+      for (int part = p0; part < p1; ++part) second(part);
     }
     return;
   }
 #endif
-  first(0L, n_panels);
-  second(0L, n_panels);
+  for (int part = 0; part < threads; ++part) first(part);
+  for (int part = 0; part < threads; ++part) second(part);
 }
